@@ -1,0 +1,19 @@
+//===- PccDialect.h - pcc dialect -------------------------------*- C++ -*-===//
+
+#ifndef PCC_DIALECT_PCC_IR_PCCDIALECT_H
+#define PCC_DIALECT_PCC_IR_PCCDIALECT_H
+
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Dialect.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/Interfaces/InferTypeOpInterface.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include "pcc/Dialect/Pcc/IR/PccOpsDialect.h.inc"
+#include "pcc/Dialect/Pcc/IR/PccEnums.h.inc"
+
+#define GET_OP_CLASSES
+#include "pcc/Dialect/Pcc/IR/PccOps.h.inc"
+
+#endif // PCC_DIALECT_PCC_IR_PCCDIALECT_H

@@ -1,0 +1,574 @@
+//===- PccOps.td - pcc dialect operations ------------------*- tablegen -*-===//
+//
+// Ops are grouped by concern: values (params, constants), linear algebra,
+// elementwise, normalisation, data movement, reductions, convolution and
+// pooling. Every op's result type is inferred from its operands and
+// attributes (InferTypeOpAdaptor or SameOperandsAndResultType), so the
+// verifier and the importer share one shape-inference rule per op.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_DIALECT_PCC_IR_PCCOPS_TD
+#define PCC_DIALECT_PCC_IR_PCCOPS_TD
+
+include "pcc/Dialect/Pcc/IR/PccBase.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/IR/BuiltinAttributeInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Values: parameters and constants
+//===----------------------------------------------------------------------===//
+
+def Pcc_ParamOp : Pcc_Op<"param", [Pure]> {
+  let summary = "a model weight, named after its ONNX initializer";
+  let description = [{
+    Reads the weight called `name` from the model's weight store. The data is
+    not inlined into the IR: passes shard or move a weight by its name, and
+    the back end reads only the slice each rank needs.
+
+    ```mlir
+    %w = pcc.param "encoder.layers.0.linear1.weight" : tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+}
+
+def Pcc_ConstantOp : Pcc_Op<"constant", [ConstantLike, Pure,
+    AllTypesMatch<["value", "result"]>]> {
+  let summary = "a small constant tensor";
+  let description = [{
+    Holds constants the importer folded (shape vectors, masks, scalars).
+    Large weights are `pcc.param` instead.
+
+    ```mlir
+    %c = pcc.constant dense<[2, 16, 64]> : tensor<3xi64>
+    ```
+  }];
+  let arguments = (ins ElementsAttr:$value);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = "attr-dict $value";
+  let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Linear algebra
+//===----------------------------------------------------------------------===//
+
+def Pcc_MatmulOp : Pcc_Op<"matmul", [Pure, SameOperandsElementType,
+    InferTypeOpAdaptor]> {
+  let summary = "batched matrix product with optional operand transposes";
+  let description = [{
+    Multiplies the trailing two dimensions of `lhs` and `rhs`
+    (transposed first when `transpose_a` / `transpose_b` is set). `rhs` is
+    either a matrix shared by every batch entry of `lhs` (the weight of a
+    linear layer) or has exactly the batch dimensions of `lhs`; any other
+    batch broadcast is made explicit with `pcc.broadcast` by the importer.
+    ONNX `MatMul` and `Gemm` import to this op (Gemm's bias and scaling
+    become `pcc.add` / `pcc.mul`).
+
+    ```mlir
+    %y = pcc.matmul %x, %w {transpose_b} : tensor<2x16x64xf32>, tensor<256x64xf32> -> tensor<2x16x256xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$lhs, Pcc_Tensor:$rhs,
+                       UnitAttr:$transpose_a, UnitAttr:$transpose_b);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+class Pcc_UnaryOp<string mnemonic, string what,
+                  Type tensorType = Pcc_FloatTensor, list<Trait> traits = []>
+    : Pcc_Op<mnemonic, !listconcat([Pure, SameOperandsAndResultType],
+                                   traits)> {
+  let summary = "elementwise " # what;
+  let description = [{
+    Applies the function to every element; the result has the operand's type.
+
+    ```mlir
+    %y = pcc.}] # mnemonic # [{ %x : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins tensorType:$input);
+  let results = (outs tensorType:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Pcc_NegOp : Pcc_UnaryOp<"neg", "negation", Pcc_Tensor>;
+def Pcc_AbsOp : Pcc_UnaryOp<"abs", "absolute value", Pcc_Tensor>;
+def Pcc_SqrtOp : Pcc_UnaryOp<"sqrt", "square root">;
+def Pcc_ReciprocalOp : Pcc_UnaryOp<"reciprocal", "reciprocal 1/x">;
+def Pcc_ExpOp : Pcc_UnaryOp<"exp", "exponential">;
+def Pcc_LogOp : Pcc_UnaryOp<"log", "natural logarithm">;
+def Pcc_ErfOp : Pcc_UnaryOp<"erf", "Gauss error function">;
+def Pcc_TanhOp : Pcc_UnaryOp<"tanh", "hyperbolic tangent">;
+def Pcc_SigmoidOp : Pcc_UnaryOp<"sigmoid", "logistic sigmoid 1/(1+exp(-x))">;
+def Pcc_ReluOp : Pcc_UnaryOp<"relu", "rectified linear unit max(x, 0)">;
+def Pcc_FloorOp : Pcc_UnaryOp<"floor", "rounding towards minus infinity">;
+def Pcc_CeilOp : Pcc_UnaryOp<"ceil", "rounding towards plus infinity">;
+def Pcc_SinOp : Pcc_UnaryOp<"sin", "sine">;
+def Pcc_CosOp : Pcc_UnaryOp<"cos", "cosine">;
+def Pcc_NotOp : Pcc_UnaryOp<"not", "logical negation", Pcc_BoolTensor>;
+
+def Pcc_GeluOp : Pcc_Op<"gelu", [Pure, SameOperandsAndResultType]> {
+  let summary = "elementwise Gaussian error linear unit";
+  let description = [{
+    `x * Phi(x)` with the exact erf form, or the tanh approximation when
+    `tanh_approximation` is set. The importer recognises the decomposed
+    forms exporters emit only when they arrive as an ONNX `Gelu` node.
+
+    ```mlir
+    %y = pcc.gelu %x {tanh_approximation} : tensor<2x256xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, UnitAttr:$tanh_approximation);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Pcc_LeakyReluOp : Pcc_Op<"leaky_relu", [Pure,
+    SameOperandsAndResultType]> {
+  let summary = "elementwise leaky ReLU: x if x >= 0 else alpha * x";
+  let description = [{
+    ```mlir
+    %y = pcc.leaky_relu %x alpha = 1.000000e-01 : tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, F32Attr:$alpha);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = "$input `alpha` `=` $alpha attr-dict `:` type($result)";
+}
+
+def Pcc_ClampOp : Pcc_Op<"clamp", [Pure, SameOperandsAndResultType]> {
+  let summary = "elementwise clamp to [min, max]";
+  let description = [{
+    Bounds are attributes: ONNX `Clip` bounds must be constants.
+
+    ```mlir
+    %y = pcc.clamp %x min = 0.000000e+00 max = 6.000000e+00 : tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input, F64Attr:$min, F64Attr:$max);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $input `min` `=` $min `max` `=` $max attr-dict `:` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+class Pcc_BinaryOp<string mnemonic, string what,
+                   Type tensorType = Pcc_Tensor, list<Trait> traits = []>
+    : Pcc_Op<mnemonic, !listconcat([Pure, SameOperandsAndResultType],
+                                   traits)> {
+  let summary = "elementwise " # what;
+  let description = [{
+    Both operands have the result's type: the importer makes ONNX
+    broadcasting explicit with `pcc.broadcast` first.
+
+    ```mlir
+    %z = pcc.}] # mnemonic # [{ %x, %y : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins tensorType:$lhs, tensorType:$rhs);
+  let results = (outs tensorType:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+}
+
+def Pcc_AddOp : Pcc_BinaryOp<"add", "addition", Pcc_Tensor, [Commutative]> {
+  let hasFolder = 1;
+}
+def Pcc_SubOp : Pcc_BinaryOp<"sub", "subtraction">;
+def Pcc_MulOp : Pcc_BinaryOp<"mul", "multiplication", Pcc_Tensor,
+                             [Commutative]> {
+  let hasFolder = 1;
+}
+def Pcc_DivOp : Pcc_BinaryOp<"div", "division (truncating for integers)">;
+def Pcc_PowOp : Pcc_BinaryOp<"pow", "power lhs^rhs", Pcc_FloatTensor>;
+def Pcc_MaxOp : Pcc_BinaryOp<"max", "maximum", Pcc_Tensor, [Commutative]>;
+def Pcc_MinOp : Pcc_BinaryOp<"min", "minimum", Pcc_Tensor, [Commutative]>;
+def Pcc_AndOp : Pcc_BinaryOp<"and", "logical and", Pcc_BoolTensor,
+                             [Commutative]>;
+def Pcc_OrOp : Pcc_BinaryOp<"or", "logical or", Pcc_BoolTensor,
+                            [Commutative]>;
+def Pcc_XorOp : Pcc_BinaryOp<"xor", "logical exclusive or", Pcc_BoolTensor,
+                             [Commutative]>;
+
+def Pcc_CompareOp : Pcc_Op<"compare", [Pure, SameTypeOperands,
+    InferTypeOpAdaptor]> {
+  let summary = "elementwise comparison producing a boolean tensor";
+  let description = [{
+    ```mlir
+    %m = pcc.compare lt, %a, %b : tensor<16x16xi64>
+    ```
+  }];
+  let arguments = (ins Pcc_ComparePredicate:$predicate, Pcc_Tensor:$lhs,
+                       Pcc_Tensor:$rhs);
+  let results = (outs Pcc_BoolTensor:$result);
+  let assemblyFormat = "$predicate `,` $lhs `,` $rhs attr-dict `:` type($lhs)";
+}
+
+def Pcc_SelectOp : Pcc_Op<"select", [Pure,
+    AllTypesMatch<["true_value", "false_value", "result"]>,
+    AllShapesMatch<["condition", "result"]>]> {
+  let summary = "elementwise choice between two tensors (ONNX Where)";
+  let description = [{
+    ```mlir
+    %y = pcc.select %mask, %x, %neg_inf : tensor<16x16xi1>, tensor<16x16xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_BoolTensor:$condition, Pcc_Tensor:$true_value,
+                       Pcc_Tensor:$false_value);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $condition `,` $true_value `,` $false_value attr-dict `:`
+    type($condition) `,` type($result)
+  }];
+}
+
+def Pcc_CastOp : Pcc_Op<"cast", [Pure, AllShapesMatch<["input", "result"]>]> {
+  let summary = "elementwise conversion to another element type";
+  let description = [{
+    Floats convert to integers by truncation towards zero; any non-zero value
+    converts to `true` for `i1`.
+
+    ```mlir
+    %y = pcc.cast %x : tensor<4xi64> -> tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Normalisation and softmax
+//===----------------------------------------------------------------------===//
+
+class Pcc_SoftmaxLikeOp<string mnemonic, string what>
+    : Pcc_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+  let summary = what # " along one axis";
+  let description = [{
+    `axis` is in `[0, rank)`; the importer normalises negative ONNX axes.
+
+    ```mlir
+    %p = pcc.}] # mnemonic # [{ %logits axis = 2 : tensor<2x16x512xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, I64Attr:$axis);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = "$input `axis` `=` $axis attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Pcc_SoftmaxOp : Pcc_SoftmaxLikeOp<"softmax", "softmax">;
+def Pcc_LogSoftmaxOp : Pcc_SoftmaxLikeOp<"log_softmax", "log-softmax">;
+
+def Pcc_LayerNormOp : Pcc_Op<"layer_norm", [Pure,
+    AllTypesMatch<["input", "result"]>]> {
+  let summary = "layer normalisation over the trailing dimensions from axis";
+  let description = [{
+    Normalises over dimensions `[axis, rank)` and applies `scale` (and
+    `bias`, when present), both shaped like those dimensions.
+
+    ```mlir
+    %y = pcc.layer_norm %x, %gamma, %beta axis = 2 epsilon = 9.99999974E-6
+        : tensor<2x16x64xf32>, tensor<64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, Pcc_FloatTensor:$scale,
+                       Optional<Pcc_FloatTensor>:$bias, I64Attr:$axis,
+                       F32Attr:$epsilon);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $scale (`,` $bias^)? `axis` `=` $axis `epsilon` `=` $epsilon
+    attr-dict `:` type($input) `,` type($scale) (`,` type($bias)^)?
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_BatchNormOp : Pcc_Op<"batch_norm", [Pure,
+    AllTypesMatch<["input", "result"]>,
+    AllTypesMatch<["scale", "bias", "mean", "variance"]>]> {
+  let summary = "batch normalisation in inference mode";
+  let description = [{
+    `(x - mean) / sqrt(variance + epsilon) * scale + bias` over the channel
+    dimension 1; the four vectors have one entry per channel.
+
+    ```mlir
+    %y = pcc.batch_norm %x, %s, %b, %m, %v epsilon = 9.99999974E-6
+        : tensor<2x8x16x16xf32>, tensor<8xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, Pcc_FloatTensor:$scale,
+                       Pcc_FloatTensor:$bias, Pcc_FloatTensor:$mean,
+                       Pcc_FloatTensor:$variance, F32Attr:$epsilon);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $scale `,` $bias `,` $mean `,` $variance `epsilon` `=` $epsilon
+    attr-dict `:` type($input) `,` type($scale)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Data movement
+//===----------------------------------------------------------------------===//
+
+def Pcc_ReshapeOp : Pcc_Op<"reshape", [Pure, SameOperandsAndResultElementType]> {
+  let summary = "reinterprets a tensor with another static shape";
+  let description = [{
+    Row-major order is kept; the element counts match. ONNX `Reshape`,
+    `Flatten`, `Squeeze` and `Unsqueeze` all import to this op.
+
+    ```mlir
+    %y = pcc.reshape %x : tensor<2x16x64xf32> -> tensor<2x16x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+  let hasCanonicalizer = 1;
+}
+
+def Pcc_TransposeOp : Pcc_Op<"transpose", [Pure, InferTypeOpAdaptor]> {
+  let summary = "permutes dimensions";
+  let description = [{
+    Result dimension `i` is input dimension `permutation[i]`.
+
+    ```mlir
+    %y = pcc.transpose %x [0, 2, 1, 3] : tensor<2x16x4x16xf32> -> tensor<2x4x16x16xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input, DenseI64ArrayAttr:$permutation);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $input $permutation attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasFolder = 1;
+  let hasCanonicalizer = 1;
+}
+
+def Pcc_BroadcastOp : Pcc_Op<"broadcast", [Pure,
+    SameOperandsAndResultElementType]> {
+  let summary = "numpy-style broadcast to a larger static shape";
+  let description = [{
+    Dimensions are aligned from the right; each input dimension equals the
+    result's or is 1. Implements ONNX implicit broadcasting and `Expand`.
+
+    ```mlir
+    %b = pcc.broadcast %bias : tensor<64xf32> -> tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def Pcc_ConcatOp : Pcc_Op<"concat", [Pure, SameOperandsAndResultElementType,
+    InferTypeOpAdaptor]> {
+  let summary = "joins tensors along one axis";
+  let description = [{
+    ```mlir
+    %y = pcc.concat %a, %b axis = 1 : tensor<2x3xf32>, tensor<2x5xf32> -> tensor<2x8xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Pcc_Tensor>:$inputs, I64Attr:$axis);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $inputs `axis` `=` $axis attr-dict `:` type($inputs) `->` type($result)
+  }];
+}
+
+def Pcc_SplitOp : Pcc_Op<"split", [Pure, InferTypeOpAdaptor]> {
+  let summary = "splits a tensor into consecutive pieces along one axis";
+  let description = [{
+    Piece `i` has `sizes[i]` entries along `axis`; the sizes add up to the
+    input's dimension. Used for the fused QKV projections exporters emit.
+
+    ```mlir
+    %q, %k, %v = pcc.split %qkv axis = 2 sizes = [64, 64, 64]
+        : tensor<2x16x192xf32> -> tensor<2x16x64xf32>, tensor<2x16x64xf32>, tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input, I64Attr:$axis,
+                       DenseI64ArrayAttr:$sizes);
+  let results = (outs Variadic<Pcc_Tensor>:$results);
+  let assemblyFormat = [{
+    $input `axis` `=` $axis `sizes` `=` $sizes attr-dict `:` type($input)
+    `->` type($results)
+  }];
+}
+
+def Pcc_SliceOp : Pcc_Op<"slice", [Pure, InferTypeOpAdaptor]> {
+  let summary = "strided slice with static bounds";
+  let description = [{
+    Along dimension `d`, takes indices `start[d], start[d] + step[d], ...`
+    while they are before `limit[d]` (after, for a negative step). The
+    importer clamps ONNX's out-of-range bounds, so `0 <= start < dim` and
+    `-1 <= limit <= dim` hold.
+
+    ```mlir
+    %y = pcc.slice %x starts = [0, 8] limits = [2, 16] steps = [1, 2]
+        : tensor<2x16xf32> -> tensor<2x4xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input, DenseI64ArrayAttr:$starts,
+                       DenseI64ArrayAttr:$limits, DenseI64ArrayAttr:$steps);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $input `starts` `=` $starts `limits` `=` $limits `steps` `=` $steps
+    attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasFolder = 1;
+}
+
+def Pcc_GatherOp : Pcc_Op<"gather", [Pure, InferTypeOpAdaptor]> {
+  let summary = "takes slices of data at the given indices along one axis";
+  let description = [{
+    The result's shape is `data.shape[:axis] + indices.shape +
+    data.shape[axis+1:]`. Negative indices count from the end, as in ONNX.
+    With `axis = 0` this is an embedding lookup.
+
+    ```mlir
+    %e = pcc.gather %table[%ids] axis = 0 : tensor<512x64xf32>, tensor<2x16xi64> -> tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$data, Pcc_IndexTensor:$indices,
+                       I64Attr:$axis);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $data `[` $indices `]` `axis` `=` $axis attr-dict `:` type($data) `,`
+    type($indices) `->` type($result)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions
+//===----------------------------------------------------------------------===//
+
+class Pcc_ReduceOp<string mnemonic, string what, Type tensorType = Pcc_Tensor>
+    : Pcc_Op<mnemonic, [Pure, SameOperandsAndResultElementType,
+                        InferTypeOpAdaptor]> {
+  let summary = what # " over the given axes";
+  let description = [{
+    `axes` are distinct and in `[0, rank)`. With `keep_dims` the reduced
+    dimensions stay as size 1.
+
+    ```mlir
+    %s = pcc.}] # mnemonic # [{ %x axes = [1] {keep_dims} : tensor<2x64xf32> -> tensor<2x1xf32>
+    ```
+  }];
+  let arguments = (ins tensorType:$input, DenseI64ArrayAttr:$axes,
+                       UnitAttr:$keep_dims);
+  let results = (outs tensorType:$result);
+  let assemblyFormat = [{
+    $input `axes` `=` $axes attr-dict `:` type($input) `->` type($result)
+  }];
+}
+
+def Pcc_ReduceSumOp : Pcc_ReduceOp<"reduce_sum", "sum">;
+def Pcc_ReduceMeanOp : Pcc_ReduceOp<"reduce_mean", "mean", Pcc_FloatTensor>;
+def Pcc_ReduceMaxOp : Pcc_ReduceOp<"reduce_max", "maximum">;
+def Pcc_ReduceMinOp : Pcc_ReduceOp<"reduce_min", "minimum">;
+def Pcc_ReduceProdOp : Pcc_ReduceOp<"reduce_prod", "product">;
+
+def Pcc_ArgMaxOp : Pcc_Op<"argmax", [Pure, InferTypeOpAdaptor]> {
+  let summary = "index of the first maximum along one axis";
+  let description = [{
+    ```mlir
+    %i = pcc.argmax %logits axis = 2 : tensor<2x16x512xf32> -> tensor<2x16xi64>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input, I64Attr:$axis, UnitAttr:$keep_dims);
+  let results = (outs StaticShapeTensorOf<[I64]>:$result);
+  let assemblyFormat = [{
+    $input `axis` `=` $axis attr-dict `:` type($input) `->` type($result)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Convolution and pooling (NC + spatial layout, 1 to 3 spatial dimensions)
+//===----------------------------------------------------------------------===//
+
+def Pcc_ConvOp : Pcc_Op<"conv", [Pure, InferTypeOpAdaptor,
+    SameOperandsElementType]> {
+  let summary = "grouped N-d convolution (cross-correlation) with bias";
+  let description = [{
+    `input` is `N x C x D1 ... Dk`, `weight` is `M x C/groups x K1 ... Kk`
+    and the optional `bias` has `M` entries. `pads` holds the `k` leading
+    pads then the `k` trailing pads.
+
+    ```mlir
+    %y = pcc.conv %x, %w, %b strides = [1, 1] pads = [1, 1, 1, 1]
+        dilations = [1, 1] groups = 1
+        : tensor<2x3x32x32xf32>, tensor<8x3x3x3xf32>, tensor<8xf32> -> tensor<2x8x32x32xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, Pcc_FloatTensor:$weight,
+                       Optional<Pcc_FloatTensor>:$bias,
+                       DenseI64ArrayAttr:$strides, DenseI64ArrayAttr:$pads,
+                       DenseI64ArrayAttr:$dilations, I64Attr:$groups);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $weight (`,` $bias^)? `strides` `=` $strides `pads` `=` $pads
+    `dilations` `=` $dilations `groups` `=` $groups attr-dict `:`
+    type($input) `,` type($weight) (`,` type($bias)^)? `->` type($result)
+  }];
+}
+
+class Pcc_PoolOp<string mnemonic, string what, dag extraArgs>
+    : Pcc_Op<mnemonic, [Pure, SameOperandsAndResultElementType,
+                        InferTypeOpAdaptor]> {
+  let summary = what # " pooling over the spatial dimensions";
+  let arguments = !con((ins Pcc_FloatTensor:$input,
+                            DenseI64ArrayAttr:$kernel_shape,
+                            DenseI64ArrayAttr:$strides,
+                            DenseI64ArrayAttr:$pads,
+                            DenseI64ArrayAttr:$dilations,
+                            UnitAttr:$ceil_mode), extraArgs);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `kernel` `=` $kernel_shape `strides` `=` $strides `pads` `=` $pads
+    `dilations` `=` $dilations attr-dict `:` type($input) `->` type($result)
+  }];
+}
+
+def Pcc_MaxPoolOp : Pcc_PoolOp<"max_pool", "maximum", (ins)> {
+  let description = [{
+    Padded positions never win. With `ceil_mode` the output size rounds up.
+
+    ```mlir
+    %y = pcc.max_pool %x kernel = [3, 3] strides = [2, 2] pads = [1, 1, 1, 1]
+        dilations = [1, 1] : tensor<2x8x32x32xf32> -> tensor<2x8x16x16xf32>
+    ```
+  }];
+}
+
+def Pcc_AvgPoolOp : Pcc_PoolOp<"avg_pool", "average",
+                               (ins UnitAttr:$count_include_pad)> {
+  let description = [{
+    Divides by the window size including padded positions when
+    `count_include_pad` is set, else by the number of real positions.
+    ONNX `GlobalAveragePool` imports to `pcc.reduce_mean` instead.
+
+    ```mlir
+    %y = pcc.avg_pool %x kernel = [2, 2] strides = [2, 2] pads = [0, 0, 0, 0]
+        dilations = [1, 1] : tensor<2x8x32x32xf32> -> tensor<2x8x16x16xf32>
+    ```
+  }];
+}
+
+#endif // PCC_DIALECT_PCC_IR_PCCOPS_TD

@@ -1,0 +1,53 @@
+//===- OnnxImporter.h - ONNX model to pcc dialect ---------------*- C++ -*-===//
+//
+// Reads an ONNX model (binary protobuf, or ONNX text format for files ending
+// in .onnxtxt) with ONNX's own protobuf classes and builds a module with one
+// `func.func @main` in the pcc dialect. Symbolic dimensions must be bound
+// through the options; shape sub-graphs are then folded to constants.
+// Every op carries the location `fused<"OpType">["node name"]`, so any later
+// diagnostic can name the ONNX node.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_IMPORT_ONNXIMPORTER_H
+#define PCC_IMPORT_ONNXIMPORTER_H
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OwningOpRef.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringRef.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mlir::pcc {
+
+struct OnnxImportOptions {
+  /// Values for symbolic dimensions, by their ONNX `dim_param` name.
+  llvm::StringMap<int64_t> dimBindings;
+  /// Binds the leading dimension of every graph input when it is symbolic
+  /// or unknown (`pcc --batch=N`). `dimBindings` wins where both apply.
+  std::optional<int64_t> batch;
+  /// Runs onnx::checker on the model before importing it.
+  bool runChecker = true;
+};
+
+/// Imports the model at `path`. On failure the error has been reported
+/// through the context's diagnostic engine and the result is failure.
+FailureOr<OwningOpRef<ModuleOp>>
+importOnnxFile(llvm::StringRef path, MLIRContext *context,
+               const OnnxImportOptions &options = {});
+
+/// ONNX op types (default domain) the importer converts, sorted. Some only
+/// when their inputs fold to constants (Shape, Range, ConstantOfShape, ...).
+std::vector<std::string> getSupportedOnnxOps();
+bool isSupportedOnnxOp(llvm::StringRef opType);
+
+/// Splits an importer location back into ONNX op type and node name; both
+/// empty when `loc` does not come from a node.
+std::pair<std::string, std::string> getOnnxNodeOfLocation(Location loc);
+
+} // namespace mlir::pcc
+
+#endif // PCC_IMPORT_ONNXIMPORTER_H

@@ -1,0 +1,456 @@
+//===- PccOps.cpp - pcc op shape inference and verifiers -------------------===//
+//
+// Each check names the constraint it enforces in its message, and
+// test/Dialect/invalid.mlir has a case for each.
+//
+//===----------------------------------------------------------------------===//
+
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Dialect/Pcc/IR/ShapeRules.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/SmallSet.h"
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+#include "pcc/Dialect/Pcc/IR/PccEnums.cpp.inc"
+
+#define GET_OP_CLASSES
+#include "pcc/Dialect/Pcc/IR/PccOps.cpp.inc"
+
+static RankedTensorType tensorType(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+
+/// Checks that `axis` lies in [0, rank).
+static LogicalResult checkAxis(std::optional<Location> loc, int64_t axis,
+                               int64_t rank, StringRef what = "axis") {
+  if (axis < 0 || axis >= rank)
+    return emitOptionalError(loc, what, " ", axis, " is out of range [0, ",
+                             rank, ")");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// matmul
+//===----------------------------------------------------------------------===//
+
+LogicalResult MatmulOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &results) {
+  auto lhs = tensorType(adaptor.getLhs());
+  auto rhs = tensorType(adaptor.getRhs());
+  if (lhs.getRank() < 2 || rhs.getRank() < 2)
+    return emitOptionalError(loc, "operand rank: lhs and rhs need rank >= 2, "
+                                  "got ",
+                             lhs.getRank(), " and ", rhs.getRank());
+  ArrayRef<int64_t> ls = lhs.getShape(), rs = rhs.getShape();
+  int64_t lr = ls.size(), rr = rs.size();
+  int64_t m = adaptor.getTransposeA() ? ls[lr - 1] : ls[lr - 2];
+  int64_t kl = adaptor.getTransposeA() ? ls[lr - 2] : ls[lr - 1];
+  int64_t kr = adaptor.getTransposeB() ? rs[rr - 1] : rs[rr - 2];
+  int64_t n = adaptor.getTransposeB() ? rs[rr - 2] : rs[rr - 1];
+  if (kl != kr)
+    return emitOptionalError(loc, "contraction: lhs has K = ", kl,
+                             " but rhs has K = ", kr);
+  if (rr != 2 && ls.drop_back(2) != rs.drop_back(2))
+    return emitOptionalError(
+        loc, "batch dimensions: rhs must be a matrix or have lhs's batch "
+             "dimensions (",
+        shapeToString(ls.drop_back(2)), "), got ",
+        shapeToString(rs.drop_back(2)));
+  SmallVector<int64_t> shape(ls.drop_back(2));
+  shape.push_back(m);
+  shape.push_back(n);
+  results.push_back(RankedTensorType::get(shape, lhs.getElementType()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+LogicalResult ClampOp::verify() {
+  if (getMin().convertToDouble() > getMax().convertToDouble())
+    return emitOpError("bounds: min ")
+           << getMin().convertToDouble() << " exceeds max "
+           << getMax().convertToDouble();
+  return success();
+}
+
+LogicalResult CompareOp::inferReturnTypes(MLIRContext *ctx,
+                                          std::optional<Location>,
+                                          Adaptor adaptor,
+                                          SmallVectorImpl<Type> &results) {
+  auto lhs = tensorType(adaptor.getLhs());
+  results.push_back(
+      RankedTensorType::get(lhs.getShape(), IntegerType::get(ctx, 1)));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Normalisation and softmax
+//===----------------------------------------------------------------------===//
+
+template <typename Op>
+static LogicalResult verifySoftmaxLike(Op op) {
+  return checkAxis(op.getLoc(), static_cast<int64_t>(op.getAxis()),
+                   op.getType().getRank());
+}
+LogicalResult SoftmaxOp::verify() { return verifySoftmaxLike(*this); }
+LogicalResult LogSoftmaxOp::verify() { return verifySoftmaxLike(*this); }
+
+LogicalResult LayerNormOp::verify() {
+  auto input = getInput().getType();
+  int64_t axis = static_cast<int64_t>(getAxis());
+  if (failed(checkAxis(getLoc(), axis, input.getRank())))
+    return failure();
+  ArrayRef<int64_t> normalized = input.getShape().drop_front(axis);
+  auto checkParam = [&](Value v, StringRef name) -> LogicalResult {
+    if (!v)
+      return success();
+    auto t = tensorType(v);
+    if (t.getShape() != normalized || t.getElementType() !=
+                                          input.getElementType())
+      return emitOpError("parameter shape: ")
+             << name << " must be tensor<" << shapeToString(normalized) << "x"
+             << input.getElementType() << ">, got " << t;
+    return success();
+  };
+  if (failed(checkParam(getScale(), "scale")) ||
+      failed(checkParam(getBias(), "bias")))
+    return failure();
+  if (getEpsilon().convertToFloat() < 0)
+    return emitOpError("epsilon: must be non-negative");
+  return success();
+}
+
+LogicalResult BatchNormOp::verify() {
+  auto input = getInput().getType();
+  if (input.getRank() < 2)
+    return emitOpError("input rank: needs N x C x ..., got rank ")
+           << input.getRank();
+  auto param = getScale().getType();
+  if (param.getRank() != 1 || param.getDimSize(0) != input.getDimSize(1))
+    return emitOpError("parameter shape: scale, bias, mean and variance must "
+                       "have one entry per channel (")
+           << input.getDimSize(1) << "), got " << param;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Data movement
+//===----------------------------------------------------------------------===//
+
+LogicalResult ReshapeOp::verify() {
+  auto in = getInput().getType(), out = getType();
+  if (in.getNumElements() != out.getNumElements())
+    return emitOpError("element count: cannot reshape ")
+           << in.getNumElements() << " elements into " << out;
+  return success();
+}
+
+LogicalResult TransposeOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> loc,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &results) {
+  auto in = tensorType(adaptor.getInput());
+  ArrayRef<int64_t> perm = adaptor.getPermutation();
+  if (static_cast<int64_t>(perm.size()) != in.getRank())
+    return emitOptionalError(loc, "permutation: has ", perm.size(),
+                             " entries for an input of rank ", in.getRank());
+  SmallVector<bool> seen(perm.size(), false);
+  SmallVector<int64_t> shape;
+  for (int64_t p : perm) {
+    if (p < 0 || p >= in.getRank() || seen[p])
+      return emitOptionalError(loc, "permutation: [", ArrayRef<int64_t>(perm),
+                               "] is not a permutation of [0, ", in.getRank(),
+                               ")");
+    seen[p] = true;
+    shape.push_back(in.getDimSize(p));
+  }
+  results.push_back(RankedTensorType::get(shape, in.getElementType()));
+  return success();
+}
+
+LogicalResult BroadcastOp::verify() {
+  auto in = getInput().getType(), out = getType();
+  if (!isBroadcastableTo(in.getShape(), out.getShape()))
+    return emitOpError("broadcast: ")
+           << in << " does not broadcast to " << out;
+  return success();
+}
+
+LogicalResult ConcatOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &results) {
+  if (adaptor.getInputs().empty())
+    return emitOptionalError(loc, "inputs: needs at least one input");
+  auto first = tensorType(adaptor.getInputs().front());
+  int64_t axis = static_cast<int64_t>(adaptor.getAxis());
+  if (failed(checkAxis(loc, axis, first.getRank())))
+    return failure();
+  SmallVector<int64_t> shape(first.getShape());
+  shape[axis] = 0;
+  for (Value v : adaptor.getInputs()) {
+    auto t = tensorType(v);
+    if (t.getRank() != first.getRank())
+      return emitOptionalError(loc, "inputs: ranks differ (", first.getRank(),
+                               " and ", t.getRank(), ")");
+    for (int64_t d = 0; d < t.getRank(); ++d)
+      if (d != axis && t.getDimSize(d) != first.getDimSize(d))
+        return emitOptionalError(loc, "inputs: dimension ", d,
+                                 " differs off the concatenation axis (",
+                                 first.getDimSize(d), " and ", t.getDimSize(d),
+                                 ")");
+    shape[axis] += t.getDimSize(axis);
+  }
+  results.push_back(RankedTensorType::get(shape, first.getElementType()));
+  return success();
+}
+
+LogicalResult SplitOp::inferReturnTypes(MLIRContext *,
+                                        std::optional<Location> loc,
+                                        Adaptor adaptor,
+                                        SmallVectorImpl<Type> &results) {
+  auto in = tensorType(adaptor.getInput());
+  int64_t axis = static_cast<int64_t>(adaptor.getAxis());
+  if (failed(checkAxis(loc, axis, in.getRank())))
+    return failure();
+  int64_t total = 0;
+  for (int64_t size : adaptor.getSizes()) {
+    if (size < 0)
+      return emitOptionalError(loc, "sizes: negative piece size ", size);
+    total += size;
+  }
+  if (total != in.getDimSize(axis))
+    return emitOptionalError(loc, "sizes: pieces add up to ", total,
+                             " but dimension ", axis, " has ",
+                             in.getDimSize(axis));
+  for (int64_t size : adaptor.getSizes()) {
+    SmallVector<int64_t> shape(in.getShape());
+    shape[axis] = size;
+    results.push_back(RankedTensorType::get(shape, in.getElementType()));
+  }
+  return success();
+}
+
+LogicalResult SliceOp::inferReturnTypes(MLIRContext *,
+                                        std::optional<Location> loc,
+                                        Adaptor adaptor,
+                                        SmallVectorImpl<Type> &results) {
+  auto in = tensorType(adaptor.getInput());
+  ArrayRef<int64_t> starts = adaptor.getStarts(), limits = adaptor.getLimits(),
+                    steps = adaptor.getSteps();
+  size_t rank = in.getRank();
+  if (starts.size() != rank || limits.size() != rank || steps.size() != rank)
+    return emitOptionalError(loc, "bounds: starts, limits and steps need ",
+                             rank, " entries each");
+  SmallVector<int64_t> shape;
+  for (size_t d = 0; d < rank; ++d) {
+    int64_t dim = in.getDimSize(d);
+    if (steps[d] == 0)
+      return emitOptionalError(loc, "bounds: step of dimension ", d,
+                               " is zero");
+    bool ok = steps[d] > 0
+                  ? (starts[d] >= 0 && starts[d] <= dim && limits[d] >= 0 &&
+                     limits[d] <= dim)
+                  : (starts[d] >= -1 && starts[d] < dim && limits[d] >= -1 &&
+                     limits[d] < dim);
+    if (!ok)
+      return emitOptionalError(loc, "bounds: dimension ", d, " of size ", dim,
+                               " cannot take start ", starts[d], " limit ",
+                               limits[d], " step ", steps[d]);
+    shape.push_back(sliceLength(starts[d], limits[d], steps[d]));
+  }
+  results.push_back(RankedTensorType::get(shape, in.getElementType()));
+  return success();
+}
+
+LogicalResult GatherOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &results) {
+  auto data = tensorType(adaptor.getData());
+  auto indices = tensorType(adaptor.getIndices());
+  int64_t axis = static_cast<int64_t>(adaptor.getAxis());
+  if (failed(checkAxis(loc, axis, data.getRank())))
+    return failure();
+  SmallVector<int64_t> shape(data.getShape().take_front(axis));
+  llvm::append_range(shape, indices.getShape());
+  llvm::append_range(shape, data.getShape().drop_front(axis + 1));
+  results.push_back(RankedTensorType::get(shape, data.getElementType()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions
+//===----------------------------------------------------------------------===//
+
+/// Shape of a reduction of `in` over `axes`, checking the axes.
+static FailureOr<SmallVector<int64_t>>
+reducedShape(std::optional<Location> loc, RankedTensorType in,
+             ArrayRef<int64_t> axes, bool keepDims) {
+  SmallVector<bool> reduced(in.getRank(), false);
+  for (int64_t a : axes) {
+    if (failed(checkAxis(loc, a, in.getRank(), "reduction axis")))
+      return failure();
+    if (reduced[a])
+      return emitOptionalError(loc, "reduction axis ", a, " is repeated");
+    reduced[a] = true;
+  }
+  SmallVector<int64_t> shape;
+  for (int64_t d = 0; d < in.getRank(); ++d) {
+    if (!reduced[d])
+      shape.push_back(in.getDimSize(d));
+    else if (keepDims)
+      shape.push_back(1);
+  }
+  return shape;
+}
+
+#define PCC_REDUCE_INFER(OP)                                                   \
+  LogicalResult OP::inferReturnTypes(MLIRContext *,                            \
+                                     std::optional<Location> loc,              \
+                                     Adaptor adaptor,                          \
+                                     SmallVectorImpl<Type> &results) {         \
+    auto in = tensorType(adaptor.getInput());                                  \
+    auto shape = reducedShape(loc, in, adaptor.getAxes(),                      \
+                              adaptor.getKeepDims());                          \
+    if (failed(shape))                                                         \
+      return failure();                                                        \
+    results.push_back(RankedTensorType::get(*shape, in.getElementType()));     \
+    return success();                                                          \
+  }
+PCC_REDUCE_INFER(ReduceSumOp)
+PCC_REDUCE_INFER(ReduceMeanOp)
+PCC_REDUCE_INFER(ReduceMaxOp)
+PCC_REDUCE_INFER(ReduceMinOp)
+PCC_REDUCE_INFER(ReduceProdOp)
+#undef PCC_REDUCE_INFER
+
+LogicalResult ArgMaxOp::inferReturnTypes(MLIRContext *ctx,
+                                         std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &results) {
+  auto in = tensorType(adaptor.getInput());
+  int64_t axis = static_cast<int64_t>(adaptor.getAxis());
+  auto shape = reducedShape(loc, in, {axis}, adaptor.getKeepDims());
+  if (failed(shape))
+    return failure();
+  results.push_back(RankedTensorType::get(*shape, IntegerType::get(ctx, 64)));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Convolution and pooling
+//===----------------------------------------------------------------------===//
+
+/// Checks the window attributes of a conv or pool over `spatial` dimensions
+/// and computes the spatial output sizes.
+static FailureOr<SmallVector<int64_t>>
+windowShape(std::optional<Location> loc, RankedTensorType in,
+            ArrayRef<int64_t> kernel, ArrayRef<int64_t> strides,
+            ArrayRef<int64_t> pads, ArrayRef<int64_t> dilations,
+            bool ceilMode) {
+  int64_t spatial = in.getRank() - 2;
+  if (spatial < 1 || spatial > 3)
+    return emitOptionalError(loc, "input rank: needs N x C with 1 to 3 "
+                                  "spatial dimensions, got rank ",
+                             in.getRank());
+  if (static_cast<int64_t>(kernel.size()) != spatial ||
+      static_cast<int64_t>(strides.size()) != spatial ||
+      static_cast<int64_t>(dilations.size()) != spatial ||
+      static_cast<int64_t>(pads.size()) != 2 * spatial)
+    return emitOptionalError(loc, "window attributes: need ", spatial,
+                             " kernel sizes, strides and dilations and ",
+                             2 * spatial, " pads");
+  SmallVector<int64_t> out;
+  for (int64_t d = 0; d < spatial; ++d) {
+    if (kernel[d] < 1 || strides[d] < 1 || dilations[d] < 1 || pads[d] < 0 ||
+        pads[d + spatial] < 0)
+      return emitOptionalError(loc, "window attributes: kernel, stride and "
+                                    "dilation must be positive and pads "
+                                    "non-negative");
+    int64_t size =
+        windowOutputSize(in.getDimSize(d + 2), kernel[d], strides[d], pads[d],
+                         pads[d + spatial], dilations[d], ceilMode);
+    if (size < 1)
+      return emitOptionalError(loc, "window: kernel of size ", kernel[d],
+                               " does not fit spatial dimension ", d,
+                               " of size ", in.getDimSize(d + 2));
+    out.push_back(size);
+  }
+  return out;
+}
+
+LogicalResult ConvOp::inferReturnTypes(MLIRContext *,
+                                       std::optional<Location> loc,
+                                       Adaptor adaptor,
+                                       SmallVectorImpl<Type> &results) {
+  auto in = tensorType(adaptor.getInput());
+  auto w = tensorType(adaptor.getWeight());
+  int64_t groups = static_cast<int64_t>(adaptor.getGroups());
+  if (w.getRank() != in.getRank())
+    return emitOptionalError(loc, "weight rank: weight has rank ",
+                             w.getRank(), " for an input of rank ",
+                             in.getRank());
+  if (groups < 1 || in.getDimSize(1) % groups || w.getDimSize(0) % groups)
+    return emitOptionalError(loc, "groups: ", groups,
+                             " must divide input channels ", in.getDimSize(1),
+                             " and output channels ", w.getDimSize(0));
+  if (w.getDimSize(1) * groups != in.getDimSize(1))
+    return emitOptionalError(loc, "weight shape: expects ",
+                             in.getDimSize(1) / groups,
+                             " input channels per group, weight has ",
+                             w.getDimSize(1));
+  if (Value bias = adaptor.getBias()) {
+    auto b = tensorType(bias);
+    if (b.getRank() != 1 || b.getDimSize(0) != w.getDimSize(0))
+      return emitOptionalError(loc, "bias shape: needs ", w.getDimSize(0),
+                               " entries, got ", b);
+  }
+  auto spatial = windowShape(loc, in, w.getShape().drop_front(2),
+                             adaptor.getStrides(), adaptor.getPads(),
+                             adaptor.getDilations(), /*ceilMode=*/false);
+  if (failed(spatial))
+    return failure();
+  SmallVector<int64_t> shape{in.getDimSize(0), w.getDimSize(0)};
+  llvm::append_range(shape, *spatial);
+  results.push_back(RankedTensorType::get(shape, in.getElementType()));
+  return success();
+}
+
+template <typename Adaptor>
+static LogicalResult inferPool(std::optional<Location> loc, Adaptor adaptor,
+                               SmallVectorImpl<Type> &results) {
+  auto in = tensorType(adaptor.getInput());
+  auto spatial = windowShape(loc, in, adaptor.getKernelShape(),
+                             adaptor.getStrides(), adaptor.getPads(),
+                             adaptor.getDilations(), adaptor.getCeilMode());
+  if (failed(spatial))
+    return failure();
+  SmallVector<int64_t> shape{in.getDimSize(0), in.getDimSize(1)};
+  llvm::append_range(shape, *spatial);
+  results.push_back(RankedTensorType::get(shape, in.getElementType()));
+  return success();
+}
+
+LogicalResult MaxPoolOp::inferReturnTypes(MLIRContext *,
+                                          std::optional<Location> loc,
+                                          Adaptor adaptor,
+                                          SmallVectorImpl<Type> &results) {
+  return inferPool(loc, adaptor, results);
+}
+
+LogicalResult AvgPoolOp::inferReturnTypes(MLIRContext *,
+                                          std::optional<Location> loc,
+                                          Adaptor adaptor,
+                                          SmallVectorImpl<Type> &results) {
+  return inferPool(loc, adaptor, results);
+}

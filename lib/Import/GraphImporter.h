@@ -1,0 +1,59 @@
+//===- GraphImporter.h - ONNX graph to one pcc function ---------*- C++ -*-===//
+
+#ifndef PCC_LIB_IMPORT_GRAPHIMPORTER_H
+#define PCC_LIB_IMPORT_GRAPHIMPORTER_H
+
+#include "NodeImporter.h"
+
+#include "pcc/Import/OnnxImporter.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
+namespace mlir::pcc::onnx_import {
+
+/// Decodes an initializer or Constant tensor (raw_data, typed fields or
+/// external data relative to `baseDir`). Errors are reported at `loc`.
+FailureOr<HostTensor> decodeTensor(const onnx::TensorProto &tensor,
+                                   llvm::StringRef baseDir, Location loc);
+
+/// Checks that an initializer's data is present and has the right size
+/// without decoding it (weights are read by the back end, not the importer).
+LogicalResult checkTensorData(const onnx::TensorProto &tensor,
+                              llvm::StringRef baseDir, Location loc);
+
+class GraphImporter {
+public:
+  GraphImporter(MLIRContext *context, const onnx::ModelProto &model,
+                llvm::StringRef modelPath, const OnnxImportOptions &options);
+
+  /// Builds `func.func @main` for the main graph into `module`.
+  LogicalResult importInto(ModuleOp module);
+
+  // Used by NodeImporter.
+  ImportedValue *lookup(llvm::StringRef name);
+  FailureOr<Value> materialize(llvm::StringRef name, Location loc);
+  FailureOr<const HostTensor *> constantOf(llvm::StringRef name, Location loc);
+  void define(llvm::StringRef name, ImportedValue value);
+  llvm::StringRef getBaseDir() const { return baseDir; }
+
+private:
+  FailureOr<RankedTensorType> inputTypeOf(const onnx::ValueInfoProto &info);
+  LogicalResult importNode(const onnx::NodeProto &node, unsigned index);
+  Location nodeLocation(const onnx::NodeProto &node, unsigned index);
+  LogicalResult checkDeclaredOutput(const onnx::ValueInfoProto &info,
+                                    Value value);
+
+  MLIRContext *context;
+  const onnx::ModelProto &model;
+  std::string modelPath;
+  std::string baseDir;
+  const OnnxImportOptions &options;
+  int64_t opset = 0;
+  OpBuilder builder;
+  Location fileLoc;
+  llvm::StringMap<ImportedValue> values;
+};
+
+} // namespace mlir::pcc::onnx_import
+
+#endif // PCC_LIB_IMPORT_GRAPHIMPORTER_H

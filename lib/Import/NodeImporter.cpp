@@ -1,0 +1,255 @@
+//===- NodeImporter.cpp - per-node context for ONNX converters ------------===//
+
+#include "GraphImporter.h"
+
+#include "pcc/Dialect/Pcc/IR/ShapeRules.h"
+
+using namespace mlir;
+using namespace mlir::pcc;
+using namespace mlir::pcc::onnx_import;
+
+//===----------------------------------------------------------------------===//
+// Element types
+//===----------------------------------------------------------------------===//
+
+Type onnx_import::convertOnnxElementType(MLIRContext *ctx, int32_t onnxType) {
+  Builder b(ctx);
+  switch (onnxType) {
+  case onnx::TensorProto::FLOAT:
+    return b.getF32Type();
+  case onnx::TensorProto::DOUBLE:
+    return b.getF64Type();
+  case onnx::TensorProto::FLOAT16:
+    return b.getF16Type();
+  case onnx::TensorProto::BFLOAT16:
+    return b.getBF16Type();
+  case onnx::TensorProto::BOOL:
+    return b.getI1Type();
+  case onnx::TensorProto::INT8:
+    return b.getI8Type();
+  case onnx::TensorProto::INT16:
+    return b.getI16Type();
+  case onnx::TensorProto::INT32:
+    return b.getI32Type();
+  case onnx::TensorProto::INT64:
+    return b.getI64Type();
+  case onnx::TensorProto::UINT8:
+    return b.getIntegerType(8, /*isSigned=*/false);
+  default:
+    return nullptr;
+  }
+}
+
+std::string onnx_import::onnxElementTypeName(int32_t onnxType) {
+  if (onnx::TensorProto::DataType_IsValid(onnxType))
+    return onnx::TensorProto::DataType_Name(
+        static_cast<onnx::TensorProto::DataType>(onnxType));
+  return "data type " + std::to_string(onnxType);
+}
+
+//===----------------------------------------------------------------------===//
+// Inputs
+//===----------------------------------------------------------------------===//
+
+FailureOr<Value> NodeImporter::input(unsigned i) {
+  if (!hasInput(i))
+    return error() << node.op_type() << " needs input " << i;
+  return graph.materialize(node.input(i), loc);
+}
+
+FailureOr<RankedTensorType> NodeImporter::inputType(unsigned i) {
+  if (!hasInput(i))
+    return error() << node.op_type() << " needs input " << i;
+  ImportedValue *entry = graph.lookup(node.input(i));
+  if (entry && entry->constant)
+    return entry->constant->getType();
+  auto value = input(i);
+  if (failed(value))
+    return failure();
+  return cast<RankedTensorType>(value->getType());
+}
+
+const HostTensor *NodeImporter::constant(unsigned i) {
+  if (!hasInput(i))
+    return nullptr;
+  ImportedValue *entry = graph.lookup(node.input(i));
+  if (!entry)
+    return nullptr;
+  if (entry->constant)
+    return &*entry->constant;
+  if (entry->value)
+    if (auto cst = entry->value.getDefiningOp<ConstantOp>()) {
+      entry->constant = HostTensor::fromAttr(cst.getValue());
+      return &*entry->constant;
+    }
+  return nullptr;
+}
+
+FailureOr<HostTensor> NodeImporter::requireConstant(unsigned i,
+                                                    StringRef what) {
+  if (!hasInput(i))
+    return error() << node.op_type() << " needs its " << what << " (input "
+                   << i << ")";
+  auto tensor = graph.constantOf(node.input(i), loc);
+  if (failed(tensor))
+    return failure();
+  if (!*tensor)
+    return error() << node.op_type() << " needs a constant " << what
+                   << " (input '" << node.input(i)
+                   << "'); it depends on data computed at run time, which "
+                      "pcc does not support";
+  return **tensor;
+}
+
+bool NodeImporter::allInputsConstant() {
+  for (unsigned i = 0; i < numInputs(); ++i)
+    if (hasInput(i) && !constant(i))
+      return false;
+  return true;
+}
+
+//===----------------------------------------------------------------------===//
+// Attributes
+//===----------------------------------------------------------------------===//
+
+const onnx::AttributeProto *NodeImporter::attr(StringRef name) const {
+  for (const auto &a : node.attribute())
+    if (a.name() == name)
+      return &a;
+  return nullptr;
+}
+
+int64_t NodeImporter::intAttr(StringRef name, int64_t defaultValue) const {
+  const auto *a = attr(name);
+  return a ? a->i() : defaultValue;
+}
+
+float NodeImporter::floatAttr(StringRef name, float defaultValue) const {
+  const auto *a = attr(name);
+  return a ? a->f() : defaultValue;
+}
+
+std::string NodeImporter::stringAttr(StringRef name,
+                                     StringRef defaultValue) const {
+  const auto *a = attr(name);
+  return a ? a->s() : defaultValue.str();
+}
+
+std::optional<SmallVector<int64_t>>
+NodeImporter::intsAttr(StringRef name) const {
+  const auto *a = attr(name);
+  if (!a)
+    return std::nullopt;
+  return SmallVector<int64_t>(a->ints().begin(), a->ints().end());
+}
+
+//===----------------------------------------------------------------------===//
+// Outputs
+//===----------------------------------------------------------------------===//
+
+void NodeImporter::setOutput(unsigned i, Value value) {
+  if (!outputUsed(i))
+    return;
+  ImportedValue entry;
+  entry.value = value;
+  graph.define(node.output(i), std::move(entry));
+}
+
+void NodeImporter::setConstantOutput(unsigned i, HostTensor value) {
+  if (!outputUsed(i))
+    return;
+  ImportedValue entry;
+  entry.constant = std::move(value);
+  graph.define(node.output(i), std::move(entry));
+}
+
+void NodeImporter::alias(unsigned output, unsigned input) {
+  if (!outputUsed(output) || !hasInput(input))
+    return;
+  if (ImportedValue *entry = graph.lookup(node.input(input)))
+    graph.define(node.output(output), *entry);
+}
+
+LogicalResult NodeImporter::rejectOutputsFrom(unsigned first, StringRef why) {
+  for (unsigned i = first; i < numOutputs(); ++i)
+    if (outputUsed(i))
+      return error() << node.op_type() << " output " << i << " ('"
+                     << node.output(i) << "') is not supported: " << why;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Building helpers
+//===----------------------------------------------------------------------===//
+
+Value NodeImporter::constantValue(const HostTensor &t) {
+  return create<ConstantOp>(t.toAttr());
+}
+
+Value NodeImporter::splat(RankedTensorType type, double value) {
+  Attribute element;
+  if (auto floatType = dyn_cast<FloatType>(type.getElementType()))
+    element = FloatAttr::get(floatType, value);
+  else
+    element = IntegerAttr::get(type.getElementType(),
+                               static_cast<int64_t>(value));
+  return create<ConstantOp>(DenseElementsAttr::get(type, element));
+}
+
+Value NodeImporter::reshape(Value v, ArrayRef<int64_t> shape) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (type.getShape() == shape)
+    return v;
+  return create<ReshapeOp>(RankedTensorType::get(shape, type.getElementType()),
+                           v);
+}
+
+Value NodeImporter::broadcastTo(Value v, ArrayRef<int64_t> shape) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (type.getShape() == shape)
+    return v;
+  return create<BroadcastOp>(
+      RankedTensorType::get(shape, type.getElementType()), v);
+}
+
+FailureOr<SmallVector<Value>>
+NodeImporter::broadcastTogether(ArrayRef<Value> values) {
+  SmallVector<int64_t> shape;
+  for (Value v : values) {
+    auto vShape = cast<RankedTensorType>(v.getType()).getShape();
+    auto merged = broadcastShapes(shape, vShape);
+    if (!merged)
+      return error() << node.op_type() << ": operand shapes "
+                     << shapeToString(shape) << " and "
+                     << shapeToString(vShape) << " do not broadcast";
+    shape = *merged;
+  }
+  SmallVector<Value> out;
+  for (Value v : values)
+    out.push_back(broadcastTo(v, shape));
+  return out;
+}
+
+FailureOr<int64_t> NodeImporter::axis(int64_t value, int64_t rank,
+                                      StringRef what) {
+  auto normalized = normalizeAxis(value, rank);
+  if (!normalized)
+    return error() << node.op_type() << ": " << what << " " << value
+                   << " is out of range for rank " << rank;
+  return *normalized;
+}
+
+//===----------------------------------------------------------------------===//
+// Converter table
+//===----------------------------------------------------------------------===//
+
+const llvm::StringMap<ConverterFn> &onnx_import::getConverters() {
+  static const llvm::StringMap<ConverterFn> table = [] {
+    llvm::StringMap<ConverterFn> t;
+    registerElementwiseConverters(t);
+    registerShapeConverters(t);
+    registerNeuralConverters(t);
+    return t;
+  }();
+  return table;
+}

@@ -1,0 +1,409 @@
+//===- OnnxImporter.cpp - ONNX model to pcc dialect -----------------------===//
+//
+// Loading (binary or text format, checker), the graph walk and the mapping
+// from ONNX value names to SSA values or host constants. Per-op conversion
+// lives in the converter files. This file is compiled with exceptions on:
+// libonnx's checker and parser report errors by throwing, and every such
+// exception is caught here and turned into a diagnostic.
+//
+//===----------------------------------------------------------------------===//
+
+#include "GraphImporter.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Verifier.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+
+#include <onnx/checker.h>
+#include <onnx/defs/parser.h>
+
+#include <exception>
+
+using namespace mlir;
+using namespace mlir::pcc;
+using namespace mlir::pcc::onnx_import;
+
+//===----------------------------------------------------------------------===//
+// Loading
+//===----------------------------------------------------------------------===//
+
+static LogicalResult loadModel(StringRef path, MLIRContext *context,
+                               onnx::ModelProto &model) {
+  Location loc = FileLineColLoc::get(context, path, 0, 0);
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false,
+                                            /*RequiresNullTerminator=*/true);
+  if (!buffer)
+    return emitError(loc) << "cannot open ONNX model '" << path
+                          << "': " << buffer.getError().message();
+  StringRef bytes = (*buffer)->getBuffer();
+  if (bytes.empty())
+    return emitError(loc) << "'" << path << "' is empty, not an ONNX model";
+
+  if (path.ends_with(".onnxtxt")) {
+    try {
+      auto status = onnx::OnnxParser::Parse(model, bytes.data());
+      if (!status.IsOK())
+        return emitError(loc) << "cannot parse ONNX text format: "
+                              << status.ErrorMessage();
+    } catch (const std::exception &e) {
+      return emitError(loc) << "cannot parse ONNX text format: " << e.what();
+    }
+    return success();
+  }
+
+  if (bytes.size() > static_cast<size_t>(INT32_MAX))
+    return emitError(loc) << "'" << path
+                          << "' is larger than 2 GiB; store the weights as "
+                             "ONNX external data";
+  if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    return emitError(loc) << "'" << path
+                          << "' is not a valid ONNX protobuf (truncated, "
+                             "corrupt or not an ONNX file)";
+  // Protobuf accepts many byte strings; a real model has a version and a
+  // graph with at least one node or output.
+  if (model.ir_version() <= 0 || !model.has_graph() ||
+      (model.graph().node_size() == 0 && model.graph().output_size() == 0))
+    return emitError(loc) << "'" << path
+                          << "' does not look like an ONNX model (no "
+                             "ir_version or no graph)";
+  return success();
+}
+
+static LogicalResult runChecker(const onnx::ModelProto &model, StringRef path,
+                                MLIRContext *context) {
+  Location loc = FileLineColLoc::get(context, path, 0, 0);
+  try {
+    onnx::checker::check_model(model);
+  } catch (const std::exception &e) {
+    std::string message = e.what();
+    // The checker appends a long context dump; keep its first lines.
+    size_t cut = message.find("\n\n==>");
+    if (cut != std::string::npos)
+      message.resize(cut);
+    return emitError(loc) << "ONNX checker rejected the model: " << message;
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Locations
+//===----------------------------------------------------------------------===//
+
+Location GraphImporter::nodeLocation(const onnx::NodeProto &node,
+                                     unsigned index) {
+  std::string name = node.name().empty()
+                         ? node.op_type() + "_" + std::to_string(index)
+                         : node.name();
+  Location nameLoc = NameLoc::get(StringAttr::get(context, name), fileLoc);
+  return FusedLoc::get(context, {nameLoc},
+                       StringAttr::get(context, node.op_type()));
+}
+
+std::pair<std::string, std::string>
+mlir::pcc::getOnnxNodeOfLocation(Location loc) {
+  auto fused = dyn_cast<FusedLoc>(loc);
+  if (!fused)
+    return {};
+  auto opType = dyn_cast_if_present<StringAttr>(fused.getMetadata());
+  if (!opType)
+    return {};
+  for (Location inner : fused.getLocations())
+    if (auto name = dyn_cast<NameLoc>(inner))
+      return {opType.str(), name.getName().str()};
+  return {};
+}
+
+//===----------------------------------------------------------------------===//
+// GraphImporter
+//===----------------------------------------------------------------------===//
+
+GraphImporter::GraphImporter(MLIRContext *context,
+                             const onnx::ModelProto &model, StringRef modelPath,
+                             const OnnxImportOptions &options)
+    : context(context), model(model), modelPath(modelPath.str()),
+      baseDir(llvm::sys::path::parent_path(modelPath).str()),
+      options(options), builder(context),
+      fileLoc(FileLineColLoc::get(context, modelPath, 0, 0)) {}
+
+ImportedValue *GraphImporter::lookup(StringRef name) {
+  auto it = values.find(name);
+  return it == values.end() ? nullptr : &it->second;
+}
+
+void GraphImporter::define(StringRef name, ImportedValue value) {
+  values[name] = std::move(value);
+}
+
+FailureOr<Value> GraphImporter::materialize(StringRef name, Location loc) {
+  ImportedValue *entry = lookup(name);
+  if (!entry)
+    return emitError(loc) << "input '" << name
+                          << "' is not produced by any earlier node, graph "
+                             "input or initializer";
+  if (entry->value)
+    return entry->value;
+  if (!entry->unsupportedReason.empty())
+    return emitError(loc) << "value '" << name
+                          << "' is not supported: " << entry->unsupportedReason;
+  if (entry->constant) {
+    entry->value = ConstantOp::create(builder, loc, entry->constant->toAttr());
+    return entry->value;
+  }
+  // A weight: checked here, read by the back end.
+  const onnx::TensorProto &init = *entry->initializer;
+  Type elementType = convertOnnxElementType(context, init.data_type());
+  if (!elementType)
+    return emitError(loc) << "initializer '" << name << "' has unsupported "
+                          << "element type "
+                          << onnxElementTypeName(init.data_type());
+  if (failed(checkTensorData(init, baseDir, loc)))
+    return failure();
+  SmallVector<int64_t> shape(init.dims().begin(), init.dims().end());
+  Location paramLoc = NameLoc::get(StringAttr::get(context, name), fileLoc);
+  entry->value = ParamOp::create(builder, paramLoc,
+                                 RankedTensorType::get(shape, elementType),
+                                 builder.getStringAttr(name));
+  return entry->value;
+}
+
+FailureOr<const HostTensor *> GraphImporter::constantOf(StringRef name,
+                                                        Location loc) {
+  ImportedValue *entry = lookup(name);
+  if (!entry)
+    return emitError(loc) << "input '" << name
+                          << "' is not produced by any earlier node, graph "
+                             "input or initializer";
+  if (entry->constant)
+    return &*entry->constant;
+  if (entry->initializer) {
+    auto decoded = decodeTensor(*entry->initializer, baseDir, loc);
+    if (failed(decoded))
+      return failure();
+    entry->constant = std::move(*decoded);
+    return &*entry->constant;
+  }
+  if (entry->value)
+    if (auto cst = entry->value.getDefiningOp<ConstantOp>()) {
+      entry->constant = HostTensor::fromAttr(cst.getValue());
+      return &*entry->constant;
+    }
+  return static_cast<const HostTensor *>(nullptr);
+}
+
+FailureOr<RankedTensorType>
+GraphImporter::inputTypeOf(const onnx::ValueInfoProto &info) {
+  if (!info.type().has_tensor_type())
+    return emitError(fileLoc) << "graph input '" << info.name()
+                              << "' is not a tensor (sequences, maps and "
+                                 "optionals are not supported)";
+  const auto &tensorType = info.type().tensor_type();
+  Type elementType = convertOnnxElementType(context, tensorType.elem_type());
+  if (!elementType)
+    return emitError(fileLoc)
+           << "graph input '" << info.name() << "' has unsupported element "
+           << "type " << onnxElementTypeName(tensorType.elem_type());
+  if (!tensorType.has_shape())
+    return emitError(fileLoc) << "graph input '" << info.name()
+                              << "' has no shape; pcc needs ranked inputs";
+  SmallVector<int64_t> shape;
+  for (auto [i, dim] : llvm::enumerate(tensorType.shape().dim())) {
+    if (dim.has_dim_value() && dim.dim_value() >= 0) {
+      shape.push_back(dim.dim_value());
+      continue;
+    }
+    std::string symbol = dim.has_dim_param() ? dim.dim_param() : "";
+    auto bound = options.dimBindings.find(symbol);
+    if (!symbol.empty() && bound != options.dimBindings.end()) {
+      shape.push_back(bound->second);
+    } else if (i == 0 && options.batch) {
+      shape.push_back(*options.batch);
+    } else {
+      auto diag = emitError(fileLoc)
+                  << "graph input '" << info.name() << "' dimension " << i;
+      if (symbol.empty())
+        diag << " is unknown; bind it with --batch=N (dimension 0 only)";
+      else
+        diag << " is the symbolic dimension '" << symbol
+             << "'; bind it with --dim=" << symbol << "=N"
+             << (i == 0 ? " or --batch=N" : "");
+      return failure();
+    }
+  }
+  return RankedTensorType::get(shape, elementType);
+}
+
+LogicalResult GraphImporter::checkDeclaredOutput(
+    const onnx::ValueInfoProto &info, Value value) {
+  if (!info.type().has_tensor_type() ||
+      !info.type().tensor_type().has_shape())
+    return success();
+  auto type = cast<RankedTensorType>(value.getType());
+  const auto &dims = info.type().tensor_type().shape().dim();
+  if (dims.size() != type.getRank())
+    return emitError(fileLoc)
+           << "graph output '" << info.name() << "' is declared with rank "
+           << dims.size() << " but computes " << type;
+  for (auto [i, dim] : llvm::enumerate(dims))
+    if (dim.has_dim_value() && dim.dim_value() > 0 &&
+        dim.dim_value() != type.getDimSize(i))
+      return emitError(fileLoc)
+             << "graph output '" << info.name() << "' is declared with "
+             << "dimension " << i << " = " << dim.dim_value()
+             << " but computes " << type;
+  return success();
+}
+
+LogicalResult GraphImporter::importNode(const onnx::NodeProto &node,
+                                        unsigned index) {
+  Location loc = nodeLocation(node, index);
+  if (!node.domain().empty() && node.domain() != "ai.onnx")
+    return emitError(loc) << "unsupported op '" << node.domain()
+                          << "::" << node.op_type()
+                          << "': only the default ONNX domain is supported";
+  const auto &converters = getConverters();
+  auto it = converters.find(node.op_type());
+  if (it == converters.end())
+    return emitError(loc) << "unsupported ONNX op '" << node.op_type()
+                          << "' (opset " << opset
+                          << "); see docs/op-support.md for the supported ops";
+  NodeImporter nodeImporter(*this, node, opset, builder, loc);
+  if (failed(it->second(nodeImporter)))
+    return failure();
+  // Outputs a converter did not produce are an error only if used.
+  for (int i = 0; i < node.output_size(); ++i)
+    if (!node.output(i).empty() && !lookup(node.output(i))) {
+      ImportedValue unsupported;
+      unsupported.unsupportedReason =
+          ("output " + std::to_string(i) + " of " + node.op_type() +
+           " node '" + node.name() + "' is not produced by pcc")
+              .c_str();
+      define(node.output(i), std::move(unsupported));
+    }
+  return success();
+}
+
+LogicalResult GraphImporter::importInto(ModuleOp module) {
+  const onnx::GraphProto &graph = model.graph();
+  for (const auto &entry : model.opset_import())
+    if (entry.domain().empty() || entry.domain() == "ai.onnx")
+      opset = entry.version();
+  if (opset == 0)
+    return emitError(fileLoc) << "model imports no default-domain opset";
+  if (opset < 6)
+    return emitError(fileLoc) << "opset " << opset
+                              << " is not supported (pcc reads opsets 6 and "
+                                 "later; convert the model first)";
+
+  // Initializers first: graph inputs with the same name are overridable
+  // defaults in ONNX, and pcc treats them as weights.
+  for (const onnx::TensorProto &init : graph.initializer()) {
+    ImportedValue value;
+    value.initializer = &init;
+    Type elementType = convertOnnxElementType(context, init.data_type());
+    int64_t count = 1;
+    for (int64_t d : init.dims())
+      count *= d;
+    // Integer, boolean and single-element initializers are shape vectors,
+    // indices and scalars: fold them. Other float tensors are weights.
+    bool isWeight = elementType && isa<FloatType>(elementType) && count > 1;
+    if (!isWeight) {
+      auto decoded = decodeTensor(init, baseDir, fileLoc);
+      if (failed(decoded))
+        return failure();
+      value.constant = std::move(*decoded);
+    }
+    define(init.name(), std::move(value));
+  }
+
+  SmallVector<Type> argTypes;
+  SmallVector<const onnx::ValueInfoProto *> args;
+  for (const onnx::ValueInfoProto &info : graph.input()) {
+    if (lookup(info.name()))
+      continue;
+    auto type = inputTypeOf(info);
+    if (failed(type))
+      return failure();
+    argTypes.push_back(*type);
+    args.push_back(&info);
+  }
+
+  builder.setInsertionPointToEnd(module.getBody());
+  auto func = func::FuncOp::create(builder, fileLoc, "main",
+                                   builder.getFunctionType(argTypes, {}));
+  Block *body = func.addEntryBlock();
+  for (auto [i, info] : llvm::enumerate(args)) {
+    func.setArgAttr(i, "pcc.name", builder.getStringAttr(info->name()));
+    ImportedValue value;
+    value.value = body->getArgument(i);
+    define(info->name(), std::move(value));
+  }
+  builder.setInsertionPointToEnd(body);
+
+  for (auto [index, node] : llvm::enumerate(graph.node()))
+    if (failed(importNode(node, index)))
+      return failure();
+
+  SmallVector<Value> results;
+  for (const onnx::ValueInfoProto &info : graph.output()) {
+    auto value = materialize(info.name(), fileLoc);
+    if (failed(value))
+      return failure();
+    if (failed(checkDeclaredOutput(info, *value)))
+      return failure();
+    results.push_back(*value);
+  }
+  func::ReturnOp::create(builder, fileLoc, results);
+  func.setType(builder.getFunctionType(argTypes, TypeRange(results)));
+  for (auto [i, info] : llvm::enumerate(graph.output()))
+    func.setResultAttr(i, "pcc.name", builder.getStringAttr(info.name()));
+  if (!graph.name().empty())
+    func->setAttr("pcc.graph_name", builder.getStringAttr(graph.name()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Entry point
+//===----------------------------------------------------------------------===//
+
+FailureOr<OwningOpRef<ModuleOp>>
+mlir::pcc::importOnnxFile(StringRef path, MLIRContext *context,
+                          const OnnxImportOptions &options) {
+  context->loadDialect<PccDialect, func::FuncDialect>();
+  onnx::ModelProto model;
+  if (failed(loadModel(path, context, model)))
+    return failure();
+  if (options.runChecker && failed(runChecker(model, path, context)))
+    return failure();
+
+  Location loc = FileLineColLoc::get(context, path, 0, 0);
+  OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
+  OpBuilder b(context);
+  (*module)->setAttr("pcc.source", b.getStringAttr(path));
+  if (!model.producer_name().empty())
+    (*module)->setAttr("pcc.producer", b.getStringAttr(model.producer_name()));
+
+  GraphImporter importer(context, model, path, options);
+  if (failed(importer.importInto(*module)))
+    return failure();
+  for (const auto &entry : model.opset_import())
+    if (entry.domain().empty() || entry.domain() == "ai.onnx")
+      (*module)->setAttr("pcc.opset", b.getI64IntegerAttr(entry.version()));
+  if (failed(verify(*module)))
+    return emitError(loc) << "internal error: the imported IR does not "
+                             "verify; please report this with the model";
+  return module;
+}
+
+std::vector<std::string> mlir::pcc::getSupportedOnnxOps() {
+  std::vector<std::string> ops;
+  for (const auto &entry : onnx_import::getConverters())
+    ops.push_back(entry.getKey().str());
+  llvm::sort(ops);
+  return ops;
+}
+
+bool mlir::pcc::isSupportedOnnxOp(StringRef opType) {
+  return onnx_import::getConverters().count(opType);
+}

@@ -1,0 +1,28 @@
+# -*- Python -*-
+import os
+
+import lit.formats
+from lit.llvm import llvm_config
+from lit.llvm.subst import ToolSubst
+
+config.name = "PCC"
+config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
+config.suffixes = [".mlir", ".test", ".onnxtxt"]
+config.excludes = ["Inputs", "CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.pcc_obj_root, "test")
+
+config.substitutions.append(("%PATH%", config.environment["PATH"]))
+config.substitutions.append(("%pcc_src_root", config.pcc_src_root))
+config.substitutions.append(("%examples", os.path.join(config.pcc_src_root, "examples")))
+config.substitutions.append(("%onnx_testdata", "/usr/share/libonnx-testdata/data"))
+
+llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
+llvm_config.use_default_substitutions()
+
+tool_dirs = [config.pcc_tools_dir, config.llvm_tools_dir]
+tools = ["pcc", "pcc-opt", "pcc-onnx-conformance"]
+llvm_config.add_tool_substitutions(tools, tool_dirs)
+
+if os.path.isdir("/usr/share/libonnx-testdata/data/node"):
+    config.available_features.add("onnx-testdata")

@@ -1,0 +1,269 @@
+//===- pcc.cpp - the pcc compiler driver -----------------------------------===//
+//
+// pcc model.onnx [--batch=N] [--dim=name=N] [--tp=N --pp=N --dp=N]
+//     [--emit=mlir|mlir-imported] [-o FILE] [--dump-ir=DIR]
+//     [--mlir-print-ir-after-all]
+//
+//===----------------------------------------------------------------------===//
+
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Import/OnnxImporter.h"
+#include "pcc/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassInstrumentation.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace mlir;
+namespace cl = llvm::cl;
+
+static cl::OptionCategory pccCategory("pcc options");
+
+static cl::opt<std::string> inputFile(cl::Positional,
+                                      cl::desc("<model.onnx | model.onnxtxt>"),
+                                      cl::cat(pccCategory));
+static cl::opt<std::string> outputFile("o", cl::desc("output file ('-' is "
+                                                     "stdout)"),
+                                       cl::value_desc("file"), cl::init("-"),
+                                       cl::cat(pccCategory));
+
+enum class Emit { Auto, Mlir, MlirImported, SharedLibrary };
+static cl::opt<Emit> emit(
+    "emit", cl::desc("what to produce"), cl::init(Emit::Auto),
+    cl::values(clEnumValN(Emit::Mlir, "mlir",
+                          "pcc IR after the import clean-up pipeline"),
+               clEnumValN(Emit::MlirImported, "mlir-imported",
+                          "pcc IR exactly as imported, before any pass"),
+               clEnumValN(Emit::SharedLibrary, "so",
+                          "a shared library for pcc-run (the default for "
+                          "-o *.so)")),
+    cl::cat(pccCategory));
+
+static cl::opt<int64_t> batch("batch",
+                              cl::desc("bind the leading dimension of every "
+                                       "input that is symbolic"),
+                              cl::value_desc("N"), cl::cat(pccCategory));
+static cl::list<std::string>
+    dims("dim", cl::desc("bind a symbolic dimension by name (repeatable)"),
+         cl::value_desc("name=N"), cl::cat(pccCategory));
+static cl::opt<int64_t> tp("tp", cl::desc("tensor-parallel degree"),
+                           cl::init(1), cl::cat(pccCategory));
+static cl::opt<int64_t> pp("pp", cl::desc("pipeline-parallel degree"),
+                           cl::init(1), cl::cat(pccCategory));
+static cl::opt<int64_t> dp("dp", cl::desc("data-parallel degree"), cl::init(1),
+                           cl::cat(pccCategory));
+static cl::opt<std::string>
+    dumpIr("dump-ir",
+           cl::desc("write the IR after import and after each pass to "
+                    "numbered files in this directory"),
+           cl::value_desc("dir"), cl::cat(pccCategory));
+static cl::opt<bool> noOnnxCheck("no-onnx-check",
+                                 cl::desc("skip onnx::checker before import"),
+                                 cl::cat(pccCategory));
+
+static const char *kOverview = R"(pcc: the pcc auto-partitioning compiler
+
+Reads an ONNX model, imports it into the pcc dialect (static shapes, explicit
+broadcasts, weights as named pcc.param ops) and runs the compiler pipeline.
+
+Examples:
+  pcc examples/mlp.onnx --batch=2 --emit=mlir
+  pcc examples/gpt.onnx --dim=batch=2 --dim=seq=16 --emit=mlir -o gpt.mlir
+  pcc examples/mlp.onnx --batch=2 --emit=mlir --mlir-print-ir-after-all
+  pcc examples/mlp.onnx --batch=2 --emit=mlir --dump-ir=ir/   # ir/00-import.mlir, ...
+  pcc model.onnx --tp=4 --pp=8 -o model.so
+
+Exit status: 0 on success, 1 on any error (the message names the file, the
+ONNX node or the option at fault).
+)";
+
+namespace {
+/// Prints diagnostics as "pcc: error: <where>: <message>", naming the ONNX
+/// node an op came from.
+std::string describeLocation(Location loc) {
+  auto [opType, node] = pcc::getOnnxNodeOfLocation(loc);
+  if (!opType.empty())
+    return llvm::formatv("node '{0}' ({1})", node, opType).str();
+  if (auto name = dyn_cast<NameLoc>(loc))
+    return llvm::formatv("'{0}'", name.getName().str()).str();
+  if (auto file = dyn_cast<FileLineColLoc>(loc)) {
+    if (file.getLine() == 0)
+      return file.getFilename().str();
+    return llvm::formatv("{0}:{1}:{2}", file.getFilename().str(),
+                         file.getLine(), file.getColumn())
+        .str();
+  }
+  return "";
+}
+
+const char *severityName(DiagnosticSeverity severity) {
+  switch (severity) {
+  case DiagnosticSeverity::Error:
+    return "error";
+  case DiagnosticSeverity::Warning:
+    return "warning";
+  case DiagnosticSeverity::Remark:
+    return "remark";
+  case DiagnosticSeverity::Note:
+    return "note";
+  }
+  return "error";
+}
+
+/// Writes the top-level module to `dir/NN-name.mlir` after every pass.
+class DumpIrInstrumentation : public PassInstrumentation {
+public:
+  explicit DumpIrInstrumentation(std::string dir) : dir(std::move(dir)) {}
+
+  LogicalResult dump(Operation *op, StringRef name) {
+    while (op->getParentOp())
+      op = op->getParentOp();
+    SmallString<256> path(dir);
+    llvm::sys::path::append(
+        path, llvm::formatv("{0:2}-{1}.mlir", counter++, name).str());
+    std::error_code ec;
+    llvm::raw_fd_ostream os(path, ec);
+    if (ec)
+      return emitError(op->getLoc())
+             << "cannot write '" << path << "': " << ec.message();
+    op->print(os);
+    return success();
+  }
+
+  void runAfterPass(Pass *pass, Operation *op) override {
+    (void)dump(op, pass->getArgument().empty() ? pass->getName()
+                                               : pass->getArgument());
+  }
+
+private:
+  std::string dir;
+  unsigned counter = 0;
+};
+
+int fail(const llvm::Twine &message) {
+  llvm::errs() << "pcc: error: " << message << "\n";
+  return 1;
+}
+} // namespace
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM init(argc, argv);
+  registerAsmPrinterCLOptions();
+  registerMLIRContextCLOptions();
+  registerPassManagerCLOptions();
+  cl::SetVersionPrinter(
+      [](llvm::raw_ostream &os) { os << "pcc 0.1.0 (MLIR 22)\n"; });
+  cl::ParseCommandLineOptions(argc, argv, kOverview);
+
+  if (inputFile.empty())
+    return fail("no input model; usage: pcc model.onnx [options] (see "
+                "--help)");
+  for (auto [name, value] : {std::pair{"--tp", tp.getValue()},
+                             std::pair{"--pp", pp.getValue()},
+                             std::pair{"--dp", dp.getValue()}})
+    if (value < 1)
+      return fail(llvm::Twine(name) + "=" + llvm::Twine(value) +
+                  " must be a positive integer");
+
+  pcc::OnnxImportOptions options;
+  options.runChecker = !noOnnxCheck;
+  if (batch.getNumOccurrences()) {
+    if (batch < 1)
+      return fail("--batch=" + llvm::Twine(batch.getValue()) +
+                  " must be a positive integer");
+    options.batch = batch;
+  }
+  for (const std::string &binding : dims) {
+    auto [name, value] = StringRef(binding).split('=');
+    int64_t n = 0;
+    if (name.empty() || value.getAsInteger(10, n) || n < 1)
+      return fail("--dim=" + binding +
+                  " must have the form name=N with N a positive integer");
+    options.dimBindings[name] = n;
+  }
+
+  Emit what = emit;
+  if (what == Emit::Auto)
+    what = StringRef(outputFile).ends_with(".so") ? Emit::SharedLibrary
+                                                  : Emit::Mlir;
+  if (what == Emit::SharedLibrary)
+    return fail("building a shared library (" + outputFile +
+                ") needs the code generator, which this version of pcc does "
+                "not have yet; use --emit=mlir to inspect the IR");
+
+  MLIRContext context;
+  context.loadDialect<pcc::PccDialect, func::FuncDialect>();
+  int errors = 0;
+  ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diag) {
+    if (diag.getSeverity() == DiagnosticSeverity::Error)
+      ++errors;
+    std::string where = describeLocation(diag.getLocation());
+    llvm::errs() << "pcc: " << severityName(diag.getSeverity()) << ": "
+                 << (where.empty() ? "" : where + ": ") << diag.str() << "\n";
+    for (Diagnostic &note : diag.getNotes()) {
+      std::string noteWhere = describeLocation(note.getLocation());
+      llvm::errs() << "pcc: note: "
+                   << (noteWhere.empty() ? "" : noteWhere + ": ") << note.str()
+                   << "\n";
+    }
+    return success();
+  });
+
+  auto module = pcc::importOnnxFile(inputFile, &context, options);
+  if (failed(module))
+    return 1;
+  Builder b(&context);
+  (**module)->setAttr("pcc.mesh",
+                      b.getDictionaryAttr({
+                          b.getNamedAttr("dp", b.getI64IntegerAttr(dp)),
+                          b.getNamedAttr("pp", b.getI64IntegerAttr(pp)),
+                          b.getNamedAttr("tp", b.getI64IntegerAttr(tp)),
+                      }));
+  if (tp * pp * dp > 1)
+    llvm::errs() << "pcc: warning: the plan --tp=" << tp << " --pp=" << pp
+                 << " --dp=" << dp
+                 << " is recorded in the IR, but partitioning passes are not "
+                    "in this version yet: the IR is for one device\n";
+
+  std::unique_ptr<DumpIrInstrumentation> dumper;
+  if (!dumpIr.empty()) {
+    if (std::error_code ec = llvm::sys::fs::create_directories(dumpIr))
+      return fail("cannot create --dump-ir directory '" + dumpIr +
+                  "': " + ec.message());
+    dumper = std::make_unique<DumpIrInstrumentation>(dumpIr);
+    if (failed(dumper->dump(**module, "import")))
+      return 1;
+  }
+
+  if (what == Emit::Mlir) {
+    PassManager pm(&context);
+    if (failed(applyPassManagerCLOptions(pm)))
+      return 1;
+    if (dumper)
+      pm.addInstrumentation(std::move(dumper));
+    pcc::buildImportCleanupPipeline(pm);
+    if (failed(pm.run(**module)))
+      return 1;
+  }
+  if (errors)
+    return 1;
+
+  std::string errorMessage;
+  auto output = openOutputFile(outputFile, &errorMessage);
+  if (!output)
+    return fail("cannot write '" + outputFile + "': " + errorMessage);
+  (*module)->print(output->os());
+  output->os() << "\n";
+  output->keep();
+  return 0;
+}
