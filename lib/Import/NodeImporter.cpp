@@ -95,9 +95,9 @@ FailureOr<HostTensor> NodeImporter::requireConstant(unsigned i,
     return failure();
   if (!*tensor)
     return error() << node.op_type() << " needs a constant " << what
-                   << " (input '" << node.input(i)
-                   << "'); it depends on data computed at run time, which "
-                      "pcc does not support";
+                   << " but input '" << node.input(i)
+                   << "' is computed at run time: data-dependent shapes and "
+                      "attributes are not supported";
   return **tensor;
 }
 

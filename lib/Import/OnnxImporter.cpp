@@ -155,9 +155,9 @@ FailureOr<Value> GraphImporter::materialize(StringRef name, Location loc) {
   const onnx::TensorProto &init = *entry->initializer;
   Type elementType = convertOnnxElementType(context, init.data_type());
   if (!elementType)
-    return emitError(loc) << "initializer '" << name << "' has unsupported "
-                          << "element type "
-                          << onnxElementTypeName(init.data_type());
+    return emitError(loc) << "initializer '" << name << "' has element type "
+                          << onnxElementTypeName(init.data_type())
+                          << ", which is not supported";
   if (failed(checkTensorData(init, baseDir, loc)))
     return failure();
   SmallVector<int64_t> shape(init.dims().begin(), init.dims().end());
@@ -202,8 +202,9 @@ GraphImporter::inputTypeOf(const onnx::ValueInfoProto &info) {
   Type elementType = convertOnnxElementType(context, tensorType.elem_type());
   if (!elementType)
     return emitError(fileLoc)
-           << "graph input '" << info.name() << "' has unsupported element "
-           << "type " << onnxElementTypeName(tensorType.elem_type());
+           << "graph input '" << info.name() << "' has element type "
+           << onnxElementTypeName(tensorType.elem_type())
+           << ", which is not supported";
   if (!tensorType.has_shape())
     return emitError(fileLoc) << "graph input '" << info.name()
                               << "' has no shape; pcc needs ranked inputs";

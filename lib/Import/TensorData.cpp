@@ -141,8 +141,9 @@ LogicalResult onnx_import::checkTensorData(const onnx::TensorProto &tensor,
   int64_t elementSize = rawElementSize(tensor.data_type());
   if (elementSize == 0)
     return emitError(loc) << "initializer '" << tensor.name()
-                          << "' has unsupported element type "
-                          << onnxElementTypeName(tensor.data_type());
+                          << "' has element type "
+                          << onnxElementTypeName(tensor.data_type())
+                          << ", which is not supported";
   if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
     auto span = externalSpan(tensor, baseDir, loc);
     if (failed(span))
@@ -233,8 +234,9 @@ FailureOr<HostTensor> onnx_import::decodeTensor(const onnx::TensorProto &tensor,
   Type elementType = convertOnnxElementType(ctx, tensor.data_type());
   if (!elementType)
     return emitError(loc) << "tensor '" << tensor.name()
-                          << "' has unsupported element type "
-                          << onnxElementTypeName(tensor.data_type());
+                          << "' has element type "
+                          << onnxElementTypeName(tensor.data_type())
+                          << ", which is not supported";
   if (failed(checkTensorData(tensor, baseDir, loc)))
     return failure();
   SmallVector<int64_t> shape(tensor.dims().begin(), tensor.dims().end());

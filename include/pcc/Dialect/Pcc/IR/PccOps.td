@@ -191,7 +191,7 @@ def Pcc_MulOp : Pcc_BinaryOp<"mul", "multiplication", Pcc_Tensor,
   let hasFolder = 1;
 }
 def Pcc_DivOp : Pcc_BinaryOp<"div", "division (truncating for integers)">;
-def Pcc_PowOp : Pcc_BinaryOp<"pow", "power lhs^rhs", Pcc_FloatTensor>;
+def Pcc_PowOp : Pcc_BinaryOp<"pow", "power lhs^rhs">;
 def Pcc_MaxOp : Pcc_BinaryOp<"max", "maximum", Pcc_Tensor, [Commutative]>;
 def Pcc_MinOp : Pcc_BinaryOp<"min", "minimum", Pcc_Tensor, [Commutative]>;
 def Pcc_AndOp : Pcc_BinaryOp<"and", "logical and", Pcc_BoolTensor,
@@ -529,24 +529,25 @@ def Pcc_ConvOp : Pcc_Op<"conv", [Pure, InferTypeOpAdaptor,
   }];
 }
 
-class Pcc_PoolOp<string mnemonic, string what, dag extraArgs>
+class Pcc_PoolOp<string mnemonic, string what, dag extraArgs,
+                 Type tensorType = Pcc_FloatTensor>
     : Pcc_Op<mnemonic, [Pure, SameOperandsAndResultElementType,
                         InferTypeOpAdaptor]> {
   let summary = what # " pooling over the spatial dimensions";
-  let arguments = !con((ins Pcc_FloatTensor:$input,
+  let arguments = !con((ins tensorType:$input,
                             DenseI64ArrayAttr:$kernel_shape,
                             DenseI64ArrayAttr:$strides,
                             DenseI64ArrayAttr:$pads,
                             DenseI64ArrayAttr:$dilations,
                             UnitAttr:$ceil_mode), extraArgs);
-  let results = (outs Pcc_FloatTensor:$result);
+  let results = (outs tensorType:$result);
   let assemblyFormat = [{
     $input `kernel` `=` $kernel_shape `strides` `=` $strides `pads` `=` $pads
     `dilations` `=` $dilations attr-dict `:` type($input) `->` type($result)
   }];
 }
 
-def Pcc_MaxPoolOp : Pcc_PoolOp<"max_pool", "maximum", (ins)> {
+def Pcc_MaxPoolOp : Pcc_PoolOp<"max_pool", "maximum", (ins), Pcc_Tensor> {
   let description = [{
     Padded positions never win. With `ceil_mode` the output size rounds up.
 
