@@ -224,11 +224,12 @@ GraphImporter::inputTypeOf(const onnx::ValueInfoProto &info) {
       auto diag = emitError(fileLoc)
                   << "graph input '" << info.name() << "' dimension " << i;
       if (symbol.empty())
-        diag << " is unknown; bind it with --batch=N (dimension 0 only)";
+        diag << " has no size or name; bind it with --batch=<size> "
+                "(possible for dimension 0 only)";
       else
         diag << " is the symbolic dimension '" << symbol
-             << "'; bind it with --dim=" << symbol << "=N"
-             << (i == 0 ? " or --batch=N" : "");
+             << "'; bind it with --dim=" << symbol << "=<size>"
+             << (i == 0 ? " or --batch=<size>" : "");
       return failure();
     }
   }

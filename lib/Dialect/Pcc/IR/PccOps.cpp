@@ -114,11 +114,10 @@ LogicalResult LayerNormOp::verify() {
     if (!v)
       return success();
     auto t = tensorType(v);
-    if (t.getShape() != normalized || t.getElementType() !=
-                                          input.getElementType())
+    auto expected = RankedTensorType::get(normalized, input.getElementType());
+    if (t != expected)
       return emitOpError("parameter shape: ")
-             << name << " must be tensor<" << shapeToString(normalized) << "x"
-             << input.getElementType() << ">, got " << t;
+             << name << " must be " << expected << ", got " << t;
     return success();
   };
   if (failed(checkParam(getScale(), "scale")) ||

@@ -1,0 +1,89 @@
+// RUN: pcc-opt %s --split-input-file --canonicalize | FileCheck %s
+
+// Tests that identity reshapes, transposes, broadcasts, casts and slices fold away.
+// CHECK-LABEL: func.func @identities
+// CHECK-SAME:    (%[[X:.+]]: tensor<2x3xf32>)
+// CHECK-NEXT:    return %[[X]] : tensor<2x3xf32>
+func.func @identities(%x: tensor<2x3xf32>) -> tensor<2x3xf32> {
+  %0 = pcc.reshape %x : tensor<2x3xf32> -> tensor<2x3xf32>
+  %1 = pcc.transpose %0 [0, 1] : tensor<2x3xf32> -> tensor<2x3xf32>
+  %2 = pcc.broadcast %1 : tensor<2x3xf32> -> tensor<2x3xf32>
+  %3 = pcc.cast %2 : tensor<2x3xf32> -> tensor<2x3xf32>
+  %4 = pcc.slice %3 starts = [0, 0] limits = [2, 3] steps = [1, 1] : tensor<2x3xf32> -> tensor<2x3xf32>
+  return %4 : tensor<2x3xf32>
+}
+
+// -----
+
+// Tests that adding zero and multiplying by one fold away.
+// CHECK-LABEL: func.func @neutral_elements
+// CHECK-SAME:    (%[[X:.+]]: tensor<4xf32>)
+// CHECK-NEXT:    return %[[X]] : tensor<4xf32>
+func.func @neutral_elements(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %zero = pcc.constant dense<0.0> : tensor<4xf32>
+  %one = pcc.constant dense<1.0> : tensor<4xf32>
+  %0 = pcc.add %x, %zero : tensor<4xf32>
+  %1 = pcc.mul %one, %0 : tensor<4xf32>
+  return %1 : tensor<4xf32>
+}
+
+// -----
+
+// Tests that chains of reshapes merge into one.
+// CHECK-LABEL: func.func @reshape_chain
+// CHECK-NEXT:    %[[R:.+]] = pcc.reshape %{{.*}} : tensor<2x3x4xf32> -> tensor<6x4xf32>
+// CHECK-NEXT:    return %[[R]]
+func.func @reshape_chain(%x: tensor<2x3x4xf32>) -> tensor<6x4xf32> {
+  %0 = pcc.reshape %x : tensor<2x3x4xf32> -> tensor<24xf32>
+  %1 = pcc.reshape %0 : tensor<24xf32> -> tensor<6x4xf32>
+  return %1 : tensor<6x4xf32>
+}
+
+// -----
+
+// Tests that two transposes compose, and cancel when inverse.
+// CHECK-LABEL: func.func @transpose_chain
+// CHECK-SAME:    (%[[X:.+]]: tensor<2x3x4xf32>)
+// CHECK-NEXT:    %[[T:.+]] = pcc.transpose %[[X]] [2, 0, 1] : tensor<2x3x4xf32> -> tensor<4x2x3xf32>
+// CHECK-NEXT:    return %[[T]], %[[X]]
+func.func @transpose_chain(%x: tensor<2x3x4xf32>) -> (tensor<4x2x3xf32>, tensor<2x3x4xf32>) {
+  %0 = pcc.transpose %x [1, 0, 2] : tensor<2x3x4xf32> -> tensor<3x2x4xf32>
+  %1 = pcc.transpose %0 [2, 1, 0] : tensor<3x2x4xf32> -> tensor<4x2x3xf32>
+  %2 = pcc.transpose %x [0, 2, 1] : tensor<2x3x4xf32> -> tensor<2x4x3xf32>
+  %3 = pcc.transpose %2 [0, 2, 1] : tensor<2x4x3xf32> -> tensor<2x3x4xf32>
+  return %1, %3 : tensor<4x2x3xf32>, tensor<2x3x4xf32>
+}
+
+// -----
+
+// Tests that constants fold through reshape and splat broadcast.
+// CHECK-LABEL: func.func @constant_folding
+// CHECK-DAG:     pcc.constant dense<{{\[}}[1, 2], [3, 4]]> : tensor<2x2xi64>
+// CHECK-DAG:     pcc.constant dense<5.000000e-01> : tensor<2x8xf32>
+// CHECK-NOT:     pcc.reshape
+// CHECK-NOT:     pcc.broadcast
+func.func @constant_folding() -> (tensor<2x2xi64>, tensor<2x8xf32>) {
+  %c = pcc.constant dense<[1, 2, 3, 4]> : tensor<4xi64>
+  %0 = pcc.reshape %c : tensor<4xi64> -> tensor<2x2xi64>
+  %h = pcc.constant dense<0.5> : tensor<8xf32>
+  %1 = pcc.broadcast %h : tensor<8xf32> -> tensor<2x8xf32>
+  return %0, %1 : tensor<2x2xi64>, tensor<2x8xf32>
+}
+
+// -----
+
+// Tests that unused params are removed and duplicate reads are merged by CSE.
+// CHECK-LABEL: func.func @params
+// CHECK-NOT:     pcc.param "unused"
+// RUN: pcc-opt %s --split-input-file --canonicalize --cse | FileCheck %s --check-prefix=CSE
+// CSE-LABEL:     func.func @params
+// CSE-COUNT-1:   pcc.param "w"
+// CSE-NOT:       pcc.param
+func.func @params(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  %unused = pcc.param "unused" : tensor<4x4xf32>
+  %w1 = pcc.param "w" : tensor<4x4xf32>
+  %w2 = pcc.param "w" : tensor<4x4xf32>
+  %0 = pcc.matmul %x, %w1 : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+  %1 = pcc.matmul %0, %w2 : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+  return %1 : tensor<4x4xf32>
+}

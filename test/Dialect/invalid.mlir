@@ -1,0 +1,287 @@
+// RUN: pcc-opt %s --split-input-file --verify-diagnostics
+
+// Tests that matmul needs matrices.
+func.func @matmul_rank(%x: tensor<4xf32>, %w: tensor<4x8xf32>) -> tensor<8xf32> {
+  // expected-error @below {{operand rank: lhs and rhs need rank >= 2, got 1 and 2}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.matmul %x, %w : tensor<4xf32>, tensor<4x8xf32> -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+// Tests that the contraction dimensions of a matmul agree.
+func.func @matmul_contraction(%x: tensor<2x4xf32>, %w: tensor<5x8xf32>) -> tensor<2x8xf32> {
+  // expected-error @below {{contraction: lhs has K = 4 but rhs has K = 5}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.matmul %x, %w : tensor<2x4xf32>, tensor<5x8xf32> -> tensor<2x8xf32>
+  return %0 : tensor<2x8xf32>
+}
+
+// -----
+
+// Tests that batch broadcasting in matmul must be explicit.
+func.func @matmul_batch(%x: tensor<2x3x4xf32>, %w: tensor<1x4x8xf32>) -> tensor<2x3x8xf32> {
+  // expected-error @below {{batch dimensions: rhs must be a matrix or have lhs's batch dimensions (2), got 1}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.matmul %x, %w : tensor<2x3x4xf32>, tensor<1x4x8xf32> -> tensor<2x3x8xf32>
+  return %0 : tensor<2x3x8xf32>
+}
+
+// -----
+
+// Tests that a result type that disagrees with inference is rejected.
+func.func @matmul_result(%x: tensor<2x4xf32>, %w: tensor<4x8xf32>) -> tensor<2x9xf32> {
+  // expected-error @below {{inferred type(s) 'tensor<2x8xf32>' are incompatible with return type(s) of operation 'tensor<2x9xf32>'}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.matmul %x, %w : tensor<2x4xf32>, tensor<4x8xf32> -> tensor<2x9xf32>
+  return %0 : tensor<2x9xf32>
+}
+
+// -----
+
+// Tests that clamp bounds are ordered.
+func.func @clamp_bounds(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{bounds: min 6.000000e+00 exceeds max 0.000000e+00}}
+  %0 = pcc.clamp %x min = 6.0 max = 0.0 : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// Tests that the softmax axis is in range.
+func.func @softmax_axis(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  // expected-error @below {{axis 2 is out of range [0, 2)}}
+  %0 = pcc.softmax %x axis = 2 : tensor<2x4xf32>
+  return %0 : tensor<2x4xf32>
+}
+
+// -----
+
+// Tests that layer norm parameters match the normalised dimensions.
+func.func @layer_norm_scale(%x: tensor<2x16x64xf32>, %g: tensor<32xf32>) -> tensor<2x16x64xf32> {
+  // expected-error @below {{parameter shape: scale must be 'tensor<64xf32>', got 'tensor<32xf32>'}}
+  %0 = pcc.layer_norm %x, %g axis = 2 epsilon = 1.0e-5 : tensor<2x16x64xf32>, tensor<32xf32>
+  return %0 : tensor<2x16x64xf32>
+}
+
+// -----
+
+// Tests that the layer norm epsilon is non-negative.
+func.func @layer_norm_epsilon(%x: tensor<2x64xf32>, %g: tensor<64xf32>) -> tensor<2x64xf32> {
+  // expected-error @below {{epsilon: must be non-negative}}
+  %0 = pcc.layer_norm %x, %g axis = 1 epsilon = -1.0 : tensor<2x64xf32>, tensor<64xf32>
+  return %0 : tensor<2x64xf32>
+}
+
+// -----
+
+// Tests that batch norm statistics have one entry per channel.
+func.func @batch_norm_params(%x: tensor<2x8x4x4xf32>, %v: tensor<4xf32>) -> tensor<2x8x4x4xf32> {
+  // expected-error @below {{parameter shape: scale, bias, mean and variance must have one entry per channel (8), got 'tensor<4xf32>'}}
+  %0 = pcc.batch_norm %x, %v, %v, %v, %v epsilon = 1.0e-5 : tensor<2x8x4x4xf32>, tensor<4xf32>
+  return %0 : tensor<2x8x4x4xf32>
+}
+
+// -----
+
+// Tests that batch norm needs a channel dimension.
+func.func @batch_norm_rank(%x: tensor<8xf32>, %v: tensor<8xf32>) -> tensor<8xf32> {
+  // expected-error @below {{input rank: needs N x C x ..., got rank 1}}
+  %0 = pcc.batch_norm %x, %v, %v, %v, %v epsilon = 1.0e-5 : tensor<8xf32>, tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+// Tests that a reshape keeps the element count.
+func.func @reshape_count(%x: tensor<2x3xf32>) -> tensor<7xf32> {
+  // expected-error @below {{element count: cannot reshape 6 elements into 'tensor<7xf32>'}}
+  %0 = pcc.reshape %x : tensor<2x3xf32> -> tensor<7xf32>
+  return %0 : tensor<7xf32>
+}
+
+// -----
+
+// Tests that a transpose permutation is a permutation.
+func.func @transpose_perm(%x: tensor<2x3xf32>) -> tensor<2x2xf32> {
+  // expected-error @below {{permutation: [0, 0] is not a permutation of [0, 2)}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.transpose %x [0, 0] : tensor<2x3xf32> -> tensor<2x2xf32>
+  return %0 : tensor<2x2xf32>
+}
+
+// -----
+
+// Tests that a transpose permutation has one entry per dimension.
+func.func @transpose_length(%x: tensor<2x3xf32>) -> tensor<2x3xf32> {
+  // expected-error @below {{permutation: has 3 entries for an input of rank 2}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.transpose %x [0, 1, 2] : tensor<2x3xf32> -> tensor<2x3xf32>
+  return %0 : tensor<2x3xf32>
+}
+
+// -----
+
+// Tests that broadcast follows numpy rules.
+func.func @broadcast_shape(%x: tensor<3xf32>) -> tensor<2x4xf32> {
+  // expected-error @below {{broadcast: 'tensor<3xf32>' does not broadcast to 'tensor<2x4xf32>'}}
+  %0 = pcc.broadcast %x : tensor<3xf32> -> tensor<2x4xf32>
+  return %0 : tensor<2x4xf32>
+}
+
+// -----
+
+// Tests that concat inputs agree off the concatenation axis.
+func.func @concat_dims(%a: tensor<2x3xf32>, %b: tensor<4x5xf32>) -> tensor<2x8xf32> {
+  // expected-error @below {{inputs: dimension 0 differs off the concatenation axis (2 and 4)}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.concat %a, %b axis = 1 : tensor<2x3xf32>, tensor<4x5xf32> -> tensor<2x8xf32>
+  return %0 : tensor<2x8xf32>
+}
+
+// -----
+
+// Tests that split sizes cover the dimension.
+func.func @split_sizes(%x: tensor<2x10xf32>) -> tensor<2x4xf32> {
+  // expected-error @below {{sizes: pieces add up to 8 but dimension 1 has 10}}
+  // expected-error @below {{failed to infer returned types}}
+  %0:2 = pcc.split %x axis = 1 sizes = [4, 4] : tensor<2x10xf32> -> tensor<2x4xf32>, tensor<2x4xf32>
+  return %0#0 : tensor<2x4xf32>
+}
+
+// -----
+
+// Tests that slice steps are non-zero.
+func.func @slice_step(%x: tensor<8xf32>) -> tensor<8xf32> {
+  // expected-error @below {{bounds: step of dimension 0 is zero}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.slice %x starts = [0] limits = [8] steps = [0] : tensor<8xf32> -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+// Tests that slice bounds are inside the dimension.
+func.func @slice_bounds(%x: tensor<8xf32>) -> tensor<2xf32> {
+  // expected-error @below {{bounds: dimension 0 of size 8 cannot take start 0 limit 9 step 4}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.slice %x starts = [0] limits = [9] steps = [4] : tensor<8xf32> -> tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+
+// -----
+
+// Tests that the gather axis is in range.
+func.func @gather_axis(%t: tensor<4x8xf32>, %i: tensor<2xi64>) -> tensor<2xf32> {
+  // expected-error @below {{axis 2 is out of range [0, 2)}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.gather %t[%i] axis = 2 : tensor<4x8xf32>, tensor<2xi64> -> tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+
+// -----
+
+// Tests that gather indices are integers.
+func.func @gather_indices(%t: tensor<4x8xf32>, %i: tensor<2xf32>) -> tensor<2x8xf32> {
+  // expected-error @below {{operand #1 must be statically shaped tensor of 32-bit signless integer or 64-bit signless integer values}}
+  %0 = pcc.gather %t[%i] axis = 0 : tensor<4x8xf32>, tensor<2xf32> -> tensor<2x8xf32>
+  return %0 : tensor<2x8xf32>
+}
+
+// -----
+
+// Tests that reduction axes are distinct.
+func.func @reduce_repeated(%x: tensor<2x4xf32>) -> tensor<2xf32> {
+  // expected-error @below {{reduction axis 1 is repeated}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.reduce_sum %x axes = [1, 1] : tensor<2x4xf32> -> tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+
+// -----
+
+// Tests that reduction axes are in range.
+func.func @reduce_range(%x: tensor<2x4xf32>) -> tensor<2xf32> {
+  // expected-error @below {{reduction axis 3 is out of range [0, 2)}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.reduce_max %x axes = [3] : tensor<2x4xf32> -> tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+
+// -----
+
+// Tests that conv groups divide the channels.
+func.func @conv_groups(%x: tensor<1x3x8x8xf32>, %w: tensor<4x1x3x3xf32>) -> tensor<1x4x6x6xf32> {
+  // expected-error @below {{groups: 2 must divide input channels 3 and output channels 4}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.conv %x, %w strides = [1, 1] pads = [0, 0, 0, 0] dilations = [1, 1] groups = 2 : tensor<1x3x8x8xf32>, tensor<4x1x3x3xf32> -> tensor<1x4x6x6xf32>
+  return %0 : tensor<1x4x6x6xf32>
+}
+
+// -----
+
+// Tests that the conv weight has the input's channels per group.
+func.func @conv_weight(%x: tensor<1x3x8x8xf32>, %w: tensor<4x2x3x3xf32>) -> tensor<1x4x6x6xf32> {
+  // expected-error @below {{weight shape: expects 3 input channels per group, weight has 2}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.conv %x, %w strides = [1, 1] pads = [0, 0, 0, 0] dilations = [1, 1] groups = 1 : tensor<1x3x8x8xf32>, tensor<4x2x3x3xf32> -> tensor<1x4x6x6xf32>
+  return %0 : tensor<1x4x6x6xf32>
+}
+
+// -----
+
+// Tests that the conv bias has one entry per output channel.
+func.func @conv_bias(%x: tensor<1x3x8x8xf32>, %w: tensor<4x3x3x3xf32>, %b: tensor<3xf32>) -> tensor<1x4x6x6xf32> {
+  // expected-error @below {{bias shape: needs 4 entries, got 'tensor<3xf32>'}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.conv %x, %w, %b strides = [1, 1] pads = [0, 0, 0, 0] dilations = [1, 1] groups = 1 : tensor<1x3x8x8xf32>, tensor<4x3x3x3xf32>, tensor<3xf32> -> tensor<1x4x6x6xf32>
+  return %0 : tensor<1x4x6x6xf32>
+}
+
+// -----
+
+// Tests that a kernel larger than the padded input is rejected.
+func.func @pool_window(%x: tensor<1x1x2x2xf32>) -> tensor<1x1x1x1xf32> {
+  // expected-error @below {{window: kernel of size 3 does not fit spatial dimension 0 of size 2}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.max_pool %x kernel = [3, 3] strides = [1, 1] pads = [0, 0, 0, 0] dilations = [1, 1] : tensor<1x1x2x2xf32> -> tensor<1x1x1x1xf32>
+  return %0 : tensor<1x1x1x1xf32>
+}
+
+// -----
+
+// Tests that window attributes have one entry per spatial dimension.
+func.func @pool_attrs(%x: tensor<1x1x4x4xf32>) -> tensor<1x1x2x2xf32> {
+  // expected-error @below {{window attributes: need 2 kernel sizes, strides and dilations and 4 pads}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.avg_pool %x kernel = [2] strides = [2, 2] pads = [0, 0, 0, 0] dilations = [1, 1] : tensor<1x1x4x4xf32> -> tensor<1x1x2x2xf32>
+  return %0 : tensor<1x1x2x2xf32>
+}
+
+// -----
+
+// Tests that select's condition has the result's shape.
+func.func @select_shape(%c: tensor<3xi1>, %x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{all of {condition, result} have same shape}}
+  %0 = pcc.select %c, %x, %x : tensor<3xi1>, tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// Tests that cast keeps the shape.
+func.func @cast_shape(%x: tensor<4xf32>) -> tensor<5xi64> {
+  // expected-error @below {{all of {input, result} have same shape}}
+  %0 = pcc.cast %x : tensor<4xf32> -> tensor<5xi64>
+  return %0 : tensor<5xi64>
+}
+
+// -----
+
+// Tests that pcc ops need static shapes.
+func.func @dynamic_shape(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
+  // expected-error @below {{must be statically shaped tensor}}
+  %0 = pcc.relu %x : tensor<?x4xf32>
+  return %0 : tensor<?x4xf32>
+}

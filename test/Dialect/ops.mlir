@@ -1,0 +1,155 @@
+// RUN: pcc-opt %s --split-input-file | pcc-opt --split-input-file | FileCheck %s
+
+// Tests that params and constants round-trip.
+// CHECK-LABEL: func.func @values
+// CHECK:         pcc.param "layers.0.weight" : tensor<256x64xf32>
+// CHECK:         pcc.constant dense<[2, 16, 64]> : tensor<3xi64>
+func.func @values() -> (tensor<256x64xf32>, tensor<3xi64>) {
+  %w = pcc.param "layers.0.weight" : tensor<256x64xf32>
+  %c = pcc.constant dense<[2, 16, 64]> : tensor<3xi64>
+  return %w, %c : tensor<256x64xf32>, tensor<3xi64>
+}
+
+// -----
+
+// Tests matmul with a shared weight, transposes and equal batch dimensions.
+// CHECK-LABEL: func.func @matmul
+// CHECK:         pcc.matmul %{{.*}}, %{{.*}} {transpose_b} : tensor<2x16x64xf32>, tensor<256x64xf32> -> tensor<2x16x256xf32>
+// CHECK:         pcc.matmul %{{.*}}, %{{.*}} {transpose_a} : tensor<4x8x3xf32>, tensor<4x8x5xf32> -> tensor<4x3x5xf32>
+func.func @matmul(%x: tensor<2x16x64xf32>, %w: tensor<256x64xf32>,
+                  %a: tensor<4x8x3xf32>, %b: tensor<4x8x5xf32>)
+    -> (tensor<2x16x256xf32>, tensor<4x3x5xf32>) {
+  %0 = pcc.matmul %x, %w {transpose_b} : tensor<2x16x64xf32>, tensor<256x64xf32> -> tensor<2x16x256xf32>
+  %1 = pcc.matmul %a, %b {transpose_a} : tensor<4x8x3xf32>, tensor<4x8x5xf32> -> tensor<4x3x5xf32>
+  return %0, %1 : tensor<2x16x256xf32>, tensor<4x3x5xf32>
+}
+
+// -----
+
+// Tests every unary and binary elementwise op, compare, select and cast.
+// CHECK-LABEL: func.func @elementwise
+// CHECK-COUNT-14: pcc.{{[a-z]+}} %{{.*}} : tensor<4xf32>
+// CHECK:         pcc.gelu %{{.*}} {tanh_approximation} : tensor<4xf32>
+// CHECK:         pcc.leaky_relu %{{.*}} alpha = 1.000000e-01 : tensor<4xf32>
+// CHECK:         pcc.clamp %{{.*}} min = 0.000000e+00 max = 6.000000e+00 : tensor<4xf32>
+// CHECK-COUNT-7: pcc.{{[a-z]+}} %{{.*}}, %{{.*}} : tensor<4xf32>
+// CHECK:         %[[M:.+]] = pcc.compare lt, %{{.*}}, %{{.*}} : tensor<4xf32>
+// CHECK:         pcc.not %[[M]] : tensor<4xi1>
+// CHECK:         pcc.and
+// CHECK:         pcc.or
+// CHECK:         pcc.xor
+// CHECK:         pcc.select %[[M]], %{{.*}}, %{{.*}} : tensor<4xi1>, tensor<4xf32>
+// CHECK:         pcc.cast %{{.*}} : tensor<4xf32> -> tensor<4xi64>
+func.func @elementwise(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<4xi64> {
+  %0 = pcc.neg %x : tensor<4xf32>
+  %1 = pcc.abs %0 : tensor<4xf32>
+  %2 = pcc.sqrt %1 : tensor<4xf32>
+  %3 = pcc.reciprocal %2 : tensor<4xf32>
+  %4 = pcc.exp %3 : tensor<4xf32>
+  %5 = pcc.log %4 : tensor<4xf32>
+  %6 = pcc.erf %5 : tensor<4xf32>
+  %7 = pcc.tanh %6 : tensor<4xf32>
+  %8 = pcc.sigmoid %7 : tensor<4xf32>
+  %9 = pcc.relu %8 : tensor<4xf32>
+  %10 = pcc.floor %9 : tensor<4xf32>
+  %11 = pcc.ceil %10 : tensor<4xf32>
+  %12 = pcc.sin %11 : tensor<4xf32>
+  %13 = pcc.cos %12 : tensor<4xf32>
+  %14 = pcc.gelu %13 {tanh_approximation} : tensor<4xf32>
+  %15 = pcc.leaky_relu %14 alpha = 0.1 : tensor<4xf32>
+  %16 = pcc.clamp %15 min = 0.0 max = 6.0 : tensor<4xf32>
+  %17 = pcc.add %16, %y : tensor<4xf32>
+  %18 = pcc.sub %17, %y : tensor<4xf32>
+  %19 = pcc.mul %18, %y : tensor<4xf32>
+  %20 = pcc.div %19, %y : tensor<4xf32>
+  %21 = pcc.pow %20, %y : tensor<4xf32>
+  %22 = pcc.max %21, %y : tensor<4xf32>
+  %23 = pcc.min %22, %y : tensor<4xf32>
+  %m = pcc.compare lt, %23, %y : tensor<4xf32>
+  %n = pcc.not %m : tensor<4xi1>
+  %a = pcc.and %m, %n : tensor<4xi1>
+  %o = pcc.or %a, %n : tensor<4xi1>
+  %e = pcc.xor %o, %m : tensor<4xi1>
+  %s = pcc.select %m, %23, %x : tensor<4xi1>, tensor<4xf32>
+  %c = pcc.cast %s : tensor<4xf32> -> tensor<4xi64>
+  return %c : tensor<4xi64>
+}
+
+// -----
+
+// Tests softmax, layer norm (with and without bias) and batch norm.
+// CHECK-LABEL: func.func @normalisation
+// CHECK:         pcc.softmax %{{.*}} axis = 2 : tensor<2x16x64xf32>
+// CHECK:         pcc.log_softmax %{{.*}} axis = 0 : tensor<2x16x64xf32>
+// CHECK:         pcc.layer_norm %{{.*}}, %{{.*}}, %{{.*}} axis = 2 epsilon = 9.99999974E-6 : tensor<2x16x64xf32>, tensor<64xf32>, tensor<64xf32>
+// CHECK:         pcc.layer_norm %{{.*}}, %{{.*}} axis = 1 epsilon = 9.99999974E-6 : tensor<2x16x64xf32>, tensor<16x64xf32>
+// CHECK:         pcc.batch_norm %{{.*}} epsilon = 9.99999974E-6 : tensor<2x8x4x4xf32>, tensor<8xf32>
+func.func @normalisation(%x: tensor<2x16x64xf32>, %g: tensor<64xf32>,
+                         %b: tensor<64xf32>, %g2: tensor<16x64xf32>,
+                         %img: tensor<2x8x4x4xf32>, %v: tensor<8xf32>)
+    -> (tensor<2x16x64xf32>, tensor<2x16x64xf32>, tensor<2x8x4x4xf32>) {
+  %0 = pcc.softmax %x axis = 2 : tensor<2x16x64xf32>
+  %1 = pcc.log_softmax %0 axis = 0 : tensor<2x16x64xf32>
+  %2 = pcc.layer_norm %1, %g, %b axis = 2 epsilon = 1.0e-5 : tensor<2x16x64xf32>, tensor<64xf32>, tensor<64xf32>
+  %3 = pcc.layer_norm %2, %g2 axis = 1 epsilon = 1.0e-5 : tensor<2x16x64xf32>, tensor<16x64xf32>
+  %4 = pcc.batch_norm %img, %v, %v, %v, %v epsilon = 1.0e-5 : tensor<2x8x4x4xf32>, tensor<8xf32>
+  return %2, %3, %4 : tensor<2x16x64xf32>, tensor<2x16x64xf32>, tensor<2x8x4x4xf32>
+}
+
+// -----
+
+// Tests the data-movement ops.
+// CHECK-LABEL: func.func @data_movement
+// CHECK:         pcc.reshape %{{.*}} : tensor<2x16x64xf32> -> tensor<2x16x4x16xf32>
+// CHECK:         pcc.transpose %{{.*}} [0, 2, 1, 3] : tensor<2x16x4x16xf32> -> tensor<2x4x16x16xf32>
+// CHECK:         pcc.broadcast %{{.*}} : tensor<64xf32> -> tensor<2x16x64xf32>
+// CHECK:         pcc.concat %{{.*}}, %{{.*}} axis = 2 : tensor<2x16x64xf32>, tensor<2x16x64xf32> -> tensor<2x16x128xf32>
+// CHECK:         pcc.split %{{.*}} axis = 2 sizes = [32, 96] : tensor<2x16x128xf32> -> tensor<2x16x32xf32>, tensor<2x16x96xf32>
+// CHECK:         pcc.slice %{{.*}} starts = [0, 15, 0] limits = [2, -1, 32] steps = [1, -2, 4] : tensor<2x16x32xf32> -> tensor<2x8x8xf32>
+// CHECK:         pcc.gather %{{.*}}[%{{.*}}] axis = 0 : tensor<512x64xf32>, tensor<2x16xi64> -> tensor<2x16x64xf32>
+func.func @data_movement(%x: tensor<2x16x64xf32>, %b: tensor<64xf32>,
+                         %table: tensor<512x64xf32>, %ids: tensor<2x16xi64>)
+    -> (tensor<2x4x16x16xf32>, tensor<2x8x8xf32>, tensor<2x16x96xf32>, tensor<2x16x64xf32>) {
+  %0 = pcc.reshape %x : tensor<2x16x64xf32> -> tensor<2x16x4x16xf32>
+  %1 = pcc.transpose %0 [0, 2, 1, 3] : tensor<2x16x4x16xf32> -> tensor<2x4x16x16xf32>
+  %2 = pcc.broadcast %b : tensor<64xf32> -> tensor<2x16x64xf32>
+  %3 = pcc.concat %x, %2 axis = 2 : tensor<2x16x64xf32>, tensor<2x16x64xf32> -> tensor<2x16x128xf32>
+  %4:2 = pcc.split %3 axis = 2 sizes = [32, 96] : tensor<2x16x128xf32> -> tensor<2x16x32xf32>, tensor<2x16x96xf32>
+  %5 = pcc.slice %4#0 starts = [0, 15, 0] limits = [2, -1, 32] steps = [1, -2, 4] : tensor<2x16x32xf32> -> tensor<2x8x8xf32>
+  %6 = pcc.gather %table[%ids] axis = 0 : tensor<512x64xf32>, tensor<2x16xi64> -> tensor<2x16x64xf32>
+  return %1, %5, %4#1, %6 : tensor<2x4x16x16xf32>, tensor<2x8x8xf32>, tensor<2x16x96xf32>, tensor<2x16x64xf32>
+}
+
+// -----
+
+// Tests reductions with and without kept dimensions, and argmax.
+// CHECK-LABEL: func.func @reductions
+// CHECK:         pcc.reduce_sum %{{.*}} axes = [1] {keep_dims} : tensor<2x64xf32> -> tensor<2x1xf32>
+// CHECK:         pcc.reduce_mean %{{.*}} axes = [0, 1] : tensor<2x64xf32> -> tensor<f32>
+// CHECK:         pcc.reduce_max %{{.*}} axes = [0] : tensor<2x64xf32> -> tensor<64xf32>
+// CHECK:         pcc.reduce_min %{{.*}} axes = [1] : tensor<2x64xf32> -> tensor<2xf32>
+// CHECK:         pcc.reduce_prod %{{.*}} axes = [1] : tensor<2x64xf32> -> tensor<2xf32>
+// CHECK:         pcc.argmax %{{.*}} axis = 1 : tensor<2x64xf32> -> tensor<2xi64>
+func.func @reductions(%x: tensor<2x64xf32>) -> (tensor<2x1xf32>, tensor<f32>, tensor<64xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xi64>) {
+  %0 = pcc.reduce_sum %x axes = [1] {keep_dims} : tensor<2x64xf32> -> tensor<2x1xf32>
+  %1 = pcc.reduce_mean %x axes = [0, 1] : tensor<2x64xf32> -> tensor<f32>
+  %2 = pcc.reduce_max %x axes = [0] : tensor<2x64xf32> -> tensor<64xf32>
+  %3 = pcc.reduce_min %x axes = [1] : tensor<2x64xf32> -> tensor<2xf32>
+  %4 = pcc.reduce_prod %x axes = [1] : tensor<2x64xf32> -> tensor<2xf32>
+  %5 = pcc.argmax %x axis = 1 : tensor<2x64xf32> -> tensor<2xi64>
+  return %0, %1, %2, %3, %4, %5 : tensor<2x1xf32>, tensor<f32>, tensor<64xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xi64>
+}
+
+// -----
+
+// Tests convolution (grouped, with bias) and both poolings, ceil mode too.
+// CHECK-LABEL: func.func @conv_pool
+// CHECK:         pcc.conv %{{.*}}, %{{.*}}, %{{.*}} strides = [2, 2] pads = [1, 1, 1, 1] dilations = [1, 1] groups = 2 : tensor<2x4x32x32xf32>, tensor<8x2x3x3xf32>, tensor<8xf32> -> tensor<2x8x16x16xf32>
+// CHECK:         pcc.max_pool %{{.*}} kernel = [3, 3] strides = [2, 2] pads = [1, 1, 1, 1] dilations = [1, 1] : tensor<2x8x16x16xf32> -> tensor<2x8x8x8xf32>
+// CHECK:         pcc.avg_pool %{{.*}} kernel = [2, 2] strides = [2, 2] pads = [0, 0, 0, 0] dilations = [1, 1] {ceil_mode, count_include_pad} : tensor<2x8x8x8xf32> -> tensor<2x8x4x4xf32>
+func.func @conv_pool(%x: tensor<2x4x32x32xf32>, %w: tensor<8x2x3x3xf32>, %b: tensor<8xf32>) -> tensor<2x8x4x4xf32> {
+  %0 = pcc.conv %x, %w, %b strides = [2, 2] pads = [1, 1, 1, 1] dilations = [1, 1] groups = 2 : tensor<2x4x32x32xf32>, tensor<8x2x3x3xf32>, tensor<8xf32> -> tensor<2x8x16x16xf32>
+  %1 = pcc.max_pool %0 kernel = [3, 3] strides = [2, 2] pads = [1, 1, 1, 1] dilations = [1, 1] : tensor<2x8x16x16xf32> -> tensor<2x8x8x8xf32>
+  %2 = pcc.avg_pool %1 kernel = [2, 2] strides = [2, 2] pads = [0, 0, 0, 0] dilations = [1, 1] {ceil_mode, count_include_pad} : tensor<2x8x8x8xf32> -> tensor<2x8x4x4xf32>
+  return %2 : tensor<2x8x4x4xf32>
+}
