@@ -21,7 +21,7 @@ llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
 llvm_config.use_default_substitutions()
 
 tool_dirs = [config.pcc_tools_dir, config.llvm_tools_dir]
-tools = ["pcc", "pcc-opt", "pcc-onnx-conformance"]
+tools = ["pcc", "pcc-opt", "pcc-onnx-conformance", "not", "count", "split-file"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 
 if os.path.isdir("/usr/share/libonnx-testdata/data/node"):

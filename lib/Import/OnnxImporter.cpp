@@ -82,6 +82,16 @@ static LogicalResult runChecker(const onnx::ModelProto &model, StringRef path,
     size_t cut = message.find("\n\n==>");
     if (cut != std::string::npos)
       message.resize(cut);
+    // One line: the checker's own text wraps and indents.
+    std::string oneLine;
+    for (char c : message) {
+      if (c == '\n' || c == '\t')
+        c = ' ';
+      if (c == ' ' && (oneLine.empty() || oneLine.back() == ' '))
+        continue;
+      oneLine += c;
+    }
+    message = StringRef(oneLine).rtrim().str();
     return emitError(loc) << "ONNX checker rejected the model: " << message;
   }
   return success();
