@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pcc needs (only those missing), configures the
+# build directory once and builds everything with ninja. Idempotent: a second
+# run with nothing to do takes a few seconds.
+#
+#   scripts/setup.sh            # install + build into ./build
+#   PCC_BUILD_DIR=out scripts/setup.sh
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${PCC_BUILD_DIR:-$root/build}"
+
+packages=(
+  cmake ninja-build g++ lld git
+  libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
+  libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
+  libgtest-dev
+  libopenblas-dev openmpi-bin libopenmpi-dev
+  python3 python3-numpy
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  echo "pcc setup: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -f "$build/build.ninja" ]; then
+  echo "pcc setup: configuring $build"
+  linker=()
+  cmake -G Ninja -S "$root" -B "$build" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DMLIR_DIR=/usr/lib/llvm-22/lib/cmake/mlir \
+    -DLLVM_EXTERNAL_LIT=/usr/lib/llvm-22/bin/lit >"$build.cmake.log" 2>&1 || {
+      cat "$build.cmake.log"; echo "pcc setup: cmake failed" >&2; exit 1; }
+fi
+
+echo "pcc setup: building (ninja -C $build)"
+# Two cores and ~0.5-1 GB per translation unit: ninja's default -j is fine.
+ninja -C "$build" | grep -v "^\[" || true
+ninja -C "$build" >/dev/null   # fails loudly if the build is broken
+echo "pcc setup: done; tools in $build/bin"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Sets up (scripts/setup.sh) and runs the whole test suite: the lit suite
+# (dialect, importer, driver, examples, ONNX conformance) and the GoogleTest
+# unit tests. Ends with one line "pcc: N passed, M failed".
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${PCC_BUILD_DIR:-$root/build}"
+"$root/scripts/setup.sh" || exit 1
+export PATH="/usr/lib/llvm-22/bin:$PATH"
+
+passed=0
+failed=0
+
+echo "== lit suite"
+lit_out="$(mktemp)"
+/usr/lib/llvm-22/bin/lit -sv "$build/test" | tee "$lit_out"
+lit_rc=${PIPESTATUS[0]}
+p=$(grep -oE "Passed *: *[0-9]+" "$lit_out" | grep -oE "[0-9]+$" || echo 0)
+f=$(grep -oE "Failed *: *[0-9]+" "$lit_out" | grep -oE "[0-9]+$" || echo 0)
+u=$(grep -oE "Unsupported *: *[0-9]+" "$lit_out" | grep -oE "[0-9]+$" || echo 0)
+if [ "${u:-0}" != 0 ]; then
+  echo "lit: $u tests unsupported here (their REQUIRES lines above say why)"
+fi
+passed=$((passed + ${p:-0}))
+failed=$((failed + ${f:-0}))
+if [ "$lit_rc" -ne 0 ] && [ "${f:-0}" = 0 ]; then failed=$((failed + 1)); fi
+rm -f "$lit_out"
+
+echo "== unit tests"
+if [ -x "$build/unittests/pcc-unittests" ]; then
+  ut_out="$(mktemp)"
+  "$build/unittests/pcc-unittests" --gtest_brief=1 | tee "$ut_out"
+  ut_rc=${PIPESTATUS[0]}
+  total=$(grep -oE "^\[==========\] [0-9]+ tests" "$ut_out" | grep -oE "[0-9]+" | head -1)
+  bad=$(grep -cE "^\[  FAILED  \] [A-Za-z]" "$ut_out" || true)
+  passed=$((passed + ${total:-0} - ${bad:-0}))
+  failed=$((failed + ${bad:-0}))
+  if [ "$ut_rc" -ne 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
+  rm -f "$ut_out"
+else
+  echo "unit tests not built (GoogleTest missing)"; failed=$((failed + 1))
+fi
+
+echo
+echo "pcc: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
