@@ -36,7 +36,6 @@ fi
 
 if [ ! -f "$build/build.ninja" ]; then
   echo "pcc setup: configuring $build"
-  linker=()
   cmake -G Ninja -S "$root" -B "$build" \
     -DCMAKE_BUILD_TYPE=Release \
     -DMLIR_DIR=/usr/lib/llvm-22/lib/cmake/mlir \
@@ -44,8 +43,7 @@ if [ ! -f "$build/build.ninja" ]; then
       cat "$build.cmake.log"; echo "pcc setup: cmake failed" >&2; exit 1; }
 fi
 
-echo "pcc setup: building (ninja -C $build)"
+echo "pcc setup: building (ninja -C $build; a first build takes a few minutes)"
 # Two cores and ~0.5-1 GB per translation unit: ninja's default -j is fine.
-ninja -C "$build" | grep -v "^\[" || true
-ninja -C "$build" >/dev/null   # fails loudly if the build is broken
+ninja -C "$build"
 echo "pcc setup: done; tools in $build/bin"
