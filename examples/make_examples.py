@@ -3,7 +3,9 @@
 
 Run with Debian's Python (torch 1.13, onnx 1.12, numpy):
 
-    /usr/bin/python3 examples/make_examples.py
+    /usr/bin/python3 examples/make_examples.py [name ...]
+
+With no names, all examples are regenerated.
 
 Writes, next to this script:
     <name>.onnx               the exported model (float32 weights)
@@ -94,6 +96,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, d, n_head):
         super().__init__()
         self.n_head = n_head
+        self.scale = 1.0 / math.sqrt(d // n_head)
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
 
@@ -104,7 +107,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hd).transpose(1, 2)   # B,H,T,hd
         k = k.view(B, T, self.n_head, hd).transpose(1, 2)
         v = v.view(B, T, self.n_head, hd).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        att = (q @ k.transpose(-2, -1)) * self.scale
         # Causal mask built from the runtime sequence length.
         mask = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))
         att = att.masked_fill(~mask, float("-inf"))
@@ -153,8 +156,11 @@ class GPT(nn.Module):
                     base = 1.0 if name.endswith("weight") else 0.0
                     p.copy_(base + 0.1 * torch.randn_like(p))
                 elif p.dim() >= 2:
-                    nn.init.normal_(p, std=0.02 if "wte" in name or "wpe" in name
-                                    else 1.0 / math.sqrt(p.shape[1]))
+                    # Embeddings large enough that the tied LM head
+                    # produces O(1) logits.
+                    std = {"wte.weight": 0.25, "wpe.weight": 0.1}.get(
+                        name, 1.0 / math.sqrt(p.shape[1]))
+                    nn.init.normal_(p, std=std)
                 else:
                     p.copy_(0.02 * torch.randn_like(p))
 
@@ -252,10 +258,10 @@ def export(name, model, example, input_name, output_name, dyn_in, dyn_out,
     else:
         # nn.TransformerEncoder takes the fused fast path
         # (aten::_transformer_encoder_layer_fwd) under no_grad, which the
-        # exporter cannot handle; export with grad enabled instead.
+        # exporter cannot handle; export with grad enabled instead, and
+        # compute the reference the same way (the unfused path).
         torch.onnx.export(model, (example,), path, **kwargs)
-        with torch.no_grad():
-            ref = model(example)
+        ref = model(example)
 
     np.save(os.path.join(DATA, name + ".input.npy"), example.numpy())
     np.save(os.path.join(DATA, name + ".output.npy"),
@@ -284,45 +290,54 @@ def export(name, model, example, input_name, output_name, dyn_in, dyn_out,
         print("WARNING: %s is larger than 2 MB" % path, file=sys.stderr)
 
 
-def main():
+def build(name):
+    """Return (model, reference_input, export_kwargs) for example `name`.
+
+    Seeding happens here, so build(name) is reproducible on its own.
+    """
+    if name == "mlp":
+        seed(0)
+        model = MLP()
+        x = torch.randn(2, 64)
+        return model, x, dict(input_name="input", output_name="output",
+                              dyn_in={0: "batch"}, dyn_out={0: "batch"})
+    if name in ("transformer_postnorm", "transformer_prenorm"):
+        pre = name == "transformer_prenorm"
+        seed(2 if pre else 1)
+        model = TransformerWrapper(make_transformer(
+            norm_first=pre, activation="gelu" if pre else "relu"))
+        x = torch.randn(2, 16, 64)
+        return model, x, dict(input_name="input", output_name="output",
+                              dyn_in={0: "batch"}, dyn_out={0: "batch"},
+                              no_grad=False)
+    if name == "gpt":
+        seed(3)
+        model = GPT()
+        ids = torch.randint(0, 512, (2, 16), dtype=torch.int64)
+        return model, ids, dict(input_name="input_ids", output_name="logits",
+                                dyn_in={0: "batch", 1: "seq"},
+                                dyn_out={0: "batch", 1: "seq"})
+    if name == "resnet18":
+        seed(4)
+        model = ResNet18()
+        x = torch.randn(2, 3, 32, 32)
+        return model, x, dict(input_name="input", output_name="output",
+                              dyn_in={0: "batch"}, dyn_out={0: "batch"})
+    raise KeyError(name)
+
+
+NAMES = ["mlp", "transformer_postnorm", "transformer_prenorm", "gpt",
+         "resnet18"]
+
+
+def main(argv):
     os.makedirs(DATA, exist_ok=True)
     torch.set_num_threads(1)
-
-    # 1. mlp
-    seed(0)
-    mlp = MLP()
-    x = torch.randn(2, 64)
-    export("mlp", mlp, x, "input", "output", {0: "batch"}, {0: "batch"})
-
-    # 2. transformer_postnorm
-    seed(1)
-    enc = TransformerWrapper(make_transformer(norm_first=False,
-                                              activation="relu"))
-    x = torch.randn(2, 16, 64)
-    export("transformer_postnorm", enc, x, "input", "output",
-           {0: "batch"}, {0: "batch"}, no_grad=False)
-
-    # 3. transformer_prenorm
-    seed(2)
-    enc = TransformerWrapper(make_transformer(norm_first=True,
-                                              activation="gelu"))
-    x = torch.randn(2, 16, 64)
-    export("transformer_prenorm", enc, x, "input", "output",
-           {0: "batch"}, {0: "batch"}, no_grad=False)
-
-    # 4. gpt
-    seed(3)
-    gpt = GPT()
-    ids = torch.randint(0, 512, (2, 16), dtype=torch.int64)
-    export("gpt", gpt, ids, "input_ids", "logits",
-           {0: "batch", 1: "seq"}, {0: "batch", 1: "seq"})
-
-    # 5. resnet18
-    seed(4)
-    rn = ResNet18()
-    x = torch.randn(2, 3, 32, 32)
-    export("resnet18", rn, x, "input", "output", {0: "batch"}, {0: "batch"})
+    names = argv or NAMES
+    for name in names:
+        model, x, kw = build(name)
+        export(name, model, x, **kw)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -35,11 +35,11 @@ static LogicalResult loadModel(StringRef path, MLIRContext *context,
   auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false,
                                             /*RequiresNullTerminator=*/true);
   if (!buffer)
-    return emitError(loc) << "cannot open ONNX model '" << path
-                          << "': " << buffer.getError().message();
+    return emitError(loc) << "cannot open ONNX model: "
+                          << buffer.getError().message();
   StringRef bytes = (*buffer)->getBuffer();
   if (bytes.empty())
-    return emitError(loc) << "'" << path << "' is empty, not an ONNX model";
+    return emitError(loc) << "the file is empty, not an ONNX model";
 
   if (path.ends_with(".onnxtxt")) {
     try {
@@ -54,19 +54,16 @@ static LogicalResult loadModel(StringRef path, MLIRContext *context,
   }
 
   if (bytes.size() > static_cast<size_t>(INT32_MAX))
-    return emitError(loc) << "'" << path
-                          << "' is larger than 2 GiB; store the weights as "
-                             "ONNX external data";
+    return emitError(loc) << "the file is larger than 2 GiB; store the "
+                             "weights as ONNX external data";
   if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
-    return emitError(loc) << "'" << path
-                          << "' is not a valid ONNX protobuf (truncated, "
-                             "corrupt or not an ONNX file)";
+    return emitError(loc) << "not a valid ONNX protobuf (truncated, corrupt "
+                             "or not an ONNX file)";
   // Protobuf accepts many byte strings; a real model has a version and a
   // graph with at least one node or output.
   if (model.ir_version() <= 0 || !model.has_graph() ||
       (model.graph().node_size() == 0 && model.graph().output_size() == 0))
-    return emitError(loc) << "'" << path
-                          << "' does not look like an ONNX model (no "
+    return emitError(loc) << "does not look like an ONNX model (no "
                              "ir_version or no graph)";
   return success();
 }
@@ -75,7 +72,12 @@ static LogicalResult runChecker(const onnx::ModelProto &model, StringRef path,
                                 MLIRContext *context) {
   Location loc = FileLineColLoc::get(context, path, 0, 0);
   try {
-    onnx::checker::check_model(model);
+    // The path form resolves external data next to the model; the
+    // ModelProto form would look in the working directory.
+    if (path.ends_with(".onnxtxt"))
+      onnx::checker::check_model(model);
+    else
+      onnx::checker::check_model(path.str());
   } catch (const std::exception &e) {
     std::string message = e.what();
     // The checker appends a long context dump; keep its first lines.
@@ -406,6 +408,44 @@ mlir::pcc::importOnnxFile(StringRef path, MLIRContext *context,
     return emitError(loc) << "internal error: the imported IR does not "
                              "verify; please report this with the model";
   return module;
+}
+
+FailureOr<std::vector<OnnxWeightSummary>>
+mlir::pcc::summarizeOnnxWeights(StringRef path, MLIRContext *context) {
+  onnx::ModelProto model;
+  if (failed(loadModel(path, context, model)))
+    return failure();
+  std::string baseDir = llvm::sys::path::parent_path(path).str();
+  Location loc = FileLineColLoc::get(context, path, 0, 0);
+  std::vector<OnnxWeightSummary> out;
+  for (const onnx::TensorProto &init : model.graph().initializer()) {
+    auto tensor = decodeTensor(init, baseDir, loc);
+    if (failed(tensor))
+      return failure();
+    OnnxWeightSummary w;
+    w.name = init.name();
+    w.elementType = onnxElementTypeName(init.data_type());
+    w.shape.assign(init.dims().begin(), init.dims().end());
+    if (init.data_location() == onnx::TensorProto::EXTERNAL) {
+      w.storage = "external";
+      for (const auto &entry : init.external_data())
+        if (entry.key() == "location")
+          w.storage += ":" + entry.value();
+    } else {
+      w.storage = init.has_raw_data() ? "raw" : "typed";
+    }
+    w.count = tensor->size();
+    double sum = 0;
+    for (int64_t i = 0; i < tensor->size(); ++i) {
+      double v = tensor->getDouble(i);
+      w.min = i ? std::min(w.min, v) : v;
+      w.max = i ? std::max(w.max, v) : v;
+      sum += v;
+    }
+    w.mean = w.count ? sum / w.count : 0.0;
+    out.push_back(std::move(w));
+  }
+  return out;
 }
 
 std::vector<std::string> mlir::pcc::getSupportedOnnxOps() {

@@ -37,13 +37,16 @@ static cl::opt<std::string> outputFile("o", cl::desc("output file ('-' is "
                                        cl::value_desc("file"), cl::init("-"),
                                        cl::cat(pccCategory));
 
-enum class Emit { Auto, Mlir, MlirImported, SharedLibrary };
+enum class Emit { Auto, Mlir, MlirImported, Weights, SharedLibrary };
 static cl::opt<Emit> emit(
     "emit", cl::desc("what to produce"), cl::init(Emit::Auto),
     cl::values(clEnumValN(Emit::Mlir, "mlir",
                           "pcc IR after the import clean-up pipeline"),
                clEnumValN(Emit::MlirImported, "mlir-imported",
                           "pcc IR exactly as imported, before any pass"),
+               clEnumValN(Emit::Weights, "weights",
+                          "one line per initializer: type, shape, storage "
+                          "and min/max/mean of the decoded values"),
                clEnumValN(Emit::SharedLibrary, "so",
                           "a shared library for pcc-run (the default for "
                           "-o *.so)")),
@@ -81,6 +84,7 @@ Examples:
   pcc examples/gpt.onnx --dim=batch=2 --dim=seq=16 --emit=mlir -o gpt.mlir
   pcc examples/mlp.onnx --batch=2 --emit=mlir --mlir-print-ir-after-all
   pcc examples/mlp.onnx --batch=2 --emit=mlir --dump-ir=ir/   # ir/00-import.mlir, ...
+  pcc examples/mlp.onnx --emit=weights                        # decoded initializers
   pcc model.onnx --tp=4 --pp=8 -o model.so
 
 Exit status: 0 on success, 1 on any error (the message names the file, the
@@ -218,6 +222,27 @@ int main(int argc, char **argv) {
     }
     return success();
   });
+
+  if (what == Emit::Weights) {
+    auto weights = pcc::summarizeOnnxWeights(inputFile, &context);
+    if (failed(weights))
+      return 1;
+    std::string errorMessage;
+    auto output = openOutputFile(outputFile, &errorMessage);
+    if (!output)
+      return fail("cannot write '" + outputFile + "': " + errorMessage);
+    for (const pcc::OnnxWeightSummary &w : *weights) {
+      std::string shape;
+      for (int64_t d : w.shape)
+        shape += (shape.empty() ? "" : "x") + std::to_string(d);
+      output->os() << llvm::formatv(
+          "{0} {1} [{2}] {3} count={4} min={5:g} max={6:g} mean={7:g}\n",
+          w.name, w.elementType, shape, w.storage, w.count, w.min, w.max,
+          w.mean);
+    }
+    output->keep();
+    return 0;
+  }
 
   auto module = pcc::importOnnxFile(inputFile, &context, options);
   if (failed(module))

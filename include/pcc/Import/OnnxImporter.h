@@ -39,6 +39,21 @@ FailureOr<OwningOpRef<ModuleOp>>
 importOnnxFile(llvm::StringRef path, MLIRContext *context,
                const OnnxImportOptions &options = {});
 
+/// What one initializer holds, decoded from wherever ONNX stores it.
+struct OnnxWeightSummary {
+  std::string name;
+  std::string elementType; // ONNX name: FLOAT, INT64, ...
+  std::vector<int64_t> shape;
+  std::string storage; // "raw", "typed" or "external:<file>"
+  int64_t count = 0;
+  double min = 0, max = 0, mean = 0;
+};
+
+/// Decodes every initializer of the model at `path` and summarises it
+/// (`pcc --emit=weights`). Fails with a diagnostic on missing or short data.
+FailureOr<std::vector<OnnxWeightSummary>>
+summarizeOnnxWeights(llvm::StringRef path, MLIRContext *context);
+
 /// ONNX op types (default domain) the importer converts, sorted. Some only
 /// when their inputs fold to constants (Shape, Range, ConstantOfShape, ...).
 std::vector<std::string> getSupportedOnnxOps();
