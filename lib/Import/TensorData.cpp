@@ -87,9 +87,11 @@ static FailureOr<ExternalSpan> externalSpan(const onnx::TensorProto &tensor,
   return span;
 }
 
-static FailureOr<std::string> readExternal(const onnx::TensorProto &tensor,
-                                           StringRef baseDir, Location loc,
-                                           int64_t expectedBytes) {
+/// Resolves and validates the external span of `tensor`: the file exists,
+/// the length matches the shape and the span lies inside the file.
+static FailureOr<ExternalSpan> resolveExternal(const onnx::TensorProto &tensor,
+                                               StringRef baseDir, Location loc,
+                                               int64_t expectedBytes) {
   auto span = externalSpan(tensor, baseDir, loc);
   if (failed(span))
     return failure();
@@ -109,8 +111,18 @@ static FailureOr<std::string> readExternal(const onnx::TensorProto &tensor,
                           << "': external data file '" << span->path
                           << "' is too short (" << fileSize
                           << " bytes, needs " << span->offset + length << ")";
-  auto buffer = llvm::MemoryBuffer::getFileSlice(span->path, length,
-                                                 span->offset);
+  span->length = length;
+  return span;
+}
+
+static FailureOr<std::string> readExternal(const onnx::TensorProto &tensor,
+                                           StringRef baseDir, Location loc,
+                                           int64_t expectedBytes) {
+  auto span = resolveExternal(tensor, baseDir, loc, expectedBytes);
+  if (failed(span))
+    return failure();
+  auto buffer =
+      llvm::MemoryBuffer::getFileSlice(span->path, *span->length, span->offset);
   if (!buffer)
     return emitError(loc) << "initializer '" << tensor.name()
                           << "': cannot read '" << span->path
@@ -145,21 +157,8 @@ LogicalResult onnx_import::checkTensorData(const onnx::TensorProto &tensor,
                           << onnxElementTypeName(tensor.data_type())
                           << ", which is not supported";
   if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
-    auto span = externalSpan(tensor, baseDir, loc);
-    if (failed(span))
+    if (failed(resolveExternal(tensor, baseDir, loc, count * elementSize)))
       return failure();
-    uint64_t fileSize = 0;
-    if (llvm::sys::fs::file_size(span->path, fileSize))
-      return emitError(loc) << "initializer '" << tensor.name()
-                            << "': external data file '" << span->path
-                            << "' is missing";
-    uint64_t length = span->length.value_or(count * elementSize);
-    if (static_cast<int64_t>(length) != count * elementSize ||
-        span->offset + length > fileSize)
-      return emitError(loc) << "initializer '" << tensor.name()
-                            << "': external data in '" << span->path
-                            << "' does not hold " << count * elementSize
-                            << " bytes at offset " << span->offset;
     return success();
   }
   if (tensor.has_raw_data()) {
