@@ -1,4 +1,5 @@
-//===- HostTensorTest.cpp - constants evaluated at import time -------------===//
+//===- HostTensorTest.cpp - constants evaluated at import time
+//-------------===//
 
 #include "../lib/Import/HostTensor.h"
 
@@ -30,7 +31,8 @@ TEST_F(HostTensorTest, BroadcastTo) {
 // Tests ONNX Cast semantics: truncation towards zero, non-zero is true,
 // and saturation instead of undefined behaviour for out-of-range floats.
 TEST_F(HostTensorTest, CastTo) {
-  HostTensor f = HostTensor::floats(b.getF32Type(), {4}, {-1.7, 0.0, 2.9, 1e30});
+  HostTensor f =
+      HostTensor::floats(b.getF32Type(), {4}, {-1.7, 0.0, 2.9, 1e30});
   EXPECT_EQ(f.castTo(b.getI64Type()).toInts(),
             (std::vector<int64_t>{-1, 0, 2, INT64_MAX}));
   EXPECT_EQ(f.castTo(b.getI1Type()).toInts(),
@@ -43,7 +45,8 @@ TEST_F(HostTensorTest, CastTo) {
 // Tests the round trip through an MLIR dense attribute, int64 extremes
 // included (Slice ends are often INT64_MAX).
 TEST_F(HostTensorTest, AttrRoundTrip) {
-  HostTensor t = HostTensor::ints(b.getI64Type(), {3}, {INT64_MAX, INT64_MIN, -1});
+  HostTensor t =
+      HostTensor::ints(b.getI64Type(), {3}, {INT64_MAX, INT64_MIN, -1});
   DenseElementsAttr attr = t.toAttr();
   EXPECT_EQ(attr.getType().getShape(), ArrayRef<int64_t>{3});
   EXPECT_EQ(HostTensor::fromAttr(attr).toInts(), t.toInts());

@@ -33,9 +33,8 @@ struct BinarySpec {
 } // namespace
 
 /// Applies `spec` to two host constants with numpy broadcasting.
-static std::optional<HostTensor> foldBinary(const HostTensor &a,
-                                            const HostTensor &b,
-                                            const BinarySpec &spec) {
+static std::optional<HostTensor>
+foldBinary(const HostTensor &a, const HostTensor &b, const BinarySpec &spec) {
   auto shape = broadcastShapes(a.getShape(), b.getShape());
   if (!shape || numElements(*shape) > kMaxFoldElements)
     return std::nullopt;
@@ -98,8 +97,7 @@ static LogicalResult convertBinary(NodeImporter &n, const BinarySpec &spec) {
   return success();
 }
 
-template <typename OpTy>
-static BuildFn buildWith() {
+template <typename OpTy> static BuildFn buildWith() {
   return [](NodeImporter &n, Value a, Value b) -> Value {
     return n.create<OpTy>(a, b);
   };
@@ -235,8 +233,8 @@ static LogicalResult convertWhere(NodeImporter &n) {
   auto operands = n.broadcastTogether({*cond, *tv, *fv});
   if (failed(operands))
     return failure();
-  n.setOutput(0, n.create<SelectOp>((*operands)[0], (*operands)[1],
-                                    (*operands)[2]));
+  n.setOutput(
+      0, n.create<SelectOp>((*operands)[0], (*operands)[1], (*operands)[2]));
   return success();
 }
 
@@ -309,9 +307,8 @@ static LogicalResult convertLeakyRelu(NodeImporter &n) {
   auto v = n.input(0);
   if (failed(v))
     return failure();
-  n.setOutput(0, n.create<LeakyReluOp>(
-                     *v, n.getBuilder().getF32FloatAttr(
-                             n.floatAttr("alpha", 0.01f))));
+  n.setOutput(0, n.create<LeakyReluOp>(*v, n.getBuilder().getF32FloatAttr(
+                                               n.floatAttr("alpha", 0.01f))));
   return success();
 }
 
@@ -352,8 +349,8 @@ static LogicalResult convertClip(NodeImporter &n) {
   if (lo > hi)
     return n.error() << "Clip: min " << lo << " exceeds max " << hi;
   auto &b = n.getBuilder();
-  n.setOutput(0, n.create<ClampOp>(*v, b.getF64FloatAttr(lo),
-                                   b.getF64FloatAttr(hi)));
+  n.setOutput(
+      0, n.create<ClampOp>(*v, b.getF64FloatAttr(lo), b.getF64FloatAttr(hi)));
   return success();
 }
 

@@ -32,12 +32,15 @@ static LogicalResult convertMatMul(NodeImporter &n) {
     rhs = n.reshape(rhs, {rt.getDimSize(0), 1});
   lt = cast<RankedTensorType>(lhs.getType());
   rt = cast<RankedTensorType>(rhs.getType());
-  int64_t m = lt.getDimSize(lt.getRank() - 2), k = lt.getDimSize(lt.getRank() - 1);
-  int64_t k2 = rt.getDimSize(rt.getRank() - 2), nn = rt.getDimSize(rt.getRank() - 1);
+  int64_t m = lt.getDimSize(lt.getRank() - 2),
+          k = lt.getDimSize(lt.getRank() - 1);
+  int64_t k2 = rt.getDimSize(rt.getRank() - 2),
+          nn = rt.getDimSize(rt.getRank() - 1);
   if (k != k2)
-    return n.error() << "MatMul: inner dimensions differ (" << lt << " x "
-                     << rt << ")";
-  ArrayRef<int64_t> lb = lt.getShape().drop_back(2), rb = rt.getShape().drop_back(2);
+    return n.error() << "MatMul: inner dimensions differ (" << lt << " x " << rt
+                     << ")";
+  ArrayRef<int64_t> lb = lt.getShape().drop_back(2),
+                    rb = rt.getShape().drop_back(2);
   auto batch = broadcastShapes(lb, rb);
   if (!batch)
     return n.error() << "MatMul: batch dimensions " << shapeToString(lb)
@@ -54,9 +57,9 @@ static LogicalResult convertMatMul(NodeImporter &n) {
     SmallVector<int64_t> lhsShape(*batch), rhsShape(*batch);
     lhsShape.append({m, k});
     rhsShape.append({k, nn});
-    product = n.createChecked<MatmulOp>(n.broadcastTo(lhs, lhsShape),
-                                        n.broadcastTo(rhs, rhsShape), false,
-                                        false);
+    product =
+        n.createChecked<MatmulOp>(n.broadcastTo(lhs, lhsShape),
+                                  n.broadcastTo(rhs, rhsShape), false, false);
   }
   if (failed(product))
     return failure();
@@ -79,8 +82,8 @@ static LogicalResult convertGemm(NodeImporter &n) {
   if (at.getRank() != 2 || bt.getRank() != 2)
     return n.error() << "Gemm: A and B must be matrices, got " << at << " and "
                      << bt;
-  auto product = n.createChecked<MatmulOp>(
-      *a, *b, n.intAttr("transA", 0) != 0, n.intAttr("transB", 0) != 0);
+  auto product = n.createChecked<MatmulOp>(*a, *b, n.intAttr("transA", 0) != 0,
+                                           n.intAttr("transB", 0) != 0);
   if (failed(product))
     return failure();
   Value y = *product;
@@ -209,8 +212,7 @@ static LogicalResult convertBatchNorm(NodeImporter &n) {
 // Reductions
 //===----------------------------------------------------------------------===//
 
-template <typename OpTy>
-static LogicalResult convertReduce(NodeImporter &n) {
+template <typename OpTy> static LogicalResult convertReduce(NodeImporter &n) {
   auto v = n.input(0);
   if (failed(v))
     return failure();
@@ -248,8 +250,8 @@ static LogicalResult convertReduce(NodeImporter &n) {
     normalized.push_back(*d);
   }
   llvm::sort(normalized);
-  auto op = n.createChecked<OpTy>(*v, normalized,
-                                  n.intAttr("keepdims", 1) != 0);
+  auto op =
+      n.createChecked<OpTy>(*v, normalized, n.intAttr("keepdims", 1) != 0);
   if (failed(op))
     return failure();
   n.setOutput(0, *op);
@@ -328,8 +330,8 @@ static FailureOr<Window> readWindow(NodeImporter &n, RankedTensorType in,
       int64_t size = in.getDimSize(d + 2);
       int64_t out = (size + w.strides[d] - 1) / w.strides[d];
       int64_t total = std::max<int64_t>(
-          0, (out - 1) * w.strides[d] + (w.kernel[d] - 1) * w.dilations[d] +
-                 1 - size);
+          0, (out - 1) * w.strides[d] + (w.kernel[d] - 1) * w.dilations[d] + 1 -
+                 size);
       int64_t small = total / 2, large = total - small;
       w.pads[d] = autoPad == "SAME_UPPER" ? small : large;
       w.pads[d + spatial] = autoPad == "SAME_UPPER" ? large : small;
@@ -372,8 +374,7 @@ static LogicalResult convertConv(NodeImporter &n) {
   return success();
 }
 
-template <typename OpTy>
-static LogicalResult convertPool(NodeImporter &n) {
+template <typename OpTy> static LogicalResult convertPool(NodeImporter &n) {
   if (failed(n.rejectOutputsFrom(1, "pooling indices are not supported")))
     return failure();
   auto x = n.input(0);
@@ -392,12 +393,12 @@ static LogicalResult convertPool(NodeImporter &n) {
     return failure();
   FailureOr<OpTy> op;
   if constexpr (std::is_same_v<OpTy, AvgPoolOp>)
-    op = n.createChecked<OpTy>(*x, w->kernel, w->strides, w->pads,
-                               w->dilations, ceilMode,
-                               n.intAttr("count_include_pad", 0) != 0);
+    op =
+        n.createChecked<OpTy>(*x, w->kernel, w->strides, w->pads, w->dilations,
+                              ceilMode, n.intAttr("count_include_pad", 0) != 0);
   else
-    op = n.createChecked<OpTy>(*x, w->kernel, w->strides, w->pads,
-                               w->dilations, ceilMode);
+    op = n.createChecked<OpTy>(*x, w->kernel, w->strides, w->pads, w->dilations,
+                               ceilMode);
   if (failed(op))
     return failure();
   n.setOutput(0, *op);

@@ -88,8 +88,8 @@ const HostTensor *NodeImporter::constant(unsigned i) {
 FailureOr<HostTensor> NodeImporter::requireConstant(unsigned i,
                                                     StringRef what) {
   if (!hasInput(i))
-    return error() << node.op_type() << " needs its " << what << " (input "
-                   << i << ")";
+    return error() << node.op_type() << " needs its " << what << " (input " << i
+                   << ")";
   auto tensor = graph.constantOf(node.input(i), loc);
   if (failed(tensor))
     return failure();
@@ -191,8 +191,8 @@ Value NodeImporter::splat(RankedTensorType type, double value) {
   if (auto floatType = dyn_cast<FloatType>(type.getElementType()))
     element = FloatAttr::get(floatType, value);
   else
-    element = IntegerAttr::get(type.getElementType(),
-                               static_cast<int64_t>(value));
+    element =
+        IntegerAttr::get(type.getElementType(), static_cast<int64_t>(value));
   return create<ConstantOp>(DenseElementsAttr::get(type, element));
 }
 
@@ -220,8 +220,8 @@ NodeImporter::broadcastTogether(ArrayRef<Value> values) {
     auto merged = broadcastShapes(shape, vShape);
     if (!merged)
       return error() << node.op_type() << ": operand shapes "
-                     << shapeToString(shape) << " and "
-                     << shapeToString(vShape) << " do not broadcast";
+                     << shapeToString(shape) << " and " << shapeToString(vShape)
+                     << " do not broadcast";
     shape = *merged;
   }
   SmallVector<Value> out;

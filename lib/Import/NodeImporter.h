@@ -44,8 +44,8 @@ constexpr int64_t kMaxFoldElements = int64_t(1) << 22;
 
 class NodeImporter {
 public:
-  NodeImporter(GraphImporter &graph, const onnx::NodeProto &node,
-               int64_t opset, OpBuilder &builder, Location loc)
+  NodeImporter(GraphImporter &graph, const onnx::NodeProto &node, int64_t opset,
+               OpBuilder &builder, Location loc)
       : graph(graph), node(node), opset(opset), builder(builder), loc(loc) {}
 
   const onnx::NodeProto &getNode() const { return node; }
@@ -95,8 +95,7 @@ public:
 
   //===--- building helpers -----------------------------------------------===//
   InFlightDiagnostic error() { return emitError(loc); }
-  template <typename OpTy, typename... Args>
-  OpTy create(Args &&...args) {
+  template <typename OpTy, typename... Args> OpTy create(Args &&...args) {
     return OpTy::create(builder, loc, std::forward<Args>(args)...);
   }
   /// Creates an op whose result types are inferred, reporting the shape

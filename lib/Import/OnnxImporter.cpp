@@ -45,8 +45,8 @@ static LogicalResult loadModel(StringRef path, MLIRContext *context,
     try {
       auto status = onnx::OnnxParser::Parse(model, bytes.data());
       if (!status.IsOK())
-        return emitError(loc) << "cannot parse ONNX text format: "
-                              << status.ErrorMessage();
+        return emitError(loc)
+               << "cannot parse ONNX text format: " << status.ErrorMessage();
     } catch (const std::exception &e) {
       return emitError(loc) << "cannot parse ONNX text format: " << e.what();
     }
@@ -135,9 +135,9 @@ GraphImporter::GraphImporter(MLIRContext *context,
                              const onnx::ModelProto &model, StringRef modelPath,
                              const OnnxImportOptions &options)
     : context(context), model(model), modelPath(modelPath.str()),
-      baseDir(llvm::sys::path::parent_path(modelPath).str()),
-      options(options), builder(context),
-      fileLoc(FileLineColLoc::get(context, modelPath, 0, 0)) {}
+      baseDir(llvm::sys::path::parent_path(modelPath).str()), options(options),
+      builder(context), fileLoc(FileLineColLoc::get(context, modelPath, 0, 0)) {
+}
 
 ImportedValue *GraphImporter::lookup(StringRef name) {
   auto it = values.find(name);
@@ -248,10 +248,10 @@ GraphImporter::inputTypeOf(const onnx::ValueInfoProto &info) {
   return RankedTensorType::get(shape, elementType);
 }
 
-LogicalResult GraphImporter::checkDeclaredOutput(
-    const onnx::ValueInfoProto &info, Value value) {
-  if (!info.type().has_tensor_type() ||
-      !info.type().tensor_type().has_shape())
+LogicalResult
+GraphImporter::checkDeclaredOutput(const onnx::ValueInfoProto &info,
+                                   Value value) {
+  if (!info.type().has_tensor_type() || !info.type().tensor_type().has_shape())
     return success();
   auto type = cast<RankedTensorType>(value.getType());
   const auto &dims = info.type().tensor_type().shape().dim();
@@ -290,8 +290,8 @@ LogicalResult GraphImporter::importNode(const onnx::NodeProto &node,
     if (!node.output(i).empty() && !lookup(node.output(i))) {
       ImportedValue unsupported;
       unsupported.unsupportedReason =
-          ("output " + std::to_string(i) + " of " + node.op_type() +
-           " node '" + node.name() + "' is not produced by pcc")
+          ("output " + std::to_string(i) + " of " + node.op_type() + " node '" +
+           node.name() + "' is not produced by pcc")
               .c_str();
       define(node.output(i), std::move(unsupported));
     }
@@ -405,8 +405,8 @@ mlir::pcc::importOnnxFile(StringRef path, MLIRContext *context,
     if (entry.domain().empty() || entry.domain() == "ai.onnx")
       (*module)->setAttr("pcc.opset", b.getI64IntegerAttr(entry.version()));
   if (failed(verify(*module)))
-    return emitError(loc) << "internal error: the imported IR does not "
-                             "verify; please report this with the model";
+    return emitError(loc) << "the model does not form valid pcc IR (see the "
+                             "errors above)";
   return module;
 }
 

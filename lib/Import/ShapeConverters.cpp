@@ -18,9 +18,8 @@ using namespace mlir::pcc::onnx_import;
 /// Sets output 0 to `folded` when it is small enough, else to the IR
 /// `build()` makes. Returns whatever build returns.
 template <typename BuildFn>
-static LogicalResult foldOrBuild(NodeImporter &n,
-                                 std::optional<HostTensor> folded,
-                                 BuildFn build) {
+static LogicalResult
+foldOrBuild(NodeImporter &n, std::optional<HostTensor> folded, BuildFn build) {
   if (folded && folded->size() <= kMaxFoldElements) {
     n.setConstantOutput(0, std::move(*folded));
     return success();
@@ -264,8 +263,8 @@ static LogicalResult convertReshape(NodeImporter &n) {
   }
   if (numElements(shape) != total)
     return n.error() << "Reshape: cannot reshape "
-                     << shapeToString(type->getShape()) << " ("
-                     << total << " elements) to " << shapeToString(shape);
+                     << shapeToString(type->getShape()) << " (" << total
+                     << " elements) to " << shapeToString(shape);
   return reshapeTo(n, shape);
 }
 
@@ -281,8 +280,8 @@ static LogicalResult convertFlatten(NodeImporter &n) {
     return n.error() << "Flatten: axis " << n.intAttr("axis", 1)
                      << " is out of range for rank " << rank;
   int64_t outer = numElements(type->getShape().take_front(a));
-  return reshapeTo(n, {outer, type->getNumElements() / std::max<int64_t>(
-                                                           outer, 1)});
+  return reshapeTo(
+      n, {outer, type->getNumElements() / std::max<int64_t>(outer, 1)});
 }
 
 /// The axes of Squeeze / Unsqueeze: an attribute before opset 13, an input

@@ -44,6 +44,13 @@ static int64_t rawElementSize(int32_t onnxType) {
   }
 }
 
+/// "initializer 'name'", or "constant tensor" for a Constant node's value.
+static std::string describe(const onnx::TensorProto &tensor) {
+  if (tensor.name().empty())
+    return "constant tensor";
+  return "initializer '" + tensor.name() + "'";
+}
+
 static int64_t elementCount(const onnx::TensorProto &tensor) {
   int64_t count = 1;
   for (int64_t d : tensor.dims())
@@ -73,12 +80,12 @@ static FailureOr<ExternalSpan> externalSpan(const onnx::TensorProto &tensor,
       span.length = std::strtoull(entry.value().c_str(), nullptr, 10);
   }
   if (location.empty())
-    return emitError(loc) << "initializer '" << tensor.name()
-                          << "' is stored externally but names no location";
+    return emitError(loc) << describe(tensor)
+                          << " is stored externally but names no location";
   if (llvm::sys::path::is_absolute(location) ||
       StringRef(location).contains(".."))
-    return emitError(loc) << "initializer '" << tensor.name()
-                          << "': external data location '" << location
+    return emitError(loc) << describe(tensor) << ": external data location '"
+                          << location
                           << "' must be a relative path inside the model's "
                              "directory";
   SmallString<256> path(baseDir);
@@ -97,19 +104,16 @@ static FailureOr<ExternalSpan> resolveExternal(const onnx::TensorProto &tensor,
     return failure();
   uint64_t fileSize = 0;
   if (llvm::sys::fs::file_size(span->path, fileSize))
-    return emitError(loc) << "initializer '" << tensor.name()
-                          << "': external data file '" << span->path
-                          << "' is missing";
+    return emitError(loc) << describe(tensor) << ": external data file '"
+                          << span->path << "' is missing";
   uint64_t length = span->length.value_or(expectedBytes);
   if (static_cast<int64_t>(length) != expectedBytes)
-    return emitError(loc) << "initializer '" << tensor.name()
-                          << "': external data length " << length
-                          << " does not match its shape (" << expectedBytes
-                          << " bytes)";
+    return emitError(loc) << describe(tensor) << ": external data length "
+                          << length << " does not match its shape ("
+                          << expectedBytes << " bytes)";
   if (span->offset + length > fileSize)
-    return emitError(loc) << "initializer '" << tensor.name()
-                          << "': external data file '" << span->path
-                          << "' is too short (" << fileSize
+    return emitError(loc) << describe(tensor) << ": external data file '"
+                          << span->path << "' is too short (" << fileSize
                           << " bytes, needs " << span->offset + length << ")";
   span->length = length;
   return span;
@@ -124,8 +128,7 @@ static FailureOr<std::string> readExternal(const onnx::TensorProto &tensor,
   auto buffer =
       llvm::MemoryBuffer::getFileSlice(span->path, *span->length, span->offset);
   if (!buffer)
-    return emitError(loc) << "initializer '" << tensor.name()
-                          << "': cannot read '" << span->path
+    return emitError(loc) << describe(tensor) << ": cannot read '" << span->path
                           << "': " << buffer.getError().message();
   return (*buffer)->getBuffer().str();
 }
@@ -152,8 +155,7 @@ LogicalResult onnx_import::checkTensorData(const onnx::TensorProto &tensor,
   int64_t count = elementCount(tensor);
   int64_t elementSize = rawElementSize(tensor.data_type());
   if (elementSize == 0)
-    return emitError(loc) << "initializer '" << tensor.name()
-                          << "' has element type "
+    return emitError(loc) << describe(tensor) << " has element type "
                           << onnxElementTypeName(tensor.data_type())
                           << ", which is not supported";
   if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
@@ -163,14 +165,13 @@ LogicalResult onnx_import::checkTensorData(const onnx::TensorProto &tensor,
   }
   if (tensor.has_raw_data()) {
     if (static_cast<int64_t>(tensor.raw_data().size()) != count * elementSize)
-      return emitError(loc) << "initializer '" << tensor.name() << "' has "
-                            << tensor.raw_data().size()
-                            << " bytes of raw data, its shape needs "
-                            << count * elementSize;
+      return emitError(loc)
+             << describe(tensor) << " has " << tensor.raw_data().size()
+             << " bytes of raw data, its shape needs " << count * elementSize;
     return success();
   }
   if (typedFieldSize(tensor) != count)
-    return emitError(loc) << "initializer '" << tensor.name() << "' has "
+    return emitError(loc) << describe(tensor) << " has "
                           << typedFieldSize(tensor)
                           << " values, its shape needs " << count;
   return success();
@@ -232,8 +233,7 @@ FailureOr<HostTensor> onnx_import::decodeTensor(const onnx::TensorProto &tensor,
   MLIRContext *ctx = loc.getContext();
   Type elementType = convertOnnxElementType(ctx, tensor.data_type());
   if (!elementType)
-    return emitError(loc) << "tensor '" << tensor.name()
-                          << "' has element type "
+    return emitError(loc) << describe(tensor) << " has element type "
                           << onnxElementTypeName(tensor.data_type())
                           << ", which is not supported";
   if (failed(checkTensorData(tensor, baseDir, loc)))

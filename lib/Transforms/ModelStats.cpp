@@ -1,4 +1,5 @@
-//===- ModelStats.cpp - op, weight and FLOP counts -------------------------===//
+//===- ModelStats.cpp - op, weight and FLOP counts
+//-------------------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
@@ -47,8 +48,8 @@ struct ModelStatsPass : pcc::impl::ModelStatsBase<ModelStatsPass> {
           return;
         ++weights;
         auto type = param.getType();
-        bytes += type.getNumElements() *
-                 ((type.getElementTypeBitWidth() + 7) / 8);
+        bytes +=
+            type.getNumElements() * ((type.getElementTypeBitWidth() + 7) / 8);
       }
     });
     numOps += ops;

@@ -1,4 +1,5 @@
-//===- Pipelines.cpp - named pcc pass pipelines ----------------------------===//
+//===- Pipelines.cpp - named pcc pass pipelines
+//----------------------------===//
 
 #include "pcc/Transforms/Passes.h"
 

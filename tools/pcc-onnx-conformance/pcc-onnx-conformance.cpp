@@ -1,4 +1,5 @@
-//===- pcc-onnx-conformance.cpp - import ONNX's own test models ------------===//
+//===- pcc-onnx-conformance.cpp - import ONNX's own test models
+//------------===//
 //
 // Imports every model.onnx under the given test-data directories (ONNX's
 // node, pytorch-converted and pytorch-operator suites) and classifies each:
@@ -21,8 +22,8 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
-#include "llvm/Support/Format.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"

@@ -1,4 +1,5 @@
-//===- pcc-opt.cpp - run pcc passes on MLIR files ---------------------------===//
+//===- pcc-opt.cpp - run pcc passes on MLIR files
+//---------------------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"

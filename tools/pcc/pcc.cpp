@@ -1,4 +1,5 @@
-//===- pcc.cpp - the pcc compiler driver -----------------------------------===//
+//===- pcc.cpp - the pcc compiler driver
+//-----------------------------------===//
 //
 // pcc model.onnx [--batch=N] [--dim=name=N] [--tp=N --pp=N --dp=N]
 //     [--emit=mlir|mlir-imported] [-o FILE] [--dump-ir=DIR]
@@ -32,25 +33,26 @@ static cl::OptionCategory pccCategory("pcc options");
 static cl::opt<std::string> inputFile(cl::Positional,
                                       cl::desc("<model.onnx | model.onnxtxt>"),
                                       cl::cat(pccCategory));
-static cl::opt<std::string> outputFile("o", cl::desc("output file ('-' is "
-                                                     "stdout)"),
+static cl::opt<std::string> outputFile("o",
+                                       cl::desc("output file ('-' is "
+                                                "stdout)"),
                                        cl::value_desc("file"), cl::init("-"),
                                        cl::cat(pccCategory));
 
 enum class Emit { Auto, Mlir, MlirImported, Weights, SharedLibrary };
-static cl::opt<Emit> emit(
-    "emit", cl::desc("what to produce"), cl::init(Emit::Auto),
-    cl::values(clEnumValN(Emit::Mlir, "mlir",
-                          "pcc IR after the import clean-up pipeline"),
-               clEnumValN(Emit::MlirImported, "mlir-imported",
-                          "pcc IR exactly as imported, before any pass"),
-               clEnumValN(Emit::Weights, "weights",
-                          "one line per initializer: type, shape, storage "
-                          "and min/max/mean of the decoded values"),
-               clEnumValN(Emit::SharedLibrary, "so",
-                          "a shared library for pcc-run (the default for "
-                          "-o *.so)")),
-    cl::cat(pccCategory));
+static cl::opt<Emit>
+    emit("emit", cl::desc("what to produce"), cl::init(Emit::Auto),
+         cl::values(clEnumValN(Emit::Mlir, "mlir",
+                               "pcc IR after the import clean-up pipeline"),
+                    clEnumValN(Emit::MlirImported, "mlir-imported",
+                               "pcc IR exactly as imported, before any pass"),
+                    clEnumValN(Emit::Weights, "weights",
+                               "one line per initializer: type, shape, storage "
+                               "and min/max/mean of the decoded values"),
+                    clEnumValN(Emit::SharedLibrary, "so",
+                               "a shared library for pcc-run (the default for "
+                               "-o *.so)")),
+         cl::cat(pccCategory));
 
 static cl::opt<int64_t> batch("batch",
                               cl::desc("bind the leading dimension of every "
@@ -172,9 +174,9 @@ int main(int argc, char **argv) {
   if (inputFile.empty())
     return fail("no input model; usage: pcc model.onnx [options] (see "
                 "--help)");
-  for (auto [name, value] : {std::pair{"--tp", tp.getValue()},
-                             std::pair{"--pp", pp.getValue()},
-                             std::pair{"--dp", dp.getValue()}})
+  for (auto [name, value] :
+       {std::pair{"--tp", tp.getValue()}, std::pair{"--pp", pp.getValue()},
+        std::pair{"--dp", dp.getValue()}})
     if (value < 1)
       return fail(llvm::Twine(name) + "=" + llvm::Twine(value) +
                   " must be a positive integer");

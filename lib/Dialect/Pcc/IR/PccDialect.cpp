@@ -1,4 +1,5 @@
-//===- PccDialect.cpp - pcc dialect registration ---------------------------===//
+//===- PccDialect.cpp - pcc dialect registration
+//---------------------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 

@@ -90,8 +90,7 @@ struct MergeTransposes : OpRewritePattern<TransposeOp> {
     SmallVector<int64_t> composed;
     for (int64_t p : op.getPermutation())
       composed.push_back(inner[p]);
-    rewriter.replaceOpWithNewOp<TransposeOp>(op, producer.getInput(),
-                                             composed);
+    rewriter.replaceOpWithNewOp<TransposeOp>(op, producer.getInput(), composed);
     return success();
   }
 };
@@ -118,8 +117,7 @@ OpFoldResult BroadcastOp::fold(FoldAdaptor adaptor) {
   if (getInput().getType() == getType())
     return getInput();
   if (auto splat = dyn_cast_if_present<SplatElementsAttr>(adaptor.getInput()))
-    return SplatElementsAttr::get(getType(),
-                                  splat.getSplatValue<Attribute>());
+    return SplatElementsAttr::get(getType(), splat.getSplatValue<Attribute>());
   return {};
 }
 

@@ -1,4 +1,5 @@
-//===- PccOps.cpp - pcc op shape inference and verifiers -------------------===//
+//===- PccOps.cpp - pcc op shape inference and verifiers
+//-------------------===//
 //
 // Each check names the constraint it enforces in its message, and
 // test/Dialect/invalid.mlir has a case for each.
@@ -39,14 +40,16 @@ static LogicalResult checkAxis(std::optional<Location> loc, int64_t axis,
 // matmul
 //===----------------------------------------------------------------------===//
 
-LogicalResult MatmulOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult MatmulOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
                                          Adaptor adaptor,
                                          SmallVectorImpl<Type> &results) {
   auto lhs = tensorType(adaptor.getLhs());
   auto rhs = tensorType(adaptor.getRhs());
   if (lhs.getRank() < 2 || rhs.getRank() < 2)
-    return emitOptionalError(loc, "operand rank: lhs and rhs need rank >= 2, "
-                                  "got ",
+    return emitOptionalError(loc,
+                             "operand rank: lhs and rhs need rank >= 2, "
+                             "got ",
                              lhs.getRank(), " and ", rhs.getRank());
   ArrayRef<int64_t> ls = lhs.getShape(), rs = rhs.getShape();
   int64_t lr = ls.size(), rr = rs.size();
@@ -59,8 +62,9 @@ LogicalResult MatmulOp::inferReturnTypes(MLIRContext *, std::optional<Location> 
                              " but rhs has K = ", kr);
   if (rr != 2 && ls.drop_back(2) != rs.drop_back(2))
     return emitOptionalError(
-        loc, "batch dimensions: rhs must be a matrix or have lhs's batch "
-             "dimensions (",
+        loc,
+        "batch dimensions: rhs must be a matrix or have lhs's batch "
+        "dimensions (",
         shapeToString(ls.drop_back(2)), "), got ",
         shapeToString(rs.drop_back(2)));
   SmallVector<int64_t> shape(ls.drop_back(2));
@@ -96,8 +100,7 @@ LogicalResult CompareOp::inferReturnTypes(MLIRContext *ctx,
 // Normalisation and softmax
 //===----------------------------------------------------------------------===//
 
-template <typename Op>
-static LogicalResult verifySoftmaxLike(Op op) {
+template <typename Op> static LogicalResult verifySoftmaxLike(Op op) {
   return checkAxis(op.getLoc(), static_cast<int64_t>(op.getAxis()),
                    op.getType().getRank());
 }
@@ -179,8 +182,7 @@ LogicalResult TransposeOp::inferReturnTypes(MLIRContext *,
 LogicalResult BroadcastOp::verify() {
   auto in = getInput().getType(), out = getType();
   if (!isBroadcastableTo(in.getShape(), out.getShape()))
-    return emitOpError("broadcast: ")
-           << in << " does not broadcast to " << out;
+    return emitOpError("broadcast: ") << in << " does not broadcast to " << out;
   return success();
 }
 
@@ -256,11 +258,10 @@ LogicalResult SliceOp::inferReturnTypes(MLIRContext *,
     if (steps[d] == 0)
       return emitOptionalError(loc, "bounds: step of dimension ", d,
                                " is zero");
-    bool ok = steps[d] > 0
-                  ? (starts[d] >= 0 && starts[d] <= dim && limits[d] >= 0 &&
-                     limits[d] <= dim)
-                  : (starts[d] >= -1 && starts[d] < dim && limits[d] >= -1 &&
-                     limits[d] < dim);
+    bool ok = steps[d] > 0 ? (starts[d] >= 0 && starts[d] <= dim &&
+                              limits[d] >= 0 && limits[d] <= dim)
+                           : (starts[d] >= -1 && starts[d] < dim &&
+                              limits[d] >= -1 && limits[d] < dim);
     if (!ok)
       return emitOptionalError(loc, "bounds: dimension ", d, " of size ", dim,
                                " cannot take start ", starts[d], " limit ",
@@ -292,9 +293,10 @@ LogicalResult GatherOp::inferReturnTypes(MLIRContext *,
 //===----------------------------------------------------------------------===//
 
 /// Shape of a reduction of `in` over `axes`, checking the axes.
-static FailureOr<SmallVector<int64_t>>
-reducedShape(std::optional<Location> loc, RankedTensorType in,
-             ArrayRef<int64_t> axes, bool keepDims) {
+static FailureOr<SmallVector<int64_t>> reducedShape(std::optional<Location> loc,
+                                                    RankedTensorType in,
+                                                    ArrayRef<int64_t> axes,
+                                                    bool keepDims) {
   SmallVector<bool> reduced(in.getRank(), false);
   for (int64_t a : axes) {
     if (failed(checkAxis(loc, a, in.getRank(), "reduction axis")))
@@ -314,13 +316,12 @@ reducedShape(std::optional<Location> loc, RankedTensorType in,
 }
 
 #define PCC_REDUCE_INFER(OP)                                                   \
-  LogicalResult OP::inferReturnTypes(MLIRContext *,                            \
-                                     std::optional<Location> loc,              \
-                                     Adaptor adaptor,                          \
-                                     SmallVectorImpl<Type> &results) {         \
+  LogicalResult OP::inferReturnTypes(                                          \
+      MLIRContext *, std::optional<Location> loc, Adaptor adaptor,             \
+      SmallVectorImpl<Type> &results) {                                        \
     auto in = tensorType(adaptor.getInput());                                  \
-    auto shape = reducedShape(loc, in, adaptor.getAxes(),                      \
-                              adaptor.getKeepDims());                          \
+    auto shape =                                                               \
+        reducedShape(loc, in, adaptor.getAxes(), adaptor.getKeepDims());       \
     if (failed(shape))                                                         \
       return failure();                                                        \
     results.push_back(RankedTensorType::get(*shape, in.getElementType()));     \
@@ -359,8 +360,9 @@ windowShape(std::optional<Location> loc, RankedTensorType in,
             bool ceilMode) {
   int64_t spatial = in.getRank() - 2;
   if (spatial < 1 || spatial > 3)
-    return emitOptionalError(loc, "input rank: needs N x C with 1 to 3 "
-                                  "spatial dimensions, got rank ",
+    return emitOptionalError(loc,
+                             "input rank: needs N x C with 1 to 3 "
+                             "spatial dimensions, got rank ",
                              in.getRank());
   if (static_cast<int64_t>(kernel.size()) != spatial ||
       static_cast<int64_t>(strides.size()) != spatial ||
@@ -396,18 +398,16 @@ LogicalResult ConvOp::inferReturnTypes(MLIRContext *,
   auto w = tensorType(adaptor.getWeight());
   int64_t groups = static_cast<int64_t>(adaptor.getGroups());
   if (w.getRank() != in.getRank())
-    return emitOptionalError(loc, "weight rank: weight has rank ",
-                             w.getRank(), " for an input of rank ",
-                             in.getRank());
+    return emitOptionalError(loc, "weight rank: weight has rank ", w.getRank(),
+                             " for an input of rank ", in.getRank());
   if (groups < 1 || in.getDimSize(1) % groups || w.getDimSize(0) % groups)
     return emitOptionalError(loc, "groups: ", groups,
                              " must divide input channels ", in.getDimSize(1),
                              " and output channels ", w.getDimSize(0));
   if (w.getDimSize(1) * groups != in.getDimSize(1))
-    return emitOptionalError(loc, "weight shape: expects ",
-                             in.getDimSize(1) / groups,
-                             " input channels per group, weight has ",
-                             w.getDimSize(1));
+    return emitOptionalError(
+        loc, "weight shape: expects ", in.getDimSize(1) / groups,
+        " input channels per group, weight has ", w.getDimSize(1));
   if (Value bias = adaptor.getBias()) {
     auto b = tensorType(bias);
     if (b.getRank() != 1 || b.getDimSize(0) != w.getDimSize(0))

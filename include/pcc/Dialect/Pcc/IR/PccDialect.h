@@ -10,8 +10,8 @@
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
-#include "pcc/Dialect/Pcc/IR/PccOpsDialect.h.inc"
 #include "pcc/Dialect/Pcc/IR/PccEnums.h.inc"
+#include "pcc/Dialect/Pcc/IR/PccOpsDialect.h.inc"
 
 #define GET_OP_CLASSES
 #include "pcc/Dialect/Pcc/IR/PccOps.h.inc"

@@ -1,4 +1,5 @@
-//===- ShapeRules.h - shape arithmetic shared by ops and importer -*- C++ -*-===//
+//===- ShapeRules.h - shape arithmetic shared by ops and importer -*- C++
+//-*-===//
 //
 // Pure functions on static shapes. The op verifiers (through
 // inferReturnTypes) and the ONNX importer use the same rules, so a shape the
@@ -22,7 +23,8 @@ std::optional<llvm::SmallVector<int64_t>>
 broadcastShapes(llvm::ArrayRef<int64_t> a, llvm::ArrayRef<int64_t> b);
 
 /// Whether `from` broadcasts (numpy rules, right-aligned) to exactly `to`.
-bool isBroadcastableTo(llvm::ArrayRef<int64_t> from, llvm::ArrayRef<int64_t> to);
+bool isBroadcastableTo(llvm::ArrayRef<int64_t> from,
+                       llvm::ArrayRef<int64_t> to);
 
 /// Maps an ONNX axis in [-rank, rank) to [0, rank); nullopt when out of range.
 std::optional<int64_t> normalizeAxis(int64_t axis, int64_t rank);
