@@ -28,3 +28,26 @@ data=/usr/share/libonnx-testdata/data
   sed -n '1,/^$/p' /tmp/pcc-conformance.md
 } > "$root/docs/onnx-conformance.md"
 echo "wrote docs/onnx-conformance.md"
+
+# Dialect and pass references, generated from the ODS definitions.
+tblgen=/usr/lib/llvm-22/bin/mlir-tblgen
+inc=(-I "$root/include" -I /usr/lib/llvm-22/include)
+{
+  echo "# pcc dialect reference"
+  echo
+  echo "Generated from include/pcc/Dialect/Pcc/IR/PccOps.td by"
+  echo "\`scripts/update-docs.sh\` (mlir-tblgen -gen-op-doc)."
+  echo
+  "$tblgen" -gen-op-doc "${inc[@]}" "$root/include/pcc/Dialect/Pcc/IR/PccOps.td"
+} > "$root/docs/dialect.md"
+{
+  echo "# pcc passes"
+  echo
+  echo "Generated from include/pcc/Transforms/Passes.td by"
+  echo "\`scripts/update-docs.sh\` (mlir-tblgen -gen-pass-doc). \`pcc\` runs"
+  echo "\`canonicalize\`, \`cse\` and \`pcc-model-stats\` after import (the"
+  echo "\`pcc-import-cleanup\` pipeline)."
+  echo
+  "$tblgen" -gen-pass-doc "${inc[@]}" "$root/include/pcc/Transforms/Passes.td"
+} > "$root/docs/passes.md"
+echo "wrote docs/dialect.md docs/passes.md"
