@@ -250,12 +250,7 @@ template <typename OpTy> static LogicalResult convertReduce(NodeImporter &n) {
     normalized.push_back(*d);
   }
   llvm::sort(normalized);
-  auto op =
-      n.createChecked<OpTy>(*v, normalized, n.intAttr("keepdims", 1) != 0);
-  if (failed(op))
-    return failure();
-  n.setOutput(0, *op);
-  return success();
+  return n.produce<OpTy>(*v, normalized, n.intAttr("keepdims", 1) != 0);
 }
 
 static LogicalResult convertArgMax(NodeImporter &n) {
@@ -268,11 +263,7 @@ static LogicalResult convertArgMax(NodeImporter &n) {
   auto a = n.axis(n.intAttr("axis", 0), type.getRank(), "axis");
   if (failed(a))
     return failure();
-  auto op = n.createChecked<ArgMaxOp>(*v, *a, n.intAttr("keepdims", 1) != 0);
-  if (failed(op))
-    return failure();
-  n.setOutput(0, *op);
-  return success();
+  return n.produce<ArgMaxOp>(*v, *a, n.intAttr("keepdims", 1) != 0);
 }
 
 template <typename OpTy>
@@ -287,11 +278,7 @@ static LogicalResult convertGlobalPool(NodeImporter &n) {
   SmallVector<int64_t> axes;
   for (int64_t d = 2; d < type.getRank(); ++d)
     axes.push_back(d);
-  auto op = n.createChecked<OpTy>(*v, axes, /*keep_dims=*/true);
-  if (failed(op))
-    return failure();
-  n.setOutput(0, *op);
-  return success();
+  return n.produce<OpTy>(*v, axes, /*keep_dims=*/true);
 }
 
 //===----------------------------------------------------------------------===//
@@ -366,12 +353,8 @@ static LogicalResult convertConv(NodeImporter &n) {
       return failure();
     bias = *b;
   }
-  auto op = n.createChecked<ConvOp>(*x, *wv, bias, w->strides, w->pads,
-                                    w->dilations, n.intAttr("group", 1));
-  if (failed(op))
-    return failure();
-  n.setOutput(0, *op);
-  return success();
+  return n.produce<ConvOp>(*x, *wv, bias, w->strides, w->pads, w->dilations,
+                           n.intAttr("group", 1));
 }
 
 template <typename OpTy> static LogicalResult convertPool(NodeImporter &n) {
@@ -391,18 +374,12 @@ template <typename OpTy> static LogicalResult convertPool(NodeImporter &n) {
   auto w = readWindow(n, in, *kernel, ceilMode);
   if (failed(w))
     return failure();
-  FailureOr<OpTy> op;
   if constexpr (std::is_same_v<OpTy, AvgPoolOp>)
-    op =
-        n.createChecked<OpTy>(*x, w->kernel, w->strides, w->pads, w->dilations,
-                              ceilMode, n.intAttr("count_include_pad", 0) != 0);
+    return n.produce<OpTy>(*x, w->kernel, w->strides, w->pads, w->dilations,
+                           ceilMode, n.intAttr("count_include_pad", 0) != 0);
   else
-    op = n.createChecked<OpTy>(*x, w->kernel, w->strides, w->pads, w->dilations,
-                               ceilMode);
-  if (failed(op))
-    return failure();
-  n.setOutput(0, *op);
-  return success();
+    return n.produce<OpTy>(*x, w->kernel, w->strides, w->pads, w->dilations,
+                           ceilMode);
 }
 
 void onnx_import::registerNeuralConverters(llvm::StringMap<ConverterFn> &t) {

@@ -117,6 +117,15 @@ public:
     state.types.assign(types.begin(), types.end());
     return cast<OpTy>(builder.create(state));
   }
+  /// createChecked, then records the op's single result as output 0.
+  template <typename OpTy, typename... Args>
+  LogicalResult produce(Args &&...args) {
+    auto op = createChecked<OpTy>(std::forward<Args>(args)...);
+    if (failed(op))
+      return failure();
+    setOutput(0, *op);
+    return success();
+  }
   Value constantValue(const HostTensor &t);
   /// A constant of `type` with every element equal to `value`.
   Value splat(RankedTensorType type, double value);

@@ -394,11 +394,7 @@ static LogicalResult convertTranspose(NodeImporter &n) {
   auto v = n.input(0);
   if (failed(v))
     return failure();
-  auto op = n.createChecked<TransposeOp>(*v, perm);
-  if (failed(op))
-    return failure();
-  n.setOutput(0, *op);
-  return success();
+  return n.produce<TransposeOp>(*v, perm);
 }
 
 static LogicalResult convertConcat(NodeImporter &n) {
@@ -445,11 +441,7 @@ static LogicalResult convertConcat(NodeImporter &n) {
       return failure();
     inputs.push_back(*v);
   }
-  auto op = n.createChecked<ConcatOp>(inputs, *a);
-  if (failed(op))
-    return failure();
-  n.setOutput(0, *op);
-  return success();
+  return n.produce<ConcatOp>(inputs, *a);
 }
 
 static LogicalResult convertSplit(NodeImporter &n) {
@@ -574,11 +566,7 @@ static LogicalResult convertSlice(NodeImporter &n) {
   auto v = n.input(0);
   if (failed(v))
     return failure();
-  auto op = n.createChecked<SliceOp>(*v, lo, hi, st);
-  if (failed(op))
-    return failure();
-  n.setOutput(0, *op);
-  return success();
+  return n.produce<SliceOp>(*v, lo, hi, st);
 }
 
 static LogicalResult convertGather(NodeImporter &n) {
@@ -624,11 +612,7 @@ static LogicalResult convertGather(NodeImporter &n) {
   auto v = n.input(0), idx = n.input(1);
   if (failed(v) || failed(idx))
     return failure();
-  auto op = n.createChecked<GatherOp>(*v, *idx, *a);
-  if (failed(op))
-    return failure();
-  n.setOutput(0, *op);
-  return success();
+  return n.produce<GatherOp>(*v, *idx, *a);
 }
 
 static LogicalResult convertExpand(NodeImporter &n) {
