@@ -14,7 +14,7 @@ packages=(
   cmake ninja-build g++ lld git
   libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
   libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
-  libgtest-dev
+  libgtest-dev nlohmann-json3-dev
   libopenblas-dev openmpi-bin libopenmpi-dev
   python3 python3-numpy
 )

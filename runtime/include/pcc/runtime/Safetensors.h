@@ -1,0 +1,87 @@
+//===- Safetensors.h - the weights file format ------------------*- C++ -*-===//
+//
+// pcc stores weights in the safetensors format (8-byte little-endian header
+// length, a JSON header naming each tensor's dtype, shape and byte range, then
+// the packed data), so that other tools can read them and each rank can map
+// the file and touch only its own slices. pcc adds two metadata entries:
+// "pcc.format" (a version) and "pcc.fnv1a64" (a checksum of the data).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_RUNTIME_SAFETENSORS_H
+#define PCC_RUNTIME_SAFETENSORS_H
+
+#include "pcc/runtime/DType.h"
+#include "pcc/runtime/Result.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pcc::rt {
+
+struct TensorEntry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  /// Byte range inside the data section.
+  uint64_t begin = 0, end = 0;
+};
+
+/// 64-bit FNV-1a over a byte range (the weights checksum).
+uint64_t fnv1a64(const uint8_t *data, size_t size, uint64_t seed = 0);
+
+class SafetensorsWriter {
+public:
+  /// Adds a tensor; `bytes` must hold exactly elementCount(shape) elements.
+  Status add(std::string name, DType dtype, std::vector<int64_t> shape,
+             std::vector<uint8_t> bytes);
+  void setMetadata(std::string key, std::string value);
+  /// Writes the file (tensors in the order added).
+  Status write(const std::string &path) const;
+
+private:
+  std::vector<TensorEntry> entries;
+  std::vector<std::vector<uint8_t>> payloads;
+  std::map<std::string, std::string> metadata;
+};
+
+/// A safetensors file mapped read-only into memory.
+class SafetensorsFile {
+public:
+  /// Maps and validates `path`: header syntax, dtypes, shapes against byte
+  /// ranges, ranges inside the file without gaps or overlaps, and, when
+  /// `verifyChecksum` is set and the file carries "pcc.fnv1a64", the data.
+  static Result<SafetensorsFile> open(const std::string &path,
+                                      bool verifyChecksum = true);
+
+  SafetensorsFile(SafetensorsFile &&other) noexcept;
+  SafetensorsFile &operator=(SafetensorsFile &&other) noexcept;
+  SafetensorsFile(const SafetensorsFile &) = delete;
+  SafetensorsFile &operator=(const SafetensorsFile &) = delete;
+  ~SafetensorsFile();
+
+  const std::vector<TensorEntry> &tensors() const { return entries; }
+  const TensorEntry *find(std::string_view name) const;
+  const uint8_t *data(const TensorEntry &entry) const {
+    return dataStart + entry.begin;
+  }
+  const std::map<std::string, std::string> &getMetadata() const {
+    return metadata;
+  }
+
+private:
+  SafetensorsFile() = default;
+  std::string path;
+  void *mapping = nullptr;
+  size_t mappedSize = 0;
+  const uint8_t *dataStart = nullptr;
+  std::vector<TensorEntry> entries;
+  std::map<std::string, std::string> metadata;
+};
+
+} // namespace pcc::rt
+
+#endif // PCC_RUNTIME_SAFETENSORS_H

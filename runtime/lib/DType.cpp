@@ -1,0 +1,57 @@
+//===- DType.cpp - element types ------------------------------------------===//
+
+#include "pcc/runtime/DType.h"
+
+namespace pcc::rt {
+
+namespace {
+struct DTypeInfo {
+  DType type;
+  std::string_view name;
+  size_t size;
+};
+constexpr DTypeInfo kTypes[] = {
+    {DType::F32, "F32", 4},   {DType::F64, "F64", 8}, {DType::F16, "F16", 2},
+    {DType::BF16, "BF16", 2}, {DType::I64, "I64", 8}, {DType::I32, "I32", 4},
+    {DType::I16, "I16", 2},   {DType::I8, "I8", 1},   {DType::U8, "U8", 1},
+    {DType::Bool, "BOOL", 1}};
+} // namespace
+
+size_t dtypeSize(DType type) {
+  for (const DTypeInfo &info : kTypes)
+    if (info.type == type)
+      return info.size;
+  return 0;
+}
+
+std::string_view dtypeName(DType type) {
+  for (const DTypeInfo &info : kTypes)
+    if (info.type == type)
+      return info.name;
+  return "?";
+}
+
+std::optional<DType> dtypeFromName(std::string_view name) {
+  for (const DTypeInfo &info : kTypes)
+    if (info.name == name)
+      return info.type;
+  return std::nullopt;
+}
+
+int64_t elementCount(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+std::string shapeString(const std::vector<int64_t> &shape) {
+  if (shape.empty())
+    return "scalar";
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? "x" : "") + std::to_string(shape[i]);
+  return s;
+}
+
+} // namespace pcc::rt
