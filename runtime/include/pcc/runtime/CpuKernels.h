@@ -1,0 +1,123 @@
+/*===- CpuKernels.h - CPU kernels called by generated code --------*- C -*-===//
+ *
+ * The C ABI between code that pcc generates and the CPU backend. Tensors are
+ * contiguous row-major buffers; shapes, strides and attributes are static in
+ * the generated code and passed as arguments. Elementwise work is not here:
+ * pcc generates fused loops for it. Kernels that can fail on run-time data
+ * (gather indices) return non-zero and leave a message for
+ * pcc_cpu_last_error().
+ *
+ *===----------------------------------------------------------------------===*/
+
+#ifndef PCC_RUNTIME_CPUKERNELS_H
+#define PCC_RUNTIME_CPUKERNELS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element type codes, as in pcc::rt::DType. */
+enum pcc_dtype {
+  PCC_F32 = 0,
+  PCC_F64,
+  PCC_F16,
+  PCC_BF16,
+  PCC_I64,
+  PCC_I32,
+  PCC_I16,
+  PCC_I8,
+  PCC_U8,
+  PCC_BOOL
+};
+
+enum pcc_reduce_kind {
+  PCC_REDUCE_SUM = 0,
+  PCC_REDUCE_MEAN,
+  PCC_REDUCE_MAX,
+  PCC_REDUCE_MIN,
+  PCC_REDUCE_PROD
+};
+
+/* The message of the last failing kernel on this thread. */
+const char *pcc_cpu_last_error(void);
+
+/* c[b] = op(a[b]) x op(b[b]) for b < batch; op transposes when trans* is
+ * set. a is m x k (k x m if transposed), b is k x n (n x k). stride_a and
+ * stride_b are the elements between batch entries (0: shared matrix). */
+void pcc_cpu_matmul_f32(const float *a, const float *b, float *c, int64_t batch,
+                        int64_t m, int64_t n, int64_t k, int trans_a,
+                        int trans_b, int64_t stride_a, int64_t stride_b);
+
+/* y[i] = x[x_offset + sum_d idx_d * x_strides[d]] written at
+ * y[y_offset + sum_d idx_d * y_strides[d]] for every index of `shape`.
+ * Strides are in elements and may be zero (broadcast) or negative
+ * (reversed slices). Covers transpose, broadcast, slice, concat and split. */
+void pcc_cpu_copy_strided(const void *x, void *y, int64_t elem_size,
+                          int64_t rank, const int64_t *shape,
+                          const int64_t *x_strides, int64_t x_offset,
+                          const int64_t *y_strides, int64_t y_offset);
+
+/* Embedding-style gather along the middle dimension of data viewed as
+ * [outer, axis_dim, inner]; indices (int64 or int32) may be negative.
+ * Returns non-zero when an index is out of range. */
+int pcc_cpu_gather(const void *data, const void *indices, void *y,
+                   int64_t elem_size, int64_t outer, int64_t axis_dim,
+                   int64_t inner, int64_t num_indices, int indices_are_i64);
+
+/* Softmax (or log-softmax) of x viewed as [outer, len, inner] along len. */
+void pcc_cpu_softmax_f32(const float *x, float *y, int64_t outer, int64_t len,
+                         int64_t inner, int log_softmax);
+
+/* Layer norm of each of `rows` rows of `cols` values; bias may be null. */
+void pcc_cpu_layer_norm_f32(const float *x, const float *scale,
+                            const float *bias, float *y, int64_t rows,
+                            int64_t cols, float epsilon);
+
+/* Inference batch norm of x viewed as [n, c, spatial]. */
+void pcc_cpu_batch_norm_f32(const float *x, const float *scale,
+                            const float *bias, const float *mean,
+                            const float *variance, float *y, int64_t n,
+                            int64_t c, int64_t spatial, float epsilon);
+
+/* Reduction of x (shape, rank) over the dimensions with reduced[d] != 0;
+ * y holds the kept dimensions in order. */
+void pcc_cpu_reduce_f32(const float *x, float *y, int64_t rank,
+                        const int64_t *shape, const int64_t *reduced, int kind);
+void pcc_cpu_reduce_i64(const int64_t *x, int64_t *y, int64_t rank,
+                        const int64_t *shape, const int64_t *reduced, int kind);
+
+/* Index of the first maximum of x viewed as [outer, len, inner]. */
+void pcc_cpu_argmax_f32(const float *x, int64_t *y, int64_t outer, int64_t len,
+                        int64_t inner);
+
+/* Grouped convolution, 1 to 3 spatial dimensions. in_shape is
+ * [N, C, D1..], w_shape [M, C/groups, K1..], out_shape [N, M, O1..];
+ * pads holds the leading pads then the trailing pads. bias may be null. */
+void pcc_cpu_conv_f32(const float *x, const float *w, const float *bias,
+                      float *y, int64_t spatial_rank, const int64_t *in_shape,
+                      const int64_t *w_shape, const int64_t *out_shape,
+                      const int64_t *strides, const int64_t *pads,
+                      const int64_t *dilations, int64_t groups);
+
+/* Max / average pooling; shapes as for conv (out_shape has C channels). */
+void pcc_cpu_max_pool_f32(const float *x, float *y, int64_t spatial_rank,
+                          const int64_t *in_shape, const int64_t *out_shape,
+                          const int64_t *kernel, const int64_t *strides,
+                          const int64_t *pads, const int64_t *dilations);
+void pcc_cpu_avg_pool_f32(const float *x, float *y, int64_t spatial_rank,
+                          const int64_t *in_shape, const int64_t *out_shape,
+                          const int64_t *kernel, const int64_t *strides,
+                          const int64_t *pads, const int64_t *dilations,
+                          int count_include_pad);
+
+/* Element type conversion with ONNX Cast semantics. */
+void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
+                  int64_t count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PCC_RUNTIME_CPUKERNELS_H */

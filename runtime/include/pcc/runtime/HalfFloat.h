@@ -1,0 +1,78 @@
+//===- HalfFloat.h - float16 and bfloat16 conversions -----------*- C++ -*-===//
+
+#ifndef PCC_RUNTIME_HALFFLOAT_H
+#define PCC_RUNTIME_HALFFLOAT_H
+
+#include <cstdint>
+#include <cstring>
+
+namespace pcc::rt {
+
+inline float bitsToFloat(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint32_t floatToBits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return bits;
+}
+
+inline float bf16ToFloat(uint16_t h) { return bitsToFloat(uint32_t(h) << 16); }
+
+/// Round to nearest even; NaN stays NaN.
+inline uint16_t floatToBf16(float f) {
+  uint32_t bits = floatToBits(f);
+  if ((bits & 0x7fffffff) > 0x7f800000)
+    return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+inline float halfToFloat(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  if (exponent == 0x1f) // inf or NaN
+    return bitsToFloat(sign | 0x7f800000 | (mantissa << 13));
+  if (exponent == 0) {
+    if (mantissa == 0)
+      return bitsToFloat(sign);
+    // Subnormal: value = mantissa * 2^-24.
+    float v = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  return bitsToFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+/// Round to nearest even, overflow to infinity.
+inline uint16_t floatToHalf(float f) {
+  uint32_t bits = floatToBits(f);
+  uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+  uint32_t absBits = bits & 0x7fffffff;
+  if (absBits > 0x7f800000) // NaN
+    return sign | 0x7e00;
+  if (absBits >= 0x477ff000) // rounds to >= 65520: infinity
+    return sign | 0x7c00;
+  if (absBits < 0x38800000) { // below the smallest normal half
+    // Subnormal: scale so the unit is 2^-24 and round to nearest even.
+    float scaled = bitsToFloat(absBits) * 16777216.0f;
+    uint32_t m = static_cast<uint32_t>(scaled);
+    float rem = scaled - static_cast<float>(m);
+    if (rem > 0.5f || (rem == 0.5f && (m & 1)))
+      ++m;
+    return sign | static_cast<uint16_t>(m);
+  }
+  uint32_t exponent = (absBits >> 23) - 112;
+  uint32_t mantissa = absBits & 0x7fffff;
+  uint32_t half = (exponent << 10) | (mantissa >> 13);
+  uint32_t rest = mantissa & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (half & 1)))
+    ++half;
+  return sign | static_cast<uint16_t>(half);
+}
+
+} // namespace pcc::rt
+
+#endif // PCC_RUNTIME_HALFFLOAT_H

@@ -1,0 +1,491 @@
+//===- CpuKernels.cpp - CPU kernels called by generated code --------------===//
+//
+// GEMMs go to OpenBLAS (cblas_sgemm); the other kernels are plain loops,
+// parallelised over independent rows with OpenMP where the work is large.
+//
+//===----------------------------------------------------------------------===//
+
+#include "pcc/runtime/CpuKernels.h"
+#include "pcc/runtime/HalfFloat.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+thread_local std::string lastError;
+
+int64_t product(const int64_t *dims, int64_t n) {
+  int64_t p = 1;
+  for (int64_t i = 0; i < n; ++i)
+    p *= dims[i];
+  return p;
+}
+
+/// Work below this many elements is not worth waking OpenMP threads.
+constexpr int64_t kParallelThreshold = 1 << 15;
+} // namespace
+
+extern "C" {
+
+const char *pcc_cpu_last_error(void) { return lastError.c_str(); }
+
+void pcc_cpu_matmul_f32(const float *a, const float *b, float *c, int64_t batch,
+                        int64_t m, int64_t n, int64_t k, int trans_a,
+                        int trans_b, int64_t stride_a, int64_t stride_b) {
+  CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  // A shared right operand and contiguous, untransposed left operands form
+  // one tall GEMM: [batch * m, k] x [k, n].
+  if (stride_b == 0 && !trans_a && stride_a == m * k) {
+    cblas_sgemm(CblasRowMajor, ta, tb, batch * m, n, k, 1.0f, a, lda, b, ldb,
+                0.0f, c, n);
+    return;
+  }
+  for (int64_t i = 0; i < batch; ++i)
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a + i * stride_a, lda,
+                b + i * stride_b, ldb, 0.0f, c + i * m * n, n);
+}
+
+void pcc_cpu_copy_strided(const void *x, void *y, int64_t elem_size,
+                          int64_t rank, const int64_t *shape,
+                          const int64_t *x_strides, int64_t x_offset,
+                          const int64_t *y_strides, int64_t y_offset) {
+  const char *src = static_cast<const char *>(x);
+  char *dst = static_cast<char *>(y);
+  if (rank == 0) {
+    std::memcpy(dst + y_offset * elem_size, src + x_offset * elem_size,
+                elem_size);
+    return;
+  }
+  // The innermost dimension is copied in a tight loop (memcpy when both
+  // sides are contiguous there); the outer ones are walked with a counter.
+  int64_t inner = shape[rank - 1];
+  int64_t xs = x_strides[rank - 1], ys = y_strides[rank - 1];
+  int64_t outer = product(shape, rank - 1);
+  if (inner == 0 || outer == 0)
+    return;
+#pragma omp parallel for if (outer * inner > kParallelThreshold)
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t xi = x_offset, yi = y_offset, rem = o;
+    for (int64_t d = rank - 2; d >= 0; --d) {
+      int64_t idx = rem % shape[d];
+      rem /= shape[d];
+      xi += idx * x_strides[d];
+      yi += idx * y_strides[d];
+    }
+    if (xs == 1 && ys == 1) {
+      std::memcpy(dst + yi * elem_size, src + xi * elem_size,
+                  inner * elem_size);
+    } else if (elem_size == 4) {
+      const float *s = reinterpret_cast<const float *>(src) + xi;
+      float *t = reinterpret_cast<float *>(dst) + yi;
+      for (int64_t i = 0; i < inner; ++i)
+        t[i * ys] = s[i * xs];
+    } else {
+      for (int64_t i = 0; i < inner; ++i)
+        std::memcpy(dst + (yi + i * ys) * elem_size,
+                    src + (xi + i * xs) * elem_size, elem_size);
+    }
+  }
+}
+
+int pcc_cpu_gather(const void *data, const void *indices, void *y,
+                   int64_t elem_size, int64_t outer, int64_t axis_dim,
+                   int64_t inner, int64_t num_indices, int indices_are_i64) {
+  const char *src = static_cast<const char *>(data);
+  char *dst = static_cast<char *>(y);
+  int64_t row = inner * elem_size;
+  for (int64_t j = 0; j < num_indices; ++j) {
+    int64_t idx = indices_are_i64 ? static_cast<const int64_t *>(indices)[j]
+                                  : static_cast<const int32_t *>(indices)[j];
+    if (idx < -axis_dim || idx >= axis_dim) {
+      lastError = "gather index " + std::to_string(idx) +
+                  " is out of range for a dimension of size " +
+                  std::to_string(axis_dim);
+      return 1;
+    }
+  }
+#pragma omp parallel for if (outer * num_indices * inner > kParallelThreshold)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < num_indices; ++j) {
+      int64_t idx = indices_are_i64 ? static_cast<const int64_t *>(indices)[j]
+                                    : static_cast<const int32_t *>(indices)[j];
+      if (idx < 0)
+        idx += axis_dim;
+      std::memcpy(dst + (o * num_indices + j) * row,
+                  src + (o * axis_dim + idx) * row, row);
+    }
+  return 0;
+}
+
+void pcc_cpu_softmax_f32(const float *x, float *y, int64_t outer, int64_t len,
+                         int64_t inner, int log_softmax) {
+#pragma omp parallel for collapse(2) if (outer * len * inner >                 \
+                                         kParallelThreshold)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      const float *in = x + o * len * inner + i;
+      float *out = y + o * len * inner + i;
+      float maxValue = -std::numeric_limits<float>::infinity();
+      for (int64_t l = 0; l < len; ++l)
+        maxValue = std::max(maxValue, in[l * inner]);
+      double sum = 0;
+      for (int64_t l = 0; l < len; ++l)
+        sum += std::exp(static_cast<double>(in[l * inner] - maxValue));
+      if (log_softmax) {
+        float logSum = static_cast<float>(std::log(sum));
+        for (int64_t l = 0; l < len; ++l)
+          out[l * inner] = in[l * inner] - maxValue - logSum;
+      } else {
+        float inv = static_cast<float>(1.0 / sum);
+        for (int64_t l = 0; l < len; ++l)
+          out[l * inner] = std::exp(in[l * inner] - maxValue) * inv;
+      }
+    }
+}
+
+void pcc_cpu_layer_norm_f32(const float *x, const float *scale,
+                            const float *bias, float *y, int64_t rows,
+                            int64_t cols, float epsilon) {
+#pragma omp parallel for if (rows * cols > kParallelThreshold)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *in = x + r * cols;
+    float *out = y + r * cols;
+    double mean = 0, var = 0;
+    for (int64_t c = 0; c < cols; ++c)
+      mean += in[c];
+    mean /= cols;
+    for (int64_t c = 0; c < cols; ++c)
+      var += (in[c] - mean) * (in[c] - mean);
+    var /= cols;
+    float inv = static_cast<float>(1.0 / std::sqrt(var + epsilon));
+    float m = static_cast<float>(mean);
+    for (int64_t c = 0; c < cols; ++c)
+      out[c] = (in[c] - m) * inv * scale[c] + (bias ? bias[c] : 0.0f);
+  }
+}
+
+void pcc_cpu_batch_norm_f32(const float *x, const float *scale,
+                            const float *bias, const float *mean,
+                            const float *variance, float *y, int64_t n,
+                            int64_t c, int64_t spatial, float epsilon) {
+#pragma omp parallel for collapse(2) if (n * c * spatial > kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      float a = scale[ch] / std::sqrt(variance[ch] + epsilon);
+      float b = bias[ch] - mean[ch] * a;
+      const float *in = x + (i * c + ch) * spatial;
+      float *out = y + (i * c + ch) * spatial;
+      for (int64_t s = 0; s < spatial; ++s)
+        out[s] = in[s] * a + b;
+    }
+}
+
+} // extern "C"
+
+namespace {
+template <typename T>
+void reduce(const T *x, T *y, int64_t rank, const int64_t *shape,
+            const int64_t *reduced, int kind) {
+  int64_t total = product(shape, rank);
+  // Output strides over the kept dimensions; reduced dimensions stride 0.
+  std::vector<int64_t> outStride(rank, 0);
+  int64_t outCount = 1, reducedCount = 1;
+  for (int64_t d = rank - 1; d >= 0; --d) {
+    if (reduced[d]) {
+      reducedCount *= shape[d];
+    } else {
+      outStride[d] = outCount;
+      outCount *= shape[d];
+    }
+  }
+  T init = 0;
+  if (kind == PCC_REDUCE_MAX)
+    init = std::numeric_limits<T>::lowest();
+  else if (kind == PCC_REDUCE_MIN)
+    init = std::numeric_limits<T>::max();
+  else if (kind == PCC_REDUCE_PROD)
+    init = 1;
+  std::vector<double> acc(outCount, static_cast<double>(init));
+  std::vector<int64_t> coords(rank, 0);
+  int64_t out = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    double v = static_cast<double>(x[i]);
+    double &a = acc[out];
+    switch (kind) {
+    case PCC_REDUCE_MAX:
+      a = std::max(a, v);
+      break;
+    case PCC_REDUCE_MIN:
+      a = std::min(a, v);
+      break;
+    case PCC_REDUCE_PROD:
+      a *= v;
+      break;
+    default:
+      a += v;
+    }
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      out += outStride[d];
+      if (++coords[d] < shape[d])
+        break;
+      out -= outStride[d] * shape[d];
+      coords[d] = 0;
+    }
+  }
+  for (int64_t o = 0; o < outCount; ++o)
+    y[o] = static_cast<T>(kind == PCC_REDUCE_MEAN ? acc[o] / reducedCount
+                                                  : acc[o]);
+}
+} // namespace
+
+extern "C" {
+
+void pcc_cpu_reduce_f32(const float *x, float *y, int64_t rank,
+                        const int64_t *shape, const int64_t *reduced,
+                        int kind) {
+  reduce(x, y, rank, shape, reduced, kind);
+}
+
+void pcc_cpu_reduce_i64(const int64_t *x, int64_t *y, int64_t rank,
+                        const int64_t *shape, const int64_t *reduced,
+                        int kind) {
+  reduce(x, y, rank, shape, reduced, kind);
+}
+
+void pcc_cpu_argmax_f32(const float *x, int64_t *y, int64_t outer, int64_t len,
+                        int64_t inner) {
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      const float *in = x + o * len * inner + i;
+      int64_t best = 0;
+      for (int64_t l = 1; l < len; ++l)
+        if (in[l * inner] > in[best * inner])
+          best = l;
+      y[o * inner + i] = best;
+    }
+}
+
+} // extern "C"
+
+namespace {
+/// Sliding-window geometry shared by conv and pooling.
+struct Window {
+  int64_t rank;
+  const int64_t *inSpatial, *outSpatial, *kernel, *strides, *pads, *dilations;
+  int64_t inCount, outCount, kernelCount;
+
+  Window(int64_t rank, const int64_t *inShape, const int64_t *outShape,
+         const int64_t *kernel, const int64_t *strides, const int64_t *pads,
+         const int64_t *dilations)
+      : rank(rank), inSpatial(inShape + 2), outSpatial(outShape + 2),
+        kernel(kernel), strides(strides), pads(pads), dilations(dilations),
+        inCount(product(inShape + 2, rank)),
+        outCount(product(outShape + 2, rank)),
+        kernelCount(product(kernel, rank)) {}
+
+  /// Input offset of output position `o` and kernel position `k` within one
+  /// channel, or -1 when it falls in the padding.
+  int64_t source(int64_t o, int64_t k) const {
+    int64_t offset = 0;
+    for (int64_t d = 0; d < rank; ++d) {
+      int64_t od = o, kd = k;
+      for (int64_t e = rank - 1; e > d; --e) {
+        od /= outSpatial[e];
+        kd /= kernel[e];
+      }
+      od %= outSpatial[d];
+      kd %= kernel[d];
+      int64_t pos = od * strides[d] - pads[d] + kd * dilations[d];
+      if (pos < 0 || pos >= inSpatial[d])
+        return -1;
+      offset = offset * inSpatial[d] + pos;
+    }
+    return offset;
+  }
+};
+} // namespace
+
+extern "C" {
+
+void pcc_cpu_conv_f32(const float *x, const float *w, const float *bias,
+                      float *y, int64_t spatial_rank, const int64_t *in_shape,
+                      const int64_t *w_shape, const int64_t *out_shape,
+                      const int64_t *strides, const int64_t *pads,
+                      const int64_t *dilations, int64_t groups) {
+  Window win(spatial_rank, in_shape, out_shape, w_shape + 2, strides, pads,
+             dilations);
+  int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
+  int64_t cg = c / groups, mg = m / groups;
+  int64_t rows = cg * win.kernelCount; // im2col rows per group
+  // Precompute the source offset of each (kernel position, output position).
+  std::vector<int64_t> sourceOf(win.kernelCount * win.outCount);
+  for (int64_t k = 0; k < win.kernelCount; ++k)
+    for (int64_t o = 0; o < win.outCount; ++o)
+      sourceOf[k * win.outCount + o] = win.source(o, k);
+  std::vector<float> cols(rows * win.outCount);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float *in = x + (b * c + g * cg) * win.inCount;
+#pragma omp parallel for if (rows * win.outCount > kParallelThreshold)
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t ch = r / win.kernelCount, k = r % win.kernelCount;
+        const int64_t *src = &sourceOf[k * win.outCount];
+        float *dst = &cols[r * win.outCount];
+        const float *plane = in + ch * win.inCount;
+        for (int64_t o = 0; o < win.outCount; ++o)
+          dst[o] = src[o] < 0 ? 0.0f : plane[src[o]];
+      }
+      float *out = y + (b * m + g * mg) * win.outCount;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mg, win.outCount,
+                  rows, 1.0f, w + g * mg * rows, rows, cols.data(),
+                  win.outCount, 0.0f, out, win.outCount);
+      if (bias)
+        for (int64_t j = 0; j < mg; ++j)
+          for (int64_t o = 0; o < win.outCount; ++o)
+            out[j * win.outCount + o] += bias[g * mg + j];
+    }
+}
+
+void pcc_cpu_max_pool_f32(const float *x, float *y, int64_t spatial_rank,
+                          const int64_t *in_shape, const int64_t *out_shape,
+                          const int64_t *kernel, const int64_t *strides,
+                          const int64_t *pads, const int64_t *dilations) {
+  Window win(spatial_rank, in_shape, out_shape, kernel, strides, pads,
+             dilations);
+  int64_t planes = in_shape[0] * in_shape[1];
+#pragma omp parallel for if (planes * win.outCount > kParallelThreshold)
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t o = 0; o < win.outCount; ++o) {
+      float best = -std::numeric_limits<float>::infinity();
+      for (int64_t k = 0; k < win.kernelCount; ++k) {
+        int64_t s = win.source(o, k);
+        if (s >= 0)
+          best = std::max(best, x[p * win.inCount + s]);
+      }
+      y[p * win.outCount + o] = best;
+    }
+}
+
+void pcc_cpu_avg_pool_f32(const float *x, float *y, int64_t spatial_rank,
+                          const int64_t *in_shape, const int64_t *out_shape,
+                          const int64_t *kernel, const int64_t *strides,
+                          const int64_t *pads, const int64_t *dilations,
+                          int count_include_pad) {
+  Window win(spatial_rank, in_shape, out_shape, kernel, strides, pads,
+             dilations);
+  int64_t planes = in_shape[0] * in_shape[1];
+#pragma omp parallel for if (planes * win.outCount > kParallelThreshold)
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t o = 0; o < win.outCount; ++o) {
+      double sum = 0;
+      int64_t count = 0, padded = 0;
+      for (int64_t k = 0; k < win.kernelCount; ++k) {
+        int64_t s = win.source(o, k);
+        if (s >= 0) {
+          sum += x[p * win.inCount + s];
+          ++count;
+        } else if (count_include_pad) {
+          // Only positions inside the padded input count, not those past
+          // it in ceil mode (ONNX and PyTorch agree).
+          ++padded;
+        }
+      }
+      int64_t divisor = count_include_pad ? count + padded : count;
+      y[p * win.outCount + o] =
+          divisor ? static_cast<float>(sum / divisor) : 0.0f;
+    }
+}
+
+void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
+                  int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    double v = 0;
+    int64_t iv = 0;
+    bool isFloat = true;
+    switch (from_type) {
+    case PCC_F32:
+      v = static_cast<const float *>(x)[i];
+      break;
+    case PCC_F64:
+      v = static_cast<const double *>(x)[i];
+      break;
+    case PCC_F16:
+      v = pcc::rt::halfToFloat(static_cast<const uint16_t *>(x)[i]);
+      break;
+    case PCC_BF16:
+      v = pcc::rt::bf16ToFloat(static_cast<const uint16_t *>(x)[i]);
+      break;
+    default:
+      isFloat = false;
+      switch (from_type) {
+      case PCC_I64:
+        iv = static_cast<const int64_t *>(x)[i];
+        break;
+      case PCC_I32:
+        iv = static_cast<const int32_t *>(x)[i];
+        break;
+      case PCC_I16:
+        iv = static_cast<const int16_t *>(x)[i];
+        break;
+      case PCC_I8:
+        iv = static_cast<const int8_t *>(x)[i];
+        break;
+      default:
+        iv = static_cast<const uint8_t *>(x)[i];
+        break;
+      }
+      v = static_cast<double>(iv);
+    }
+    auto toInt = [&]() -> int64_t {
+      if (!isFloat)
+        return iv;
+      if (std::isnan(v))
+        return 0;
+      return static_cast<int64_t>(std::clamp(v, -9.2e18, 9.2e18));
+    };
+    switch (to_type) {
+    case PCC_F32:
+      static_cast<float *>(y)[i] = static_cast<float>(v);
+      break;
+    case PCC_F64:
+      static_cast<double *>(y)[i] = v;
+      break;
+    case PCC_F16:
+      static_cast<uint16_t *>(y)[i] =
+          pcc::rt::floatToHalf(static_cast<float>(v));
+      break;
+    case PCC_BF16:
+      static_cast<uint16_t *>(y)[i] =
+          pcc::rt::floatToBf16(static_cast<float>(v));
+      break;
+    case PCC_I64:
+      static_cast<int64_t *>(y)[i] = toInt();
+      break;
+    case PCC_I32:
+      static_cast<int32_t *>(y)[i] = static_cast<int32_t>(toInt());
+      break;
+    case PCC_I16:
+      static_cast<int16_t *>(y)[i] = static_cast<int16_t>(toInt());
+      break;
+    case PCC_I8:
+      static_cast<int8_t *>(y)[i] = static_cast<int8_t>(toInt());
+      break;
+    case PCC_U8:
+      static_cast<uint8_t *>(y)[i] = static_cast<uint8_t>(toInt());
+      break;
+    default:
+      static_cast<uint8_t *>(y)[i] = isFloat ? (v != 0.0) : (iv != 0);
+      break;
+    }
+  }
+}
+
+} // extern "C"

@@ -1,0 +1,262 @@
+//===- CpuKernelsTest.cpp - CPU kernels against naive references ----------===//
+
+#include "pcc/runtime/CpuKernels.h"
+#include "pcc/runtime/HalfFloat.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace {
+
+std::vector<float> randomVector(size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = dist(gen);
+  return v;
+}
+
+void expectNear(const std::vector<float> &a, const std::vector<float> &b,
+                float tol = 1e-5f) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(a[i], b[i], tol) << "at element " << i;
+}
+
+// Tests batched matmul with transposes, a shared right operand (the tall
+// GEMM path) and per-batch right operands.
+TEST(CpuKernels, Matmul) {
+  const int64_t batch = 3, m = 4, n = 5, k = 6;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (int shared = 0; shared < 2; ++shared) {
+        auto a = randomVector(batch * m * k, 1);
+        auto b = randomVector((shared ? 1 : batch) * k * n, 2);
+        std::vector<float> c(batch * m * n), ref(batch * m * n, 0.0f);
+        pcc_cpu_matmul_f32(a.data(), b.data(), c.data(), batch, m, n, k, ta, tb,
+                           m * k, shared ? 0 : k * n);
+        for (int64_t bi = 0; bi < batch; ++bi)
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double s = 0;
+              for (int64_t p = 0; p < k; ++p) {
+                float av =
+                    ta ? a[bi * m * k + p * m + i] : a[bi * m * k + i * k + p];
+                const float *bb = b.data() + (shared ? 0 : bi * k * n);
+                float bv = tb ? bb[j * k + p] : bb[p * n + j];
+                s += double(av) * bv;
+              }
+              ref[(bi * m + i) * n + j] = float(s);
+            }
+        expectNear(c, ref);
+      }
+}
+
+// Tests transpose, broadcast and a reversed strided slice through the one
+// strided-copy kernel.
+TEST(CpuKernels, CopyStrided) {
+  std::vector<float> x(24);
+  for (int i = 0; i < 24; ++i)
+    x[i] = float(i);
+  // Transpose [2,3,4] by perm [2,0,1]: out[i][j][l] = x[j][l][i].
+  std::vector<float> t(24);
+  int64_t shape[] = {4, 2, 3}, xs[] = {1, 12, 4}, ys[] = {6, 3, 1};
+  pcc_cpu_copy_strided(x.data(), t.data(), 4, 3, shape, xs, 0, ys, 0);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 2; ++j)
+      for (int l = 0; l < 3; ++l)
+        ASSERT_EQ(t[i * 6 + j * 3 + l], x[j * 12 + l * 4 + i]);
+  // Broadcast a column [3,1] to [2,3,4].
+  std::vector<float> col = {7, 8, 9}, big(24);
+  int64_t bshape[] = {2, 3, 4}, bxs[] = {0, 1, 0}, bys[] = {12, 4, 1};
+  pcc_cpu_copy_strided(col.data(), big.data(), 4, 3, bshape, bxs, 0, bys, 0);
+  for (int i = 0; i < 24; ++i)
+    ASSERT_EQ(big[i], col[(i / 4) % 3]);
+  // Reversed slice x[1, ::-2] of x viewed as [2, 12] -> 6 values.
+  std::vector<float> r(6);
+  int64_t rshape[] = {6}, rxs[] = {-2}, rys[] = {1};
+  pcc_cpu_copy_strided(x.data(), r.data(), 4, 1, rshape, rxs, 23, rys, 0);
+  EXPECT_EQ(r, (std::vector<float>{23, 21, 19, 17, 15, 13}));
+}
+
+// Tests gather with negative indices and the out-of-range error.
+TEST(CpuKernels, Gather) {
+  std::vector<float> table = {0, 1, 10, 11, 20, 21}; // [3, 2]
+  std::vector<int64_t> idx = {2, -3, 1};
+  std::vector<float> y(6);
+  ASSERT_EQ(
+      pcc_cpu_gather(table.data(), idx.data(), y.data(), 4, 1, 3, 2, 3, 1), 0);
+  EXPECT_EQ(y, (std::vector<float>{20, 21, 0, 1, 10, 11}));
+  std::vector<int32_t> bad = {3};
+  EXPECT_NE(
+      pcc_cpu_gather(table.data(), bad.data(), y.data(), 4, 1, 3, 2, 1, 0), 0);
+  EXPECT_STREQ(pcc_cpu_last_error(),
+               "gather index 3 is out of range for a dimension of size 3");
+}
+
+// Tests softmax and log-softmax along a middle axis.
+TEST(CpuKernels, Softmax) {
+  auto x = randomVector(2 * 5 * 3, 3);
+  std::vector<float> y(x.size()), ly(x.size());
+  pcc_cpu_softmax_f32(x.data(), y.data(), 2, 5, 3, 0);
+  pcc_cpu_softmax_f32(x.data(), ly.data(), 2, 5, 3, 1);
+  for (int o = 0; o < 2; ++o)
+    for (int i = 0; i < 3; ++i) {
+      double denom = 0;
+      for (int l = 0; l < 5; ++l)
+        denom += std::exp(x[o * 15 + l * 3 + i]);
+      for (int l = 0; l < 5; ++l) {
+        int at = o * 15 + l * 3 + i;
+        ASSERT_NEAR(y[at], std::exp(x[at]) / denom, 1e-6);
+        ASSERT_NEAR(ly[at], x[at] - std::log(denom), 1e-5);
+      }
+    }
+}
+
+// Tests layer norm (zero mean, unit variance before scale/bias) and
+// inference batch norm.
+TEST(CpuKernels, Normalisation) {
+  auto x = randomVector(3 * 8, 4);
+  std::vector<float> scale(8, 2.0f), bias(8, 0.5f), y(x.size());
+  pcc_cpu_layer_norm_f32(x.data(), scale.data(), bias.data(), y.data(), 3, 8,
+                         0.0f);
+  for (int r = 0; r < 3; ++r) {
+    double mean = 0, var = 0;
+    for (int c = 0; c < 8; ++c)
+      mean += (y[r * 8 + c] - 0.5) / 2;
+    mean /= 8;
+    for (int c = 0; c < 8; ++c)
+      var += std::pow((y[r * 8 + c] - 0.5) / 2 - mean, 2);
+    EXPECT_NEAR(mean, 0.0, 1e-5);
+    EXPECT_NEAR(var / 8, 1.0, 1e-4);
+  }
+  std::vector<float> in = {1, 2, 3, 4}, s = {2, 1}, b = {0, 1}, m = {1, 0},
+                     v = {4, 1}, out(4);
+  pcc_cpu_batch_norm_f32(in.data(), s.data(), b.data(), m.data(), v.data(),
+                         out.data(), 1, 2, 2, 0.0f);
+  expectNear(out, {0, 1, 4, 5});
+}
+
+// Tests reductions over non-adjacent axes and every kind.
+TEST(CpuKernels, Reduce) {
+  std::vector<float> x(24);
+  for (int i = 0; i < 24; ++i)
+    x[i] = float(i % 7) - 3;
+  int64_t shape[] = {2, 3, 4}, reduced[] = {1, 0, 1};
+  for (int kind = 0; kind < 5; ++kind) {
+    std::vector<float> y(3);
+    pcc_cpu_reduce_f32(x.data(), y.data(), 3, shape, reduced, kind);
+    for (int j = 0; j < 3; ++j) {
+      double acc = kind == PCC_REDUCE_MAX    ? -1e30
+                   : kind == PCC_REDUCE_MIN  ? 1e30
+                   : kind == PCC_REDUCE_PROD ? 1
+                                             : 0;
+      for (int i = 0; i < 2; ++i)
+        for (int l = 0; l < 4; ++l) {
+          double v = x[i * 12 + j * 4 + l];
+          acc = kind == PCC_REDUCE_MAX    ? std::max(acc, v)
+                : kind == PCC_REDUCE_MIN  ? std::min(acc, v)
+                : kind == PCC_REDUCE_PROD ? acc * v
+                                          : acc + v;
+        }
+      if (kind == PCC_REDUCE_MEAN)
+        acc /= 8;
+      ASSERT_NEAR(y[j], acc, 1e-4) << "kind " << kind << " column " << j;
+    }
+  }
+}
+
+/// Direct convolution, for comparison with the im2col + GEMM kernel.
+std::vector<float> naiveConv2d(const std::vector<float> &x,
+                               const std::vector<float> &w, const float *bias,
+                               int64_t n, int64_t c, int64_t h, int64_t wd,
+                               int64_t m, int64_t kh, int64_t kw, int64_t s,
+                               int64_t p, int64_t dil, int64_t groups,
+                               int64_t oh, int64_t ow) {
+  std::vector<float> y(n * m * oh * ow, 0.0f);
+  int64_t cg = c / groups, mg = m / groups;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t o = 0; o < m; ++o)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          double acc = bias ? bias[o] : 0.0;
+          int64_t g = o / mg;
+          for (int64_t ci = 0; ci < cg; ++ci)
+            for (int64_t u = 0; u < kh; ++u)
+              for (int64_t v = 0; v < kw; ++v) {
+                int64_t yi = i * s - p + u * dil, xj = j * s - p + v * dil;
+                if (yi < 0 || yi >= h || xj < 0 || xj >= wd)
+                  continue;
+                acc += x[((b * c + g * cg + ci) * h + yi) * wd + xj] *
+                       w[((o * cg + ci) * kh + u) * kw + v];
+              }
+          y[((b * m + o) * oh + i) * ow + j] = float(acc);
+        }
+  return y;
+}
+
+// Tests grouped, strided, padded and dilated 2-D convolution with bias.
+TEST(CpuKernels, Conv2d) {
+  struct Case {
+    int64_t stride, pad, dil, groups;
+  } cases[] = {{1, 0, 1, 1}, {2, 1, 1, 2}, {1, 2, 2, 1}, {1, 1, 1, 4}};
+  for (const Case &cs : cases) {
+    int64_t n = 2, c = 4, h = 7, wd = 6, m = 8, kh = 3, kw = 3;
+    int64_t oh = (h + 2 * cs.pad - cs.dil * (kh - 1) - 1) / cs.stride + 1;
+    int64_t ow = (wd + 2 * cs.pad - cs.dil * (kw - 1) - 1) / cs.stride + 1;
+    auto x = randomVector(n * c * h * wd, 5);
+    auto w = randomVector(m * (c / cs.groups) * kh * kw, 6);
+    auto bias = randomVector(m, 7);
+    std::vector<float> y(n * m * oh * ow);
+    int64_t in[] = {n, c, h, wd}, ws[] = {m, c / cs.groups, kh, kw},
+            out[] = {n, m, oh, ow}, st[] = {cs.stride, cs.stride},
+            pd[] = {cs.pad, cs.pad, cs.pad, cs.pad}, dl[] = {cs.dil, cs.dil};
+    pcc_cpu_conv_f32(x.data(), w.data(), bias.data(), y.data(), 2, in, ws, out,
+                     st, pd, dl, cs.groups);
+    expectNear(y,
+               naiveConv2d(x, w, bias.data(), n, c, h, wd, m, kh, kw, cs.stride,
+                           cs.pad, cs.dil, cs.groups, oh, ow),
+               1e-4f);
+  }
+}
+
+// Tests max and average pooling with padding; the average with and without
+// counting padded positions.
+TEST(CpuKernels, Pooling) {
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 9}; // [1,1,3,3]
+  int64_t in[] = {1, 1, 3, 3}, out[] = {1, 1, 2, 2}, k[] = {2, 2}, s[] = {2, 2},
+          p[] = {1, 1, 1, 1}, d[] = {1, 1};
+  std::vector<float> y(4);
+  pcc_cpu_max_pool_f32(x.data(), y.data(), 2, in, out, k, s, p, d);
+  EXPECT_EQ(y, (std::vector<float>{1, 3, 7, 9}));
+  pcc_cpu_avg_pool_f32(x.data(), y.data(), 2, in, out, k, s, p, d, 0);
+  EXPECT_EQ(y, (std::vector<float>{1, 2.5, 5.5, 7}));
+  pcc_cpu_avg_pool_f32(x.data(), y.data(), 2, in, out, k, s, p, d, 1);
+  EXPECT_EQ(y, (std::vector<float>{0.25, 1.25, 2.75, 7}));
+}
+
+// Tests casts: truncation, booleans, and half/bfloat16 round trips.
+TEST(CpuKernels, Cast) {
+  std::vector<float> x = {-1.7f, 0.0f, 2.5f, 65504.0f};
+  std::vector<int64_t> i(4);
+  pcc_cpu_cast(x.data(), PCC_F32, i.data(), PCC_I64, 4);
+  EXPECT_EQ(i, (std::vector<int64_t>{-1, 0, 2, 65504}));
+  std::vector<uint8_t> b(4);
+  pcc_cpu_cast(x.data(), PCC_F32, b.data(), PCC_BOOL, 4);
+  EXPECT_EQ(b, (std::vector<uint8_t>{1, 0, 1, 1}));
+  std::vector<uint16_t> h(4);
+  std::vector<float> back(4);
+  pcc_cpu_cast(x.data(), PCC_F32, h.data(), PCC_F16, 4);
+  pcc_cpu_cast(h.data(), PCC_F16, back.data(), PCC_F32, 4);
+  EXPECT_NEAR(back[0], -1.7f, 1e-3);
+  EXPECT_EQ(back[3], 65504.0f);
+  EXPECT_EQ(pcc::rt::halfToFloat(pcc::rt::floatToHalf(1e6f)), INFINITY);
+  EXPECT_EQ(pcc::rt::bf16ToFloat(pcc::rt::floatToBf16(1.0f)), 1.0f);
+  EXPECT_NEAR(pcc::rt::halfToFloat(pcc::rt::floatToHalf(3e-6f)), 3e-6f, 6e-8f);
+}
+
+} // namespace
