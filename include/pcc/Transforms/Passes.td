@@ -35,4 +35,41 @@ def ModelStats : Pass<"pcc-model-stats", "func::FuncOp"> {
   ];
 }
 
+def PlanMemory : Pass<"pcc-plan-memory", "func::FuncOp"> {
+  let summary = "places every intermediate tensor in one arena, reusing "
+                "memory whose tensor is dead";
+  let description = [{
+    Walks the function in order, computes each tensor's live range (its
+    definition to its last use; `pcc.reshape` results alias their input and
+    extend its range; returned values live to the end) and assigns offsets in
+    one arena by best fit over the free gaps, aligned to `alignment` bytes.
+    Function arguments, `pcc.param` and `pcc.constant` results need no arena
+    space. Each op gets `pcc.buffer_offsets` (one offset per result, -1 for
+    an alias) and the function `pcc.arena_bytes` (the peak).
+
+    ```mlir
+    // before
+    %0 = pcc.relu %x : tensor<256xf32>
+    %1 = pcc.exp %0 : tensor<256xf32>
+    %2 = pcc.neg %1 : tensor<256xf32>
+    // after: %2 reuses %0's bytes, which are dead once %1 is computed
+    %0 = pcc.relu %x {pcc.buffer_offsets = array<i64: 0>} : tensor<256xf32>
+    %1 = pcc.exp %0 {pcc.buffer_offsets = array<i64: 1024>} : tensor<256xf32>
+    %2 = pcc.neg %1 {pcc.buffer_offsets = array<i64: 0>} : tensor<256xf32>
+    // func attribute: pcc.arena_bytes = 2048
+    ```
+  }];
+  let options = [
+    Option<"alignment", "alignment", "int64_t", /*default=*/"64",
+           "byte alignment of every buffer">,
+    Option<"emitRemark", "emit-remark", "bool", /*default=*/"false",
+           "attach a remark with the arena size and the bytes saved by reuse">
+  ];
+  let statistics = [
+    Statistic<"arenaBytes", "arena-bytes", "peak bytes of the arena">,
+    Statistic<"tensorBytes", "tensor-bytes",
+              "bytes all intermediate tensors would take without reuse">
+  ];
+}
+
 #endif // PCC_TRANSFORMS_PASSES_TD

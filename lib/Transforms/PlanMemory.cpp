@@ -1,0 +1,170 @@
+//===- PlanMemory.cpp - static arena layout by liveness --------------------===//
+
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Transforms/Passes.h"
+
+#include "llvm/ADT/DenseMap.h"
+
+#include <map>
+
+namespace mlir::pcc {
+#define GEN_PASS_DEF_PLANMEMORY
+#include "pcc/Transforms/Passes.h.inc"
+} // namespace mlir::pcc
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+namespace {
+
+/// Bytes of a tensor; booleans take one byte each.
+int64_t bytesOf(Type type) {
+  auto tensor = cast<RankedTensorType>(type);
+  int64_t bits = tensor.getElementTypeBitWidth();
+  return tensor.getNumElements() * std::max<int64_t>(1, bits / 8);
+}
+
+/// Whether `op`'s results need no arena space of their own.
+bool needsNoBuffer(Operation *op) {
+  return isa<ParamOp, ConstantOp, ReshapeOp>(op);
+}
+
+/// The value whose buffer `v` lives in (through reshapes).
+Value storageOf(Value v) {
+  while (auto reshape = v.getDefiningOp<ReshapeOp>())
+    v = reshape.getInput();
+  return v;
+}
+
+/// Free gaps of the arena, by offset.
+class Arena {
+public:
+  explicit Arena(int64_t alignment) : alignment(alignment) {}
+
+  int64_t allocate(int64_t bytes) {
+    bytes = (bytes + alignment - 1) / alignment * alignment;
+    // Best fit: the smallest gap that holds the buffer.
+    auto best = gaps.end();
+    for (auto it = gaps.begin(); it != gaps.end(); ++it)
+      if (it->second >= bytes &&
+          (best == gaps.end() || it->second < best->second))
+        best = it;
+    if (best != gaps.end()) {
+      int64_t offset = best->first, size = best->second;
+      gaps.erase(best);
+      if (size > bytes)
+        gaps[offset + bytes] = size - bytes;
+      return offset;
+    }
+    // Grow the arena, absorbing a free gap at its end.
+    int64_t offset = end;
+    if (!gaps.empty()) {
+      auto last = std::prev(gaps.end());
+      if (last->first + last->second == end) {
+        offset = last->first;
+        gaps.erase(last);
+      }
+    }
+    end = offset + bytes;
+    peak = std::max(peak, end);
+    return offset;
+  }
+
+  void release(int64_t offset, int64_t bytes) {
+    bytes = (bytes + alignment - 1) / alignment * alignment;
+    auto [it, inserted] = gaps.emplace(offset, bytes);
+    (void)inserted;
+    // Merge with the following and the preceding gap.
+    auto next = std::next(it);
+    if (next != gaps.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      gaps.erase(next);
+    }
+    if (it != gaps.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        gaps.erase(it);
+      }
+    }
+  }
+
+  int64_t getPeak() const { return peak; }
+
+private:
+  int64_t alignment;
+  int64_t end = 0, peak = 0;
+  std::map<int64_t, int64_t> gaps;
+};
+
+struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
+  using PlanMemoryBase::PlanMemoryBase;
+
+  void runOnOperation() override {
+    func::FuncOp func = getOperation();
+    if (alignment < 1) {
+      func.emitError("pcc-plan-memory: alignment must be positive");
+      return signalPassFailure();
+    }
+    if (!func.getBody().hasOneBlock()) {
+      func.emitError("pcc-plan-memory: expects a single-block function");
+      return signalPassFailure();
+    }
+    Block &body = func.getBody().front();
+
+    // Index of each op and the last use of each buffer (through aliases).
+    llvm::DenseMap<Operation *, int64_t> index;
+    llvm::DenseMap<Value, int64_t> lastUse;
+    int64_t i = 0;
+    for (Operation &op : body) {
+      index[&op] = i;
+      bool isReturn = op.hasTrait<OpTrait::IsTerminator>();
+      for (Value operand : op.getOperands()) {
+        Value storage = storageOf(operand);
+        lastUse[storage] = isReturn ? INT64_MAX : i;
+      }
+      ++i;
+    }
+
+    Arena arena(alignment);
+    std::multimap<int64_t, std::pair<int64_t, int64_t>> dying; // at -> (off, bytes)
+    Builder b(func.getContext());
+    int64_t total = 0;
+    for (Operation &op : body) {
+      int64_t at = index[&op];
+      if (op.getNumResults() == 0 || !isa<PccDialect>(op.getDialect()))
+        continue;
+      SmallVector<int64_t> offsets;
+      for (Value result : op.getResults()) {
+        if (needsNoBuffer(&op)) {
+          offsets.push_back(-1);
+          continue;
+        }
+        int64_t bytes = bytesOf(result.getType());
+        total += bytes;
+        int64_t offset = arena.allocate(bytes);
+        offsets.push_back(offset);
+        auto last = lastUse.find(result);
+        // A result nobody reads dies right after its op.
+        int64_t dies = last == lastUse.end() ? at : last->second;
+        if (dies != INT64_MAX)
+          dying.emplace(dies, std::make_pair(offset, bytes));
+      }
+      op.setAttr("pcc.buffer_offsets", b.getDenseI64ArrayAttr(offsets));
+      // Buffers whose last use is this op are free for the next ops; an
+      // op's own operands stay live until it has written its results.
+      auto [from, to] = dying.equal_range(at);
+      for (auto it = from; it != to; ++it)
+        arena.release(it->second.first, it->second.second);
+      dying.erase(from, to);
+    }
+    func->setAttr("pcc.arena_bytes", b.getI64IntegerAttr(arena.getPeak()));
+    arenaBytes += arena.getPeak();
+    tensorBytes += total;
+    if (emitRemark)
+      func.emitRemark() << "arena " << arena.getPeak() << " bytes for "
+                        << total << " bytes of intermediate tensors";
+    markAllAnalysesPreserved();
+  }
+};
+} // namespace
