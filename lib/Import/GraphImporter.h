@@ -16,6 +16,11 @@ namespace mlir::pcc::onnx_import {
 FailureOr<HostTensor> decodeTensor(const onnx::TensorProto &tensor,
                                    llvm::StringRef baseDir, Location loc);
 
+/// The tensor's data as little-endian bytes in its own element type, from
+/// raw_data, an external file or the typed fields.
+FailureOr<std::string> tensorBytes(const onnx::TensorProto &tensor,
+                                   llvm::StringRef baseDir, Location loc);
+
 /// Checks that an initializer's data is present and has the right size
 /// without decoding it (weights are read by the back end, not the importer).
 LogicalResult checkTensorData(const onnx::TensorProto &tensor,

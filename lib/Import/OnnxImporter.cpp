@@ -19,6 +19,8 @@
 #include <onnx/checker.h>
 #include <onnx/defs/parser.h>
 
+#include "pcc/runtime/Safetensors.h"
+
 #include <exception>
 
 using namespace mlir;
@@ -446,6 +448,75 @@ mlir::pcc::summarizeOnnxWeights(StringRef path, MLIRContext *context) {
     out.push_back(std::move(w));
   }
   return out;
+}
+
+/// The runtime's dtype for an ONNX data type, if it can store it.
+static std::optional<::pcc::rt::DType> runtimeDType(int32_t onnxType) {
+  using ::pcc::rt::DType;
+  switch (onnxType) {
+  case onnx::TensorProto::FLOAT:
+    return DType::F32;
+  case onnx::TensorProto::DOUBLE:
+    return DType::F64;
+  case onnx::TensorProto::FLOAT16:
+    return DType::F16;
+  case onnx::TensorProto::BFLOAT16:
+    return DType::BF16;
+  case onnx::TensorProto::INT64:
+    return DType::I64;
+  case onnx::TensorProto::INT32:
+    return DType::I32;
+  case onnx::TensorProto::INT16:
+    return DType::I16;
+  case onnx::TensorProto::INT8:
+    return DType::I8;
+  case onnx::TensorProto::UINT8:
+    return DType::U8;
+  case onnx::TensorProto::BOOL:
+    return DType::Bool;
+  default:
+    return std::nullopt;
+  }
+}
+
+LogicalResult mlir::pcc::writeOnnxWeights(StringRef modelPath,
+                                          ArrayRef<std::string> names,
+                                          StringRef outputPath,
+                                          MLIRContext *context) {
+  onnx::ModelProto model;
+  if (failed(loadModel(modelPath, context, model)))
+    return failure();
+  std::string baseDir = llvm::sys::path::parent_path(modelPath).str();
+  Location loc = FileLineColLoc::get(context, modelPath, 0, 0);
+  llvm::StringMap<const onnx::TensorProto *> byName;
+  for (const onnx::TensorProto &init : model.graph().initializer())
+    byName[init.name()] = &init;
+  ::pcc::rt::SafetensorsWriter writer;
+  for (const std::string &name : names) {
+    const onnx::TensorProto *init = byName.lookup(name);
+    if (!init)
+      return emitError(loc) << "the model has no initializer '" << name << "'";
+    auto dtype = runtimeDType(init->data_type());
+    if (!dtype)
+      return emitError(loc) << "initializer '" << name << "' has element type "
+                            << onnxElementTypeName(init->data_type())
+                            << ", which is not supported";
+    auto bytes = tensorBytes(*init, baseDir, loc);
+    if (failed(bytes))
+      return failure();
+    std::vector<int64_t> shape(init->dims().begin(), init->dims().end());
+    auto status =
+        writer.add(name, *dtype, std::move(shape),
+                   std::vector<uint8_t>(bytes->begin(), bytes->end()));
+    if (!status.ok())
+      return emitError(loc) << status.error();
+  }
+  writer.setMetadata("pcc.source", modelPath.str());
+  auto status = writer.write(outputPath.str());
+  if (!status.ok())
+    return emitError(FileLineColLoc::get(context, outputPath, 0, 0))
+           << status.error();
+  return success();
 }
 
 std::vector<std::string> mlir::pcc::getSupportedOnnxOps() {

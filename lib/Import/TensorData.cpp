@@ -291,3 +291,46 @@ FailureOr<HostTensor> onnx_import::decodeTensor(const onnx::TensorProto &tensor,
   }
   return out;
 }
+
+FailureOr<std::string> onnx_import::tensorBytes(const onnx::TensorProto &tensor,
+                                                StringRef baseDir,
+                                                Location loc) {
+  if (failed(checkTensorData(tensor, baseDir, loc)))
+    return failure();
+  int64_t count = elementCount(tensor);
+  int64_t elementSize = rawElementSize(tensor.data_type());
+  if (tensor.data_location() == onnx::TensorProto::EXTERNAL)
+    return readExternal(tensor, baseDir, loc, count * elementSize);
+  if (tensor.has_raw_data())
+    return tensor.raw_data();
+  std::string bytes(count * elementSize, '\0');
+  char *out = bytes.data();
+  auto put = [&](int64_t i, auto value) {
+    std::memcpy(out + i * elementSize, &value, elementSize);
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    switch (tensor.data_type()) {
+    case onnx::TensorProto::FLOAT:
+      put(i, tensor.float_data(i));
+      break;
+    case onnx::TensorProto::DOUBLE:
+      put(i, tensor.double_data(i));
+      break;
+    case onnx::TensorProto::INT64:
+      put(i, tensor.int64_data(i));
+      break;
+    case onnx::TensorProto::UINT32:
+    case onnx::TensorProto::UINT64:
+      put(i, tensor.uint64_data(i));
+      break;
+    default: {
+      // int32_data holds int32, int16, int8, uint8, bool and the bit
+      // patterns of float16 / bfloat16; keep the low elementSize bytes.
+      int32_t v = tensor.int32_data(i);
+      std::memcpy(out + i * elementSize, &v, elementSize);
+      break;
+    }
+    }
+  }
+  return bytes;
+}

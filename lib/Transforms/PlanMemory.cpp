@@ -1,4 +1,5 @@
-//===- PlanMemory.cpp - static arena layout by liveness --------------------===//
+//===- PlanMemory.cpp - static arena layout by liveness
+//--------------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
@@ -127,7 +128,8 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
     }
 
     Arena arena(alignment);
-    std::multimap<int64_t, std::pair<int64_t, int64_t>> dying; // at -> (off, bytes)
+    std::multimap<int64_t, std::pair<int64_t, int64_t>>
+        dying; // at -> (off, bytes)
     Builder b(func.getContext());
     int64_t total = 0;
     for (Operation &op : body) {
@@ -162,8 +164,8 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
     arenaBytes += arena.getPeak();
     tensorBytes += total;
     if (emitRemark)
-      func.emitRemark() << "arena " << arena.getPeak() << " bytes for "
-                        << total << " bytes of intermediate tensors";
+      func.emitRemark() << "arena " << arena.getPeak() << " bytes for " << total
+                        << " bytes of intermediate tensors";
     markAllAnalysesPreserved();
   }
 };

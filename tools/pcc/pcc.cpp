@@ -9,6 +9,7 @@
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Import/OnnxImporter.h"
+#include "pcc/Target/Cpp.h"
 #include "pcc/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -39,7 +40,7 @@ static cl::opt<std::string> outputFile("o",
                                        cl::value_desc("file"), cl::init("-"),
                                        cl::cat(pccCategory));
 
-enum class Emit { Auto, Mlir, MlirImported, Weights, SharedLibrary };
+enum class Emit { Auto, Mlir, MlirImported, Weights, Cpp, SharedLibrary };
 static cl::opt<Emit>
     emit("emit", cl::desc("what to produce"), cl::init(Emit::Auto),
          cl::values(clEnumValN(Emit::Mlir, "mlir",
@@ -49,6 +50,8 @@ static cl::opt<Emit>
                     clEnumValN(Emit::Weights, "weights",
                                "one line per initializer: type, shape, storage "
                                "and min/max/mean of the decoded values"),
+                    clEnumValN(Emit::Cpp, "cpp",
+                               "the generated C++ of the model library"),
                     clEnumValN(Emit::SharedLibrary, "so",
                                "a shared library for pcc-run (the default for "
                                "-o *.so)")),
@@ -72,6 +75,10 @@ static cl::opt<std::string>
            cl::desc("write the IR after import and after each pass to "
                     "numbered files in this directory"),
            cl::value_desc("dir"), cl::cat(pccCategory));
+static cl::opt<bool> keepSource(
+    "keep-source",
+    cl::desc("keep the generated C++ beside the library (model.so.cpp)"),
+    cl::cat(pccCategory));
 static cl::opt<bool> noOnnxCheck("no-onnx-check",
                                  cl::desc("skip onnx::checker before import"),
                                  cl::cat(pccCategory));
@@ -87,7 +94,8 @@ Examples:
   pcc examples/mlp.onnx --batch=2 --emit=mlir --mlir-print-ir-after-all
   pcc examples/mlp.onnx --batch=2 --emit=mlir --dump-ir=ir/   # ir/00-import.mlir, ...
   pcc examples/mlp.onnx --emit=weights                        # decoded initializers
-  pcc model.onnx --tp=4 --pp=8 -o model.so
+  pcc examples/mlp.onnx --batch=2 -o mlp.so                 # mlp.so + mlp.safetensors
+  pcc-run mlp.so --input examples/data/mlp.input.npy --output y.npy
 
 Exit status: 0 on success, 1 on any error (the message names the file, the
 ONNX node or the option at fault).
@@ -202,10 +210,13 @@ int main(int argc, char **argv) {
   if (what == Emit::Auto)
     what = StringRef(outputFile).ends_with(".so") ? Emit::SharedLibrary
                                                   : Emit::Mlir;
-  if (what == Emit::SharedLibrary)
-    return fail("building a shared library (" + outputFile +
-                ") needs the code generator, which this version of pcc does "
-                "not have yet; use --emit=mlir to inspect the IR");
+  bool generate = what == Emit::SharedLibrary || what == Emit::Cpp;
+  if (what == Emit::SharedLibrary && outputFile == "-")
+    return fail("building a model library needs -o <file>.so");
+  if (generate && tp * pp * dp > 1)
+    return fail("--tp/--pp/--dp above 1 need the partitioning passes, which "
+                "this version of pcc does not have yet; build with the "
+                "defaults for one device");
 
   MLIRContext context;
   context.loadDialect<pcc::PccDialect, func::FuncDialect>();
@@ -272,18 +283,64 @@ int main(int argc, char **argv) {
       return 1;
   }
 
-  if (what == Emit::Mlir) {
+  if (what == Emit::Mlir || generate) {
     PassManager pm(&context);
     if (failed(applyPassManagerCLOptions(pm)))
       return 1;
     if (dumper)
       pm.addInstrumentation(std::move(dumper));
     pcc::buildImportCleanupPipeline(pm);
+    if (generate)
+      pm.addNestedPass<func::FuncOp>(pcc::createPlanMemory());
     if (failed(pm.run(**module)))
       return 1;
   }
   if (errors)
     return 1;
+
+  if (generate) {
+    std::string weightsPath = outputFile;
+    if (StringRef(weightsPath).ends_with(".so"))
+      weightsPath.resize(weightsPath.size() - 3);
+    weightsPath += ".safetensors";
+    pcc::CppEmitOptions emitOptions;
+    emitOptions.source = inputFile;
+    emitOptions.weightsFile = llvm::sys::path::filename(weightsPath).str();
+    std::string source;
+    llvm::raw_string_ostream sourceStream(source);
+    if (failed(pcc::emitCpp(**module, sourceStream, emitOptions)))
+      return 1;
+    if (what == Emit::Cpp) {
+      std::string errorMessage;
+      auto output = openOutputFile(outputFile, &errorMessage);
+      if (!output)
+        return fail("cannot write '" + outputFile + "': " + errorMessage);
+      output->os() << source;
+      output->keep();
+      return 0;
+    }
+    std::vector<std::string> names;
+    int64_t weightBytes = 0;
+    for (auto &[name, type] : pcc::getWeightOrder(**module)) {
+      names.push_back(name);
+      weightBytes += type.getNumElements() *
+                     std::max<int64_t>(1, type.getElementTypeBitWidth() / 8);
+    }
+    if (failed(pcc::writeOnnxWeights(inputFile, names, weightsPath, &context)))
+      return 1;
+    pcc::BuildOptions buildOptions;
+    buildOptions.keepSource = keepSource;
+    if (failed(pcc::buildSharedLibrary(&context, source, outputFile,
+                                       buildOptions)))
+      return 1;
+    auto main = (*module)->lookupSymbol<func::FuncOp>("main");
+    int64_t arena =
+        main->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
+    llvm::errs() << "pcc: wrote " << outputFile << " (cpu, arena " << arena
+                 << " bytes) and " << weightsPath << " (" << names.size()
+                 << " weights, " << weightBytes << " bytes)\n";
+    return 0;
+  }
 
   std::string errorMessage;
   auto output = openOutputFile(outputFile, &errorMessage);

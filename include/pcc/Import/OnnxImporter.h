@@ -54,6 +54,13 @@ struct OnnxWeightSummary {
 FailureOr<std::vector<OnnxWeightSummary>>
 summarizeOnnxWeights(llvm::StringRef path, MLIRContext *context);
 
+/// Writes the initializers called `names` of the model at `modelPath` to a
+/// safetensors file (the weights file of a compiled model), in that order.
+LogicalResult writeOnnxWeights(llvm::StringRef modelPath,
+                               llvm::ArrayRef<std::string> names,
+                               llvm::StringRef outputPath,
+                               MLIRContext *context);
+
 /// ONNX op types (default domain) the importer converts, sorted. Some only
 /// when their inputs fold to constants (Shape, Range, ConstantOfShape, ...).
 std::vector<std::string> getSupportedOnnxOps();
