@@ -16,12 +16,16 @@ config.substitutions.append(("%PATH%", config.environment["PATH"]))
 config.substitutions.append(("%pcc_src_root", config.pcc_src_root))
 config.substitutions.append(("%examples", os.path.join(config.pcc_src_root, "examples")))
 config.substitutions.append(("%onnx_testdata", "/usr/share/libonnx-testdata/data"))
+config.substitutions.append(("%runtime_include", os.path.join(config.pcc_src_root, "runtime", "include")))
+config.substitutions.append(("%runtime_lib", os.path.join(config.pcc_obj_root, "lib")))
+config.substitutions.append(("%python", "/usr/bin/python3"))
 
 llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
 llvm_config.use_default_substitutions()
 
 tool_dirs = [config.pcc_tools_dir, config.llvm_tools_dir]
-tools = ["pcc", "pcc-opt", "pcc-onnx-conformance", "not", "count", "split-file"]
+tools = ["pcc", "pcc-opt", "pcc-onnx-conformance", "pcc-run", "not", "count",
+         "split-file"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 
 if os.path.isdir("/usr/share/libonnx-testdata/data/node"):
