@@ -11,7 +11,7 @@
 
 #include "pcc/runtime/DType.h"
 #include "pcc/runtime/HalfFloat.h"
-#include "pcc/runtime/ModelAbi.h"
+#include "pcc/runtime/ModelLibrary.h"
 #include "pcc/runtime/Npy.h"
 #include "pcc/runtime/Safetensors.h"
 
@@ -21,7 +21,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <dlfcn.h>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,16 +53,6 @@ Example:
 [[noreturn]] void die(const std::string &message) {
   std::fprintf(stderr, "pcc-run: error: %s\n", message.c_str());
   std::exit(1);
-}
-
-std::string describe(const pcc_tensor_spec &spec) {
-  std::vector<int64_t> shape(spec.shape, spec.shape + spec.rank);
-  return std::string(dtypeName(static_cast<DType>(spec.dtype))) + " " +
-         shapeString(shape);
-}
-
-std::vector<int64_t> shapeOf(const pcc_tensor_spec &spec) {
-  return std::vector<int64_t>(spec.shape, spec.shape + spec.rank);
 }
 
 /// Element i of a buffer as a double (for comparisons and printing).
@@ -154,93 +143,46 @@ Options parse(int argc, char **argv) {
   return o;
 }
 
-struct AlignedFree {
-  void operator()(void *p) const { std::free(p); }
-};
-
-std::unique_ptr<void, AlignedFree> allocate(int64_t bytes) {
-  size_t size = static_cast<size_t>(std::max<int64_t>(bytes, 64));
-  size = (size + 63) / 64 * 64;
-  void *p = std::aligned_alloc(64, size);
-  if (!p)
-    die("cannot allocate " + std::to_string(bytes) + " bytes");
-  return std::unique_ptr<void, AlignedFree>(p);
-}
-
 } // namespace
 
 int main(int argc, char **argv) {
   Options opts = parse(argc, argv);
 
-  // The library and its ABI.
-  void *handle = dlopen(opts.library.find('/') == std::string::npos
-                            ? ("./" + opts.library).c_str()
-                            : opts.library.c_str(),
-                        RTLD_NOW | RTLD_LOCAL);
-  if (!handle)
-    die("cannot load '" + opts.library + "': " + dlerror());
-  auto getInfo = reinterpret_cast<pcc_model_get_info_fn>(
-      dlsym(handle, "pcc_model_get_info"));
-  auto run = reinterpret_cast<pcc_model_run_fn>(dlsym(handle, "pcc_model_run"));
-  auto lastError = reinterpret_cast<pcc_model_last_error_fn>(
-      dlsym(handle, "pcc_model_last_error"));
-  if (!getInfo || !run || !lastError)
-    die("'" + opts.library +
-        "' is not a pcc model library (it does not export pcc_model_run)");
-  const pcc_model_info *info = getInfo();
-  if (info->abi_version != PCC_MODEL_ABI_VERSION)
-    die("'" + opts.library + "' was built for model ABI version " +
-        std::to_string(info->abi_version) + " but this pcc-run speaks " +
-        std::to_string(PCC_MODEL_ABI_VERSION) +
-        "; rebuild it with the matching pcc");
+  auto library = ModelLibrary::open(opts.library);
+  if (!library.ok())
+    die(library.error());
+  const pcc_model_info *info = &library->info();
 
   if (opts.info) {
     std::printf("model %s (target %s, compiled from %s)\n",
                 opts.library.c_str(), info->target, info->source);
     for (int i = 0; i < info->num_inputs; ++i)
       std::printf("  input  %s: %s\n", info->inputs[i].name,
-                  describe(info->inputs[i]).c_str());
+                  describeSpec(info->inputs[i]).c_str());
     for (int i = 0; i < info->num_outputs; ++i)
       std::printf("  output %s: %s\n", info->outputs[i].name,
-                  describe(info->outputs[i]).c_str());
+                  describeSpec(info->outputs[i]).c_str());
     std::printf("  %d weights in %s, arena %lld bytes\n", info->num_weights,
                 info->weights_file, static_cast<long long>(info->arena_bytes));
     return 0;
   }
 
   // Weights: map the file and bind each weight by name, checking its type.
-  std::string weightsPath = opts.weights;
-  if (weightsPath.empty()) {
-    size_t slash = opts.library.find_last_of('/');
-    weightsPath =
-        (slash == std::string::npos ? std::string()
-                                    : opts.library.substr(0, slash + 1)) +
-        info->weights_file;
-  }
+  std::string weightsPath =
+      opts.weights.empty() ? library->defaultWeightsPath() : opts.weights;
   auto weightsFile = SafetensorsFile::open(weightsPath);
   if (!weightsFile.ok())
     die(weightsFile.error());
-  std::vector<const void *> weightPtrs;
-  for (int i = 0; i < info->num_weights; ++i) {
-    const pcc_tensor_spec &spec = info->weights[i];
-    const TensorEntry *entry = weightsFile->find(spec.name);
-    if (!entry)
-      die("weights file '" + weightsPath + "' has no tensor '" + spec.name +
-          "' (was it written for another model?)");
-    if (entry->dtype != static_cast<DType>(spec.dtype) ||
-        entry->shape != shapeOf(spec))
-      die("weights file '" + weightsPath + "': tensor '" + spec.name + "' is " +
-          std::string(dtypeName(entry->dtype)) + " " +
-          shapeString(entry->shape) + " but the model needs " + describe(spec));
-    weightPtrs.push_back(weightsFile->data(*entry));
-  }
+  auto weights = library->bindWeights(*weightsFile, weightsPath);
+  if (!weights.ok())
+    die(weights.error());
 
   // Inputs, checked against the model's signature.
   if (static_cast<int>(opts.inputs.size()) != info->num_inputs) {
     std::string names;
     for (int i = 0; i < info->num_inputs; ++i)
       names += std::string(i ? ", " : "") + info->inputs[i].name + " (" +
-               describe(info->inputs[i]) + ")";
+               describeSpec(info->inputs[i]) + ")";
     die("the model takes " + std::to_string(info->num_inputs) + " input(s): " +
         names + "; got " + std::to_string(opts.inputs.size()) + " --input");
   }
@@ -252,9 +194,9 @@ int main(int argc, char **argv) {
       die(array.error());
     const pcc_tensor_spec &spec = info->inputs[i];
     if (array->dtype != static_cast<DType>(spec.dtype) ||
-        array->shape != shapeOf(spec))
-      die("input '" + std::string(spec.name) + "' must be " + describe(spec) +
-          ", but '" + opts.inputs[i] + "' holds " +
+        array->shape != specShape(spec))
+      die("input '" + std::string(spec.name) + "' must be " +
+          describeSpec(spec) + ", but '" + opts.inputs[i] + "' holds " +
           std::string(dtypeName(array->dtype)) + " " +
           shapeString(array->shape));
     inputs.push_back(array.take());
@@ -268,18 +210,22 @@ int main(int argc, char **argv) {
     const pcc_tensor_spec &spec = info->outputs[i];
     NpyArray a;
     a.dtype = static_cast<DType>(spec.dtype);
-    a.shape = shapeOf(spec);
+    a.shape = specShape(spec);
     a.data.resize(elementCount(a.shape) * dtypeSize(a.dtype));
     outputs.push_back(std::move(a));
   }
   for (NpyArray &a : outputs)
     outputPtrs.push_back(a.data.data());
-  auto arena = allocate(info->arena_bytes);
+  AlignedBuffer arena(info->arena_bytes);
+  if (!arena.ok())
+    die("cannot allocate the " + std::to_string(info->arena_bytes) +
+        "-byte arena");
 
   auto runOnce = [&] {
-    if (run(inputPtrs.data(), outputPtrs.data(), weightPtrs.data(),
-            arena.get()) != 0)
-      die(std::string("the model failed: ") + lastError());
+    Status s = library->run(inputPtrs.data(), outputPtrs.data(),
+                            weights->data(), arena.data());
+    if (!s.ok())
+      die(s.error());
   };
   runOnce();
 

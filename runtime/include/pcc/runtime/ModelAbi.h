@@ -40,8 +40,7 @@ typedef struct pcc_model_info {
 } pcc_model_info;
 
 typedef const pcc_model_info *(*pcc_model_get_info_fn)(void);
-typedef int (*pcc_model_run_fn)(const void *const *inputs,
-                                void *const *outputs,
+typedef int (*pcc_model_run_fn)(const void *const *inputs, void *const *outputs,
                                 const void *const *weights, void *arena);
 typedef const char *(*pcc_model_last_error_fn)(void);
 

@@ -1,0 +1,75 @@
+//===- ModelLibrary.h - loading and running a model library ------*- C++
+//-*-===//
+//
+// A model.so built by pcc, opened with dlopen and checked against the model
+// ABI this runtime speaks. Used by pcc-run and by the conformance runner.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_RUNTIME_MODELLIBRARY_H
+#define PCC_RUNTIME_MODELLIBRARY_H
+
+#include "pcc/runtime/DType.h"
+#include "pcc/runtime/ModelAbi.h"
+#include "pcc/runtime/Result.h"
+#include "pcc/runtime/Safetensors.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pcc::rt {
+
+/// "F32 2x16" for a tensor spec.
+std::string describeSpec(const pcc_tensor_spec &spec);
+std::vector<int64_t> specShape(const pcc_tensor_spec &spec);
+
+class ModelLibrary {
+public:
+  /// Loads `path` and checks that it exports the model ABI this runtime
+  /// speaks (PCC_MODEL_ABI_VERSION).
+  static Result<ModelLibrary> open(const std::string &path);
+
+  ModelLibrary(ModelLibrary &&other) noexcept;
+  ModelLibrary &operator=(ModelLibrary &&other) noexcept;
+  ModelLibrary(const ModelLibrary &) = delete;
+  ModelLibrary &operator=(const ModelLibrary &) = delete;
+  ~ModelLibrary();
+
+  const pcc_model_info &info() const { return *modelInfo; }
+  /// The weights file named by the model, beside the library.
+  std::string defaultWeightsPath() const;
+  /// Pointers to each weight the model needs, in its order, checking names,
+  /// dtypes and shapes against the model's table.
+  Result<std::vector<const void *>> bindWeights(const SafetensorsFile &file,
+                                                const std::string &path) const;
+  /// Runs the model; the message names the node at fault on failure.
+  Status run(const void *const *inputs, void *const *outputs,
+             const void *const *weights, void *arena) const;
+
+private:
+  ModelLibrary() = default;
+  std::string path;
+  void *handle = nullptr;
+  const pcc_model_info *modelInfo = nullptr;
+  pcc_model_run_fn runFn = nullptr;
+  pcc_model_last_error_fn lastErrorFn = nullptr;
+};
+
+/// 64-byte aligned scratch memory (the arena, output buffers).
+struct AlignedBuffer {
+  explicit AlignedBuffer(int64_t bytes);
+  ~AlignedBuffer();
+  AlignedBuffer(const AlignedBuffer &) = delete;
+  AlignedBuffer &operator=(const AlignedBuffer &) = delete;
+  void *data() const { return ptr; }
+  /// False when the allocation failed.
+  bool ok() const { return ptr != nullptr; }
+
+private:
+  void *ptr = nullptr;
+};
+
+} // namespace pcc::rt
+
+#endif // PCC_RUNTIME_MODELLIBRARY_H

@@ -1,0 +1,109 @@
+//===- ModelLibrary.cpp - loading and running a model library -------------===//
+
+#include "pcc/runtime/ModelLibrary.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <dlfcn.h>
+
+namespace pcc::rt {
+
+std::vector<int64_t> specShape(const pcc_tensor_spec &spec) {
+  return std::vector<int64_t>(spec.shape, spec.shape + spec.rank);
+}
+
+std::string describeSpec(const pcc_tensor_spec &spec) {
+  return std::string(dtypeName(static_cast<DType>(spec.dtype))) + " " +
+         shapeString(specShape(spec));
+}
+
+Result<ModelLibrary> ModelLibrary::open(const std::string &path) {
+  // dlopen searches the library path for names without a slash.
+  std::string where = path.find('/') == std::string::npos ? "./" + path : path;
+  void *handle = dlopen(where.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle)
+    return Error{"cannot load '" + path + "': " + dlerror()};
+  ModelLibrary lib;
+  lib.path = path;
+  lib.handle = handle;
+  auto getInfo = reinterpret_cast<pcc_model_get_info_fn>(
+      dlsym(handle, "pcc_model_get_info"));
+  lib.runFn =
+      reinterpret_cast<pcc_model_run_fn>(dlsym(handle, "pcc_model_run"));
+  lib.lastErrorFn = reinterpret_cast<pcc_model_last_error_fn>(
+      dlsym(handle, "pcc_model_last_error"));
+  if (!getInfo || !lib.runFn || !lib.lastErrorFn)
+    return Error{"'" + path +
+                 "' is not a pcc model library (it does not export "
+                 "pcc_model_run)"};
+  lib.modelInfo = getInfo();
+  if (lib.modelInfo->abi_version != PCC_MODEL_ABI_VERSION)
+    return Error{"'" + path + "' was built for model ABI version " +
+                 std::to_string(lib.modelInfo->abi_version) +
+                 " but this runtime speaks " +
+                 std::to_string(PCC_MODEL_ABI_VERSION) +
+                 "; rebuild it with the matching pcc"};
+  return lib;
+}
+
+ModelLibrary::ModelLibrary(ModelLibrary &&other) noexcept {
+  *this = std::move(other);
+}
+
+ModelLibrary &ModelLibrary::operator=(ModelLibrary &&other) noexcept {
+  std::swap(path, other.path);
+  std::swap(handle, other.handle);
+  std::swap(modelInfo, other.modelInfo);
+  std::swap(runFn, other.runFn);
+  std::swap(lastErrorFn, other.lastErrorFn);
+  return *this;
+}
+
+ModelLibrary::~ModelLibrary() {
+  if (handle)
+    dlclose(handle);
+}
+
+std::string ModelLibrary::defaultWeightsPath() const {
+  size_t slash = path.find_last_of('/');
+  std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  return dir + modelInfo->weights_file;
+}
+
+Result<std::vector<const void *>>
+ModelLibrary::bindWeights(const SafetensorsFile &file,
+                          const std::string &weightsPath) const {
+  std::vector<const void *> pointers;
+  for (int i = 0; i < modelInfo->num_weights; ++i) {
+    const pcc_tensor_spec &spec = modelInfo->weights[i];
+    const TensorEntry *entry = file.find(spec.name);
+    if (!entry)
+      return Error{"weights file '" + weightsPath + "' has no tensor '" +
+                   spec.name + "' (was it written for another model?)"};
+    if (entry->dtype != static_cast<DType>(spec.dtype) ||
+        entry->shape != specShape(spec))
+      return Error{"weights file '" + weightsPath + "': tensor '" + spec.name +
+                   "' is " + std::string(dtypeName(entry->dtype)) + " " +
+                   shapeString(entry->shape) + " but the model needs " +
+                   describeSpec(spec)};
+    pointers.push_back(file.data(*entry));
+  }
+  return pointers;
+}
+
+Status ModelLibrary::run(const void *const *inputs, void *const *outputs,
+                         const void *const *weights, void *arena) const {
+  if (runFn(inputs, outputs, weights, arena) != 0)
+    return Error{std::string("the model failed: ") + lastErrorFn()};
+  return Status::success();
+}
+
+AlignedBuffer::AlignedBuffer(int64_t bytes) {
+  size_t size = static_cast<size_t>(std::max<int64_t>(bytes, 64));
+  size = (size + 63) / 64 * 64;
+  ptr = std::aligned_alloc(64, size); // null on failure: see ok()
+}
+
+AlignedBuffer::~AlignedBuffer() { std::free(ptr); }
+
+} // namespace pcc::rt
