@@ -254,9 +254,9 @@ TEST(CpuKernels, Cast) {
   pcc_cpu_cast(h.data(), PCC_F16, back.data(), PCC_F32, 4);
   EXPECT_NEAR(back[0], -1.7f, 1e-3);
   EXPECT_EQ(back[3], 65504.0f);
-  EXPECT_EQ(pcc::rt::halfToFloat(pcc::rt::floatToHalf(1e6f)), INFINITY);
-  EXPECT_EQ(pcc::rt::bf16ToFloat(pcc::rt::floatToBf16(1.0f)), 1.0f);
-  EXPECT_NEAR(pcc::rt::halfToFloat(pcc::rt::floatToHalf(3e-6f)), 3e-6f, 6e-8f);
+  EXPECT_EQ(pccrt::halfToFloat(pccrt::floatToHalf(1e6f)), INFINITY);
+  EXPECT_EQ(pccrt::bf16ToFloat(pccrt::floatToBf16(1.0f)), 1.0f);
+  EXPECT_NEAR(pccrt::halfToFloat(pccrt::floatToHalf(3e-6f)), 3e-6f, 6e-8f);
 }
 
 } // namespace

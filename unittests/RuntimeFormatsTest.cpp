@@ -9,7 +9,7 @@
 #include <fstream>
 #include <iterator>
 
-using namespace pcc::rt;
+using namespace pccrt;
 
 namespace {
 
@@ -111,6 +111,19 @@ TEST(Safetensors, RoundTrip) {
   EXPECT_EQ(file->getMetadata().count("pcc.fnv1a64"), 1u);
   // The data section starts 8-byte aligned.
   EXPECT_EQ(reinterpret_cast<uintptr_t>(file->data(*w)) % 8, 0u);
+}
+
+// Tests that a file without tensors (a model without weights) round-trips,
+// and that hashing in pieces equals hashing the whole.
+TEST(Safetensors, EmptyFileAndChunkedChecksum) {
+  SafetensorsWriter writer;
+  std::string path = tempPath("empty.safetensors");
+  ASSERT_TRUE(writer.write(path).ok());
+  auto file = SafetensorsFile::open(path);
+  ASSERT_TRUE(file.ok()) << file.error();
+  EXPECT_TRUE(file->tensors().empty());
+  const uint8_t data[] = {1, 2, 3, 4, 5};
+  EXPECT_EQ(fnv1a64(data + 2, 3, fnv1a64(data, 2)), fnv1a64(data, 5));
 }
 
 // Tests that the writer rejects data that does not match the shape.

@@ -450,9 +450,8 @@ mlir::pcc::summarizeOnnxWeights(StringRef path, MLIRContext *context) {
   return out;
 }
 
-/// The runtime's dtype for an ONNX data type, if it can store it.
-static std::optional<::pcc::rt::DType> runtimeDType(int32_t onnxType) {
-  using ::pcc::rt::DType;
+std::optional<::pccrt::DType> mlir::pcc::getRuntimeDType(int32_t onnxType) {
+  using ::pccrt::DType;
   switch (onnxType) {
   case onnx::TensorProto::FLOAT:
     return DType::F32;
@@ -491,12 +490,12 @@ LogicalResult mlir::pcc::writeOnnxWeights(StringRef modelPath,
   llvm::StringMap<const onnx::TensorProto *> byName;
   for (const onnx::TensorProto &init : model.graph().initializer())
     byName[init.name()] = &init;
-  ::pcc::rt::SafetensorsWriter writer;
+  ::pccrt::SafetensorsWriter writer;
   for (const std::string &name : names) {
     const onnx::TensorProto *init = byName.lookup(name);
     if (!init)
       return emitError(loc) << "the model has no initializer '" << name << "'";
-    auto dtype = runtimeDType(init->data_type());
+    auto dtype = getRuntimeDType(init->data_type());
     if (!dtype)
       return emitError(loc) << "initializer '" << name << "' has element type "
                             << onnxElementTypeName(init->data_type())
@@ -517,6 +516,32 @@ LogicalResult mlir::pcc::writeOnnxWeights(StringRef modelPath,
     return emitError(FileLineColLoc::get(context, outputPath, 0, 0))
            << status.error();
   return success();
+}
+
+FailureOr<OnnxTensorFile> mlir::pcc::readOnnxTensorFile(StringRef path,
+                                                        MLIRContext *context) {
+  Location loc = FileLineColLoc::get(context, path, 0, 0);
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false);
+  if (!buffer)
+    return emitError(loc) << "cannot open: " << buffer.getError().message();
+  onnx::TensorProto tensor;
+  StringRef data = (*buffer)->getBuffer();
+  if (!tensor.ParseFromArray(data.data(), static_cast<int>(data.size())))
+    return emitError(loc) << "not a serialized ONNX TensorProto";
+  auto dtype = getRuntimeDType(tensor.data_type());
+  if (!dtype)
+    return emitError(loc) << "element type "
+                          << onnxElementTypeName(tensor.data_type())
+                          << " is not supported";
+  auto bytes = tensorBytes(tensor, llvm::sys::path::parent_path(path), loc);
+  if (failed(bytes))
+    return failure();
+  OnnxTensorFile file;
+  file.name = tensor.name();
+  file.dtype = *dtype;
+  file.shape.assign(tensor.dims().begin(), tensor.dims().end());
+  file.bytes = std::move(*bytes);
+  return file;
 }
 
 std::vector<std::string> mlir::pcc::getSupportedOnnxOps() {

@@ -311,6 +311,28 @@ struct Window {
     return offset;
   }
 };
+/// Max pooling for any element type; padded positions never win.
+template <typename T>
+void maxPool(const T *x, T *y, int64_t spatialRank, const int64_t *inShape,
+             const int64_t *outShape, const int64_t *kernel,
+             const int64_t *strides, const int64_t *pads,
+             const int64_t *dilations) {
+  Window win(spatialRank, inShape, outShape, kernel, strides, pads, dilations);
+  int64_t planes = inShape[0] * inShape[1];
+#pragma omp parallel for if (planes * win.outCount > kParallelThreshold)
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t o = 0; o < win.outCount; ++o) {
+      T best = std::numeric_limits<T>::has_infinity
+                   ? -std::numeric_limits<T>::infinity()
+                   : std::numeric_limits<T>::lowest();
+      for (int64_t k = 0; k < win.kernelCount; ++k) {
+        int64_t s = win.source(o, k);
+        if (s >= 0)
+          best = std::max(best, x[p * win.inCount + s]);
+      }
+      y[p * win.outCount + o] = best;
+    }
+}
 } // namespace
 
 extern "C" {
@@ -358,20 +380,24 @@ void pcc_cpu_max_pool_f32(const float *x, float *y, int64_t spatial_rank,
                           const int64_t *in_shape, const int64_t *out_shape,
                           const int64_t *kernel, const int64_t *strides,
                           const int64_t *pads, const int64_t *dilations) {
-  Window win(spatial_rank, in_shape, out_shape, kernel, strides, pads,
-             dilations);
-  int64_t planes = in_shape[0] * in_shape[1];
-#pragma omp parallel for if (planes * win.outCount > kParallelThreshold)
-  for (int64_t p = 0; p < planes; ++p)
-    for (int64_t o = 0; o < win.outCount; ++o) {
-      float best = -std::numeric_limits<float>::infinity();
-      for (int64_t k = 0; k < win.kernelCount; ++k) {
-        int64_t s = win.source(o, k);
-        if (s >= 0)
-          best = std::max(best, x[p * win.inCount + s]);
-      }
-      y[p * win.outCount + o] = best;
-    }
+  maxPool(x, y, spatial_rank, in_shape, out_shape, kernel, strides, pads,
+          dilations);
+}
+
+void pcc_cpu_max_pool_u8(const uint8_t *x, uint8_t *y, int64_t spatial_rank,
+                         const int64_t *in_shape, const int64_t *out_shape,
+                         const int64_t *kernel, const int64_t *strides,
+                         const int64_t *pads, const int64_t *dilations) {
+  maxPool(x, y, spatial_rank, in_shape, out_shape, kernel, strides, pads,
+          dilations);
+}
+
+void pcc_cpu_max_pool_i8(const int8_t *x, int8_t *y, int64_t spatial_rank,
+                         const int64_t *in_shape, const int64_t *out_shape,
+                         const int64_t *kernel, const int64_t *strides,
+                         const int64_t *pads, const int64_t *dilations) {
+  maxPool(x, y, spatial_rank, in_shape, out_shape, kernel, strides, pads,
+          dilations);
 }
 
 void pcc_cpu_avg_pool_f32(const float *x, float *y, int64_t spatial_rank,
@@ -418,10 +444,10 @@ void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
       v = static_cast<const double *>(x)[i];
       break;
     case PCC_F16:
-      v = pcc::rt::halfToFloat(static_cast<const uint16_t *>(x)[i]);
+      v = pccrt::halfToFloat(static_cast<const uint16_t *>(x)[i]);
       break;
     case PCC_BF16:
-      v = pcc::rt::bf16ToFloat(static_cast<const uint16_t *>(x)[i]);
+      v = pccrt::bf16ToFloat(static_cast<const uint16_t *>(x)[i]);
       break;
     default:
       isFloat = false;
@@ -459,12 +485,10 @@ void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
       static_cast<double *>(y)[i] = v;
       break;
     case PCC_F16:
-      static_cast<uint16_t *>(y)[i] =
-          pcc::rt::floatToHalf(static_cast<float>(v));
+      static_cast<uint16_t *>(y)[i] = pccrt::floatToHalf(static_cast<float>(v));
       break;
     case PCC_BF16:
-      static_cast<uint16_t *>(y)[i] =
-          pcc::rt::floatToBf16(static_cast<float>(v));
+      static_cast<uint16_t *>(y)[i] = pccrt::floatToBf16(static_cast<float>(v));
       break;
     case PCC_I64:
       static_cast<int64_t *>(y)[i] = toInt();

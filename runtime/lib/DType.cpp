@@ -2,7 +2,7 @@
 
 #include "pcc/runtime/DType.h"
 
-namespace pcc::rt {
+namespace pccrt {
 
 namespace {
 struct DTypeInfo {
@@ -54,4 +54,4 @@ std::string shapeString(const std::vector<int64_t> &shape) {
   return s;
 }
 
-} // namespace pcc::rt
+} // namespace pccrt

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <dlfcn.h>
 
-namespace pcc::rt {
+namespace pccrt {
 
 std::vector<int64_t> specShape(const pcc_tensor_spec &spec) {
   return std::vector<int64_t>(spec.shape, spec.shape + spec.rank);
@@ -106,4 +106,4 @@ AlignedBuffer::AlignedBuffer(int64_t bytes) {
 
 AlignedBuffer::~AlignedBuffer() { std::free(ptr); }
 
-} // namespace pcc::rt
+} // namespace pccrt

@@ -13,7 +13,7 @@
 #include <fstream>
 #include <iterator>
 
-namespace pcc::rt {
+namespace pccrt {
 
 namespace {
 constexpr char kMagic[] = "\x93NUMPY";
@@ -182,4 +182,4 @@ Status writeNpy(const std::string &path, const NpyArray &array) {
   return Status::success();
 }
 
-} // namespace pcc::rt
+} // namespace pccrt

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace pcc::rt {
+namespace pccrt {
 
 namespace {
 constexpr const char *kFormatKey = "pcc.format";
@@ -34,8 +34,8 @@ std::string hex64(uint64_t v) {
 }
 } // namespace
 
-uint64_t fnv1a64(const uint8_t *data, size_t size, uint64_t seed) {
-  uint64_t h = seed ? seed : 0xcbf29ce484222325ull;
+uint64_t fnv1a64(const uint8_t *data, size_t size, uint64_t state) {
+  uint64_t h = state;
   for (size_t i = 0; i < size; ++i) {
     h ^= data[i];
     h *= 0x100000001b3ull;
@@ -71,7 +71,7 @@ void SafetensorsWriter::setMetadata(std::string key, std::string value) {
 }
 
 Status SafetensorsWriter::write(const std::string &path) const {
-  uint64_t checksum = 0;
+  uint64_t checksum = kFnv1a64Basis;
   for (const auto &payload : payloads)
     checksum = fnv1a64(payload.data(), payload.size(), checksum);
 
@@ -264,4 +264,4 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string &path,
   return file;
 }
 
-} // namespace pcc::rt
+} // namespace pccrt

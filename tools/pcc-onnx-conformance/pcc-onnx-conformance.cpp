@@ -9,30 +9,51 @@
 //                the importer rejects on purpose ("... is not supported")
 //   FAILED       every op is supported but the import failed: a pcc bug
 //
+// With --run, every imported test is also compiled for the CPU, run on each
+// of its test_data_set_*/input_*.pb and compared with output_*.pb (floats
+// within --rtol/--atol, integers and booleans exactly):
+//
+//   passed       every output of every data set matches
+//   unsupported  the code generator rejects an op variant on purpose
+//   FAILED       a mismatch, or a failure to build or run: a pcc bug
+//
 // Prints a markdown table (one row per test) and a summary; exits 1 when any
-// test FAILED, so the lit suite holds the pass rate over supported ops at
+// test FAILED, so the lit suite holds the pass rates over supported ops at
 // 100%.
 //
 //===----------------------------------------------------------------------===//
 
 #include "pcc/Import/OnnxImporter.h"
+#include "pcc/Target/Cpp.h"
+#include "pcc/Transforms/Passes.h"
+#include "pcc/runtime/HalfFloat.h"
+#include "pcc/runtime/ModelLibrary.h"
+#include "pcc/runtime/Safetensors.h"
+
+#include "mlir/Pass/PassManager.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <onnx/onnx_pb.h>
 
+#include <atomic>
+#include <cmath>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 
 using namespace mlir;
 namespace cl = llvm::cl;
@@ -41,14 +62,199 @@ static cl::list<std::string> suiteDirs(cl::Positional, cl::OneOrMore,
                                        cl::desc("<test-data directory>..."));
 static cl::opt<bool> quiet("summary-only",
                            cl::desc("print only the summary and failures"));
+static cl::opt<bool>
+    runModels("run", cl::desc("compile, run and compare every imported test"));
+static cl::opt<double> relTol("rtol", cl::desc("relative tolerance"),
+                              cl::init(1e-4));
+static cl::opt<double> absTol("atol", cl::desc("absolute tolerance"),
+                              cl::init(1e-5));
+static cl::opt<unsigned> jobs("jobs", cl::desc("tests run in parallel"),
+                              cl::init(0));
 
 namespace {
 enum class Outcome { Imported, Unsupported, Failed };
 
+enum class RunOutcome { NotRun, Passed, Unsupported, Failed };
+
 struct Row {
   std::string suite, test, detail;
   Outcome outcome;
+  RunOutcome run = RunOutcome::NotRun;
+  std::string runDetail;
 };
+
+/// One line, no table separators.
+std::string flatten(std::string text) {
+  for (char &c : text)
+    if (c == '\n' || c == '|')
+      c = ' ';
+  if (text.size() > 200)
+    text = text.substr(0, 200) + "...";
+  return text;
+}
+
+double valueAt(const uint8_t *data, pccrt::DType type, int64_t i) {
+  using pccrt::DType;
+  switch (type) {
+  case DType::F32:
+    return reinterpret_cast<const float *>(data)[i];
+  case DType::F64:
+    return reinterpret_cast<const double *>(data)[i];
+  case DType::F16:
+    return pccrt::halfToFloat(reinterpret_cast<const uint16_t *>(data)[i]);
+  case DType::BF16:
+    return pccrt::bf16ToFloat(reinterpret_cast<const uint16_t *>(data)[i]);
+  case DType::I64:
+    return double(reinterpret_cast<const int64_t *>(data)[i]);
+  case DType::I32:
+    return reinterpret_cast<const int32_t *>(data)[i];
+  case DType::I16:
+    return reinterpret_cast<const int16_t *>(data)[i];
+  case DType::I8:
+    return reinterpret_cast<const int8_t *>(data)[i];
+  default:
+    return data[i];
+  }
+}
+
+/// Compiles the imported module, runs it on every data set of the test and
+/// compares the outputs. Sets row.run and row.runDetail.
+void runTest(Row &row, const std::string &dir, ModuleOp module,
+             MLIRContext &context, std::string &firstError) {
+  auto fail = [&](RunOutcome outcome, const std::string &detail) {
+    row.run = outcome;
+    row.runDetail = flatten(detail);
+  };
+  auto diagnosed = [&](const std::string &what) {
+    bool deliberate = StringRef(firstError).contains("not supported");
+    fail(deliberate ? RunOutcome::Unsupported : RunOutcome::Failed,
+         deliberate ? firstError : what + ": " + firstError);
+  };
+  PassManager pm(&context);
+  pcc::buildImportCleanupPipeline(pm);
+  pm.addNestedPass<func::FuncOp>(pcc::createPlanMemory());
+  if (failed(pm.run(module)))
+    return diagnosed("pipeline");
+  std::string source;
+  llvm::raw_string_ostream os(source);
+  pcc::CppEmitOptions emitOptions;
+  emitOptions.source = dir + "/model.onnx";
+  emitOptions.weightsFile = "model.safetensors";
+  if (failed(pcc::emitCpp(module, os, emitOptions)))
+    return diagnosed("code generation");
+
+  SmallString<128> tmp;
+  if (llvm::sys::fs::createUniqueDirectory("pcc-conformance", tmp))
+    return fail(RunOutcome::Failed, "cannot create a temporary directory");
+  std::string library = (tmp + "/model.so").str();
+  std::string weightsPath = (tmp + "/model.safetensors").str();
+  auto cleanup = llvm::make_scope_exit([&] {
+    llvm::sys::fs::remove(library);
+    llvm::sys::fs::remove(weightsPath);
+    llvm::sys::fs::remove(tmp);
+  });
+  std::vector<std::string> names;
+  for (auto &entry : pcc::getWeightOrder(module))
+    names.push_back(entry.first);
+  if (failed(pcc::writeOnnxWeights(dir + "/model.onnx", names, weightsPath,
+                                   &context)))
+    return diagnosed("weights");
+  pcc::BuildOptions buildOptions;
+  buildOptions.optimization = "-O1";
+  if (failed(pcc::buildSharedLibrary(&context, source, library, buildOptions)))
+    return diagnosed("build");
+
+  auto lib = pccrt::ModelLibrary::open(library);
+  if (!lib.ok())
+    return fail(RunOutcome::Failed, lib.error());
+  auto weightsFile = pccrt::SafetensorsFile::open(weightsPath);
+  if (!weightsFile.ok())
+    return fail(RunOutcome::Failed, weightsFile.error());
+  auto weights = lib->bindWeights(*weightsFile, weightsPath);
+  if (!weights.ok())
+    return fail(RunOutcome::Failed, weights.error());
+  const pcc_model_info &info = lib->info();
+
+  std::vector<std::string> dataSets;
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
+       it.increment(ec))
+    if (StringRef(llvm::sys::path::filename(it->path()))
+            .starts_with("test_data_set_"))
+      dataSets.push_back(it->path());
+  llvm::sort(dataSets);
+  if (dataSets.empty())
+    return fail(RunOutcome::Failed, "no test_data_set_* directory");
+
+  double worst = 0;
+  for (const std::string &set : dataSets) {
+    std::vector<pcc::OnnxTensorFile> inputs;
+    std::vector<const void *> inputPtrs;
+    for (int i = 0; i < info.num_inputs; ++i) {
+      auto t = pcc::readOnnxTensorFile(
+          set + "/input_" + std::to_string(i) + ".pb", &context);
+      if (failed(t))
+        return diagnosed("input " + std::to_string(i));
+      if (t->dtype != static_cast<pccrt::DType>(info.inputs[i].dtype) ||
+          t->shape != pccrt::specShape(info.inputs[i]))
+        return fail(RunOutcome::Failed,
+                    "input " + std::to_string(i) + " does not match " +
+                        pccrt::describeSpec(info.inputs[i]));
+      inputs.push_back(std::move(*t));
+    }
+    for (auto &t : inputs)
+      inputPtrs.push_back(t.bytes.data());
+    std::vector<std::unique_ptr<pccrt::AlignedBuffer>> outputs;
+    std::vector<void *> outputPtrs;
+    for (int i = 0; i < info.num_outputs; ++i) {
+      const pcc_tensor_spec &spec = info.outputs[i];
+      outputs.push_back(std::make_unique<pccrt::AlignedBuffer>(
+          pccrt::elementCount(pccrt::specShape(spec)) *
+          pccrt::dtypeSize(static_cast<pccrt::DType>(spec.dtype))));
+      outputPtrs.push_back(outputs.back()->data());
+    }
+    pccrt::AlignedBuffer arena(info.arena_bytes);
+    auto status = lib->run(inputPtrs.data(), outputPtrs.data(), weights->data(),
+                           arena.data());
+    if (!status.ok())
+      return fail(RunOutcome::Failed, status.error());
+    for (int i = 0; i < info.num_outputs; ++i) {
+      auto ref = pcc::readOnnxTensorFile(
+          set + "/output_" + std::to_string(i) + ".pb", &context);
+      if (failed(ref))
+        return diagnosed("output " + std::to_string(i));
+      const pcc_tensor_spec &spec = info.outputs[i];
+      auto type = static_cast<pccrt::DType>(spec.dtype);
+      if (ref->shape != pccrt::specShape(spec) || ref->dtype != type)
+        return fail(RunOutcome::Failed,
+                    "output " + std::to_string(i) + " is " +
+                        pccrt::describeSpec(spec) + ", the reference " +
+                        std::string(pccrt::dtypeName(ref->dtype)) + " " +
+                        pccrt::shapeString(ref->shape));
+      bool isFloat = type == pccrt::DType::F32 || type == pccrt::DType::F64 ||
+                     type == pccrt::DType::F16 || type == pccrt::DType::BF16;
+      const auto *got = static_cast<const uint8_t *>(outputPtrs[i]);
+      const auto *want = reinterpret_cast<const uint8_t *>(ref->bytes.data());
+      int64_t count = pccrt::elementCount(ref->shape);
+      for (int64_t j = 0; j < count; ++j) {
+        double x = valueAt(got, type, j), r = valueAt(want, type, j);
+        if (std::isnan(x) && std::isnan(r))
+          continue;
+        double diff = std::fabs(x - r);
+        bool ok = isFloat ? diff <= absTol + relTol * std::fabs(r) : x == r;
+        if (!ok)
+          return fail(RunOutcome::Failed,
+                      llvm::formatv("output {0} element {1}: got {2}, "
+                                    "expected {3}",
+                                    i, j, x, r)
+                          .str());
+        worst = std::max(worst, diff);
+      }
+    }
+  }
+  row.run = RunOutcome::Passed;
+  row.runDetail = llvm::formatv("max |diff| {0:e2}", worst).str();
+}
 
 /// Op types of the model's main graph, or nullopt if it does not parse.
 std::optional<std::set<std::string>> opTypesOf(const std::string &path,
@@ -101,16 +307,16 @@ Row runOne(const std::string &suite, const std::string &dir) {
     return success();
   });
   auto module = pcc::importOnnxFile(model, &context);
-  if (succeeded(module))
+  if (succeeded(module)) {
+    if (runModels)
+      runTest(row, dir, **module, context, firstError);
     return row;
+  }
   // Messages for deliberate limits say "not supported"; anything else
   // on a model whose ops are all supported is a bug.
   bool deliberate = StringRef(firstError).contains("not supported");
   row.outcome = deliberate ? Outcome::Unsupported : Outcome::Failed;
-  row.detail = firstError;
-  for (char &c : row.detail)
-    if (c == '\n' || c == '|')
-      c = ' ';
+  row.detail = flatten(firstError);
   return row;
 }
 } // namespace
@@ -139,23 +345,48 @@ int main(int argc, char **argv) {
       if (llvm::sys::fs::exists(it->path() + "/model.onnx"))
         tests.push_back(it->path());
     llvm::sort(tests);
-    for (const std::string &test : tests)
-      rows.push_back(runOne(suite, test));
+    size_t first = rows.size();
+    rows.resize(first + tests.size());
+    std::atomic<size_t> next{0};
+    unsigned workers =
+        jobs ? jobs : std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> pool;
+    for (unsigned w = 0; w < workers; ++w)
+      pool.emplace_back([&] {
+        for (size_t i = next++; i < tests.size(); i = next++)
+          rows[first + i] = runOne(suite, tests[i]);
+      });
+    for (std::thread &t : pool)
+      t.join();
   }
 
   std::map<std::string, std::array<int, 3>> perSuite;
-  for (const Row &row : rows)
-    ++perSuite[row.suite][static_cast<int>(row.outcome)];
-
-  llvm::outs() << "| suite | test | result | detail |\n|---|---|---|---|\n";
+  std::map<std::string, std::array<int, 4>> perSuiteRun;
   for (const Row &row : rows) {
-    if (quiet && row.outcome != Outcome::Failed)
+    ++perSuite[row.suite][static_cast<int>(row.outcome)];
+    ++perSuiteRun[row.suite][static_cast<int>(row.run)];
+  }
+
+  llvm::outs() << "| suite | test | import | detail |"
+               << (runModels ? " run | detail |" : "") << "\n|---|---|---|---|"
+               << (runModels ? "---|---|" : "") << "\n";
+  for (const Row &row : rows) {
+    bool bad = row.outcome == Outcome::Failed || row.run == RunOutcome::Failed;
+    if (quiet && !bad)
       continue;
     const char *result = row.outcome == Outcome::Imported      ? "imported"
                          : row.outcome == Outcome::Unsupported ? "unsupported"
                                                                : "FAILED";
     llvm::outs() << "| " << row.suite << " | " << row.test << " | " << result
-                 << " | " << row.detail << " |\n";
+                 << " | " << row.detail << " |";
+    if (runModels) {
+      const char *run = row.run == RunOutcome::Passed        ? "passed"
+                        : row.run == RunOutcome::Unsupported ? "unsupported"
+                        : row.run == RunOutcome::Failed      ? "FAILED"
+                                                             : "";
+      llvm::outs() << " " << run << " | " << row.runDetail << " |";
+    }
+    llvm::outs() << "\n";
   }
   llvm::outs() << "\n| suite | imported | unsupported | FAILED | pass rate "
                   "over supported |\n|---|---|---|---|---|\n";
@@ -169,6 +400,22 @@ int main(int argc, char **argv) {
                                                ? 100.0 * counts[0] / supported
                                                : 100.0)
                  << " |\n";
+  }
+  if (runModels) {
+    llvm::outs() << "\n| suite | run: passed | unsupported | FAILED | pass "
+                    "rate over runnable |\n|---|---|---|---|---|\n";
+    for (auto &[suite, counts] : perSuiteRun) {
+      int runnable = counts[1] + counts[3];
+      totalFailed += counts[3];
+      llvm::outs() << "| " << suite << " | " << counts[1] << " | " << counts[2]
+                   << " | " << counts[3] << " | "
+                   << llvm::format("%.1f%%", runnable
+                                                 ? 100.0 * counts[1] / runnable
+                                                 : 100.0)
+                   << " |\n";
+    }
+    llvm::outs() << "\ntolerance: rtol " << relTol << ", atol " << absTol
+                 << " (integers and booleans exact)\n";
   }
   llvm::outs() << "\nsupported ops: " << pcc::getSupportedOnnxOps().size()
                << ", failed: " << totalFailed << "\n";

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-using namespace pcc::rt;
+using namespace pccrt;
 
 namespace {
 

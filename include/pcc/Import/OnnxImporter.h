@@ -12,6 +12,8 @@
 #ifndef PCC_IMPORT_ONNXIMPORTER_H
 #define PCC_IMPORT_ONNXIMPORTER_H
 
+#include "pcc/runtime/DType.h"
+
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
 #include "llvm/ADT/StringMap.h"
@@ -60,6 +62,21 @@ LogicalResult writeOnnxWeights(llvm::StringRef modelPath,
                                llvm::ArrayRef<std::string> names,
                                llvm::StringRef outputPath,
                                MLIRContext *context);
+
+/// A tensor stored in its own file (ONNX test data: input_0.pb, ...).
+struct OnnxTensorFile {
+  std::string name;
+  ::pccrt::DType dtype;
+  std::vector<int64_t> shape;
+  std::string bytes; // little-endian, dtype-sized elements
+};
+
+/// Reads a serialized onnx.TensorProto.
+FailureOr<OnnxTensorFile> readOnnxTensorFile(llvm::StringRef path,
+                                             MLIRContext *context);
+
+/// The runtime's dtype for an ONNX TensorProto data type, if it has one.
+std::optional<::pccrt::DType> getRuntimeDType(int32_t onnxType);
 
 /// ONNX op types (default domain) the importer converts, sorted. Some only
 /// when their inputs fold to constants (Shape, Range, ConstantOfShape, ...).

@@ -42,6 +42,8 @@ struct BuildOptions {
   std::string compiler;
   /// Keep the generated source beside the library (model.so.cpp).
   bool keepSource = false;
+  /// Optimisation flag for the host compiler.
+  std::string optimization = "-O3";
 };
 
 /// Compiles `source` (C++ text) into the shared library `outputPath`,

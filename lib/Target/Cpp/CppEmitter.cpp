@@ -157,8 +157,8 @@ private:
                          ArrayRef<int64_t> inStrides, int64_t inOffset,
                          ArrayRef<int64_t> outStrides, int64_t outOffset);
   LogicalResult emitConstant(ConstantOp op);
-  std::optional<std::string> scalarExpr(Operation *op,
-                                        ArrayRef<std::string> args);
+  std::optional<std::string>
+  scalarExpr(Operation *op, ArrayRef<std::string> args, Type computeType);
   LogicalResult requireF32(Operation *op, Value v);
 
   void line(const llvm::Twine &text) { body += "  " + text.str() + "\n"; }
@@ -202,19 +202,27 @@ LogicalResult CppEmitter::defineResult(Operation *op, unsigned i) {
 LogicalResult CppEmitter::requireF32(Operation *op, Value v) {
   if (tensorTypeOf(v).getElementType().isF32())
     return success();
-  return op->emitError("code generation: the CPU back end implements '")
-         << op->getName() << "' for f32 only, got "
-         << tensorTypeOf(v).getElementType();
+  return op->emitError("code generation: ")
+         << op->getName() << " on " << tensorTypeOf(v).getElementType()
+         << " is not supported by the CPU back end (f32 only)";
 }
 
 //===----------------------------------------------------------------------===//
 // Elementwise ops: one loop kernel each, deduplicated by text
 //===----------------------------------------------------------------------===//
 
+/// Half-precision types are stored as bits and computed in f32.
+static Type computeTypeOf(Type type) {
+  if (type.isF16() || type.isBF16())
+    return Float32Type::get(type.getContext());
+  return type;
+}
+
 std::optional<std::string> CppEmitter::scalarExpr(Operation *op,
-                                                  ArrayRef<std::string> a) {
-  Type t = tensorTypeOf(op->getResult(0)).getElementType();
-  Type in = tensorTypeOf(op->getOperand(0)).getElementType();
+                                                  ArrayRef<std::string> a,
+                                                  Type computeType) {
+  Type t = computeType;
+  Type in = computeTypeOf(tensorTypeOf(op->getOperand(0)).getElementType());
   bool isFloat = isa<FloatType>(in);
   std::string T = elementInfo(t) ? elementInfo(t)->cType.str() : "";
   auto one = [&] { return "static_cast<" + T + ">(1)"; };
@@ -332,20 +340,25 @@ std::optional<std::string> CppEmitter::scalarExpr(Operation *op,
 
 LogicalResult CppEmitter::emitElementwise(Operation *op) {
   Type resultElement = tensorTypeOf(op->getResult(0)).getElementType();
-  for (Value v : op->getOperands()) {
-    Type e = tensorTypeOf(v).getElementType();
-    if (e.isF16() || e.isBF16())
-      return op->emitError("code generation: the CPU back end computes in "
-                           "f32/f64/integers; ")
-             << e << " arithmetic is not supported yet";
-  }
+  auto load = [](Type type, const std::string &element) {
+    if (type.isF16())
+      return "pccrt::halfToFloat(" + element + ")";
+    if (type.isBF16())
+      return "pccrt::bf16ToFloat(" + element + ")";
+    return element;
+  };
   SmallVector<std::string> args;
-  for (unsigned i = 0; i < op->getNumOperands(); ++i)
-    args.push_back("x" + std::to_string(i) + "[i]");
-  auto expr = scalarExpr(op, args);
+  for (auto [i, v] : llvm::enumerate(op->getOperands()))
+    args.push_back(load(tensorTypeOf(v).getElementType(),
+                        "x" + std::to_string(i) + "[i]"));
+  auto expr = scalarExpr(op, args, computeTypeOf(resultElement));
   if (!expr)
     return op->emitError("code generation: no CPU lowering for '")
            << op->getName() << "'";
+  if (resultElement.isF16())
+    expr = "pccrt::floatToHalf(" + *expr + ")";
+  else if (resultElement.isBF16())
+    expr = "pccrt::floatToBf16(" + *expr + ")";
   int64_t count = tensorTypeOf(op->getResult(0)).getNumElements();
   std::string params;
   for (auto [i, v] : llvm::enumerate(op->getOperands()))
@@ -671,8 +684,15 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     return success();
   }
   if (isa<MaxPoolOp, AvgPoolOp>(op)) {
-    if (failed(requireF32(op, op->getOperand(0))))
-      return failure();
+    Type e = tensorTypeOf(op->getOperand(0)).getElementType();
+    StringRef suffix = e.isF32()                ? "f32"
+                       : e.isUnsignedInteger(8) ? "u8"
+                       : e.isSignlessInteger(8) ? "i8"
+                                                : "";
+    if (suffix.empty() || (isa<AvgPoolOp>(op) && suffix != "f32"))
+      return op->emitError("code generation: ")
+             << op->getName() << " on " << e
+             << " is not supported by the CPU back end";
     auto in = tensorTypeOf(op->getOperand(0));
     auto attr = [&](StringRef name) {
       return intList(cast<DenseI64ArrayAttr>(op->getAttr(name)).asArrayRef());
@@ -692,10 +712,10 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
                          in.getRank() - 2, avg.getCountIncludePad() ? 1 : 0)
                .str());
     else
-      line(llvm::formatv("  pcc_cpu_max_pool_f32({0}, {1}, {2}, in, out, k, "
+      line(llvm::formatv("  pcc_cpu_max_pool_{0}({1}, {2}, {3}, in, out, k, "
                          "st, pd, dl); }",
-                         nameOf(op->getOperand(0)), nameOf(op->getResult(0)),
-                         in.getRank() - 2)
+                         suffix, nameOf(op->getOperand(0)),
+                         nameOf(op->getResult(0)), in.getRank() - 2)
                .str());
     return success();
   }
@@ -776,6 +796,7 @@ LogicalResult CppEmitter::emit(llvm::raw_ostream &os) {
   os << "// Generated by pcc from " << options.source
      << ". Do not edit.\n"
         "#include \"pcc/runtime/CpuKernels.h\"\n"
+        "#include \"pcc/runtime/HalfFloat.h\"\n"
         "#include \"pcc/runtime/ModelAbi.h\"\n\n"
         "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n"
         "#include <cstring>\n#include <limits>\n#include <string>\n\n"

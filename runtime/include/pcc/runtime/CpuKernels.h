@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-/* Element type codes, as in pcc::rt::DType. */
+/* Element type codes, as in pccrt::DType. */
 enum pcc_dtype {
   PCC_F32 = 0,
   PCC_F64,
@@ -106,6 +106,14 @@ void pcc_cpu_max_pool_f32(const float *x, float *y, int64_t spatial_rank,
                           const int64_t *in_shape, const int64_t *out_shape,
                           const int64_t *kernel, const int64_t *strides,
                           const int64_t *pads, const int64_t *dilations);
+void pcc_cpu_max_pool_u8(const uint8_t *x, uint8_t *y, int64_t spatial_rank,
+                         const int64_t *in_shape, const int64_t *out_shape,
+                         const int64_t *kernel, const int64_t *strides,
+                         const int64_t *pads, const int64_t *dilations);
+void pcc_cpu_max_pool_i8(const int8_t *x, int8_t *y, int64_t spatial_rank,
+                         const int64_t *in_shape, const int64_t *out_shape,
+                         const int64_t *kernel, const int64_t *strides,
+                         const int64_t *pads, const int64_t *dilations);
 void pcc_cpu_avg_pool_f32(const float *x, float *y, int64_t spatial_rank,
                           const int64_t *in_shape, const int64_t *out_shape,
                           const int64_t *kernel, const int64_t *strides,

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-namespace pcc::rt {
+namespace pccrt {
 
 enum class DType : uint8_t { F32, F64, F16, BF16, I64, I32, I16, I8, U8, Bool };
 
@@ -26,6 +26,6 @@ int64_t elementCount(const std::vector<int64_t> &shape);
 /// "2x16x64" ("scalar" for rank 0), for messages.
 std::string shapeString(const std::vector<int64_t> &shape);
 
-} // namespace pcc::rt
+} // namespace pccrt
 
 #endif // PCC_RUNTIME_DTYPE_H

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace pcc::rt {
+namespace pccrt {
 
 inline float bitsToFloat(uint32_t bits) {
   float f;
@@ -73,6 +73,6 @@ inline uint16_t floatToHalf(float f) {
   return sign | static_cast<uint16_t>(half);
 }
 
-} // namespace pcc::rt
+} // namespace pccrt
 
 #endif // PCC_RUNTIME_HALFFLOAT_H

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace pcc::rt {
+namespace pccrt {
 
 /// "F32 2x16" for a tensor spec.
 std::string describeSpec(const pcc_tensor_spec &spec);
@@ -70,6 +70,6 @@ private:
   void *ptr = nullptr;
 };
 
-} // namespace pcc::rt
+} // namespace pccrt
 
 #endif // PCC_RUNTIME_MODELLIBRARY_H

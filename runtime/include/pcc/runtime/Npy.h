@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace pcc::rt {
+namespace pccrt {
 
 struct NpyArray {
   DType dtype = DType::F32;
@@ -26,6 +26,6 @@ struct NpyArray {
 Result<NpyArray> readNpy(const std::string &path);
 Status writeNpy(const std::string &path, const NpyArray &array);
 
-} // namespace pcc::rt
+} // namespace pccrt
 
 #endif // PCC_RUNTIME_NPY_H

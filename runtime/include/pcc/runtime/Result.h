@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-namespace pcc::rt {
+namespace pccrt {
 
 struct Error {
   std::string message;
@@ -52,6 +52,6 @@ private:
   bool failed_ = false;
 };
 
-} // namespace pcc::rt
+} // namespace pccrt
 
 #endif // PCC_RUNTIME_RESULT_H

@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-namespace pcc::rt {
+namespace pccrt {
 
 struct TensorEntry {
   std::string name;
@@ -30,8 +30,13 @@ struct TensorEntry {
   uint64_t begin = 0, end = 0;
 };
 
-/// 64-bit FNV-1a over a byte range (the weights checksum).
-uint64_t fnv1a64(const uint8_t *data, size_t size, uint64_t seed = 0);
+/// The FNV-1a 64-bit initial state.
+constexpr uint64_t kFnv1a64Basis = 0xcbf29ce484222325ull;
+
+/// 64-bit FNV-1a over a byte range (the weights checksum), continuing from
+/// `state` so that hashing pieces in turn equals hashing their concatenation.
+uint64_t fnv1a64(const uint8_t *data, size_t size,
+                 uint64_t state = kFnv1a64Basis);
 
 class SafetensorsWriter {
 public:
@@ -82,6 +87,6 @@ private:
   std::map<std::string, std::string> metadata;
 };
 
-} // namespace pcc::rt
+} // namespace pccrt
 
 #endif // PCC_RUNTIME_SAFETENSORS_H
