@@ -132,6 +132,7 @@ void runTest(Row &row, const std::string &dir, ModuleOp module,
   };
   PassManager pm(&context);
   pcc::buildImportCleanupPipeline(pm);
+  pm.addNestedPass<func::FuncOp>(pcc::createFuseElementwise());
   pm.addNestedPass<func::FuncOp>(pcc::createPlanMemory());
   if (failed(pm.run(module)))
     return diagnosed("pipeline");

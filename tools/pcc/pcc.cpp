@@ -290,8 +290,10 @@ int main(int argc, char **argv) {
     if (dumper)
       pm.addInstrumentation(std::move(dumper));
     pcc::buildImportCleanupPipeline(pm);
-    if (generate)
+    if (generate) {
+      pm.addNestedPass<func::FuncOp>(pcc::createFuseElementwise());
       pm.addNestedPass<func::FuncOp>(pcc::createPlanMemory());
+    }
     if (failed(pm.run(**module)))
       return 1;
   }

@@ -35,6 +35,34 @@ def ModelStats : Pass<"pcc-model-stats", "func::FuncOp"> {
   ];
 }
 
+def FuseElementwise : Pass<"pcc-fuse-elementwise", "func::FuncOp"> {
+  let summary = "groups chains of elementwise ops into pcc.fusion ops";
+  let description = [{
+    Starting from each elementwise op (last first), absorbs producers that
+    compute the same iteration shape and whose every user is already in the
+    group: elementwise ops, broadcasts of smaller tensors (which then become
+    index arithmetic instead of a copy) and splat constants. A group of two
+    or more ops becomes one `pcc.fusion`, which the back end emits as a single
+    loop. Casts stay unfused.
+
+    ```mlir
+    // before
+    %b = pcc.broadcast %bias : tensor<64xf32> -> tensor<2x64xf32>
+    %s = pcc.add %x, %b : tensor<2x64xf32>
+    %r = pcc.relu %s : tensor<2x64xf32>
+    // after
+    %r = pcc.fusion (%x, %bias) : (tensor<2x64xf32>, tensor<64xf32>) -> tensor<2x64xf32> {
+    ^bb0(%a: tensor<2x64xf32>, %c: tensor<64xf32>):
+      %b = pcc.broadcast %c : tensor<64xf32> -> tensor<2x64xf32>
+      %s = pcc.add %a, %b : tensor<2x64xf32>
+      %r = pcc.relu %s : tensor<2x64xf32>
+      pcc.yield %r : tensor<2x64xf32>
+    }
+    ```
+  }];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def PlanMemory : Pass<"pcc-plan-memory", "func::FuncOp"> {
   let summary = "places every intermediate tensor in one arena, reusing "
                 "memory whose tensor is dead";

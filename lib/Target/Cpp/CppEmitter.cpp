@@ -153,6 +153,9 @@ private:
   // Ops.
   LogicalResult emitOp(Operation *op);
   LogicalResult emitElementwise(Operation *op);
+  LogicalResult emitFusion(FusionOp fusion);
+  /// Adds a kernel (deduplicated by its text) and returns its name.
+  std::string kernel(const std::string &text);
   LogicalResult emitCopy(Value in, Value out, ArrayRef<int64_t> shape,
                          ArrayRef<int64_t> inStrides, int64_t inOffset,
                          ArrayRef<int64_t> outStrides, int64_t outOffset);
@@ -338,6 +341,148 @@ std::optional<std::string> CppEmitter::scalarExpr(Operation *op,
       .Default([](Operation *) { return std::nullopt; });
 }
 
+std::string CppEmitter::kernel(const std::string &text) {
+  auto [it, inserted] = kernelNames.try_emplace(
+      text, "k" + std::to_string(kernelNames.size()));
+  if (inserted)
+    kernels += "static void " + it->second + text + "\n";
+  return it->second;
+}
+
+/// The index into an input of shape `in` broadcast to `out` (numpy rules),
+/// as an expression of the flat output index `i`. Adjacent dimensions that
+/// are all kept or all broadcast are merged first, so the common cases are a
+/// single modulo (a bias: `i % N`) or division (a column: `i / N`).
+static std::string broadcastIndex(ArrayRef<int64_t> in, ArrayRef<int64_t> out) {
+  size_t rank = out.size();
+  SmallVector<int64_t> padded(rank - in.size(), 1);
+  llvm::append_range(padded, in);
+  // Groups of (size, kept) from the outermost dimension in.
+  SmallVector<std::pair<int64_t, bool>> groups;
+  for (size_t d = 0; d < rank; ++d) {
+    if (out[d] == 1)
+      continue;
+    bool kept = padded[d] == out[d];
+    if (!groups.empty() && groups.back().second == kept)
+      groups.back().first *= out[d];
+    else
+      groups.push_back({out[d], kept});
+  }
+  std::string index;
+  int64_t outStride = 1, inStride = 1;
+  for (auto it = groups.rbegin(); it != groups.rend(); ++it) {
+    auto [size, kept] = *it;
+    if (kept) {
+      std::string coord = outStride == 1 ? "i" : "i / " + std::to_string(outStride);
+      if (it + 1 != groups.rend())
+        coord = "(" + coord + ") % " + std::to_string(size);
+      std::string term = inStride == 1 ? "(" + coord + ")"
+                                       : "(" + coord + ") * " +
+                                             std::to_string(inStride);
+      index = index.empty() ? term : index + " + " + term;
+      inStride *= size;
+    }
+    outStride *= size;
+  }
+  return index.empty() ? "0" : index;
+}
+
+LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
+  Block &body = fusion.getBody().front();
+  ArrayRef<int64_t> shape =
+      tensorTypeOf(fusion.getResult(0)).getShape();
+  int64_t count = product(shape);
+  auto load = [](Type type, const std::string &element) {
+    if (type.isF16())
+      return "pccrt::halfToFloat(" + element + ")";
+    if (type.isBF16())
+      return "pccrt::bf16ToFloat(" + element + ")";
+    return element;
+  };
+  llvm::DenseMap<Value, std::string> expr;
+  std::string code;
+  unsigned temp = 0;
+  for (BlockArgument arg : body.getArguments())
+    if (tensorTypeOf(arg).getShape() == shape)
+      expr[arg] = load(tensorTypeOf(arg).getElementType(),
+                       "x" + std::to_string(arg.getArgNumber()) + "[i]");
+  for (Operation &op : body.without_terminator()) {
+    Value result = op.getResult(0);
+    Type element = tensorTypeOf(result).getElementType();
+    Type compute = computeTypeOf(element);
+    if (auto b = dyn_cast<BroadcastOp>(op)) {
+      auto arg = dyn_cast<BlockArgument>(b.getInput());
+      if (!arg)
+        return op.emitError("code generation: a fused broadcast must read a "
+                            "fusion input");
+      expr[result] =
+          load(element, "x" + std::to_string(arg.getArgNumber()) + "[" +
+                            broadcastIndex(tensorTypeOf(arg).getShape(), shape) +
+                            "]");
+      continue;
+    }
+    if (auto cst = dyn_cast<ConstantOp>(op)) {
+      auto splat = dyn_cast<SplatElementsAttr>(cst.getValue());
+      if (!splat)
+        return op.emitError("code generation: fused constants must be splats");
+      double v = isa<FloatType>(element)
+                     ? splat.getSplatValue<APFloat>().convertToDouble()
+                     : (element.isUnsignedInteger() || element.isInteger(1)
+                            ? double(splat.getSplatValue<APInt>().getZExtValue())
+                            : double(splat.getSplatValue<APInt>().getSExtValue()));
+      expr[result] = literal(v, compute);
+      continue;
+    }
+    SmallVector<std::string> args;
+    for (Value operand : op.getOperands())
+      args.push_back(expr.lookup(operand));
+    auto e = scalarExpr(&op, args, compute);
+    if (!e)
+      return op.emitError("code generation: no CPU lowering for '")
+             << op.getName() << "' in a fusion";
+    std::string name = "t" + std::to_string(temp++);
+    code += llvm::formatv("    const {0} {1} = {2};\n",
+                          elementInfo(compute)->cType, name, *e)
+                .str();
+    expr[result] = name;
+  }
+  auto yield = cast<YieldOp>(body.getTerminator());
+  for (auto [r, v] : llvm::enumerate(yield.getValues())) {
+    Type element = tensorTypeOf(v).getElementType();
+    std::string value = expr.lookup(v);
+    if (element.isF16())
+      value = "pccrt::floatToHalf(" + value + ")";
+    else if (element.isBF16())
+      value = "pccrt::floatToBf16(" + value + ")";
+    code += llvm::formatv("    y{0}[i] = {1};\n", r, value).str();
+  }
+  std::string params;
+  for (BlockArgument arg : body.getArguments())
+    params += llvm::formatv("const {0} *__restrict x{1}, ",
+                            elementInfo(tensorTypeOf(arg).getElementType())->cType,
+                            arg.getArgNumber())
+                  .str();
+  for (auto [r, v] : llvm::enumerate(fusion.getResults()))
+    params += llvm::formatv("{0}{1} *__restrict y{2}", r ? ", " : "",
+                            elementInfo(tensorTypeOf(v).getElementType())->cType,
+                            r)
+                  .str();
+  std::string name = kernel(llvm::formatv("({0}) {\n  for (int64_t i = 0; i < "
+                                          "{1}; ++i) {\n{2}  }\n}\n",
+                                          params, count, code)
+                                .str());
+  for (unsigned r = 0; r < fusion.getNumResults(); ++r)
+    if (failed(defineResult(fusion, r)))
+      return failure();
+  std::string call = name + "(";
+  for (Value v : fusion.getInputs())
+    call += nameOf(v) + ", ";
+  for (auto [r, v] : llvm::enumerate(fusion.getResults()))
+    call += (r ? ", " : "") + nameOf(v);
+  line(call + ");");
+  return success();
+}
+
 LogicalResult CppEmitter::emitElementwise(Operation *op) {
   Type resultElement = tensorTypeOf(op->getResult(0)).getElementType();
   auto load = [](Type type, const std::string &element) {
@@ -451,6 +596,8 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
           AndOp, OrOp, XorOp, CompareOp, SelectOp>(op))
     return emitElementwise(op);
 
+  if (auto fusion = dyn_cast<FusionOp>(op))
+    return emitFusion(fusion);
   if (auto param = dyn_cast<ParamOp>(op)) {
     auto info = elementInfo(param.getType().getElementType());
     if (!info)

@@ -97,6 +97,49 @@ LogicalResult CompareOp::inferReturnTypes(MLIRContext *ctx,
 }
 
 //===----------------------------------------------------------------------===//
+// Fusion
+//===----------------------------------------------------------------------===//
+
+LogicalResult FusionOp::verify() {
+  Block &body = getBody().front();
+  if (body.getNumArguments() != getInputs().size())
+    return emitOpError("body: has ")
+           << body.getNumArguments() << " arguments for " << getInputs().size()
+           << " inputs";
+  for (auto [arg, input] : llvm::zip(body.getArguments(), getInputs()))
+    if (arg.getType() != input.getType())
+      return emitOpError("body: argument type ")
+             << arg.getType() << " differs from input type "
+             << input.getType();
+  auto yield = cast<YieldOp>(body.getTerminator());
+  if (yield.getValues().getTypes() != getResultTypes())
+    return emitOpError("body: yields ")
+           << yield.getValues().getTypes() << " for results "
+           << getResultTypes();
+  if (getResults().empty())
+    return emitOpError("results: needs at least one result");
+  ArrayRef<int64_t> shape =
+      cast<RankedTensorType>(getResult(0).getType()).getShape();
+  for (Type t : getResultTypes())
+    if (cast<RankedTensorType>(t).getShape() != shape)
+      return emitOpError("results: all results need the iteration shape ")
+             << shapeToString(shape);
+  for (Operation &op : body.without_terminator()) {
+    bool allowed = op.hasTrait<OpTrait::Elementwise>() ||
+                   isa<BroadcastOp, ConstantOp>(op);
+    if (!allowed)
+      return op.emitOpError("fusion body: only elementwise ops, broadcasts "
+                            "and constants can be fused");
+    for (Value r : op.getResults())
+      if (cast<RankedTensorType>(r.getType()).getShape() != shape)
+        return op.emitOpError("fusion body: result shape ")
+               << shapeToString(cast<RankedTensorType>(r.getType()).getShape())
+               << " is not the iteration shape " << shapeToString(shape);
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // Normalisation and softmax
 //===----------------------------------------------------------------------===//
 

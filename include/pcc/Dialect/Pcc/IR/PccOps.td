@@ -87,8 +87,8 @@ def Pcc_MatmulOp : Pcc_Op<"matmul", [Pure, SameOperandsElementType,
 
 class Pcc_UnaryOp<string mnemonic, string what,
                   Type tensorType = Pcc_FloatTensor, list<Trait> traits = []>
-    : Pcc_Op<mnemonic, !listconcat([Pure, SameOperandsAndResultType],
-                                   traits)> {
+    : Pcc_Op<mnemonic, !listconcat([Pure, Elementwise,
+                                    SameOperandsAndResultType], traits)> {
   let summary = "elementwise " # what;
   let description = [{
     Applies the function to every element; the result has the operand's type.
@@ -118,7 +118,8 @@ def Pcc_SinOp : Pcc_UnaryOp<"sin", "sine">;
 def Pcc_CosOp : Pcc_UnaryOp<"cos", "cosine">;
 def Pcc_NotOp : Pcc_UnaryOp<"not", "logical negation", Pcc_BoolTensor>;
 
-def Pcc_GeluOp : Pcc_Op<"gelu", [Pure, SameOperandsAndResultType]> {
+def Pcc_GeluOp : Pcc_Op<"gelu", [Pure, Elementwise,
+                                 SameOperandsAndResultType]> {
   let summary = "elementwise Gaussian error linear unit";
   let description = [{
     `x * Phi(x)` with the exact erf form, or the tanh approximation when
@@ -134,7 +135,7 @@ def Pcc_GeluOp : Pcc_Op<"gelu", [Pure, SameOperandsAndResultType]> {
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
-def Pcc_LeakyReluOp : Pcc_Op<"leaky_relu", [Pure,
+def Pcc_LeakyReluOp : Pcc_Op<"leaky_relu", [Pure, Elementwise,
     SameOperandsAndResultType]> {
   let summary = "elementwise leaky ReLU: x if x >= 0 else alpha * x";
   let description = [{
@@ -147,7 +148,8 @@ def Pcc_LeakyReluOp : Pcc_Op<"leaky_relu", [Pure,
   let assemblyFormat = "$input `alpha` `=` $alpha attr-dict `:` type($result)";
 }
 
-def Pcc_ClampOp : Pcc_Op<"clamp", [Pure, SameOperandsAndResultType]> {
+def Pcc_ClampOp : Pcc_Op<"clamp", [Pure, Elementwise,
+                                   SameOperandsAndResultType]> {
   let summary = "elementwise clamp to [min, max]";
   let description = [{
     Bounds are attributes: ONNX `Clip` bounds must be constants.
@@ -166,8 +168,8 @@ def Pcc_ClampOp : Pcc_Op<"clamp", [Pure, SameOperandsAndResultType]> {
 
 class Pcc_BinaryOp<string mnemonic, string what,
                    Type tensorType = Pcc_Tensor, list<Trait> traits = []>
-    : Pcc_Op<mnemonic, !listconcat([Pure, SameOperandsAndResultType],
-                                   traits)> {
+    : Pcc_Op<mnemonic, !listconcat([Pure, Elementwise,
+                                    SameOperandsAndResultType], traits)> {
   let summary = "elementwise " # what;
   let description = [{
     Both operands have the result's type: the importer makes ONNX
@@ -201,7 +203,7 @@ def Pcc_OrOp : Pcc_BinaryOp<"or", "logical or", Pcc_BoolTensor,
 def Pcc_XorOp : Pcc_BinaryOp<"xor", "logical exclusive or", Pcc_BoolTensor,
                              [Commutative]>;
 
-def Pcc_CompareOp : Pcc_Op<"compare", [Pure, SameTypeOperands,
+def Pcc_CompareOp : Pcc_Op<"compare", [Pure, Elementwise, SameTypeOperands,
     InferTypeOpAdaptor]> {
   let summary = "elementwise comparison producing a boolean tensor";
   let description = [{
@@ -215,7 +217,7 @@ def Pcc_CompareOp : Pcc_Op<"compare", [Pure, SameTypeOperands,
   let assemblyFormat = "$predicate `,` $lhs `,` $rhs attr-dict `:` type($lhs)";
 }
 
-def Pcc_SelectOp : Pcc_Op<"select", [Pure,
+def Pcc_SelectOp : Pcc_Op<"select", [Pure, Elementwise,
     AllTypesMatch<["true_value", "false_value", "result"]>,
     AllShapesMatch<["condition", "result"]>]> {
   let summary = "elementwise choice between two tensors (ONNX Where)";
@@ -247,6 +249,48 @@ def Pcc_CastOp : Pcc_Op<"cast", [Pure, AllShapesMatch<["input", "result"]>]> {
   let results = (outs Pcc_Tensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Fusion
+//===----------------------------------------------------------------------===//
+
+def Pcc_FusionOp : Pcc_Op<"fusion", [IsolatedFromAbove,
+    RecursiveMemoryEffects, RecursivelySpeculatable,
+    SingleBlockImplicitTerminator<"YieldOp">]> {
+  let summary = "elementwise ops computed together in one loop";
+  let description = [{
+    Made by `pcc-fuse-elementwise`. The body holds elementwise ops,
+    broadcasts of the inputs to the iteration shape and splat constants; every
+    result has the iteration shape. The back end emits it as one loop that
+    reads each input once per element (broadcast inputs through index
+    arithmetic) and writes only the results.
+
+    ```mlir
+    %y = pcc.fusion (%x, %bias) : (tensor<2x64xf32>, tensor<64xf32>) -> tensor<2x64xf32> {
+    ^bb0(%a: tensor<2x64xf32>, %b: tensor<64xf32>):
+      %bb = pcc.broadcast %b : tensor<64xf32> -> tensor<2x64xf32>
+      %s = pcc.add %a, %bb : tensor<2x64xf32>
+      %r = pcc.relu %s : tensor<2x64xf32>
+      pcc.yield %r : tensor<2x64xf32>
+    }
+    ```
+  }];
+  let arguments = (ins Variadic<Pcc_Tensor>:$inputs);
+  let results = (outs Variadic<Pcc_Tensor>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    `(` $inputs `)` attr-dict `:` functional-type($inputs, $results) $body
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_YieldOp : Pcc_Op<"yield", [Pure, Terminator,
+                                   HasParent<"FusionOp">]> {
+  let summary = "the results of a pcc.fusion";
+  let arguments = (ins Variadic<Pcc_Tensor>:$values);
+  let assemblyFormat = "$values attr-dict `:` type($values)";
+  let builders = [OpBuilder<(ins), [{ /* empty yield */ }]>];
 }
 
 //===----------------------------------------------------------------------===//
