@@ -30,3 +30,18 @@ llvm_config.add_tool_substitutions(tools, tool_dirs)
 
 if os.path.isdir("/usr/share/libonnx-testdata/data/node"):
     config.available_features.add("onnx-testdata")
+
+# The CUDA backend builds wherever nvcc is (CI included); running it needs a
+# GPU, which `pcc-run --list-devices` looks for. Tests that need either say
+# so with REQUIRES, and lit reports them as unsupported elsewhere.
+if config.pcc_have_cuda:
+    config.available_features.add("cuda-toolkit")
+    import subprocess
+    try:
+        devices = subprocess.run(
+            [os.path.join(config.pcc_tools_dir, "pcc-run"), "--list-devices"],
+            capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        devices = ""
+    if "cuda:0" in devices:
+        config.available_features.add("cuda-gpu")

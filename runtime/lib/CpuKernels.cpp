@@ -310,7 +310,22 @@ struct Window {
     }
     return offset;
   }
+
+  /// Whether kernel position `k` of output position `o` lies inside the
+  /// padded input (not past the trailing pad, as ceil mode allows).
+  bool insidePadded(int64_t o, int64_t k) const {
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      int64_t od = o % outSpatial[d], kd = k % kernel[d];
+      o /= outSpatial[d];
+      k /= kernel[d];
+      int64_t pos = od * strides[d] - pads[d] + kd * dilations[d];
+      if (pos >= inSpatial[d] + pads[rank + d])
+        return false;
+    }
+    return true;
+  }
 };
+
 /// Max pooling for any element type; padded positions never win.
 template <typename T>
 void maxPool(const T *x, T *y, int64_t spatialRank, const int64_t *inShape,
@@ -418,7 +433,7 @@ void pcc_cpu_avg_pool_f32(const float *x, float *y, int64_t spatial_rank,
         if (s >= 0) {
           sum += x[p * win.inCount + s];
           ++count;
-        } else if (count_include_pad) {
+        } else if (count_include_pad && win.insidePadded(o, k)) {
           // Only positions inside the padded input count, not those past
           // it in ceil mode (ONNX and PyTorch agree).
           ++padded;

@@ -91,9 +91,10 @@ ModelLibrary::bindWeights(const SafetensorsFile &file,
   return pointers;
 }
 
-Status ModelLibrary::run(const void *const *inputs, void *const *outputs,
+Status ModelLibrary::run(const pcc_run_context &context,
+                         const void *const *inputs, void *const *outputs,
                          const void *const *weights, void *arena) const {
-  if (runFn(inputs, outputs, weights, arena) != 0)
+  if (runFn(&context, inputs, outputs, weights, arena) != 0)
     return Error{std::string("the model failed: ") + lastErrorFn()};
   return Status::success();
 }

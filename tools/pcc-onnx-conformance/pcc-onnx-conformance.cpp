@@ -17,6 +17,12 @@
 //   unsupported  the code generator rejects an op variant on purpose
 //   FAILED       a mismatch, or a failure to build or run: a pcc bug
 //
+// --device=cuda compiles for and runs on the GPU instead. --export=DIR
+// compiles (for --device's target) without running: each test's library,
+// weights and data sets (.npy) go to DIR/<suite>/<test>/ and one line per
+// data set to DIR/cases.txt, for scripts/run-exported.sh to run with pcc-run
+// on another machine (a GPU node without the compiler).
+//
 // Prints a markdown table (one row per test) and a summary; exits 1 when any
 // test FAILED, so the lit suite holds the pass rates over supported ops at
 // 100%.
@@ -26,8 +32,10 @@
 #include "pcc/Import/OnnxImporter.h"
 #include "pcc/Target/Cpp.h"
 #include "pcc/Transforms/Passes.h"
+#include "pcc/runtime/Device.h"
 #include "pcc/runtime/HalfFloat.h"
 #include "pcc/runtime/ModelLibrary.h"
+#include "pcc/runtime/Npy.h"
 #include "pcc/runtime/Safetensors.h"
 
 #include "mlir/Pass/PassManager.h"
@@ -70,11 +78,21 @@ static cl::opt<double> absTol("atol", cl::desc("absolute tolerance"),
                               cl::init(1e-5));
 static cl::opt<unsigned> jobs("jobs", cl::desc("tests run in parallel"),
                               cl::init(0));
+static cl::opt<std::string>
+    deviceName("device",
+               cl::desc("run on cpu (default) or cuda[:N]; also picks the "
+                        "target the tests are compiled for"),
+               cl::init("cpu"));
+static cl::opt<std::string>
+    exportDir("export",
+              cl::desc("with --run: compile every test into this directory "
+                       "with its data as .npy instead of running it"),
+              cl::value_desc("dir"));
 
 namespace {
 enum class Outcome { Imported, Unsupported, Failed };
 
-enum class RunOutcome { NotRun, Passed, Unsupported, Failed };
+enum class RunOutcome { NotRun, Passed, Unsupported, Failed, Exported };
 
 struct Row {
   std::string suite, test, detail;
@@ -117,6 +135,96 @@ double valueAt(const uint8_t *data, pccrt::DType type, int64_t i) {
   }
 }
 
+/// Each worker thread runs on its own device context (a CUDA stream and
+/// cuBLAS handle per thread).
+std::mutex deviceMutex;
+std::string deviceOpenError;
+
+pccrt::Device *deviceOfThisThread() {
+  thread_local std::unique_ptr<pccrt::Device> device;
+  thread_local bool tried = false;
+  if (!tried) {
+    tried = true;
+    auto opened = pccrt::Device::open(deviceName);
+    if (opened.ok()) {
+      device = opened.take();
+    } else {
+      std::lock_guard<std::mutex> lock(deviceMutex);
+      deviceOpenError = opened.error();
+    }
+  }
+  return device.get();
+}
+
+std::string deviceError() {
+  std::lock_guard<std::mutex> lock(deviceMutex);
+  return deviceOpenError;
+}
+
+std::mutex casesMutex;
+
+/// Writes every data set of the test as .npy files beside the exported
+/// library and lists them in cases.txt.
+void exportDataSets(Row &row, const std::string &dir, const std::string &out,
+                    MLIRContext &context, std::string &firstError) {
+  std::vector<std::string> dataSets;
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
+       it.increment(ec))
+    if (StringRef(llvm::sys::path::filename(it->path()))
+            .starts_with("test_data_set_"))
+      dataSets.push_back(it->path());
+  llvm::sort(dataSets);
+  std::string lines;
+  for (auto [k, set] : llvm::enumerate(dataSets)) {
+    std::string prefix = "set" + std::to_string(k);
+    int counts[2] = {0, 0};
+    for (int io = 0; io < 2; ++io) {
+      const char *kind = io ? "output" : "input";
+      for (int i = 0;; ++i) {
+        std::string pb = set + "/" + kind + "_" + std::to_string(i) + ".pb";
+        if (!llvm::sys::fs::exists(pb))
+          break;
+        auto t = pcc::readOnnxTensorFile(pb, &context);
+        if (failed(t)) {
+          row.run = RunOutcome::Failed;
+          row.runDetail = flatten(pb + ": " + firstError);
+          return;
+        }
+        pccrt::NpyArray array;
+        array.dtype = t->dtype;
+        array.shape = t->shape;
+        array.data.assign(t->bytes.begin(), t->bytes.end());
+        std::string npy =
+            out + "/" + prefix + "." + kind + std::to_string(i) + ".npy";
+        auto status = pccrt::writeNpy(npy, array);
+        if (!status.ok()) {
+          row.run = RunOutcome::Failed;
+          row.runDetail = flatten(status.error());
+          return;
+        }
+        ++counts[io];
+      }
+    }
+    lines += row.suite + "/" + row.test + " " + prefix + " " +
+             std::to_string(counts[0]) + " " + std::to_string(counts[1]) + "\n";
+  }
+  {
+    std::lock_guard<std::mutex> lock(casesMutex);
+    std::error_code ec;
+    llvm::raw_fd_ostream cases(exportDir + "/cases.txt", ec,
+                               llvm::sys::fs::OF_Append);
+    if (ec) {
+      row.run = RunOutcome::Failed;
+      row.runDetail = "cannot write cases.txt: " + ec.message();
+      return;
+    }
+    cases << lines;
+  }
+  row.run = RunOutcome::Exported;
+  row.runDetail = std::to_string(dataSets.size()) + " data set(s)";
+}
+
 /// Compiles the imported module, runs it on every data set of the test and
 /// compares the outputs. Sets row.run and row.runDetail.
 void runTest(Row &row, const std::string &dir, ModuleOp module,
@@ -130,6 +238,7 @@ void runTest(Row &row, const std::string &dir, ModuleOp module,
     fail(deliberate ? RunOutcome::Unsupported : RunOutcome::Failed,
          deliberate ? firstError : what + ": " + firstError);
   };
+  bool cuda = StringRef(deviceName).starts_with("cuda");
   PassManager pm(&context);
   pcc::buildImportCleanupPipeline(pm);
   pm.addNestedPass<func::FuncOp>(pcc::createFuseElementwise());
@@ -141,15 +250,25 @@ void runTest(Row &row, const std::string &dir, ModuleOp module,
   pcc::CppEmitOptions emitOptions;
   emitOptions.source = dir + "/model.onnx";
   emitOptions.weightsFile = "model.safetensors";
+  emitOptions.targets = cuda ? pcc::kTargetCuda : pcc::kTargetCpu;
   if (failed(pcc::emitCpp(module, os, emitOptions)))
     return diagnosed("code generation");
 
   SmallString<128> tmp;
-  if (llvm::sys::fs::createUniqueDirectory("pcc-conformance", tmp))
+  bool exporting = !exportDir.empty();
+  if (exporting) {
+    tmp = exportDir + "/" + row.suite + "/" + row.test;
+    if (llvm::sys::fs::create_directories(tmp))
+      return fail(RunOutcome::Failed,
+                  "cannot create '" + tmp.str().str() + "'");
+  } else if (llvm::sys::fs::createUniqueDirectory("pcc-conformance", tmp)) {
     return fail(RunOutcome::Failed, "cannot create a temporary directory");
+  }
   std::string library = (tmp + "/model.so").str();
   std::string weightsPath = (tmp + "/model.safetensors").str();
   auto cleanup = llvm::make_scope_exit([&] {
+    if (exporting)
+      return;
     llvm::sys::fs::remove(library);
     llvm::sys::fs::remove(weightsPath);
     llvm::sys::fs::remove(tmp);
@@ -162,8 +281,12 @@ void runTest(Row &row, const std::string &dir, ModuleOp module,
     return diagnosed("weights");
   pcc::BuildOptions buildOptions;
   buildOptions.optimization = "-O1";
+  buildOptions.targets = emitOptions.targets;
   if (failed(pcc::buildSharedLibrary(&context, source, library, buildOptions)))
     return diagnosed("build");
+
+  if (exporting)
+    return exportDataSets(row, dir, tmp.str().str(), context, firstError);
 
   auto lib = pccrt::ModelLibrary::open(library);
   if (!lib.ok())
@@ -214,9 +337,13 @@ void runTest(Row &row, const std::string &dir, ModuleOp module,
           pccrt::dtypeSize(static_cast<pccrt::DType>(spec.dtype))));
       outputPtrs.push_back(outputs.back()->data());
     }
-    pccrt::AlignedBuffer arena(info.arena_bytes);
-    auto status = lib->run(inputPtrs.data(), outputPtrs.data(), weights->data(),
-                           arena.data());
+    pccrt::Device *device = deviceOfThisThread();
+    if (!device)
+      return fail(RunOutcome::Failed, deviceError());
+    auto runner = pccrt::ModelRunner::create(*lib, *device, *weights);
+    if (!runner.ok())
+      return fail(RunOutcome::Failed, runner.error());
+    auto status = runner->run(inputPtrs, outputPtrs);
     if (!status.ok())
       return fail(RunOutcome::Failed, status.error());
     for (int i = 0; i < info.num_outputs; ++i) {
@@ -329,7 +456,24 @@ int main(int argc, char **argv) {
       "imports ONNX's own test models and prints a conformance table\n\n"
       "Example:\n"
       "  pcc-onnx-conformance /usr/share/libonnx-testdata/data/node \\\n"
-      "      /usr/share/libonnx-testdata/data/pytorch-converted\n");
+      "      /usr/share/libonnx-testdata/data/pytorch-converted\n"
+      "  pcc-onnx-conformance --run /usr/share/libonnx-testdata/data/node\n"
+      "  pcc-onnx-conformance --run --device=cuda --export=gpu-cases \\\n"
+      "      /usr/share/libonnx-testdata/data/node   # then, on a GPU node:\n"
+      "  scripts/run-exported.sh gpu-cases cuda\n");
+
+  if (!exportDir.empty()) {
+    if (!runModels) {
+      llvm::errs() << "pcc-onnx-conformance: error: --export needs --run\n";
+      return 1;
+    }
+    if (std::error_code ec = llvm::sys::fs::create_directories(exportDir)) {
+      llvm::errs() << "pcc-onnx-conformance: error: cannot create '"
+                   << exportDir << "': " << ec.message() << "\n";
+      return 1;
+    }
+    llvm::sys::fs::remove(exportDir + "/cases.txt");
+  }
 
   std::vector<Row> rows;
   for (const std::string &suiteDir : suiteDirs) {
@@ -362,7 +506,7 @@ int main(int argc, char **argv) {
   }
 
   std::map<std::string, std::array<int, 3>> perSuite;
-  std::map<std::string, std::array<int, 4>> perSuiteRun;
+  std::map<std::string, std::array<int, 5>> perSuiteRun;
   for (const Row &row : rows) {
     ++perSuite[row.suite][static_cast<int>(row.outcome)];
     ++perSuiteRun[row.suite][static_cast<int>(row.run)];
@@ -384,6 +528,7 @@ int main(int argc, char **argv) {
       const char *run = row.run == RunOutcome::Passed        ? "passed"
                         : row.run == RunOutcome::Unsupported ? "unsupported"
                         : row.run == RunOutcome::Failed      ? "FAILED"
+                        : row.run == RunOutcome::Exported    ? "exported"
                                                              : "";
       llvm::outs() << " " << run << " | " << row.runDetail << " |";
     }
@@ -403,7 +548,10 @@ int main(int argc, char **argv) {
                  << " |\n";
   }
   if (runModels) {
-    llvm::outs() << "\n| suite | run: passed | unsupported | FAILED | pass "
+    llvm::outs() << "\nrun on: " << deviceName
+                 << (exportDir.empty() ? ""
+                                       : " (exported to " + exportDir + ")")
+                 << "\n\n| suite | run: passed | unsupported | FAILED | pass "
                     "rate over runnable |\n|---|---|---|---|---|\n";
     for (auto &[suite, counts] : perSuiteRun) {
       int runnable = counts[1] + counts[3];
@@ -417,6 +565,13 @@ int main(int argc, char **argv) {
     }
     llvm::outs() << "\ntolerance: rtol " << relTol << ", atol " << absTol
                  << " (integers and booleans exact)\n";
+    if (!exportDir.empty()) {
+      int exported = 0;
+      for (auto &entry : perSuiteRun)
+        exported += entry.second[4];
+      llvm::outs() << "exported " << exported << " tests to " << exportDir
+                   << " (cases.txt)\n";
+    }
   }
   llvm::outs() << "\nsupported ops: " << pcc::getSupportedOnnxOps().size()
                << ", failed: " << totalFailed << "\n";

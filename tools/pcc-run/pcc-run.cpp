@@ -2,7 +2,7 @@
 //
 //   pcc-run model.so --input x.npy [--input ...] [--output y.npy ...]
 //           [--expect ref.npy ...] [--rtol R --atol A] [--bench N]
-//           [--weights file.safetensors] [--device cpu]
+//           [--weights file.safetensors] [--device cpu|cuda|cuda:N]
 //
 // Plain C++ on the runtime library: no MLIR. Every failure is one message
 // naming the file, tensor or node at fault, and exit status 1.
@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "pcc/runtime/DType.h"
+#include "pcc/runtime/Device.h"
 #include "pcc/runtime/HalfFloat.h"
 #include "pcc/runtime/ModelLibrary.h"
 #include "pcc/runtime/Npy.h"
@@ -41,13 +42,18 @@ Options:
   --rtol R --atol A  comparison tolerances (default 1e-4 and 1e-5)
   --bench N          run N more times and print latency percentiles
   --weights FILE     the weights file (default: the one beside model.so)
-  --device cpu       the device (only cpu in this version)
+  --device DEV       cpu (default), cuda or cuda:N; the library must hold
+                     code for it (pcc --target=cpu|cuda|all)
   --info             print the model's signature and exit
+  --list-devices     print the devices this machine offers and exit
 
-Example:
+Examples:
   pcc examples/mlp.onnx --batch=2 -o mlp.so
   pcc-run mlp.so --input examples/data/mlp.input.npy --output y.npy \
       --expect examples/data/mlp.output.npy
+  pcc examples/mlp.onnx --batch=2 --target=cuda -o mlp-gpu.so
+  pcc-run mlp-gpu.so --device cuda --input examples/data/mlp.input.npy \
+      --bench 100
 )";
 
 [[noreturn]] void die(const std::string &message) {
@@ -85,6 +91,7 @@ struct Options {
   double rtol = 1e-4, atol = 1e-5;
   int bench = 0;
   bool info = false;
+  bool listDevices = false;
 };
 
 Options parse(int argc, char **argv) {
@@ -126,6 +133,8 @@ Options parse(int argc, char **argv) {
       o.bench = static_cast<int>(number(i));
     } else if (a == "--info") {
       o.info = true;
+    } else if (a == "--list-devices") {
+      o.listDevices = true;
     } else if (!a.empty() && a[0] == '-') {
       die("unknown option '" + a + "' (see --help)");
     } else if (o.library.empty()) {
@@ -134,19 +143,36 @@ Options parse(int argc, char **argv) {
       die("unexpected argument '" + a + "' (see --help)");
     }
   }
-  if (o.library.empty())
+  if (o.library.empty() && !o.listDevices)
     die("no model library; usage: pcc-run model.so --input x.npy (see "
         "--help)");
-  if (o.device != "cpu")
-    die("--device " + o.device +
-        " is not available in this version (only cpu)");
   return o;
 }
 
 } // namespace
 
+/// Prints "cpu" and every usable CUDA device, or why there is none.
+int listDevices() {
+  std::printf("cpu\n");
+  auto count = Device::cudaDeviceCount();
+  if (!count.ok()) {
+    std::printf("cuda: not available: %s\n", count.error().c_str());
+    return 0;
+  }
+  for (int i = 0; i < *count; ++i) {
+    auto device = Device::open("cuda:" + std::to_string(i));
+    if (device.ok())
+      std::printf("%s\n", (*device)->describe().c_str());
+    else
+      std::printf("cuda:%d: not usable: %s\n", i, device.error().c_str());
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   Options opts = parse(argc, argv);
+  if (opts.listDevices)
+    return listDevices();
 
   auto library = ModelLibrary::open(opts.library);
   if (!library.ok())
@@ -154,7 +180,7 @@ int main(int argc, char **argv) {
   const pcc_model_info *info = &library->info();
 
   if (opts.info) {
-    std::printf("model %s (target %s, compiled from %s)\n",
+    std::printf("model %s (targets %s, compiled from %s)\n",
                 opts.library.c_str(), info->target, info->source);
     for (int i = 0; i < info->num_inputs; ++i)
       std::printf("  input  %s: %s\n", info->inputs[i].name,
@@ -166,6 +192,11 @@ int main(int argc, char **argv) {
                 info->weights_file, static_cast<long long>(info->arena_bytes));
     return 0;
   }
+
+  // The device: weights, inputs, outputs and the arena live in its memory.
+  auto device = Device::open(opts.device);
+  if (!device.ok())
+    die(device.error());
 
   // Weights: map the file and bind each weight by name, checking its type.
   std::string weightsPath =
@@ -216,18 +247,15 @@ int main(int argc, char **argv) {
   }
   for (NpyArray &a : outputs)
     outputPtrs.push_back(a.data.data());
-  AlignedBuffer arena(info->arena_bytes);
-  if (!arena.ok())
-    die("cannot allocate the " + std::to_string(info->arena_bytes) +
-        "-byte arena");
 
-  auto runOnce = [&] {
-    Status s = library->run(inputPtrs.data(), outputPtrs.data(),
-                            weights->data(), arena.data());
-    if (!s.ok())
-      die(s.error());
-  };
-  runOnce();
+  auto runner = ModelRunner::create(*library, **device, *weights);
+  if (!runner.ok())
+    die(runner.error());
+  if (!(*device)->isHost())
+    std::printf("device %s\n", (*device)->describe().c_str());
+  Status first = runner->run(inputPtrs, outputPtrs);
+  if (!first.ok())
+    die(first.error());
 
   // Outputs: write, print, compare.
   if (opts.outputs.size() > outputs.size())
@@ -287,7 +315,9 @@ int main(int argc, char **argv) {
     std::vector<double> ms;
     for (int i = 0; i < opts.bench; ++i) {
       auto start = std::chrono::steady_clock::now();
-      runOnce();
+      Status again = runner->runResident();
+      if (!again.ok())
+        die(again.error());
       ms.push_back(std::chrono::duration<double, std::milli>(
                        std::chrono::steady_clock::now() - start)
                        .count());
@@ -302,10 +332,12 @@ int main(int argc, char **argv) {
     mean /= ms.size();
     int64_t batch =
         info->num_inputs && info->inputs[0].rank ? info->inputs[0].shape[0] : 1;
-    std::printf("bench: %d runs, latency ms p50 %.3f p90 %.3f p99 %.3f mean "
+    std::printf("bench (%s, inputs resident): %d runs, latency ms p50 %.3f p90 "
+                "%.3f p99 %.3f mean "
                 "%.3f; %.1f runs/s, %.1f samples/s (batch %lld)\n",
-                opts.bench, pct(0.5), pct(0.9), pct(0.99), mean, 1000.0 / mean,
-                1000.0 * batch / mean, static_cast<long long>(batch));
+                (*device)->describe().c_str(), opts.bench, pct(0.5), pct(0.9),
+                pct(0.99), mean, 1000.0 / mean, 1000.0 * batch / mean,
+                static_cast<long long>(batch));
   }
   return allMatch ? 0 : 1;
 }

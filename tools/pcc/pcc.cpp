@@ -2,7 +2,8 @@
 //-----------------------------------===//
 //
 // pcc model.onnx [--batch=N] [--dim=name=N] [--tp=N --pp=N --dp=N]
-//     [--emit=mlir|mlir-imported] [-o FILE] [--dump-ir=DIR]
+//     [--emit=mlir|mlir-imported|weights|cpp|so] [-o FILE]
+//     [--target=cpu|cuda|all] [--cuda-arch=80,90] [--dump-ir=DIR]
 //     [--mlir-print-ir-after-all]
 //
 //===----------------------------------------------------------------------===//
@@ -51,7 +52,8 @@ static cl::opt<Emit>
                                "one line per initializer: type, shape, storage "
                                "and min/max/mean of the decoded values"),
                     clEnumValN(Emit::Cpp, "cpp",
-                               "the generated C++ of the model library"),
+                               "the generated C++ (CUDA C++ for --target=cuda "
+                               "or all) of the model library"),
                     clEnumValN(Emit::SharedLibrary, "so",
                                "a shared library for pcc-run (the default for "
                                "-o *.so)")),
@@ -77,8 +79,25 @@ static cl::opt<std::string>
            cl::value_desc("dir"), cl::cat(pccCategory));
 static cl::opt<bool> keepSource(
     "keep-source",
-    cl::desc("keep the generated C++ beside the library (model.so.cpp)"),
+    cl::desc("keep the generated source beside the library (model.so.cpp, "
+             "or model.so.cu for CUDA)"),
     cl::cat(pccCategory));
+
+enum class Target { Cpu, Cuda, All };
+static cl::opt<Target> target(
+    "target", cl::desc("what the model library runs on"), cl::init(Target::Cpu),
+    cl::values(clEnumValN(Target::Cpu, "cpu",
+                          "the host CPU (host C++ compiler; the default)"),
+               clEnumValN(Target::Cuda, "cuda", "NVIDIA GPUs (nvcc)"),
+               clEnumValN(Target::All, "all",
+                          "both, in one library (nvcc); pcc-run --device "
+                          "picks")),
+    cl::cat(pccCategory));
+static cl::list<std::string>
+    cudaArch("cuda-arch",
+             cl::desc("GPU architectures to build for (default: the ones "
+                      "pcc was configured with, 80,90)"),
+             cl::value_desc("80,90"), cl::CommaSeparated, cl::cat(pccCategory));
 static cl::opt<bool> noOnnxCheck("no-onnx-check",
                                  cl::desc("skip onnx::checker before import"),
                                  cl::cat(pccCategory));
@@ -96,6 +115,8 @@ Examples:
   pcc examples/mlp.onnx --emit=weights                        # decoded initializers
   pcc examples/mlp.onnx --batch=2 -o mlp.so                 # mlp.so + mlp.safetensors
   pcc-run mlp.so --input examples/data/mlp.input.npy --output y.npy
+  pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --target=cuda -o gpt.so
+  pcc-run gpt.so --device cuda --input examples/data/gpt.input.npy --bench 100
 
 Exit status: 0 on success, 1 on any error (the message names the file, the
 ONNX node or the option at fault).
@@ -305,7 +326,12 @@ int main(int argc, char **argv) {
     if (StringRef(weightsPath).ends_with(".so"))
       weightsPath.resize(weightsPath.size() - 3);
     weightsPath += ".safetensors";
+    unsigned targets = target == Target::Cpu ? pcc::kTargetCpu
+                       : target == Target::Cuda
+                           ? pcc::kTargetCuda
+                           : pcc::kTargetCpu | pcc::kTargetCuda;
     pcc::CppEmitOptions emitOptions;
+    emitOptions.targets = targets;
     emitOptions.source = inputFile;
     emitOptions.weightsFile = llvm::sys::path::filename(weightsPath).str();
     std::string source;
@@ -332,15 +358,36 @@ int main(int argc, char **argv) {
       return 1;
     pcc::BuildOptions buildOptions;
     buildOptions.keepSource = keepSource;
+    buildOptions.targets = targets;
+    for (const std::string &arch : cudaArch) {
+      int64_t n = 0;
+      if (StringRef(arch).getAsInteger(10, n) || n < 50)
+        return fail("--cuda-arch=" + arch +
+                    " is not a GPU architecture number such as 80 or 90");
+      buildOptions.cudaArchitectures.push_back(arch);
+    }
+    if (targets & pcc::kTargetCuda) {
+      std::vector<std::string> archs = buildOptions.cudaArchitectures;
+      if (archs.empty())
+        archs = pcc::getDefaultCudaArchitectures();
+      std::string list;
+      for (const std::string &arch : archs)
+        list += (list.empty() ? "sm_" : ", sm_") + arch;
+      llvm::errs() << "pcc: compiling CUDA kernels with nvcc for " << list
+                   << "\n";
+    }
     if (failed(pcc::buildSharedLibrary(&context, source, outputFile,
                                        buildOptions)))
       return 1;
     auto main = (*module)->lookupSymbol<func::FuncOp>("main");
     int64_t arena =
         main->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
-    llvm::errs() << "pcc: wrote " << outputFile << " (cpu, arena " << arena
-                 << " bytes) and " << weightsPath << " (" << names.size()
-                 << " weights, " << weightBytes << " bytes)\n";
+    llvm::errs() << "pcc: wrote " << outputFile << " ("
+                 << (target == Target::Cpu    ? "cpu"
+                     : target == Target::Cuda ? "cuda"
+                                              : "cpu+cuda")
+                 << ", arena " << arena << " bytes) and " << weightsPath << " ("
+                 << names.size() << " weights, " << weightBytes << " bytes)\n";
     return 0;
   }
 

@@ -137,12 +137,18 @@ std::string quoted(StringRef s) {
 // The emitter
 //===----------------------------------------------------------------------===//
 
+/// The code of one target: file-scope definitions and the run function.
+struct TargetCode {
+  std::string constants, kernels, function;
+  std::vector<std::pair<std::string, RankedTensorType>> weights;
+};
+
 class CppEmitter {
 public:
-  CppEmitter(func::FuncOp func, const CppEmitOptions &options)
-      : func(func), options(options) {}
+  CppEmitter(func::FuncOp func, bool cuda) : func(func), cuda(cuda) {}
 
-  LogicalResult emit(llvm::raw_ostream &os);
+  /// Emits `run_cpu` or `run_cuda` with the kernels and constants it uses.
+  FailureOr<TargetCode> emit();
 
 private:
   // Values.
@@ -156,6 +162,12 @@ private:
   LogicalResult emitFusion(FusionOp fusion);
   /// Adds a kernel (deduplicated by its text) and returns its name.
   std::string kernel(const std::string &text);
+  /// The loop header of an elementwise kernel over `count` elements: a plain
+  /// loop on the CPU, a grid-stride loop on the GPU.
+  std::string loop(int64_t count) const;
+  /// Calls (CPU) or launches (CUDA) an elementwise kernel.
+  void launch(const std::string &kernelName, int64_t count,
+              const std::string &args);
   LogicalResult emitCopy(Value in, Value out, ArrayRef<int64_t> shape,
                          ArrayRef<int64_t> inStrides, int64_t inOffset,
                          ArrayRef<int64_t> outStrides, int64_t outOffset);
@@ -165,9 +177,24 @@ private:
   LogicalResult requireF32(Operation *op, Value v);
 
   void line(const llvm::Twine &text) { body += "  " + text.str() + "\n"; }
+  /// `std::exp` on the CPU, the CUDA math library's `exp` on the GPU.
+  std::string math(StringRef fn) const {
+    return (cuda ? "" : "std::") + fn.str();
+  }
+  /// The start of a call to runtime kernel `name` of this target.
+  std::string call(StringRef name) const {
+    return cuda ? ("pcc_cuda_" + name + "(ctx, ").str()
+                : ("pcc_cpu_" + name + "(").str();
+  }
+  /// Grid size of a grid-stride loop over `count` elements.
+  static int64_t gridFor(int64_t count) {
+    return std::clamp<int64_t>((count + 255) / 256, 1, 65535 * 8);
+  }
 
   func::FuncOp func;
-  const CppEmitOptions &options;
+  bool cuda;
+  /// Messages of the CUDA calls that can fail on data, by site number - 1.
+  std::vector<std::string> sites;
   llvm::DenseMap<Value, std::string> names;
   unsigned nextValue = 0;
   std::string constants, kernels, body;
@@ -207,7 +234,8 @@ LogicalResult CppEmitter::requireF32(Operation *op, Value v) {
     return success();
   return op->emitError("code generation: ")
          << op->getName() << " on " << tensorTypeOf(v).getElementType()
-         << " is not supported by the CPU back end (f32 only)";
+         << " is not supported by the " << (cuda ? "CUDA" : "CPU")
+         << " back end (f32 only)";
 }
 
 //===----------------------------------------------------------------------===//
@@ -233,36 +261,37 @@ std::optional<std::string> CppEmitter::scalarExpr(Operation *op,
   return llvm::TypeSwitch<Operation *, std::optional<std::string>>(op)
       .Case([&](NegOp) { return "-" + a[0]; })
       .Case([&](AbsOp) {
-        return isFloat ? "std::fabs(" + a[0] + ")"
+        return isFloat ? math("fabs") + "(" + a[0] + ")"
                        : "(" + a[0] + " < 0 ? -" + a[0] + " : " + a[0] + ")";
       })
-      .Case([&](SqrtOp) { return "std::sqrt(" + a[0] + ")"; })
+      .Case([&](SqrtOp) { return math("sqrt") + "(" + a[0] + ")"; })
       .Case([&](ReciprocalOp) { return one() + " / " + a[0]; })
-      .Case([&](ExpOp) { return "std::exp(" + a[0] + ")"; })
-      .Case([&](LogOp) { return "std::log(" + a[0] + ")"; })
-      .Case([&](ErfOp) { return "std::erf(" + a[0] + ")"; })
-      .Case([&](TanhOp) { return "std::tanh(" + a[0] + ")"; })
+      .Case([&](ExpOp) { return math("exp") + "(" + a[0] + ")"; })
+      .Case([&](LogOp) { return math("log") + "(" + a[0] + ")"; })
+      .Case([&](ErfOp) { return math("erf") + "(" + a[0] + ")"; })
+      .Case([&](TanhOp) { return math("tanh") + "(" + a[0] + ")"; })
       .Case([&](SigmoidOp) {
-        return one() + " / (" + one() + " + std::exp(-" + a[0] + "))";
+        return one() + " / (" + one() + " + " + math("exp") + "(-" + a[0] +
+               "))";
       })
       .Case([&](ReluOp) {
         return "(" + a[0] + " > " + zero() + " ? " + a[0] + " : " + zero() +
                ")";
       })
-      .Case([&](FloorOp) { return "std::floor(" + a[0] + ")"; })
-      .Case([&](CeilOp) { return "std::ceil(" + a[0] + ")"; })
-      .Case([&](SinOp) { return "std::sin(" + a[0] + ")"; })
-      .Case([&](CosOp) { return "std::cos(" + a[0] + ")"; })
+      .Case([&](FloorOp) { return math("floor") + "(" + a[0] + ")"; })
+      .Case([&](CeilOp) { return math("ceil") + "(" + a[0] + ")"; })
+      .Case([&](SinOp) { return math("sin") + "(" + a[0] + ")"; })
+      .Case([&](CosOp) { return math("cos") + "(" + a[0] + ")"; })
       .Case([&](NotOp) { return "static_cast<uint8_t>(!" + a[0] + ")"; })
       .Case([&](GeluOp g) -> std::string {
         if (g.getTanhApproximation())
-          return "(" + literal(0.5, t) + " * " + a[0] + " * (" + one() +
-                 " + std::tanh(" + literal(0.7978845608028654, t) + " * (" +
+          return "(" + literal(0.5, t) + " * " + a[0] + " * (" + one() + " + " +
+                 math("tanh") + "(" + literal(0.7978845608028654, t) + " * (" +
                  a[0] + " + " + literal(0.044715, t) + " * " + a[0] + " * " +
                  a[0] + " * " + a[0] + "))))";
-        return "(" + literal(0.5, t) + " * " + a[0] + " * (" + one() +
-               " + std::erf(" + a[0] + " * " + literal(0.7071067811865476, t) +
-               ")))";
+        return "(" + literal(0.5, t) + " * " + a[0] + " * (" + one() + " + " +
+               math("erf") + "(" + a[0] + " * " +
+               literal(0.7071067811865476, t) + ")))";
       })
       .Case([&](LeakyReluOp l) {
         return "(" + a[0] + " >= " + zero() + " ? " + a[0] + " : " +
@@ -291,9 +320,10 @@ std::optional<std::string> CppEmitter::scalarExpr(Operation *op,
       })
       .Case([&](PowOp) -> std::string {
         if (isFloat)
-          return "std::pow(" + a[0] + ", " + a[1] + ")";
-        return "static_cast<" + T + ">(std::pow(static_cast<double>(" + a[0] +
-               "), static_cast<double>(" + a[1] + ")))";
+          return math("pow") + "(" + a[0] + ", " + a[1] + ")";
+        return "static_cast<" + T + ">(" + math("pow") +
+               "(static_cast<double>(" + a[0] + "), static_cast<double>(" +
+               a[1] + ")))";
       })
       .Case([&](MaxOp) {
         return "(" + a[0] + " > " + a[1] + " ? " + a[0] + " : " + a[1] + ")";
@@ -343,10 +373,33 @@ std::optional<std::string> CppEmitter::scalarExpr(Operation *op,
 
 std::string CppEmitter::kernel(const std::string &text) {
   auto [it, inserted] = kernelNames.try_emplace(
-      text, "k" + std::to_string(kernelNames.size()));
+      text, (cuda ? "g" : "k") + std::to_string(kernelNames.size()));
   if (inserted)
-    kernels += "static void " + it->second + text + "\n";
+    kernels +=
+        (cuda ? "__global__ void " : "static void ") + it->second + text + "\n";
   return it->second;
+}
+
+std::string CppEmitter::loop(int64_t count) const {
+  if (cuda)
+    return llvm::formatv("for (int64_t i = blockIdx.x * int64_t(blockDim.x) + "
+                         "threadIdx.x; i < {0}; i += int64_t(gridDim.x) * "
+                         "blockDim.x)",
+                         count)
+        .str();
+  return llvm::formatv("for (int64_t i = 0; i < {0}; ++i)", count).str();
+}
+
+void CppEmitter::launch(const std::string &kernelName, int64_t count,
+                        const std::string &args) {
+  if (count == 0)
+    return;
+  if (cuda)
+    line(llvm::formatv("{0}<<<{1}, 256, 0, stream>>>({2});", kernelName,
+                       gridFor(count), args)
+             .str());
+  else
+    line(kernelName + "(" + args + ");");
 }
 
 /// The index into an input of shape `in` broadcast to `out` (numpy rules),
@@ -373,12 +426,13 @@ static std::string broadcastIndex(ArrayRef<int64_t> in, ArrayRef<int64_t> out) {
   for (auto it = groups.rbegin(); it != groups.rend(); ++it) {
     auto [size, kept] = *it;
     if (kept) {
-      std::string coord = outStride == 1 ? "i" : "i / " + std::to_string(outStride);
+      std::string coord =
+          outStride == 1 ? "i" : "i / " + std::to_string(outStride);
       if (it + 1 != groups.rend())
         coord = "(" + coord + ") % " + std::to_string(size);
-      std::string term = inStride == 1 ? "(" + coord + ")"
-                                       : "(" + coord + ") * " +
-                                             std::to_string(inStride);
+      std::string term = inStride == 1
+                             ? "(" + coord + ")"
+                             : "(" + coord + ") * " + std::to_string(inStride);
       index = index.empty() ? term : index + " + " + term;
       inStride *= size;
     }
@@ -389,8 +443,7 @@ static std::string broadcastIndex(ArrayRef<int64_t> in, ArrayRef<int64_t> out) {
 
 LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
   Block &body = fusion.getBody().front();
-  ArrayRef<int64_t> shape =
-      tensorTypeOf(fusion.getResult(0)).getShape();
+  ArrayRef<int64_t> shape = tensorTypeOf(fusion.getResult(0)).getShape();
   int64_t count = product(shape);
   auto load = [](Type type, const std::string &element) {
     if (type.isF16())
@@ -416,20 +469,21 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
         return op.emitError("code generation: a fused broadcast must read a "
                             "fusion input");
       expr[result] =
-          load(element, "x" + std::to_string(arg.getArgNumber()) + "[" +
-                            broadcastIndex(tensorTypeOf(arg).getShape(), shape) +
-                            "]");
+          load(element,
+               "x" + std::to_string(arg.getArgNumber()) + "[" +
+                   broadcastIndex(tensorTypeOf(arg).getShape(), shape) + "]");
       continue;
     }
     if (auto cst = dyn_cast<ConstantOp>(op)) {
       auto splat = dyn_cast<SplatElementsAttr>(cst.getValue());
       if (!splat)
         return op.emitError("code generation: fused constants must be splats");
-      double v = isa<FloatType>(element)
-                     ? splat.getSplatValue<APFloat>().convertToDouble()
-                     : (element.isUnsignedInteger() || element.isInteger(1)
-                            ? double(splat.getSplatValue<APInt>().getZExtValue())
-                            : double(splat.getSplatValue<APInt>().getSExtValue()));
+      double v =
+          isa<FloatType>(element)
+              ? splat.getSplatValue<APFloat>().convertToDouble()
+              : (element.isUnsignedInteger() || element.isInteger(1)
+                     ? double(splat.getSplatValue<APInt>().getZExtValue())
+                     : double(splat.getSplatValue<APInt>().getSExtValue()));
       expr[result] = literal(v, compute);
       continue;
     }
@@ -438,7 +492,7 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
       args.push_back(expr.lookup(operand));
     auto e = scalarExpr(&op, args, compute);
     if (!e)
-      return op.emitError("code generation: no CPU lowering for '")
+      return op.emitError("code generation: no lowering for '")
              << op.getName() << "' in a fusion";
     std::string name = "t" + std::to_string(temp++);
     code += llvm::formatv("    const {0} {1} = {2};\n",
@@ -458,28 +512,28 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
   }
   std::string params;
   for (BlockArgument arg : body.getArguments())
-    params += llvm::formatv("const {0} *__restrict x{1}, ",
-                            elementInfo(tensorTypeOf(arg).getElementType())->cType,
-                            arg.getArgNumber())
-                  .str();
+    params +=
+        llvm::formatv("const {0} *__restrict x{1}, ",
+                      elementInfo(tensorTypeOf(arg).getElementType())->cType,
+                      arg.getArgNumber())
+            .str();
   for (auto [r, v] : llvm::enumerate(fusion.getResults()))
-    params += llvm::formatv("{0}{1} *__restrict y{2}", r ? ", " : "",
-                            elementInfo(tensorTypeOf(v).getElementType())->cType,
-                            r)
-                  .str();
-  std::string name = kernel(llvm::formatv("({0}) {\n  for (int64_t i = 0; i < "
-                                          "{1}; ++i) {\n{2}  }\n}\n",
-                                          params, count, code)
-                                .str());
+    params +=
+        llvm::formatv("{0}{1} *__restrict y{2}", r ? ", " : "",
+                      elementInfo(tensorTypeOf(v).getElementType())->cType, r)
+            .str();
+  std::string name = kernel(
+      llvm::formatv("({0}) {\n  {1} {\n{2}  }\n}\n", params, loop(count), code)
+          .str());
   for (unsigned r = 0; r < fusion.getNumResults(); ++r)
     if (failed(defineResult(fusion, r)))
       return failure();
-  std::string call = name + "(";
+  std::string args;
   for (Value v : fusion.getInputs())
-    call += nameOf(v) + ", ";
+    args += nameOf(v) + ", ";
   for (auto [r, v] : llvm::enumerate(fusion.getResults()))
-    call += (r ? ", " : "") + nameOf(v);
-  line(call + ");");
+    args += (r ? ", " : "") + nameOf(v);
+  launch(name, count, args);
   return success();
 }
 
@@ -498,7 +552,7 @@ LogicalResult CppEmitter::emitElementwise(Operation *op) {
                         "x" + std::to_string(i) + "[i]"));
   auto expr = scalarExpr(op, args, computeTypeOf(resultElement));
   if (!expr)
-    return op->emitError("code generation: no CPU lowering for '")
+    return op->emitError("code generation: no lowering for '")
            << op->getName() << "'";
   if (resultElement.isF16())
     expr = "pccrt::floatToHalf(" + *expr + ")";
@@ -512,20 +566,16 @@ LogicalResult CppEmitter::emitElementwise(Operation *op) {
                       elementInfo(tensorTypeOf(v).getElementType())->cType, i)
             .str();
   params += elementInfo(resultElement)->cType.str() + " *__restrict y";
-  std::string text = llvm::formatv("({0}) {\n  for (int64_t i = 0; i < {1}; "
-                                   "++i)\n    y[i] = {2};\n}\n",
-                                   params, count, *expr)
-                         .str();
-  auto [it, inserted] =
-      kernelNames.try_emplace(text, "k" + std::to_string(kernelNames.size()));
-  if (inserted)
-    kernels += "static void " + it->second + text + "\n";
+  std::string name =
+      kernel(llvm::formatv("({0}) {\n  {1}\n    y[i] = {2};\n}\n", params,
+                           loop(count), *expr)
+                 .str());
   if (failed(defineResult(op, 0)))
     return failure();
-  std::string call = it->second + "(";
+  std::string callArgs;
   for (Value v : op->getOperands())
-    call += nameOf(v) + ", ";
-  line(call + nameOf(op->getResult(0)) + ");");
+    callArgs += nameOf(v) + ", ";
+  launch(name, count, callArgs + nameOf(op->getResult(0)));
   return success();
 }
 
@@ -543,10 +593,9 @@ LogicalResult CppEmitter::emitCopy(Value in, Value out, ArrayRef<int64_t> shape,
                      "ys[] = {{{2}};",
                      intList(shape), intList(inStrides), intList(outStrides))
            .str());
-  line(llvm::formatv("  pcc_cpu_copy_strided({0}, {1}, {2}, {3}, s, xs, {4}, "
-                     "ys, {5}); }",
+  line(llvm::formatv("  {6}{0}, {1}, {2}, {3}, s, xs, {4}, ys, {5}); }",
                      nameOf(in), nameOf(out), size, shape.size(), inOffset,
-                     outOffset)
+                     outOffset, call("copy_strided"))
            .str());
   return success();
 }
@@ -559,7 +608,7 @@ LogicalResult CppEmitter::emitConstant(ConstantOp op) {
   auto attr = dyn_cast<DenseElementsAttr>(op.getValue());
   if (!attr)
     return op.emitError("code generation: constants must be dense");
-  std::string name = "c" + std::to_string(nextValue);
+  std::string name = (cuda ? "gc" : "c") + std::to_string(nextValue);
   std::string values;
   int64_t n = 0;
   auto append = [&](const std::string &v) {
@@ -578,6 +627,17 @@ LogicalResult CppEmitter::emitConstant(ConstantOp op) {
   }
   if (n == 0)
     append("0");
+  if (cuda) {
+    // Device globals, initialised when the module loads.
+    constants += llvm::formatv("__device__ {0} {1}[] = {{\n    {2}};\n",
+                               info->cType, name, values)
+                     .str();
+    return define(op.getResult(), info->cType,
+                  llvm::formatv("static_cast<const {0} *>(symbolAddress({1}))",
+                                info->cType, name)
+                      .str(),
+                  /*isConst=*/true);
+  }
   constants += llvm::formatv("alignas(64) static const {0} {1}[] = {{\n    "
                              "{2}};\n",
                              info->cType, name, values)
@@ -628,10 +688,9 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
   if (auto cast = dyn_cast<CastOp>(op)) {
     auto from = elementInfo(cast.getInput().getType().getElementType());
     auto to = elementInfo(cast.getType().getElementType());
-    line(llvm::formatv("pcc_cpu_cast({0}, {1}, {2}, {3}, {4});",
-                       nameOf(cast.getInput()), from->code,
-                       nameOf(cast.getResult()), to->code,
-                       cast.getType().getNumElements())
+    line(llvm::formatv("{5}{0}, {1}, {2}, {3}, {4});", nameOf(cast.getInput()),
+                       from->code, nameOf(cast.getResult()), to->code,
+                       cast.getType().getNumElements(), call("cast"))
              .str());
     return success();
   }
@@ -695,16 +754,25 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
   if (auto g = dyn_cast<GatherOp>(op)) {
     ArrayRef<int64_t> data = g.getData().getType().getShape();
     int64_t axis = static_cast<int64_t>(g.getAxis());
-    line(llvm::formatv(
-             "if (pcc_cpu_gather({0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}))",
-             nameOf(g.getData()), nameOf(g.getIndices()), nameOf(g.getResult()),
-             elementInfo(g.getData().getType().getElementType())->size,
-             product(data.take_front(axis)), data[axis],
-             product(data.drop_front(axis + 1)),
-             g.getIndices().getType().getNumElements(),
-             g.getIndices().getType().getElementType().isInteger(64) ? 1 : 0)
-             .str());
-    line("  return fail(" + quoted(describeOp(op)) + ");");
+    std::string args = llvm::formatv(
+        "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}", nameOf(g.getData()),
+        nameOf(g.getIndices()), nameOf(g.getResult()),
+        elementInfo(g.getData().getType().getElementType())->size,
+        product(data.take_front(axis)), data[axis],
+        product(data.drop_front(axis + 1)),
+        g.getIndices().getType().getNumElements(),
+        g.getIndices().getType().getElementType().isInteger(64) ? 1 : 0);
+    if (cuda) {
+      // Checked when the run finishes (see pcc_cuda_finish).
+      sites.push_back(llvm::formatv("{0}: an index is outside [-{1}, {1})",
+                                    describeOp(op), data[axis])
+                          .str());
+      line(call("gather") + args + ", " + std::to_string(sites.size()) + ");");
+      return success();
+    }
+    line("if (" + call("gather") + args + "))");
+    line("  return fail(" + quoted(describeOp(op)) +
+         ", pcc_cpu_last_error());");
     return success();
   }
   if (auto mm = dyn_cast<MatmulOp>(op)) {
@@ -717,12 +785,13 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     int64_t k = mm.getTransposeA() ? lhs.getDimSize(lhs.getRank() - 2)
                                    : lhs.getDimSize(lhs.getRank() - 1);
     int64_t batch = product(out.getShape().drop_back(2));
-    line(llvm::formatv("pcc_cpu_matmul_f32({0}, {1}, {2}, {3}, {4}, {5}, {6}, "
+    line(llvm::formatv("{11}{0}, {1}, {2}, {3}, {4}, {5}, {6}, "
                        "{7}, {8}, {9}, {10});",
                        nameOf(mm.getLhs()), nameOf(mm.getRhs()),
                        nameOf(mm.getResult()), batch, m, n, k,
                        mm.getTransposeA() ? 1 : 0, mm.getTransposeB() ? 1 : 0,
-                       m * k, rhs.getRank() == 2 ? 0 : k * n)
+                       m * k, rhs.getRank() == 2 ? 0 : k * n,
+                       call("matmul_f32"))
              .str());
     return success();
   }
@@ -732,11 +801,11 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     auto shape = tensorTypeOf(op->getResult(0)).getShape();
     int64_t axis =
         static_cast<int64_t>(cast<IntegerAttr>(op->getAttr("axis")).getInt());
-    line(llvm::formatv("pcc_cpu_softmax_f32({0}, {1}, {2}, {3}, {4}, {5});",
+    line(llvm::formatv("{6}{0}, {1}, {2}, {3}, {4}, {5});",
                        nameOf(op->getOperand(0)), nameOf(op->getResult(0)),
                        product(shape.take_front(axis)), shape[axis],
                        product(shape.drop_front(axis + 1)),
-                       isa<LogSoftmaxOp>(op) ? 1 : 0)
+                       isa<LogSoftmaxOp>(op) ? 1 : 0, call("softmax_f32"))
              .str());
     return success();
   }
@@ -745,14 +814,14 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
       return failure();
     auto shape = ln.getType().getShape();
     int64_t axis = static_cast<int64_t>(ln.getAxis());
-    line(llvm::formatv("pcc_cpu_layer_norm_f32({0}, {1}, {2}, {3}, {4}, {5}, "
-                       "{6});",
+    line(llvm::formatv("{7}{0}, {1}, {2}, {3}, {4}, {5}, {6});",
                        nameOf(ln.getInput()), nameOf(ln.getScale()),
                        ln.getBias() ? nameOf(ln.getBias()) : "nullptr",
                        nameOf(ln.getResult()), product(shape.take_front(axis)),
                        product(shape.drop_front(axis)),
                        literal(ln.getEpsilon().convertToDouble(),
-                               ln.getType().getElementType()))
+                               ln.getType().getElementType()),
+                       call("layer_norm_f32"))
              .str());
     return success();
   }
@@ -760,14 +829,15 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     if (failed(requireF32(op, bn.getInput())))
       return failure();
     auto shape = bn.getType().getShape();
-    line(llvm::formatv("pcc_cpu_batch_norm_f32({0}, {1}, {2}, {3}, {4}, {5}, "
+    line(llvm::formatv("{10}{0}, {1}, {2}, {3}, {4}, {5}, "
                        "{6}, {7}, {8}, {9});",
                        nameOf(bn.getInput()), nameOf(bn.getScale()),
                        nameOf(bn.getBias()), nameOf(bn.getMean()),
                        nameOf(bn.getVariance()), nameOf(bn.getResult()),
                        shape[0], shape[1], product(shape.drop_front(2)),
                        literal(bn.getEpsilon().convertToDouble(),
-                               bn.getType().getElementType()))
+                               bn.getType().getElementType()),
+                       call("batch_norm_f32"))
              .str());
     return success();
   }
@@ -777,8 +847,8 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     auto inType = tensorTypeOf(in);
     Type e = inType.getElementType();
     if (!e.isF32() && !e.isInteger(64))
-      return op->emitError("code generation: the CPU back end reduces f32 "
-                           "and i64 tensors, got ")
+      return op->emitError("code generation: reductions take f32 and i64 "
+                           "tensors, got ")
              << e;
     int kind = isa<ReduceSumOp>(op)    ? 0
                : isa<ReduceMeanOp>(op) ? 1
@@ -791,9 +861,10 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     line(llvm::formatv("{ static const int64_t s[] = {{{0}}, r[] = {{{1}};",
                        intList(inType.getShape()), intList(reduced))
              .str());
-    line(llvm::formatv("  pcc_cpu_reduce_{0}({1}, {2}, {3}, s, r, {4}); }",
-                       e.isF32() ? "f32" : "i64", nameOf(in),
-                       nameOf(op->getResult(0)), inType.getRank(), kind)
+    line(llvm::formatv("  {0}{1}, {2}, {3}, s, r, {4}); }",
+                       call(e.isF32() ? "reduce_f32" : "reduce_i64"),
+                       nameOf(in), nameOf(op->getResult(0)), inType.getRank(),
+                       kind)
              .str());
     return success();
   }
@@ -802,10 +873,10 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
       return failure();
     auto shape = am.getInput().getType().getShape();
     int64_t axis = static_cast<int64_t>(am.getAxis());
-    line(llvm::formatv("pcc_cpu_argmax_f32({0}, {1}, {2}, {3}, {4});",
-                       nameOf(am.getInput()), nameOf(am.getResult()),
-                       product(shape.take_front(axis)), shape[axis],
-                       product(shape.drop_front(axis + 1)))
+    line(llvm::formatv("{5}{0}, {1}, {2}, {3}, {4});", nameOf(am.getInput()),
+                       nameOf(am.getResult()), product(shape.take_front(axis)),
+                       shape[axis], product(shape.drop_front(axis + 1)),
+                       call("argmax_f32"))
              .str());
     return success();
   }
@@ -821,12 +892,12 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
              intList(conv.getType().getShape()), intList(conv.getStrides()),
              intList(conv.getPads()), intList(conv.getDilations()))
              .str());
-    line(llvm::formatv("  pcc_cpu_conv_f32({0}, {1}, {2}, {3}, {4}, in, w, "
+    line(llvm::formatv("  {6}{0}, {1}, {2}, {3}, {4}, in, w, "
                        "out, st, pd, dl, {5}); }",
                        nameOf(conv.getInput()), nameOf(conv.getWeight()),
                        conv.getBias() ? nameOf(conv.getBias()) : "nullptr",
                        nameOf(conv.getResult()), in.getRank() - 2,
-                       conv.getGroups())
+                       conv.getGroups(), call("conv_f32"))
              .str());
     return success();
   }
@@ -838,8 +909,8 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
                                                 : "";
     if (suffix.empty() || (isa<AvgPoolOp>(op) && suffix != "f32"))
       return op->emitError("code generation: ")
-             << op->getName() << " on " << e
-             << " is not supported by the CPU back end";
+             << op->getName() << " on " << e << " is not supported by the "
+             << (cuda ? "CUDA" : "CPU") << " back end";
     auto in = tensorTypeOf(op->getOperand(0));
     auto attr = [&](StringRef name) {
       return intList(cast<DenseI64ArrayAttr>(op->getAttr(name)).asArrayRef());
@@ -853,20 +924,22 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
                        attr("dilations"))
              .str());
     if (auto avg = dyn_cast<AvgPoolOp>(op))
-      line(llvm::formatv("  pcc_cpu_avg_pool_f32({0}, {1}, {2}, in, out, k, "
+      line(llvm::formatv("  {4}{0}, {1}, {2}, in, out, k, "
                          "st, pd, dl, {3}); }",
                          nameOf(avg.getInput()), nameOf(avg.getResult()),
-                         in.getRank() - 2, avg.getCountIncludePad() ? 1 : 0)
+                         in.getRank() - 2, avg.getCountIncludePad() ? 1 : 0,
+                         call("avg_pool_f32"))
                .str());
     else
-      line(llvm::formatv("  pcc_cpu_max_pool_{0}({1}, {2}, {3}, in, out, k, "
+      line(llvm::formatv("  {0}{1}, {2}, {3}, in, out, k, "
                          "st, pd, dl); }",
-                         suffix, nameOf(op->getOperand(0)),
-                         nameOf(op->getResult(0)), in.getRank() - 2)
+                         call(("max_pool_" + suffix).str()),
+                         nameOf(op->getOperand(0)), nameOf(op->getResult(0)),
+                         in.getRank() - 2)
                .str());
     return success();
   }
-  return op->emitError("code generation: no CPU lowering for '")
+  return op->emitError("code generation: no lowering for '")
          << op->getName() << "'";
 }
 
@@ -874,27 +947,8 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
 // The translation unit
 //===----------------------------------------------------------------------===//
 
-std::string specArray(StringRef name,
-                      ArrayRef<std::pair<std::string, RankedTensorType>> specs,
-                      std::string &shapes) {
-  std::string s = "static const pcc_tensor_spec " + name.str() + "[] = {\n";
-  for (auto [i, spec] : llvm::enumerate(specs)) {
-    std::string shapeName = (name + "_shape" + llvm::Twine(i)).str();
-    shapes += "static const int64_t " + shapeName + "[] = {" +
-              intList(spec.second.getShape()) + "};\n";
-    s += llvm::formatv("    {{{0}, {1}, {2}, {3}},\n", quoted(spec.first),
-                       elementInfo(spec.second.getElementType())->code,
-                       spec.second.getRank(), shapeName)
-             .str();
-  }
-  if (specs.empty())
-    s += "    {nullptr, 0, 0, nullptr},\n";
-  return s + "};\n";
-}
-
-LogicalResult CppEmitter::emit(llvm::raw_ostream &os) {
-  auto arenaAttr = func->getAttrOfType<IntegerAttr>("pcc.arena_bytes");
-  if (!arenaAttr)
+FailureOr<TargetCode> CppEmitter::emit() {
+  if (!func->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
     return func.emitError("code generation: @main has no pcc.arena_bytes; "
                           "run pcc-plan-memory first");
   Block &block = func.getBody().front();
@@ -916,60 +970,69 @@ LogicalResult CppEmitter::emit(llvm::raw_ostream &os) {
   auto ret = cast<func::ReturnOp>(block.getTerminator());
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     auto type = tensorTypeOf(v);
-    line(llvm::formatv("std::memcpy(out[{0}], {1}, {2});", i, nameOf(v),
-                       type.getNumElements() *
-                           elementInfo(type.getElementType())->size)
-             .str());
+    int64_t bytes =
+        type.getNumElements() * elementInfo(type.getElementType())->size;
+    if (cuda)
+      line(llvm::formatv("cudaMemcpyAsync(out[{0}], {1}, {2}, "
+                         "cudaMemcpyDeviceToDevice, stream);",
+                         i, nameOf(v), bytes)
+               .str());
+    else
+      line(
+          llvm::formatv("std::memcpy(out[{0}], {1}, {2});", i, nameOf(v), bytes)
+              .str());
   }
 
-  auto nameAttr = [&](DictionaryAttr attrs, unsigned i) {
-    auto name = attrs ? attrs.getAs<StringAttr>("pcc.name") : StringAttr();
-    return name ? name.str() : "value" + std::to_string(i);
-  };
-  std::vector<std::pair<std::string, RankedTensorType>> inputs, outputs;
-  for (BlockArgument arg : block.getArguments())
-    inputs.emplace_back(
-        nameAttr(func.getArgAttrDict(arg.getArgNumber()), arg.getArgNumber()),
-        tensorTypeOf(arg));
-  for (auto [i, v] : llvm::enumerate(ret.getOperands()))
-    outputs.emplace_back(nameAttr(func.getResultAttrDict(i), i),
-                         tensorTypeOf(v));
+  TargetCode code;
+  code.constants = std::move(constants);
+  code.kernels = std::move(kernels);
+  code.weights = std::move(weights);
+  std::string &fn = code.function;
+  if (cuda) {
+    fn += "const char *const kCudaSites[] = {\n";
+    for (const std::string &site : sites)
+      fn += "    " + quoted(site) + ",\n";
+    fn += "    nullptr};\n\n";
+    fn += "int run_cuda(pcc_cuda_context *ctx, const void *const *in,\n"
+          "             void *const *out, const void *const *w, "
+          "char *arena) {\n"
+          "  (void)in; (void)w; (void)arena;\n"
+          "  cudaStream_t stream = static_cast<cudaStream_t>("
+          "pcc_cuda_stream(ctx));\n"
+          "  (void)stream;\n";
+    fn += body;
+    fn += "  int status = pcc_cuda_finish(ctx);\n"
+          "  if (status > 0)\n"
+          "    return fail(kCudaSites[status - 1], \"bad input data\");\n"
+          "  if (status < 0)\n"
+          "    return fail(\"the CUDA backend\", pcc_cuda_last_error());\n"
+          "  return 0;\n}\n\n";
+  } else {
+    fn += "int run_cpu(const void *const *in, void *const *out,\n"
+          "            const void *const *w, char *arena) {\n"
+          "  (void)in; (void)w; (void)arena;\n";
+    fn += body;
+    fn += "  return 0;\n}\n\n";
+  }
+  return code;
+}
 
-  std::string shapes;
-  std::string specs = specArray("kInputs", inputs, shapes) +
-                      specArray("kOutputs", outputs, shapes) +
-                      specArray("kWeights", weights, shapes);
-
-  os << "// Generated by pcc from " << options.source
-     << ". Do not edit.\n"
-        "#include \"pcc/runtime/CpuKernels.h\"\n"
-        "#include \"pcc/runtime/HalfFloat.h\"\n"
-        "#include \"pcc/runtime/ModelAbi.h\"\n\n"
-        "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n"
-        "#include <cstring>\n#include <limits>\n#include <string>\n\n"
-        "namespace {\n\n"
-     << "thread_local std::string lastError;\n\n"
-     << "int fail(const char *where) {\n"
-        "  lastError = std::string(where) + \": \" + pcc_cpu_last_error();\n"
-        "  return 1;\n}\n\n"
-     << constants << "\n"
-     << kernels << shapes << specs << "\n"
-     << "const pcc_model_info kInfo = {PCC_MODEL_ABI_VERSION, \"cpu\", "
-     << quoted(options.source) << ", " << quoted(options.weightsFile) << ", "
-     << inputs.size() << ", kInputs, " << outputs.size() << ", kOutputs, "
-     << weights.size() << ", kWeights, " << arenaAttr.getInt() << "};\n\n"
-     << "} // namespace\n\n"
-     << "extern \"C\" {\n\n"
-     << "const pcc_model_info *pcc_model_get_info(void) { return &kInfo; }\n\n"
-     << "const char *pcc_model_last_error(void) { return lastError.c_str(); "
-        "}\n\n"
-     << "int pcc_model_run(const void *const *in, void *const *out,\n"
-        "                  const void *const *w, void *arena_) {\n"
-        "  (void)in; (void)w;\n"
-        "  char *arena = static_cast<char *>(arena_);\n"
-        "  (void)arena;\n"
-     << body << "  return 0;\n}\n\n} // extern \"C\"\n";
-  return success();
+std::string specArray(StringRef name,
+                      ArrayRef<std::pair<std::string, RankedTensorType>> specs,
+                      std::string &shapes) {
+  std::string s = "static const pcc_tensor_spec " + name.str() + "[] = {\n";
+  for (auto [i, spec] : llvm::enumerate(specs)) {
+    std::string shapeName = (name + "_shape" + llvm::Twine(i)).str();
+    shapes += "static const int64_t " + shapeName + "[] = {" +
+              intList(spec.second.getShape()) + "};\n";
+    s += llvm::formatv("    {{{0}, {1}, {2}, {3}},\n", quoted(spec.first),
+                       elementInfo(spec.second.getElementType())->code,
+                       spec.second.getRank(), shapeName)
+             .str();
+  }
+  if (specs.empty())
+    s += "    {nullptr, 0, 0, nullptr},\n";
+  return s + "};\n";
 }
 
 } // namespace
@@ -991,6 +1054,97 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   if (!func || !func.getBody().hasOneBlock())
     return module.emitError("code generation: expects a single-block "
                             "func.func @main");
-  CppEmitter emitter(func, options);
-  return emitter.emit(os);
+  bool cpu = options.targets & kTargetCpu, cuda = options.targets & kTargetCuda;
+  if (!cpu && !cuda)
+    return module.emitError("code generation: no target");
+  std::optional<TargetCode> cpuCode, cudaCode;
+  if (cpu) {
+    auto code = CppEmitter(func, /*cuda=*/false).emit();
+    if (failed(code))
+      return failure();
+    cpuCode = std::move(*code);
+  }
+  if (cuda) {
+    auto code = CppEmitter(func, /*cuda=*/true).emit();
+    if (failed(code))
+      return failure();
+    cudaCode = std::move(*code);
+  }
+
+  Block &block = func.getBody().front();
+  auto ret = cast<func::ReturnOp>(block.getTerminator());
+  auto nameAttr = [&](DictionaryAttr attrs, unsigned i) {
+    auto name = attrs ? attrs.getAs<StringAttr>("pcc.name") : StringAttr();
+    return name ? name.str() : "value" + std::to_string(i);
+  };
+  std::vector<std::pair<std::string, RankedTensorType>> inputs, outputs;
+  for (BlockArgument arg : block.getArguments())
+    inputs.emplace_back(
+        nameAttr(func.getArgAttrDict(arg.getArgNumber()), arg.getArgNumber()),
+        tensorTypeOf(arg));
+  for (auto [i, v] : llvm::enumerate(ret.getOperands()))
+    outputs.emplace_back(nameAttr(func.getResultAttrDict(i), i),
+                         tensorTypeOf(v));
+  const auto &weights = cpu ? cpuCode->weights : cudaCode->weights;
+  std::string shapes;
+  std::string specs = specArray("kInputs", inputs, shapes) +
+                      specArray("kOutputs", outputs, shapes) +
+                      specArray("kWeights", weights, shapes);
+  int64_t arenaBytes =
+      func->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
+
+  os << "// Generated by pcc from " << options.source << ". Do not edit.\n"
+     << (cpu ? "#include \"pcc/runtime/CpuKernels.h\"\n" : "")
+     << (cuda ? "#include \"pcc/runtime/CudaKernels.h\"\n" : "")
+     << "#include \"pcc/runtime/HalfFloat.h\"\n"
+        "#include \"pcc/runtime/ModelAbi.h\"\n\n"
+     << (cuda ? "#include <cuda_runtime.h>\n\n" : "")
+     << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n"
+        "#include <cstring>\n#include <limits>\n#include <string>\n\n"
+        "namespace {\n\n"
+     << "thread_local std::string lastError;\n\n"
+     << "int fail(const char *where, const char *why) {\n"
+        "  lastError = std::string(where) + \": \" + why;\n"
+        "  return 1;\n}\n\n";
+  if (cuda)
+    os << "template <typename T> const void *symbolAddress(const T &symbol) "
+          "{\n  void *address = nullptr;\n"
+          "  cudaGetSymbolAddress(&address, symbol);\n  return address;\n}\n\n";
+  if (cpu)
+    os << "// CPU\n\n"
+       << cpuCode->constants << "\n"
+       << cpuCode->kernels << cpuCode->function;
+  if (cuda)
+    os << "// CUDA\n\n"
+       << cudaCode->constants << "\n"
+       << cudaCode->kernels << cudaCode->function;
+  StringRef targetName = cpu && cuda ? "cpu+cuda" : cpu ? "cpu" : "cuda";
+  os << shapes << specs << "\n"
+     << "const pcc_model_info kInfo = {PCC_MODEL_ABI_VERSION, "
+     << options.targets << ", " << quoted(targetName) << ", "
+     << quoted(options.source) << ", " << quoted(options.weightsFile) << ", "
+     << inputs.size() << ", kInputs, " << outputs.size() << ", kOutputs, "
+     << weights.size() << ", kWeights, " << arenaBytes << "};\n\n"
+     << "} // namespace\n\n"
+     << "extern \"C\" {\n\n"
+     << "const pcc_model_info *pcc_model_get_info(void) { return &kInfo; }\n\n"
+     << "const char *pcc_model_last_error(void) { return lastError.c_str(); "
+        "}\n\n"
+     << "int pcc_model_run(const pcc_run_context *context, const void *const "
+        "*in,\n"
+        "                  void *const *out, const void *const *w, "
+        "void *arena) {\n"
+        "  char *bytes = static_cast<char *>(arena);\n";
+  if (cpu)
+    os << "  if (context->target == PCC_TARGET_CPU)\n"
+          "    return run_cpu(in, out, w, bytes);\n";
+  if (cuda)
+    os << "  if (context->target == PCC_TARGET_CUDA)\n"
+          "    return run_cuda(static_cast<pcc_cuda_context *>("
+          "context->backend), in, out, w, bytes);\n";
+  os << "  (void)in; (void)out; (void)w; (void)bytes;\n"
+        "  return fail(\"pcc_model_run\", \"this library has no code for the "
+        "requested target (it was compiled for "
+     << targetName << ")\");\n}\n\n} // extern \"C\"\n";
+  return success();
 }

@@ -6,24 +6,41 @@
 #include <cstdint>
 #include <cstring>
 
+// The conversions also serve kernels that pcc generates for CUDA.
+#ifdef __CUDACC__
+#define PCC_HOST_DEVICE __host__ __device__
+#else
+#define PCC_HOST_DEVICE
+#endif
+
 namespace pccrt {
 
-inline float bitsToFloat(uint32_t bits) {
+PCC_HOST_DEVICE inline float bitsToFloat(uint32_t bits) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
+#endif
 }
 
-inline uint32_t floatToBits(float f) {
+PCC_HOST_DEVICE inline uint32_t floatToBits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   return bits;
+#endif
 }
 
-inline float bf16ToFloat(uint16_t h) { return bitsToFloat(uint32_t(h) << 16); }
+PCC_HOST_DEVICE inline float bf16ToFloat(uint16_t h) {
+  return bitsToFloat(uint32_t(h) << 16);
+}
 
 /// Round to nearest even; NaN stays NaN.
-inline uint16_t floatToBf16(float f) {
+PCC_HOST_DEVICE inline uint16_t floatToBf16(float f) {
   uint32_t bits = floatToBits(f);
   if ((bits & 0x7fffffff) > 0x7f800000)
     return static_cast<uint16_t>((bits >> 16) | 0x40);
@@ -31,7 +48,7 @@ inline uint16_t floatToBf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-inline float halfToFloat(uint16_t h) {
+PCC_HOST_DEVICE inline float halfToFloat(uint16_t h) {
   uint32_t sign = uint32_t(h & 0x8000) << 16;
   uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
   if (exponent == 0x1f) // inf or NaN
@@ -47,7 +64,7 @@ inline float halfToFloat(uint16_t h) {
 }
 
 /// Round to nearest even, overflow to infinity.
-inline uint16_t floatToHalf(float f) {
+PCC_HOST_DEVICE inline uint16_t floatToHalf(float f) {
   uint32_t bits = floatToBits(f);
   uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
   uint32_t absBits = bits & 0x7fffffff;

@@ -3,7 +3,13 @@
  * A model.so built by `pcc model.onnx -o model.so` exports three functions.
  * pcc-run (or any host program) loads it with dlopen, checks
  * abi_version == PCC_MODEL_ABI_VERSION, maps the weights file, allocates
- * arena_bytes, and calls pcc_model_run.
+ * arena_bytes on the device it runs on, and calls pcc_model_run.
+ *
+ * A library holds code for one or more targets (`pcc --target=cpu|cuda|all`).
+ * The run context names the target of a call and carries the backend's
+ * state; every pointer passed to a run (inputs, outputs, weights, arena)
+ * lives in that target's memory: host memory for the CPU, device memory
+ * for CUDA.
  *
  *===----------------------------------------------------------------------===*/
 
@@ -16,7 +22,10 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 1
+#define PCC_MODEL_ABI_VERSION 2
+
+/* Targets, as bits of pcc_model_info.targets. */
+enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
 
 typedef struct pcc_tensor_spec {
   const char *name;
@@ -27,7 +36,8 @@ typedef struct pcc_tensor_spec {
 
 typedef struct pcc_model_info {
   uint32_t abi_version;
-  const char *target;       /* "cpu" */
+  uint32_t targets;         /* bits of enum pcc_target */
+  const char *target;       /* "cpu", "cuda" or "cpu+cuda" */
   const char *source;       /* the model it was compiled from */
   const char *weights_file; /* file name of the weights, beside the .so */
   int32_t num_inputs;
@@ -39,16 +49,27 @@ typedef struct pcc_model_info {
   int64_t arena_bytes; /* scratch memory pcc_model_run needs */
 } pcc_model_info;
 
+/* What one run executes on. Later parallel runtimes add their rank and
+ * communicators here. */
+typedef struct pcc_run_context {
+  int32_t target;  /* one enum pcc_target */
+  int32_t device;  /* CUDA device ordinal; 0 on the CPU */
+  void *backend;   /* pcc_cuda_context * for CUDA; null on the CPU */
+} pcc_run_context;
+
 typedef const pcc_model_info *(*pcc_model_get_info_fn)(void);
-typedef int (*pcc_model_run_fn)(const void *const *inputs, void *const *outputs,
+typedef int (*pcc_model_run_fn)(const pcc_run_context *context,
+                                const void *const *inputs, void *const *outputs,
                                 const void *const *weights, void *arena);
 typedef const char *(*pcc_model_last_error_fn)(void);
 
-/* Exported by every model library. pcc_model_run returns 0 on success; on
- * failure pcc_model_last_error() names the ONNX node at fault. */
+/* Exported by every model library. pcc_model_run returns 0 on success, the
+ * outputs written (on CUDA: the stream synchronised); on failure
+ * pcc_model_last_error() names the ONNX node at fault. */
 const pcc_model_info *pcc_model_get_info(void);
-int pcc_model_run(const void *const *inputs, void *const *outputs,
-                  const void *const *weights, void *arena);
+int pcc_model_run(const pcc_run_context *context, const void *const *inputs,
+                  void *const *outputs, const void *const *weights,
+                  void *arena);
 const char *pcc_model_last_error(void);
 
 #ifdef __cplusplus

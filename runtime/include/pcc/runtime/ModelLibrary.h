@@ -44,8 +44,9 @@ public:
   Result<std::vector<const void *>> bindWeights(const SafetensorsFile &file,
                                                 const std::string &path) const;
   /// Runs the model; the message names the node at fault on failure.
-  Status run(const void *const *inputs, void *const *outputs,
-             const void *const *weights, void *arena) const;
+  Status run(const pcc_run_context &context, const void *const *inputs,
+             void *const *outputs, const void *const *weights,
+             void *arena) const;
 
 private:
   ModelLibrary() = default;

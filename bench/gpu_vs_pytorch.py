@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Single-device GPU inference: pcc's CUDA backend against PyTorch, in one run.
+
+For each bundled model and batch size: the pcc library built with
+--target=cuda is timed with `pcc-run --device cuda --bench` (inputs resident
+on the GPU, the run synchronised), PyTorch eager runs the same model (the
+exporter's own nn.Module with the same seeded weights) on the same GPU in
+fp32 (TF32 off), both outputs are compared, and the ratio
+(PyTorch latency / pcc latency: above 1 means pcc is faster) is printed.
+
+    python3 bench/gpu_vs_pytorch.py                  # compile + run (GPU box)
+    python3 bench/gpu_vs_pytorch.py --prepare DIR    # compile only (needs pcc)
+    python3 bench/gpu_vs_pytorch.py --run DIR        # run only (GPU, pcc-run)
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+MODELS = [
+    # name, pcc dimension flags for batch B, input maker
+    ("mlp", lambda b: [f"--batch={b}"], lambda b, rng: rng.standard_normal((b, 64), dtype=np.float32)),
+    ("transformer_postnorm", lambda b: [f"--batch={b}"],
+     lambda b, rng: rng.standard_normal((b, 16, 64), dtype=np.float32)),
+    ("transformer_prenorm", lambda b: [f"--batch={b}"],
+     lambda b, rng: rng.standard_normal((b, 16, 64), dtype=np.float32)),
+    ("gpt", lambda b: [f"--dim=batch={b}", "--dim=seq=16"],
+     lambda b, rng: rng.integers(0, 512, (b, 16), dtype=np.int64)),
+    ("resnet18", lambda b: [f"--batch={b}"],
+     lambda b, rng: rng.standard_normal((b, 3, 32, 32), dtype=np.float32)),
+]
+
+
+def prepare(build, out, batches):
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name, flags, make_input in MODELS:
+        model = os.path.join(ROOT, "examples", name + ".onnx")
+        for batch in batches:
+            tag = f"{name}_{batch}"
+            np.save(os.path.join(out, tag + ".input.npy"), make_input(batch, rng))
+            subprocess.run([os.path.join(build, "bin", "pcc"), model, *flags(batch), "--target=cuda",
+                            "-o", os.path.join(out, tag + ".so")], check=True, capture_output=True)
+            print(f"compiled {tag}", flush=True)
+
+
+def time_pcc(run_binary, out, tag, runs):
+    output = os.path.join(out, tag + ".pcc.npy")
+    run = subprocess.run([run_binary, os.path.join(out, tag + ".so"), "--device", "cuda",
+                          "--input", os.path.join(out, tag + ".input.npy"), "--output", output,
+                          "--bench", str(runs)], check=True, capture_output=True, text=True)
+    p50 = float(re.search(r"p50 ([0-9.]+)", run.stdout).group(1))
+    device = re.search(r"^device (.*)$", run.stdout, re.M).group(1)
+    return p50, np.load(output), device
+
+
+def time_torch(name, x, runs):
+    import torch
+    import make_examples
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model, _, _ = make_examples.build(name)
+    model = model.cuda().eval()
+    xt = torch.from_numpy(x).cuda()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    with torch.inference_mode():
+        for _ in range(20):
+            y = model(xt)
+        torch.cuda.synchronize()
+        for _ in range(runs):
+            start.record()
+            model(xt)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2], y.float().cpu().numpy()
+
+
+def run_all(run_binary, out, batches, runs):
+    import torch
+    print(f"{runs} timed runs each; PyTorch {torch.__version__} eager, fp32 (TF32 off), "
+          f"{torch.cuda.get_device_name()}")
+    print("| model | batch | pcc p50 ms | PyTorch p50 ms | ratio (torch / pcc) | max abs diff |")
+    print("|---|---|---|---|---|---|")
+    for name, _, _ in MODELS:
+        for batch in batches:
+            tag = f"{name}_{batch}"
+            x = np.load(os.path.join(out, tag + ".input.npy"))
+            pcc_ms, pcc_out, _ = time_pcc(run_binary, out, tag, runs)
+            torch_ms, torch_out = time_torch(name, x, runs)
+            diff = float(np.max(np.abs(pcc_out - torch_out)))
+            print(f"| {name} | {batch} | {pcc_ms:.3f} | {torch_ms:.3f} | {torch_ms / pcc_ms:.2f} | {diff:.1e} |",
+                  flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--build", default=os.environ.get("PCC_BUILD_DIR", os.path.join(ROOT, "build")))
+    parser.add_argument("--pcc-run", default=None, help="pcc-run binary (default: BUILD/bin/pcc-run)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--prepare", metavar="DIR")
+    mode.add_argument("--run", metavar="DIR")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    run_binary = args.pcc_run or os.path.join(args.build, "bin", "pcc-run")
+    if args.prepare:
+        prepare(args.build, args.prepare, batches)
+    elif args.run:
+        run_all(run_binary, args.run, batches, args.runs)
+    else:
+        with tempfile.TemporaryDirectory() as out:
+            prepare(args.build, out, batches)
+            run_all(run_binary, out, batches, args.runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+//===- Device.h - where a model runs: memory, copies, run context -*- C++
+//-*-===//
+//
+// One interface over the backends a model library can run on. The CPU
+// device is the host itself. The CUDA device lives in
+// libpcc_runtime_cuda.so, which this runtime loads on demand, so programs
+// built on the runtime (pcc-run) start and run CPU models on machines
+// without CUDA and say precisely what is missing when asked for a GPU.
+//
+// ModelRunner binds a loaded model to a device: weights, inputs, outputs
+// and the arena in device memory, host-side copies in and out.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_RUNTIME_DEVICE_H
+#define PCC_RUNTIME_DEVICE_H
+
+#include "pcc/runtime/ModelAbi.h"
+#include "pcc/runtime/ModelLibrary.h"
+#include "pcc/runtime/Result.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pccrt {
+
+class Device {
+public:
+  virtual ~Device() = default;
+
+  /// "cpu", "cuda" (device 0) or "cuda:N".
+  static Result<std::unique_ptr<Device>> open(const std::string &spec);
+  /// The number of CUDA devices, or why there are none usable.
+  static Result<int> cudaDeviceCount();
+
+  /// "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3, sm_90, 79.1 GiB)".
+  virtual std::string describe() const = 0;
+  virtual pcc_target target() const = 0;
+  /// Whether device memory is host memory (no copies needed).
+  bool isHost() const { return target() == PCC_TARGET_CPU; }
+
+  virtual Result<void *> allocate(int64_t bytes) = 0;
+  virtual void release(void *ptr) = 0;
+  virtual Status copyToDevice(void *dst, const void *src, int64_t bytes) = 0;
+  virtual Status copyToHost(void *dst, const void *src, int64_t bytes) = 0;
+  virtual Status synchronize() = 0;
+  /// The context every model run on this device receives.
+  virtual pcc_run_context runContext() const = 0;
+};
+
+/// Device memory owned by its device.
+class DeviceBuffer {
+public:
+  DeviceBuffer() = default;
+  static Result<DeviceBuffer> allocate(Device &device, int64_t bytes);
+  DeviceBuffer(DeviceBuffer &&other) noexcept { *this = std::move(other); }
+  DeviceBuffer &operator=(DeviceBuffer &&other) noexcept;
+  DeviceBuffer(const DeviceBuffer &) = delete;
+  DeviceBuffer &operator=(const DeviceBuffer &) = delete;
+  ~DeviceBuffer();
+  void *data() const { return ptr; }
+
+private:
+  Device *device = nullptr;
+  void *ptr = nullptr;
+};
+
+/// A model library bound to a device with its weights in device memory.
+class ModelRunner {
+public:
+  /// Checks that the library has code for the device's target and copies
+  /// the weights (host pointers, in the model's order) to the device; on
+  /// the CPU they are used in place.
+  static Result<ModelRunner> create(const ModelLibrary &library, Device &device,
+                                    const std::vector<const void *> &weights);
+
+  /// Copies host inputs in, runs, copies outputs back to host buffers.
+  Status run(const std::vector<const void *> &inputs,
+             const std::vector<void *> &outputs);
+  /// Runs again on the inputs already on the device (for timing).
+  Status runResident();
+
+private:
+  ModelRunner() = default;
+  const ModelLibrary *library = nullptr;
+  Device *device = nullptr;
+  std::vector<DeviceBuffer> owned;
+  std::vector<const void *> weightPtrs, inputPtrs;
+  std::vector<void *> outputPtrs;
+  void *arena = nullptr;
+};
+
+} // namespace pccrt
+
+#endif // PCC_RUNTIME_DEVICE_H

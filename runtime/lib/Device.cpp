@@ -1,0 +1,308 @@
+//===- Device.cpp - CPU and CUDA devices, ModelRunner ---------------------===//
+
+#include "pcc/runtime/Device.h"
+
+#include "pcc/runtime/CudaKernels.h"
+#include "pcc/runtime/DType.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <dlfcn.h>
+
+namespace pccrt {
+
+namespace {
+
+class CpuDevice final : public Device {
+public:
+  std::string describe() const override { return "cpu"; }
+  pcc_target target() const override { return PCC_TARGET_CPU; }
+  Result<void *> allocate(int64_t bytes) override {
+    size_t size = static_cast<size_t>(std::max<int64_t>(bytes, 64));
+    void *ptr = std::aligned_alloc(64, (size + 63) / 64 * 64);
+    if (!ptr)
+      return Error{"cannot allocate " + std::to_string(bytes) +
+                   " bytes of host memory"};
+    return ptr;
+  }
+  void release(void *ptr) override { std::free(ptr); }
+  Status copyToDevice(void *dst, const void *src, int64_t bytes) override {
+    std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return Status::success();
+  }
+  Status copyToHost(void *dst, const void *src, int64_t bytes) override {
+    std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return Status::success();
+  }
+  Status synchronize() override { return Status::success(); }
+  pcc_run_context runContext() const override {
+    return {PCC_TARGET_CPU, 0, nullptr};
+  }
+};
+
+/// The host-side entry points of libpcc_runtime_cuda.so, found with dlsym.
+struct CudaApi {
+  decltype(&pcc_cuda_last_error) lastError;
+  decltype(&pcc_cuda_device_count) deviceCount;
+  decltype(&pcc_cuda_context_create) contextCreate;
+  decltype(&pcc_cuda_context_destroy) contextDestroy;
+  decltype(&pcc_cuda_device_name) deviceName;
+  decltype(&pcc_cuda_malloc) malloc;
+  decltype(&pcc_cuda_free) free;
+  decltype(&pcc_cuda_copy_to_device) copyToDevice;
+  decltype(&pcc_cuda_copy_to_host) copyToHost;
+  decltype(&pcc_cuda_synchronize) synchronize;
+};
+
+/// The directory holding this runtime (the shared library, or the program
+/// it is linked into), with a trailing slash.
+std::string runtimeDirectory() {
+  Dl_info info;
+  if (!dladdr(reinterpret_cast<void *>(&runtimeDirectory), &info) ||
+      !info.dli_fname)
+    return "";
+  std::string path = info.dli_fname;
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash + 1);
+}
+
+Result<CudaApi> loadCudaApi() {
+  std::vector<std::string> candidates;
+  if (const char *env = std::getenv("PCC_RUNTIME_CUDA_LIBRARY"))
+    candidates.push_back(env);
+  std::string dir = runtimeDirectory();
+  candidates.push_back(dir + "libpcc_runtime_cuda.so");
+  candidates.push_back(dir + "../lib/libpcc_runtime_cuda.so");
+  candidates.push_back("libpcc_runtime_cuda.so");
+  void *handle = nullptr;
+  std::string errors;
+  for (const std::string &path : candidates) {
+    handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (handle)
+      break;
+    errors += std::string("\n  ") + dlerror();
+  }
+  if (!handle)
+    return Error{"the CUDA backend (libpcc_runtime_cuda.so) cannot be loaded; "
+                 "was pcc built with a CUDA toolkit, and are libcudart and "
+                 "libcublas on the library path?" +
+                 errors};
+  CudaApi api;
+  bool ok = true;
+  auto bind = [&](auto &fn, const char *name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(
+        dlsym(handle, name));
+    ok = ok && fn;
+  };
+  bind(api.lastError, "pcc_cuda_last_error");
+  bind(api.deviceCount, "pcc_cuda_device_count");
+  bind(api.contextCreate, "pcc_cuda_context_create");
+  bind(api.contextDestroy, "pcc_cuda_context_destroy");
+  bind(api.deviceName, "pcc_cuda_device_name");
+  bind(api.malloc, "pcc_cuda_malloc");
+  bind(api.free, "pcc_cuda_free");
+  bind(api.copyToDevice, "pcc_cuda_copy_to_device");
+  bind(api.copyToHost, "pcc_cuda_copy_to_host");
+  bind(api.synchronize, "pcc_cuda_synchronize");
+  if (!ok)
+    return Error{"libpcc_runtime_cuda.so lacks the pcc_cuda_* entry points; "
+                 "it belongs to another pcc version"};
+  return api;
+}
+
+class CudaDevice final : public Device {
+public:
+  CudaDevice(CudaApi api, pcc_cuda_context *ctx, int ordinal)
+      : api(api), ctx(ctx), ordinal(ordinal) {}
+  ~CudaDevice() override { api.contextDestroy(ctx); }
+
+  std::string describe() const override {
+    return "cuda:" + std::to_string(ordinal) + " (" + api.deviceName(ctx) + ")";
+  }
+  pcc_target target() const override { return PCC_TARGET_CUDA; }
+  Result<void *> allocate(int64_t bytes) override {
+    void *ptr = nullptr;
+    if (api.malloc(ctx, &ptr, std::max<int64_t>(bytes, 256)))
+      return Error{api.lastError()};
+    return ptr;
+  }
+  void release(void *ptr) override { api.free(ctx, ptr); }
+  Status copyToDevice(void *dst, const void *src, int64_t bytes) override {
+    if (bytes && api.copyToDevice(ctx, dst, src, bytes))
+      return Error{api.lastError()};
+    return Status::success();
+  }
+  Status copyToHost(void *dst, const void *src, int64_t bytes) override {
+    if (bytes && api.copyToHost(ctx, dst, src, bytes))
+      return Error{api.lastError()};
+    return Status::success();
+  }
+  Status synchronize() override {
+    if (api.synchronize(ctx))
+      return Error{api.lastError()};
+    return Status::success();
+  }
+  pcc_run_context runContext() const override {
+    return {PCC_TARGET_CUDA, ordinal, ctx};
+  }
+
+private:
+  CudaApi api;
+  pcc_cuda_context *ctx;
+  int ordinal;
+};
+
+} // namespace
+
+Result<std::unique_ptr<Device>> Device::open(const std::string &spec) {
+  if (spec == "cpu")
+    return std::unique_ptr<Device>(new CpuDevice());
+  if (spec.rfind("cuda", 0) != 0)
+    return Error{"unknown device '" + spec + "' (cpu, cuda or cuda:N)"};
+  int ordinal = 0;
+  if (spec.size() > 4) {
+    char *end = nullptr;
+    long n = spec[4] == ':' ? std::strtol(spec.c_str() + 5, &end, 10) : -1;
+    if (spec[4] != ':' || !end || *end || end == spec.c_str() + 5 || n < 0)
+      return Error{"unknown device '" + spec + "' (cpu, cuda or cuda:N)"};
+    ordinal = static_cast<int>(n);
+  }
+  auto api = loadCudaApi();
+  if (!api.ok())
+    return Error{api.error()};
+  int count = api->deviceCount();
+  if (count == 0)
+    return Error{api->lastError()};
+  if (ordinal >= count)
+    return Error{"device '" + spec + "' does not exist: this machine has " +
+                 std::to_string(count) + " CUDA device(s)"};
+  pcc_cuda_context *ctx = api->contextCreate(ordinal);
+  if (!ctx)
+    return Error{"cannot use CUDA device " + std::to_string(ordinal) + ": " +
+                 api->lastError()};
+  return std::unique_ptr<Device>(new CudaDevice(*api, ctx, ordinal));
+}
+
+Result<int> Device::cudaDeviceCount() {
+  auto api = loadCudaApi();
+  if (!api.ok())
+    return Error{api.error()};
+  int count = api->deviceCount();
+  if (count == 0)
+    return Error{api->lastError()};
+  return count;
+}
+
+Result<DeviceBuffer> DeviceBuffer::allocate(Device &device, int64_t bytes) {
+  auto ptr = device.allocate(bytes);
+  if (!ptr.ok())
+    return Error{ptr.error()};
+  DeviceBuffer buffer;
+  buffer.device = &device;
+  buffer.ptr = *ptr;
+  return buffer;
+}
+
+DeviceBuffer &DeviceBuffer::operator=(DeviceBuffer &&other) noexcept {
+  std::swap(device, other.device);
+  std::swap(ptr, other.ptr);
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (device && ptr)
+    device->release(ptr);
+}
+
+static int64_t specBytes(const pcc_tensor_spec &spec) {
+  return elementCount(specShape(spec)) *
+         dtypeSize(static_cast<DType>(spec.dtype));
+}
+
+Result<ModelRunner>
+ModelRunner::create(const ModelLibrary &library, Device &device,
+                    const std::vector<const void *> &weights) {
+  const pcc_model_info &info = library.info();
+  if (!(info.targets & device.target()))
+    return Error{"the model was compiled for " + std::string(info.target) +
+                 " and cannot run on " + device.describe() +
+                 "; compile it with pcc --target=" +
+                 (device.isHost() ? "cpu" : "cuda") + " (or --target=all)"};
+  ModelRunner runner;
+  runner.library = &library;
+  runner.device = &device;
+  auto own = [&](int64_t bytes) -> Result<void *> {
+    auto buffer = DeviceBuffer::allocate(device, bytes);
+    if (!buffer.ok())
+      return Error{buffer.error()};
+    runner.owned.push_back(buffer.take());
+    return runner.owned.back().data();
+  };
+  for (int i = 0; i < info.num_weights; ++i) {
+    if (device.isHost()) {
+      runner.weightPtrs.push_back(weights[i]);
+      continue;
+    }
+    int64_t bytes = specBytes(info.weights[i]);
+    auto ptr = own(bytes);
+    if (!ptr.ok())
+      return Error{"weight '" + std::string(info.weights[i].name) +
+                   "': " + ptr.error()};
+    Status s = device.copyToDevice(*ptr, weights[i], bytes);
+    if (!s.ok())
+      return Error{"weight '" + std::string(info.weights[i].name) +
+                   "': " + s.error()};
+    runner.weightPtrs.push_back(*ptr);
+  }
+  for (int i = 0; i < info.num_inputs; ++i) {
+    auto ptr = own(specBytes(info.inputs[i]));
+    if (!ptr.ok())
+      return Error{"input '" + std::string(info.inputs[i].name) +
+                   "': " + ptr.error()};
+    runner.inputPtrs.push_back(*ptr);
+  }
+  for (int i = 0; i < info.num_outputs; ++i) {
+    auto ptr = own(specBytes(info.outputs[i]));
+    if (!ptr.ok())
+      return Error{"output '" + std::string(info.outputs[i].name) +
+                   "': " + ptr.error()};
+    runner.outputPtrs.push_back(*ptr);
+  }
+  auto arena = own(info.arena_bytes);
+  if (!arena.ok())
+    return Error{"the " + std::to_string(info.arena_bytes) +
+                 "-byte arena: " + arena.error()};
+  runner.arena = *arena;
+  return runner;
+}
+
+Status ModelRunner::run(const std::vector<const void *> &inputs,
+                        const std::vector<void *> &outputs) {
+  const pcc_model_info &info = library->info();
+  for (int i = 0; i < info.num_inputs; ++i) {
+    Status s = device->copyToDevice(const_cast<void *>(inputPtrs[i]), inputs[i],
+                                    specBytes(info.inputs[i]));
+    if (!s.ok())
+      return Error{"input '" + std::string(info.inputs[i].name) +
+                   "': " + s.error()};
+  }
+  Status s = runResident();
+  if (!s.ok())
+    return s;
+  for (int i = 0; i < info.num_outputs; ++i) {
+    Status c = device->copyToHost(outputs[i], outputPtrs[i],
+                                  specBytes(info.outputs[i]));
+    if (!c.ok())
+      return Error{"output '" + std::string(info.outputs[i].name) +
+                   "': " + c.error()};
+  }
+  return Status::success();
+}
+
+Status ModelRunner::runResident() {
+  pcc_run_context context = device->runContext();
+  return library->run(context, inputPtrs.data(), outputPtrs.data(),
+                      weightPtrs.data(), arena);
+}
+
+} // namespace pccrt
