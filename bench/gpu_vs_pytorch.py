@@ -3,10 +3,12 @@
 
 For each bundled model and batch size: the pcc library built with
 --target=cuda is timed with `pcc-run --device cuda --bench` (inputs resident
-on the GPU, the run synchronised), PyTorch eager runs the same model (the
-exporter's own nn.Module with the same seeded weights) on the same GPU in
-fp32 (TF32 off), both outputs are compared, and the ratio
-(PyTorch latency / pcc latency: above 1 means pcc is faster) is printed.
+on the GPU, each run synchronised), once launching its kernels directly and
+once replaying them as a CUDA graph (`--cuda-graph`). PyTorch runs the same
+model (the exporter's own nn.Module with the same seeded weights) on the
+same GPU in fp32 (TF32 off), eagerly and as a captured CUDA graph. Outputs
+are compared, and the ratios (PyTorch latency / pcc latency: above 1 means
+pcc is faster) are printed for eager vs direct and graph vs graph.
 
     python3 bench/gpu_vs_pytorch.py                  # compile + run (GPU box)
     python3 bench/gpu_vs_pytorch.py --prepare DIR    # compile only (needs pcc)
@@ -52,11 +54,14 @@ def prepare(build, out, batches):
             print(f"compiled {tag}", flush=True)
 
 
-def time_pcc(run_binary, out, tag, runs):
+def time_pcc(run_binary, out, tag, runs, graph=False):
     output = os.path.join(out, tag + ".pcc.npy")
     run = subprocess.run([run_binary, os.path.join(out, tag + ".so"), "--device", "cuda",
                           "--input", os.path.join(out, tag + ".input.npy"), "--output", output,
-                          "--bench", str(runs)], check=True, capture_output=True, text=True)
+                          "--bench", str(runs)] + (["--cuda-graph"] if graph else []),
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(run.stderr.strip())
     p50 = float(re.search(r"p50 ([0-9.]+)", run.stdout).group(1))
     device = re.search(r"^device (.*)$", run.stdout, re.M).group(1)
     return p50, np.load(output), device
@@ -71,36 +76,57 @@ def time_torch(name, x, runs):
     model = model.cuda().eval()
     xt = torch.from_numpy(x).cuda()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
+    def median(step):
+        times = []
+        for _ in range(runs):
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        times.sort()
+        return times[len(times) // 2]
+
     with torch.inference_mode():
         for _ in range(20):
             y = model(xt)
         torch.cuda.synchronize()
-        for _ in range(runs):
-            start.record()
+        eager = median(lambda: model(xt))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(xt)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             model(xt)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2], y.float().cpu().numpy()
+        graphed = median(graph.replay)
+    return eager, graphed, y.float().cpu().numpy()
 
 
 def run_all(run_binary, out, batches, runs):
     import torch
     print(f"{runs} timed runs each; PyTorch {torch.__version__} eager, fp32 (TF32 off), "
           f"{torch.cuda.get_device_name()}")
-    print("| model | batch | pcc p50 ms | PyTorch p50 ms | ratio (torch / pcc) | max abs diff |")
-    print("|---|---|---|---|---|---|")
+    print("| model | batch | pcc p50 ms | PyTorch eager p50 ms | ratio | pcc graph p50 ms "
+          "| PyTorch graph p50 ms | ratio | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, _, _ in MODELS:
         for batch in batches:
             tag = f"{name}_{batch}"
             x = np.load(os.path.join(out, tag + ".input.npy"))
             pcc_ms, pcc_out, _ = time_pcc(run_binary, out, tag, runs)
-            torch_ms, torch_out = time_torch(name, x, runs)
+            try:
+                pcc_graph_ms = time_pcc(run_binary, out, tag, runs, graph=True)[0]
+            except RuntimeError as e:
+                print(f"pcc --cuda-graph failed on {tag}: {e}", file=sys.stderr)
+                pcc_graph_ms = float("nan")
+            torch_ms, torch_graph_ms, torch_out = time_torch(name, x, runs)
             diff = float(np.max(np.abs(pcc_out - torch_out)))
-            print(f"| {name} | {batch} | {pcc_ms:.3f} | {torch_ms:.3f} | {torch_ms / pcc_ms:.2f} | {diff:.1e} |",
-                  flush=True)
+            print(f"| {name} | {batch} | {pcc_ms:.3f} | {torch_ms:.3f} | {torch_ms / pcc_ms:.2f} "
+                  f"| {pcc_graph_ms:.3f} | {torch_graph_ms:.3f} | {torch_graph_ms / pcc_graph_ms:.2f} "
+                  f"| {diff:.1e} |", flush=True)
 
 
 def main():

@@ -52,6 +52,9 @@ struct CudaApi {
   decltype(&pcc_cuda_copy_to_device) copyToDevice;
   decltype(&pcc_cuda_copy_to_host) copyToHost;
   decltype(&pcc_cuda_synchronize) synchronize;
+  decltype(&pcc_cuda_capture_begin) captureBegin;
+  decltype(&pcc_cuda_capture_end) captureEnd;
+  decltype(&pcc_cuda_graph_run) graphRun;
 };
 
 /// The directory holding this runtime (the shared library, or the program
@@ -104,6 +107,9 @@ Result<CudaApi> loadCudaApi() {
   bind(api.copyToDevice, "pcc_cuda_copy_to_device");
   bind(api.copyToHost, "pcc_cuda_copy_to_host");
   bind(api.synchronize, "pcc_cuda_synchronize");
+  bind(api.captureBegin, "pcc_cuda_capture_begin");
+  bind(api.captureEnd, "pcc_cuda_capture_end");
+  bind(api.graphRun, "pcc_cuda_graph_run");
   if (!ok)
     return Error{"libpcc_runtime_cuda.so lacks the pcc_cuda_* entry points; "
                  "it belongs to another pcc version"};
@@ -144,6 +150,21 @@ public:
   }
   pcc_run_context runContext() const override {
     return {PCC_TARGET_CUDA, ordinal, ctx};
+  }
+  Status beginCapture() override {
+    if (api.captureBegin(ctx))
+      return Error{api.lastError()};
+    return Status::success();
+  }
+  Status endCapture() override {
+    if (api.captureEnd(ctx))
+      return Error{api.lastError()};
+    return Status::success();
+  }
+  Status replay() override {
+    if (api.graphRun(ctx))
+      return Error{std::string("the model graph failed: ") + api.lastError()};
+    return Status::success();
   }
 
 private:
@@ -192,6 +213,12 @@ Result<int> Device::cudaDeviceCount() {
     return Error{api->lastError()};
   return count;
 }
+
+Status Device::beginCapture() {
+  return Error{describe() + " has no graphs to capture (CUDA only)"};
+}
+Status Device::endCapture() { return beginCapture(); }
+Status Device::replay() { return beginCapture(); }
 
 Result<DeviceBuffer> DeviceBuffer::allocate(Device &device, int64_t bytes) {
   auto ptr = device.allocate(bytes);
@@ -289,6 +316,24 @@ Status ModelRunner::run(const std::vector<const void *> &inputs,
   Status s = runResident();
   if (!s.ok())
     return s;
+  return readOutputs(outputs);
+}
+
+Status ModelRunner::captureGraph() {
+  Status s = device->beginCapture();
+  if (!s.ok())
+    return s;
+  Status run = runResident();
+  Status end = device->endCapture();
+  if (!run.ok())
+    return run;
+  return end;
+}
+
+Status ModelRunner::replayGraph() { return device->replay(); }
+
+Status ModelRunner::readOutputs(const std::vector<void *> &outputs) {
+  const pcc_model_info &info = library->info();
   for (int i = 0; i < info.num_outputs; ++i) {
     Status c = device->copyToHost(outputs[i], outputPtrs[i],
                                   specBytes(info.outputs[i]));

@@ -187,7 +187,9 @@ void exportDataSets(Row &row, const std::string &dir, const std::string &out,
           break;
         auto t = pcc::readOnnxTensorFile(pb, &context);
         if (failed(t)) {
-          row.run = RunOutcome::Failed;
+          // As when running: a deliberate limit is "unsupported".
+          bool deliberate = StringRef(firstError).contains("not supported");
+          row.run = deliberate ? RunOutcome::Unsupported : RunOutcome::Failed;
           row.runDetail = flatten(pb + ": " + firstError);
           return;
         }
@@ -266,7 +268,7 @@ void runTest(Row &row, const std::string &dir, ModuleOp module,
   }
   std::string library = (tmp + "/model.so").str();
   std::string weightsPath = (tmp + "/model.safetensors").str();
-  auto cleanup = llvm::make_scope_exit([&] {
+  llvm::scope_exit cleanup([&] {
     if (exporting)
       return;
     llvm::sys::fs::remove(library);

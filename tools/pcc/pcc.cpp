@@ -19,7 +19,9 @@
 #include "mlir/Pass/PassInstrumentation.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
@@ -98,6 +100,11 @@ static cl::list<std::string>
              cl::desc("GPU architectures to build for (default: the ones "
                       "pcc was configured with, 80,90)"),
              cl::value_desc("80,90"), cl::CommaSeparated, cl::cat(pccCategory));
+static cl::opt<bool> explainPlan(
+    "explain",
+    cl::desc("print how the model is compiled: ops, fusions, the memory plan "
+             "(peak arena bytes, reuse), weights and the parallel plan"),
+    cl::cat(pccCategory));
 static cl::opt<bool> noOnnxCheck("no-onnx-check",
                                  cl::desc("skip onnx::checker before import"),
                                  cl::cat(pccCategory));
@@ -113,6 +120,7 @@ Examples:
   pcc examples/mlp.onnx --batch=2 --emit=mlir --mlir-print-ir-after-all
   pcc examples/mlp.onnx --batch=2 --emit=mlir --dump-ir=ir/   # ir/00-import.mlir, ...
   pcc examples/mlp.onnx --emit=weights                        # decoded initializers
+  pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --explain  # memory plan, fusions
   pcc examples/mlp.onnx --batch=2 -o mlp.so                 # mlp.so + mlp.safetensors
   pcc-run mlp.so --input examples/data/mlp.input.npy --output y.npy
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --target=cuda -o gpt.so
@@ -191,6 +199,106 @@ int fail(const llvm::Twine &message) {
 }
 } // namespace
 
+/// "1,234,567"
+static std::string grouped(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0)
+      out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+static int64_t bytesOf(Type type) {
+  auto t = cast<RankedTensorType>(type);
+  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
+}
+
+/// `pcc --explain`: what the lowering pipeline made of the model.
+static void explain(ModuleOp module, llvm::raw_ostream &os) {
+  auto main = module.lookupSymbol<func::FuncOp>("main");
+  os << "pcc explain: " << inputFile << "\n";
+  os << "  plan: tp=" << tp << " pp=" << pp << " dp=" << dp
+     << (tp * pp * dp == 1 ? " (one device)" : "") << "\n";
+  llvm::StringMap<int64_t> histogram;
+  int64_t fusions = 0, fused = 0, intermediate = 0, flops = 0;
+  llvm::StringSet<> weightNames;
+  int64_t weightBytes = 0;
+  std::vector<std::pair<int64_t, Operation *>> largest;
+  main.walk([&](Operation *op) {
+    if (!isa<pcc::PccDialect>(op->getDialect()))
+      return;
+    if (op->getParentOfType<pcc::FusionOp>()) {
+      if (op->hasTrait<OpTrait::Elementwise>())
+        ++fused;
+      return;
+    }
+    if (isa<pcc::FusionOp>(op))
+      ++fusions;
+    ++histogram[op->getName().stripDialect()];
+    if (auto param = dyn_cast<pcc::ParamOp>(op)) {
+      if (weightNames.insert(param.getName()).second)
+        weightBytes += bytesOf(param.getType());
+      return;
+    }
+    if (auto mm = dyn_cast<pcc::MatmulOp>(op)) {
+      auto lhs = mm.getLhs().getType();
+      flops += 2 * mm.getType().getNumElements() *
+               lhs.getDimSize(lhs.getRank() - (mm.getTransposeA() ? 2 : 1));
+    } else if (auto conv = dyn_cast<pcc::ConvOp>(op)) {
+      auto w = conv.getWeight().getType();
+      flops += 2 * conv.getType().getNumElements() *
+               (w.getNumElements() / w.getDimSize(0));
+    }
+    auto offsets = op->getAttrOfType<DenseI64ArrayAttr>("pcc.buffer_offsets");
+    if (!offsets)
+      return;
+    for (auto [i, result] : llvm::enumerate(op->getResults()))
+      if (offsets[i] >= 0) {
+        intermediate += bytesOf(result.getType());
+        largest.push_back({bytesOf(result.getType()), op});
+      }
+  });
+  int64_t total = 0;
+  for (auto &entry : histogram)
+    total += entry.second;
+  std::vector<std::pair<std::string, int64_t>> sorted;
+  for (auto &entry : histogram)
+    sorted.push_back({entry.first().str(), entry.second});
+  llvm::sort(sorted, [](auto &a, auto &b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  os << "  ops: " << total << " after fusion (";
+  for (auto [i, entry] : llvm::enumerate(sorted))
+    os << (i ? ", " : "") << entry.first << " " << entry.second;
+  os << ")\n";
+  os << "  fusion: " << fusions << " pcc.fusion kernels compute " << fused
+     << " elementwise ops\n";
+  os << "  compute: " << grouped(flops) << " FLOPs in matmuls and convolutions\n";
+  int64_t arena = main->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
+  os << "  memory plan: peak arena " << grouped(arena) << " bytes for "
+     << grouped(intermediate) << " bytes of intermediate tensors";
+  if (arena > 0)
+    os << llvm::format(" (%.1fx reuse)", double(intermediate) / double(arena));
+  os << "\n";
+  int64_t inBytes = 0, outBytes = 0;
+  for (BlockArgument arg : main.getArguments())
+    inBytes += bytesOf(arg.getType());
+  for (Type t : main.getResultTypes())
+    outBytes += bytesOf(t);
+  os << "  weights: " << weightNames.size() << " tensors, "
+     << grouped(weightBytes) << " bytes; inputs " << grouped(inBytes)
+     << " bytes, outputs " << grouped(outBytes) << " bytes\n";
+  os << "  device memory for one run: " << grouped(arena + weightBytes + inBytes + outBytes)
+     << " bytes\n";
+  llvm::sort(largest, [](auto &a, auto &b) { return a.first > b.first; });
+  os << "  largest intermediate tensors:\n";
+  for (auto &[bytes, op] : llvm::ArrayRef(largest).take_front(3))
+    os << "    " << grouped(bytes) << " bytes: " << describeLocation(op->getLoc())
+       << " (" << op->getName() << ")\n";
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   registerAsmPrinterCLOptions();
@@ -232,6 +340,12 @@ int main(int argc, char **argv) {
     what = StringRef(outputFile).ends_with(".so") ? Emit::SharedLibrary
                                                   : Emit::Mlir;
   bool generate = what == Emit::SharedLibrary || what == Emit::Cpp;
+  // --explain alone prints the report instead of the IR.
+  bool reportOnly = explainPlan && !emit.getNumOccurrences() &&
+                    outputFile == "-";
+  if (explainPlan && (what == Emit::MlirImported || what == Emit::Weights))
+    return fail("--explain describes the compiled model; it does not go with "
+                "--emit=mlir-imported or --emit=weights");
   if (what == Emit::SharedLibrary && outputFile == "-")
     return fail("building a model library needs -o <file>.so");
   if (generate && tp * pp * dp > 1)
@@ -311,7 +425,7 @@ int main(int argc, char **argv) {
     if (dumper)
       pm.addInstrumentation(std::move(dumper));
     pcc::buildImportCleanupPipeline(pm);
-    if (generate) {
+    if (generate || explainPlan) {
       pm.addNestedPass<func::FuncOp>(pcc::createFuseElementwise());
       pm.addNestedPass<func::FuncOp>(pcc::createPlanMemory());
     }
@@ -320,6 +434,10 @@ int main(int argc, char **argv) {
   }
   if (errors)
     return 1;
+  if (explainPlan)
+    explain(**module, llvm::outs());
+  if (reportOnly)
+    return 0;
 
   if (generate) {
     std::string weightsPath = outputFile;

@@ -37,6 +37,12 @@ struct pcc_cuda_context {
   cublasHandle_t blas = nullptr;
   /// Device flag: the site of the first kernel that found bad data, or 0.
   int *errorSite = nullptr;
+  /// Pinned host copy of errorSite, written by the stream at the end of a run.
+  int *hostSite = nullptr;
+  /// While a run is captured into a CUDA graph, pcc_cuda_finish only
+  /// enqueues the error flag's copy; pcc_cuda_graph_run waits.
+  bool capturing = false;
+  cudaGraphExec_t graph = nullptr;
   /// The im2col buffer of conv, grown on demand.
   float *scratch = nullptr;
   int64_t scratchBytes = 0;
@@ -172,8 +178,12 @@ void release(pcc_cuda_context *ctx) {
     (void)cudaStreamSynchronize(ctx->stream);
   if (ctx->blas)
     cublasDestroy(ctx->blas);
+  if (ctx->graph)
+    (void)cudaGraphExecDestroy(ctx->graph);
   if (ctx->errorSite)
     (void)cudaFree(ctx->errorSite);
+  if (ctx->hostSite)
+    (void)cudaFreeHost(ctx->hostSite);
   if (ctx->scratch)
     (void)cudaFree(ctx->scratch);
   if (ctx->stream)
@@ -246,6 +256,13 @@ pcc_cuda_context *pcc_cuda_context_create(int device) {
     release(ctx);
     return nullptr;
   }
+  if (cudaError_t err = cudaMallocHost(&ctx->hostSite, sizeof(int))) {
+    ctx->hostSite = nullptr;
+    fail(what + "cudaMallocHost", err);
+    release(ctx);
+    return nullptr;
+  }
+  *ctx->hostSite = 0;
   cudaDeviceProp prop;
   if (cudaError_t err = cudaGetDeviceProperties(&prop, device)) {
     fail(what + "cudaGetDeviceProperties", err);
@@ -326,15 +343,14 @@ int pcc_cuda_synchronize(pcc_cuda_context *ctx) {
   return 0;
 }
 
-int pcc_cuda_finish(pcc_cuda_context *ctx) {
-  if (cudaError_t err = cudaStreamSynchronize(ctx->stream))
-    return fail("running the model: cudaStreamSynchronize", err);
-  int site = 0;
-  if (cudaError_t err = cudaMemcpyAsync(&site, ctx->errorSite, sizeof(int),
-                                        cudaMemcpyDeviceToHost, ctx->stream))
-    return fail("reading the error flag: cudaMemcpyAsync", err);
-  if (cudaError_t err = cudaStreamSynchronize(ctx->stream))
-    return fail("reading the error flag: cudaStreamSynchronize", err);
+} // extern "C"
+
+namespace {
+/// After the stream has finished a run: the recorded site (cleared), or -1
+/// with a message for a pending error.
+int collectSite(pcc_cuda_context *ctx) {
+  int site = *ctx->hostSite;
+  *ctx->hostSite = 0;
   if (site != 0) {
     if (cudaError_t err =
             cudaMemsetAsync(ctx->errorSite, 0, sizeof(int), ctx->stream))
@@ -345,6 +361,62 @@ int pcc_cuda_finish(pcc_cuda_context *ctx) {
   if (takePending(ctx))
     return -1;
   return site;
+}
+} // namespace
+
+extern "C" {
+
+int pcc_cuda_finish(pcc_cuda_context *ctx) {
+  // The flag travels to pinned memory on the stream, so one wait covers
+  // the run and the copy.
+  if (cudaError_t err = cudaMemcpyAsync(ctx->hostSite, ctx->errorSite,
+                                        sizeof(int), cudaMemcpyDeviceToHost,
+                                        ctx->stream))
+    return fail("reading the error flag: cudaMemcpyAsync", err);
+  if (ctx->capturing)
+    return takePending(ctx);
+  if (cudaError_t err = cudaStreamSynchronize(ctx->stream))
+    return fail("running the model: cudaStreamSynchronize", err);
+  return collectSite(ctx);
+}
+
+int pcc_cuda_capture_begin(pcc_cuda_context *ctx) {
+  if (ctx->graph) {
+    (void)cudaGraphExecDestroy(ctx->graph);
+    ctx->graph = nullptr;
+  }
+  // Relaxed: conv may look up its (already grown) scratch buffer.
+  if (cudaError_t err = cudaStreamBeginCapture(ctx->stream,
+                                               cudaStreamCaptureModeRelaxed))
+    return fail("cudaStreamBeginCapture", err);
+  ctx->capturing = true;
+  return 0;
+}
+
+int pcc_cuda_capture_end(pcc_cuda_context *ctx) {
+  ctx->capturing = false;
+  cudaGraph_t graph = nullptr;
+  if (cudaError_t err = cudaStreamEndCapture(ctx->stream, &graph))
+    return fail("cudaStreamEndCapture", err);
+  cudaError_t err = cudaGraphInstantiate(&ctx->graph, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  if (err) {
+    ctx->graph = nullptr;
+    return fail("cudaGraphInstantiate", err);
+  }
+  return 0;
+}
+
+int pcc_cuda_graph_run(pcc_cuda_context *ctx) {
+  if (!ctx->graph) {
+    lastError = "pcc_cuda_graph_run: no captured run";
+    return -1;
+  }
+  if (cudaError_t err = cudaGraphLaunch(ctx->graph, ctx->stream))
+    return fail("cudaGraphLaunch", err);
+  if (cudaError_t err = cudaStreamSynchronize(ctx->stream))
+    return fail("running the model graph: cudaStreamSynchronize", err);
+  return collectSite(ctx);
 }
 
 int pcc_cuda_check_launch(pcc_cuda_context *ctx) {

@@ -63,6 +63,14 @@ int pcc_cuda_synchronize(pcc_cuda_context *ctx);
  * recorded site. */
 int pcc_cuda_finish(pcc_cuda_context *ctx);
 
+/* CUDA graphs: between capture_begin and capture_end, a model run is
+ * recorded instead of executed (pcc_cuda_finish does not wait); graph_run
+ * replays it and returns what pcc_cuda_finish would. Return 0 on success,
+ * -1 with a message. */
+int pcc_cuda_capture_begin(pcc_cuda_context *ctx);
+int pcc_cuda_capture_end(pcc_cuda_context *ctx);
+int pcc_cuda_graph_run(pcc_cuda_context *ctx);
+
 /* Checks the last kernel launch (cudaGetLastError); 0 when it succeeded. */
 int pcc_cuda_check_launch(pcc_cuda_context *ctx);
 

@@ -47,6 +47,13 @@ public:
   virtual Status synchronize() = 0;
   /// The context every model run on this device receives.
   virtual pcc_run_context runContext() const = 0;
+
+  /// Record the work enqueued between these two calls as a graph (CUDA
+  /// graphs; runs are then not executed) and replay it. Devices without
+  /// graphs say so.
+  virtual Status beginCapture();
+  virtual Status endCapture();
+  virtual Status replay();
 };
 
 /// Device memory owned by its device.
@@ -80,6 +87,12 @@ public:
              const std::vector<void *> &outputs);
   /// Runs again on the inputs already on the device (for timing).
   Status runResident();
+  /// Records one run as a graph (CUDA); replayGraph() then repeats it
+  /// with a single launch.
+  Status captureGraph();
+  Status replayGraph();
+  /// Copies the device outputs to host buffers.
+  Status readOutputs(const std::vector<void *> &outputs);
 
 private:
   ModelRunner() = default;
