@@ -3,7 +3,8 @@
 
 For each bundled model and batch size: the pcc library built with
 --target=cuda is timed with `pcc-run --device cuda --bench` (inputs resident
-on the GPU, each run synchronised), once launching its kernels directly and
+on the GPU, each run synchronised; host wall time per run, for PyTorch too),
+once launching its kernels directly and
 once replaying them as a CUDA graph (`--cuda-graph`). PyTorch runs the same
 model (the exporter's own nn.Module with the same seeded weights) on the
 same GPU in fp32 (TF32 off), eagerly and as a captured CUDA graph. Outputs
@@ -21,6 +22,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -75,15 +77,15 @@ def time_torch(name, x, runs):
     model, _, _ = make_examples.build(name)
     model = model.cuda().eval()
     xt = torch.from_numpy(x).cuda()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # Host wall time of one call plus synchronisation, as pcc-run measures
+    # its runs (launch latency and the final wait included on both sides).
     def median(step):
         times = []
         for _ in range(runs):
-            start.record()
+            begin = time.perf_counter()
             step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - begin) * 1000)
         times.sort()
         return times[len(times) // 2]
 

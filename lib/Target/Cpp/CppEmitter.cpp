@@ -1003,7 +1003,7 @@ FailureOr<TargetCode> CppEmitter::emit() {
     fn += body;
     fn += "  int status = pcc_cuda_finish(ctx);\n"
           "  if (status > 0)\n"
-          "    return fail(kCudaSites[status - 1], \"bad input data\");\n"
+          "    return failWith(kCudaSites[status - 1]);\n"
           "  if (status < 0)\n"
           "    return fail(\"the CUDA backend\", pcc_cuda_last_error());\n"
           "  return 0;\n}\n\n";
@@ -1105,7 +1105,10 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << "thread_local std::string lastError;\n\n"
      << "int fail(const char *where, const char *why) {\n"
         "  lastError = std::string(where) + \": \" + why;\n"
-        "  return 1;\n}\n\n";
+        "  return 1;\n}\n\n"
+     << (cuda ? "int failWith(const char *message) {\n"
+                "  lastError = message;\n  return 1;\n}\n\n"
+              : "");
   if (cuda)
     os << "template <typename T> const void *symbolAddress(const T &symbol) "
           "{\n  void *address = nullptr;\n"
