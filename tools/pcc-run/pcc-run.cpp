@@ -361,14 +361,13 @@ int main(int argc, char **argv) {
     mean /= ms.size();
     int64_t batch =
         info->num_inputs && info->inputs[0].rank ? info->inputs[0].shape[0] : 1;
-    std::printf("bench (%s%s, inputs resident): %d runs, latency ms p50 %.3f p90 "
-                "%.3f p99 %.3f mean "
-                "%.3f; %.1f runs/s, %.1f samples/s (batch %lld)\n",
-                (*device)->describe().c_str(),
-                opts.cudaGraph ? ", cuda graph" : "", opts.bench, pct(0.5),
-                pct(0.9),
-                pct(0.99), mean, 1000.0 / mean, 1000.0 * batch / mean,
-                static_cast<long long>(batch));
+    std::printf(
+        "bench (%s%s, inputs resident): %d runs, latency ms p50 %.3f p90 "
+        "%.3f p99 %.3f mean "
+        "%.3f; %.1f runs/s, %.1f samples/s (batch %lld)\n",
+        (*device)->describe().c_str(), opts.cudaGraph ? ", cuda graph" : "",
+        opts.bench, pct(0.5), pct(0.9), pct(0.99), mean, 1000.0 / mean,
+        1000.0 * batch / mean, static_cast<long long>(batch));
   }
   return allMatch ? 0 : 1;
 }

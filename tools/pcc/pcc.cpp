@@ -21,8 +21,8 @@
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
-#include "llvm/Support/Format.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Path.h"
@@ -275,7 +275,8 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
   os << ")\n";
   os << "  fusion: " << fusions << " pcc.fusion kernels compute " << fused
      << " elementwise ops\n";
-  os << "  compute: " << grouped(flops) << " FLOPs in matmuls and convolutions\n";
+  os << "  compute: " << grouped(flops)
+     << " FLOPs in matmuls and convolutions\n";
   int64_t arena = main->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
   os << "  memory plan: peak arena " << grouped(arena) << " bytes for "
      << grouped(intermediate) << " bytes of intermediate tensors";
@@ -290,13 +291,14 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
   os << "  weights: " << weightNames.size() << " tensors, "
      << grouped(weightBytes) << " bytes; inputs " << grouped(inBytes)
      << " bytes, outputs " << grouped(outBytes) << " bytes\n";
-  os << "  device memory for one run: " << grouped(arena + weightBytes + inBytes + outBytes)
-     << " bytes\n";
+  os << "  device memory for one run: "
+     << grouped(arena + weightBytes + inBytes + outBytes) << " bytes\n";
   llvm::sort(largest, [](auto &a, auto &b) { return a.first > b.first; });
   os << "  largest intermediate tensors:\n";
   for (auto &[bytes, op] : llvm::ArrayRef(largest).take_front(3))
-    os << "    " << grouped(bytes) << " bytes: " << describeLocation(op->getLoc())
-       << " (" << op->getName() << ")\n";
+    os << "    " << grouped(bytes)
+       << " bytes: " << describeLocation(op->getLoc()) << " (" << op->getName()
+       << ")\n";
 }
 
 int main(int argc, char **argv) {
@@ -341,8 +343,8 @@ int main(int argc, char **argv) {
                                                   : Emit::Mlir;
   bool generate = what == Emit::SharedLibrary || what == Emit::Cpp;
   // --explain alone prints the report instead of the IR.
-  bool reportOnly = explainPlan && !emit.getNumOccurrences() &&
-                    outputFile == "-";
+  bool reportOnly =
+      explainPlan && !emit.getNumOccurrences() && outputFile == "-";
   if (explainPlan && (what == Emit::MlirImported || what == Emit::Weights))
     return fail("--explain describes the compiled model; it does not go with "
                 "--emit=mlir-imported or --emit=weights");

@@ -110,14 +110,20 @@ LogicalResult mlir::pcc::buildSharedLibrary(MLIRContext *context,
                      ",code=compute_" + archs.back());
     llvm::append_range(
         args, std::vector<std::string>{
-                  "--expt-relaxed-constexpr", "-w", "-Xcompiler=-fPIC",
+                  "--expt-relaxed-constexpr", "-w",
+                  "-Xcompiler=-fPIC,-fno-trapping-math,-fno-math-errno",
                   "-cudart=shared", "-lpcc_runtime_cuda", "-lpcc_runtime",
                   "-Xlinker=-rpath," + libraryDir,
                   "-Xlinker=-rpath," + std::string(PCC_CUDA_LIBRARY_DIR)});
   } else {
-    llvm::append_range(args,
-                       std::vector<std::string>{"-fPIC", "-w", "-lpcc_runtime",
-                                                "-Wl,-rpath," + libraryDir});
+    // Neither -fno-trapping-math nor -fno-math-errno changes a value (no
+    // reassociation, no finite-math assumptions); they let GCC if-convert
+    // and vectorise the generated loops, whose selects and sqrt calls
+    // would otherwise count as trapping or errno-setting.
+    llvm::append_range(
+        args, std::vector<std::string>{"-fPIC", "-w", "-fno-trapping-math",
+                                       "-fno-math-errno", "-lpcc_runtime",
+                                       "-Wl,-rpath," + libraryDir});
   }
   SmallVector<StringRef> argRefs(args.begin(), args.end());
   std::optional<StringRef> redirects[] = {std::nullopt, logPath.str(),

@@ -181,6 +181,17 @@ private:
   std::string math(StringRef fn) const {
     return (cuda ? "" : "std::") + fn.str();
   }
+  /// exp, tanh and erf in f32 on the CPU use pccrt's vectorisable forms
+  /// (runtime/include/pcc/runtime/FastMath.h); elsewhere `math(fn)`.
+  std::string transcendental(StringRef fn, Type computeType) const {
+    if (cuda || !computeType.isF32())
+      return math(fn);
+    if (fn == "exp")
+      return "pccrt::fastExp";
+    if (fn == "tanh")
+      return "pccrt::fastTanh";
+    return "pccrt::fastErf";
+  }
   /// The start of a call to runtime kernel `name` of this target.
   std::string call(StringRef name) const {
     return cuda ? ("pcc_cuda_" + name + "(ctx, ").str()
@@ -266,13 +277,14 @@ std::optional<std::string> CppEmitter::scalarExpr(Operation *op,
       })
       .Case([&](SqrtOp) { return math("sqrt") + "(" + a[0] + ")"; })
       .Case([&](ReciprocalOp) { return one() + " / " + a[0]; })
-      .Case([&](ExpOp) { return math("exp") + "(" + a[0] + ")"; })
+      .Case([&](ExpOp) { return transcendental("exp", t) + "(" + a[0] + ")"; })
       .Case([&](LogOp) { return math("log") + "(" + a[0] + ")"; })
-      .Case([&](ErfOp) { return math("erf") + "(" + a[0] + ")"; })
-      .Case([&](TanhOp) { return math("tanh") + "(" + a[0] + ")"; })
+      .Case([&](ErfOp) { return transcendental("erf", t) + "(" + a[0] + ")"; })
+      .Case(
+          [&](TanhOp) { return transcendental("tanh", t) + "(" + a[0] + ")"; })
       .Case([&](SigmoidOp) {
-        return one() + " / (" + one() + " + " + math("exp") + "(-" + a[0] +
-               "))";
+        return one() + " / (" + one() + " + " + transcendental("exp", t) +
+               "(-" + a[0] + "))";
       })
       .Case([&](ReluOp) {
         return "(" + a[0] + " > " + zero() + " ? " + a[0] + " : " + zero() +
@@ -286,11 +298,12 @@ std::optional<std::string> CppEmitter::scalarExpr(Operation *op,
       .Case([&](GeluOp g) -> std::string {
         if (g.getTanhApproximation())
           return "(" + literal(0.5, t) + " * " + a[0] + " * (" + one() + " + " +
-                 math("tanh") + "(" + literal(0.7978845608028654, t) + " * (" +
-                 a[0] + " + " + literal(0.044715, t) + " * " + a[0] + " * " +
-                 a[0] + " * " + a[0] + "))))";
+                 transcendental("tanh", t) + "(" +
+                 literal(0.7978845608028654, t) + " * (" + a[0] + " + " +
+                 literal(0.044715, t) + " * " + a[0] + " * " + a[0] + " * " +
+                 a[0] + "))))";
         return "(" + literal(0.5, t) + " * " + a[0] + " * (" + one() + " + " +
-               math("erf") + "(" + a[0] + " * " +
+               transcendental("erf", t) + "(" + a[0] + " * " +
                literal(0.7071067811865476, t) + ")))";
       })
       .Case([&](LeakyReluOp l) {
@@ -375,8 +388,8 @@ std::string CppEmitter::kernel(const std::string &text) {
   auto [it, inserted] = kernelNames.try_emplace(
       text, (cuda ? "g" : "k") + std::to_string(kernelNames.size()));
   if (inserted)
-    kernels +=
-        (cuda ? "__global__ void " : "static void ") + it->second + text + "\n";
+    kernels += (cuda ? "__global__ void " : "PCC_KERNEL void ") + it->second +
+               text + "\n";
   return it->second;
 }
 
@@ -406,7 +419,8 @@ void CppEmitter::launch(const std::string &kernelName, int64_t count,
 /// as an expression of the flat output index `i`. Adjacent dimensions that
 /// are all kept or all broadcast are merged first, so the common cases are a
 /// single modulo (a bias: `i % N`) or division (a column: `i / N`).
-static std::string broadcastIndex(ArrayRef<int64_t> in, ArrayRef<int64_t> out) {
+static std::string broadcastIndex(ArrayRef<int64_t> in, ArrayRef<int64_t> out,
+                                  StringRef var = "i") {
   size_t rank = out.size();
   SmallVector<int64_t> padded(rank - in.size(), 1);
   llvm::append_range(padded, in);
@@ -426,8 +440,9 @@ static std::string broadcastIndex(ArrayRef<int64_t> in, ArrayRef<int64_t> out) {
   for (auto it = groups.rbegin(); it != groups.rend(); ++it) {
     auto [size, kept] = *it;
     if (kept) {
-      std::string coord =
-          outStride == 1 ? "i" : "i / " + std::to_string(outStride);
+      std::string coord = outStride == 1
+                              ? var.str()
+                              : var.str() + " / " + std::to_string(outStride);
       if (it + 1 != groups.rend())
         coord = "(" + coord + ") % " + std::to_string(size);
       std::string term = inStride == 1
@@ -452,6 +467,27 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
       return "pccrt::bf16ToFloat(" + element + ")";
     return element;
   };
+  // On the CPU, a fusion that broadcasts runs as two loops, the inner one
+  // over the last dimension: an input broadcast along the leading
+  // dimensions is then read contiguously (x[j]) and one broadcast along the
+  // last dimension is a scalar per row, both of which vectorise, unlike
+  // per-element index arithmetic.
+  bool broadcasts = llvm::any_of(
+      body.getOperations(), [](Operation &op) { return isa<BroadcastOp>(op); });
+  bool nested = !cuda && broadcasts && shape.size() >= 2 && shape.back() > 1;
+  int64_t inner = nested ? shape.back() : count;
+  auto inputIndex = [&](ArrayRef<int64_t> in) -> std::string {
+    if (!nested)
+      return broadcastIndex(in, shape);
+    SmallVector<int64_t> padded(shape.size() - in.size(), 1);
+    llvm::append_range(padded, in);
+    std::string lead = broadcastIndex(ArrayRef<int64_t>(padded).drop_back(),
+                                      shape.drop_back(), "o");
+    if (padded.back() != inner)
+      return lead;
+    return lead == "0" ? "j"
+                       : "(" + lead + ") * " + std::to_string(inner) + " + j";
+  };
   llvm::DenseMap<Value, std::string> expr;
   std::string code;
   unsigned temp = 0;
@@ -469,9 +505,8 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
         return op.emitError("code generation: a fused broadcast must read a "
                             "fusion input");
       expr[result] =
-          load(element,
-               "x" + std::to_string(arg.getArgNumber()) + "[" +
-                   broadcastIndex(tensorTypeOf(arg).getShape(), shape) + "]");
+          load(element, "x" + std::to_string(arg.getArgNumber()) + "[" +
+                            inputIndex(tensorTypeOf(arg).getShape()) + "]");
       continue;
     }
     if (auto cst = dyn_cast<ConstantOp>(op)) {
@@ -522,9 +557,15 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
         llvm::formatv("{0}{1} *__restrict y{2}", r ? ", " : "",
                       elementInfo(tensorTypeOf(v).getElementType())->cType, r)
             .str();
+  std::string header =
+      nested ? llvm::formatv("for (int64_t o = 0; o < {0}; ++o)\n  for "
+                             "(int64_t j = 0; j < {1}; ++j) {\n    const "
+                             "int64_t i = o * {1} + j;",
+                             count / inner, inner)
+                   .str()
+             : loop(count) + " {";
   std::string name = kernel(
-      llvm::formatv("({0}) {\n  {1} {\n{2}  }\n}\n", params, loop(count), code)
-          .str());
+      llvm::formatv("({0}) {\n  {1}\n{2}  }\n}\n", params, header, code).str());
   for (unsigned r = 0; r < fusion.getNumResults(); ++r)
     if (failed(defineResult(fusion, r)))
       return failure();
@@ -1094,7 +1135,9 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
       func->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
 
   os << "// Generated by pcc from " << options.source << ". Do not edit.\n"
-     << (cpu ? "#include \"pcc/runtime/CpuKernels.h\"\n" : "")
+     << (cpu ? "#include \"pcc/runtime/CpuKernels.h\"\n"
+               "#include \"pcc/runtime/FastMath.h\"\n"
+             : "")
      << (cuda ? "#include \"pcc/runtime/CudaKernels.h\"\n" : "")
      << "#include \"pcc/runtime/HalfFloat.h\"\n"
         "#include \"pcc/runtime/ModelAbi.h\"\n\n"
@@ -1102,6 +1145,13 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n"
         "#include <cstring>\n#include <limits>\n#include <string>\n\n"
         "namespace {\n\n"
+     << (cpu ? "// CPU kernels get an AVX2+FMA clone beside the baseline one,\n"
+               "// picked when the library loads.\n"
+               "#if defined(__x86_64__) && defined(__GNUC__)\n"
+               "#define PCC_KERNEL __attribute__((target_clones("
+               "\"arch=x86-64-v3\", \"default\"))) static\n"
+               "#else\n#define PCC_KERNEL static\n#endif\n\n"
+             : "")
      << "thread_local std::string lastError;\n\n"
      << "int fail(const char *where, const char *why) {\n"
         "  lastError = std::string(where) + \": \" + why;\n"

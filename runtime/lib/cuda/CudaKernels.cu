@@ -369,9 +369,9 @@ extern "C" {
 int pcc_cuda_finish(pcc_cuda_context *ctx) {
   // The flag travels to pinned memory on the stream, so one wait covers
   // the run and the copy.
-  if (cudaError_t err = cudaMemcpyAsync(ctx->hostSite, ctx->errorSite,
-                                        sizeof(int), cudaMemcpyDeviceToHost,
-                                        ctx->stream))
+  if (cudaError_t err =
+          cudaMemcpyAsync(ctx->hostSite, ctx->errorSite, sizeof(int),
+                          cudaMemcpyDeviceToHost, ctx->stream))
     return fail("reading the error flag: cudaMemcpyAsync", err);
   if (ctx->capturing)
     return takePending(ctx);
@@ -386,8 +386,8 @@ int pcc_cuda_capture_begin(pcc_cuda_context *ctx) {
     ctx->graph = nullptr;
   }
   // Relaxed: conv may look up its (already grown) scratch buffer.
-  if (cudaError_t err = cudaStreamBeginCapture(ctx->stream,
-                                               cudaStreamCaptureModeRelaxed))
+  if (cudaError_t err =
+          cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeRelaxed))
     return fail("cudaStreamBeginCapture", err);
   ctx->capturing = true;
   return 0;
