@@ -25,7 +25,7 @@ llvm_config.use_default_substitutions()
 
 tool_dirs = [config.pcc_tools_dir, config.llvm_tools_dir]
 tools = ["pcc", "pcc-opt", "pcc-onnx-conformance", "pcc-run", "not", "count",
-         "split-file"]
+         "split-file", "pcc-collective-tests"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 
 if os.path.isdir("/usr/share/libonnx-testdata/data/node"):
@@ -45,3 +45,13 @@ if config.pcc_have_cuda:
         devices = ""
     if "cuda:0" in devices:
         config.available_features.add("cuda-gpu")
+
+# CPU ranks under OpenMPI (as root it needs --allow-run-as-root; two cores
+# need --oversubscribe for four ranks).
+if config.pcc_have_mpi:
+    import shutil
+    mpirun = shutil.which("mpirun")
+    if mpirun:
+        config.available_features.add("mpi")
+        config.substitutions.append(
+            ("%mpirun", mpirun + " --allow-run-as-root --oversubscribe --bind-to none"))

@@ -5,6 +5,8 @@
 #include "pcc/runtime/CudaKernels.h"
 #include "pcc/runtime/DType.h"
 
+#include "Loader.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
@@ -57,39 +59,45 @@ struct CudaApi {
   decltype(&pcc_cuda_graph_run) graphRun;
 };
 
-/// The directory holding this runtime (the shared library, or the program
-/// it is linked into), with a trailing slash.
-std::string runtimeDirectory() {
-  Dl_info info;
-  if (!dladdr(reinterpret_cast<void *>(&runtimeDirectory), &info) ||
-      !info.dli_fname)
-    return "";
-  std::string path = info.dli_fname;
-  size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? "" : path.substr(0, slash + 1);
-}
+} // namespace
 
-Result<CudaApi> loadCudaApi() {
+Result<void *> loadRuntimeLibrary(const char *fileName, const char *envVar,
+                                  const std::string &purpose) {
   std::vector<std::string> candidates;
-  if (const char *env = std::getenv("PCC_RUNTIME_CUDA_LIBRARY"))
+  if (const char *env = std::getenv(envVar))
     candidates.push_back(env);
-  std::string dir = runtimeDirectory();
-  candidates.push_back(dir + "libpcc_runtime_cuda.so");
-  candidates.push_back(dir + "../lib/libpcc_runtime_cuda.so");
-  candidates.push_back("libpcc_runtime_cuda.so");
-  void *handle = nullptr;
+  std::string dir;
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void *>(&loadRuntimeLibrary), &info) &&
+      info.dli_fname) {
+    std::string path = info.dli_fname;
+    size_t slash = path.find_last_of('/');
+    if (slash != std::string::npos)
+      dir = path.substr(0, slash + 1);
+  }
+  candidates.push_back(dir + fileName);
+  candidates.push_back(dir + "../lib/" + fileName);
+  candidates.push_back(fileName);
   std::string errors;
   for (const std::string &path : candidates) {
-    handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
-    if (handle)
-      break;
+    if (void *handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL))
+      return handle;
     errors += std::string("\n  ") + dlerror();
   }
-  if (!handle)
-    return Error{"the CUDA backend (libpcc_runtime_cuda.so) cannot be loaded; "
-                 "was pcc built with a CUDA toolkit, and are libcudart and "
-                 "libcublas on the library path?" +
-                 errors};
+  return Error{purpose + errors};
+}
+
+namespace {
+
+Result<CudaApi> loadCudaApi() {
+  auto loaded = loadRuntimeLibrary(
+      "libpcc_runtime_cuda.so", "PCC_RUNTIME_CUDA_LIBRARY",
+      "the CUDA backend (libpcc_runtime_cuda.so) cannot be loaded; was pcc "
+      "built with a CUDA toolkit, and are libcudart and libcublas on the "
+      "library path?");
+  if (!loaded.ok())
+    return Error{loaded.error()};
+  void *handle = *loaded;
   CudaApi api;
   bool ok = true;
   auto bind = [&](auto &fn, const char *name) {

@@ -288,6 +288,8 @@ const char *pcc_cuda_device_name(const pcc_cuda_context *ctx) {
 
 void *pcc_cuda_stream(pcc_cuda_context *ctx) { return ctx->stream; }
 
+int pcc_cuda_device_ordinal(const pcc_cuda_context *ctx) { return ctx->device; }
+
 int pcc_cuda_malloc(pcc_cuda_context *, void **ptr, int64_t bytes) {
   *ptr = nullptr;
   if (bytes < 0) {

@@ -46,6 +46,8 @@ void pcc_cuda_context_destroy(pcc_cuda_context *ctx);
 const char *pcc_cuda_device_name(const pcc_cuda_context *ctx);
 /* The cudaStream_t generated kernels are launched on. */
 void *pcc_cuda_stream(pcc_cuda_context *ctx);
+/* The device the context was created on. */
+int pcc_cuda_device_ordinal(const pcc_cuda_context *ctx);
 
 /* Device memory; these return 0 on success, non-zero with a message. */
 int pcc_cuda_malloc(pcc_cuda_context *ctx, void **ptr, int64_t bytes);

@@ -1,0 +1,86 @@
+//===- Communicator.h - collectives between ranks -----------------*- C++
+//-*-===//
+//
+// One interface, three engines: a world of one (no library needed), MPI
+// for CPU ranks (libpcc_runtime_mpi.so) and NCCL for GPU ranks (in
+// libpcc_runtime_cuda.so), each loaded on demand. Buffers live where the
+// engine works: host memory for MPI, the device's memory for NCCL (whose
+// collectives run on the device's stream and complete by wait()).
+//
+// Every failure names the rank, the group and the collective:
+//   rank 1 of 2 in 'tp' (mpi): all_reduce of 4096 x F32: MPI_Allreduce: ...
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_RUNTIME_COMMUNICATOR_H
+#define PCC_RUNTIME_COMMUNICATOR_H
+
+#include "pcc/runtime/DType.h"
+#include "pcc/runtime/Engines.h"
+#include "pcc/runtime/Result.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace pccrt {
+
+class Device;
+
+enum class ReduceOp { Sum = PCC_OP_SUM, Max = PCC_OP_MAX, Min = PCC_OP_MIN };
+
+class Communicator {
+public:
+  virtual ~Communicator() = default;
+
+  /// A world of one rank: collectives copy, point-to-point fails.
+  static std::unique_ptr<Communicator> self();
+  /// This process's MPI job (initialises MPI once).
+  static Result<std::unique_ptr<Communicator>> mpiWorld();
+  /// NCCL over the ranks of `bootstrap` (which carries the unique id from
+  /// rank 0 to the others) on a CUDA device.
+  static Result<std::unique_ptr<Communicator>> nccl(Communicator &bootstrap,
+                                                    Device &device);
+  /// Whether mpirun, srun or another MPI launcher started this process.
+  static bool launchedByMpi();
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// "self", "mpi" or "nccl".
+  virtual const char *engine() const = 0;
+  /// The group's name in messages ("world", "tp", ...).
+  const std::string &name() const { return groupName; }
+  void setName(std::string name) { groupName = std::move(name); }
+
+  /// send == recv is in place. Counts are elements of `type`; gathers and
+  /// reduce-scatters take the count per rank.
+  virtual Status allReduce(const void *send, void *recv, int64_t count,
+                           DType type, ReduceOp op) = 0;
+  virtual Status allGather(const void *send, void *recv, int64_t countPerRank,
+                           DType type) = 0;
+  virtual Status reduceScatter(const void *send, void *recv,
+                               int64_t countPerRank, DType type,
+                               ReduceOp op) = 0;
+  virtual Status broadcast(void *buffer, int64_t count, DType type,
+                           int root) = 0;
+  virtual Status send(const void *buffer, int64_t count, DType type,
+                      int peer) = 0;
+  virtual Status recv(void *buffer, int64_t count, DType type, int peer) = 0;
+  /// Completes the collectives issued so far (NCCL: waits for the stream,
+  /// aborting after `timeoutMs` when a peer is gone; others: no-op).
+  virtual Status wait(int64_t timeoutMs);
+  /// The ranks with the same color, ordered by key, as a new group.
+  virtual Result<std::unique_ptr<Communicator>> split(int color, int key) = 0;
+
+protected:
+  /// "rank R of N in 'name' (engine): <collective> of <count> x <type>: why"
+  Error failure(const std::string &collective, int64_t count, DType type,
+                const std::string &why) const;
+
+private:
+  std::string groupName = "world";
+};
+
+} // namespace pccrt
+
+#endif // PCC_RUNTIME_COMMUNICATOR_H

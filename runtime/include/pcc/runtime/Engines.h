@@ -1,0 +1,88 @@
+/*===- Engines.h - C entry points of the communication engines ---*- C -*-===//
+ *
+ * The runtime loads its communication engines on demand, like the CUDA
+ * backend: libpcc_runtime_mpi.so (MPI, CPU buffers) and the NCCL part of
+ * libpcc_runtime_cuda.so (device buffers). pccrt::Communicator wraps these;
+ * programs use that, not this header.
+ *
+ * Every call returns 0 on success, or non-zero with a message for
+ * pcc_mpi_last_error() / pcc_nccl_last_error(). Element types are enum
+ * pcc_dtype codes; reduction ops are enum pcc_collective_op.
+ *
+ *===----------------------------------------------------------------------===*/
+
+#ifndef PCC_RUNTIME_ENGINES_H
+#define PCC_RUNTIME_ENGINES_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum pcc_collective_op { PCC_OP_SUM = 0, PCC_OP_MAX, PCC_OP_MIN };
+
+/*--- MPI (libpcc_runtime_mpi.so) ---------------------------------------*/
+
+typedef struct pcc_mpi_comm pcc_mpi_comm;
+
+const char *pcc_mpi_last_error(void);
+/* The job's world (initialises MPI on first use, finalises at exit). */
+pcc_mpi_comm *pcc_mpi_world(void);
+void pcc_mpi_free(pcc_mpi_comm *comm);
+int pcc_mpi_rank(const pcc_mpi_comm *comm);
+int pcc_mpi_size(const pcc_mpi_comm *comm);
+/* Ranks with equal color form a group, ordered by key. */
+pcc_mpi_comm *pcc_mpi_split(pcc_mpi_comm *comm, int color, int key);
+int pcc_mpi_all_reduce(pcc_mpi_comm *comm, const void *send, void *recv,
+                       int64_t count, int dtype, int op);
+int pcc_mpi_all_gather(pcc_mpi_comm *comm, const void *send, void *recv,
+                       int64_t count_per_rank, int dtype);
+int pcc_mpi_reduce_scatter(pcc_mpi_comm *comm, const void *send, void *recv,
+                           int64_t count_per_rank, int dtype, int op);
+int pcc_mpi_broadcast(pcc_mpi_comm *comm, void *buffer, int64_t count,
+                      int dtype, int root);
+int pcc_mpi_send(pcc_mpi_comm *comm, const void *buffer, int64_t count,
+                 int dtype, int peer);
+int pcc_mpi_recv(pcc_mpi_comm *comm, void *buffer, int64_t count, int dtype,
+                 int peer);
+int pcc_mpi_barrier(pcc_mpi_comm *comm);
+
+/*--- NCCL (libpcc_runtime_cuda.so) --------------------------------------*/
+
+typedef struct pcc_nccl_comm pcc_nccl_comm;
+struct pcc_cuda_context;
+
+const char *pcc_nccl_last_error(void);
+/* Size of an ncclUniqueId and a new one (rank 0 makes it, all ranks get
+ * it through a bootstrap communicator). */
+int pcc_nccl_unique_id_size(void);
+int pcc_nccl_get_unique_id(void *id);
+/* The communicator of rank `rank` of `size` on the context's device; its
+ * collectives are enqueued on the context's stream. */
+pcc_nccl_comm *pcc_nccl_init(struct pcc_cuda_context *ctx, const void *id,
+                             int size, int rank);
+void pcc_nccl_free(pcc_nccl_comm *comm);
+/* "NCCL 2.28.9" */
+const char *pcc_nccl_version(void);
+int pcc_nccl_all_reduce(pcc_nccl_comm *comm, const void *send, void *recv,
+                        int64_t count, int dtype, int op);
+int pcc_nccl_all_gather(pcc_nccl_comm *comm, const void *send, void *recv,
+                        int64_t count_per_rank, int dtype);
+int pcc_nccl_reduce_scatter(pcc_nccl_comm *comm, const void *send, void *recv,
+                            int64_t count_per_rank, int dtype, int op);
+int pcc_nccl_broadcast(pcc_nccl_comm *comm, void *buffer, int64_t count,
+                       int dtype, int root);
+int pcc_nccl_send(pcc_nccl_comm *comm, const void *buffer, int64_t count,
+                  int dtype, int peer);
+int pcc_nccl_recv(pcc_nccl_comm *comm, void *buffer, int64_t count, int dtype,
+                  int peer);
+/* Waits for the stream, up to timeout_ms; on a timeout or an asynchronous
+ * NCCL error the communicator is aborted and the call fails. */
+int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PCC_RUNTIME_ENGINES_H */

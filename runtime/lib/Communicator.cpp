@@ -1,0 +1,335 @@
+//===- Communicator.cpp - self, MPI and NCCL communicators ----------------===//
+
+#include "pcc/runtime/Communicator.h"
+
+#include "pcc/runtime/Device.h"
+
+#include "Loader.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace pccrt {
+
+Status Communicator::wait(int64_t) { return Status::success(); }
+
+Error Communicator::failure(const std::string &collective, int64_t count,
+                            DType type, const std::string &why) const {
+  return Error{"rank " + std::to_string(rank()) + " of " +
+               std::to_string(size()) + " in '" + groupName + "' (" + engine() +
+               "): " + collective + " of " + std::to_string(count) + " x " +
+               std::string(dtypeName(type)) + ": " + why};
+}
+
+bool Communicator::launchedByMpi() {
+  for (const char *var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                          "MPI_LOCALNRANKS", "SLURM_NTASKS"})
+    if (std::getenv(var))
+      return true;
+  return false;
+}
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// A world of one
+//===----------------------------------------------------------------------===//
+
+class SelfCommunicator final : public Communicator {
+public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const char *engine() const override { return "self"; }
+  Status allReduce(const void *send, void *recv, int64_t count, DType type,
+                   ReduceOp) override {
+    return copy(send, recv, count, type);
+  }
+  Status allGather(const void *send, void *recv, int64_t count,
+                   DType type) override {
+    return copy(send, recv, count, type);
+  }
+  Status reduceScatter(const void *send, void *recv, int64_t count, DType type,
+                       ReduceOp) override {
+    return copy(send, recv, count, type);
+  }
+  Status broadcast(void *, int64_t, DType, int root) override {
+    if (root != 0)
+      return Error{"broadcast from rank " + std::to_string(root) +
+                   " in a world of one"};
+    return Status::success();
+  }
+  Status send(const void *, int64_t count, DType type, int peer) override {
+    return failure("send", count, type,
+                   "no peer " + std::to_string(peer) + " in a world of one");
+  }
+  Status recv(void *, int64_t count, DType type, int peer) override {
+    return failure("recv", count, type,
+                   "no peer " + std::to_string(peer) + " in a world of one");
+  }
+  Result<std::unique_ptr<Communicator>> split(int, int) override {
+    return std::unique_ptr<Communicator>(new SelfCommunicator());
+  }
+
+private:
+  static Status copy(const void *send, void *recv, int64_t count, DType type) {
+    if (send != recv)
+      std::memmove(recv, send, static_cast<size_t>(count * dtypeSize(type)));
+    return Status::success();
+  }
+};
+
+//===----------------------------------------------------------------------===//
+// MPI
+//===----------------------------------------------------------------------===//
+
+struct MpiApi {
+  decltype(&pcc_mpi_last_error) lastError;
+  decltype(&pcc_mpi_world) world;
+  decltype(&pcc_mpi_free) free;
+  decltype(&pcc_mpi_rank) rank;
+  decltype(&pcc_mpi_size) size;
+  decltype(&pcc_mpi_split) split;
+  decltype(&pcc_mpi_all_reduce) allReduce;
+  decltype(&pcc_mpi_all_gather) allGather;
+  decltype(&pcc_mpi_reduce_scatter) reduceScatter;
+  decltype(&pcc_mpi_broadcast) broadcast;
+  decltype(&pcc_mpi_send) send;
+  decltype(&pcc_mpi_recv) recv;
+};
+
+Result<MpiApi> loadMpiApi() {
+  auto handle = loadRuntimeLibrary(
+      "libpcc_runtime_mpi.so", "PCC_RUNTIME_MPI_LIBRARY",
+      "the MPI engine (libpcc_runtime_mpi.so) cannot be loaded; was pcc built "
+      "with OpenMPI (libopenmpi-dev)?");
+  if (!handle.ok())
+    return Error{handle.error()};
+  MpiApi api;
+  bool ok = bindSymbol(*handle, api.lastError, "pcc_mpi_last_error") &&
+            bindSymbol(*handle, api.world, "pcc_mpi_world") &&
+            bindSymbol(*handle, api.free, "pcc_mpi_free") &&
+            bindSymbol(*handle, api.rank, "pcc_mpi_rank") &&
+            bindSymbol(*handle, api.size, "pcc_mpi_size") &&
+            bindSymbol(*handle, api.split, "pcc_mpi_split") &&
+            bindSymbol(*handle, api.allReduce, "pcc_mpi_all_reduce") &&
+            bindSymbol(*handle, api.allGather, "pcc_mpi_all_gather") &&
+            bindSymbol(*handle, api.reduceScatter, "pcc_mpi_reduce_scatter") &&
+            bindSymbol(*handle, api.broadcast, "pcc_mpi_broadcast") &&
+            bindSymbol(*handle, api.send, "pcc_mpi_send") &&
+            bindSymbol(*handle, api.recv, "pcc_mpi_recv");
+  if (!ok)
+    return Error{"libpcc_runtime_mpi.so lacks the pcc_mpi_* entry points; it "
+                 "belongs to another pcc version"};
+  return api;
+}
+
+class MpiCommunicator final : public Communicator {
+public:
+  MpiCommunicator(MpiApi api, pcc_mpi_comm *comm)
+      : api(api), comm(comm), myRank(api.rank(comm)), mySize(api.size(comm)) {}
+  ~MpiCommunicator() override { api.free(comm); }
+  int rank() const override { return myRank; }
+  int size() const override { return mySize; }
+  const char *engine() const override { return "mpi"; }
+
+  Status allReduce(const void *send, void *recv, int64_t count, DType type,
+                   ReduceOp op) override {
+    return check(api.allReduce(comm, send, recv, count, int(type), int(op)),
+                 "all_reduce", count, type);
+  }
+  Status allGather(const void *send, void *recv, int64_t count,
+                   DType type) override {
+    return check(api.allGather(comm, send, recv, count, int(type)),
+                 "all_gather", count, type);
+  }
+  Status reduceScatter(const void *send, void *recv, int64_t count, DType type,
+                       ReduceOp op) override {
+    return check(api.reduceScatter(comm, send, recv, count, int(type), int(op)),
+                 "reduce_scatter", count, type);
+  }
+  Status broadcast(void *buffer, int64_t count, DType type, int root) override {
+    return check(api.broadcast(comm, buffer, count, int(type), root),
+                 "broadcast", count, type);
+  }
+  Status send(const void *buffer, int64_t count, DType type,
+              int peer) override {
+    return check(api.send(comm, buffer, count, int(type), peer),
+                 "send to rank " + std::to_string(peer), count, type);
+  }
+  Status recv(void *buffer, int64_t count, DType type, int peer) override {
+    return check(api.recv(comm, buffer, count, int(type), peer),
+                 "recv from rank " + std::to_string(peer), count, type);
+  }
+  Result<std::unique_ptr<Communicator>> split(int color, int key) override {
+    pcc_mpi_comm *sub = api.split(comm, color, key);
+    if (!sub)
+      return Error{"rank " + std::to_string(myRank) + " in '" + name() +
+                   "': split: " + api.lastError()};
+    return std::unique_ptr<Communicator>(new MpiCommunicator(api, sub));
+  }
+
+private:
+  Status check(int rc, const std::string &what, int64_t count, DType type) {
+    if (rc == 0)
+      return Status::success();
+    return failure(what, count, type, api.lastError());
+  }
+
+  MpiApi api;
+  pcc_mpi_comm *comm;
+  int myRank, mySize;
+};
+
+//===----------------------------------------------------------------------===//
+// NCCL
+//===----------------------------------------------------------------------===//
+
+struct NcclApi {
+  decltype(&pcc_nccl_last_error) lastError;
+  decltype(&pcc_nccl_unique_id_size) uniqueIdSize;
+  decltype(&pcc_nccl_get_unique_id) getUniqueId;
+  decltype(&pcc_nccl_init) init;
+  decltype(&pcc_nccl_free) free;
+  decltype(&pcc_nccl_all_reduce) allReduce;
+  decltype(&pcc_nccl_all_gather) allGather;
+  decltype(&pcc_nccl_reduce_scatter) reduceScatter;
+  decltype(&pcc_nccl_broadcast) broadcast;
+  decltype(&pcc_nccl_send) send;
+  decltype(&pcc_nccl_recv) recv;
+  decltype(&pcc_nccl_wait) wait;
+};
+
+Result<NcclApi> loadNcclApi() {
+  auto handle = loadRuntimeLibrary(
+      "libpcc_runtime_cuda.so", "PCC_RUNTIME_CUDA_LIBRARY",
+      "NCCL needs the CUDA backend (libpcc_runtime_cuda.so), which cannot be "
+      "loaded:");
+  if (!handle.ok())
+    return Error{handle.error()};
+  NcclApi api;
+  bool ok = bindSymbol(*handle, api.lastError, "pcc_nccl_last_error") &&
+            bindSymbol(*handle, api.uniqueIdSize, "pcc_nccl_unique_id_size") &&
+            bindSymbol(*handle, api.getUniqueId, "pcc_nccl_get_unique_id") &&
+            bindSymbol(*handle, api.init, "pcc_nccl_init") &&
+            bindSymbol(*handle, api.free, "pcc_nccl_free") &&
+            bindSymbol(*handle, api.allReduce, "pcc_nccl_all_reduce") &&
+            bindSymbol(*handle, api.allGather, "pcc_nccl_all_gather") &&
+            bindSymbol(*handle, api.reduceScatter, "pcc_nccl_reduce_scatter") &&
+            bindSymbol(*handle, api.broadcast, "pcc_nccl_broadcast") &&
+            bindSymbol(*handle, api.send, "pcc_nccl_send") &&
+            bindSymbol(*handle, api.recv, "pcc_nccl_recv") &&
+            bindSymbol(*handle, api.wait, "pcc_nccl_wait");
+  if (!ok)
+    return Error{"libpcc_runtime_cuda.so has no NCCL engine (pcc was built "
+                 "without NCCL, or the library belongs to another pcc "
+                 "version)"};
+  return api;
+}
+
+class NcclCommunicator final : public Communicator {
+public:
+  NcclCommunicator(NcclApi api, pcc_nccl_comm *comm, int rank, int size)
+      : api(api), comm(comm), myRank(rank), mySize(size) {}
+  ~NcclCommunicator() override { api.free(comm); }
+  int rank() const override { return myRank; }
+  int size() const override { return mySize; }
+  const char *engine() const override { return "nccl"; }
+
+  Status allReduce(const void *send, void *recv, int64_t count, DType type,
+                   ReduceOp op) override {
+    return check(api.allReduce(comm, send, recv, count, int(type), int(op)),
+                 "all_reduce", count, type);
+  }
+  Status allGather(const void *send, void *recv, int64_t count,
+                   DType type) override {
+    return check(api.allGather(comm, send, recv, count, int(type)),
+                 "all_gather", count, type);
+  }
+  Status reduceScatter(const void *send, void *recv, int64_t count, DType type,
+                       ReduceOp op) override {
+    return check(api.reduceScatter(comm, send, recv, count, int(type), int(op)),
+                 "reduce_scatter", count, type);
+  }
+  Status broadcast(void *buffer, int64_t count, DType type, int root) override {
+    return check(api.broadcast(comm, buffer, count, int(type), root),
+                 "broadcast", count, type);
+  }
+  Status send(const void *buffer, int64_t count, DType type,
+              int peer) override {
+    return check(api.send(comm, buffer, count, int(type), peer),
+                 "send to rank " + std::to_string(peer), count, type);
+  }
+  Status recv(void *buffer, int64_t count, DType type, int peer) override {
+    return check(api.recv(comm, buffer, count, int(type), peer),
+                 "recv from rank " + std::to_string(peer), count, type);
+  }
+  Status wait(int64_t timeoutMs) override {
+    if (api.wait(comm, timeoutMs) == 0)
+      return Status::success();
+    return Error{"rank " + std::to_string(myRank) + " of " +
+                 std::to_string(mySize) + " in '" + name() +
+                 "' (nccl): waiting for collectives: " + api.lastError()};
+  }
+  Result<std::unique_ptr<Communicator>> split(int, int) override {
+    return Error{"rank " + std::to_string(myRank) + " in '" + name() +
+                 "': split NCCL groups from their MPI bootstrap group "
+                 "(Communicator::nccl on the split MPI communicator)"};
+  }
+
+private:
+  Status check(int rc, const std::string &what, int64_t count, DType type) {
+    if (rc == 0)
+      return Status::success();
+    return failure(what, count, type, api.lastError());
+  }
+
+  NcclApi api;
+  pcc_nccl_comm *comm;
+  int myRank, mySize;
+};
+
+} // namespace
+
+std::unique_ptr<Communicator> Communicator::self() {
+  return std::unique_ptr<Communicator>(new SelfCommunicator());
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::mpiWorld() {
+  auto api = loadMpiApi();
+  if (!api.ok())
+    return Error{api.error()};
+  pcc_mpi_comm *world = api->world();
+  if (!world)
+    return Error{std::string("starting MPI: ") + api->lastError()};
+  return std::unique_ptr<Communicator>(new MpiCommunicator(*api, world));
+}
+
+Result<std::unique_ptr<Communicator>>
+Communicator::nccl(Communicator &bootstrap, Device &device) {
+  if (device.target() != PCC_TARGET_CUDA)
+    return Error{"NCCL needs a CUDA device, not " + device.describe()};
+  auto api = loadNcclApi();
+  if (!api.ok())
+    return Error{api.error()};
+  // Rank 0 makes the unique id; the bootstrap group hands it to the others.
+  std::vector<uint8_t> id(static_cast<size_t>(api->uniqueIdSize()));
+  if (bootstrap.rank() == 0 && api->getUniqueId(id.data()))
+    return Error{std::string("rank 0: ncclGetUniqueId: ") + api->lastError()};
+  Status shared = bootstrap.broadcast(
+      id.data(), static_cast<int64_t>(id.size()), DType::U8, 0);
+  if (!shared.ok())
+    return Error{"handing out the NCCL unique id: " + shared.error()};
+  auto *ctx = static_cast<pcc_cuda_context *>(device.runContext().backend);
+  pcc_nccl_comm *comm =
+      api->init(ctx, id.data(), bootstrap.size(), bootstrap.rank());
+  if (!comm)
+    return Error{"rank " + std::to_string(bootstrap.rank()) + " of " +
+                 std::to_string(bootstrap.size()) + ": " + api->lastError()};
+  auto result = std::unique_ptr<Communicator>(
+      new NcclCommunicator(*api, comm, bootstrap.rank(), bootstrap.size()));
+  result->setName(bootstrap.name());
+  return result;
+}
+
+} // namespace pccrt

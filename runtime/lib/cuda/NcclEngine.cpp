@@ -1,0 +1,262 @@
+//===- NcclEngine.cpp - collectives over NCCL for GPU ranks ---------------===//
+//
+// The NCCL entry points of Engines.h, part of libpcc_runtime_cuda.so. Each
+// communicator enqueues on its CUDA context's stream; pcc_nccl_wait bounds
+// the wait and aborts the communicator when a peer is gone, so a dead rank
+// ends the others with a message instead of a hang.
+//
+//===----------------------------------------------------------------------===//
+
+#include "pcc/runtime/CpuKernels.h"
+#include "pcc/runtime/CudaKernels.h"
+#include "pcc/runtime/Engines.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+
+struct pcc_nccl_comm {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  bool aborted = false;
+};
+
+namespace {
+thread_local std::string lastError;
+
+int fail(const std::string &what, ncclResult_t rc, pcc_nccl_comm *comm) {
+  lastError = what + ": " + ncclGetErrorString(rc);
+  if (comm && rc != ncclSuccess) {
+    const char *detail = ncclGetLastError(comm->comm);
+    if (detail && *detail)
+      lastError += std::string(" (") + detail + ")";
+  }
+  return 1;
+}
+
+int failWith(const std::string &message) {
+  lastError = message;
+  return 1;
+}
+
+bool ncclTypeOf(int dtype, ncclDataType_t &type) {
+  switch (dtype) {
+  case PCC_F32:
+    type = ncclFloat32;
+    return true;
+  case PCC_F64:
+    type = ncclFloat64;
+    return true;
+  case PCC_F16:
+    type = ncclFloat16;
+    return true;
+  case PCC_BF16:
+    type = ncclBfloat16;
+    return true;
+  case PCC_I64:
+    type = ncclInt64;
+    return true;
+  case PCC_I32:
+    type = ncclInt32;
+    return true;
+  case PCC_I8:
+    type = ncclInt8;
+    return true;
+  case PCC_U8:
+  case PCC_BOOL:
+    type = ncclUint8;
+    return true;
+  default:
+    return false;
+  }
+}
+
+int prepare(pcc_nccl_comm *comm, int dtype, ncclDataType_t &type) {
+  if (comm->aborted)
+    return failWith("the NCCL communicator was aborted after an earlier "
+                    "failure");
+  if (!ncclTypeOf(dtype, type))
+    return failWith("element type " + std::to_string(dtype) +
+                    " has no NCCL type");
+  return 0;
+}
+
+bool ncclOpOf(int op, ncclRedOp_t &out) {
+  switch (op) {
+  case PCC_OP_SUM:
+    out = ncclSum;
+    return true;
+  case PCC_OP_MAX:
+    out = ncclMax;
+    return true;
+  case PCC_OP_MIN:
+    out = ncclMin;
+    return true;
+  default:
+    return false;
+  }
+}
+
+std::string versionString;
+} // namespace
+
+extern "C" {
+
+const char *pcc_nccl_last_error(void) { return lastError.c_str(); }
+
+int pcc_nccl_unique_id_size(void) { return sizeof(ncclUniqueId); }
+
+int pcc_nccl_get_unique_id(void *id) {
+  if (ncclResult_t rc = ncclGetUniqueId(static_cast<ncclUniqueId *>(id)))
+    return fail("ncclGetUniqueId", rc, nullptr);
+  return 0;
+}
+
+const char *pcc_nccl_version(void) {
+  int code = 0;
+  ncclGetVersion(&code);
+  versionString = "NCCL " + std::to_string(code / 10000) + "." +
+                  std::to_string(code / 100 % 100) + "." +
+                  std::to_string(code % 100);
+  return versionString.c_str();
+}
+
+pcc_nccl_comm *pcc_nccl_init(pcc_cuda_context *ctx, const void *id, int size,
+                             int rank) {
+  auto *comm = new pcc_nccl_comm;
+  comm->device = pcc_cuda_device_ordinal(ctx);
+  comm->stream = static_cast<cudaStream_t>(pcc_cuda_stream(ctx));
+  if (cudaError_t err = cudaSetDevice(comm->device)) {
+    failWith(std::string("cudaSetDevice: ") + cudaGetErrorString(err));
+    delete comm;
+    return nullptr;
+  }
+  ncclUniqueId uid;
+  std::memcpy(&uid, id, sizeof(uid));
+  if (ncclResult_t rc = ncclCommInitRank(&comm->comm, size, uid, rank)) {
+    fail("ncclCommInitRank (rank " + std::to_string(rank) + " of " +
+             std::to_string(size) + ")",
+         rc, nullptr);
+    delete comm;
+    return nullptr;
+  }
+  return comm;
+}
+
+void pcc_nccl_free(pcc_nccl_comm *comm) {
+  if (!comm)
+    return;
+  if (comm->comm)
+    (void)(comm->aborted ? ncclCommAbort(comm->comm)
+                         : ncclCommDestroy(comm->comm));
+  delete comm;
+}
+
+int pcc_nccl_all_reduce(pcc_nccl_comm *comm, const void *send, void *recv,
+                        int64_t count, int dtype, int op) {
+  ncclDataType_t type;
+  ncclRedOp_t red;
+  if (prepare(comm, dtype, type))
+    return 1;
+  if (!ncclOpOf(op, red))
+    return failWith("unknown reduction " + std::to_string(op));
+  if (ncclResult_t rc = ncclAllReduce(send, recv, size_t(count), type, red,
+                                      comm->comm, comm->stream))
+    return fail("ncclAllReduce", rc, comm);
+  return 0;
+}
+
+int pcc_nccl_all_gather(pcc_nccl_comm *comm, const void *send, void *recv,
+                        int64_t count_per_rank, int dtype) {
+  ncclDataType_t type;
+  if (prepare(comm, dtype, type))
+    return 1;
+  if (ncclResult_t rc = ncclAllGather(send, recv, size_t(count_per_rank), type,
+                                      comm->comm, comm->stream))
+    return fail("ncclAllGather", rc, comm);
+  return 0;
+}
+
+int pcc_nccl_reduce_scatter(pcc_nccl_comm *comm, const void *send, void *recv,
+                            int64_t count_per_rank, int dtype, int op) {
+  ncclDataType_t type;
+  ncclRedOp_t red;
+  if (prepare(comm, dtype, type))
+    return 1;
+  if (!ncclOpOf(op, red))
+    return failWith("unknown reduction " + std::to_string(op));
+  if (ncclResult_t rc = ncclReduceScatter(send, recv, size_t(count_per_rank),
+                                          type, red, comm->comm, comm->stream))
+    return fail("ncclReduceScatter", rc, comm);
+  return 0;
+}
+
+int pcc_nccl_broadcast(pcc_nccl_comm *comm, void *buffer, int64_t count,
+                       int dtype, int root) {
+  ncclDataType_t type;
+  if (prepare(comm, dtype, type))
+    return 1;
+  if (ncclResult_t rc = ncclBroadcast(buffer, buffer, size_t(count), type, root,
+                                      comm->comm, comm->stream))
+    return fail("ncclBroadcast", rc, comm);
+  return 0;
+}
+
+int pcc_nccl_send(pcc_nccl_comm *comm, const void *buffer, int64_t count,
+                  int dtype, int peer) {
+  ncclDataType_t type;
+  if (prepare(comm, dtype, type))
+    return 1;
+  if (ncclResult_t rc =
+          ncclSend(buffer, size_t(count), type, peer, comm->comm, comm->stream))
+    return fail("ncclSend", rc, comm);
+  return 0;
+}
+
+int pcc_nccl_recv(pcc_nccl_comm *comm, void *buffer, int64_t count, int dtype,
+                  int peer) {
+  ncclDataType_t type;
+  if (prepare(comm, dtype, type))
+    return 1;
+  if (ncclResult_t rc =
+          ncclRecv(buffer, size_t(count), type, peer, comm->comm, comm->stream))
+    return fail("ncclRecv", rc, comm);
+  return 0;
+}
+
+int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms) {
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    cudaError_t state = cudaStreamQuery(comm->stream);
+    if (state == cudaSuccess)
+      return 0;
+    if (state != cudaErrorNotReady)
+      return failWith(std::string("the stream failed: ") +
+                      cudaGetErrorString(state));
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      comm->aborted = true;
+      ncclCommAbort(comm->comm);
+      comm->comm = nullptr;
+      return fail("NCCL reported an asynchronous error", async, nullptr);
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      comm->aborted = true;
+      ncclCommAbort(comm->comm);
+      comm->comm = nullptr;
+      return failWith("no progress within " + std::to_string(timeout_ms) +
+                      " ms (a peer rank is gone or stuck); the communicator "
+                      "was aborted");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+} // extern "C"

@@ -1,0 +1,239 @@
+//===- MpiEngine.cpp - collectives over MPI for CPU ranks -----------------===//
+//
+// libpcc_runtime_mpi.so: the C entry points of Engines.h over the MPI C
+// API. Communicators return errors instead of aborting
+// (MPI_ERRORS_RETURN), so a failure becomes a message naming the
+// collective; a rank that dies makes mpirun end the job.
+//
+//===----------------------------------------------------------------------===//
+
+#include "pcc/runtime/CpuKernels.h"
+#include "pcc/runtime/Engines.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <string>
+
+struct pcc_mpi_comm {
+  MPI_Comm comm;
+};
+
+namespace {
+thread_local std::string lastError;
+
+int fail(const std::string &what, int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    length = 0;
+  lastError = what + ": " + std::string(text, length);
+  return 1;
+}
+
+int failWith(const std::string &message) {
+  lastError = message;
+  return 1;
+}
+
+/// The MPI type of a pcc dtype, or MPI_DATATYPE_NULL.
+MPI_Datatype mpiType(int dtype) {
+  switch (dtype) {
+  case PCC_F32:
+    return MPI_FLOAT;
+  case PCC_F64:
+    return MPI_DOUBLE;
+  case PCC_F16:
+  case PCC_BF16:
+    return MPI_UINT16_T; // moved, never reduced
+  case PCC_I64:
+    return MPI_INT64_T;
+  case PCC_I32:
+    return MPI_INT32_T;
+  case PCC_I16:
+    return MPI_INT16_T;
+  case PCC_I8:
+    return MPI_INT8_T;
+  case PCC_U8:
+  case PCC_BOOL:
+    return MPI_UINT8_T;
+  default:
+    return MPI_DATATYPE_NULL;
+  }
+}
+
+/// Checks the arguments shared by every call; fills type (and op).
+int prepare(int64_t count, int dtype, MPI_Datatype &type) {
+  if (count < 0 || count > INT_MAX)
+    return failWith("element count " + std::to_string(count) +
+                    " is outside what one MPI call moves (0 to 2^31-1)");
+  type = mpiType(dtype);
+  if (type == MPI_DATATYPE_NULL)
+    return failWith("element type " + std::to_string(dtype) +
+                    " has no MPI type");
+  return 0;
+}
+
+int reduction(int dtype, int op, MPI_Op &mpiOp) {
+  if (dtype == PCC_F16 || dtype == PCC_BF16)
+    return failWith("MPI cannot reduce 16-bit floats");
+  switch (op) {
+  case PCC_OP_SUM:
+    mpiOp = MPI_SUM;
+    return 0;
+  case PCC_OP_MAX:
+    mpiOp = MPI_MAX;
+    return 0;
+  case PCC_OP_MIN:
+    mpiOp = MPI_MIN;
+    return 0;
+  default:
+    return failWith("unknown reduction " + std::to_string(op));
+  }
+}
+
+const void *inPlace(const void *send, void *recv) {
+  return send == recv ? MPI_IN_PLACE : send;
+}
+
+void finalise() {
+  int finalised = 0;
+  MPI_Finalized(&finalised);
+  if (!finalised)
+    MPI_Finalize();
+}
+} // namespace
+
+extern "C" {
+
+const char *pcc_mpi_last_error(void) { return lastError.c_str(); }
+
+pcc_mpi_comm *pcc_mpi_world(void) {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised) {
+    int provided = 0;
+    if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED,
+                                 &provided)) {
+      fail("MPI_Init_thread", rc);
+      return nullptr;
+    }
+    std::atexit(finalise);
+  }
+  auto *comm = new pcc_mpi_comm;
+  if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm->comm)) {
+    fail("MPI_Comm_dup", rc);
+    delete comm;
+    return nullptr;
+  }
+  MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
+  return comm;
+}
+
+void pcc_mpi_free(pcc_mpi_comm *comm) {
+  if (!comm)
+    return;
+  int finalised = 0;
+  MPI_Finalized(&finalised);
+  if (!finalised)
+    MPI_Comm_free(&comm->comm);
+  delete comm;
+}
+
+int pcc_mpi_rank(const pcc_mpi_comm *comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm->comm, &rank);
+  return rank;
+}
+
+int pcc_mpi_size(const pcc_mpi_comm *comm) {
+  int size = 0;
+  MPI_Comm_size(comm->comm, &size);
+  return size;
+}
+
+pcc_mpi_comm *pcc_mpi_split(pcc_mpi_comm *comm, int color, int key) {
+  auto *sub = new pcc_mpi_comm;
+  if (int rc = MPI_Comm_split(comm->comm, color, key, &sub->comm)) {
+    fail("MPI_Comm_split", rc);
+    delete sub;
+    return nullptr;
+  }
+  MPI_Comm_set_errhandler(sub->comm, MPI_ERRORS_RETURN);
+  return sub;
+}
+
+int pcc_mpi_all_reduce(pcc_mpi_comm *comm, const void *send, void *recv,
+                       int64_t count, int dtype, int op) {
+  MPI_Datatype type;
+  MPI_Op mpiOp;
+  if (prepare(count, dtype, type) || reduction(dtype, op, mpiOp))
+    return 1;
+  if (int rc = MPI_Allreduce(inPlace(send, recv), recv, int(count), type, mpiOp,
+                             comm->comm))
+    return fail("MPI_Allreduce", rc);
+  return 0;
+}
+
+int pcc_mpi_all_gather(pcc_mpi_comm *comm, const void *send, void *recv,
+                       int64_t count_per_rank, int dtype) {
+  MPI_Datatype type;
+  if (prepare(count_per_rank, dtype, type))
+    return 1;
+  if (int rc = MPI_Allgather(send, int(count_per_rank), type, recv,
+                             int(count_per_rank), type, comm->comm))
+    return fail("MPI_Allgather", rc);
+  return 0;
+}
+
+int pcc_mpi_reduce_scatter(pcc_mpi_comm *comm, const void *send, void *recv,
+                           int64_t count_per_rank, int dtype, int op) {
+  MPI_Datatype type;
+  MPI_Op mpiOp;
+  if (prepare(count_per_rank, dtype, type) || reduction(dtype, op, mpiOp))
+    return 1;
+  if (int rc = MPI_Reduce_scatter_block(send, recv, int(count_per_rank), type,
+                                        mpiOp, comm->comm))
+    return fail("MPI_Reduce_scatter_block", rc);
+  return 0;
+}
+
+int pcc_mpi_broadcast(pcc_mpi_comm *comm, void *buffer, int64_t count,
+                      int dtype, int root) {
+  MPI_Datatype type;
+  if (prepare(count, dtype, type))
+    return 1;
+  if (int rc = MPI_Bcast(buffer, int(count), type, root, comm->comm))
+    return fail("MPI_Bcast", rc);
+  return 0;
+}
+
+int pcc_mpi_send(pcc_mpi_comm *comm, const void *buffer, int64_t count,
+                 int dtype, int peer) {
+  MPI_Datatype type;
+  if (prepare(count, dtype, type))
+    return 1;
+  if (int rc = MPI_Send(buffer, int(count), type, peer, 0, comm->comm))
+    return fail("MPI_Send", rc);
+  return 0;
+}
+
+int pcc_mpi_recv(pcc_mpi_comm *comm, void *buffer, int64_t count, int dtype,
+                 int peer) {
+  MPI_Datatype type;
+  if (prepare(count, dtype, type))
+    return 1;
+  if (int rc = MPI_Recv(buffer, int(count), type, peer, 0, comm->comm,
+                        MPI_STATUS_IGNORE))
+    return fail("MPI_Recv", rc);
+  return 0;
+}
+
+int pcc_mpi_barrier(pcc_mpi_comm *comm) {
+  if (int rc = MPI_Barrier(comm->comm))
+    return fail("MPI_Barrier", rc);
+  return 0;
+}
+
+} // extern "C"
