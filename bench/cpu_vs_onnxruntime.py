@@ -23,19 +23,9 @@ import numpy as np
 import onnxruntime as ort
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import MODELS  # noqa: E402
 
-MODELS = [
-    # name, pcc dimension flags for batch B, input maker
-    ("mlp", lambda b: [f"--batch={b}"], lambda b, rng: rng.standard_normal((b, 64), dtype=np.float32)),
-    ("transformer_postnorm", lambda b: [f"--batch={b}"],
-     lambda b, rng: rng.standard_normal((b, 16, 64), dtype=np.float32)),
-    ("transformer_prenorm", lambda b: [f"--batch={b}"],
-     lambda b, rng: rng.standard_normal((b, 16, 64), dtype=np.float32)),
-    ("gpt", lambda b: [f"--dim=batch={b}", "--dim=seq=16"],
-     lambda b, rng: rng.integers(0, 512, (b, 16), dtype=np.int64)),
-    ("resnet18", lambda b: [f"--batch={b}"],
-     lambda b, rng: rng.standard_normal((b, 3, 32, 32), dtype=np.float32)),
-]
 
 
 def time_onnxruntime(model, feed, runs, threads):

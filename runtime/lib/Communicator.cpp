@@ -83,6 +83,62 @@ private:
 // MPI
 //===----------------------------------------------------------------------===//
 
+/// The collectives of an engine whose C API has the shape of Engines.h.
+template <typename Api, typename Handle>
+class EngineCommunicator : public Communicator {
+public:
+  EngineCommunicator(Api api, Handle *comm, int rank, int size)
+      : api(api), comm(comm), myRank(rank), mySize(size) {}
+  ~EngineCommunicator() override { api.free(comm); }
+  int rank() const override { return myRank; }
+  int size() const override { return mySize; }
+
+  Status allReduce(const void *send, void *recv, int64_t count, DType type,
+                   ReduceOp op) override {
+    return check(api.allReduce(comm, send, recv, count, int(type), int(op)),
+                 "all_reduce", count, type);
+  }
+  Status allGather(const void *send, void *recv, int64_t count,
+                   DType type) override {
+    return check(api.allGather(comm, send, recv, count, int(type)),
+                 "all_gather", count, type);
+  }
+  Status reduceScatter(const void *send, void *recv, int64_t count, DType type,
+                       ReduceOp op) override {
+    return check(api.reduceScatter(comm, send, recv, count, int(type), int(op)),
+                 "reduce_scatter", count, type);
+  }
+  Status broadcast(void *buffer, int64_t count, DType type, int root) override {
+    return check(api.broadcast(comm, buffer, count, int(type), root),
+                 "broadcast", count, type);
+  }
+  Status send(const void *buffer, int64_t count, DType type,
+              int peer) override {
+    return check(api.send(comm, buffer, count, int(type), peer),
+                 "send to rank " + std::to_string(peer), count, type);
+  }
+  Status recv(void *buffer, int64_t count, DType type, int peer) override {
+    return check(api.recv(comm, buffer, count, int(type), peer),
+                 "recv from rank " + std::to_string(peer), count, type);
+  }
+
+protected:
+  Status check(int rc, const std::string &what, int64_t count, DType type) {
+    if (rc == 0)
+      return Status::success();
+    return failure(what, count, type, api.lastError());
+  }
+  /// "rank R of N in 'name' (engine)"
+  std::string where() const {
+    return "rank " + std::to_string(myRank) + " of " + std::to_string(mySize) +
+           " in '" + name() + "' (" + engine() + ")";
+  }
+
+  Api api;
+  Handle *comm;
+  int myRank, mySize;
+};
+
 struct MpiApi {
   decltype(&pcc_mpi_last_error) lastError;
   decltype(&pcc_mpi_world) world;
@@ -124,61 +180,17 @@ Result<MpiApi> loadMpiApi() {
   return api;
 }
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator final : public EngineCommunicator<MpiApi, pcc_mpi_comm> {
 public:
   MpiCommunicator(MpiApi api, pcc_mpi_comm *comm)
-      : api(api), comm(comm), myRank(api.rank(comm)), mySize(api.size(comm)) {}
-  ~MpiCommunicator() override { api.free(comm); }
-  int rank() const override { return myRank; }
-  int size() const override { return mySize; }
+      : EngineCommunicator(api, comm, api.rank(comm), api.size(comm)) {}
   const char *engine() const override { return "mpi"; }
-
-  Status allReduce(const void *send, void *recv, int64_t count, DType type,
-                   ReduceOp op) override {
-    return check(api.allReduce(comm, send, recv, count, int(type), int(op)),
-                 "all_reduce", count, type);
-  }
-  Status allGather(const void *send, void *recv, int64_t count,
-                   DType type) override {
-    return check(api.allGather(comm, send, recv, count, int(type)),
-                 "all_gather", count, type);
-  }
-  Status reduceScatter(const void *send, void *recv, int64_t count, DType type,
-                       ReduceOp op) override {
-    return check(api.reduceScatter(comm, send, recv, count, int(type), int(op)),
-                 "reduce_scatter", count, type);
-  }
-  Status broadcast(void *buffer, int64_t count, DType type, int root) override {
-    return check(api.broadcast(comm, buffer, count, int(type), root),
-                 "broadcast", count, type);
-  }
-  Status send(const void *buffer, int64_t count, DType type,
-              int peer) override {
-    return check(api.send(comm, buffer, count, int(type), peer),
-                 "send to rank " + std::to_string(peer), count, type);
-  }
-  Status recv(void *buffer, int64_t count, DType type, int peer) override {
-    return check(api.recv(comm, buffer, count, int(type), peer),
-                 "recv from rank " + std::to_string(peer), count, type);
-  }
   Result<std::unique_ptr<Communicator>> split(int color, int key) override {
     pcc_mpi_comm *sub = api.split(comm, color, key);
     if (!sub)
-      return Error{"rank " + std::to_string(myRank) + " in '" + name() +
-                   "': split: " + api.lastError()};
+      return Error{where() + ": split: " + api.lastError()};
     return std::unique_ptr<Communicator>(new MpiCommunicator(api, sub));
   }
-
-private:
-  Status check(int rc, const std::string &what, int64_t count, DType type) {
-    if (rc == 0)
-      return Status::success();
-    return failure(what, count, type, api.lastError());
-  }
-
-  MpiApi api;
-  pcc_mpi_comm *comm;
-  int myRank, mySize;
 };
 
 //===----------------------------------------------------------------------===//
@@ -227,66 +239,20 @@ Result<NcclApi> loadNcclApi() {
   return api;
 }
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final
+    : public EngineCommunicator<NcclApi, pcc_nccl_comm> {
 public:
-  NcclCommunicator(NcclApi api, pcc_nccl_comm *comm, int rank, int size)
-      : api(api), comm(comm), myRank(rank), mySize(size) {}
-  ~NcclCommunicator() override { api.free(comm); }
-  int rank() const override { return myRank; }
-  int size() const override { return mySize; }
+  using EngineCommunicator::EngineCommunicator;
   const char *engine() const override { return "nccl"; }
-
-  Status allReduce(const void *send, void *recv, int64_t count, DType type,
-                   ReduceOp op) override {
-    return check(api.allReduce(comm, send, recv, count, int(type), int(op)),
-                 "all_reduce", count, type);
-  }
-  Status allGather(const void *send, void *recv, int64_t count,
-                   DType type) override {
-    return check(api.allGather(comm, send, recv, count, int(type)),
-                 "all_gather", count, type);
-  }
-  Status reduceScatter(const void *send, void *recv, int64_t count, DType type,
-                       ReduceOp op) override {
-    return check(api.reduceScatter(comm, send, recv, count, int(type), int(op)),
-                 "reduce_scatter", count, type);
-  }
-  Status broadcast(void *buffer, int64_t count, DType type, int root) override {
-    return check(api.broadcast(comm, buffer, count, int(type), root),
-                 "broadcast", count, type);
-  }
-  Status send(const void *buffer, int64_t count, DType type,
-              int peer) override {
-    return check(api.send(comm, buffer, count, int(type), peer),
-                 "send to rank " + std::to_string(peer), count, type);
-  }
-  Status recv(void *buffer, int64_t count, DType type, int peer) override {
-    return check(api.recv(comm, buffer, count, int(type), peer),
-                 "recv from rank " + std::to_string(peer), count, type);
-  }
   Status wait(int64_t timeoutMs) override {
     if (api.wait(comm, timeoutMs) == 0)
       return Status::success();
-    return Error{"rank " + std::to_string(myRank) + " of " +
-                 std::to_string(mySize) + " in '" + name() +
-                 "' (nccl): waiting for collectives: " + api.lastError()};
+    return Error{where() + ": waiting for collectives: " + api.lastError()};
   }
   Result<std::unique_ptr<Communicator>> split(int, int) override {
-    return Error{"rank " + std::to_string(myRank) + " in '" + name() +
-                 "': split NCCL groups from their MPI bootstrap group "
-                 "(Communicator::nccl on the split MPI communicator)"};
+    return Error{where() + ": split NCCL groups from their MPI bootstrap group "
+                           "(Communicator::nccl on the split MPI group)"};
   }
-
-private:
-  Status check(int rc, const std::string &what, int64_t count, DType type) {
-    if (rc == 0)
-      return Status::success();
-    return failure(what, count, type, api.lastError());
-  }
-
-  NcclApi api;
-  pcc_nccl_comm *comm;
-  int myRank, mySize;
 };
 
 } // namespace

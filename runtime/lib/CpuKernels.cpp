@@ -6,6 +6,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "pcc/runtime/CpuKernels.h"
+
+#include "pcc/runtime/CastElement.h"
 #include "pcc/runtime/HalfFloat.h"
 
 #include <cblas.h>
@@ -447,84 +449,8 @@ void pcc_cpu_avg_pool_f32(const float *x, float *y, int64_t spatial_rank,
 
 void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
                   int64_t count) {
-  for (int64_t i = 0; i < count; ++i) {
-    double v = 0;
-    int64_t iv = 0;
-    bool isFloat = true;
-    switch (from_type) {
-    case PCC_F32:
-      v = static_cast<const float *>(x)[i];
-      break;
-    case PCC_F64:
-      v = static_cast<const double *>(x)[i];
-      break;
-    case PCC_F16:
-      v = pccrt::halfToFloat(static_cast<const uint16_t *>(x)[i]);
-      break;
-    case PCC_BF16:
-      v = pccrt::bf16ToFloat(static_cast<const uint16_t *>(x)[i]);
-      break;
-    default:
-      isFloat = false;
-      switch (from_type) {
-      case PCC_I64:
-        iv = static_cast<const int64_t *>(x)[i];
-        break;
-      case PCC_I32:
-        iv = static_cast<const int32_t *>(x)[i];
-        break;
-      case PCC_I16:
-        iv = static_cast<const int16_t *>(x)[i];
-        break;
-      case PCC_I8:
-        iv = static_cast<const int8_t *>(x)[i];
-        break;
-      default:
-        iv = static_cast<const uint8_t *>(x)[i];
-        break;
-      }
-      v = static_cast<double>(iv);
-    }
-    auto toInt = [&]() -> int64_t {
-      if (!isFloat)
-        return iv;
-      if (std::isnan(v))
-        return 0;
-      return static_cast<int64_t>(std::clamp(v, -9.2e18, 9.2e18));
-    };
-    switch (to_type) {
-    case PCC_F32:
-      static_cast<float *>(y)[i] = static_cast<float>(v);
-      break;
-    case PCC_F64:
-      static_cast<double *>(y)[i] = v;
-      break;
-    case PCC_F16:
-      static_cast<uint16_t *>(y)[i] = pccrt::floatToHalf(static_cast<float>(v));
-      break;
-    case PCC_BF16:
-      static_cast<uint16_t *>(y)[i] = pccrt::floatToBf16(static_cast<float>(v));
-      break;
-    case PCC_I64:
-      static_cast<int64_t *>(y)[i] = toInt();
-      break;
-    case PCC_I32:
-      static_cast<int32_t *>(y)[i] = static_cast<int32_t>(toInt());
-      break;
-    case PCC_I16:
-      static_cast<int16_t *>(y)[i] = static_cast<int16_t>(toInt());
-      break;
-    case PCC_I8:
-      static_cast<int8_t *>(y)[i] = static_cast<int8_t>(toInt());
-      break;
-    case PCC_U8:
-      static_cast<uint8_t *>(y)[i] = static_cast<uint8_t>(toInt());
-      break;
-    default:
-      static_cast<uint8_t *>(y)[i] = isFloat ? (v != 0.0) : (iv != 0);
-      break;
-    }
-  }
+  for (int64_t i = 0; i < count; ++i)
+    pccrt::castElement(x, from_type, y, to_type, i);
 }
 
 } // extern "C"

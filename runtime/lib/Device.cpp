@@ -289,20 +289,25 @@ ModelRunner::create(const ModelLibrary &library, Device &device,
                    "': " + s.error()};
     runner.weightPtrs.push_back(*ptr);
   }
-  for (int i = 0; i < info.num_inputs; ++i) {
-    auto ptr = own(specBytes(info.inputs[i]));
-    if (!ptr.ok())
-      return Error{"input '" + std::string(info.inputs[i].name) +
-                   "': " + ptr.error()};
-    runner.inputPtrs.push_back(*ptr);
-  }
-  for (int i = 0; i < info.num_outputs; ++i) {
-    auto ptr = own(specBytes(info.outputs[i]));
-    if (!ptr.ok())
-      return Error{"output '" + std::string(info.outputs[i].name) +
-                   "': " + ptr.error()};
-    runner.outputPtrs.push_back(*ptr);
-  }
+  // Device buffers for the inputs and the outputs.
+  auto ownAll = [&](const pcc_tensor_spec *specs, int count, const char *kind,
+                    auto &pointers) -> Status {
+    for (int i = 0; i < count; ++i) {
+      auto ptr = own(specBytes(specs[i]));
+      if (!ptr.ok())
+        return Error{std::string(kind) + " '" + specs[i].name +
+                     "': " + ptr.error()};
+      pointers.push_back(*ptr);
+    }
+    return Status::success();
+  };
+  Status buffers =
+      ownAll(info.inputs, info.num_inputs, "input", runner.inputPtrs);
+  if (buffers.ok())
+    buffers =
+        ownAll(info.outputs, info.num_outputs, "output", runner.outputPtrs);
+  if (!buffers.ok())
+    return Error{buffers.error()};
   auto arena = own(info.arena_bytes);
   if (!arena.ok())
     return Error{"the " + std::to_string(info.arena_bytes) +

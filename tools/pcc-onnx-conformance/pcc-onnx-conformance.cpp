@@ -135,6 +135,19 @@ double valueAt(const uint8_t *data, pccrt::DType type, int64_t i) {
   }
 }
 
+/// The test's test_data_set_* directories, sorted.
+std::vector<std::string> dataSetsOf(const std::string &dir) {
+  std::vector<std::string> dataSets;
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
+       it.increment(ec))
+    if (StringRef(llvm::sys::path::filename(it->path()))
+            .starts_with("test_data_set_"))
+      dataSets.push_back(it->path());
+  llvm::sort(dataSets);
+  return dataSets;
+}
+
 /// Each worker thread runs on its own device context (a CUDA stream and
 /// cuBLAS handle per thread).
 std::mutex deviceMutex;
@@ -167,14 +180,7 @@ std::mutex casesMutex;
 /// library and lists them in cases.txt.
 void exportDataSets(Row &row, const std::string &dir, const std::string &out,
                     MLIRContext &context, std::string &firstError) {
-  std::vector<std::string> dataSets;
-  std::error_code ec;
-  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
-       it.increment(ec))
-    if (StringRef(llvm::sys::path::filename(it->path()))
-            .starts_with("test_data_set_"))
-      dataSets.push_back(it->path());
-  llvm::sort(dataSets);
+  std::vector<std::string> dataSets = dataSetsOf(dir);
   std::string lines;
   for (auto [k, set] : llvm::enumerate(dataSets)) {
     std::string prefix = "set" + std::to_string(k);
@@ -301,14 +307,7 @@ void runTest(Row &row, const std::string &dir, ModuleOp module,
     return fail(RunOutcome::Failed, weights.error());
   const pcc_model_info &info = lib->info();
 
-  std::vector<std::string> dataSets;
-  std::error_code ec;
-  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
-       it.increment(ec))
-    if (StringRef(llvm::sys::path::filename(it->path()))
-            .starts_with("test_data_set_"))
-      dataSets.push_back(it->path());
-  llvm::sort(dataSets);
+  std::vector<std::string> dataSets = dataSetsOf(dir);
   if (dataSets.empty())
     return fail(RunOutcome::Failed, "no test_data_set_* directory");
 

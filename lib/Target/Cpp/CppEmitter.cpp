@@ -456,17 +456,19 @@ static std::string broadcastIndex(ArrayRef<int64_t> in, ArrayRef<int64_t> out,
   return index.empty() ? "0" : index;
 }
 
+/// An element read as its compute type: half-precision floats widen to f32.
+static std::string load(Type type, const std::string &element) {
+  if (type.isF16())
+    return "pccrt::halfToFloat(" + element + ")";
+  if (type.isBF16())
+    return "pccrt::bf16ToFloat(" + element + ")";
+  return element;
+}
+
 LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
   Block &body = fusion.getBody().front();
   ArrayRef<int64_t> shape = tensorTypeOf(fusion.getResult(0)).getShape();
   int64_t count = product(shape);
-  auto load = [](Type type, const std::string &element) {
-    if (type.isF16())
-      return "pccrt::halfToFloat(" + element + ")";
-    if (type.isBF16())
-      return "pccrt::bf16ToFloat(" + element + ")";
-    return element;
-  };
   // On the CPU, a fusion that broadcasts runs as two loops, the inner one
   // over the last dimension: an input broadcast along the leading
   // dimensions is then read contiguously (x[j]) and one broadcast along the
@@ -580,13 +582,6 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
 
 LogicalResult CppEmitter::emitElementwise(Operation *op) {
   Type resultElement = tensorTypeOf(op->getResult(0)).getElementType();
-  auto load = [](Type type, const std::string &element) {
-    if (type.isF16())
-      return "pccrt::halfToFloat(" + element + ")";
-    if (type.isBF16())
-      return "pccrt::bf16ToFloat(" + element + ")";
-    return element;
-  };
   SmallVector<std::string> args;
   for (auto [i, v] : llvm::enumerate(op->getOperands()))
     args.push_back(load(tensorTypeOf(v).getElementType(),
