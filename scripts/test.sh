@@ -14,13 +14,16 @@ failed=0
 
 echo "== lit suite"
 lit_out="$(mktemp)"
-/usr/lib/llvm-22/bin/lit -sv "$build/test" | tee "$lit_out"
+/usr/lib/llvm-22/bin/lit -sv --show-unsupported "$build/test" | tee "$lit_out"
 lit_rc=${PIPESTATUS[0]}
 p=$(grep -oE "Passed *: *[0-9]+" "$lit_out" | grep -oE "[0-9]+$" || echo 0)
 f=$(grep -oE "Failed *: *[0-9]+" "$lit_out" | grep -oE "[0-9]+$" || echo 0)
 u=$(grep -oE "Unsupported *: *[0-9]+" "$lit_out" | grep -oE "[0-9]+$" || echo 0)
 if [ "${u:-0}" != 0 ]; then
-  echo "lit: $u tests unsupported here (their REQUIRES lines above say why)"
+  # The GPU tests need an NVIDIA GPU: say what this machine lacks.
+  gpu="$("$build/bin/pcc-run" --list-devices 2>&1 | grep '^cuda' | head -1)"
+  echo "lit: $u test(s) unsupported here, listed above; GPU: ${gpu:-unknown}"
+  echo "lit: on a machine with an NVIDIA GPU, scripts/test-gpu.sh runs the GPU suite"
 fi
 passed=$((passed + ${p:-0}))
 failed=$((failed + ${f:-0}))
