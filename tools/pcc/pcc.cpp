@@ -308,6 +308,20 @@ int main(int argc, char **argv) {
   registerPassManagerCLOptions();
   cl::SetVersionPrinter(
       [](llvm::raw_ostream &os) { os << "pcc 0.1.0 (MLIR 22)\n"; });
+  // --help shows pcc's options and the IR-inspection options of MLIR, not
+  // the hundreds of LLVM internals linked in (--help-hidden lists all).
+  cl::HideUnrelatedOptions(pccCategory);
+  auto &registered = cl::getRegisteredOptions();
+  for (const char *name :
+       {"mlir-print-ir-after-all", "mlir-print-ir-before-all",
+        "mlir-print-ir-after-failure", "mlir-print-ir-after-change",
+        "mlir-timing", "mlir-print-debuginfo"}) {
+    auto it = registered.find(name);
+    if (it != registered.end()) {
+      it->second->setHiddenFlag(cl::NotHidden);
+      it->second->addCategory(pccCategory);
+    }
+  }
   cl::ParseCommandLineOptions(argc, argv, kOverview);
 
   if (inputFile.empty())
