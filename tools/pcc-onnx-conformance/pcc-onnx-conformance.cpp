@@ -66,28 +66,33 @@
 using namespace mlir;
 namespace cl = llvm::cl;
 
+static cl::OptionCategory category("pcc-onnx-conformance options");
+
 static cl::list<std::string> suiteDirs(cl::Positional, cl::OneOrMore,
-                                       cl::desc("<test-data directory>..."));
+                                       cl::desc("<test-data directory>..."),
+                                       cl::cat(category));
 static cl::opt<bool> quiet("summary-only",
-                           cl::desc("print only the summary and failures"));
+                           cl::desc("print only the summary and failures"),
+                           cl::cat(category));
 static cl::opt<bool>
-    runModels("run", cl::desc("compile, run and compare every imported test"));
+    runModels("run", cl::desc("compile, run and compare every imported test"),
+              cl::cat(category));
 static cl::opt<double> relTol("rtol", cl::desc("relative tolerance"),
-                              cl::init(1e-4));
+                              cl::init(1e-4), cl::cat(category));
 static cl::opt<double> absTol("atol", cl::desc("absolute tolerance"),
-                              cl::init(1e-5));
+                              cl::init(1e-5), cl::cat(category));
 static cl::opt<unsigned> jobs("jobs", cl::desc("tests run in parallel"),
-                              cl::init(0));
+                              cl::init(0), cl::cat(category));
 static cl::opt<std::string>
     deviceName("device",
                cl::desc("run on cpu (default) or cuda[:N]; also picks the "
                         "target the tests are compiled for"),
-               cl::init("cpu"));
+               cl::init("cpu"), cl::cat(category));
 static cl::opt<std::string>
     exportDir("export",
               cl::desc("with --run: compile every test into this directory "
                        "with its data as .npy instead of running it"),
-              cl::value_desc("dir"));
+              cl::value_desc("dir"), cl::cat(category));
 
 namespace {
 enum class Outcome { Imported, Unsupported, Failed };
@@ -452,6 +457,7 @@ Row runOne(const std::string &suite, const std::string &dir) {
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
+  cl::HideUnrelatedOptions(category);
   cl::ParseCommandLineOptions(
       argc, argv,
       "imports ONNX's own test models and prints a conformance table\n\n"
