@@ -178,7 +178,8 @@ FailureOr<Value> GraphImporter::materialize(StringRef name, Location loc) {
   Location paramLoc = NameLoc::get(StringAttr::get(context, name), fileLoc);
   entry->value = ParamOp::create(builder, paramLoc,
                                  RankedTensorType::get(shape, elementType),
-                                 builder.getStringAttr(name));
+                                 builder.getStringAttr(name),
+                                 /*shard=*/ShardingAttr());
   return entry->value;
 }
 

@@ -100,4 +100,88 @@ def PlanMemory : Pass<"pcc-plan-memory", "func::FuncOp"> {
   ];
 }
 
+def PlanSharding : Pass<"pcc-plan-sharding", "func::FuncOp"> {
+  let summary = "chooses how every weight and activation is split over a "
+                "mesh axis";
+  let description = [{
+    For the mesh axis `axis` (default `tp`, its size from the module's
+    `pcc.mesh`), decides the layout of every weight of rank >= 2:
+    replicated, or one dimension split in some number of stripes (see
+    `#pcc.shard`). Layouts of all other values follow from the weights
+    through per-op rules (Sharding.h); where an op cannot read an operand
+    in its layout, a collective converts it.
+
+    The search is coordinate descent over the weights from all-replicated,
+    trying every layout of one weight at a time until no change helps.
+    Plans compare first by weight bytes every rank holds whole (the reason
+    to ask for tensor parallelism), then by predicted time: compute divided
+    over the ranks that share it plus collective time (latency + bytes over
+    link bandwidth, ring factors). On a transformer block this finds the
+    Megatron plan: QKV and the first MLP projection split by columns (the
+    fused QKV in 3 stripes, so each rank has whole heads), attention output
+    and second MLP projection split by rows, one all-reduce after each.
+
+    Results: each weight of rank >= 2 and every op result gets a
+    `pcc.sharding` attribute; with `emit-remarks`, each weight gets a remark
+    with its layout and what the alternatives would cost, and the function
+    one with the collectives and their bytes.
+
+    ```mlir
+    %w = pcc.param "fc1.weight" {pcc.sharding = [#pcc.shard<tp, dim = 1>]} : tensor<64x256xf32>
+    ```
+  }];
+  let options = [
+    Option<"axis", "axis", "std::string", /*default=*/"\"tp\"",
+           "the mesh axis to split over">,
+    Option<"emitRemarks", "emit-remarks", "bool", /*default=*/"false",
+           "explain each weight's layout and the collectives as remarks">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
+def Partition : Pass<"pcc-partition", "func::FuncOp"> {
+  let summary = "rewrites a function to one rank's local shapes and inserts "
+                "the collectives";
+  let description = [{
+    Reads the layouts of the weights from their `pcc.sharding` attributes
+    (as `pcc-plan-sharding` left them, or written by hand), derives every
+    other layout with the same rules, and rewrites the function to what one
+    rank of mesh axis `axis` runs:
+    - split weights become `pcc.param ... shard #pcc.shard<...>` of the
+      local shape (the runtime reads only that slice);
+    - every op gets local shapes (slice bounds and split sizes scaled);
+    - where an operand's layout changes: `pcc.all_reduce` (partial sum to
+      replicated), `pcc.all_gather` plus a transpose/reshape (split to
+      replicated), `pcc.reduce_scatter` (partial sum to split), or a local
+      slice: of the weight or constant where it is defined, else
+      `pcc.shard_slice`;
+    - results are returned replicated.
+
+    ```mlir
+    // before (tp = 2)
+    %w = pcc.param "fc2.weight" {pcc.sharding = [#pcc.shard<tp, dim = 0>]} : tensor<256x64xf32>
+    %y = pcc.matmul %h, %w : tensor<2x256xf32>, tensor<256x64xf32> -> tensor<2x64xf32>
+    // after, with %h split on dim 1
+    %w = pcc.param "fc2.weight" shard #pcc.shard<tp, dim = 0> : tensor<128x64xf32>
+    %p = pcc.matmul %h, %w : tensor<2x128xf32>, tensor<128x64xf32> -> tensor<2x64xf32>
+    %y = pcc.all_reduce %p axis = "tp" : tensor<2x64xf32>
+    ```
+  }];
+  let options = [
+    Option<"axis", "axis", "std::string", /*default=*/"\"tp\"",
+           "the mesh axis to partition over">,
+    Option<"emitRemarks", "emit-remarks", "bool", /*default=*/"false",
+           "report the collectives inserted and their bytes as a remark">
+  ];
+  let statistics = [
+    Statistic<"numAllReduce", "all-reduce", "pcc.all_reduce ops inserted">,
+    Statistic<"numAllGather", "all-gather", "pcc.all_gather ops inserted">,
+    Statistic<"numReduceScatter", "reduce-scatter",
+              "pcc.reduce_scatter ops inserted">,
+    Statistic<"commBytes", "comm-bytes",
+              "bytes of the tensors the collectives carry, per run">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 #endif // PCC_TRANSFORMS_PASSES_TD

@@ -1,20 +1,29 @@
-//===- PccDialect.cpp - pcc dialect registration
-//---------------------------===//
+//===- PccDialect.cpp - pcc dialect registration, attributes ------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
 using namespace mlir::pcc;
 
 #include "pcc/Dialect/Pcc/IR/PccOpsDialect.cpp.inc"
 
+#define GET_ATTRDEF_CLASSES
+#include "pcc/Dialect/Pcc/IR/PccAttrs.cpp.inc"
+
 void PccDialect::initialize() {
   addOperations<
 #define GET_OP_LIST
 #include "pcc/Dialect/Pcc/IR/PccOps.cpp.inc"
+      >();
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "pcc/Dialect/Pcc/IR/PccAttrs.cpp.inc"
       >();
 }
 
@@ -24,4 +33,143 @@ Operation *PccDialect::materializeConstant(OpBuilder &builder, Attribute value,
   if (!elements || elements.getType() != type)
     return nullptr;
   return ConstantOp::create(builder, loc, elements);
+}
+
+//===----------------------------------------------------------------------===//
+// #pcc.shard<replicated> | <axis, partial> | <axis, dim = D[, stripes = S]>
+//===----------------------------------------------------------------------===//
+
+Attribute ShardingAttr::parse(AsmParser &parser, Type) {
+  MLIRContext *context = parser.getContext();
+  if (parser.parseLess())
+    return {};
+  std::string axis;
+  if (parser.parseKeywordOrString(&axis))
+    return {};
+  if (axis == "replicated") {
+    if (parser.parseGreater())
+      return {};
+    return ShardingAttr::replicated(context);
+  }
+  if (parser.parseComma())
+    return {};
+  if (succeeded(parser.parseOptionalKeyword("partial"))) {
+    if (parser.parseGreater())
+      return {};
+    return ShardingAttr::partial(context, axis);
+  }
+  int64_t dim = 0, stripes = 1;
+  if (parser.parseKeyword("dim") || parser.parseEqual() ||
+      parser.parseInteger(dim))
+    return {};
+  if (succeeded(parser.parseOptionalComma()) &&
+      (parser.parseKeyword("stripes") || parser.parseEqual() ||
+       parser.parseInteger(stripes)))
+    return {};
+  if (parser.parseGreater())
+    return {};
+  if (dim < 0 || stripes < 1) {
+    parser.emitError(parser.getNameLoc(),
+                     "#pcc.shard needs dim >= 0 and stripes >= 1");
+    return {};
+  }
+  return ShardingAttr::split(context, axis, dim, stripes);
+}
+
+void ShardingAttr::print(AsmPrinter &printer) const {
+  printer << "<";
+  if (isReplicated()) {
+    printer << "replicated>";
+    return;
+  }
+  printer.printKeywordOrString(getAxis());
+  if (isPartial()) {
+    printer << ", partial>";
+    return;
+  }
+  printer << ", dim = " << getDim();
+  if (getStripes() != 1)
+    printer << ", stripes = " << getStripes();
+  printer << ">";
+}
+
+FailureOr<int64_t> mlir::pcc::getMeshAxisSize(Operation *op, StringRef axis) {
+  auto module = isa<ModuleOp>(op) ? cast<ModuleOp>(op)
+                                  : op->getParentOfType<ModuleOp>();
+  DictionaryAttr mesh =
+      module ? module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName)
+             : DictionaryAttr();
+  auto size = mesh ? mesh.getAs<IntegerAttr>(axis) : IntegerAttr();
+  if (!size)
+    return op->emitOpError("mesh axis '")
+           << axis << "' is not in the module's pcc.mesh";
+  return size.getInt();
+}
+
+/// Checks that `sharding` can describe a tensor of global type `type`.
+static LogicalResult verifySharding(Operation *op, ShardingAttr sharding,
+                                    Type type, unsigned resultIndex) {
+  if (sharding.isReplicated())
+    return success();
+  FailureOr<int64_t> size = getMeshAxisSize(op, sharding.getAxis());
+  if (failed(size))
+    return failure();
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  if (!tensor)
+    return op->emitOpError("pcc.sharding of result ")
+           << resultIndex << ": not a ranked tensor";
+  if (sharding.isPartial()) {
+    if (!isa<FloatType>(tensor.getElementType()))
+      return op->emitOpError("pcc.sharding of result ")
+             << resultIndex << ": a partial sum needs a float tensor, got "
+             << tensor;
+    return success();
+  }
+  if (sharding.getDim() >= tensor.getRank())
+    return op->emitOpError("pcc.sharding of result ")
+           << resultIndex << ": dim " << sharding.getDim()
+           << " is out of range for " << tensor;
+  int64_t extent = tensor.getDimSize(sharding.getDim());
+  int64_t pieces = sharding.getStripes() * *size;
+  if (extent % pieces != 0)
+    return op->emitOpError("pcc.sharding of result ")
+           << resultIndex << ": dimension " << sharding.getDim() << " ("
+           << extent << ") does not divide into " << sharding.getStripes()
+           << " stripe(s) x " << *size << " ranks of '" << sharding.getAxis()
+           << "'";
+  return success();
+}
+
+LogicalResult PccDialect::verifyOperationAttribute(Operation *op,
+                                                   NamedAttribute attr) {
+  if (attr.getName() == kMeshAttrName) {
+    auto mesh = dyn_cast<DictionaryAttr>(attr.getValue());
+    if (!isa<ModuleOp>(op) || !mesh)
+      return op->emitError("pcc.mesh must be a dictionary on the module");
+    for (NamedAttribute axis : mesh) {
+      auto size = dyn_cast<IntegerAttr>(axis.getValue());
+      if (!size || size.getInt() < 1)
+        return op->emitError("pcc.mesh axis '")
+               << axis.getName().getValue() << "' needs a size >= 1";
+    }
+    return success();
+  }
+  if (attr.getName() == kShardingAttrName) {
+    auto list = dyn_cast<ArrayAttr>(attr.getValue());
+    if (!list || list.size() != op->getNumResults())
+      return op->emitOpError("pcc.sharding needs one #pcc.shard per result (")
+             << op->getNumResults() << ")";
+    for (auto [i, element] : llvm::enumerate(list)) {
+      auto sharding = dyn_cast<ShardingAttr>(element);
+      if (!sharding)
+        return op->emitOpError("pcc.sharding element ") << i
+                                                         << " is not a "
+                                                            "#pcc.shard";
+      if (failed(verifySharding(op, sharding, op->getResult(i).getType(), i)))
+        return failure();
+    }
+    return success();
+  }
+  // pcc.opset, pcc.source, pcc.buffer_offsets, ...: checked by their users.
+  return success();
 }

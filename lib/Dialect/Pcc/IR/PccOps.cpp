@@ -496,3 +496,81 @@ LogicalResult AvgPoolOp::inferReturnTypes(MLIRContext *,
                                           SmallVectorImpl<Type> &results) {
   return inferPool(loc, adaptor, results);
 }
+
+//===----------------------------------------------------------------------===//
+// Sharded params and collectives
+//===----------------------------------------------------------------------===//
+
+LogicalResult ParamOp::verify() {
+  ShardingAttr shard = getShardAttr();
+  if (!shard)
+    return success();
+  if (!shard.isSplit())
+    return emitOpError("shard: a stored weight can only be split, got ")
+           << shard;
+  FailureOr<int64_t> size = getMeshAxisSize(*this, shard.getAxis());
+  if (failed(size))
+    return failure();
+  RankedTensorType type = getType();
+  if (shard.getDim() >= type.getRank())
+    return emitOpError("shard: dim ")
+           << shard.getDim() << " is out of range for " << type;
+  if (type.getDimSize(shard.getDim()) % shard.getStripes() != 0)
+    return emitOpError("shard: the local dimension ")
+           << shard.getDim() << " (" << type.getDimSize(shard.getDim())
+           << ") does not divide into " << shard.getStripes() << " stripes";
+  return success();
+}
+
+LogicalResult AllReduceOp::verify() {
+  return getMeshAxisSize(*this, getAxis());
+}
+
+/// Checks that `stacked` is `[n] + piece` for mesh axis `axis` of size n.
+static LogicalResult verifyStacked(Operation *op, StringRef axis,
+                                   RankedTensorType piece,
+                                   RankedTensorType stacked) {
+  FailureOr<int64_t> size = getMeshAxisSize(op, axis);
+  if (failed(size))
+    return failure();
+  SmallVector<int64_t> expected{*size};
+  llvm::append_range(expected, piece.getShape());
+  if (stacked.getShape() != ArrayRef<int64_t>(expected) ||
+      stacked.getElementType() != piece.getElementType())
+    return op->emitOpError("the stacked tensor must be ")
+           << RankedTensorType::get(expected, piece.getElementType())
+           << " for " << *size << " ranks of '" << axis << "', got "
+           << stacked;
+  return success();
+}
+
+LogicalResult AllGatherOp::verify() {
+  return verifyStacked(*this, getAxis(), getInput().getType(), getType());
+}
+
+LogicalResult ReduceScatterOp::verify() {
+  return verifyStacked(*this, getAxis(), getType(), getInput().getType());
+}
+
+LogicalResult ShardSliceOp::verify() {
+  FailureOr<int64_t> size = getMeshAxisSize(*this, getAxis());
+  if (failed(size))
+    return failure();
+  RankedTensorType in = getInput().getType(), out = getType();
+  int64_t dim = getDim(), stripes = getStripes();
+  if (dim < 0 || dim >= in.getRank() || stripes < 1)
+    return emitOpError("dim ") << dim << " / stripes " << stripes
+                               << " do not fit " << in;
+  SmallVector<int64_t> expected(in.getShape());
+  if (expected[dim] % (stripes * *size) != 0)
+    return emitOpError("dimension ")
+           << dim << " (" << expected[dim] << ") does not divide into "
+           << stripes << " stripe(s) x " << *size << " ranks";
+  expected[dim] /= *size;
+  if (out.getShape() != ArrayRef<int64_t>(expected) ||
+      out.getElementType() != in.getElementType())
+    return emitOpError("result must be ")
+           << RankedTensorType::get(expected, in.getElementType()) << ", got "
+           << out;
+  return success();
+}

@@ -26,7 +26,14 @@ def Pcc_Dialect : Dialect {
     explicit (`pcc.broadcast`): elementwise ops take operands of one shape.
   }];
   let hasConstantMaterializer = 1;
-  let useDefaultAttributePrinterParser = 0;
+  let useDefaultAttributePrinterParser = 1;
+  let hasOperationAttrVerify = 1;
+  let extraClassDeclaration = [{
+    /// The module's mesh: named axes and their sizes (`pcc.mesh`).
+    static constexpr ::llvm::StringLiteral kMeshAttrName = "pcc.mesh";
+    /// Per-result shardings chosen by the planner (`pcc.sharding`).
+    static constexpr ::llvm::StringLiteral kShardingAttrName = "pcc.sharding";
+  }];
 }
 
 class Pcc_Op<string mnemonic, list<Trait> traits = []>

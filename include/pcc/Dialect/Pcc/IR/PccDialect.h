@@ -13,6 +13,15 @@
 #include "pcc/Dialect/Pcc/IR/PccEnums.h.inc"
 #include "pcc/Dialect/Pcc/IR/PccOpsDialect.h.inc"
 
+#define GET_ATTRDEF_CLASSES
+#include "pcc/Dialect/Pcc/IR/PccAttrs.h.inc"
+
+namespace mlir::pcc {
+/// The size of mesh axis `axis` in the `pcc.mesh` of `op`'s module, or an
+/// error on `op` naming the axis when the module has no such axis.
+FailureOr<int64_t> getMeshAxisSize(Operation *op, llvm::StringRef axis);
+} // namespace mlir::pcc
+
 #define GET_OP_CLASSES
 #include "pcc/Dialect/Pcc/IR/PccOps.h.inc"
 

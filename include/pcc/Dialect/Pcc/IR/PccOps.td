@@ -12,6 +12,7 @@
 #define PCC_DIALECT_PCC_IR_PCCOPS_TD
 
 include "pcc/Dialect/Pcc/IR/PccBase.td"
+include "pcc/Dialect/Pcc/IR/PccAttrs.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 include "mlir/IR/BuiltinAttributeInterfaces.td"
@@ -30,10 +31,19 @@ def Pcc_ParamOp : Pcc_Op<"param", [Pure]> {
     ```mlir
     %w = pcc.param "encoder.layers.0.linear1.weight" : tensor<256x64xf32>
     ```
+
+    After `pcc-partition`, `shard` says which slice of the stored weight this
+    rank reads and the type is the local shape:
+
+    ```mlir
+    %w = pcc.param "h.0.attn.c_attn.weight" shard #pcc.shard<tp, dim = 1, stripes = 3>
+        : tensor<64x96xf32>
+    ```
   }];
-  let arguments = (ins StrAttr:$name);
+  let arguments = (ins StrAttr:$name, OptionalAttr<Pcc_ShardingAttr>:$shard);
   let results = (outs Pcc_Tensor:$result);
-  let assemblyFormat = "$name attr-dict `:` type($result)";
+  let assemblyFormat = "$name (`shard` $shard^)? attr-dict `:` type($result)";
+  let hasVerifier = 1;
 }
 
 def Pcc_ConstantOp : Pcc_Op<"constant", [ConstantLike, Pure,
@@ -614,6 +624,92 @@ def Pcc_AvgPoolOp : Pcc_PoolOp<"avg_pool", "average",
         dilations = [1, 1] : tensor<2x8x32x32xf32> -> tensor<2x8x16x16xf32>
     ```
   }];
+}
+
+//===----------------------------------------------------------------------===//
+// Collectives over a named mesh axis (see PccAttrs.td for the layouts)
+//===----------------------------------------------------------------------===//
+
+// Collectives have no traits: every rank must run the same ones in the same
+// order, so no pass may drop, hoist or merge one on its own.
+
+def Pcc_AllReduceOp : Pcc_Op<"all_reduce", [SameOperandsAndResultType]> {
+  let summary = "sums a tensor over the ranks of one mesh axis";
+  let description = [{
+    Turns a `partial` tensor into a replicated one: every rank of the group
+    gets the elementwise sum of all ranks' inputs (ncclAllReduce or
+    MPI_Allreduce).
+
+    ```mlir
+    %y = pcc.all_reduce %p axis = "tp" : tensor<32x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, StrAttr:$axis);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = "$input `axis` `=` $axis attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
+def Pcc_AllGatherOp : Pcc_Op<"all_gather"> {
+  let summary = "stacks every rank's tensor along a new leading dimension";
+  let description = [{
+    The result's leading dimension is the size of the mesh axis, and slice r
+    is rank r's input (ncclAllGather or MPI_Allgather). `pcc-partition`
+    follows it with the transpose and reshape that put a split dimension
+    back together.
+
+    ```mlir
+    %g = pcc.all_gather %x axis = "tp" : tensor<2x16xf32> -> tensor<4x2x16xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input, StrAttr:$axis);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $input `axis` `=` $axis attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_ReduceScatterOp : Pcc_Op<"reduce_scatter"> {
+  let summary = "sums stacked tensors over the ranks and keeps this rank's slice";
+  let description = [{
+    The input's leading dimension is the size of the mesh axis. Rank r gets
+    the sum over all ranks of their slice r (ncclReduceScatter or
+    MPI_Reduce_scatter_block): a `partial` tensor becomes a split one.
+
+    ```mlir
+    %s = pcc.reduce_scatter %p axis = "tp" : tensor<4x2x16xf32> -> tensor<2x16xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, StrAttr:$axis);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `axis` `=` $axis attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_ShardSliceOp : Pcc_Op<"shard_slice", [Pure]> {
+  let summary = "this rank's slice of a replicated tensor";
+  let description = [{
+    Takes the part of a whole tensor that `#pcc.shard<axis, dim, stripes>`
+    gives this rank; no communication. `pcc-partition` slices weights and
+    constants where they are defined and uses this op only for computed
+    values.
+
+    ```mlir
+    %s = pcc.shard_slice %x axis = "tp" dim = 1 stripes = 1
+        : tensor<2x64xf32> -> tensor<2x16xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input, StrAttr:$axis, I64Attr:$dim,
+                       I64Attr:$stripes);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $input `axis` `=` $axis `dim` `=` $dim `stripes` `=` $stripes attr-dict
+    `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
 }
 
 #endif // PCC_DIALECT_PCC_IR_PCCOPS_TD

@@ -1,0 +1,121 @@
+//===- Sharding.h - layouts over one mesh axis and their propagation -*- C++
+//-*-===//
+//
+// The model behind pcc-plan-sharding and pcc-partition. A plan fixes the
+// layout of every weight of rank >= 2 (the decisions); `propagateShardings`
+// derives from them the layout of every other value, the layout each op
+// reads each operand in (which is where collectives go) and the plan's
+// cost. The planner searches the decisions; the partition pass re-derives
+// the same plan from the decisions recorded on the weights and rewrites.
+//
+// Splits start at weights and flow through ops: an op never splits a value
+// none of its operands had split, so an activation is only ever split
+// because a weight was (see docs/design-notes.md, "Sharding planner").
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_TRANSFORMS_SHARDING_H
+#define PCC_TRANSFORMS_SHARDING_H
+
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/StringMap.h"
+
+#include <string>
+#include <vector>
+
+namespace mlir::pcc {
+
+/// The layout of a tensor over the mesh axis being planned; see
+/// #pcc.shard in PccAttrs.td.
+struct Shard {
+  ShardKind kind = ShardKind::replicated;
+  int64_t dim = -1;
+  int64_t stripes = 0;
+
+  static Shard replicated() { return {}; }
+  static Shard split(int64_t dim, int64_t stripes) {
+    return {ShardKind::split, dim, stripes};
+  }
+  static Shard partial() { return {ShardKind::partial, -1, 0}; }
+  bool isReplicated() const { return kind == ShardKind::replicated; }
+  bool isSplit() const { return kind == ShardKind::split; }
+  bool isPartial() const { return kind == ShardKind::partial; }
+  bool operator==(const Shard &o) const {
+    return kind == o.kind && dim == o.dim && stripes == o.stripes;
+  }
+  bool operator!=(const Shard &o) const { return !(*this == o); }
+
+  ShardingAttr toAttr(MLIRContext *context, StringRef axis) const;
+  static Shard fromAttr(ShardingAttr attr);
+  /// "replicated", "partial sum", "dim 1" or "dim 1 in 3 stripes".
+  std::string describe() const;
+};
+
+/// The shape one rank holds of a tensor of global type `type`.
+RankedTensorType localType(RankedTensorType type, Shard shard, int64_t ranks);
+
+/// A layout change an op's operand needs before the op reads it.
+enum class CollectiveKind { AllReduce, AllGather, ReduceScatter };
+const char *collectiveName(CollectiveKind kind);
+
+/// One collective the plan inserts.
+struct PlannedCollective {
+  CollectiveKind kind;
+  Value value;      // the value converted
+  Shard from, to;   // its layouts
+  int64_t bytes;    // the whole tensor's bytes (the collective's payload)
+};
+
+/// The machine a plan is costed for. Figures for one H100 SXM node with
+/// NVLink; only their ratios steer the search.
+struct CostModel {
+  double flopsPerSecond = 400e12;   // dense fp32-with-tensor-core GEMM rate
+  double bytesPerSecond = 2.0e12;   // memory bandwidth, for non-GEMM ops
+  double linkBytesPerSecond = 150e9; // per-rank collective bandwidth
+  double collectiveLatency = 10e-6;  // seconds per collective
+};
+
+struct ShardingPlan {
+  std::string axis;
+  int64_t ranks = 1;
+  /// Every value's layout (results, arguments).
+  llvm::DenseMap<Value, Shard> shards;
+  /// The layout each op reads each of its operands in.
+  llvm::DenseMap<Operation *, SmallVector<Shard>> operandShards;
+  /// The collectives, in program order (one per value and target layout).
+  std::vector<PlannedCollective> collectives;
+  /// Bytes of weights every rank holds whole: replicated weights of rank
+  /// >= 2 plus split ones that some op gathers back.
+  int64_t replicatedWeightBytes = 0;
+  /// Bytes of weights one rank holds.
+  int64_t weightBytesPerRank = 0;
+  double computeSeconds = 0, commSeconds = 0;
+  double seconds() const { return computeSeconds + commSeconds; }
+  int64_t commBytes() const;
+  /// Lexicographic: less replicated weight memory, then less time.
+  bool betterThan(const ShardingPlan &other) const;
+};
+
+/// The weights whose layout is a decision of the plan (rank >= 2), by name,
+/// in program order. Smaller weights (biases, norm scales) are sliced where
+/// a consumer needs them split.
+llvm::MapVector<StringRef, RankedTensorType> decisionWeights(func::FuncOp func);
+
+/// Derives the layout of every value from the weight decisions (weights not
+/// listed are replicated).
+ShardingPlan propagateShardings(func::FuncOp func, StringRef axis,
+                                int64_t ranks,
+                                const llvm::StringMap<Shard> &decisions,
+                                const CostModel &cost = {});
+
+/// Every layout a weight of `type` can take over `ranks` ranks: replicated,
+/// and each dimension split in each number of stripes that divides.
+std::vector<Shard> candidateShards(RankedTensorType type, int64_t ranks);
+
+} // namespace mlir::pcc
+
+#endif // PCC_TRANSFORMS_SHARDING_H

@@ -1,0 +1,315 @@
+//===- Partition.cpp - SPMD rewrite to one rank's local shapes -----------===//
+
+#include "pcc/Transforms/Passes.h"
+#include "pcc/Transforms/Sharding.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/Support/FormatVariadic.h"
+
+namespace mlir::pcc {
+#define GEN_PASS_DEF_PARTITION
+#include "pcc/Transforms/Passes.h.inc"
+} // namespace mlir::pcc
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+namespace {
+
+RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
+
+class Partitioner {
+public:
+  Partitioner(func::FuncOp func, const ShardingPlan &plan)
+      : func(func), plan(plan), n(plan.ranks),
+        axis(StringAttr::get(func.getContext(), plan.axis)),
+        builder(func.getContext()) {}
+
+  LogicalResult run();
+
+  int64_t counts[3] = {0, 0, 0};
+  int64_t bytes = 0;
+
+private:
+  Shard layoutOf(Value v) const { return plan.shards.lookup(v); }
+  /// The local value of global `v` in layout `to`.
+  Value as(Value v, Shard to);
+  /// This rank's slice of replicated `v`, made where `v` is defined when
+  /// that is a weight, a constant or a broadcast of one.
+  Value sliceOf(Value v, Shard to);
+  Value gather(Value local, RankedTensorType global, Shard from);
+  Value reduceScatter(Value whole, Shard to);
+  Value reshape(Value v, ArrayRef<int64_t> shape) {
+    auto type = RankedTensorType::get(shape, typeOf(v).getElementType());
+    if (type == v.getType())
+      return v;
+    return ReshapeOp::create(builder, v.getLoc(), type, v);
+  }
+  void count(CollectiveKind kind, Value global) {
+    ++counts[static_cast<int>(kind)];
+    RankedTensorType t = typeOf(global);
+    bytes += t.getNumElements() * (t.getElementTypeBitWidth() / 8);
+  }
+
+  func::FuncOp func;
+  const ShardingPlan &plan;
+  int64_t n;
+  StringAttr axis;
+  OpBuilder builder;
+  llvm::DenseMap<Value, Value> local;
+  std::map<std::tuple<void *, int, int64_t, int64_t>, Value> converted;
+};
+
+Value Partitioner::as(Value v, Shard to) {
+  Shard from = layoutOf(v);
+  Value lv = local.lookup(v);
+  if (from == to)
+    return lv;
+  auto key = std::make_tuple(v.getAsOpaquePointer(), static_cast<int>(to.kind),
+                             to.dim, to.stripes);
+  auto it = converted.find(key);
+  if (it != converted.end())
+    return it->second;
+  Value result;
+  Location loc = v.getLoc();
+  if (to.isReplicated()) {
+    if (from.isPartial()) {
+      result = AllReduceOp::create(builder, loc, lv, axis);
+      count(CollectiveKind::AllReduce, v);
+    } else {
+      result = gather(lv, typeOf(v), from);
+      count(CollectiveKind::AllGather, v);
+    }
+  } else if (from.isReplicated()) {
+    result = sliceOf(v, to);
+  } else if (from.isPartial()) {
+    result = reduceScatter(lv, to);
+    count(CollectiveKind::ReduceScatter, v);
+  } else {
+    Value whole = as(v, Shard::replicated());
+    result = ShardSliceOp::create(
+        builder, loc, localType(typeOf(v), to, n), whole, axis,
+        builder.getI64IntegerAttr(to.dim),
+        builder.getI64IntegerAttr(to.stripes));
+  }
+  converted[key] = result;
+  return result;
+}
+
+Value Partitioner::sliceOf(Value v, Shard to) {
+  RankedTensorType type = localType(typeOf(v), to, n);
+  Operation *def = v.getDefiningOp();
+  MLIRContext *context = func.getContext();
+  if (auto param = dyn_cast_or_null<ParamOp>(def))
+    return ParamOp::create(builder, param.getLoc(), type, param.getNameAttr(),
+                           to.toAttr(context, axis.getValue()));
+  if (auto cst = dyn_cast_or_null<ConstantOp>(def)) {
+    auto dense = dyn_cast<DenseElementsAttr>(cst.getValue());
+    if (dense && dense.isSplat())
+      return ConstantOp::create(builder, cst.getLoc(), dense.resizeSplat(type));
+  }
+  if (auto b = dyn_cast_or_null<BroadcastOp>(def)) {
+    ArrayRef<int64_t> in = b.getInput().getType().getShape();
+    int64_t shift = b.getType().getRank() - b.getInput().getType().getRank();
+    int64_t d = to.dim - shift;
+    Value input = local.lookup(b.getInput());
+    if (layoutOf(b.getInput()).isReplicated()) {
+      if (d >= 0 && in[d] != 1)
+        input = as(b.getInput(), Shard::split(d, to.stripes));
+      return BroadcastOp::create(builder, b.getLoc(), type, input);
+    }
+  }
+  return ShardSliceOp::create(builder, v.getLoc(), type, local.lookup(v), axis,
+                              builder.getI64IntegerAttr(to.dim),
+                              builder.getI64IntegerAttr(to.stripes));
+}
+
+/// Stacks the ranks' pieces, then moves the rank index next to the chunk
+/// it indexes: [n, .., s*c, ..] -> [.., s, n, c, ..] -> global.
+Value Partitioner::gather(Value lv, RankedTensorType global, Shard from) {
+  RankedTensorType lt = typeOf(lv);
+  Location loc = lv.getLoc();
+  SmallVector<int64_t> stacked{n};
+  llvm::append_range(stacked, lt.getShape());
+  Value g = AllGatherOp::create(
+      builder, loc, RankedTensorType::get(stacked, lt.getElementType()), lv,
+      axis);
+  int64_t d = from.dim, s = from.stripes, c = lt.getDimSize(d) / s;
+  bool leading = s == 1 && llvm::all_of(lt.getShape().take_front(d),
+                                         [](int64_t x) { return x == 1; });
+  if (leading)
+    return reshape(g, global.getShape());
+  SmallVector<int64_t> split{n};
+  for (int64_t k = 0; k < lt.getRank(); ++k) {
+    if (k == d) {
+      split.push_back(s);
+      split.push_back(c);
+    } else {
+      split.push_back(lt.getDimSize(k));
+    }
+  }
+  Value x = reshape(g, split);
+  // Dims of `split`: 0 = n, 1..d = before, d+1 = s, d+2 = c, then after.
+  SmallVector<int64_t> perm;
+  for (int64_t k = 1; k <= d + 1; ++k)
+    perm.push_back(k);
+  perm.push_back(0);
+  for (int64_t k = d + 2; k < static_cast<int64_t>(split.size()); ++k)
+    perm.push_back(k);
+  SmallVector<int64_t> permuted;
+  for (int64_t p : perm)
+    permuted.push_back(split[p]);
+  Value t = TransposeOp::create(
+      builder, loc, RankedTensorType::get(permuted, lt.getElementType()), x,
+      builder.getDenseI64ArrayAttr(perm));
+  return reshape(t, global.getShape());
+}
+
+/// [.., s*n*c, ..] -> [.., s, n, c, ..] -> [n, .., s, c, ..] -> scatter ->
+/// local.
+Value Partitioner::reduceScatter(Value whole, Shard to) {
+  RankedTensorType gt = typeOf(whole);
+  Location loc = whole.getLoc();
+  int64_t d = to.dim, s = to.stripes, c = gt.getDimSize(d) / (s * n);
+  SmallVector<int64_t> split;
+  for (int64_t k = 0; k < gt.getRank(); ++k) {
+    if (k == d) {
+      split.append({s, n, c});
+    } else {
+      split.push_back(gt.getDimSize(k));
+    }
+  }
+  Value x = reshape(whole, split);
+  SmallVector<int64_t> perm{d + 1};
+  for (int64_t k = 0; k < static_cast<int64_t>(split.size()); ++k)
+    if (k != d + 1)
+      perm.push_back(k);
+  SmallVector<int64_t> permuted;
+  for (int64_t p : perm)
+    permuted.push_back(split[p]);
+  Value t = TransposeOp::create(
+      builder, loc, RankedTensorType::get(permuted, gt.getElementType()), x,
+      builder.getDenseI64ArrayAttr(perm));
+  SmallVector<int64_t> piece(permuted.begin() + 1, permuted.end());
+  Value r = ReduceScatterOp::create(
+      builder, loc, RankedTensorType::get(piece, gt.getElementType()), t, axis);
+  return reshape(r, localType(gt, to, n).getShape());
+}
+
+LogicalResult Partitioner::run() {
+  Block &block = func.getBody().front();
+  for (BlockArgument arg : block.getArguments())
+    local[arg] = arg;
+  MLIRContext *context = func.getContext();
+  SmallVector<Operation *> old;
+  for (Operation &op : block)
+    old.push_back(&op);
+  for (Operation *op : old) {
+    builder.setInsertionPoint(op);
+    if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+      for (OpOperand &operand : ret->getOpOperands())
+        operand.set(as(operand.get(), Shard::replicated()));
+      continue;
+    }
+    auto targets = plan.operandShards.lookup(op);
+    if (auto param = dyn_cast<ParamOp>(op)) {
+      Shard s = layoutOf(param.getResult());
+      local[param.getResult()] =
+          s.isSplit() ? sliceOf(param.getResult(), s)
+                      : ParamOp::create(builder, param.getLoc(),
+                                        param.getType(), param.getNameAttr(),
+                                        ShardingAttr());
+      continue;
+    }
+    IRMapping mapping;
+    for (auto [i, operand] : llvm::enumerate(op->getOperands())) {
+      Shard want = i < targets.size() ? targets[i] : Shard::replicated();
+      mapping.map(operand, as(operand, want));
+    }
+    Operation *clone = builder.clone(*op, mapping);
+    clone->removeAttr(PccDialect::kShardingAttrName);
+    for (auto [r, nr] : llvm::zip(op->getResults(), clone->getResults())) {
+      nr.setType(localType(typeOf(r), layoutOf(r), n));
+      local[r] = nr;
+    }
+    Shard in = targets.empty() ? Shard::replicated() : targets[0];
+    if (auto s = dyn_cast<SliceOp>(clone); s && in.isSplit()) {
+      SmallVector<int64_t> starts(s.getStarts()), limits(s.getLimits());
+      starts[in.dim] /= n;
+      limits[in.dim] /= n;
+      s.setStarts(starts);
+      s.setLimits(limits);
+    }
+    if (auto s = dyn_cast<SplitOp>(clone);
+        s && in.isSplit() && in.dim == static_cast<int64_t>(s.getAxis())) {
+      SmallVector<int64_t> sizes(s.getSizes());
+      for (int64_t &size : sizes)
+        size /= n;
+      s.setSizes(sizes);
+    }
+    (void)context;
+  }
+  // Drop the global ops, users first.
+  for (Operation *op : llvm::reverse(old))
+    if (!isa<func::ReturnOp>(op))
+      op->erase();
+  // Whole weights and constants whose every reader now takes a slice.
+  SmallVector<Operation *> all;
+  for (Operation &op : block)
+    all.push_back(&op);
+  for (Operation *op : llvm::reverse(all))
+    if (op->use_empty() && isPure(op))
+      op->erase();
+  return success();
+}
+
+struct PartitionPass : public mlir::pcc::impl::PartitionBase<PartitionPass> {
+  using PartitionBase::PartitionBase;
+
+  void runOnOperation() override {
+    func::FuncOp func = getOperation();
+    FailureOr<int64_t> ranks = getMeshAxisSize(func, axis);
+    if (failed(ranks))
+      return signalPassFailure();
+    llvm::StringMap<Shard> decisions;
+    bool bad = false;
+    func.walk([&](ParamOp param) {
+      auto attr =
+          param->getAttrOfType<ArrayAttr>(PccDialect::kShardingAttrName);
+      if (!attr || param.getType().getRank() < 2)
+        return;
+      Shard s = Shard::fromAttr(cast<ShardingAttr>(attr[0]));
+      auto [it, inserted] = decisions.try_emplace(param.getName(), s);
+      if (!inserted && it->second != s) {
+        param.emitOpError("weight '")
+            << param.getName() << "' has two different layouts";
+        bad = true;
+      }
+    });
+    if (bad)
+      return signalPassFailure();
+    if (*ranks == 1) {
+      func.walk([](Operation *op) {
+        op->removeAttr(PccDialect::kShardingAttrName);
+      });
+      return;
+    }
+    ShardingPlan plan = propagateShardings(func, axis, *ranks, decisions);
+    Partitioner partitioner(func, plan);
+    if (failed(partitioner.run()))
+      return signalPassFailure();
+    numAllReduce = partitioner.counts[0];
+    numAllGather = partitioner.counts[1];
+    numReduceScatter = partitioner.counts[2];
+    commBytes = partitioner.bytes;
+    if (emitRemarks)
+      func.emitRemark() << axis << "=" << *ranks << ": "
+                        << partitioner.counts[0] << " all_reduce, "
+                        << partitioner.counts[1] << " all_gather, "
+                        << partitioner.counts[2] << " reduce_scatter; "
+                        << partitioner.bytes << " bytes per run";
+  }
+};
+
+} // namespace
