@@ -259,7 +259,7 @@ LogicalResult Partitioner::run() {
   for (Operation &op : block)
     all.push_back(&op);
   for (Operation *op : llvm::reverse(all))
-    if (op->use_empty() && isPure(op))
+    if (op->use_empty() && isPure(op) && !op->hasTrait<OpTrait::IsTerminator>())
       op->erase();
   return success();
 }

@@ -298,4 +298,46 @@ Communicator::nccl(Communicator &bootstrap, Device &device) {
   return result;
 }
 
+CommBinding::CommBinding(Communicator &comm) : comm(&comm) {
+  abi.group = this;
+  abi.rank = comm.rank();
+  abi.size = comm.size();
+  abi.all_reduce = &CommBinding::allReduce;
+  abi.all_gather = &CommBinding::allGather;
+  abi.reduce_scatter = &CommBinding::reduceScatter;
+  abi.last_error = &CommBinding::lastError;
+}
+
+int CommBinding::check(Status status) {
+  if (status.ok())
+    return 0;
+  error = status.error();
+  return 1;
+}
+
+int CommBinding::allReduce(void *group, const void *send, void *recv,
+                           int64_t count, int32_t dtype) {
+  auto *self = static_cast<CommBinding *>(group);
+  return self->check(self->comm->allReduce(
+      send, recv, count, static_cast<DType>(dtype), ReduceOp::Sum));
+}
+
+int CommBinding::allGather(void *group, const void *send, void *recv,
+                           int64_t count, int32_t dtype) {
+  auto *self = static_cast<CommBinding *>(group);
+  return self->check(
+      self->comm->allGather(send, recv, count, static_cast<DType>(dtype)));
+}
+
+int CommBinding::reduceScatter(void *group, const void *send, void *recv,
+                               int64_t count, int32_t dtype) {
+  auto *self = static_cast<CommBinding *>(group);
+  return self->check(self->comm->reduceScatter(
+      send, recv, count, static_cast<DType>(dtype), ReduceOp::Sum));
+}
+
+const char *CommBinding::lastError(void *group) {
+  return static_cast<CommBinding *>(group)->error.c_str();
+}
+
 } // namespace pccrt

@@ -38,7 +38,7 @@ public:
   }
   Status synchronize() override { return Status::success(); }
   pcc_run_context runContext() const override {
-    return {PCC_TARGET_CPU, 0, nullptr};
+    return {PCC_TARGET_CPU, 0, nullptr, nullptr};
   }
 };
 
@@ -157,7 +157,7 @@ public:
     return Status::success();
   }
   pcc_run_context runContext() const override {
-    return {PCC_TARGET_CUDA, ordinal, ctx};
+    return {PCC_TARGET_CUDA, ordinal, ctx, nullptr};
   }
   Status beginCapture() override {
     if (api.captureBegin(ctx))
@@ -359,6 +359,7 @@ Status ModelRunner::readOutputs(const std::vector<void *> &outputs) {
 
 Status ModelRunner::runResident() {
   pcc_run_context context = device->runContext();
+  context.comms = comms;
   return library->run(context, inputPtrs.data(), outputPtrs.data(),
                       weightPtrs.data(), arena);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <dlfcn.h>
 
 namespace pccrt {
@@ -56,6 +57,7 @@ ModelLibrary &ModelLibrary::operator=(ModelLibrary &&other) noexcept {
   std::swap(modelInfo, other.modelInfo);
   std::swap(runFn, other.runFn);
   std::swap(lastErrorFn, other.lastErrorFn);
+  std::swap(shardBuffers, other.shardBuffers);
   return *this;
 }
 
@@ -70,23 +72,75 @@ std::string ModelLibrary::defaultWeightsPath() const {
   return dir + modelInfo->weights_file;
 }
 
+int64_t ModelLibrary::meshRanks() const {
+  int64_t ranks = 1;
+  for (int i = 0; i < modelInfo->num_mesh_axes; ++i)
+    ranks *= modelInfo->mesh_sizes[i];
+  return ranks;
+}
+
+std::string ModelLibrary::describeMesh() const {
+  std::string s;
+  for (int i = 0; i < modelInfo->num_mesh_axes; ++i)
+    if (modelInfo->mesh_sizes[i] > 1)
+      s += (s.empty() ? "" : " ") + std::string(modelInfo->mesh_axes[i]) +
+           "=" + std::to_string(modelInfo->mesh_sizes[i]);
+  return s.empty() ? "one device" : s;
+}
+
 Result<std::vector<const void *>>
 ModelLibrary::bindWeights(const SafetensorsFile &file,
-                          const std::string &weightsPath) const {
+                          const std::string &weightsPath,
+                          const std::vector<int64_t> &coords) const {
   std::vector<const void *> pointers;
   for (int i = 0; i < modelInfo->num_weights; ++i) {
     const pcc_tensor_spec &spec = modelInfo->weights[i];
+    const pcc_weight_shard &shard = modelInfo->weight_shards[i];
     const TensorEntry *entry = file.find(spec.name);
     if (!entry)
       return Error{"weights file '" + weightsPath + "' has no tensor '" +
                    spec.name + "' (was it written for another model?)"};
+    std::vector<int64_t> whole = specShape(spec);
+    int64_t ranks = 1, rank = 0;
+    if (shard.axis >= 0) {
+      ranks = modelInfo->mesh_sizes[shard.axis];
+      rank = static_cast<size_t>(shard.axis) < coords.size()
+                 ? coords[shard.axis]
+                 : 0;
+      whole[shard.dim] *= ranks;
+    }
     if (entry->dtype != static_cast<DType>(spec.dtype) ||
-        entry->shape != specShape(spec))
+        entry->shape != whole)
       return Error{"weights file '" + weightsPath + "': tensor '" + spec.name +
                    "' is " + std::string(dtypeName(entry->dtype)) + " " +
                    shapeString(entry->shape) + " but the model needs " +
-                   describeSpec(spec)};
-    pointers.push_back(file.data(*entry));
+                   std::string(dtypeName(static_cast<DType>(spec.dtype))) +
+                   " " + shapeString(whole)};
+    const char *data = reinterpret_cast<const char *>(file.data(*entry));
+    if (shard.axis < 0) {
+      pointers.push_back(data);
+      continue;
+    }
+    // View dimension `dim` as [stripes, ranks, chunk]; copy chunk `rank` of
+    // every stripe.
+    int64_t element = dtypeSize(entry->dtype);
+    int64_t pre = 1, post = 1;
+    for (int d = 0; d < shard.dim; ++d)
+      pre *= whole[d];
+    for (size_t d = shard.dim + 1; d < whole.size(); ++d)
+      post *= whole[d];
+    int64_t chunk = whole[shard.dim] / (shard.stripes * ranks);
+    int64_t piece = chunk * post * element;
+    auto buffer = std::make_unique<AlignedBuffer>(
+        elementCount(specShape(spec)) * element);
+    if (!buffer->ok())
+      return Error{"out of memory for the slice of weight '" +
+                   std::string(spec.name) + "'"};
+    char *out = static_cast<char *>(buffer->data());
+    for (int64_t p = 0; p < pre * shard.stripes; ++p)
+      std::memcpy(out + p * piece, data + (p * ranks + rank) * piece, piece);
+    pointers.push_back(out);
+    shardBuffers.push_back(std::move(buffer));
   }
   return pointers;
 }

@@ -3,12 +3,14 @@
 //   pcc-run model.so --input x.npy [--input ...] [--output y.npy ...]
 //           [--expect ref.npy ...] [--rtol R --atol A] [--bench N]
 //           [--weights file.safetensors] [--device cpu|cuda|cuda:N]
+//           [-n RANKS [--hostfile FILE]]
 //
 // Plain C++ on the runtime library: no MLIR. Every failure is one message
 // naming the file, tensor or node at fault, and exit status 1.
 //
 //===----------------------------------------------------------------------===//
 
+#include "pcc/runtime/Communicator.h"
 #include "pcc/runtime/DType.h"
 #include "pcc/runtime/Device.h"
 #include "pcc/runtime/HalfFloat.h"
@@ -25,6 +27,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 using namespace pccrt;
 
@@ -48,6 +52,13 @@ Options:
   --list-devices     print the devices this machine offers and exit
   --cuda-graph       on cuda, record one run as a CUDA graph and replay it
                      for --bench (checks that the replay matches)
+  -n N               run N ranks, one per position of the mesh the library
+                     was partitioned for (pcc --tp=N): pcc-run starts them
+                     with mpirun, or joins the job when mpirun or srun
+                     started it. Each rank reads only its slice of the
+                     weights; rank 0 writes and checks the outputs. If a
+                     rank dies, mpirun ends the others and the run fails.
+  --hostfile FILE    passed to mpirun for runs over several hosts
 
 Examples:
   pcc examples/mlp.onnx --batch=2 -o mlp.so
@@ -56,10 +67,17 @@ Examples:
   pcc examples/mlp.onnx --batch=2 --target=cuda -o mlp-gpu.so
   pcc-run mlp-gpu.so --device cuda --input examples/data/mlp.input.npy \
       --bench 100
+  pcc examples/transformer_prenorm.onnx --batch=2 --tp=2 -o enc-tp2.so
+  pcc-run -n 2 enc-tp2.so --input examples/data/transformer_prenorm.input.npy \
+      --expect examples/data/transformer_prenorm.output.npy
 )";
 
+/// "rank R of N: " once this process is one rank of several.
+std::string rankPrefix;
+
 [[noreturn]] void die(const std::string &message) {
-  std::fprintf(stderr, "pcc-run: error: %s\n", message.c_str());
+  std::fprintf(stderr, "pcc-run: %serror: %s\n", rankPrefix.c_str(),
+               message.c_str());
   std::exit(1);
 }
 
@@ -88,7 +106,11 @@ double valueAt(const uint8_t *data, DType type, int64_t i) {
 }
 
 struct Options {
-  std::string library, weights, device = "cpu";
+  std::string library, weights, device = "cpu", hostfile;
+  /// -n: ranks to run (0: not given).
+  int ranks = 0;
+  /// Every argument except -n and --hostfile, for the ranks mpirun starts.
+  std::vector<std::string> rankArgs;
   std::vector<std::string> inputs, outputs, expects;
   double rtol = 1e-4, atol = 1e-5;
   int bench = 0;
@@ -115,6 +137,22 @@ Options parse(int argc, char **argv) {
   };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "-n" || a == "--ranks" || a == "--hostfile") {
+      if (a == "--hostfile") {
+        o.hostfile = value(i);
+        continue;
+      }
+      double n = number(i);
+      if (n < 1 || n != static_cast<int>(n))
+        die("-n needs a positive number of ranks");
+      o.ranks = static_cast<int>(n);
+      continue;
+    }
+    o.rankArgs.push_back(a);
+    if (i + 1 < argc && (a == "--input" || a == "--output" || a == "--expect" ||
+                         a == "--weights" || a == "--device" || a == "--rtol" ||
+                         a == "--atol" || a == "--bench"))
+      o.rankArgs.push_back(argv[i + 1]);
     if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -152,6 +190,96 @@ Options parse(int argc, char **argv) {
     die("no model library; usage: pcc-run model.so --input x.npy (see "
         "--help)");
   return o;
+}
+
+/// Starts `ranks` copies of this program under mpirun; does not return.
+[[noreturn]] void launch(const Options &o) {
+  std::vector<std::string> args{"mpirun", "-n", std::to_string(o.ranks)};
+  if (geteuid() == 0)
+    args.push_back("--allow-run-as-root");
+  // Ranks may outnumber cores on one host; do not pin them to cores.
+  for (const char *a : {"--oversubscribe", "--bind-to", "none"})
+    args.push_back(a);
+  if (!o.hostfile.empty()) {
+    args.push_back("--hostfile");
+    args.push_back(o.hostfile);
+  }
+  char self[4096];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0)
+    die("cannot find this program's path to start the ranks");
+  self[len] = '\0';
+  args.push_back(self);
+  for (const std::string &a : o.rankArgs)
+    args.push_back(a);
+  std::vector<char *> cargs;
+  for (std::string &a : args)
+    cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  std::fflush(stdout);
+  execvp("mpirun", cargs.data());
+  die("cannot start " + std::to_string(o.ranks) +
+      " ranks: mpirun: " + std::strerror(errno) +
+      " (install openmpi-bin, or start pcc-run under your own mpirun/srun)");
+}
+
+/// The communicators of one rank: the world, and a group per mesh axis
+/// bound to the model ABI.
+struct Ranks {
+  std::unique_ptr<Communicator> world;
+  std::vector<std::unique_ptr<Communicator>> groups;
+  std::vector<std::unique_ptr<CommBinding>> bindings;
+  std::vector<pcc_comm> tables;
+  std::vector<int64_t> coords;
+};
+
+/// Joins the MPI job and builds one group per mesh axis: the ranks that
+/// differ only in their coordinate on that axis (the last axis varies
+/// fastest).
+Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks, Device &device,
+                const std::string &mesh) {
+  Ranks r;
+  auto world = Communicator::mpiWorld();
+  if (!world.ok())
+    die(world.error());
+  r.world = world.take();
+  int rank = r.world->rank(), size = r.world->size();
+  rankPrefix = "rank " + std::to_string(rank) + " of " +
+               std::to_string(size) + ": ";
+  if (size != meshRanks)
+    die("the library was partitioned for " + mesh + " (" +
+        std::to_string(meshRanks) + " ranks) but this run has " +
+        std::to_string(size) + "; run it with -n " +
+        std::to_string(meshRanks));
+  int64_t stride = 1;
+  std::vector<int64_t> strides(info.num_mesh_axes);
+  for (int a = info.num_mesh_axes - 1; a >= 0; --a) {
+    strides[a] = stride;
+    stride *= info.mesh_sizes[a];
+  }
+  for (int a = 0; a < info.num_mesh_axes; ++a) {
+    int64_t coord = (rank / strides[a]) % info.mesh_sizes[a];
+    r.coords.push_back(coord);
+    auto group = r.world->split(
+        static_cast<int>(rank - coord * strides[a]), static_cast<int>(coord));
+    if (!group.ok())
+      die(group.error());
+    std::unique_ptr<Communicator> g = group.take();
+    g->setName(info.mesh_axes[a]);
+    if (!device.isHost() && info.mesh_sizes[a] > 1) {
+      auto nccl = Communicator::nccl(*g, device);
+      if (!nccl.ok())
+        die(nccl.error());
+      g = nccl.take();
+      g->setName(info.mesh_axes[a]);
+    }
+    r.groups.push_back(std::move(g));
+  }
+  for (auto &g : r.groups)
+    r.bindings.push_back(std::make_unique<CommBinding>(*g));
+  for (auto &b : r.bindings)
+    r.tables.push_back(b->table());
+  return r;
 }
 
 } // namespace
@@ -198,10 +326,38 @@ int main(int argc, char **argv) {
     return 0;
   }
 
+  // Ranks: start them, or join the job that started this one.
+  bool underMpi = Communicator::launchedByMpi();
+  int64_t meshRanks = library->meshRanks();
+  if (opts.ranks > 1 && !underMpi)
+    launch(opts);
+  if (opts.ranks > 0 && opts.ranks != meshRanks)
+    die("'" + opts.library + "' was partitioned for " +
+        library->describeMesh() + ", which takes " +
+        std::to_string(meshRanks) + " rank(s), not -n " +
+        std::to_string(opts.ranks));
+  if (meshRanks > 1 && !underMpi)
+    die("'" + opts.library + "' was partitioned for " +
+        library->describeMesh() + "; run it with pcc-run -n " +
+        std::to_string(meshRanks));
+  bool multiRank = underMpi && (meshRanks > 1 || opts.ranks > 0);
+
   // The device: weights, inputs, outputs and the arena live in its memory.
-  auto device = Device::open(opts.device);
+  // Ranks on one host share its GPUs round-robin.
+  std::string deviceName = opts.device;
+  if (multiRank && deviceName == "cuda")
+    if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
+      auto count = Device::cudaDeviceCount();
+      if (count.ok() && *count > 0)
+        deviceName = "cuda:" + std::to_string(std::atoi(local) % *count);
+    }
+  auto device = Device::open(deviceName);
   if (!device.ok())
     die(device.error());
+  Ranks ranks;
+  if (multiRank)
+    ranks = joinRanks(*info, meshRanks, **device, library->describeMesh());
+  bool leader = !multiRank || ranks.world->rank() == 0;
 
   // Weights: map the file and bind each weight by name, checking its type.
   std::string weightsPath =
@@ -209,7 +365,7 @@ int main(int argc, char **argv) {
   auto weightsFile = SafetensorsFile::open(weightsPath);
   if (!weightsFile.ok())
     die(weightsFile.error());
-  auto weights = library->bindWeights(*weightsFile, weightsPath);
+  auto weights = library->bindWeights(*weightsFile, weightsPath, ranks.coords);
   if (!weights.ok())
     die(weights.error());
 
@@ -256,7 +412,13 @@ int main(int argc, char **argv) {
   auto runner = ModelRunner::create(*library, **device, *weights);
   if (!runner.ok())
     die(runner.error());
-  if (!(*device)->isHost())
+  if (multiRank)
+    runner->setCommunicators(ranks.tables.data());
+  if (multiRank && leader)
+    std::printf("ranks: %d (%s), %s\n", ranks.world->size(),
+                library->describeMesh().c_str(), ranks.groups.empty() ? "mpi"
+                : ranks.groups.back()->engine());
+  if (!(*device)->isHost() && leader)
     std::printf("device %s\n", (*device)->describe().c_str());
   Status first = runner->run(inputPtrs, outputPtrs);
   if (!first.ok())
@@ -285,7 +447,10 @@ int main(int argc, char **argv) {
     std::printf("cuda graph: captured one run; its replay matches\n");
   }
 
-  // Outputs: write, print, compare.
+  // Outputs: rank 0 writes, prints and compares; every rank runs the
+  // benchmark, since each run is collective.
+  if (!leader)
+    opts.outputs.clear(), opts.expects.clear();
   if (opts.outputs.size() > outputs.size())
     die(std::to_string(opts.outputs.size()) + " --output files for " +
         std::to_string(outputs.size()) + " model output(s)");
@@ -298,6 +463,8 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < outputs.size(); ++i) {
     const NpyArray &a = outputs[i];
     int64_t count = elementCount(a.shape);
+    if (!leader)
+      continue;
     std::printf("output %s: %s %s [", info->outputs[i].name,
                 std::string(dtypeName(a.dtype)).c_str(),
                 shapeString(a.shape).c_str());
@@ -361,11 +528,17 @@ int main(int argc, char **argv) {
     mean /= ms.size();
     int64_t batch =
         info->num_inputs && info->inputs[0].rank ? info->inputs[0].shape[0] : 1;
+    if (!leader)
+      return allMatch ? 0 : 1;
     std::printf(
         "bench (%s%s, inputs resident): %d runs, latency ms p50 %.3f p90 "
         "%.3f p99 %.3f mean "
         "%.3f; %.1f runs/s, %.1f samples/s (batch %lld)\n",
-        (*device)->describe().c_str(), opts.cudaGraph ? ", cuda graph" : "",
+        ((*device)->describe() +
+         (multiRank ? " x " + std::to_string(ranks.world->size()) + " ranks"
+                    : ""))
+            .c_str(),
+        opts.cudaGraph ? ", cuda graph" : "",
         opts.bench, pct(0.5), pct(0.9), pct(0.99), mean, 1000.0 / mean,
         1000.0 * batch / mean, static_cast<long long>(batch));
   }

@@ -19,6 +19,7 @@
 #include "mlir/Pass/PassInstrumentation.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
+#include "mlir/Transforms/Passes.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -215,12 +216,21 @@ static int64_t bytesOf(Type type) {
   return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
 }
 
+/// Remarks of the sharding passes, for the --explain report.
+static std::vector<std::string> explainNotes;
+
 /// `pcc --explain`: what the lowering pipeline made of the model.
 static void explain(ModuleOp module, llvm::raw_ostream &os) {
   auto main = module.lookupSymbol<func::FuncOp>("main");
   os << "pcc explain: " << inputFile << "\n";
   os << "  plan: tp=" << tp << " pp=" << pp << " dp=" << dp
      << (tp * pp * dp == 1 ? " (one device)" : "") << "\n";
+  if (!explainNotes.empty()) {
+    os << "  tensor parallelism (each weight's split, and what the best "
+          "alternatives would cost; collectives):\n";
+    for (const std::string &note : explainNotes)
+      os << "    " << note << "\n";
+  }
   llvm::StringMap<int64_t> histogram;
   int64_t fusions = 0, fused = 0, intermediate = 0, flops = 0;
   llvm::StringSet<> weightNames;
@@ -364,10 +374,9 @@ int main(int argc, char **argv) {
                 "--emit=mlir-imported or --emit=weights");
   if (what == Emit::SharedLibrary && outputFile == "-")
     return fail("building a model library needs -o <file>.so");
-  if (generate && tp * pp * dp > 1)
-    return fail("--tp/--pp/--dp above 1 need the partitioning passes, which "
-                "this version of pcc does not have yet; build with the "
-                "defaults for one device");
+  if (pp * dp > 1)
+    return fail("--pp and --dp above 1 are not in this version of pcc yet "
+                "(tensor parallelism, --tp, is)");
 
   MLIRContext context;
   context.loadDialect<pcc::PccDialect, func::FuncDialect>();
@@ -375,6 +384,13 @@ int main(int argc, char **argv) {
   ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diag) {
     if (diag.getSeverity() == DiagnosticSeverity::Error)
       ++errors;
+    // The sharding passes explain themselves in remarks; --explain prints
+    // them in its report.
+    if (explainPlan && diag.getSeverity() == DiagnosticSeverity::Remark) {
+      std::string where = describeLocation(diag.getLocation());
+      explainNotes.push_back((where.empty() ? "" : where + ": ") + diag.str());
+      return success();
+    }
     std::string where = describeLocation(diag.getLocation());
     llvm::errs() << "pcc: " << severityName(diag.getSeverity()) << ": "
                  << (where.empty() ? "" : where + ": ") << diag.str() << "\n";
@@ -418,11 +434,6 @@ int main(int argc, char **argv) {
                           b.getNamedAttr("pp", b.getI64IntegerAttr(pp)),
                           b.getNamedAttr("tp", b.getI64IntegerAttr(tp)),
                       }));
-  if (tp * pp * dp > 1)
-    llvm::errs() << "pcc: warning: the plan --tp=" << tp << " --pp=" << pp
-                 << " --dp=" << dp
-                 << " is recorded in the IR, but partitioning passes are not "
-                    "in this version yet: the IR is for one device\n";
 
   std::unique_ptr<DumpIrInstrumentation> dumper;
   if (!dumpIr.empty()) {
@@ -441,6 +452,15 @@ int main(int argc, char **argv) {
     if (dumper)
       pm.addInstrumentation(std::move(dumper));
     pcc::buildImportCleanupPipeline(pm);
+    if (tp > 1) {
+      pcc::PlanShardingOptions plan;
+      plan.emitRemarks = explainPlan;
+      pm.addNestedPass<func::FuncOp>(pcc::createPlanSharding(plan));
+      pcc::PartitionOptions partition;
+      partition.emitRemarks = explainPlan;
+      pm.addNestedPass<func::FuncOp>(pcc::createPartition(partition));
+      pm.addPass(createCanonicalizerPass());
+    }
     if (generate || explainPlan) {
       pm.addNestedPass<func::FuncOp>(pcc::createFuseElementwise());
       pm.addNestedPass<func::FuncOp>(pcc::createPlanMemory());

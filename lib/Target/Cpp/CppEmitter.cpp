@@ -141,11 +141,15 @@ std::string quoted(StringRef s) {
 struct TargetCode {
   std::string constants, kernels, function;
   std::vector<std::pair<std::string, RankedTensorType>> weights;
+  /// Per weight: its pcc_weight_shard initialiser.
+  std::vector<std::string> weightShards;
 };
 
 class CppEmitter {
 public:
-  CppEmitter(func::FuncOp func, bool cuda) : func(func), cuda(cuda) {}
+  CppEmitter(func::FuncOp func, bool cuda,
+             const llvm::StringMap<int> &meshAxes)
+      : func(func), cuda(cuda), meshAxes(meshAxes) {}
 
   /// Emits `run_cpu` or `run_cuda` with the kernels and constants it uses.
   FailureOr<TargetCode> emit();
@@ -171,7 +175,16 @@ private:
   LogicalResult emitCopy(Value in, Value out, ArrayRef<int64_t> shape,
                          ArrayRef<int64_t> inStrides, int64_t inOffset,
                          ArrayRef<int64_t> outStrides, int64_t outOffset);
+  LogicalResult emitCopy(Value in, Value out, ArrayRef<int64_t> shape,
+                         ArrayRef<int64_t> inStrides,
+                         const std::string &inOffset,
+                         ArrayRef<int64_t> outStrides, int64_t outOffset);
   LogicalResult emitConstant(ConstantOp op);
+  LogicalResult emitCollective(Operation *op);
+  /// `rc->comms[i]` for mesh axis `axis`.
+  std::string comm(StringRef axis) const {
+    return "rc->comms[" + std::to_string(meshAxes.lookup(axis)) + "]";
+  }
   std::optional<std::string>
   scalarExpr(Operation *op, ArrayRef<std::string> args, Type computeType);
   LogicalResult requireF32(Operation *op, Value v);
@@ -211,7 +224,9 @@ private:
   std::string constants, kernels, body;
   llvm::StringMap<std::string> kernelNames; // kernel text -> name
   std::vector<std::pair<std::string, RankedTensorType>> weights;
-  llvm::StringMap<unsigned> weightIndex;
+  std::vector<std::string> weightShards;
+  llvm::StringMap<unsigned> weightIndex; // name and shard -> index
+  const llvm::StringMap<int> &meshAxes;  // mesh axis -> index
 };
 
 LogicalResult CppEmitter::define(Value v, StringRef cType, StringRef init,
@@ -624,6 +639,15 @@ LogicalResult CppEmitter::emitCopy(Value in, Value out, ArrayRef<int64_t> shape,
                                    int64_t inOffset,
                                    ArrayRef<int64_t> outStrides,
                                    int64_t outOffset) {
+  return emitCopy(in, out, shape, inStrides, std::to_string(inOffset),
+                  outStrides, outOffset);
+}
+
+LogicalResult CppEmitter::emitCopy(Value in, Value out, ArrayRef<int64_t> shape,
+                                   ArrayRef<int64_t> inStrides,
+                                   const std::string &inOffset,
+                                   ArrayRef<int64_t> outStrides,
+                                   int64_t outOffset) {
   int64_t size = elementInfo(tensorTypeOf(in).getElementType())->size;
   line(llvm::formatv("{ static const int64_t s[] = {{{0}}, xs[] = {{{1}}, "
                      "ys[] = {{{2}};",
@@ -685,6 +709,49 @@ LogicalResult CppEmitter::emitConstant(ConstantOp op) {
 // All ops
 //===----------------------------------------------------------------------===//
 
+//===----------------------------------------------------------------------===//
+// Collectives: calls through the run context's pcc_comm of the mesh axis
+//===----------------------------------------------------------------------===//
+
+LogicalResult CppEmitter::emitCollective(Operation *op) {
+  if (auto slice = dyn_cast<ShardSliceOp>(op)) {
+    // [pre, stripes, n, chunk, post] -> this rank's [pre, stripes, chunk, post]
+    ArrayRef<int64_t> in = slice.getInput().getType().getShape();
+    int64_t d = slice.getDim(), s = slice.getStripes();
+    int64_t n = in[d] / slice.getType().getDimSize(d);
+    int64_t c = in[d] / (s * n);
+    int64_t pre = product(in.take_front(d)), post = product(in.drop_front(d + 1));
+    SmallVector<int64_t> shape{pre, s, c, post};
+    SmallVector<int64_t> xs{in[d] * post, n * c * post, post, 1};
+    std::string offset = "static_cast<int64_t>(" + comm(slice.getAxis()) +
+                         ".rank) * " + std::to_string(c * post);
+    return emitCopy(slice.getInput(), slice.getResult(), shape, xs, offset,
+                    stridesOf(shape), 0);
+  }
+  Value in = op->getOperand(0), out = op->getResult(0);
+  auto axis = op->getAttrOfType<StringAttr>("axis").getValue();
+  auto info = elementInfo(tensorTypeOf(in).getElementType());
+  std::string fn;
+  int64_t count = 0;
+  if (isa<AllReduceOp>(op)) {
+    fn = "all_reduce";
+    count = tensorTypeOf(in).getNumElements();
+  } else if (isa<AllGatherOp>(op)) {
+    fn = "all_gather";
+    count = tensorTypeOf(in).getNumElements();
+  } else {
+    fn = "reduce_scatter";
+    count = tensorTypeOf(out).getNumElements();
+  }
+  line("{ const pcc_comm &c = " + comm(axis) + ";");
+  line(llvm::formatv("  if (c.{0}(c.group, {1}, {2}, {3}, {4}))", fn,
+                     nameOf(in), nameOf(out), count, info->code)
+           .str());
+  line("    return fail(" + quoted(describeOp(op)) +
+       ", c.last_error(c.group)); }");
+  return success();
+}
+
 LogicalResult CppEmitter::emitOp(Operation *op) {
   if (isa<NegOp, AbsOp, SqrtOp, ReciprocalOp, ExpOp, LogOp, ErfOp, TanhOp,
           SigmoidOp, ReluOp, FloorOp, CeilOp, SinOp, CosOp, NotOp, GeluOp,
@@ -699,10 +766,18 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     if (!info)
       return op->emitError("code generation: unsupported weight type ")
              << param.getType();
-    auto [it, inserted] =
-        weightIndex.try_emplace(param.getName(), weights.size());
-    if (inserted)
+    ShardingAttr shard = param.getShardAttr();
+    std::string shardInit =
+        shard ? llvm::formatv("{{{0}, {1}, {2}}", meshAxes.lookup(shard.getAxis()),
+                              shard.getDim(), shard.getStripes())
+                    .str()
+              : "{-1, 0, 0}";
+    auto [it, inserted] = weightIndex.try_emplace(
+        (param.getName() + "|" + shardInit).str(), weights.size());
+    if (inserted) {
       weights.emplace_back(param.getName().str(), param.getType());
+      weightShards.push_back(shardInit);
+    }
     return define(param.getResult(), info->cType,
                   llvm::formatv("static_cast<const {0} *>(w[{1}])", info->cType,
                                 it->second)
@@ -721,6 +796,8 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     if (failed(defineResult(op, i)))
       return failure();
 
+  if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ShardSliceOp>(op))
+    return emitCollective(op);
   if (auto cast = dyn_cast<CastOp>(op)) {
     auto from = elementInfo(cast.getInput().getType().getElementType());
     auto to = elementInfo(cast.getType().getElementType());
@@ -1023,16 +1100,17 @@ FailureOr<TargetCode> CppEmitter::emit() {
   code.constants = std::move(constants);
   code.kernels = std::move(kernels);
   code.weights = std::move(weights);
+  code.weightShards = std::move(weightShards);
   std::string &fn = code.function;
   if (cuda) {
     fn += "const char *const kCudaSites[] = {\n";
     for (const std::string &site : sites)
       fn += "    " + quoted(site) + ",\n";
     fn += "    nullptr};\n\n";
-    fn += "int run_cuda(pcc_cuda_context *ctx, const void *const *in,\n"
-          "             void *const *out, const void *const *w, "
-          "char *arena) {\n"
-          "  (void)in; (void)w; (void)arena;\n"
+    fn += "int run_cuda(const pcc_run_context *rc, pcc_cuda_context *ctx,\n"
+          "             const void *const *in, void *const *out,\n"
+          "             const void *const *w, char *arena) {\n"
+          "  (void)rc; (void)in; (void)w; (void)arena;\n"
           "  cudaStream_t stream = static_cast<cudaStream_t>("
           "pcc_cuda_stream(ctx));\n"
           "  (void)stream;\n";
@@ -1044,9 +1122,10 @@ FailureOr<TargetCode> CppEmitter::emit() {
           "    return fail(\"the CUDA backend\", pcc_cuda_last_error());\n"
           "  return 0;\n}\n\n";
   } else {
-    fn += "int run_cpu(const void *const *in, void *const *out,\n"
-          "            const void *const *w, char *arena) {\n"
-          "  (void)in; (void)w; (void)arena;\n";
+    fn += "int run_cpu(const pcc_run_context *rc, const void *const *in,\n"
+          "            void *const *out, const void *const *w, "
+          "char *arena) {\n"
+          "  (void)rc; (void)in; (void)w; (void)arena;\n";
     fn += body;
     fn += "  return 0;\n}\n\n";
   }
@@ -1091,17 +1170,29 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
     return module.emitError("code generation: expects a single-block "
                             "func.func @main");
   bool cpu = options.targets & kTargetCpu, cuda = options.targets & kTargetCuda;
+  // The mesh: axis names in the module's order, and their sizes.
+  llvm::StringMap<int> meshAxes;
+  std::string meshNames, meshSizes;
+  int64_t meshRanks = 1;
+  if (auto mesh = module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName))
+    for (NamedAttribute axis : mesh) {
+      meshAxes[axis.getName().getValue()] = meshAxes.size();
+      int64_t size = cast<IntegerAttr>(axis.getValue()).getInt();
+      meshRanks *= size;
+      meshNames += quoted(axis.getName().getValue()) + ", ";
+      meshSizes += std::to_string(size) + ", ";
+    }
   if (!cpu && !cuda)
     return module.emitError("code generation: no target");
   std::optional<TargetCode> cpuCode, cudaCode;
   if (cpu) {
-    auto code = CppEmitter(func, /*cuda=*/false).emit();
+    auto code = CppEmitter(func, /*cuda=*/false, meshAxes).emit();
     if (failed(code))
       return failure();
     cpuCode = std::move(*code);
   }
   if (cuda) {
-    auto code = CppEmitter(func, /*cuda=*/true).emit();
+    auto code = CppEmitter(func, /*cuda=*/true, meshAxes).emit();
     if (failed(code))
       return failure();
     cudaCode = std::move(*code);
@@ -1122,6 +1213,15 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
     outputs.emplace_back(nameAttr(func.getResultAttrDict(i), i),
                          tensorTypeOf(v));
   const auto &weights = cpu ? cpuCode->weights : cudaCode->weights;
+  const auto &weightShards =
+      cpu ? cpuCode->weightShards : cudaCode->weightShards;
+  std::string shardTable = "static const pcc_weight_shard kWeightShards[] = {";
+  for (const std::string &shard : weightShards)
+    shardTable += shard + ", ";
+  shardTable += weightShards.empty() ? "{-1, 0, 0}};\n" : "};\n";
+  shardTable += "static const char *const kMeshAxes[] = {" + meshNames +
+                "nullptr};\nstatic const int64_t kMeshSizes[] = {" +
+                meshSizes + "0};\n";
   std::string shapes;
   std::string specs = specArray("kInputs", inputs, shapes) +
                       specArray("kOutputs", outputs, shapes) +
@@ -1167,12 +1267,13 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
        << cudaCode->constants << "\n"
        << cudaCode->kernels << cudaCode->function;
   StringRef targetName = cpu && cuda ? "cpu+cuda" : cpu ? "cpu" : "cuda";
-  os << shapes << specs << "\n"
+  os << shapes << specs << shardTable << "\n"
      << "const pcc_model_info kInfo = {PCC_MODEL_ABI_VERSION, "
      << options.targets << ", " << quoted(targetName) << ", "
      << quoted(options.source) << ", " << quoted(options.weightsFile) << ", "
      << inputs.size() << ", kInputs, " << outputs.size() << ", kOutputs, "
-     << weights.size() << ", kWeights, " << arenaBytes << "};\n\n"
+     << weights.size() << ", kWeights, " << arenaBytes << ", "
+     << meshAxes.size() << ", kMeshAxes, kMeshSizes, kWeightShards};\n\n"
      << "} // namespace\n\n"
      << "extern \"C\" {\n\n"
      << "const pcc_model_info *pcc_model_get_info(void) { return &kInfo; }\n\n"
@@ -1183,12 +1284,18 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
         "                  void *const *out, const void *const *w, "
         "void *arena) {\n"
         "  char *bytes = static_cast<char *>(arena);\n";
+  if (meshRanks > 1)
+    os << "  if (!context->comms)\n"
+          "    return fail(\"pcc_model_run\", \"this library was partitioned "
+          "for a mesh of "
+       << meshRanks << " ranks; run it with pcc-run -n " << meshRanks
+       << "\");\n";
   if (cpu)
     os << "  if (context->target == PCC_TARGET_CPU)\n"
-          "    return run_cpu(in, out, w, bytes);\n";
+          "    return run_cpu(context, in, out, w, bytes);\n";
   if (cuda)
     os << "  if (context->target == PCC_TARGET_CUDA)\n"
-          "    return run_cuda(static_cast<pcc_cuda_context *>("
+          "    return run_cuda(context, static_cast<pcc_cuda_context *>("
           "context->backend), in, out, w, bytes);\n";
   os << "  (void)in; (void)out; (void)w; (void)bytes;\n"
         "  return fail(\"pcc_model_run\", \"this library has no code for the "

@@ -17,6 +17,7 @@
 
 #include "pcc/runtime/DType.h"
 #include "pcc/runtime/Engines.h"
+#include "pcc/runtime/ModelAbi.h"
 #include "pcc/runtime/Result.h"
 
 #include <cstdint>
@@ -79,6 +80,31 @@ protected:
 
 private:
   std::string groupName = "world";
+};
+
+/// A communicator as the model ABI's table of collectives (pcc_comm), which
+/// a partitioned model library calls. Sums only: the partitioner's
+/// collectives reduce partial sums.
+class CommBinding {
+public:
+  explicit CommBinding(Communicator &comm);
+  CommBinding(const CommBinding &) = delete;
+  CommBinding &operator=(const CommBinding &) = delete;
+  const pcc_comm &table() const { return abi; }
+
+private:
+  static int allReduce(void *group, const void *send, void *recv,
+                       int64_t count, int32_t dtype);
+  static int allGather(void *group, const void *send, void *recv,
+                       int64_t count, int32_t dtype);
+  static int reduceScatter(void *group, const void *send, void *recv,
+                           int64_t count, int32_t dtype);
+  static const char *lastError(void *group);
+  int check(Status status);
+
+  Communicator *comm;
+  std::string error;
+  pcc_comm abi;
 };
 
 } // namespace pccrt

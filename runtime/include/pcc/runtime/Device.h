@@ -93,6 +93,9 @@ public:
   Status replayGraph();
   /// Copies the device outputs to host buffers.
   Status readOutputs(const std::vector<void *> &outputs);
+  /// The collectives of each mesh axis of the library (see CommBinding),
+  /// for libraries partitioned over several ranks.
+  void setCommunicators(const pcc_comm *tables) { comms = tables; }
 
 private:
   ModelRunner() = default;
@@ -102,6 +105,7 @@ private:
   std::vector<const void *> weightPtrs, inputPtrs;
   std::vector<void *> outputPtrs;
   void *arena = nullptr;
+  const pcc_comm *comms = nullptr;
 };
 
 } // namespace pccrt

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 2
+#define PCC_MODEL_ABI_VERSION 3
 
 /* Targets, as bits of pcc_model_info.targets. */
 enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
@@ -33,6 +33,16 @@ typedef struct pcc_tensor_spec {
   int32_t rank;
   const int64_t *shape;
 } pcc_tensor_spec;
+
+/* Which slice of a stored weight this library reads (see #pcc.shard):
+ * dimension `dim` viewed as [stripes, n, chunk] over the n ranks of mesh
+ * axis `axis`, rank r reading chunk r of every stripe. axis -1: the whole
+ * weight. */
+typedef struct pcc_weight_shard {
+  int32_t axis;
+  int32_t dim;
+  int64_t stripes;
+} pcc_weight_shard;
 
 typedef struct pcc_model_info {
   uint32_t abi_version;
@@ -47,14 +57,41 @@ typedef struct pcc_model_info {
   int32_t num_weights;
   const pcc_tensor_spec *weights;
   int64_t arena_bytes; /* scratch memory pcc_model_run needs */
+  /* The device mesh the library was partitioned for: axis names and sizes
+   * (e.g. dp, pp, tp). A run needs one rank per mesh position; the rank's
+   * coordinate on the last axis varies fastest. */
+  int32_t num_mesh_axes;
+  const char *const *mesh_axes;
+  const int64_t *mesh_sizes;
+  const pcc_weight_shard *weight_shards; /* one per weight */
 } pcc_model_info;
 
-/* What one run executes on. Later parallel runtimes add their rank and
- * communicators here. */
+/* The collectives of one mesh axis, bound by the runtime to MPI or NCCL.
+ * Counts are elements of `dtype`; gathers and scatters take the count per
+ * rank. A call returns 0 on success; on failure last_error names the rank,
+ * the group and the collective. On CUDA the call is queued on the run's
+ * stream. */
+typedef struct pcc_comm {
+  void *group;
+  int32_t rank;
+  int32_t size;
+  int (*all_reduce)(void *group, const void *send, void *recv, int64_t count,
+                    int32_t dtype);
+  int (*all_gather)(void *group, const void *send, void *recv,
+                    int64_t count_per_rank, int32_t dtype);
+  int (*reduce_scatter)(void *group, const void *send, void *recv,
+                        int64_t count_per_rank, int32_t dtype);
+  const char *(*last_error)(void *group);
+} pcc_comm;
+
+/* What one run executes on. */
 typedef struct pcc_run_context {
   int32_t target;  /* one enum pcc_target */
   int32_t device;  /* CUDA device ordinal; 0 on the CPU */
   void *backend;   /* pcc_cuda_context * for CUDA; null on the CPU */
+  /* One per mesh axis, in the order of pcc_model_info.mesh_axes; null is
+   * allowed when every axis has size 1. */
+  const pcc_comm *comms;
 } pcc_run_context;
 
 typedef const pcc_model_info *(*pcc_model_get_info_fn)(void);

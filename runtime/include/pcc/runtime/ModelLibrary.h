@@ -20,6 +20,8 @@
 
 namespace pccrt {
 
+struct AlignedBuffer;
+
 /// "F32 2x16" for a tensor spec.
 std::string describeSpec(const pcc_tensor_spec &spec);
 std::vector<int64_t> specShape(const pcc_tensor_spec &spec);
@@ -40,9 +42,18 @@ public:
   /// The weights file named by the model, beside the library.
   std::string defaultWeightsPath() const;
   /// Pointers to each weight the model needs, in its order, checking names,
-  /// dtypes and shapes against the model's table.
-  Result<std::vector<const void *>> bindWeights(const SafetensorsFile &file,
-                                                const std::string &path) const;
+  /// dtypes and shapes against the model's table. A weight split over a
+  /// mesh axis is read as this rank's slice (`coords`: the rank's position
+  /// on each mesh axis; empty for rank 0 of every axis) into memory the
+  /// library keeps; whole weights point into the mapped file.
+  Result<std::vector<const void *>>
+  bindWeights(const SafetensorsFile &file, const std::string &path,
+              const std::vector<int64_t> &coords = {}) const;
+  /// Ranks the library was partitioned for (the product of its mesh).
+  int64_t meshRanks() const;
+  /// "tp=2" style description of the mesh axes above size 1, or "one
+  /// device".
+  std::string describeMesh() const;
   /// Runs the model; the message names the node at fault on failure.
   Status run(const pcc_run_context &context, const void *const *inputs,
              void *const *outputs, const void *const *weights,
@@ -55,6 +66,7 @@ private:
   const pcc_model_info *modelInfo = nullptr;
   pcc_model_run_fn runFn = nullptr;
   pcc_model_last_error_fn lastErrorFn = nullptr;
+  mutable std::vector<std::unique_ptr<AlignedBuffer>> shardBuffers;
 };
 
 /// 64-byte aligned scratch memory (the arena, output buffers).
