@@ -62,11 +62,30 @@ struct PlanShardingPass
       decisions[w.first] = Shard::replicated();
     ShardingPlan best = propagateShardings(func, axis, *ranks, decisions);
 
-    // Coordinate descent: try every layout of one weight at a time.
-    if (*ranks > 1) {
+    // Coordinate descent: try every layout of one weight at a time. The
+    // first phase moves only weights that some matmul reads, so that the
+    // layers settle before lookups (embeddings) join in: an embedding split
+    // first would split the residual stream and trap the descent in plans
+    // that gather around every block.
+    auto readByMatmul = [&](StringRef name) {
+      bool found = false;
+      func.walk([&](MatmulOp mm) {
+        for (Value v : mm->getOperands())
+          if (auto p = v.getDefiningOp<ParamOp>())
+            found |= p.getName() == name;
+      });
+      return found;
+    };
+    llvm::StringSet<> layerWeights;
+    for (auto &w : weights)
+      if (readByMatmul(w.first))
+        layerWeights.insert(w.first);
+    for (int phase = 0; phase < 2 && *ranks > 1; ++phase) {
       for (int sweep = 0; sweep < 8; ++sweep) {
         bool improved = false;
         for (auto &w : weights) {
+          if (phase == 0 && !layerWeights.contains(w.first))
+            continue;
           for (Shard candidate : candidateShards(w.second, *ranks)) {
             if (candidate == decisions[w.first])
               continue;

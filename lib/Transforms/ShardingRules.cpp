@@ -464,7 +464,9 @@ std::vector<Option> Propagator::options(Operation *op) {
     if (b.isPartial())
       add({{rep, b}, {b}});
   }
-  out.push_back(replicatedAll());
+  // Replicated first: on a tie (a split operand whose whole value exists
+  // already), keeping values whole avoids splitting the residual stream.
+  out.insert(out.begin(), replicatedAll());
   return out;
 }
 
