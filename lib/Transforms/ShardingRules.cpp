@@ -215,6 +215,11 @@ double Propagator::conversionSeconds(Value v, Shard to) const {
     return collectiveSeconds(from.isPartial() ? CollectiveKind::AllReduce
                                               : CollectiveKind::AllGather,
                              bytes);
+  // A weight of rank >= 2 has the layout the plan decided: it is not sliced
+  // on demand (that would be another decision).
+  if (auto param = v.getDefiningOp<ParamOp>())
+    if (param.getType().getRank() >= 2)
+      return std::numeric_limits<double>::infinity();
   // To a split: slicing is local; a partial sum scatters; another split is
   // gathered first.
   double slice = static_cast<double>(bytes) / ranks / cost.bytesPerSecond;

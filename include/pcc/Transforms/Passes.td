@@ -147,7 +147,7 @@ def Partition : Pass<"pcc-partition", "func::FuncOp"> {
     (as `pcc-plan-sharding` left them, or written by hand), derives every
     other layout with the same rules, and rewrites the function to what one
     rank of mesh axis `axis` runs:
-    - split weights become `pcc.param ... shard #pcc.shard<...>` of the
+    - split weights become `pcc.param ... shard(#pcc.shard<...>)` of the
       local shape (the runtime reads only that slice);
     - every op gets local shapes (slice bounds and split sizes scaled);
     - where an operand's layout changes: `pcc.all_reduce` (partial sum to
@@ -162,7 +162,7 @@ def Partition : Pass<"pcc-partition", "func::FuncOp"> {
     %w = pcc.param "fc2.weight" {pcc.sharding = [#pcc.shard<tp, dim = 0>]} : tensor<256x64xf32>
     %y = pcc.matmul %h, %w : tensor<2x256xf32>, tensor<256x64xf32> -> tensor<2x64xf32>
     // after, with %h split on dim 1
-    %w = pcc.param "fc2.weight" shard #pcc.shard<tp, dim = 0> : tensor<128x64xf32>
+    %w = pcc.param "fc2.weight" shard(#pcc.shard<tp, dim = 0>) : tensor<128x64xf32>
     %p = pcc.matmul %h, %w : tensor<2x128xf32>, tensor<128x64xf32> -> tensor<2x64xf32>
     %y = pcc.all_reduce %p axis = "tp" : tensor<2x64xf32>
     ```

@@ -36,13 +36,13 @@ def Pcc_ParamOp : Pcc_Op<"param", [Pure]> {
     rank reads and the type is the local shape:
 
     ```mlir
-    %w = pcc.param "h.0.attn.c_attn.weight" shard #pcc.shard<tp, dim = 1, stripes = 3>
+    %w = pcc.param "h.0.attn.c_attn.weight" shard(#pcc.shard<tp, dim = 1, stripes = 3>)
         : tensor<64x96xf32>
     ```
   }];
   let arguments = (ins StrAttr:$name, OptionalAttr<Pcc_ShardingAttr>:$shard);
   let results = (outs Pcc_Tensor:$result);
-  let assemblyFormat = "$name (`shard` $shard^)? attr-dict `:` type($result)";
+  let assemblyFormat = "$name (`shard` `(` qualified($shard)^ `)`)? attr-dict `:` type($result)";
   let hasVerifier = 1;
 }
 
