@@ -329,18 +329,18 @@ int main(int argc, char **argv) {
   // Ranks: start them, or join the job that started this one.
   bool underMpi = Communicator::launchedByMpi();
   int64_t meshRanks = library->meshRanks();
-  if (opts.ranks > 1 && !underMpi)
-    launch(opts);
   if (opts.ranks > 0 && opts.ranks != meshRanks)
     die("'" + opts.library + "' was partitioned for " +
         library->describeMesh() + ", which takes " +
         std::to_string(meshRanks) + " rank(s), not -n " +
         std::to_string(opts.ranks));
+  if (opts.ranks > 1 && !underMpi)
+    launch(opts);
   if (meshRanks > 1 && !underMpi)
     die("'" + opts.library + "' was partitioned for " +
         library->describeMesh() + "; run it with pcc-run -n " +
         std::to_string(meshRanks));
-  bool multiRank = underMpi && (meshRanks > 1 || opts.ranks > 0);
+  bool multiRank = underMpi;
 
   // The device: weights, inputs, outputs and the arena live in its memory.
   // Ranks on one host share its GPUs round-robin.
