@@ -196,6 +196,19 @@ private:
   llvm::DenseSet<std::tuple<Value, int64_t, int64_t, int64_t>> done;
 };
 
+/// Whether a replicated `v` may be sliced: a function input, a weight or
+/// constant, or a broadcast or reshape of one.
+static bool sliceable(Value v) {
+  Operation *def = v.getDefiningOp();
+  if (!def)
+    return true;
+  if (isa<ParamOp, ConstantOp>(def))
+    return true;
+  if (isa<BroadcastOp, ReshapeOp>(def))
+    return sliceable(def->getOperand(0));
+  return false;
+}
+
 double Propagator::collectiveSeconds(CollectiveKind kind, int64_t bytes) const {
   double share = static_cast<double>(ranks - 1) / ranks;
   if (kind == CollectiveKind::AllReduce)
@@ -220,6 +233,11 @@ double Propagator::conversionSeconds(Value v, Shard to) const {
   if (auto param = v.getDefiningOp<ParamOp>())
     if (param.getType().getRank() >= 2)
       return std::numeric_limits<double>::infinity();
+  // A computed activation is never sliced: that would throw away work done
+  // whole, and splitting it would split everything downstream (e.g. the
+  // residual stream). Inputs, biases, constants and their broadcasts are.
+  if (from.isReplicated() && !sliceable(v))
+    return std::numeric_limits<double>::infinity();
   // To a split: slicing is local; a partial sum scatters; another split is
   // gathered first.
   double slice = static_cast<double>(bytes) / ranks / cost.bytesPerSecond;

@@ -200,6 +200,14 @@ Options parse(int argc, char **argv) {
   // Ranks may outnumber cores on one host; do not pin them to cores.
   for (const char *a : {"--oversubscribe", "--bind-to", "none"})
     args.push_back(a);
+  // Several ranks per host each spawning a thread per core oversubscribe
+  // the cores; one thread per rank unless the user says otherwise.
+  for (const char *var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    if (!std::getenv(var))
+      setenv(var, "1", 0);
+    args.push_back("-x");
+    args.push_back(var);
+  }
   if (!o.hostfile.empty()) {
     args.push_back("--hostfile");
     args.push_back(o.hostfile);
