@@ -88,10 +88,10 @@ Value Partitioner::as(Value v, Shard to) {
     count(CollectiveKind::ReduceScatter, v);
   } else {
     Value whole = as(v, Shard::replicated());
-    result = ShardSliceOp::create(
-        builder, loc, localType(typeOf(v), to, n), whole, axis,
-        builder.getI64IntegerAttr(to.dim),
-        builder.getI64IntegerAttr(to.stripes));
+    result =
+        ShardSliceOp::create(builder, loc, localType(typeOf(v), to, n), whole,
+                             axis, builder.getI64IntegerAttr(to.dim),
+                             builder.getI64IntegerAttr(to.stripes));
   }
   converted[key] = result;
   return result;
@@ -137,7 +137,7 @@ Value Partitioner::gather(Value lv, RankedTensorType global, Shard from) {
       axis);
   int64_t d = from.dim, s = from.stripes, c = lt.getDimSize(d) / s;
   bool leading = s == 1 && llvm::all_of(lt.getShape().take_front(d),
-                                         [](int64_t x) { return x == 1; });
+                                        [](int64_t x) { return x == 1; });
   if (leading)
     return reshape(g, global.getShape());
   SmallVector<int64_t> split{n};
@@ -216,10 +216,10 @@ LogicalResult Partitioner::run() {
     if (auto param = dyn_cast<ParamOp>(op)) {
       Shard s = layoutOf(param.getResult());
       local[param.getResult()] =
-          s.isSplit() ? sliceOf(param.getResult(), s)
-                      : ParamOp::create(builder, param.getLoc(),
-                                        param.getType(), param.getNameAttr(),
-                                        ShardingAttr());
+          s.isSplit()
+              ? sliceOf(param.getResult(), s)
+              : ParamOp::create(builder, param.getLoc(), param.getType(),
+                                param.getNameAttr(), ShardingAttr());
       continue;
     }
     IRMapping mapping;
@@ -290,9 +290,8 @@ struct PartitionPass : public mlir::pcc::impl::PartitionBase<PartitionPass> {
     if (bad)
       return signalPassFailure();
     if (*ranks == 1) {
-      func.walk([](Operation *op) {
-        op->removeAttr(PccDialect::kShardingAttrName);
-      });
+      func.walk(
+          [](Operation *op) { op->removeAttr(PccDialect::kShardingAttrName); });
       return;
     }
     ShardingPlan plan = propagateShardings(func, axis, *ranks, decisions);

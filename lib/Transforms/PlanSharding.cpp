@@ -144,8 +144,8 @@ struct PlanShardingPass
         Shard altShard;
         for (Shard c : candidateShards(param.getType(), *ranks)) {
           if (c == chosen || (dim < 0) != c.isReplicated() ||
-              (dim >= 0 && c.dim != dim) || (chosen.isSplit() && c.isSplit() &&
-                                             c.dim == chosen.dim))
+              (dim >= 0 && c.dim != dim) ||
+              (chosen.isSplit() && c.isSplit() && c.dim == chosen.dim))
             continue;
           llvm::StringMap<Shard> trial = decisions;
           trial[param.getName()] = c;
@@ -160,14 +160,15 @@ struct PlanShardingPass
         auto sign = [](auto x) {
           return (x >= 0 ? "+" : "") + llvm::formatv("{0}", x).str();
         };
-        diag << "; " << (altShard.isReplicated() ? "replicated" : "split " +
-                                                       altShard.describe())
-             << ": " << sign(alt->replicatedWeightBytes -
-                             best.replicatedWeightBytes)
+        diag << "; "
+             << (altShard.isReplicated() ? "replicated"
+                                         : "split " + altShard.describe())
+             << ": "
+             << sign(alt->replicatedWeightBytes - best.replicatedWeightBytes)
              << " B whole weights, "
-             << sign(alt->commBytes() - best.commBytes())
-             << " B communicated, "
-             << llvm::formatv("{0}{1:f1}", alt->seconds() >= best.seconds() ? "+" : "",
+             << sign(alt->commBytes() - best.commBytes()) << " B communicated, "
+             << llvm::formatv("{0}{1:f1}",
+                              alt->seconds() >= best.seconds() ? "+" : "",
                               (alt->seconds() - best.seconds()) * 1e6)
              << " us";
       }
@@ -176,14 +177,14 @@ struct PlanShardingPass
       Operation *where = c.value.getDefiningOp();
       auto diag = where ? where->emitRemark() : func.emitRemark();
       diag << axis << "=" << *ranks << ": " << collectiveName(c.kind) << " of "
-           << c.value.getType() << " (" << c.bytes << " bytes): "
-           << c.from.describe() << " -> " << c.to.describe();
+           << c.value.getType() << " (" << c.bytes
+           << " bytes): " << c.from.describe() << " -> " << c.to.describe();
     }
-    func.emitRemark() << axis << "=" << *ranks << " plan: "
-                      << best.collectives.size() << " collectives moving "
-                      << best.commBytes() << " bytes per run; weights "
-                      << best.weightBytesPerRank << " bytes per rank ("
-                      << best.replicatedWeightBytes
+    func.emitRemark() << axis << "=" << *ranks
+                      << " plan: " << best.collectives.size()
+                      << " collectives moving " << best.commBytes()
+                      << " bytes per run; weights " << best.weightBytesPerRank
+                      << " bytes per rank (" << best.replicatedWeightBytes
                       << " bytes of rank >= 2 whole); predicted "
                       << llvm::formatv("{0:f1}", best.computeSeconds * 1e6)
                       << " us compute + "

@@ -265,14 +265,14 @@ void Propagator::convert(Value v, Shard to) {
     plan.collectives.push_back(
         {CollectiveKind::ReduceScatter, v, from, to, bytes});
   else if (from.isSplit())
-    plan.collectives.push_back({CollectiveKind::AllGather, v, from,
-                                Shard::replicated(), bytes});
+    plan.collectives.push_back(
+        {CollectiveKind::AllGather, v, from, Shard::replicated(), bytes});
   // Replicated to split is a local slice.
 }
 
 double Propagator::computeSeconds(Operation *op, const Option &option) const {
-  bool divided = llvm::any_of(
-      option.results, [](const Shard &s) { return !s.isReplicated(); });
+  bool divided = llvm::any_of(option.results,
+                              [](const Shard &s) { return !s.isReplicated(); });
   double seconds = 0;
   if (auto mm = dyn_cast<MatmulOp>(op)) {
     RankedTensorType out = mm.getType(), lhs = mm.getLhs().getType();
@@ -302,8 +302,7 @@ static bool isLinearInPartial(Operation *op, unsigned operand) {
 
 std::vector<Option> Propagator::options(Operation *op) {
   std::vector<Option> out;
-  unsigned numOperands = op->getNumOperands(),
-           numResults = op->getNumResults();
+  unsigned numOperands = op->getNumOperands(), numResults = op->getNumResults();
   SmallVector<Shard> in;
   for (Value v : op->getOperands())
     in.push_back(of(v));
@@ -375,8 +374,8 @@ std::vector<Option> Propagator::options(Operation *op) {
     int64_t shift = outShape.size() - inShape.size();
     if (in[0].isSplit() && inShape[in[0].dim] == outShape[in[0].dim + shift])
       add({{in[0]}, {Shard::split(in[0].dim + shift, in[0].stripes)}});
-    if (in[0].isPartial() && b.getInput().getType().getNumElements() ==
-                                 b.getType().getNumElements())
+    if (in[0].isPartial() &&
+        b.getInput().getType().getNumElements() == b.getType().getNumElements())
       add({{in[0]}, {in[0]}});
   } else if (auto s = dyn_cast<SliceOp>(op)) {
     Shard x = in[0];
@@ -448,8 +447,7 @@ std::vector<Option> Propagator::options(Operation *op) {
       add({{x}, {Shard::split(d, x.stripes)}});
     }
     bool linear = isa<ReduceSumOp, ReduceMeanOp>(op);
-    if (x.isSplit() && llvm::is_contained(axes, x.dim) &&
-        isa<ReduceSumOp>(op))
+    if (x.isSplit() && llvm::is_contained(axes, x.dim) && isa<ReduceSumOp>(op))
       add({{x}, {Shard::partial()}});
     if (x.isPartial() && linear)
       add({{x}, {x}});
@@ -550,11 +548,12 @@ ShardingPlan Propagator::run() {
   // it split; whole weights of rank >= 2 are the plan's replicated bytes.
   func.walk([&](ParamOp param) {
     Value v = param.getResult();
-    bool split = !v.use_empty() && llvm::all_of(v.getUses(), [&](OpOperand &use) {
-      auto it = plan.operandShards.find(use.getOwner());
-      return it != plan.operandShards.end() &&
-             it->second[use.getOperandNumber()].isSplit();
-    });
+    bool split =
+        !v.use_empty() && llvm::all_of(v.getUses(), [&](OpOperand &use) {
+          auto it = plan.operandShards.find(use.getOwner());
+          return it != plan.operandShards.end() &&
+                 it->second[use.getOperandNumber()].isSplit();
+        });
     if (!seenWeights.insert(param.getName()).second)
       return;
     int64_t bytes = bytesOf(v);
@@ -567,8 +566,9 @@ ShardingPlan Propagator::run() {
 
 } // namespace
 
-ShardingPlan mlir::pcc::propagateShardings(
-    func::FuncOp func, StringRef axis, int64_t ranks,
-    const llvm::StringMap<Shard> &decisions, const CostModel &cost) {
+ShardingPlan
+mlir::pcc::propagateShardings(func::FuncOp func, StringRef axis, int64_t ranks,
+                              const llvm::StringMap<Shard> &decisions,
+                              const CostModel &cost) {
   return Propagator(func, axis, ranks, decisions, cost).run();
 }

@@ -83,8 +83,8 @@ std::string ModelLibrary::describeMesh() const {
   std::string s;
   for (int i = 0; i < modelInfo->num_mesh_axes; ++i)
     if (modelInfo->mesh_sizes[i] > 1)
-      s += (s.empty() ? "" : " ") + std::string(modelInfo->mesh_axes[i]) +
-           "=" + std::to_string(modelInfo->mesh_sizes[i]);
+      s += (s.empty() ? "" : " ") + std::string(modelInfo->mesh_axes[i]) + "=" +
+           std::to_string(modelInfo->mesh_sizes[i]);
   return s.empty() ? "one device" : s;
 }
 
@@ -109,8 +109,7 @@ ModelLibrary::bindWeights(const SafetensorsFile &file,
                  : 0;
       whole[shard.dim] *= ranks;
     }
-    if (entry->dtype != static_cast<DType>(spec.dtype) ||
-        entry->shape != whole)
+    if (entry->dtype != static_cast<DType>(spec.dtype) || entry->shape != whole)
       return Error{"weights file '" + weightsPath + "': tensor '" + spec.name +
                    "' is " + std::string(dtypeName(entry->dtype)) + " " +
                    shapeString(entry->shape) + " but the model needs " +

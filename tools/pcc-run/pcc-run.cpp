@@ -252,13 +252,12 @@ Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks, Device &device,
     die(world.error());
   r.world = world.take();
   int rank = r.world->rank(), size = r.world->size();
-  rankPrefix = "rank " + std::to_string(rank) + " of " +
-               std::to_string(size) + ": ";
+  rankPrefix =
+      "rank " + std::to_string(rank) + " of " + std::to_string(size) + ": ";
   if (size != meshRanks)
     die("the library was partitioned for " + mesh + " (" +
         std::to_string(meshRanks) + " ranks) but this run has " +
-        std::to_string(size) + "; run it with -n " +
-        std::to_string(meshRanks));
+        std::to_string(size) + "; run it with -n " + std::to_string(meshRanks));
   int64_t stride = 1;
   std::vector<int64_t> strides(info.num_mesh_axes);
   for (int a = info.num_mesh_axes - 1; a >= 0; --a) {
@@ -268,8 +267,8 @@ Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks, Device &device,
   for (int a = 0; a < info.num_mesh_axes; ++a) {
     int64_t coord = (rank / strides[a]) % info.mesh_sizes[a];
     r.coords.push_back(coord);
-    auto group = r.world->split(
-        static_cast<int>(rank - coord * strides[a]), static_cast<int>(coord));
+    auto group = r.world->split(static_cast<int>(rank - coord * strides[a]),
+                                static_cast<int>(coord));
     if (!group.ok())
       die(group.error());
     std::unique_ptr<Communicator> g = group.take();
@@ -339,9 +338,8 @@ int main(int argc, char **argv) {
   int64_t meshRanks = library->meshRanks();
   if (opts.ranks > 0 && opts.ranks != meshRanks)
     die("'" + opts.library + "' was partitioned for " +
-        library->describeMesh() + ", which takes " +
-        std::to_string(meshRanks) + " rank(s), not -n " +
-        std::to_string(opts.ranks));
+        library->describeMesh() + ", which takes " + std::to_string(meshRanks) +
+        " rank(s), not -n " + std::to_string(opts.ranks));
   if (opts.ranks > 1 && !underMpi)
     launch(opts);
   if (meshRanks > 1 && !underMpi)
@@ -424,8 +422,8 @@ int main(int argc, char **argv) {
     runner->setCommunicators(ranks.tables.data());
   if (multiRank && leader)
     std::printf("ranks: %d (%s), %s\n", ranks.world->size(),
-                library->describeMesh().c_str(), ranks.groups.empty() ? "mpi"
-                : ranks.groups.back()->engine());
+                library->describeMesh().c_str(),
+                ranks.groups.empty() ? "mpi" : ranks.groups.back()->engine());
   if (!(*device)->isHost() && leader)
     std::printf("device %s\n", (*device)->describe().c_str());
   Status first = runner->run(inputPtrs, outputPtrs);
@@ -546,9 +544,9 @@ int main(int argc, char **argv) {
          (multiRank ? " x " + std::to_string(ranks.world->size()) + " ranks"
                     : ""))
             .c_str(),
-        opts.cudaGraph ? ", cuda graph" : "",
-        opts.bench, pct(0.5), pct(0.9), pct(0.99), mean, 1000.0 / mean,
-        1000.0 * batch / mean, static_cast<long long>(batch));
+        opts.cudaGraph ? ", cuda graph" : "", opts.bench, pct(0.5), pct(0.9),
+        pct(0.99), mean, 1000.0 / mean, 1000.0 * batch / mean,
+        static_cast<long long>(batch));
   }
   return allMatch ? 0 : 1;
 }

@@ -65,16 +65,16 @@ const char *collectiveName(CollectiveKind kind);
 /// One collective the plan inserts.
 struct PlannedCollective {
   CollectiveKind kind;
-  Value value;      // the value converted
-  Shard from, to;   // its layouts
-  int64_t bytes;    // the whole tensor's bytes (the collective's payload)
+  Value value;    // the value converted
+  Shard from, to; // its layouts
+  int64_t bytes;  // the whole tensor's bytes (the collective's payload)
 };
 
 /// The machine a plan is costed for. Figures for one H100 SXM node with
 /// NVLink; only their ratios steer the search.
 struct CostModel {
-  double flopsPerSecond = 400e12;   // dense fp32-with-tensor-core GEMM rate
-  double bytesPerSecond = 2.0e12;   // memory bandwidth, for non-GEMM ops
+  double flopsPerSecond = 400e12;    // dense fp32-with-tensor-core GEMM rate
+  double bytesPerSecond = 2.0e12;    // memory bandwidth, for non-GEMM ops
   double linkBytesPerSecond = 150e9; // per-rank collective bandwidth
   double collectiveLatency = 10e-6;  // seconds per collective
 };

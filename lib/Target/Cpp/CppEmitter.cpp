@@ -147,8 +147,7 @@ struct TargetCode {
 
 class CppEmitter {
 public:
-  CppEmitter(func::FuncOp func, bool cuda,
-             const llvm::StringMap<int> &meshAxes)
+  CppEmitter(func::FuncOp func, bool cuda, const llvm::StringMap<int> &meshAxes)
       : func(func), cuda(cuda), meshAxes(meshAxes) {}
 
   /// Emits `run_cpu` or `run_cuda` with the kernels and constants it uses.
@@ -720,7 +719,8 @@ LogicalResult CppEmitter::emitCollective(Operation *op) {
     int64_t d = slice.getDim(), s = slice.getStripes();
     int64_t n = in[d] / slice.getType().getDimSize(d);
     int64_t c = in[d] / (s * n);
-    int64_t pre = product(in.take_front(d)), post = product(in.drop_front(d + 1));
+    int64_t pre = product(in.take_front(d)),
+            post = product(in.drop_front(d + 1));
     SmallVector<int64_t> shape{pre, s, c, post};
     SmallVector<int64_t> xs{in[d] * post, n * c * post, post, 1};
     std::string offset = "static_cast<int64_t>(" + comm(slice.getAxis()) +
@@ -768,8 +768,9 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
              << param.getType();
     ShardingAttr shard = param.getShardAttr();
     std::string shardInit =
-        shard ? llvm::formatv("{{{0}, {1}, {2}}", meshAxes.lookup(shard.getAxis()),
-                              shard.getDim(), shard.getStripes())
+        shard ? llvm::formatv("{{{0}, {1}, {2}}",
+                              meshAxes.lookup(shard.getAxis()), shard.getDim(),
+                              shard.getStripes())
                     .str()
               : "{-1, 0, 0}";
     auto [it, inserted] = weightIndex.try_emplace(
@@ -1174,7 +1175,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   llvm::StringMap<int> meshAxes;
   std::string meshNames, meshSizes;
   int64_t meshRanks = 1;
-  if (auto mesh = module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName))
+  if (auto mesh =
+          module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName))
     for (NamedAttribute axis : mesh) {
       meshAxes[axis.getName().getValue()] = meshAxes.size();
       int64_t size = cast<IntegerAttr>(axis.getValue()).getInt();
@@ -1220,8 +1222,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
     shardTable += shard + ", ";
   shardTable += weightShards.empty() ? "{-1, 0, 0}};\n" : "};\n";
   shardTable += "static const char *const kMeshAxes[] = {" + meshNames +
-                "nullptr};\nstatic const int64_t kMeshSizes[] = {" +
-                meshSizes + "0};\n";
+                "nullptr};\nstatic const int64_t kMeshSizes[] = {" + meshSizes +
+                "0};\n";
   std::string shapes;
   std::string specs = specArray("kInputs", inputs, shapes) +
                       specArray("kOutputs", outputs, shapes) +

@@ -94,8 +94,8 @@ void ShardingAttr::print(AsmPrinter &printer) const {
 }
 
 FailureOr<int64_t> mlir::pcc::getMeshAxisSize(Operation *op, StringRef axis) {
-  auto module = isa<ModuleOp>(op) ? cast<ModuleOp>(op)
-                                  : op->getParentOfType<ModuleOp>();
+  auto module =
+      isa<ModuleOp>(op) ? cast<ModuleOp>(op) : op->getParentOfType<ModuleOp>();
   DictionaryAttr mesh =
       module ? module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName)
              : DictionaryAttr();
@@ -163,8 +163,8 @@ LogicalResult PccDialect::verifyOperationAttribute(Operation *op,
       auto sharding = dyn_cast<ShardingAttr>(element);
       if (!sharding)
         return op->emitOpError("pcc.sharding element ") << i
-                                                         << " is not a "
-                                                            "#pcc.shard";
+                                                        << " is not a "
+                                                           "#pcc.shard";
       if (failed(verifySharding(op, sharding, op->getResult(i).getType(), i)))
         return failure();
     }

@@ -109,13 +109,11 @@ LogicalResult FusionOp::verify() {
   for (auto [arg, input] : llvm::zip(body.getArguments(), getInputs()))
     if (arg.getType() != input.getType())
       return emitOpError("body: argument type ")
-             << arg.getType() << " differs from input type "
-             << input.getType();
+             << arg.getType() << " differs from input type " << input.getType();
   auto yield = cast<YieldOp>(body.getTerminator());
   if (yield.getValues().getTypes() != getResultTypes())
-    return emitOpError("body: yields ")
-           << yield.getValues().getTypes() << " for results "
-           << getResultTypes();
+    return emitOpError("body: yields ") << yield.getValues().getTypes()
+                                        << " for results " << getResultTypes();
   if (getResults().empty())
     return emitOpError("results: needs at least one result");
   ArrayRef<int64_t> shape =
@@ -125,8 +123,8 @@ LogicalResult FusionOp::verify() {
       return emitOpError("results: all results need the iteration shape ")
              << shapeToString(shape);
   for (Operation &op : body.without_terminator()) {
-    bool allowed = op.hasTrait<OpTrait::Elementwise>() ||
-                   isa<BroadcastOp, ConstantOp>(op);
+    bool allowed =
+        op.hasTrait<OpTrait::Elementwise>() || isa<BroadcastOp, ConstantOp>(op);
     if (!allowed)
       return op.emitOpError("fusion body: only elementwise ops, broadcasts "
                             "and constants can be fused");
@@ -538,9 +536,8 @@ static LogicalResult verifyStacked(Operation *op, StringRef axis,
   if (stacked.getShape() != ArrayRef<int64_t>(expected) ||
       stacked.getElementType() != piece.getElementType())
     return op->emitOpError("the stacked tensor must be ")
-           << RankedTensorType::get(expected, piece.getElementType())
-           << " for " << *size << " ranks of '" << axis << "', got "
-           << stacked;
+           << RankedTensorType::get(expected, piece.getElementType()) << " for "
+           << *size << " ranks of '" << axis << "', got " << stacked;
   return success();
 }
 
@@ -559,8 +556,8 @@ LogicalResult ShardSliceOp::verify() {
   RankedTensorType in = getInput().getType(), out = getType();
   int64_t dim = getDim(), stripes = getStripes();
   if (dim < 0 || dim >= in.getRank() || stripes < 1)
-    return emitOpError("dim ") << dim << " / stripes " << stripes
-                               << " do not fit " << in;
+    return emitOpError("dim ")
+           << dim << " / stripes " << stripes << " do not fit " << in;
   SmallVector<int64_t> expected(in.getShape());
   if (expected[dim] % (stripes * *size) != 0)
     return emitOpError("dimension ")

@@ -93,10 +93,10 @@ public:
   const pcc_comm &table() const { return abi; }
 
 private:
-  static int allReduce(void *group, const void *send, void *recv,
-                       int64_t count, int32_t dtype);
-  static int allGather(void *group, const void *send, void *recv,
-                       int64_t count, int32_t dtype);
+  static int allReduce(void *group, const void *send, void *recv, int64_t count,
+                       int32_t dtype);
+  static int allGather(void *group, const void *send, void *recv, int64_t count,
+                       int32_t dtype);
   static int reduceScatter(void *group, const void *send, void *recv,
                            int64_t count, int32_t dtype);
   static const char *lastError(void *group);
