@@ -1,4 +1,5 @@
-//===- FuseElementwise.cpp - elementwise chains into pcc.fusion ------------===//
+//===- FuseElementwise.cpp - elementwise chains into pcc.fusion
+//------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
@@ -22,8 +23,9 @@ ArrayRef<int64_t> shapeOf(Value v) {
 
 /// Ops a fusion can start from or absorb as elementwise work.
 bool isFusibleElementwise(Operation *op) {
-  return op->hasTrait<OpTrait::Elementwise>() && isa<PccDialect>(op->getDialect()) &&
-         !isa<CastOp>(op) && op->getNumResults() == 1;
+  return op->hasTrait<OpTrait::Elementwise>() &&
+         isa<PccDialect>(op->getDialect()) && !isa<CastOp>(op) &&
+         op->getNumResults() == 1;
 }
 
 bool isSplatConstant(Operation *op) {
@@ -82,10 +84,10 @@ struct FuseElementwisePass
         done.insert(op);
       // A shared broadcast or constant stays a candidate for other groups.
       int64_t work = llvm::count_if(group, isFusibleElementwise);
-      if (group.size() < 2 || (work < 2 && !llvm::any_of(group, [](Operation *op) {
-                                 return isa<BroadcastOp>(op) ||
-                                        isSplatConstant(op);
-                               })))
+      if (group.size() < 2 ||
+          (work < 2 && !llvm::any_of(group, [](Operation *op) {
+             return isa<BroadcastOp>(op) || isSplatConstant(op);
+           })))
         continue;
       buildFusion(root, group);
     }
@@ -96,9 +98,8 @@ struct FuseElementwisePass
   void buildFusion(Operation *root, const llvm::SetVector<Operation *> &group) {
     // Ops in program order.
     SmallVector<Operation *> ops(group.begin(), group.end());
-    llvm::sort(ops, [](Operation *a, Operation *b) {
-      return a->isBeforeInBlock(b);
-    });
+    llvm::sort(
+        ops, [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
     llvm::SetVector<Value> inputs;
     for (Operation *op : ops)
       for (Value operand : op->getOperands())

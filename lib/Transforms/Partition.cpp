@@ -46,10 +46,18 @@ private:
       return v;
     return ReshapeOp::create(builder, v.getLoc(), type, v);
   }
+  Value transpose(Value v, ArrayRef<int64_t> perm) {
+    RankedTensorType t = typeOf(v);
+    SmallVector<int64_t> shape;
+    for (int64_t p : perm)
+      shape.push_back(t.getDimSize(p));
+    return TransposeOp::create(builder, v.getLoc(),
+                               RankedTensorType::get(shape, t.getElementType()),
+                               v, builder.getDenseI64ArrayAttr(perm));
+  }
   void count(CollectiveKind kind, Value global) {
     ++counts[static_cast<int>(kind)];
-    RankedTensorType t = typeOf(global);
-    bytes += t.getNumElements() * (t.getElementTypeBitWidth() / 8);
+    bytes += tensorBytes(global);
   }
 
   func::FuncOp func;
@@ -157,13 +165,7 @@ Value Partitioner::gather(Value lv, RankedTensorType global, Shard from) {
   perm.push_back(0);
   for (int64_t k = d + 2; k < static_cast<int64_t>(split.size()); ++k)
     perm.push_back(k);
-  SmallVector<int64_t> permuted;
-  for (int64_t p : perm)
-    permuted.push_back(split[p]);
-  Value t = TransposeOp::create(
-      builder, loc, RankedTensorType::get(permuted, lt.getElementType()), x,
-      builder.getDenseI64ArrayAttr(perm));
-  return reshape(t, global.getShape());
+  return reshape(transpose(x, perm), global.getShape());
 }
 
 /// [.., s*n*c, ..] -> [.., s, n, c, ..] -> [n, .., s, c, ..] -> scatter ->
@@ -185,13 +187,8 @@ Value Partitioner::reduceScatter(Value whole, Shard to) {
   for (int64_t k = 0; k < static_cast<int64_t>(split.size()); ++k)
     if (k != d + 1)
       perm.push_back(k);
-  SmallVector<int64_t> permuted;
-  for (int64_t p : perm)
-    permuted.push_back(split[p]);
-  Value t = TransposeOp::create(
-      builder, loc, RankedTensorType::get(permuted, gt.getElementType()), x,
-      builder.getDenseI64ArrayAttr(perm));
-  SmallVector<int64_t> piece(permuted.begin() + 1, permuted.end());
+  Value t = transpose(x, perm);
+  ArrayRef<int64_t> piece = typeOf(t).getShape().drop_front();
   Value r = ReduceScatterOp::create(
       builder, loc, RankedTensorType::get(piece, gt.getElementType()), t, axis);
   return reshape(r, localType(gt, to, n).getShape());
@@ -201,7 +198,6 @@ LogicalResult Partitioner::run() {
   Block &block = func.getBody().front();
   for (BlockArgument arg : block.getArguments())
     local[arg] = arg;
-  MLIRContext *context = func.getContext();
   SmallVector<Operation *> old;
   for (Operation &op : block)
     old.push_back(&op);
@@ -248,7 +244,6 @@ LogicalResult Partitioner::run() {
         size /= n;
       s.setSizes(sizes);
     }
-    (void)context;
   }
   // Drop the global ops, users first.
   for (Operation *op : llvm::reverse(old))

@@ -67,19 +67,12 @@ struct PlanShardingPass
     // layers settle before lookups (embeddings) join in: an embedding split
     // first would split the residual stream and trap the descent in plans
     // that gather around every block.
-    auto readByMatmul = [&](StringRef name) {
-      bool found = false;
-      func.walk([&](MatmulOp mm) {
-        for (Value v : mm->getOperands())
-          if (auto p = v.getDefiningOp<ParamOp>())
-            found |= p.getName() == name;
-      });
-      return found;
-    };
     llvm::StringSet<> layerWeights;
-    for (auto &w : weights)
-      if (readByMatmul(w.first))
-        layerWeights.insert(w.first);
+    func.walk([&](MatmulOp mm) {
+      for (Value v : mm->getOperands())
+        if (auto p = v.getDefiningOp<ParamOp>())
+          layerWeights.insert(p.getName());
+    });
     for (int phase = 0; phase < 2 && *ranks > 1; ++phase) {
       for (int sweep = 0; sweep < 8; ++sweep) {
         bool improved = false;

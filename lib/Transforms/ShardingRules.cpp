@@ -87,10 +87,9 @@ static RankedTensorType typeOf(Value v) {
   return cast<RankedTensorType>(v.getType());
 }
 
-static int64_t bytesOf(Value v) {
+int64_t mlir::pcc::tensorBytes(Value v) {
   RankedTensorType t = typeOf(v);
-  return t.getNumElements() *
-         std::max<int64_t>(1, t.getElementTypeBitWidth() / 8);
+  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
 }
 
 /// Whether `shard` can lay out a tensor of `type` over `ranks` ranks.
@@ -221,7 +220,7 @@ double Propagator::conversionSeconds(Value v, Shard to) const {
   if (from == to ||
       done.contains({v, static_cast<int64_t>(to.kind), to.dim, to.stripes}))
     return 0;
-  int64_t bytes = bytesOf(v);
+  int64_t bytes = tensorBytes(v);
   if (to.isPartial())
     return std::numeric_limits<double>::infinity();
   if (to.isReplicated())
@@ -256,7 +255,7 @@ void Propagator::convert(Value v, Shard to) {
            .second)
     return;
   plan.commSeconds += seconds;
-  int64_t bytes = bytesOf(v);
+  int64_t bytes = tensorBytes(v);
   if (to.isReplicated())
     plan.collectives.push_back({from.isPartial() ? CollectiveKind::AllReduce
                                                  : CollectiveKind::AllGather,
@@ -281,7 +280,7 @@ double Propagator::computeSeconds(Operation *op, const Option &option) const {
     seconds = 2.0 * out.getNumElements() * k / cost.flopsPerSecond;
   } else {
     for (Value r : op->getResults())
-      seconds += static_cast<double>(bytesOf(r)) / cost.bytesPerSecond;
+      seconds += static_cast<double>(tensorBytes(r)) / cost.bytesPerSecond;
   }
   return divided ? seconds / ranks : seconds;
 }
@@ -290,11 +289,11 @@ double Propagator::computeSeconds(Operation *op, const Option &option) const {
 // Per-op options
 //===----------------------------------------------------------------------===//
 
+/// Whether a unary or product op keeps a partial-sum operand partial (the
+/// other factors replicated).
 static bool isLinearInPartial(Operation *op, unsigned operand) {
-  if (isa<AddOp, SubOp, NegOp>(op))
+  if (isa<NegOp, MulOp>(op))
     return true;
-  if (isa<MulOp>(op))
-    return true; // when the other factor is replicated
   if (isa<DivOp>(op))
     return operand == 0;
   return false;
@@ -331,17 +330,15 @@ std::vector<Option> Propagator::options(Operation *op) {
       }
     if (!linear)
       return;
+    // p + p stays partial; p + replicated does not.
+    if (isa<AddOp, SubOp>(op)) {
+      if (llvm::all_of(in, [](Shard s) { return s.isPartial(); }))
+        add({SmallVector<Shard>(numOperands, Shard::partial()),
+             {Shard::partial()}});
+      return;
+    }
     for (unsigned i = 0; i < numOperands; ++i) {
-      if (!in[i].isPartial())
-        continue;
-      if (isa<AddOp, SubOp>(op)) {
-        // p + p stays partial; p + replicated does not.
-        if (llvm::all_of(in, [](Shard s) { return s.isPartial(); }))
-          add({SmallVector<Shard>(numOperands, Shard::partial()),
-               {Shard::partial()}});
-        continue;
-      }
-      if (!isLinearInPartial(op, i))
+      if (!in[i].isPartial() || !isLinearInPartial(op, i))
         continue;
       SmallVector<Shard> targets(numOperands, Shard::replicated());
       targets[i] = Shard::partial();
@@ -556,7 +553,7 @@ ShardingPlan Propagator::run() {
         });
     if (!seenWeights.insert(param.getName()).second)
       return;
-    int64_t bytes = bytesOf(v);
+    int64_t bytes = tensorBytes(v);
     plan.weightBytesPerRank += split ? bytes / ranks : bytes;
     if (!split && param.getType().getRank() >= 2)
       plan.replicatedWeightBytes += bytes;

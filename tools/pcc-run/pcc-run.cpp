@@ -137,6 +137,7 @@ Options parse(int argc, char **argv) {
   };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    int first = i; // this option's first argument, for rankArgs
     if (a == "-n" || a == "--ranks" || a == "--hostfile") {
       if (a == "--hostfile") {
         o.hostfile = value(i);
@@ -148,11 +149,6 @@ Options parse(int argc, char **argv) {
       o.ranks = static_cast<int>(n);
       continue;
     }
-    o.rankArgs.push_back(a);
-    if (i + 1 < argc && (a == "--input" || a == "--output" || a == "--expect" ||
-                         a == "--weights" || a == "--device" || a == "--rtol" ||
-                         a == "--atol" || a == "--bench"))
-      o.rankArgs.push_back(argv[i + 1]);
     if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -185,6 +181,7 @@ Options parse(int argc, char **argv) {
     } else {
       die("unexpected argument '" + a + "' (see --help)");
     }
+    o.rankArgs.insert(o.rankArgs.end(), argv + first, argv + i + 1);
   }
   if (o.library.empty() && !o.listDevices)
     die("no model library; usage: pcc-run model.so --input x.npy (see "
