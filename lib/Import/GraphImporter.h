@@ -21,6 +21,12 @@ FailureOr<HostTensor> decodeTensor(const onnx::TensorProto &tensor,
 FailureOr<std::string> tensorBytes(const onnx::TensorProto &tensor,
                                    llvm::StringRef baseDir, Location loc);
 
+/// The bytes of the elements at the given flat `indices`, read without
+/// loading the rest of an external tensor.
+FailureOr<std::string> tensorElementBytes(const onnx::TensorProto &tensor,
+                                          llvm::StringRef baseDir, Location loc,
+                                          llvm::ArrayRef<int64_t> indices);
+
 /// Checks that an initializer's data is present and has the right size
 /// without decoding it (weights are read by the back end, not the importer).
 LogicalResult checkTensorData(const onnx::TensorProto &tensor,
@@ -43,6 +49,7 @@ public:
 
 private:
   FailureOr<RankedTensorType> inputTypeOf(const onnx::ValueInfoProto &info);
+  LogicalResult findTransposedCopies();
   LogicalResult importNode(const onnx::NodeProto &node, unsigned index);
   Location nodeLocation(const onnx::NodeProto &node, unsigned index);
   LogicalResult checkDeclaredOutput(const onnx::ValueInfoProto &info,

@@ -31,6 +31,10 @@ struct ImportedValue {
   std::optional<HostTensor> constant;
   /// The initializer it comes from, if any (weights become pcc.param).
   const onnx::TensorProto *initializer = nullptr;
+  /// For an initializer that holds exactly the transpose of another (a tied
+  /// weight the exporter wrote twice): that other initializer's name. The
+  /// value is imported as a transpose of it, and stored once.
+  std::string transposeOf;
   /// Set for node outputs pcc cannot produce (e.g. Dropout's mask): using
   /// the value is an error with this reason, leaving it unused is fine.
   std::string unsupportedReason;

@@ -21,7 +21,9 @@
 
 #include "pcc/runtime/Safetensors.h"
 
+#include <cstring>
 #include <exception>
+#include <map>
 
 using namespace mlir;
 using namespace mlir::pcc;
@@ -165,6 +167,20 @@ FailureOr<Value> GraphImporter::materialize(StringRef name, Location loc) {
     entry->value = ConstantOp::create(builder, loc, entry->constant->toAttr());
     return entry->value;
   }
+  if (!entry->transposeOf.empty()) {
+    std::string source = entry->transposeOf;
+    auto base = materialize(source, loc);
+    if (failed(base))
+      return failure();
+    Location copyLoc = NameLoc::get(StringAttr::get(context, name), fileLoc);
+    auto type = cast<RankedTensorType>(base->getType());
+    entry->value = TransposeOp::create(
+        builder, copyLoc,
+        RankedTensorType::get({type.getDimSize(1), type.getDimSize(0)},
+                              type.getElementType()),
+        *base, builder.getDenseI64ArrayAttr({1, 0}));
+    return entry->value;
+  }
   // A weight: checked here, read by the back end.
   const onnx::TensorProto &init = *entry->initializer;
   Type elementType = convertOnnxElementType(context, init.data_type());
@@ -205,6 +221,95 @@ FailureOr<const HostTensor *> GraphImporter::constantOf(StringRef name,
       return &*entry->constant;
     }
   return static_cast<const HostTensor *>(nullptr);
+}
+
+/// Exporters untie tied weights: torch.onnx writes the LM head of a model
+/// whose head shares the token embedding as a second initializer holding the
+/// table transposed. Finds such pairs ([a, b] and [b, a], a != b, equal up
+/// to the transpose) so that the weight is stored once and the sharding
+/// planner sees one table read twice. Square matrices are left alone: a
+/// transformer has many of the same shape and they are never copies.
+LogicalResult GraphImporter::findTransposedCopies() {
+  // Rank-2 float weights by (element type, rows, cols), in model order.
+  std::map<std::tuple<int32_t, int64_t, int64_t>,
+           SmallVector<const onnx::TensorProto *>>
+      byShape;
+  for (const onnx::TensorProto &init : model.graph().initializer()) {
+    ImportedValue *entry = lookup(init.name());
+    if (!entry || entry->constant || init.dims_size() != 2 ||
+        init.dims(0) == init.dims(1))
+      continue;
+    byShape[{init.data_type(), init.dims(0), init.dims(1)}].push_back(&init);
+  }
+  // A fingerprint first (a few elements, read without loading the tensor),
+  // then every element.
+  constexpr int64_t kSamples = 16;
+  auto samples = [&](const onnx::TensorProto &t,
+                     bool transposed) -> FailureOr<std::string> {
+    int64_t rows = t.dims(0), cols = t.dims(1);
+    int64_t r = transposed ? cols : rows, c = transposed ? rows : cols;
+    SmallVector<int64_t> flat;
+    for (int64_t k = 0; k < kSamples; ++k) {
+      // Position (i, j) of the untransposed view.
+      int64_t i = (k * 7919) % r, j = (k * 104729 + k / 3) % c;
+      flat.push_back(transposed ? j * cols + i : i * cols + j);
+    }
+    return tensorElementBytes(t, baseDir, fileLoc, flat);
+  };
+  for (auto &[key, group] : byShape) {
+    auto [type, rows, cols] = key;
+    if (rows > cols)
+      continue; // each pair once, from its wide side
+    auto other = byShape.find({type, cols, rows});
+    if (other == byShape.end())
+      continue;
+    for (const onnx::TensorProto *a : group) {
+      auto sa = samples(*a, /*transposed=*/false);
+      if (failed(sa))
+        return failure();
+      for (const onnx::TensorProto *b : other->second) {
+        if (!lookup(b->name())->transposeOf.empty())
+          continue;
+        auto sb = samples(*b, /*transposed=*/true);
+        if (failed(sb))
+          return failure();
+        if (*sa != *sb)
+          continue;
+        auto da = tensorBytes(*a, baseDir, fileLoc);
+        auto db = tensorBytes(*b, baseDir, fileLoc);
+        if (failed(da) || failed(db))
+          return failure();
+        size_t size = da->size() / (rows * cols);
+        bool equal = true;
+        for (int64_t i = 0; i < rows && equal; ++i)
+          for (int64_t j = 0; j < cols && equal; ++j)
+            equal = std::memcmp(da->data() + (i * cols + j) * size,
+                                db->data() + (j * rows + i) * size, size) == 0;
+        if (!equal)
+          continue;
+        // The copy is the one later in the model.
+        const onnx::TensorProto *first = a, *copy = b;
+        for (const onnx::TensorProto &init : model.graph().initializer()) {
+          if (&init == b) {
+            std::swap(first, copy);
+            break;
+          }
+          if (&init == a)
+            break;
+        }
+        lookup(copy->name())->transposeOf = first->name();
+        if (options.remarkSharedWeights)
+          emitRemark(fileLoc)
+              << "initializer '" << copy->name() << "' [" << copy->dims(0)
+              << "x" << copy->dims(1) << "] is '" << first->name()
+              << "' transposed (a tied weight the exporter wrote twice); "
+                 "stored once, "
+              << da->size() << " bytes saved";
+        break;
+      }
+    }
+  }
+  return success();
 }
 
 FailureOr<RankedTensorType>
@@ -333,6 +438,9 @@ LogicalResult GraphImporter::importInto(ModuleOp module) {
     }
     define(init.name(), std::move(value));
   }
+
+  if (failed(findTransposedCopies()))
+    return failure();
 
   SmallVector<Type> argTypes;
   SmallVector<const onnx::ValueInfoProto *> args;

@@ -292,6 +292,55 @@ FailureOr<HostTensor> onnx_import::decodeTensor(const onnx::TensorProto &tensor,
   return out;
 }
 
+FailureOr<std::string>
+onnx_import::tensorElementBytes(const onnx::TensorProto &tensor,
+                                StringRef baseDir, Location loc,
+                                ArrayRef<int64_t> indices) {
+  int64_t elementSize = rawElementSize(tensor.data_type());
+  std::string out;
+  out.reserve(indices.size() * elementSize);
+  if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
+    auto span = resolveExternal(tensor, baseDir, loc,
+                                elementCount(tensor) * elementSize);
+    if (failed(span))
+      return failure();
+    auto file = llvm::sys::fs::openNativeFileForRead(span->path);
+    if (!file)
+      return emitError(loc) << describe(tensor) << ": cannot read '"
+                            << span->path
+                            << "': " << llvm::toString(file.takeError());
+    char element[16];
+    for (int64_t i : indices) {
+      auto read = llvm::sys::fs::readNativeFileSlice(
+          *file, llvm::MutableArrayRef<char>(element, elementSize),
+          span->offset + i * elementSize);
+      if (!read || *read != static_cast<size_t>(elementSize)) {
+        if (!read)
+          llvm::consumeError(read.takeError());
+        llvm::sys::fs::closeFile(*file);
+        return emitError(loc) << describe(tensor) << ": cannot read '"
+                              << span->path << "'";
+      }
+      out.append(element, elementSize);
+    }
+    llvm::sys::fs::closeFile(*file);
+    return out;
+  }
+  if (tensor.has_raw_data()) {
+    if (failed(checkTensorData(tensor, baseDir, loc)))
+      return failure();
+    for (int64_t i : indices)
+      out.append(tensor.raw_data().data() + i * elementSize, elementSize);
+    return out;
+  }
+  auto all = tensorBytes(tensor, baseDir, loc);
+  if (failed(all))
+    return failure();
+  for (int64_t i : indices)
+    out.append(all->data() + i * elementSize, elementSize);
+  return out;
+}
+
 FailureOr<std::string> onnx_import::tensorBytes(const onnx::TensorProto &tensor,
                                                 StringRef baseDir,
                                                 Location loc) {

@@ -230,6 +230,15 @@ LogicalResult Partitioner::run() {
       local[r] = nr;
     }
     Shard in = targets.empty() ? Shard::replicated() : targets[0];
+    if (auto g = dyn_cast<GatherOp>(clone);
+        g && in.isSplit() && in.dim == static_cast<int64_t>(g.getAxis())) {
+      auto sg = ShardGatherOp::create(builder, g.getLoc(), g.getType(),
+                                      g.getData(), g.getIndices(),
+                                      g.getAxisAttr(), axis);
+      local[op->getResult(0)] = sg.getResult();
+      g.erase();
+      continue;
+    }
     if (auto s = dyn_cast<SliceOp>(clone); s && in.isSplit()) {
       SmallVector<int64_t> starts(s.getStarts()), limits(s.getLimits());
       starts[in.dim] /= n;

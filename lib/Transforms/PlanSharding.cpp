@@ -4,6 +4,7 @@
 #include "pcc/Transforms/Sharding.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -24,25 +25,31 @@ std::string shapeString(RankedTensorType type) {
   return s;
 }
 
-/// What a split of `weight` means to its first consumer: "columns",
-/// "rows", "vocabulary", or the plain dimension.
+/// What a split of `weight` means to its consumers: "columns (outputs)",
+/// "rows (contraction)" of a matmul, "vocabulary (lookup rows)" of a
+/// gather; several joined by " and " (a tied embedding is both).
 std::string roleOf(ParamOp weight, Shard shard) {
   if (!shard.isSplit())
     return "";
+  SmallVector<std::string> roles;
+  auto note = [&](std::string role) {
+    if (!llvm::is_contained(roles, role))
+      roles.push_back(std::move(role));
+  };
   for (Operation *user : weight.getResult().getUsers()) {
     if (auto mm = dyn_cast<MatmulOp>(user)) {
       if (mm.getRhs() != weight.getResult())
         continue;
       int64_t rank = mm.getRhs().getType().getRank();
       int64_t k = mm.getTransposeB() ? rank - 1 : rank - 2;
-      return shard.dim == k ? "rows (contraction)" : "columns (outputs)";
+      note(shard.dim == k ? "rows (contraction)" : "columns (outputs)");
     }
     if (auto g = dyn_cast<GatherOp>(user))
       if (g.getData() == weight.getResult() &&
           shard.dim == static_cast<int64_t>(g.getAxis()))
-        return "vocabulary (lookup rows)";
+        note("vocabulary (lookup rows)");
   }
-  return "";
+  return llvm::join(roles, " and ");
 }
 
 struct PlanShardingPass

@@ -432,6 +432,11 @@ std::vector<Option> Propagator::options(Operation *op) {
       int64_t d = in[0].dim < axis ? in[0].dim : in[0].dim - 1 + indexRank;
       add({{in[0], Shard::replicated()}, {Shard::split(d, in[0].stripes)}});
     }
+    // A table split on the gathered axis: each rank looks up the indices in
+    // its block and writes zeros for the rest (pcc.shard_gather), leaving a
+    // partial sum: Megatron's vocabulary-parallel embedding.
+    if (in[0].isSplit() && in[0].dim == axis && in[0].stripes == 1)
+      add({{in[0], Shard::replicated()}, {Shard::partial()}});
   } else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, ReduceMinOp,
                  ReduceProdOp>(op)) {
     auto axes = op->getAttrOfType<DenseI64ArrayAttr>("axes").asArrayRef();

@@ -101,12 +101,23 @@ void pcc_cpu_copy_strided(const void *x, void *y, int64_t elem_size,
 int pcc_cpu_gather(const void *data, const void *indices, void *y,
                    int64_t elem_size, int64_t outer, int64_t axis_dim,
                    int64_t inner, int64_t num_indices, int indices_are_i64) {
+  return pcc_cpu_gather_block(data, indices, y, elem_size, outer, axis_dim, 0,
+                              axis_dim, inner, num_indices, indices_are_i64);
+}
+
+int pcc_cpu_gather_block(const void *data, const void *indices, void *y,
+                         int64_t elem_size, int64_t outer, int64_t block_dim,
+                         int64_t block_start, int64_t axis_dim, int64_t inner,
+                         int64_t num_indices, int indices_are_i64) {
   const char *src = static_cast<const char *>(data);
   char *dst = static_cast<char *>(y);
   int64_t row = inner * elem_size;
+  auto index = [&](int64_t j) -> int64_t {
+    return indices_are_i64 ? static_cast<const int64_t *>(indices)[j]
+                           : static_cast<const int32_t *>(indices)[j];
+  };
   for (int64_t j = 0; j < num_indices; ++j) {
-    int64_t idx = indices_are_i64 ? static_cast<const int64_t *>(indices)[j]
-                                  : static_cast<const int32_t *>(indices)[j];
+    int64_t idx = index(j);
     if (idx < -axis_dim || idx >= axis_dim) {
       lastError = "gather index " + std::to_string(idx) +
                   " is out of range for a dimension of size " +
@@ -117,12 +128,15 @@ int pcc_cpu_gather(const void *data, const void *indices, void *y,
 #pragma omp parallel for if (outer * num_indices * inner > kParallelThreshold)
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t j = 0; j < num_indices; ++j) {
-      int64_t idx = indices_are_i64 ? static_cast<const int64_t *>(indices)[j]
-                                    : static_cast<const int32_t *>(indices)[j];
+      int64_t idx = index(j);
       if (idx < 0)
         idx += axis_dim;
-      std::memcpy(dst + (o * num_indices + j) * row,
-                  src + (o * axis_dim + idx) * row, row);
+      idx -= block_start;
+      char *out = dst + (o * num_indices + j) * row;
+      if (idx >= 0 && idx < block_dim)
+        std::memcpy(out, src + (o * block_dim + idx) * row, row);
+      else
+        std::memset(out, 0, row);
     }
   return 0;
 }

@@ -94,3 +94,24 @@ func.func @no_mesh(%x: tensor<4xf32>) -> tensor<4xf32> {
   %r = pcc.all_reduce %x axis = "tp" : tensor<4xf32>
   return %r : tensor<4xf32>
 }
+
+// -----
+
+// Tests that a shard gather has the gather's result shape and a mesh axis.
+module attributes {pcc.mesh = {tp = 2 : i64}} {
+  func.func @shard_gather_shape(%t: tensor<8x4xf32>, %i: tensor<3xi64>) -> tensor<3x8xf32> {
+    // expected-error @below {{result must be 'tensor<3x4xf32>', got 'tensor<3x8xf32>'}}
+    %g = pcc.shard_gather %t[%i] axis = 0 mesh_axis = "tp" : tensor<8x4xf32>, tensor<3xi64> -> tensor<3x8xf32>
+    return %g : tensor<3x8xf32>
+  }
+}
+
+// -----
+
+module attributes {pcc.mesh = {tp = 2 : i64}} {
+  func.func @shard_gather_axis(%t: tensor<8x4xf32>, %i: tensor<3xi64>) -> tensor<3x4xf32> {
+    // expected-error @below {{mesh axis 'pp' is not in the module's pcc.mesh}}
+    %g = pcc.shard_gather %t[%i] axis = 0 mesh_axis = "pp" : tensor<8x4xf32>, tensor<3xi64> -> tensor<3x4xf32>
+    return %g : tensor<3x4xf32>
+  }
+}

@@ -19,6 +19,10 @@ module attributes {pcc.mesh = {dp = 1 : i64, pp = 1 : i64, tp = 4 : i64}} {
     %g = pcc.all_gather %s axis = "tp" : tensor<2x16xf32> -> tensor<4x2x16xf32>
     // CHECK: pcc.reduce_scatter %{{.*}} axis = "tp" : tensor<4x2x16xf32> -> tensor<2x16xf32>
     %rs = pcc.reduce_scatter %g axis = "tp" : tensor<4x2x16xf32> -> tensor<2x16xf32>
+    // CHECK: pcc.shard_gather %{{.*}}[%{{.*}}] axis = 0 mesh_axis = "tp" : tensor<128x64xf32>, tensor<2x16xi64> -> tensor<2x16x64xf32>
+    %t = pcc.param "table" shard(#pcc.shard<tp, dim = 0>) : tensor<128x64xf32>
+    %ids = pcc.constant dense<1> : tensor<2x16xi64>
+    %e = pcc.shard_gather %t[%ids] axis = 0 mesh_axis = "tp" : tensor<128x64xf32>, tensor<2x16xi64> -> tensor<2x16x64xf32>
     return %r : tensor<2x64xf32>
   }
 }

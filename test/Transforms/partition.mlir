@@ -75,3 +75,26 @@ module attributes {pcc.mesh = {tp = 2 : i64}} {
 // CHECK: %[[R:.*]] = pcc.reduce_scatter %[[T]] axis = "tp" : tensor<2x4x1x3xf32> -> tensor<4x1x3xf32>
 // CHECK: pcc.sub {{.*}} : tensor<4x3xf32>
 // CHECK: pcc.all_gather
+
+// -----
+
+// Tests that a lookup in a table split by rows becomes a shard gather whose
+// partial sums are all-reduced (the vocabulary-parallel embedding), and that
+// the same table read transposed by a matmul gives its columns.
+module attributes {pcc.mesh = {tp = 2 : i64}} {
+  func.func @embedding(%ids: tensor<2x3xi64>) -> tensor<2x3x10xf32> {
+    %t = pcc.param "table" {pcc.sharding = [#pcc.shard<tp, dim = 0>]} : tensor<10x4xf32>
+    %e = pcc.gather %t[%ids] axis = 0 : tensor<10x4xf32>, tensor<2x3xi64> -> tensor<2x3x4xf32>
+    %h = pcc.tanh %e : tensor<2x3x4xf32>
+    %l = pcc.matmul %h, %t {transpose_b} : tensor<2x3x4xf32>, tensor<10x4xf32> -> tensor<2x3x10xf32>
+    return %l : tensor<2x3x10xf32>
+  }
+}
+// REMARK: remark: tp=2: 1 all_reduce, 1 all_gather, 0 reduce_scatter
+// CHECK-LABEL: func.func @embedding
+// CHECK: %[[T:.*]] = pcc.param "table" shard(#pcc.shard<tp, dim = 0>) : tensor<5x4xf32>
+// CHECK: %[[E:.*]] = pcc.shard_gather %[[T]][%arg0] axis = 0 mesh_axis = "tp" : tensor<5x4xf32>, tensor<2x3xi64> -> tensor<2x3x4xf32>
+// CHECK: %[[R:.*]] = pcc.all_reduce %[[E]] axis = "tp" : tensor<2x3x4xf32>
+// CHECK: %[[H:.*]] = pcc.tanh %[[R]]
+// CHECK: pcc.matmul %[[H]], %[[T]] {transpose_b} : tensor<2x3x4xf32>, tensor<5x4xf32> -> tensor<2x3x5xf32>
+// CHECK: pcc.all_gather {{.*}} : tensor<2x3x5xf32> -> tensor<2x2x3x5xf32>

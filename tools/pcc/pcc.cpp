@@ -216,8 +216,11 @@ static int64_t bytesOf(Type type) {
   return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
 }
 
-/// Remarks of the sharding passes, for the --explain report.
+/// Remarks of the importer (weights stored once) and of the sharding
+/// passes, for the --explain report; the first `importNotes` are the
+/// importer's.
 static std::vector<std::string> explainNotes;
+static size_t importNotes = 0;
 
 /// `pcc --explain`: what the lowering pipeline made of the model.
 static void explain(ModuleOp module, llvm::raw_ostream &os) {
@@ -225,11 +228,13 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
   os << "pcc explain: " << inputFile << "\n";
   os << "  plan: tp=" << tp << " pp=" << pp << " dp=" << dp
      << (tp * pp * dp == 1 ? " (one device)" : "") << "\n";
-  if (!explainNotes.empty()) {
-    os << "  tensor parallelism (each weight's split, and what the best "
-          "alternatives would cost; collectives):\n";
-    for (const std::string &note : explainNotes)
-      os << "    " << note << "\n";
+  for (size_t i = 0; i < explainNotes.size(); ++i) {
+    if (i == 0 && importNotes > 0)
+      os << "  shared weights:\n";
+    if (i == importNotes)
+      os << "  tensor parallelism (each weight's split, and what the best "
+            "alternatives would cost; collectives):\n";
+    os << "    " << explainNotes[i] << "\n";
   }
   llvm::StringMap<int64_t> histogram;
   int64_t fusions = 0, fused = 0, intermediate = 0, flops = 0;
@@ -346,6 +351,7 @@ int main(int argc, char **argv) {
 
   pcc::OnnxImportOptions options;
   options.runChecker = !noOnnxCheck;
+  options.remarkSharedWeights = explainPlan;
   if (batch.getNumOccurrences()) {
     if (batch < 1)
       return fail("--batch=" + llvm::Twine(batch.getValue()) +
@@ -427,6 +433,7 @@ int main(int argc, char **argv) {
   auto module = pcc::importOnnxFile(inputFile, &context, options);
   if (failed(module))
     return 1;
+  importNotes = explainNotes.size();
   Builder b(&context);
   (**module)->setAttr("pcc.mesh",
                       b.getDictionaryAttr({
@@ -502,12 +509,23 @@ int main(int argc, char **argv) {
       return 0;
     }
     std::vector<std::string> names;
-    int64_t weightBytes = 0;
-    for (auto &[name, type] : pcc::getWeightOrder(**module)) {
+    for (auto &[name, type] : pcc::getWeightOrder(**module))
       names.push_back(name);
-      weightBytes += type.getNumElements() *
-                     std::max<int64_t>(1, type.getElementTypeBitWidth() / 8);
-    }
+    // Bytes in the file (whole weights) and bytes one rank reads (its
+    // slices of split weights, plus every weight some op reads whole).
+    llvm::StringMap<int64_t> wholeBytes, rankBytes;
+    (*module)->walk([&](pcc::ParamOp param) {
+      int64_t local = bytesOf(param.getType());
+      int64_t whole = param.getShardAttr() ? local * tp : local;
+      wholeBytes[param.getName()] = whole;
+      int64_t &read = rankBytes[param.getName()];
+      read = std::max(read, local);
+    });
+    int64_t weightBytes = 0, bytesPerRank = 0;
+    for (auto &entry : wholeBytes)
+      weightBytes += entry.second;
+    for (auto &entry : rankBytes)
+      bytesPerRank += entry.second;
     if (failed(pcc::writeOnnxWeights(inputFile, names, weightsPath, &context)))
       return 1;
     pcc::BuildOptions buildOptions;
@@ -541,7 +559,11 @@ int main(int argc, char **argv) {
                      : target == Target::Cuda ? "cuda"
                                               : "cpu+cuda")
                  << ", arena " << arena << " bytes) and " << weightsPath << " ("
-                 << names.size() << " weights, " << weightBytes << " bytes)\n";
+                 << names.size() << " weights, " << weightBytes << " bytes";
+    if (tp > 1)
+      llvm::errs() << "; each of the " << tp << " tp ranks reads "
+                   << bytesPerRank;
+    llvm::errs() << ")\n";
     return 0;
   }
 

@@ -33,6 +33,9 @@ struct OnnxImportOptions {
   std::optional<int64_t> batch;
   /// Runs onnx::checker on the model before importing it.
   bool runChecker = true;
+  /// Emits a remark for each initializer found to be a transposed copy of
+  /// another (stored once either way); `pcc --explain` lists them.
+  bool remarkSharedWeights = false;
 };
 
 /// Imports the model at `path`. On failure the error has been reported

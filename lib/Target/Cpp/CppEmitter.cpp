@@ -865,26 +865,39 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     }
     return success();
   }
-  if (auto g = dyn_cast<GatherOp>(op)) {
-    ArrayRef<int64_t> data = g.getData().getType().getShape();
-    int64_t axis = static_cast<int64_t>(g.getAxis());
+  if (isa<GatherOp, ShardGatherOp>(op)) {
+    // A shard_gather reads this rank's block of the gathered dimension.
+    Value data = op->getOperand(0), indices = op->getOperand(1);
+    ArrayRef<int64_t> shape = tensorTypeOf(data).getShape();
+    int64_t axis = op->getAttrOfType<IntegerAttr>("axis").getInt();
+    int64_t block = shape[axis], total = block;
+    std::string start = "0";
+    if (auto sg = dyn_cast<ShardGatherOp>(op)) {
+      FailureOr<int64_t> ranks = getMeshAxisSize(op, sg.getMeshAxis());
+      if (failed(ranks))
+        return failure();
+      total = block * *ranks;
+      start = "static_cast<int64_t>(" + comm(sg.getMeshAxis()) + ".rank) * " +
+              std::to_string(block);
+    }
+    auto indexType = tensorTypeOf(indices);
     std::string args = llvm::formatv(
-        "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}", nameOf(g.getData()),
-        nameOf(g.getIndices()), nameOf(g.getResult()),
-        elementInfo(g.getData().getType().getElementType())->size,
-        product(data.take_front(axis)), data[axis],
-        product(data.drop_front(axis + 1)),
-        g.getIndices().getType().getNumElements(),
-        g.getIndices().getType().getElementType().isInteger(64) ? 1 : 0);
+        "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}",
+        nameOf(data), nameOf(indices), nameOf(op->getResult(0)),
+        elementInfo(tensorTypeOf(data).getElementType())->size,
+        product(shape.take_front(axis)), block, start, total,
+        product(shape.drop_front(axis + 1)), indexType.getNumElements(),
+        indexType.getElementType().isInteger(64) ? 1 : 0);
     if (cuda) {
       // Checked when the run finishes (see pcc_cuda_finish).
       sites.push_back(llvm::formatv("{0}: an index is outside [-{1}, {1})",
-                                    describeOp(op), data[axis])
+                                    describeOp(op), total)
                           .str());
-      line(call("gather") + args + ", " + std::to_string(sites.size()) + ");");
+      line(call("gather_block") + args + ", " + std::to_string(sites.size()) +
+           ");");
       return success();
     }
-    line("if (" + call("gather") + args + "))");
+    line("if (" + call("gather_block") + args + "))");
     line("  return fail(" + quoted(describeOp(op)) +
          ", pcc_cpu_last_error());");
     return success();

@@ -543,24 +543,34 @@ void launchCopy(pcc_cuda_context *ctx, const void *x, void *y,
       static_cast<const T *>(x), static_cast<T *>(y), g);
 }
 
-/// Gathers rows of `units` T-sized units; see pcc_cuda_gather.
+/// Where a gather reads: rows [blockStart, blockStart + blockDim) of a
+/// dimension of size axisDim are in `data` (the whole table when blockStart
+/// is 0 and blockDim is axisDim); see pcc_cuda_gather_block.
+struct GatherBlock {
+  int64_t blockDim, blockStart, axisDim;
+};
+
+/// Gathers rows of `units` T-sized units; rows in another block are zero.
 template <typename T, typename Index>
 __global__ void gatherKernel(const T *data, const Index *indices, T *y,
-                             int64_t axisDim, int64_t units, int64_t numIndices,
+                             GatherBlock b, int64_t units, int64_t numIndices,
                              int64_t count, int *errorSite, int site) {
   for (int64_t i = threadIndex(); i < count; i += threadCount()) {
     int64_t u = i % units, row = i / units;
     int64_t j = row % numIndices, o = row / numIndices;
     int64_t idx = indices[j];
-    if (idx < -axisDim || idx >= axisDim) {
+    if (idx < -b.axisDim || idx >= b.axisDim) {
       // Keep the first site: later kernels find the flag already set.
       atomicCAS(errorSite, 0, site);
       y[i] = T(0);
       continue;
     }
     if (idx < 0)
-      idx += axisDim;
-    y[i] = data[(o * axisDim + idx) * units + u];
+      idx += b.axisDim;
+    idx -= b.blockStart;
+    y[i] = idx >= 0 && idx < b.blockDim
+               ? data[(o * b.blockDim + idx) * units + u]
+               : T(0);
   }
 }
 
@@ -579,17 +589,16 @@ __global__ void checkIndicesKernel(const Index *indices, int64_t axisDim,
 
 template <typename T, typename Index>
 void launchGather(pcc_cuda_context *ctx, const void *data, const void *indices,
-                  void *y, int64_t axisDim, int64_t units, int64_t numIndices,
+                  void *y, GatherBlock b, int64_t units, int64_t numIndices,
                   int64_t count, int site) {
   gatherKernel<T, Index><<<gridFor(count), kThreads, 0, ctx->stream>>>(
       static_cast<const T *>(data), static_cast<const Index *>(indices),
-      static_cast<T *>(y), axisDim, units, numIndices, count, ctx->errorSite,
-      site);
+      static_cast<T *>(y), b, units, numIndices, count, ctx->errorSite, site);
 }
 
 template <typename Index>
 void gather(pcc_cuda_context *ctx, const void *data, const void *indices,
-            void *y, int64_t elemSize, int64_t outer, int64_t axisDim,
+            void *y, int64_t elemSize, int64_t outer, GatherBlock b,
             int64_t inner, int64_t numIndices, int site) {
   int64_t rowBytes = inner * elemSize;
   int64_t count = outer * numIndices * rowBytes;
@@ -597,7 +606,7 @@ void gather(pcc_cuda_context *ctx, const void *data, const void *indices,
     if (numIndices > 0)
       checkIndicesKernel<Index>
           <<<gridFor(numIndices), kThreads, 0, ctx->stream>>>(
-              static_cast<const Index *>(indices), axisDim, numIndices,
+              static_cast<const Index *>(indices), b.axisDim, numIndices,
               ctx->errorSite, site);
     return;
   }
@@ -607,20 +616,20 @@ void gather(pcc_cuda_context *ctx, const void *data, const void *indices,
   count /= unit;
   switch (unit) {
   case 8:
-    launchGather<uint64_t, Index>(ctx, data, indices, y, axisDim, units,
-                                  numIndices, count, site);
+    launchGather<uint64_t, Index>(ctx, data, indices, y, b, units, numIndices,
+                                  count, site);
     break;
   case 4:
-    launchGather<uint32_t, Index>(ctx, data, indices, y, axisDim, units,
-                                  numIndices, count, site);
+    launchGather<uint32_t, Index>(ctx, data, indices, y, b, units, numIndices,
+                                  count, site);
     break;
   case 2:
-    launchGather<uint16_t, Index>(ctx, data, indices, y, axisDim, units,
-                                  numIndices, count, site);
+    launchGather<uint16_t, Index>(ctx, data, indices, y, b, units, numIndices,
+                                  count, site);
     break;
   default:
-    launchGather<uint8_t, Index>(ctx, data, indices, y, axisDim, units,
-                                 numIndices, count, site);
+    launchGather<uint8_t, Index>(ctx, data, indices, y, b, units, numIndices,
+                                 count, site);
   }
 }
 } // namespace
@@ -701,11 +710,22 @@ void pcc_cuda_gather(pcc_cuda_context *ctx, const void *data,
                      const void *indices, void *y, int64_t elem_size,
                      int64_t outer, int64_t axis_dim, int64_t inner,
                      int64_t num_indices, int indices_are_i64, int site) {
+  pcc_cuda_gather_block(ctx, data, indices, y, elem_size, outer, axis_dim, 0,
+                        axis_dim, inner, num_indices, indices_are_i64, site);
+}
+
+void pcc_cuda_gather_block(pcc_cuda_context *ctx, const void *data,
+                           const void *indices, void *y, int64_t elem_size,
+                           int64_t outer, int64_t block_dim,
+                           int64_t block_start, int64_t axis_dim,
+                           int64_t inner, int64_t num_indices,
+                           int indices_are_i64, int site) {
+  GatherBlock b{block_dim, block_start, axis_dim};
   if (indices_are_i64)
-    gather<int64_t>(ctx, data, indices, y, elem_size, outer, axis_dim, inner,
+    gather<int64_t>(ctx, data, indices, y, elem_size, outer, b, inner,
                     num_indices, site);
   else
-    gather<int32_t>(ctx, data, indices, y, elem_size, outer, axis_dim, inner,
+    gather<int32_t>(ctx, data, indices, y, elem_size, outer, b, inner,
                     num_indices, site);
 }
 

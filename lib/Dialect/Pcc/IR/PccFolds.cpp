@@ -94,7 +94,48 @@ struct MergeTransposes : OpRewritePattern<TransposeOp> {
     return success();
   }
 };
+
+/// matmul(transpose(x)) -> matmul(x) with the operand's transpose flag
+/// flipped, when the transpose swaps the two matrix dimensions only (as a
+/// tied LM head that reads the embedding table transposed does).
+struct FoldTransposeIntoMatmul : OpRewritePattern<MatmulOp> {
+  using OpRewritePattern::OpRewritePattern;
+  static TransposeOp swapsMatrixDims(Value v) {
+    auto t = v.getDefiningOp<TransposeOp>();
+    if (!t)
+      return {};
+    ArrayRef<int64_t> perm = t.getPermutation();
+    int64_t r = perm.size();
+    for (int64_t i = 0; i < r - 2; ++i)
+      if (perm[i] != i)
+        return {};
+    return perm[r - 2] == r - 1 && perm[r - 1] == r - 2 ? t : TransposeOp();
+  }
+  LogicalResult matchAndRewrite(MatmulOp op,
+                                PatternRewriter &rewriter) const override {
+    TransposeOp lhs = swapsMatrixDims(op.getLhs()),
+                rhs = swapsMatrixDims(op.getRhs());
+    if (!lhs && !rhs)
+      return rewriter.notifyMatchFailure(op, "no operand is transposed");
+    rewriter.modifyOpInPlace(op, [&] {
+      if (lhs) {
+        op.getLhsMutable().assign(lhs.getInput());
+        op.setTransposeA(!op.getTransposeA());
+      }
+      if (rhs) {
+        op.getRhsMutable().assign(rhs.getInput());
+        op.setTransposeB(!op.getTransposeB());
+      }
+    });
+    return success();
+  }
+};
 } // namespace
+
+void MatmulOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                           MLIRContext *context) {
+  patterns.add<FoldTransposeIntoMatmul>(context);
+}
 
 void ReshapeOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                             MLIRContext *context) {

@@ -549,6 +549,22 @@ LogicalResult ReduceScatterOp::verify() {
   return verifyStacked(*this, getAxis(), getType(), getInput().getType());
 }
 
+LogicalResult ShardGatherOp::verify() {
+  if (failed(getMeshAxisSize(*this, getMeshAxis())))
+    return failure();
+  RankedTensorType data = getData().getType();
+  int64_t axis = static_cast<int64_t>(getAxis());
+  if (failed(checkAxis(getLoc(), axis, data.getRank())))
+    return failure();
+  SmallVector<int64_t> shape(data.getShape().take_front(axis));
+  llvm::append_range(shape, getIndices().getType().getShape());
+  llvm::append_range(shape, data.getShape().drop_front(axis + 1));
+  auto expected = RankedTensorType::get(shape, data.getElementType());
+  if (expected != getType())
+    return emitOpError("result must be ") << expected << ", got " << getType();
+  return success();
+}
+
 LogicalResult ShardSliceOp::verify() {
   FailureOr<int64_t> size = getMeshAxisSize(*this, getAxis());
   if (failed(size))

@@ -66,6 +66,15 @@ int pcc_cpu_gather(const void *data, const void *indices, void *y,
                    int64_t elem_size, int64_t outer, int64_t axis_dim,
                    int64_t inner, int64_t num_indices, int indices_are_i64);
 
+/* The same from one block of a table split along the gathered dimension:
+ * data is entries [block_start, block_start + block_dim) of a dimension of
+ * size axis_dim; indices (into the whole dimension) outside the block give
+ * zeros, so the ranks' results sum to the whole gather. */
+int pcc_cpu_gather_block(const void *data, const void *indices, void *y,
+                         int64_t elem_size, int64_t outer, int64_t block_dim,
+                         int64_t block_start, int64_t axis_dim, int64_t inner,
+                         int64_t num_indices, int indices_are_i64);
+
 /* Softmax (or log-softmax) of x viewed as [outer, len, inner] along len. */
 void pcc_cpu_softmax_f32(const float *x, float *y, int64_t outer, int64_t len,
                          int64_t inner, int log_softmax);

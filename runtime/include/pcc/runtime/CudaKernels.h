@@ -97,6 +97,15 @@ void pcc_cuda_gather(pcc_cuda_context *ctx, const void *data,
                      int64_t outer, int64_t axis_dim, int64_t inner,
                      int64_t num_indices, int indices_are_i64, int site);
 
+/* The same from one block of a table split along the gathered dimension
+ * (see pcc_cpu_gather_block): indices outside the block give zeros. */
+void pcc_cuda_gather_block(pcc_cuda_context *ctx, const void *data,
+                           const void *indices, void *y, int64_t elem_size,
+                           int64_t outer, int64_t block_dim,
+                           int64_t block_start, int64_t axis_dim,
+                           int64_t inner, int64_t num_indices,
+                           int indices_are_i64, int site);
+
 void pcc_cuda_softmax_f32(pcc_cuda_context *ctx, const float *x, float *y,
                           int64_t outer, int64_t len, int64_t inner,
                           int log_softmax);

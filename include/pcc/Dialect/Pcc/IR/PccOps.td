@@ -88,7 +88,7 @@ def Pcc_MatmulOp : Pcc_Op<"matmul", [Pure, SameOperandsElementType,
   let results = (outs Pcc_Tensor:$result);
   let assemblyFormat = [{
     $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
-  }];
+  }];  let hasCanonicalizer = 1;
 }
 
 //===----------------------------------------------------------------------===//
@@ -708,6 +708,34 @@ def Pcc_ShardSliceOp : Pcc_Op<"shard_slice", [Pure]> {
   let assemblyFormat = [{
     $input `axis` `=` $axis `dim` `=` $dim `stripes` `=` $stripes attr-dict
     `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_ShardGatherOp : Pcc_Op<"shard_gather", [Pure]> {
+  let summary = "a gather from this rank's block of a table split on its axis";
+  let description = [{
+    `data` is this rank's block of a table whose dimension `axis` is split
+    over mesh axis `mesh_axis` (`#pcc.shard<mesh_axis, dim = axis>`): rank r
+    holds entries `[r * n, (r + 1) * n)` of the whole dimension of size
+    `n * ranks`. Indices are into the whole dimension (negative ones count
+    from its end); an index that falls in another rank's block gives zeros.
+    The result is therefore a partial sum over the mesh axis, and an
+    all-reduce makes it the whole gather. This is the vocabulary-parallel
+    embedding lookup of Megatron-LM; `pcc-partition` makes it from a
+    `pcc.gather` whose table the plan splits on the gathered axis.
+
+    ```mlir
+    %e = pcc.shard_gather %table[%ids] axis = 0 mesh_axis = "tp"
+        : tensor<256x64xf32>, tensor<2x16xi64> -> tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$data, Pcc_IndexTensor:$indices,
+                       I64Attr:$axis, StrAttr:$mesh_axis);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $data `[` $indices `]` `axis` `=` $axis `mesh_axis` `=` $mesh_axis
+    attr-dict `:` type($data) `,` type($indices) `->` type($result)
   }];
   let hasVerifier = 1;
 }
