@@ -170,6 +170,16 @@ TEST(Collectives, ErrorsNameTheRankAndCollective) {
                      " in 'world' (mpi): all_reduce of -1 x F32: element "
                      "count -1 is outside what one MPI call moves";
   EXPECT_EQ(s.error().rfind(want, 0), 0u) << s.error();
+  // With its place in the mesh set, the message says it too.
+  world->setMeshCoordinates("tp=" + std::to_string(world->rank()));
+  s = world->allGather(&v, &v, -1, DType::F32);
+  world->setMeshCoordinates("");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().find(" in 'world' (mpi) at mesh [tp=" +
+                           std::to_string(world->rank()) +
+                           "]: all_gather of -1 x F32"),
+            std::string::npos)
+      << s.error();
   uint16_t h = 0;
   Status half = world->allReduce(&h, &h, 1, DType::F16, ReduceOp::Sum);
   ASSERT_FALSE(half.ok());

@@ -279,8 +279,18 @@ Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks, Device &device,
     }
     r.groups.push_back(std::move(g));
   }
-  for (auto &g : r.groups)
+  // Messages from here on say where the rank sits in the mesh.
+  std::string coords;
+  for (int a = 0; a < info.num_mesh_axes; ++a)
+    coords += (a ? ", " : "") + std::string(info.mesh_axes[a]) + "=" +
+              std::to_string(r.coords[a]);
+  rankPrefix = "rank " + std::to_string(rank) + " of " + std::to_string(size) +
+               " [" + coords + "]: ";
+  r.world->setMeshCoordinates(coords);
+  for (auto &g : r.groups) {
+    g->setMeshCoordinates(coords);
     r.bindings.push_back(std::make_unique<CommBinding>(*g));
+  }
   for (auto &b : r.bindings)
     r.tables.push_back(b->table());
   return r;

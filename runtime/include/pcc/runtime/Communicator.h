@@ -7,8 +7,10 @@
 // engine works: host memory for MPI, the device's memory for NCCL (whose
 // collectives run on the device's stream and complete by wait()).
 //
-// Every failure names the rank, the group and the collective:
-//   rank 1 of 2 in 'tp' (mpi): all_reduce of 4096 x F32: MPI_Allreduce: ...
+// Every failure names the rank, the group, the rank's mesh coordinates (when
+// set) and the collective:
+//   rank 1 of 2 in 'tp' (mpi) at mesh [dp=0, pp=0, tp=1]: all_reduce of
+//   4096 x F32: MPI_Allreduce: ...
 //
 //===----------------------------------------------------------------------===//
 
@@ -52,6 +54,11 @@ public:
   /// The group's name in messages ("world", "tp", ...).
   const std::string &name() const { return groupName; }
   void setName(std::string name) { groupName = std::move(name); }
+  /// Where this rank sits in the device mesh, for messages ("dp=0, pp=1,
+  /// tp=3"); empty when the run has no mesh.
+  void setMeshCoordinates(std::string coords) {
+    meshCoords = std::move(coords);
+  }
 
   /// send == recv is in place. Counts are elements of `type`; gathers and
   /// reduce-scatters take the count per rank.
@@ -74,12 +81,14 @@ public:
   virtual Result<std::unique_ptr<Communicator>> split(int color, int key) = 0;
 
 protected:
-  /// "rank R of N in 'name' (engine): <collective> of <count> x <type>: why"
+  /// "rank R of N in 'name' (engine) at mesh [coords]: <collective> of
+  /// <count> x <type>: why"
   Error failure(const std::string &collective, int64_t count, DType type,
                 const std::string &why) const;
 
 private:
   std::string groupName = "world";
+  std::string meshCoords;
 };
 
 /// A communicator as the model ABI's table of collectives (pcc_comm), which
