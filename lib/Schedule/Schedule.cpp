@@ -1,0 +1,523 @@
+//===- Schedule.cpp - pipeline micro-batch schedules ----------------------===//
+//
+// Generation builds each rank's order of compute (F, B, W) from the
+// policy, then inserts the transfers around it: a receive before F (B)
+// when the previous (next) virtual stage produced its input, a send after.
+// ZB-H1's W positions come from replaying the 1F1B order with unit
+// durations and running a pending W whenever the rank would otherwise
+// wait. `simulate` is the same replay over a finished list.
+//
+//===----------------------------------------------------------------------===//
+
+#include "pcc/Schedule/Schedule.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+namespace pcc::schedule {
+
+const char *policyName(Policy policy) {
+  switch (policy) {
+  case Policy::GPipe:
+    return "gpipe";
+  case Policy::OneFOneB:
+    return "1f1b";
+  case Policy::Interleaved:
+    return "interleaved";
+  case Policy::ZeroBubbleH1:
+    return "zb-h1";
+  }
+  return "?";
+}
+
+std::optional<Policy> parsePolicy(const std::string &name) {
+  for (Policy p : {Policy::GPipe, Policy::OneFOneB, Policy::Interleaved,
+                   Policy::ZeroBubbleH1})
+    if (name == policyName(p))
+      return p;
+  return std::nullopt;
+}
+
+const char *opName(Op op) {
+  switch (op) {
+  case Op::Forward:
+    return "F";
+  case Op::Backward:
+    return "B";
+  case Op::WeightGrad:
+    return "W";
+  case Op::SendForward:
+    return "send_fwd";
+  case Op::RecvForward:
+    return "recv_fwd";
+  case Op::SendBackward:
+    return "send_bwd";
+  case Op::RecvBackward:
+    return "recv_bwd";
+  }
+  return "?";
+}
+
+static bool isCompute(Op op) {
+  return op == Op::Forward || op == Op::Backward || op == Op::WeightGrad;
+}
+
+static std::string describeInstr(const Instr &i, int32_t chunks) {
+  std::ostringstream os;
+  os << opName(i.op) << i.microbatch;
+  if (chunks > 1)
+    os << "." << i.chunk;
+  if (i.peer >= 0)
+    os << (i.op == Op::SendForward || i.op == Op::SendBackward ? ">" : "<")
+       << i.peer;
+  return os.str();
+}
+
+std::string Schedule::describe() const {
+  std::ostringstream os;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    os << "rank " << r << ":";
+    for (const Instr &i : ranks[r])
+      os << " " << describeInstr(i, options.chunks);
+    os << "\n";
+  }
+  return os.str();
+}
+
+double Simulation::meanBubbleFraction() const {
+  if (bubbleFraction.empty())
+    return 0;
+  double sum = 0;
+  for (double b : bubbleFraction)
+    sum += b;
+  return sum / bubbleFraction.size();
+}
+
+double analyticBubbleFraction(const Options &o) {
+  double p = o.stages, m = o.microbatches;
+  double v = o.policy == Policy::Interleaved ? o.chunks : 1;
+  return (p - 1) / (v * m + p - 1);
+}
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Replay
+//===----------------------------------------------------------------------===//
+
+/// Identifies a piece of work or a transfer: (op, micro-batch, virtual
+/// stage). A transfer is keyed by the virtual stage that receives it.
+using Key = std::tuple<int, int32_t, int32_t>;
+
+class Replay {
+public:
+  Replay(const Options &o, const Durations &d,
+         std::vector<std::vector<Instr>> lists, bool implicitTransfers,
+         bool flexibleWeightGrads)
+      : o(o), d(d), lists(std::move(lists)), implicit(implicitTransfers),
+        flexible(flexibleWeightGrads), p(o.stages), V(o.stages * o.chunks) {}
+
+  /// Runs to the end; on success `order` holds what each rank ran.
+  std::string run();
+
+  std::vector<std::vector<Instr>> order;
+  Simulation sim;
+
+private:
+  int32_t vstage(int32_t rank, int32_t chunk) const { return chunk * p + rank; }
+  double duration(Op op) const {
+    switch (op) {
+    case Op::Forward:
+      return d.forward;
+    case Op::Backward:
+      return d.backward;
+    case Op::WeightGrad:
+      return d.weightGrad;
+    default:
+      return 0;
+    }
+  }
+  /// When `i` on `rank` may start as far as its dependencies go; nullopt
+  /// while one of them has not run. Sets `error` for one that can never run
+  /// (same-rank work that should have come first).
+  std::optional<double> ready(int32_t rank, const Instr &i,
+                              std::string &error) const;
+  std::optional<double> done(Op op, int32_t mb, int32_t vs) const {
+    auto it = finished.find({static_cast<int>(op), mb, vs});
+    if (it == finished.end())
+      return std::nullopt;
+    return it->second;
+  }
+  void execute(int32_t rank, const Instr &i, double start);
+
+  const Options &o;
+  Durations d;
+  std::vector<std::vector<Instr>> lists;
+  bool implicit, flexible;
+  int32_t p, V;
+  std::map<Key, double> finished;
+  std::vector<double> freeAt;
+  std::vector<std::deque<Instr>> pendingW;
+  std::vector<int32_t> inFlight;
+};
+
+std::optional<double> Replay::ready(int32_t rank, const Instr &i,
+                                    std::string &error) const {
+  int32_t vs = vstage(rank, i.chunk), mb = i.microbatch;
+  auto sameRank = [&](Op op, int32_t stage) -> std::optional<double> {
+    auto t = done(op, mb, stage);
+    if (!t)
+      error = "rank " + std::to_string(rank) + " runs " +
+              describeInstr(i, o.chunks) + " before " + opName(op) +
+              std::to_string(mb) + " of virtual stage " +
+              std::to_string(stage) + ", which it needs";
+    return t;
+  };
+  switch (i.op) {
+  case Op::Forward:
+    if (vs == 0)
+      return 0.0;
+    if (implicit) {
+      auto t = done(Op::Forward, mb, vs - 1);
+      return t ? std::optional<double>(*t + d.transfer) : std::nullopt;
+    }
+    return sameRank(Op::RecvForward, vs);
+  case Op::Backward: {
+    auto f = sameRank(Op::Forward, vs);
+    if (!f)
+      return std::nullopt;
+    if (vs == V - 1)
+      return f;
+    std::optional<double> g;
+    if (implicit) {
+      g = done(Op::Backward, mb, vs + 1);
+      if (g)
+        *g += d.transfer;
+    } else {
+      g = sameRank(Op::RecvBackward, vs);
+    }
+    if (!g)
+      return std::nullopt;
+    return std::max(*f, *g);
+  }
+  case Op::WeightGrad:
+    return sameRank(Op::Backward, vs);
+  case Op::SendForward:
+    return sameRank(Op::Forward, vs);
+  case Op::SendBackward:
+    return sameRank(Op::Backward, vs);
+  case Op::RecvForward: {
+    auto t = done(Op::SendForward, mb, vs - 1);
+    return t ? std::optional<double>(*t + d.transfer) : std::nullopt;
+  }
+  case Op::RecvBackward: {
+    auto t = done(Op::SendBackward, mb, vs + 1);
+    return t ? std::optional<double>(*t + d.transfer) : std::nullopt;
+  }
+  }
+  return std::nullopt;
+}
+
+void Replay::execute(int32_t rank, const Instr &i, double start) {
+  double end = start + duration(i.op);
+  int32_t vs = vstage(rank, i.chunk);
+  finished[{static_cast<int>(i.op), i.microbatch, vs}] = end;
+  freeAt[rank] = end;
+  order[rank].push_back(i);
+  if (isCompute(i.op))
+    sim.timeline[rank].push_back({i, start, end});
+  if (i.op == Op::Forward) {
+    ++inFlight[rank];
+    sim.peakInFlight[rank] = std::max(sim.peakInFlight[rank], inFlight[rank]);
+    if (o.forwardOnly)
+      --inFlight[rank];
+  } else if (i.op == Op::Backward) {
+    --inFlight[rank];
+    if (flexible)
+      pendingW[rank].push_back({Op::WeightGrad, i.microbatch, i.chunk});
+  }
+}
+
+std::string Replay::run() {
+  order.assign(p, {});
+  sim.timeline.assign(p, {});
+  sim.peakInFlight.assign(p, 0);
+  freeAt.assign(p, 0);
+  pendingW.assign(p, {});
+  inFlight.assign(p, 0);
+  std::vector<size_t> next(p, 0);
+  for (;;) {
+    // Ranks by the time they are free: decisions are made in time order,
+    // so a rank that finds its next work not ready is really idle then.
+    std::vector<int32_t> byTime(p);
+    for (int32_t r = 0; r < p; ++r)
+      byTime[r] = r;
+    std::stable_sort(byTime.begin(), byTime.end(),
+                     [&](int32_t a, int32_t b) { return freeAt[a] < freeAt[b]; });
+    bool progressed = false, finishedAll = true;
+    std::string error;
+    for (int32_t r : byTime) {
+      bool fixedLeft = next[r] < lists[r].size();
+      if (!fixedLeft && pendingW[r].empty())
+        continue;
+      finishedAll = false;
+      std::optional<double> at;
+      if (fixedLeft) {
+        at = ready(r, lists[r][next[r]], error);
+        if (!error.empty())
+          return error;
+      }
+      // ZB-H1: a pending W runs when the rank would wait, when there is no
+      // other work left, or when r of them are held already. Rank r holds at
+      // most p - r micro-batches' activations in 1F1B, so deferring r
+      // weight gradients keeps every rank within the first rank's peak of p;
+      // the last ranks, which finish their backward passes first, defer
+      // most and fill the drain with them.
+      if (flexible && !pendingW[r].empty() &&
+          (!fixedLeft || !at || *at > freeAt[r] ||
+           static_cast<int32_t>(pendingW[r].size()) > r)) {
+        Instr w = pendingW[r].front();
+        pendingW[r].pop_front();
+        execute(r, w, freeAt[r]);
+        progressed = true;
+        break;
+      }
+      if (!at)
+        continue;
+      execute(r, lists[r][next[r]], std::max(*at, freeAt[r]));
+      ++next[r];
+      progressed = true;
+      break;
+    }
+    if (finishedAll)
+      break;
+    if (!progressed) {
+      std::ostringstream os;
+      os << "deadlock:";
+      for (int32_t r = 0; r < p; ++r)
+        if (next[r] < lists[r].size())
+          os << " rank " << r << " waits at "
+             << describeInstr(lists[r][next[r]], o.chunks) << ";";
+      std::string s = os.str();
+      s.pop_back();
+      return s;
+    }
+  }
+  // Every piece of work once, on the rank that owns its virtual stage;
+  // every transfer received.
+  std::map<Key, int> count;
+  for (int32_t r = 0; r < p; ++r)
+    for (const Instr &i : order[r])
+      ++count[{static_cast<int>(i.op), i.microbatch, vstage(r, i.chunk)}];
+  for (int32_t vs = 0; vs < V; ++vs)
+    for (int32_t mb = 0; mb < o.microbatches; ++mb)
+      for (Op op : {Op::Forward, Op::Backward, Op::WeightGrad}) {
+        if (o.forwardOnly && op != Op::Forward)
+          continue;
+        int n = count[{static_cast<int>(op), mb, vs}];
+        if (n != 1)
+          return std::string(opName(op)) + " of micro-batch " +
+                 std::to_string(mb) + " on virtual stage " +
+                 std::to_string(vs) + " runs " + std::to_string(n) +
+                 " times, not once";
+      }
+  if (!implicit)
+    for (auto &[key, n] : count) {
+      auto [op, mb, vs] = key;
+      Op sent = static_cast<Op>(op);
+      if (sent != Op::SendForward && sent != Op::SendBackward)
+        continue;
+      Op recv = sent == Op::SendForward ? Op::RecvForward : Op::RecvBackward;
+      int32_t to = sent == Op::SendForward ? vs + 1 : vs - 1;
+      if (!count.count({static_cast<int>(recv), mb, to}))
+        return std::string(opName(sent)) + " of micro-batch " +
+               std::to_string(mb) + " from virtual stage " +
+               std::to_string(vs) + " is never received";
+    }
+  sim.makespan = 0;
+  for (double t : freeAt)
+    sim.makespan = std::max(sim.makespan, t);
+  sim.bubbleFraction.assign(p, 0);
+  for (int32_t r = 0; r < p; ++r) {
+    double busy = 0;
+    for (const Interval &i : sim.timeline[r])
+      busy += i.end - i.start;
+    sim.bubbleFraction[r] = sim.makespan > 0 ? 1 - busy / sim.makespan : 0;
+  }
+  return "";
+}
+
+//===----------------------------------------------------------------------===//
+// Compute orders
+//===----------------------------------------------------------------------===//
+
+using Order = std::vector<Instr>;
+
+void addBackward(Order &out, const Options &o, int32_t mb, int32_t chunk,
+                 bool withW) {
+  if (o.forwardOnly)
+    return;
+  out.push_back({Op::Backward, mb, chunk});
+  if (withW)
+    out.push_back({Op::WeightGrad, mb, chunk});
+}
+
+Order gpipe(const Options &o, int32_t) {
+  Order out;
+  for (int32_t mb = 0; mb < o.microbatches; ++mb)
+    out.push_back({Op::Forward, mb, 0});
+  for (int32_t mb = 0; mb < o.microbatches; ++mb)
+    addBackward(out, o, mb, 0, /*withW=*/true);
+  return out;
+}
+
+Order oneFOneB(const Options &o, int32_t rank, bool withW) {
+  int32_t m = o.microbatches;
+  if (o.forwardOnly)
+    return gpipe(o, rank);
+  int32_t warmup = std::min(o.stages - rank - 1, m);
+  Order out;
+  for (int32_t mb = 0; mb < warmup; ++mb)
+    out.push_back({Op::Forward, mb, 0});
+  for (int32_t i = 0; i < m - warmup; ++i) {
+    out.push_back({Op::Forward, warmup + i, 0});
+    addBackward(out, o, i, 0, withW);
+  }
+  for (int32_t i = m - warmup; i < m; ++i)
+    addBackward(out, o, i, 0, withW);
+  return out;
+}
+
+/// Megatron-LM's interleaved order: micro-batches in groups of p, each
+/// group through every chunk before the next group starts.
+Order interleaved(const Options &o, int32_t rank) {
+  int32_t p = o.stages, v = o.chunks, total = o.microbatches * v;
+  auto unit = [&](int32_t k, bool forward) {
+    int32_t chunk = (k % (p * v)) / p;
+    if (!forward)
+      chunk = v - 1 - chunk;
+    int32_t mb = (k / (p * v)) * p + k % p;
+    return std::make_pair(mb, chunk);
+  };
+  Order out;
+  if (o.forwardOnly) {
+    for (int32_t k = 0; k < total; ++k) {
+      auto [mb, c] = unit(k, true);
+      out.push_back({Op::Forward, mb, c});
+    }
+    return out;
+  }
+  int32_t warmup = std::min((p - rank - 1) * 2 + (v - 1) * p, total);
+  for (int32_t k = 0; k < warmup; ++k) {
+    auto [mb, c] = unit(k, true);
+    out.push_back({Op::Forward, mb, c});
+  }
+  for (int32_t i = 0; i < total - warmup; ++i) {
+    auto [fm, fc] = unit(warmup + i, true);
+    out.push_back({Op::Forward, fm, fc});
+    auto [bm, bc] = unit(i, false);
+    addBackward(out, o, bm, bc, /*withW=*/true);
+  }
+  for (int32_t i = total - warmup; i < total; ++i) {
+    auto [bm, bc] = unit(i, false);
+    addBackward(out, o, bm, bc, /*withW=*/true);
+  }
+  return out;
+}
+
+/// Adds the transfers around each rank's compute.
+std::vector<Order> withTransfers(const Options &o,
+                                 const std::vector<Order> &compute) {
+  int32_t p = o.stages, V = o.stages * o.chunks;
+  std::vector<Order> out(p);
+  for (int32_t r = 0; r < p; ++r) {
+    for (const Instr &i : compute[r]) {
+      int32_t vs = i.chunk * p + r;
+      if (i.op == Op::Forward && vs > 0)
+        out[r].push_back({Op::RecvForward, i.microbatch, i.chunk, (vs - 1) % p});
+      if (i.op == Op::Backward && vs < V - 1)
+        out[r].push_back(
+            {Op::RecvBackward, i.microbatch, i.chunk, (vs + 1) % p});
+      out[r].push_back(i);
+      if (i.op == Op::Forward && vs < V - 1)
+        out[r].push_back({Op::SendForward, i.microbatch, i.chunk, (vs + 1) % p});
+      if (i.op == Op::Backward && vs > 0)
+        out[r].push_back(
+            {Op::SendBackward, i.microbatch, i.chunk, (vs - 1) % p});
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+GenerateResult generate(const Options &o) {
+  auto fail = [](std::string why) { return GenerateResult{std::nullopt, why}; };
+  if (o.stages < 1)
+    return fail("a pipeline needs at least 1 stage, not " +
+                std::to_string(o.stages));
+  if (o.microbatches < 1)
+    return fail("a pipeline needs at least 1 micro-batch, not " +
+                std::to_string(o.microbatches));
+  if (o.chunks < 1 || (o.chunks > 1 && o.policy != Policy::Interleaved))
+    return fail(std::string("only the interleaved schedule runs several "
+                            "chunks per rank (") +
+                policyName(o.policy) + " with " + std::to_string(o.chunks) +
+                ")");
+  if (o.policy == Policy::Interleaved && o.microbatches % o.stages != 0)
+    return fail("the interleaved schedule runs micro-batches in groups of "
+                "the " +
+                std::to_string(o.stages) + " stages; " +
+                std::to_string(o.microbatches) +
+                " micro-batches is not a multiple");
+  std::vector<Order> compute(o.stages);
+  for (int32_t r = 0; r < o.stages; ++r) {
+    switch (o.policy) {
+    case Policy::GPipe:
+      compute[r] = gpipe(o, r);
+      break;
+    case Policy::OneFOneB:
+      compute[r] = oneFOneB(o, r, /*withW=*/true);
+      break;
+    case Policy::Interleaved:
+      compute[r] = interleaved(o, r);
+      break;
+    case Policy::ZeroBubbleH1:
+      compute[r] = oneFOneB(o, r, /*withW=*/false);
+      break;
+    }
+  }
+  if (o.policy == Policy::ZeroBubbleH1 && !o.forwardOnly) {
+    // Place each W by replaying with unit durations.
+    Replay replay(o, Durations{}, compute, /*implicitTransfers=*/true,
+                  /*flexibleWeightGrads=*/true);
+    std::string error = replay.run();
+    if (!error.empty())
+      return fail("zb-h1: " + error);
+    compute = std::move(replay.order);
+  }
+  Schedule s;
+  s.options = o;
+  s.ranks = withTransfers(o, compute);
+  return GenerateResult{std::move(s), ""};
+}
+
+SimulateResult simulate(const Schedule &schedule, const Durations &durations) {
+  const Options &o = schedule.options;
+  if (static_cast<int32_t>(schedule.ranks.size()) != o.stages)
+    return {std::nullopt, "the schedule has " +
+                              std::to_string(schedule.ranks.size()) +
+                              " rank lists for " + std::to_string(o.stages) +
+                              " stages"};
+  Replay replay(o, durations, schedule.ranks, /*implicitTransfers=*/false,
+                /*flexibleWeightGrads=*/false);
+  std::string error = replay.run();
+  if (!error.empty())
+    return {std::nullopt, error};
+  return {std::move(replay.sim), ""};
+}
+
+} // namespace pcc::schedule

@@ -1,0 +1,208 @@
+//===- ScheduleTest.cpp - pipeline schedule generator ---------------------===//
+//
+// Every schedule is replayed by `simulate`, which fails on a dependency run
+// out of order, a deadlock, missing or repeated work or an unmatched
+// transfer. The bubble and in-flight figures are checked against the
+// published formulas.
+//
+//===----------------------------------------------------------------------===//
+
+#include "pcc/Schedule/Schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+using namespace pcc::schedule;
+
+namespace {
+
+Schedule make(Policy policy, int p, int m, int v = 1, bool fwdOnly = false) {
+  Options o;
+  o.policy = policy;
+  o.stages = p;
+  o.microbatches = m;
+  o.chunks = v;
+  o.forwardOnly = fwdOnly;
+  GenerateResult g = generate(o);
+  EXPECT_TRUE(g.schedule) << g.error;
+  return g.schedule ? *g.schedule : Schedule{o, {}};
+}
+
+Simulation run(const Schedule &s, Durations d = {}) {
+  SimulateResult r = simulate(s, d);
+  EXPECT_TRUE(r.simulation) << r.error << "\n" << s.describe();
+  return r.simulation ? *r.simulation : Simulation{};
+}
+
+// Tests that every policy, with and without backward work, gives
+// dependency-correct lists over a range of shapes.
+TEST(Schedule, EveryPolicyReplays) {
+  for (Policy policy : {Policy::GPipe, Policy::OneFOneB, Policy::Interleaved,
+                        Policy::ZeroBubbleH1})
+    for (int p : {1, 2, 3, 4, 8})
+      for (int m : {1, 2, 4, 8, 16})
+        for (bool fwd : {false, true}) {
+          int v = policy == Policy::Interleaved ? 2 : 1;
+          if (policy == Policy::Interleaved && m % p != 0)
+            continue;
+          SCOPED_TRACE(std::string(policyName(policy)) + " p=" +
+                       std::to_string(p) + " m=" + std::to_string(m) +
+                       (fwd ? " forward-only" : ""));
+          Schedule s = make(policy, p, m, v, fwd);
+          run(s, {1, 2, 1, 0.25});
+        }
+}
+
+// Tests GPipe and 1F1B against (p - 1) / (m + p - 1) on every rank, with
+// the backward twice the forward.
+TEST(Schedule, OneFOneBAndGPipeBubble) {
+  for (Policy policy : {Policy::GPipe, Policy::OneFOneB})
+    for (int p : {2, 4, 8})
+      for (int m : {1, 4, 8, 16}) {
+        Schedule s = make(policy, p, m);
+        Simulation sim = run(s, {1, 2, 0, 0});
+        double want = analyticBubbleFraction(s.options);
+        for (int r = 0; r < p; ++r)
+          EXPECT_NEAR(sim.bubbleFraction[r], want, 1e-9)
+              << policyName(policy) << " p=" << p << " m=" << m << " rank "
+              << r;
+        EXPECT_DOUBLE_EQ(sim.makespan, 3.0 * (m + p - 1));
+      }
+}
+
+// Tests the forward-only form (inference): GPipe's bubble with the
+// forward alone.
+TEST(Schedule, ForwardOnlyBubble) {
+  for (int p : {2, 4})
+    for (int m : {4, 8, 16}) {
+      Schedule s = make(Policy::GPipe, p, m, 1, /*fwdOnly=*/true);
+      for (const auto &rank : s.ranks)
+        for (const Instr &i : rank)
+          EXPECT_TRUE(i.op == Op::Forward || i.op == Op::SendForward ||
+                      i.op == Op::RecvForward);
+      Simulation sim = run(s);
+      EXPECT_NEAR(sim.meanBubbleFraction(),
+                  double(p - 1) / double(m + p - 1), 1e-9);
+    }
+}
+
+// Tests that interleaving v chunks divides the bubble by about v:
+// (p - 1) / (v m + p - 1) with each chunk doing 1/v of the work.
+TEST(Schedule, InterleavedBubble) {
+  for (int p : {2, 4})
+    for (int m : {4, 8, 16})
+      for (int v : {2, 4}) {
+        if (m % p)
+          continue;
+        Schedule s = make(Policy::Interleaved, p, m, v);
+        Simulation sim = run(s, {1.0 / v, 2.0 / v, 0, 0});
+        double want = analyticBubbleFraction(s.options);
+        double oneF = double(p - 1) / double(m + p - 1);
+        EXPECT_LT(want, oneF);
+        EXPECT_NEAR(sim.meanBubbleFraction(), want, 0.02)
+            << "p=" << p << " m=" << m << " v=" << v;
+      }
+}
+
+// Tests that ZB-H1 leaves about a third of 1F1B's idle time, (p - 1)(F +
+// B - W) against (p - 1)(F + B + W) with F, B and W equally long, and keeps
+// its peak of p micro-batches in flight.
+TEST(Schedule, ZeroBubbleH1) {
+  for (int p : {2, 4, 8})
+    for (int m : {8, 16, 32}) {
+      Simulation zb = run(make(Policy::ZeroBubbleH1, p, m));
+      // 1F1B's backward as one piece (B and W together, as it runs them).
+      Simulation ofob = run(make(Policy::OneFOneB, p, m), {1, 2, 0, 0});
+      double idleZb = zb.makespan - 3.0 * m, idle1f = ofob.makespan - 3.0 * m;
+      EXPECT_DOUBLE_EQ(idle1f, 3.0 * (p - 1));
+      EXPECT_LE(idleZb, idle1f / 3 + 1e-9) << "p=" << p << " m=" << m;
+      EXPECT_GT(idleZb, 0);
+      EXPECT_EQ(zb.peakInFlight[0], std::min(p, m));
+    }
+}
+
+// Tests the in-flight peaks: p for 1F1B (first rank), m for GPipe.
+TEST(Schedule, PeakInFlight) {
+  for (int p : {2, 4})
+    for (int m : {1, 4, 8}) {
+      Simulation g = run(make(Policy::GPipe, p, m));
+      Simulation f = run(make(Policy::OneFOneB, p, m));
+      EXPECT_EQ(g.peakInFlight[0], m);
+      EXPECT_EQ(f.peakInFlight[0], std::min(p, m));
+      for (int r = 0; r < p; ++r)
+        EXPECT_EQ(f.peakInFlight[r], std::min(p - r, m)) << "rank " << r;
+    }
+}
+
+// Tests the exact lists of a small 1F1B schedule.
+TEST(Schedule, Describe) {
+  Schedule s = make(Policy::OneFOneB, 2, 3);
+  EXPECT_EQ(s.describe(),
+            "rank 0: F0 send_fwd0>1 F1 send_fwd1>1 recv_bwd0<1 B0 W0 F2 "
+            "send_fwd2>1 recv_bwd1<1 B1 W1 recv_bwd2<1 B2 W2\n"
+            "rank 1: recv_fwd0<0 F0 B0 send_bwd0>0 W0 recv_fwd1<0 F1 B1 "
+            "send_bwd1>0 W1 recv_fwd2<0 F2 B2 send_bwd2>0 W2\n");
+  Schedule i = make(Policy::Interleaved, 2, 2, 2, /*fwdOnly=*/true);
+  EXPECT_EQ(i.describe(), "rank 0: F0.0 send_fwd0.0>1 F1.0 send_fwd1.0>1 "
+                          "recv_fwd0.1<1 F0.1 send_fwd0.1>1 recv_fwd1.1<1 "
+                          "F1.1 send_fwd1.1>1\n"
+                          "rank 1: recv_fwd0.0<0 F0.0 send_fwd0.0>0 "
+                          "recv_fwd1.0<0 F1.0 send_fwd1.0>0 recv_fwd0.1<0 "
+                          "F0.1 recv_fwd1.1<0 F1.1\n");
+}
+
+// Tests the generator's errors.
+TEST(Schedule, GenerateErrors) {
+  Options o;
+  o.policy = Policy::Interleaved;
+  o.stages = 4;
+  o.microbatches = 6;
+  o.chunks = 2;
+  EXPECT_EQ(generate(o).error,
+            "the interleaved schedule runs micro-batches in groups of the 4 "
+            "stages; 6 micro-batches is not a multiple");
+  o.policy = Policy::OneFOneB;
+  EXPECT_EQ(generate(o).error,
+            "only the interleaved schedule runs several chunks per rank "
+            "(1f1b with 2)");
+  o.chunks = 1;
+  o.microbatches = 0;
+  EXPECT_EQ(generate(o).error, "a pipeline needs at least 1 micro-batch, not 0");
+  EXPECT_EQ(parsePolicy("zb-h1"), Policy::ZeroBubbleH1);
+  EXPECT_FALSE(parsePolicy("pipedream"));
+}
+
+// Tests that the replay rejects broken lists: work before its input, a
+// cycle of receives, and work run twice.
+TEST(Schedule, SimulateRejectsBrokenLists) {
+  Schedule s = make(Policy::GPipe, 2, 2, 1, /*fwdOnly=*/true);
+  Schedule early = s;
+  std::swap(early.ranks[1][0], early.ranks[1][1]); // F0 before recv_fwd0
+  EXPECT_EQ(simulate(early).error,
+            "rank 1 runs F0 before recv_fwd0 of virtual stage 1, which it "
+            "needs");
+
+  Schedule cycle = make(Policy::OneFOneB, 2, 2);
+  // Rank 0 waits for a gradient before sending the activation it needs.
+  auto &r0 = cycle.ranks[0];
+  auto recv = std::find_if(r0.begin(), r0.end(), [](const Instr &i) {
+    return i.op == Op::RecvBackward;
+  });
+  Instr moved = *recv;
+  r0.erase(recv);
+  r0.insert(r0.begin(), moved);
+  EXPECT_EQ(simulate(cycle).error.rfind("deadlock: rank 0 waits at "
+                                        "recv_bwd0<1; rank 1 waits at "
+                                        "recv_fwd0<0",
+                                        0),
+            0u)
+      << simulate(cycle).error;
+
+  Schedule twice = s;
+  twice.ranks[0].push_back(twice.ranks[0][0]);
+  EXPECT_EQ(simulate(twice).error,
+            "F of micro-batch 0 on virtual stage 0 runs 2 times, not once");
+}
+
+} // namespace
