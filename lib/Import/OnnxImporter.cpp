@@ -117,20 +117,6 @@ Location GraphImporter::nodeLocation(const onnx::NodeProto &node,
                        StringAttr::get(context, node.op_type()));
 }
 
-std::pair<std::string, std::string>
-mlir::pcc::getOnnxNodeOfLocation(Location loc) {
-  auto fused = dyn_cast<FusedLoc>(loc);
-  if (!fused)
-    return {};
-  auto opType = dyn_cast_if_present<StringAttr>(fused.getMetadata());
-  if (!opType)
-    return {};
-  for (Location inner : fused.getLocations())
-    if (auto name = dyn_cast<NameLoc>(inner))
-      return {opType.str(), name.getName().str()};
-  return {};
-}
-
 //===----------------------------------------------------------------------===//
 // GraphImporter
 //===----------------------------------------------------------------------===//
@@ -330,16 +316,35 @@ GraphImporter::inputTypeOf(const onnx::ValueInfoProto &info) {
                               << "' has no shape; pcc needs ranked inputs";
   SmallVector<int64_t> shape;
   for (auto [i, dim] : llvm::enumerate(tensorType.shape().dim())) {
+    if (i == 0 && options.microbatches > 1 && dim.has_dim_value() &&
+        dim.dim_value() >= 0)
+      return emitError(fileLoc)
+             << "graph input '" << info.name() << "' has a fixed batch "
+             << "dimension of " << dim.dim_value()
+             << "; splitting it into micro-batches needs a symbolic one "
+                "(export with a dynamic batch axis)";
     if (dim.has_dim_value() && dim.dim_value() >= 0) {
       shape.push_back(dim.dim_value());
       continue;
     }
     std::string symbol = dim.has_dim_param() ? dim.dim_param() : "";
     auto bound = options.dimBindings.find(symbol);
-    if (!symbol.empty() && bound != options.dimBindings.end()) {
-      shape.push_back(bound->second);
-    } else if (i == 0 && options.batch) {
-      shape.push_back(*options.batch);
+    std::optional<int64_t> size;
+    if (!symbol.empty() && bound != options.dimBindings.end())
+      size = bound->second;
+    else if (i == 0 && options.batch)
+      size = *options.batch;
+    if (size && i == 0 && options.microbatches > 1) {
+      // The program runs one micro-batch: a slice of the batch.
+      if (*size % options.microbatches != 0)
+        return emitError(fileLoc)
+               << "graph input '" << info.name() << "': batch " << *size
+               << " does not divide into " << options.microbatches
+               << " micro-batches";
+      *size /= options.microbatches;
+    }
+    if (size) {
+      shape.push_back(*size);
     } else {
       auto diag = emitError(fileLoc)
                   << "graph input '" << info.name() << "' dimension " << i;

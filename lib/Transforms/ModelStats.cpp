@@ -2,6 +2,7 @@
 //-------------------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Transforms/CostModel.h"
 #include "pcc/Transforms/Passes.h"
 
 #include "llvm/ADT/StringSet.h"
@@ -13,22 +14,6 @@ namespace mlir::pcc {
 
 using namespace mlir;
 using namespace mlir::pcc;
-
-/// FLOPs (2 per multiply-add) of a matmul or convolution, else 0.
-static uint64_t flopsOf(Operation *op) {
-  if (auto mm = dyn_cast<MatmulOp>(op)) {
-    auto lhs = mm.getLhs().getType();
-    int64_t k = lhs.getDimSize(lhs.getRank() - (mm.getTransposeA() ? 2 : 1));
-    return 2 * mm.getType().getNumElements() * k;
-  }
-  if (auto conv = dyn_cast<ConvOp>(op)) {
-    auto w = conv.getWeight().getType();
-    // Each output element reads C/groups x K1 x ... x Kk inputs.
-    return 2 * conv.getType().getNumElements() *
-           (w.getNumElements() / w.getDimSize(0));
-  }
-  return 0;
-}
 
 namespace {
 struct ModelStatsPass : pcc::impl::ModelStatsBase<ModelStatsPass> {
@@ -42,7 +27,7 @@ struct ModelStatsPass : pcc::impl::ModelStatsBase<ModelStatsPass> {
       if (!isa<PccDialect>(op->getDialect()))
         return;
       ++ops;
-      flopCount += flopsOf(op);
+      flopCount += static_cast<uint64_t>(opFlops(op));
       if (auto param = dyn_cast<ParamOp>(op)) {
         if (!seen.insert(param.getName()).second)
           return;

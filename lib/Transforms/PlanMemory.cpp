@@ -112,6 +112,12 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
       return signalPassFailure();
     }
     Block &body = func.getBody().front();
+    // A pipeline's @main only calls the stages, which have their own plans.
+    if (llvm::any_of(body, [](Operation &op) { return isa<func::CallOp>(op); })) {
+      func->setAttr("pcc.arena_bytes",
+                    IntegerAttr::get(IntegerType::get(func.getContext(), 64), 0));
+      return;
+    }
 
     // Index of each op and the last use of each buffer (through aliases).
     llvm::DenseMap<Operation *, int64_t> index;

@@ -29,6 +29,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Import/OnnxImporter.h"
 #include "pcc/Target/Cpp.h"
 #include "pcc/Transforms/Passes.h"

@@ -75,6 +75,23 @@ static cl::opt<int64_t> pp("pp", cl::desc("pipeline-parallel degree"),
                            cl::init(1), cl::cat(pccCategory));
 static cl::opt<int64_t> dp("dp", cl::desc("data-parallel degree"), cl::init(1),
                            cl::cat(pccCategory));
+static cl::list<std::string>
+    ppCuts("pp-cuts",
+           cl::desc("cut the pipeline after these ONNX nodes (pp - 1 names, "
+                    "in program order) instead of where the cost model "
+                    "would"),
+           cl::value_desc("node,node"), cl::CommaSeparated,
+           cl::cat(pccCategory));
+static cl::opt<int64_t>
+    microbatches("microbatches",
+                 cl::desc("split each batch into this many micro-batches "
+                          "that flow through the pipeline stages"),
+                 cl::init(1), cl::value_desc("m"), cl::cat(pccCategory));
+static cl::opt<std::string>
+    schedulePolicy("schedule",
+                   cl::desc("micro-batch schedule: gpipe, 1f1b (default), "
+                            "interleaved or zb-h1"),
+                   cl::init("1f1b"), cl::cat(pccCategory));
 static cl::opt<std::string>
     dumpIr("dump-ir",
            cl::desc("write the IR after import and after each pass to "
@@ -228,20 +245,43 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
   os << "pcc explain: " << inputFile << "\n";
   os << "  plan: tp=" << tp << " pp=" << pp << " dp=" << dp
      << (tp * pp * dp == 1 ? " (one device)" : "") << "\n";
-  for (size_t i = 0; i < explainNotes.size(); ++i) {
-    if (i == 0 && importNotes > 0)
-      os << "  shared weights:\n";
-    if (i == importNotes)
-      os << "  tensor parallelism (each weight's split, and what the best "
-            "alternatives would cost; collectives):\n";
-    os << "    " << explainNotes[i] << "\n";
+  // The importer's notes, then the sharding passes', then the pipeline's.
+  auto isPipeline = [](const std::string &note) {
+    return note.find(": stage ") != std::string::npos ||
+           note.find(": pp=") != std::string::npos;
+  };
+  for (int part = 0; part < 3; ++part) {
+    bool headed = false;
+    for (size_t i = 0; i < explainNotes.size(); ++i) {
+      int kind = i < importNotes ? 0 : isPipeline(explainNotes[i]) ? 2 : 1;
+      if (kind != part)
+        continue;
+      if (!headed)
+        os << (part == 0   ? "  shared weights:\n"
+               : part == 1 ? "  tensor parallelism (each weight's split, and "
+                             "what the best alternatives would cost; "
+                             "collectives):\n"
+                           : "  pipeline stages:\n");
+      headed = true;
+      os << "    " << explainNotes[i] << "\n";
+    }
+  }
+  if (auto schedule = main->getAttrOfType<DictionaryAttr>("pcc.schedule")) {
+    os << "  schedule: "
+       << cast<StringAttr>(schedule.get("policy")).getValue() << ", "
+       << cast<IntegerAttr>(schedule.get("microbatches")).getInt()
+       << " micro-batches of the batch; per pipeline rank:\n";
+    for (auto [r, line] :
+         llvm::enumerate(cast<ArrayAttr>(schedule.get("ranks"))))
+      os << "    rank " << r << ": " << cast<StringAttr>(line).getValue()
+         << "\n";
   }
   llvm::StringMap<int64_t> histogram;
   int64_t fusions = 0, fused = 0, intermediate = 0, flops = 0;
   llvm::StringSet<> weightNames;
   int64_t weightBytes = 0;
   std::vector<std::pair<int64_t, Operation *>> largest;
-  main.walk([&](Operation *op) {
+  module.walk([&](Operation *op) {
     if (!isa<pcc::PccDialect>(op->getDialect()))
       return;
     if (op->getParentOfType<pcc::FusionOp>()) {
@@ -292,7 +332,12 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
      << " elementwise ops\n";
   os << "  compute: " << grouped(flops)
      << " FLOPs in matmuls and convolutions\n";
-  int64_t arena = main->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
+  // Each rank runs one stage: the largest stage arena is what a rank needs.
+  int64_t arena = 0;
+  module.walk([&](func::FuncOp f) {
+    if (auto a = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
+      arena = std::max(arena, a.getInt());
+  });
   os << "  memory plan: peak arena " << grouped(arena) << " bytes for "
      << grouped(intermediate) << " bytes of intermediate tensors";
   if (arena > 0)
@@ -352,6 +397,7 @@ int main(int argc, char **argv) {
   pcc::OnnxImportOptions options;
   options.runChecker = !noOnnxCheck;
   options.remarkSharedWeights = explainPlan;
+  options.microbatches = microbatches;
   if (batch.getNumOccurrences()) {
     if (batch < 1)
       return fail("--batch=" + llvm::Twine(batch.getValue()) +
@@ -380,12 +426,26 @@ int main(int argc, char **argv) {
                 "--emit=mlir-imported or --emit=weights");
   if (what == Emit::SharedLibrary && outputFile == "-")
     return fail("building a model library needs -o <file>.so");
-  if (pp * dp > 1)
-    return fail("--pp and --dp above 1 are not in this version of pcc yet "
-                "(tensor parallelism, --tp, is)");
+  if (dp > 1)
+    return fail("--dp above 1 is not in this version of pcc yet (tensor "
+                "and pipeline parallelism, --tp and --pp, are)");
+  if (tp < 1 || pp < 1)
+    return fail("--tp and --pp must be at least 1");
+  if (microbatches < 1)
+    return fail("--microbatches must be at least 1");
+  if (!ppCuts.empty() && static_cast<int64_t>(ppCuts.size()) != pp - 1)
+    return fail("--pp=" + std::to_string(pp) + " needs " +
+                std::to_string(pp - 1) + " names in --pp-cuts, not " +
+                std::to_string(ppCuts.size()));
+  if (pp > 1 && (what == Emit::SharedLibrary || what == Emit::Cpp))
+    return fail("--pp above 1 cuts the model into stages (see them with "
+                "--emit=mlir or --explain), but building a pipelined library "
+                "is not in this version of pcc yet");
 
   MLIRContext context;
   context.loadDialect<pcc::PccDialect, func::FuncDialect>();
+  // Errors name the ONNX node; the op itself, in generic form, is noise.
+  context.printOpOnDiagnostic(false);
   int errors = 0;
   ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diag) {
     if (diag.getSeverity() == DiagnosticSeverity::Error)
@@ -467,6 +527,16 @@ int main(int argc, char **argv) {
       partition.emitRemarks = explainPlan;
       pm.addNestedPass<func::FuncOp>(pcc::createPartition(partition));
       pm.addPass(createCanonicalizerPass());
+    }
+    if (pp > 1) {
+      pcc::PipelineCutOptions cut;
+      cut.emitRemarks = explainPlan;
+      cut.cuts.assign(ppCuts.begin(), ppCuts.end());
+      pm.addPass(pcc::createPipelineCut(cut));
+      pcc::PipelineScheduleOptions sched;
+      sched.policy = schedulePolicy;
+      sched.microbatches = microbatches;
+      pm.addPass(pcc::createPipelineSchedule(sched));
     }
     if (generate || explainPlan) {
       pm.addNestedPass<func::FuncOp>(pcc::createFuseElementwise());

@@ -184,4 +184,75 @@ def Partition : Pass<"pcc-partition", "func::FuncOp"> {
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
+def PipelineCut : Pass<"pcc-pipeline-cut", "ModuleOp"> {
+  let summary = "cuts @main into pipeline stages balanced by a cost model";
+  let description = [{
+    Splits `@main` into `stages` contiguous pieces (the mesh's `pp` axis
+    unless given), outlines each as `func.func @stage<k>` with
+    `pcc.stage = k`, and leaves `@main` calling them in order, with a
+    `pcc.transfer` for every value a later stage reads. Weights and
+    constants are cloned into each stage that reads them; graph inputs go
+    to every stage that reads them; outputs come from the last stage.
+
+    Cuts go where the fewest activation bytes cross: the narrowest points
+    between the model's compute (between transformer layers, only the
+    residual stream). Among those, the cuts minimise the predicted time of
+    the slowest stage (matmul FLOPs and other ops' memory traffic), then the
+    bytes transferred. Layers need not divide evenly by the stages: 3
+    layers on 2 stages give 2 + 1 with the embedding and LM head weighed
+    in. `cuts` forces the cuts after the named ONNX nodes instead.
+
+    ```mlir
+    // after, pp = 2
+    func.func @main(%ids: tensor<2x16xi64>) -> tensor<2x16x512xf32> {
+      %0 = call @stage0(%ids) : (tensor<2x16xi64>) -> tensor<2x16x64xf32>
+      %1 = pcc.transfer %0 from 0 to 1 : tensor<2x16x64xf32>
+      %2 = call @stage1(%1) : (tensor<2x16x64xf32>) -> tensor<2x16x512xf32>
+      return %2 : tensor<2x16x512xf32>
+    }
+    func.func private @stage0(...) attributes {pcc.stage = 0 : i64} {...}
+    ```
+  }];
+  let options = [
+    Option<"stages", "stages", "int64_t", /*default=*/"0",
+           "number of stages (0: the size of the mesh's pp axis)">,
+    ListOption<"cuts", "cuts", "std::string",
+               "cut after these ONNX nodes (stages - 1 of them, in order)">,
+    Option<"emitRemarks", "emit-remarks", "bool", /*default=*/"false",
+           "report each stage's ops, predicted time, weight and activation "
+           "bytes, and the imbalance, as remarks">
+  ];
+  let statistics = [
+    Statistic<"transferBytes", "transfer-bytes",
+              "bytes the transfers carry per micro-batch">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect",
+                           "::mlir::func::FuncDialect"];
+}
+
+def PipelineSchedule : Pass<"pcc-pipeline-schedule", "ModuleOp"> {
+  let summary = "attaches the micro-batch schedule of a cut program";
+  let description = [{
+    Generates each pipeline rank's instruction list for `microbatches`
+    micro-batches under `policy` (gpipe, 1f1b, interleaved, zb-h1; see
+    include/pcc/Schedule/Schedule.h) and records it on `@main`, one string
+    per rank, as the runtime will execute it. Inference runs the forward
+    instructions (F and the activation transfers), in the order the policy
+    gives them.
+
+    ```mlir
+    func.func @main(...) attributes {pcc.schedule = {microbatches = 2 : i64,
+        policy = "1f1b", ranks = ["F0 send_fwd0>1 F1 send_fwd1>1",
+                                  "recv_fwd0<0 F0 recv_fwd1<0 F1"]}}
+    ```
+  }];
+  let options = [
+    Option<"policy", "policy", "std::string", /*default=*/"\"1f1b\"",
+           "gpipe, 1f1b, interleaved or zb-h1">,
+    Option<"microbatches", "microbatches", "int64_t", /*default=*/"1",
+           "micro-batches per batch">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 #endif // PCC_TRANSFORMS_PASSES_TD

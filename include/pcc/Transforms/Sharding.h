@@ -18,6 +18,7 @@
 #define PCC_TRANSFORMS_SHARDING_H
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Transforms/CostModel.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/DenseMap.h"
@@ -71,15 +72,6 @@ struct PlannedCollective {
   Value value;    // the value converted
   Shard from, to; // its layouts
   int64_t bytes;  // the whole tensor's bytes (the collective's payload)
-};
-
-/// The machine a plan is costed for. Figures for one H100 SXM node with
-/// NVLink; only their ratios steer the search.
-struct CostModel {
-  double flopsPerSecond = 400e12;    // dense fp32-with-tensor-core GEMM rate
-  double bytesPerSecond = 2.0e12;    // memory bandwidth, for non-GEMM ops
-  double linkBytesPerSecond = 150e9; // per-rank collective bandwidth
-  double collectiveLatency = 10e-6;  // seconds per collective
 };
 
 struct ShardingPlan {

@@ -173,3 +173,18 @@ LogicalResult PccDialect::verifyOperationAttribute(Operation *op,
   // pcc.opset, pcc.source, pcc.buffer_offsets, ...: checked by their users.
   return success();
 }
+
+std::pair<std::string, std::string>
+mlir::pcc::getOnnxNodeOfLocation(Location loc) {
+  auto fused = dyn_cast<FusedLoc>(loc);
+  if (!fused)
+    return {};
+  auto opType = dyn_cast_if_present<StringAttr>(fused.getMetadata());
+  if (!opType)
+    return {};
+  for (Location inner : fused.getLocations())
+    if (auto name = dyn_cast<NameLoc>(inner))
+      return {opType.str(), name.getName().str()};
+  return {};
+}
+

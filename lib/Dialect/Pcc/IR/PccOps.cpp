@@ -565,6 +565,19 @@ LogicalResult ShardGatherOp::verify() {
   return success();
 }
 
+LogicalResult TransferOp::verify() {
+  FailureOr<int64_t> stages = getMeshAxisSize(*this, "pp");
+  if (failed(stages))
+    return failure();
+  int64_t from = static_cast<int64_t>(getFrom()),
+          to = static_cast<int64_t>(getTo());
+  if (from < 0 || to >= *stages || from >= to)
+    return emitOpError("goes from stage ")
+           << from << " to stage " << to << "; stages run forward, in [0, "
+           << *stages << ")";
+  return success();
+}
+
 LogicalResult ShardSliceOp::verify() {
   FailureOr<int64_t> size = getMeshAxisSize(*this, getAxis());
   if (failed(size))

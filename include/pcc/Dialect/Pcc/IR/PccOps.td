@@ -740,4 +740,31 @@ def Pcc_ShardGatherOp : Pcc_Op<"shard_gather", [Pure]> {
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// Pipeline stages
+//===----------------------------------------------------------------------===//
+
+def Pcc_TransferOp : Pcc_Op<"transfer", [Pure, SameOperandsAndResultType]> {
+  let summary = "moves a tensor from one pipeline stage to a later one";
+  let description = [{
+    After `pcc-pipeline-cut`, `@main` calls one function per stage (marked
+    `pcc.stage = k`) and connects them with transfers: the value computed
+    by stage `from` becomes an input of stage `to`. The runtime turns a
+    transfer into a send on the ranks of stage `from` and a receive on those
+    of stage `to`, once per micro-batch, in the order the schedule gives.
+
+    ```mlir
+    %h = func.call @stage0(%ids) : (tensor<1x16xi64>) -> tensor<1x16x64xf32>
+    %r = pcc.transfer %h from 0 to 1 : tensor<1x16x64xf32>
+    %y = func.call @stage1(%r) : (tensor<1x16x64xf32>) -> tensor<1x16x512xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input, I64Attr:$from, I64Attr:$to);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $input `from` $from `to` $to attr-dict `:` type($input)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // PCC_DIALECT_PCC_IR_PCCOPS_TD

@@ -1,0 +1,36 @@
+//===- CostModel.h - predicted time of pcc ops --------------------*- C++ -*-===//
+//
+// One machine model for the planners: the sharding planner prices layouts
+// with it and the pipeline cut balances stages with it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_TRANSFORMS_COSTMODEL_H
+#define PCC_TRANSFORMS_COSTMODEL_H
+
+#include "mlir/IR/Operation.h"
+
+#include <cstdint>
+
+namespace mlir::pcc {
+
+/// The machine plans are costed for. Figures for one H100 SXM node with
+/// NVLink; only their ratios steer the searches.
+struct CostModel {
+  double flopsPerSecond = 400e12;    // dense fp32-with-tensor-core GEMM rate
+  double bytesPerSecond = 2.0e12;    // memory bandwidth, for non-GEMM ops
+  double linkBytesPerSecond = 150e9; // per-rank collective bandwidth
+  double collectiveLatency = 10e-6;  // seconds per collective
+
+  /// Seconds of one op: FLOPs of matmuls and convolutions, bytes written by
+  /// other ops, latency plus ring bytes of collectives; reshapes (views),
+  /// weights and constants are free.
+  double opSeconds(Operation *op) const;
+};
+
+/// FLOPs (2 per multiply-add) of a matmul or convolution, else 0.
+int64_t opFlops(Operation *op);
+
+} // namespace mlir::pcc
+
+#endif // PCC_TRANSFORMS_COSTMODEL_H

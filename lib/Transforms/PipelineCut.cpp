@@ -1,0 +1,458 @@
+//===- PipelineCut.cpp - split @main into balanced pipeline stages --------===//
+//
+// The program is one block in topological order, so a stage is a
+// contiguous run of its ops. The pass prices every op with the cost model,
+// finds the narrowest points (where the fewest activation bytes are live
+// across the cut), chooses stages - 1 of them that minimise the slowest
+// stage's predicted time and then the bytes transferred, and outlines each
+// stage as a function. See PipelineCut in Passes.td.
+//
+//===----------------------------------------------------------------------===//
+
+#include "pcc/Transforms/CostModel.h"
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <limits>
+#include <map>
+
+namespace mlir::pcc {
+#define GEN_PASS_DEF_PIPELINECUT
+#include "pcc/Transforms/Passes.h.inc"
+} // namespace mlir::pcc
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+namespace {
+
+int64_t bytesOf(Value v) {
+  auto t = cast<RankedTensorType>(v.getType());
+  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
+}
+
+/// Weights, constants and what is computed from them alone (a causal
+/// mask broadcast once and shared by every layer) are cloned into every
+/// stage that reads them rather than transferred.
+bool isClonedGiven(Operation *op,
+                   const llvm::DenseSet<Operation *> &cloned) {
+  if (isa<ParamOp, ConstantOp>(op))
+    return true;
+  if (!isPure(op) || op->getNumRegions() != 0 || op->getNumOperands() == 0 ||
+      op->hasTrait<OpTrait::IsTerminator>())
+    return false;
+  return llvm::all_of(op->getOperands(), [&](Value v) {
+    Operation *def = v.getDefiningOp();
+    return def && cloned.contains(def);
+  });
+}
+
+/// Clones the cloned op defining `v` (and what it reads) into `b`.
+void cloneDefinition(Value v, OpBuilder &b, IRMapping &map) {
+  if (map.contains(v))
+    return;
+  Operation *def = v.getDefiningOp();
+  for (Value operand : def->getOperands())
+    cloneDefinition(operand, b, map);
+  b.clone(*def, map);
+}
+
+std::string nodeName(Operation *op) {
+  auto [type, node] = getOnnxNodeOfLocation(op->getLoc());
+  return type.empty() ? op->getName().getStringRef().str() : node;
+}
+
+std::string shapeOf(Value v) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << v.getType();
+  return s;
+}
+
+/// The op sequence being cut and what crosses each position.
+struct CutModel {
+  std::vector<Operation *> ops; // without cloned ops and the return
+  llvm::DenseSet<Operation *> cloned;
+  bool isCloned(Operation *op) const { return cloned.contains(op); }
+  std::vector<double> prefix;   // prefix[i]: seconds of ops[0, i)
+  /// crossing[c]: bytes live across a cut before ops[c] (values defined
+  /// before c and used at or after c; the return counts as position n).
+  std::vector<int64_t> crossing;
+  /// The same without graph inputs (which are not transferred).
+  std::vector<int64_t> carried;
+  /// Per op index: the values crossing just before it.
+  llvm::DenseMap<Operation *, size_t> index;
+};
+
+CutModel analyse(func::FuncOp main, const CostModel &cost) {
+  CutModel m;
+  for (Operation &op : main.getBody().front())
+    if (isClonedGiven(&op, m.cloned))
+      m.cloned.insert(&op);
+  for (Operation &op : main.getBody().front())
+    if (!m.isCloned(&op) && !op.hasTrait<OpTrait::IsTerminator>()) {
+      m.index[&op] = m.ops.size();
+      m.ops.push_back(&op);
+    }
+  size_t n = m.ops.size();
+  m.prefix.assign(n + 1, 0);
+  for (size_t i = 0; i < n; ++i)
+    m.prefix[i + 1] = m.prefix[i] + cost.opSeconds(m.ops[i]);
+  std::vector<int64_t> delta(n + 2, 0), argDelta(n + 2, 0);
+  // Graph inputs reach every stage directly, but a cut where one is still
+  // needed is inside the layer that reads it: count them as live from the
+  // start, so that the narrowest points stay between layers.
+  for (BlockArgument arg : main.getArguments()) {
+    size_t last = 0;
+    for (Operation *user : arg.getUsers()) {
+      auto it = m.index.find(user);
+      last = std::max(last, it == m.index.end() ? n : it->second);
+    }
+    argDelta[0] += bytesOf(arg);
+    argDelta[last + 1] -= bytesOf(arg);
+  }
+  for (size_t i = 0; i < n; ++i)
+    for (Value r : m.ops[i]->getResults()) {
+      size_t last = i;
+      for (Operation *user : r.getUsers()) {
+        auto it = m.index.find(user);
+        last = std::max(last, it == m.index.end() ? n : it->second);
+      }
+      if (last > i) {
+        delta[i + 1] += bytesOf(r);
+        delta[last + 1] -= bytesOf(r);
+      }
+    }
+  m.crossing.assign(n + 1, 0);
+  m.carried.assign(n + 1, 0);
+  int64_t live = 0, args = 0;
+  for (size_t c = 0; c <= n; ++c) {
+    live += delta[c];
+    args += argDelta[c];
+    m.carried[c] = live;
+    m.crossing[c] = live + args;
+  }
+  return m;
+}
+
+/// Where a cut may go: positions with compute on both sides whose crossing
+/// bytes are the least of all such positions, one per run of free ops.
+std::vector<size_t> candidateCuts(const CutModel &m) {
+  size_t n = m.ops.size();
+  int64_t least = std::numeric_limits<int64_t>::max();
+  auto interior = [&](size_t c) {
+    return m.prefix[c] > 0 && m.prefix[n] - m.prefix[c] > 0;
+  };
+  for (size_t c = 1; c < n; ++c)
+    if (interior(c))
+      least = std::min(least, m.crossing[c]);
+  std::vector<size_t> out;
+  for (size_t c = 1; c < n; ++c)
+    if (interior(c) && m.crossing[c] == least &&
+        (out.empty() || m.prefix[c] > m.prefix[out.back()]))
+      out.push_back(c);
+  return out;
+}
+
+/// The stages - 1 candidates minimising (slowest stage, bytes crossing).
+std::vector<size_t> balance(const CutModel &m,
+                            const std::vector<size_t> &candidates,
+                            int64_t stages) {
+  size_t k = candidates.size(), n = m.ops.size();
+  using Score = std::pair<double, int64_t>;
+  const Score worst{std::numeric_limits<double>::infinity(), 0};
+  // best[s][j]: s + 1 stages ending at candidate j (cut after stage s).
+  std::vector<std::vector<Score>> best(stages, std::vector<Score>(k, worst));
+  std::vector<std::vector<int>> from(stages, std::vector<int>(k, -1));
+  auto better = [](Score a, Score b) {
+    if (a.first != b.first)
+      return a.first < b.first * (1 - 1e-12);
+    return a.second < b.second;
+  };
+  for (size_t j = 0; j < k; ++j)
+    best[0][j] = {m.prefix[candidates[j]], m.crossing[candidates[j]]};
+  for (int64_t s = 1; s < stages - 1; ++s)
+    for (size_t j = 0; j < k; ++j)
+      for (size_t i = 0; i < j; ++i) {
+        if (best[s - 1][i].first == worst.first)
+          continue;
+        double stage = m.prefix[candidates[j]] - m.prefix[candidates[i]];
+        Score sc{std::max(best[s - 1][i].first, stage),
+                 best[s - 1][i].second + m.crossing[candidates[j]]};
+        if (better(sc, best[s][j])) {
+          best[s][j] = sc;
+          from[s][j] = static_cast<int>(i);
+        }
+      }
+  // The last stage runs from the last cut to the end.
+  Score total = worst;
+  int last = -1;
+  for (size_t j = 0; j < k; ++j) {
+    if (best[stages - 2][j].first == worst.first)
+      continue;
+    Score sc{std::max(best[stages - 2][j].first,
+                      m.prefix[n] - m.prefix[candidates[j]]),
+             best[stages - 2][j].second};
+    // On a tie the later cut: earlier stages take the extra layer, since
+    // the last one usually also holds the head.
+    if (last < 0 || !better(total, sc)) {
+      total = sc;
+      last = static_cast<int>(j);
+    }
+  }
+  std::vector<size_t> cuts;
+  for (int64_t s = stages - 2; s >= 0; --s) {
+    cuts.push_back(candidates[last]);
+    last = from[s][last];
+  }
+  std::reverse(cuts.begin(), cuts.end());
+  return cuts;
+}
+
+struct PipelineCutPass
+    : public mlir::pcc::impl::PipelineCutBase<PipelineCutPass> {
+  using PipelineCutBase::PipelineCutBase;
+
+  void runOnOperation() override;
+
+private:
+  LogicalResult outline(func::FuncOp main, const CutModel &m,
+                        ArrayRef<size_t> cuts);
+};
+
+void PipelineCutPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  auto main = module.lookupSymbol<func::FuncOp>("main");
+  if (!main || !main.getBody().hasOneBlock()) {
+    module.emitError("pipeline cut: expects a single-block func.func @main");
+    return signalPassFailure();
+  }
+  int64_t n = stages;
+  if (n == 0) {
+    FailureOr<int64_t> pp = getMeshAxisSize(main, "pp");
+    if (failed(pp))
+      return signalPassFailure();
+    n = *pp;
+  }
+  if (n < 1) {
+    main.emitError("pipeline cut: ") << n << " stages";
+    return signalPassFailure();
+  }
+  if (n == 1 && cuts.empty())
+    return;
+  CostModel cost;
+  CutModel m = analyse(main, cost);
+
+  std::vector<size_t> chosen;
+  if (!cuts.empty()) {
+    if (static_cast<int64_t>(cuts.size()) != n - 1) {
+      main.emitError("pipeline cut: ")
+          << n << " stages need " << n - 1 << " cuts, but " << cuts.size()
+          << " were given";
+      return signalPassFailure();
+    }
+    for (const std::string &name : cuts) {
+      // After the last op of the node.
+      std::optional<size_t> at;
+      for (size_t i = 0; i < m.ops.size(); ++i)
+        if (nodeName(m.ops[i]) == name)
+          at = i + 1;
+      if (!at) {
+        main.emitError("pipeline cut: no ONNX node '") << name << "' to cut after";
+        return signalPassFailure();
+      }
+      if (*at >= m.ops.size() || (!chosen.empty() && *at <= chosen.back())) {
+        main.emitError("pipeline cut: cutting after node '")
+            << name << "' leaves a stage with nothing to run (cuts go in "
+            << "program order, before the last node)";
+        return signalPassFailure();
+      }
+      chosen.push_back(*at);
+    }
+  } else {
+    std::vector<size_t> candidates = candidateCuts(m);
+    if (static_cast<int64_t>(candidates.size()) < n - 1) {
+      auto diag = main.emitError("pipeline cut: ")
+                  << n << " stages need " << n - 1 << " cuts, but the model has "
+                  << candidates.size()
+                  << " places to cut between its layers";
+      if (!candidates.empty())
+        diag << " (where " << m.crossing[candidates[0]]
+             << " bytes of activations are live)";
+      diag << "; use fewer stages, or --pp-cuts to cut elsewhere";
+      return signalPassFailure();
+    }
+    chosen = balance(m, candidates, n);
+  }
+
+  if (emitRemarks) {
+    std::vector<size_t> bounds{0};
+    llvm::append_range(bounds, chosen);
+    bounds.push_back(m.ops.size());
+    double slowest = 0;
+    for (size_t s = 0; s + 1 < bounds.size(); ++s)
+      slowest = std::max(slowest, m.prefix[bounds[s + 1]] - m.prefix[bounds[s]]);
+    double mean = m.prefix[m.ops.size()] / n;
+    for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+      size_t b = bounds[s], e = bounds[s + 1];
+      int64_t weights = 0, flops = 0;
+      llvm::StringSet<> weightNames;
+      for (size_t i = b; i < e; ++i) {
+        flops += opFlops(m.ops[i]);
+        for (Value v : m.ops[i]->getOperands())
+          if (auto p = v.getDefiningOp<ParamOp>())
+            if (weightNames.insert(p.getName()).second)
+              weights += bytesOf(p.getResult());
+      }
+      main.emitRemark() << llvm::formatv(
+          "stage {0}: {1} ops, node '{2}' .. node '{3}'; predicted {4:f2} us "
+          "({5} FLOPs); weights {6} bytes; activations in {7} bytes, out "
+          "{8} bytes",
+          s, e - b, nodeName(m.ops[b]), nodeName(m.ops[e - 1]),
+          (m.prefix[e] - m.prefix[b]) * 1e6, flops, weights,
+          b == 0 ? 0 : m.carried[b], e == m.ops.size() ? 0 : m.carried[e]);
+    }
+    main.emitRemark() << llvm::formatv(
+        "pp={0}: slowest stage {1:f2} us, mean {2:f2} us, imbalance {3:f2} "
+        "(slowest / mean){4}",
+        n, slowest * 1e6, mean * 1e6, mean > 0 ? slowest / mean : 1.0,
+        cuts.empty() ? "" : "; cuts forced by --pp-cuts");
+  }
+  if (failed(outline(main, m, chosen)))
+    return signalPassFailure();
+}
+
+LogicalResult PipelineCutPass::outline(func::FuncOp main, const CutModel &m,
+                                       ArrayRef<size_t> cuts) {
+  MLIRContext *context = main.getContext();
+  std::vector<size_t> bounds{0};
+  llvm::append_range(bounds, cuts);
+  bounds.push_back(m.ops.size());
+  int64_t numStages = bounds.size() - 1;
+  auto stageOf = [&](Operation *op) -> int64_t {
+    size_t i = m.index.lookup(op);
+    return std::upper_bound(bounds.begin(), bounds.end(), i) - bounds.begin() -
+           1;
+  };
+  auto ret = cast<func::ReturnOp>(main.getBody().front().getTerminator());
+  std::vector<Operation *> old;
+  for (Operation &op : main.getBody().front())
+    if (!op.hasTrait<OpTrait::IsTerminator>())
+      old.push_back(&op);
+
+  // Per stage: its inputs (in order of first use) and outputs.
+  std::vector<llvm::SetVector<Value>> inputs(numStages), outputs(numStages);
+  for (int64_t s = 0; s < numStages; ++s)
+    for (size_t i = bounds[s]; i < bounds[s + 1]; ++i)
+      for (Value v : m.ops[i]->getOperands()) {
+        Operation *def = v.getDefiningOp();
+        if (def && m.isCloned(def))
+          continue;
+        if (!def || stageOf(def) != s)
+          inputs[s].insert(v);
+        if (def && stageOf(def) != s)
+          outputs[stageOf(def)].insert(v);
+      }
+  for (Value v : ret.getOperands())
+    if (Operation *def = v.getDefiningOp(); def && !m.isCloned(def))
+      outputs[stageOf(def)].insert(v);
+
+  OpBuilder builder(context);
+  builder.setInsertionPoint(main);
+  std::vector<func::FuncOp> funcs;
+  for (int64_t s = 0; s < numStages; ++s) {
+    SmallVector<Type> in, out;
+    for (Value v : inputs[s])
+      in.push_back(v.getType());
+    for (Value v : outputs[s])
+      out.push_back(v.getType());
+    auto f = func::FuncOp::create(builder, main.getLoc(),
+                                  ("stage" + std::to_string(s)),
+                                  builder.getFunctionType(in, out));
+    f.setPrivate();
+    f->setAttr("pcc.stage", builder.getI64IntegerAttr(s));
+    Block *body = f.addEntryBlock();
+    OpBuilder b = OpBuilder::atBlockBegin(body);
+    IRMapping map;
+    for (auto [v, arg] : llvm::zip(inputs[s], body->getArguments()))
+      map.map(v, arg);
+    for (size_t i = bounds[s]; i < bounds[s + 1]; ++i) {
+      for (Value v : m.ops[i]->getOperands())
+        if (Operation *def = v.getDefiningOp(); def && m.isCloned(def))
+          cloneDefinition(v, b, map);
+      b.clone(*m.ops[i], map);
+    }
+    SmallVector<Value> results;
+    for (Value v : outputs[s])
+      results.push_back(map.lookup(v));
+    func::ReturnOp::create(b, main.getLoc(), results);
+    funcs.push_back(f);
+  }
+
+  // @main: call the stages in order, transferring what crosses.
+  builder.setInsertionPoint(ret);
+  llvm::DenseMap<Value, Value> result;           // global value -> call result
+  llvm::DenseMap<Value, int64_t> producer;       // global value -> its stage
+  std::map<std::pair<void *, int64_t>, Value> delivered; // (value, stage)
+  auto deliver = [&](Value v, int64_t to) -> Value {
+    auto it = result.find(v);
+    if (it == result.end())
+      return v; // a graph input (or a weight returned as is)
+    int64_t from = producer.lookup(v);
+    if (from == to)
+      return it->second;
+    auto key = std::make_pair(v.getAsOpaquePointer(), to);
+    auto d = delivered.find(key);
+    if (d != delivered.end())
+      return d->second;
+    Value t = TransferOp::create(builder, v.getLoc(), it->second,
+                                 builder.getI64IntegerAttr(from),
+                                 builder.getI64IntegerAttr(to));
+    delivered[key] = t;
+    return t;
+  };
+  int64_t bytes = 0;
+  for (int64_t s = 0; s < numStages; ++s) {
+    SmallVector<Value> args;
+    for (Value v : inputs[s]) {
+      args.push_back(deliver(v, s));
+      if (result.count(v))
+        bytes += bytesOf(v);
+    }
+    auto call = func::CallOp::create(builder, main.getLoc(), funcs[s], args);
+    for (auto [v, r] : llvm::zip(outputs[s], call.getResults())) {
+      result[v] = r;
+      producer[v] = s;
+    }
+  }
+  // Outputs come from the last stage.
+  for (OpOperand &operand : ret->getOpOperands()) {
+    Value v = operand.get();
+    if (Operation *def = v.getDefiningOp(); def && m.isCloned(def)) {
+      IRMapping map;
+      cloneDefinition(v, builder, map);
+      operand.set(map.lookup(v));
+      continue;
+    }
+    if (result.count(v) && producer.lookup(v) != numStages - 1)
+      bytes += bytesOf(v);
+    operand.set(deliver(v, numStages - 1));
+  }
+  transferBytes = bytes;
+  // The original ops, users first.
+  for (Operation *op : llvm::reverse(old))
+    if (op->use_empty())
+      op->erase();
+    else
+      return op->emitError("pipeline cut: op still used after outlining");
+  return success();
+}
+
+} // namespace

@@ -1,0 +1,73 @@
+//===- PipelineSchedule.cpp - record the micro-batch schedule -------------===//
+
+#include "pcc/Schedule/Schedule.h"
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace mlir::pcc {
+#define GEN_PASS_DEF_PIPELINESCHEDULE
+#include "pcc/Transforms/Passes.h.inc"
+} // namespace mlir::pcc
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+namespace {
+
+struct PipelineSchedulePass
+    : public mlir::pcc::impl::PipelineScheduleBase<PipelineSchedulePass> {
+  using PipelineScheduleBase::PipelineScheduleBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto main = module.lookupSymbol<func::FuncOp>("main");
+    if (!main) {
+      module.emitError("pipeline schedule: no func.func @main");
+      return signalPassFailure();
+    }
+    int64_t stages = 0;
+    module.walk([&](func::FuncOp f) {
+      if (f->hasAttr("pcc.stage"))
+        ++stages;
+    });
+    if (stages == 0)
+      return; // not cut: nothing to schedule
+    std::optional<::pcc::schedule::Policy> kind = ::pcc::schedule::parsePolicy(policy);
+    if (!kind) {
+      main.emitError("unknown pipeline schedule '")
+          << policy << "' (gpipe, 1f1b, interleaved, zb-h1)";
+      return signalPassFailure();
+    }
+    ::pcc::schedule::Options options;
+    options.policy = *kind;
+    options.stages = static_cast<int32_t>(stages);
+    options.microbatches = static_cast<int32_t>(microbatches);
+    options.forwardOnly = true;
+    ::pcc::schedule::GenerateResult result = ::pcc::schedule::generate(options);
+    if (!result.schedule) {
+      main.emitError("pipeline schedule: ") << result.error;
+      return signalPassFailure();
+    }
+    // One string per rank, as Schedule::describe prints it.
+    Builder b(module.getContext());
+    SmallVector<Attribute> ranks;
+    std::string text = result.schedule->describe();
+    StringRef rest(text);
+    while (!rest.empty()) {
+      auto [line, tail] = rest.split('\n');
+      rest = tail;
+      ranks.push_back(b.getStringAttr(line.split(": ").second));
+    }
+    main->setAttr("pcc.schedule",
+                  b.getDictionaryAttr({
+                      b.getNamedAttr("policy", b.getStringAttr(policy)),
+                      b.getNamedAttr("microbatches",
+                                     b.getI64IntegerAttr(microbatches)),
+                      b.getNamedAttr("ranks", b.getArrayAttr(ranks)),
+                  }));
+  }
+};
+
+} // namespace

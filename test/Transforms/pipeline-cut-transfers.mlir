@@ -1,0 +1,24 @@
+// RUN: pcc-opt %s --pass-pipeline='builtin.module(pcc-pipeline-cut{cuts=l0,l1})' | FileCheck %s
+
+// Tests that a value read by several later stages is transferred once to
+// each, and that an output computed early is transferred to the last stage.
+module attributes {pcc.mesh = {dp = 1 : i64, pp = 3 : i64, tp = 1 : i64}} {
+  func.func @main(%x: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+    %w0 = pcc.param "w0" : tensor<8x8xf32>
+    %w1 = pcc.param "w1" : tensor<8x8xf32>
+    %w2 = pcc.param "w2" : tensor<8x8xf32>
+    %a0 = pcc.matmul %x, %w0 : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32> loc(fused<"MatMul">["l0"])
+    %a1 = pcc.matmul %a0, %w1 : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32> loc(fused<"MatMul">["l1"])
+    %a2 = pcc.matmul %a1, %w2 : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+    %r = pcc.add %a2, %a0 : tensor<4x8xf32>
+    return %r, %a0 : tensor<4x8xf32>, tensor<4x8xf32>
+  }
+}
+// CHECK-LABEL: func.func @main
+// CHECK: %[[S0:.*]] = call @stage0
+// CHECK: %[[T01:.*]] = pcc.transfer %[[S0]] from 0 to 1
+// CHECK: %[[S1:.*]] = call @stage1(%[[T01]])
+// CHECK: %[[T12:.*]] = pcc.transfer %[[S1]] from 1 to 2
+// CHECK: %[[T02:.*]] = pcc.transfer %[[S0]] from 0 to 2
+// CHECK: %[[S2:.*]] = call @stage2(%[[T12]], %[[T02]])
+// CHECK: return %[[S2]], %[[T02]]
