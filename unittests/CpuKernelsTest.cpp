@@ -104,9 +104,9 @@ TEST(CpuKernels, GatherBlock) {
   std::vector<float> table = {0, 1, 10, 11, 20, 21, 30, 31}; // [4, 2]
   std::vector<int64_t> idx = {3, -4, 1, -2};
   std::vector<float> whole(8), sum(8, 0), y(8);
-  ASSERT_EQ(pcc_cpu_gather(table.data(), idx.data(), whole.data(), 4, 1, 4, 2,
-                           4, 1),
-            0);
+  ASSERT_EQ(
+      pcc_cpu_gather(table.data(), idx.data(), whole.data(), 4, 1, 4, 2, 4, 1),
+      0);
   for (int64_t rank = 0; rank < 2; ++rank) {
     ASSERT_EQ(pcc_cpu_gather_block(table.data() + rank * 4, idx.data(),
                                    y.data(), 4, 1, 2, rank * 2, 4, 2, 4, 1),
@@ -121,8 +121,8 @@ TEST(CpuKernels, GatherBlock) {
   EXPECT_EQ(sum, whole);
   // Indices are checked against the whole dimension.
   std::vector<int64_t> bad = {4};
-  EXPECT_NE(pcc_cpu_gather_block(table.data(), bad.data(), y.data(), 4, 1, 2,
-                                 0, 4, 2, 1, 1),
+  EXPECT_NE(pcc_cpu_gather_block(table.data(), bad.data(), y.data(), 4, 1, 2, 0,
+                                 4, 2, 1, 1),
             0);
   EXPECT_STREQ(pcc_cpu_last_error(),
                "gather index 4 is out of range for a dimension of size 4");

@@ -46,8 +46,8 @@ TEST(Schedule, EveryPolicyReplays) {
           int v = policy == Policy::Interleaved ? 2 : 1;
           if (policy == Policy::Interleaved && m % p != 0)
             continue;
-          SCOPED_TRACE(std::string(policyName(policy)) + " p=" +
-                       std::to_string(p) + " m=" + std::to_string(m) +
+          SCOPED_TRACE(std::string(policyName(policy)) +
+                       " p=" + std::to_string(p) + " m=" + std::to_string(m) +
                        (fwd ? " forward-only" : ""));
           Schedule s = make(policy, p, m, v, fwd);
           run(s, {1, 2, 1, 0.25});
@@ -82,8 +82,8 @@ TEST(Schedule, ForwardOnlyBubble) {
           EXPECT_TRUE(i.op == Op::Forward || i.op == Op::SendForward ||
                       i.op == Op::RecvForward);
       Simulation sim = run(s);
-      EXPECT_NEAR(sim.meanBubbleFraction(),
-                  double(p - 1) / double(m + p - 1), 1e-9);
+      EXPECT_NEAR(sim.meanBubbleFraction(), double(p - 1) / double(m + p - 1),
+                  1e-9);
     }
 }
 
@@ -168,7 +168,8 @@ TEST(Schedule, GenerateErrors) {
             "(1f1b with 2)");
   o.chunks = 1;
   o.microbatches = 0;
-  EXPECT_EQ(generate(o).error, "a pipeline needs at least 1 micro-batch, not 0");
+  EXPECT_EQ(generate(o).error,
+            "a pipeline needs at least 1 micro-batch, not 0");
   EXPECT_EQ(parsePolicy("zb-h1"), Policy::ZeroBubbleH1);
   EXPECT_FALSE(parsePolicy("pipedream"));
 }

@@ -306,9 +306,9 @@ onnx_import::tensorElementBytes(const onnx::TensorProto &tensor,
       return failure();
     auto file = llvm::sys::fs::openNativeFileForRead(span->path);
     if (!file)
-      return emitError(loc) << describe(tensor) << ": cannot read '"
-                            << span->path
-                            << "': " << llvm::toString(file.takeError());
+      return emitError(loc)
+             << describe(tensor) << ": cannot read '" << span->path
+             << "': " << llvm::toString(file.takeError());
     char element[16];
     for (int64_t i : indices) {
       auto read = llvm::sys::fs::readNativeFileSlice(
@@ -318,8 +318,8 @@ onnx_import::tensorElementBytes(const onnx::TensorProto &tensor,
         if (!read)
           llvm::consumeError(read.takeError());
         llvm::sys::fs::closeFile(*file);
-        return emitError(loc) << describe(tensor) << ": cannot read '"
-                              << span->path << "'";
+        return emitError(loc)
+               << describe(tensor) << ": cannot read '" << span->path << "'";
       }
       out.append(element, elementSize);
     }

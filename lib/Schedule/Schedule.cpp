@@ -255,8 +255,9 @@ std::string Replay::run() {
     std::vector<int32_t> byTime(p);
     for (int32_t r = 0; r < p; ++r)
       byTime[r] = r;
-    std::stable_sort(byTime.begin(), byTime.end(),
-                     [&](int32_t a, int32_t b) { return freeAt[a] < freeAt[b]; });
+    std::stable_sort(byTime.begin(), byTime.end(), [&](int32_t a, int32_t b) {
+      return freeAt[a] < freeAt[b];
+    });
     bool progressed = false, finishedAll = true;
     std::string error;
     for (int32_t r : byTime) {
@@ -437,13 +438,15 @@ std::vector<Order> withTransfers(const Options &o,
     for (const Instr &i : compute[r]) {
       int32_t vs = i.chunk * p + r;
       if (i.op == Op::Forward && vs > 0)
-        out[r].push_back({Op::RecvForward, i.microbatch, i.chunk, (vs - 1) % p});
+        out[r].push_back(
+            {Op::RecvForward, i.microbatch, i.chunk, (vs - 1) % p});
       if (i.op == Op::Backward && vs < V - 1)
         out[r].push_back(
             {Op::RecvBackward, i.microbatch, i.chunk, (vs + 1) % p});
       out[r].push_back(i);
       if (i.op == Op::Forward && vs < V - 1)
-        out[r].push_back({Op::SendForward, i.microbatch, i.chunk, (vs + 1) % p});
+        out[r].push_back(
+            {Op::SendForward, i.microbatch, i.chunk, (vs + 1) % p});
       if (i.op == Op::Backward && vs > 0)
         out[r].push_back(
             {Op::SendBackward, i.microbatch, i.chunk, (vs - 1) % p});
@@ -508,10 +511,9 @@ GenerateResult generate(const Options &o) {
 SimulateResult simulate(const Schedule &schedule, const Durations &durations) {
   const Options &o = schedule.options;
   if (static_cast<int32_t>(schedule.ranks.size()) != o.stages)
-    return {std::nullopt, "the schedule has " +
-                              std::to_string(schedule.ranks.size()) +
-                              " rank lists for " + std::to_string(o.stages) +
-                              " stages"};
+    return {std::nullopt,
+            "the schedule has " + std::to_string(schedule.ranks.size()) +
+                " rank lists for " + std::to_string(o.stages) + " stages"};
   Replay replay(o, durations, schedule.ranks, /*implicitTransfers=*/false,
                 /*flexibleWeightGrads=*/false);
   std::string error = replay.run();

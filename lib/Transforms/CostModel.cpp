@@ -26,8 +26,8 @@ static int64_t resultBytes(Operation *op) {
   int64_t bytes = 0;
   for (Type t : op->getResultTypes())
     if (auto tensor = dyn_cast<RankedTensorType>(t))
-      bytes += tensor.getNumElements() *
-               ((tensor.getElementTypeBitWidth() + 7) / 8);
+      bytes +=
+          tensor.getNumElements() * ((tensor.getElementTypeBitWidth() + 7) / 8);
   return bytes;
 }
 
@@ -38,8 +38,8 @@ double CostModel::opSeconds(Operation *op) const {
     return static_cast<double>(flops) / flopsPerSecond;
   if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp>(op)) {
     auto in = cast<RankedTensorType>(op->getOperand(0).getType());
-    double bytes = static_cast<double>(
-        in.getNumElements() * ((in.getElementTypeBitWidth() + 7) / 8));
+    double bytes = static_cast<double>(in.getNumElements() *
+                                       ((in.getElementTypeBitWidth() + 7) / 8));
     return collectiveLatency +
            (isa<AllReduceOp>(op) ? 2 : 1) * bytes / linkBytesPerSecond;
   }

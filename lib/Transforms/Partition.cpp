@@ -232,9 +232,9 @@ LogicalResult Partitioner::run() {
     Shard in = targets.empty() ? Shard::replicated() : targets[0];
     if (auto g = dyn_cast<GatherOp>(clone);
         g && in.isSplit() && in.dim == static_cast<int64_t>(g.getAxis())) {
-      auto sg = ShardGatherOp::create(builder, g.getLoc(), g.getType(),
-                                      g.getData(), g.getIndices(),
-                                      g.getAxisAttr(), axis);
+      auto sg =
+          ShardGatherOp::create(builder, g.getLoc(), g.getType(), g.getData(),
+                                g.getIndices(), g.getAxisAttr(), axis);
       local[op->getResult(0)] = sg.getResult();
       g.erase();
       continue;

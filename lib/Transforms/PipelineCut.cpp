@@ -9,8 +9,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "pcc/Transforms/CostModel.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Transforms/CostModel.h"
 #include "pcc/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -41,8 +41,7 @@ int64_t bytesOf(Value v) {
 /// Weights, constants and what is computed from them alone (a causal
 /// mask broadcast once and shared by every layer) are cloned into every
 /// stage that reads them rather than transferred.
-bool isClonedGiven(Operation *op,
-                   const llvm::DenseSet<Operation *> &cloned) {
+bool isClonedGiven(Operation *op, const llvm::DenseSet<Operation *> &cloned) {
   if (isa<ParamOp, ConstantOp>(op))
     return true;
   if (!isPure(op) || op->getNumRegions() != 0 || op->getNumOperands() == 0 ||
@@ -81,7 +80,7 @@ struct CutModel {
   std::vector<Operation *> ops; // without cloned ops and the return
   llvm::DenseSet<Operation *> cloned;
   bool isCloned(Operation *op) const { return cloned.contains(op); }
-  std::vector<double> prefix;   // prefix[i]: seconds of ops[0, i)
+  std::vector<double> prefix; // prefix[i]: seconds of ops[0, i)
   /// crossing[c]: bytes live across a cut before ops[c] (values defined
   /// before c and used at or after c; the return counts as position n).
   std::vector<int64_t> crossing;
@@ -265,7 +264,8 @@ void PipelineCutPass::runOnOperation() {
         if (nodeName(m.ops[i]) == name)
           at = i + 1;
       if (!at) {
-        main.emitError("pipeline cut: no ONNX node '") << name << "' to cut after";
+        main.emitError("pipeline cut: no ONNX node '")
+            << name << "' to cut after";
         return signalPassFailure();
       }
       if (*at >= m.ops.size() || (!chosen.empty() && *at <= chosen.back())) {
@@ -280,8 +280,8 @@ void PipelineCutPass::runOnOperation() {
     std::vector<size_t> candidates = candidateCuts(m);
     if (static_cast<int64_t>(candidates.size()) < n - 1) {
       auto diag = main.emitError("pipeline cut: ")
-                  << n << " stages need " << n - 1 << " cuts, but the model has "
-                  << candidates.size()
+                  << n << " stages need " << n - 1
+                  << " cuts, but the model has " << candidates.size()
                   << " places to cut between its layers";
       if (!candidates.empty())
         diag << " (where " << m.crossing[candidates[0]]
@@ -298,7 +298,8 @@ void PipelineCutPass::runOnOperation() {
     bounds.push_back(m.ops.size());
     double slowest = 0;
     for (size_t s = 0; s + 1 < bounds.size(); ++s)
-      slowest = std::max(slowest, m.prefix[bounds[s + 1]] - m.prefix[bounds[s]]);
+      slowest =
+          std::max(slowest, m.prefix[bounds[s + 1]] - m.prefix[bounds[s]]);
     double mean = m.prefix[m.ops.size()] / n;
     for (size_t s = 0; s + 1 < bounds.size(); ++s) {
       size_t b = bounds[s], e = bounds[s + 1];
@@ -398,8 +399,8 @@ LogicalResult PipelineCutPass::outline(func::FuncOp main, const CutModel &m,
 
   // @main: call the stages in order, transferring what crosses.
   builder.setInsertionPoint(ret);
-  llvm::DenseMap<Value, Value> result;           // global value -> call result
-  llvm::DenseMap<Value, int64_t> producer;       // global value -> its stage
+  llvm::DenseMap<Value, Value> result;     // global value -> call result
+  llvm::DenseMap<Value, int64_t> producer; // global value -> its stage
   std::map<std::pair<void *, int64_t>, Value> delivered; // (value, stage)
   auto deliver = [&](Value v, int64_t to) -> Value {
     auto it = result.find(v);

@@ -1,7 +1,7 @@
 //===- PipelineSchedule.cpp - record the micro-batch schedule -------------===//
 
-#include "pcc/Schedule/Schedule.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Schedule/Schedule.h"
 #include "pcc/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -34,7 +34,8 @@ struct PipelineSchedulePass
     });
     if (stages == 0)
       return; // not cut: nothing to schedule
-    std::optional<::pcc::schedule::Policy> kind = ::pcc::schedule::parsePolicy(policy);
+    std::optional<::pcc::schedule::Policy> kind =
+        ::pcc::schedule::parsePolicy(policy);
     if (!kind) {
       main.emitError("unknown pipeline schedule '")
           << policy << "' (gpipe, 1f1b, interleaved, zb-h1)";
@@ -60,13 +61,13 @@ struct PipelineSchedulePass
       rest = tail;
       ranks.push_back(b.getStringAttr(line.split(": ").second));
     }
-    main->setAttr("pcc.schedule",
-                  b.getDictionaryAttr({
-                      b.getNamedAttr("policy", b.getStringAttr(policy)),
-                      b.getNamedAttr("microbatches",
-                                     b.getI64IntegerAttr(microbatches)),
-                      b.getNamedAttr("ranks", b.getArrayAttr(ranks)),
-                  }));
+    main->setAttr(
+        "pcc.schedule",
+        b.getDictionaryAttr({
+            b.getNamedAttr("policy", b.getStringAttr(policy)),
+            b.getNamedAttr("microbatches", b.getI64IntegerAttr(microbatches)),
+            b.getNamedAttr("ranks", b.getArrayAttr(ranks)),
+        }));
   }
 };
 

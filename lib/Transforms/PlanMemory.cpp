@@ -113,9 +113,11 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
     }
     Block &body = func.getBody().front();
     // A pipeline's @main only calls the stages, which have their own plans.
-    if (llvm::any_of(body, [](Operation &op) { return isa<func::CallOp>(op); })) {
-      func->setAttr("pcc.arena_bytes",
-                    IntegerAttr::get(IntegerType::get(func.getContext(), 64), 0));
+    if (llvm::any_of(body,
+                     [](Operation &op) { return isa<func::CallOp>(op); })) {
+      func->setAttr(
+          "pcc.arena_bytes",
+          IntegerAttr::get(IntegerType::get(func.getContext(), 64), 0));
       return;
     }
 

@@ -18,7 +18,8 @@ Error Communicator::failure(const std::string &collective, int64_t count,
                             DType type, const std::string &why) const {
   return Error{"rank " + std::to_string(rank()) + " of " +
                std::to_string(size()) + " in '" + groupName + "' (" + engine() +
-               ")" + (meshCoords.empty() ? "" : " at mesh [" + meshCoords + "]") +
+               ")" +
+               (meshCoords.empty() ? "" : " at mesh [" + meshCoords + "]") +
                ": " + collective + " of " + std::to_string(count) + " x " +
                std::string(dtypeName(type)) + ": " + why};
 }

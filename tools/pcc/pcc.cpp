@@ -267,9 +267,8 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
     }
   }
   if (auto schedule = main->getAttrOfType<DictionaryAttr>("pcc.schedule")) {
-    os << "  schedule: "
-       << cast<StringAttr>(schedule.get("policy")).getValue() << ", "
-       << cast<IntegerAttr>(schedule.get("microbatches")).getInt()
+    os << "  schedule: " << cast<StringAttr>(schedule.get("policy")).getValue()
+       << ", " << cast<IntegerAttr>(schedule.get("microbatches")).getInt()
        << " micro-batches of the batch; per pipeline rank:\n";
     for (auto [r, line] :
          llvm::enumerate(cast<ArrayAttr>(schedule.get("ranks"))))

@@ -90,7 +90,6 @@ std::optional<::pccrt::DType> getRuntimeDType(int32_t onnxType);
 std::vector<std::string> getSupportedOnnxOps();
 bool isSupportedOnnxOp(llvm::StringRef opType);
 
-
 } // namespace mlir::pcc
 
 #endif // PCC_IMPORT_ONNXIMPORTER_H

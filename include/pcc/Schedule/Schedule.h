@@ -1,4 +1,5 @@
-//===- Schedule.h - pipeline micro-batch schedules ----------------*- C++ -*-===//
+//===- Schedule.h - pipeline micro-batch schedules ----------------*- C++
+//-*-===//
 //
 // For p pipeline ranks and m micro-batches, the order in which each rank
 // runs its work: forward (F), backward for inputs (B) and weight gradient

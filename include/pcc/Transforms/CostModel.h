@@ -1,4 +1,5 @@
-//===- CostModel.h - predicted time of pcc ops --------------------*- C++ -*-===//
+//===- CostModel.h - predicted time of pcc ops --------------------*- C++
+//-*-===//
 //
 // One machine model for the planners: the sharding planner prices layouts
 // with it and the pipeline cut balances stages with it.

@@ -882,8 +882,8 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     }
     auto indexType = tensorTypeOf(indices);
     std::string args = llvm::formatv(
-        "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}",
-        nameOf(data), nameOf(indices), nameOf(op->getResult(0)),
+        "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}", nameOf(data),
+        nameOf(indices), nameOf(op->getResult(0)),
         elementInfo(tensorTypeOf(data).getElementType())->size,
         product(shape.take_front(axis)), block, start, total,
         product(shape.drop_front(axis + 1)), indexType.getNumElements(),

@@ -717,9 +717,8 @@ void pcc_cuda_gather(pcc_cuda_context *ctx, const void *data,
 void pcc_cuda_gather_block(pcc_cuda_context *ctx, const void *data,
                            const void *indices, void *y, int64_t elem_size,
                            int64_t outer, int64_t block_dim,
-                           int64_t block_start, int64_t axis_dim,
-                           int64_t inner, int64_t num_indices,
-                           int indices_are_i64, int site) {
+                           int64_t block_start, int64_t axis_dim, int64_t inner,
+                           int64_t num_indices, int indices_are_i64, int site) {
   GatherBlock b{block_dim, block_start, axis_dim};
   if (indices_are_i64)
     gather<int64_t>(ctx, data, indices, y, elem_size, outer, b, inner,

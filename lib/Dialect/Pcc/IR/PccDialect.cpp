@@ -187,4 +187,3 @@ mlir::pcc::getOnnxNodeOfLocation(Location loc) {
       return {opType.str(), name.getName().str()};
   return {};
 }
-

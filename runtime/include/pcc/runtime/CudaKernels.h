@@ -102,9 +102,8 @@ void pcc_cuda_gather(pcc_cuda_context *ctx, const void *data,
 void pcc_cuda_gather_block(pcc_cuda_context *ctx, const void *data,
                            const void *indices, void *y, int64_t elem_size,
                            int64_t outer, int64_t block_dim,
-                           int64_t block_start, int64_t axis_dim,
-                           int64_t inner, int64_t num_indices,
-                           int indices_are_i64, int site);
+                           int64_t block_start, int64_t axis_dim, int64_t inner,
+                           int64_t num_indices, int indices_are_i64, int site);
 
 void pcc_cuda_softmax_f32(pcc_cuda_context *ctx, const float *x, float *y,
                           int64_t outer, int64_t len, int64_t inner,
@@ -160,8 +159,8 @@ void pcc_cuda_avg_pool_f32(pcc_cuda_context *ctx, const float *x, float *y,
                            const int64_t *strides, const int64_t *pads,
                            const int64_t *dilations, int count_include_pad);
 
-void pcc_cuda_cast(pcc_cuda_context *ctx, const void *x, int from_type,
-                   void *y, int to_type, int64_t count);
+void pcc_cuda_cast(pcc_cuda_context *ctx, const void *x, int from_type, void *y,
+                   int to_type, int64_t count);
 
 #ifdef __cplusplus
 }
