@@ -348,22 +348,34 @@ LogicalResult PipelineCutPass::outline(func::FuncOp main, const CutModel &m,
     if (!op.hasTrait<OpTrait::IsTerminator>())
       old.push_back(&op);
 
-  // Per stage: its inputs (in order of first use) and outputs.
+  // Per stage: its inputs (in order of first use) and outputs. Transfers go
+  // to the next stage only: a value a later stage reads passes through the
+  // stages between (an input returned as is), so that each micro-batch's
+  // activations move one hop per send, as the schedule's send_fwd/recv_fwd
+  // pairs say.
   std::vector<llvm::SetVector<Value>> inputs(numStages), outputs(numStages);
+  auto carry = [&](Value v, int64_t from, int64_t to) {
+    for (int64_t s = from; s < to; ++s) {
+      outputs[s].insert(v);
+      inputs[s + 1].insert(v);
+    }
+  };
   for (int64_t s = 0; s < numStages; ++s)
     for (size_t i = bounds[s]; i < bounds[s + 1]; ++i)
       for (Value v : m.ops[i]->getOperands()) {
         Operation *def = v.getDefiningOp();
         if (def && m.isCloned(def))
           continue;
-        if (!def || stageOf(def) != s)
-          inputs[s].insert(v);
-        if (def && stageOf(def) != s)
-          outputs[stageOf(def)].insert(v);
+        if (!def)
+          inputs[s].insert(v); // a graph input, read directly
+        else if (stageOf(def) != s)
+          carry(v, stageOf(def), s);
       }
   for (Value v : ret.getOperands())
-    if (Operation *def = v.getDefiningOp(); def && !m.isCloned(def))
-      outputs[stageOf(def)].insert(v);
+    if (Operation *def = v.getDefiningOp(); def && !m.isCloned(def)) {
+      carry(v, stageOf(def), numStages - 1);
+      outputs[numStages - 1].insert(v);
+    }
 
   OpBuilder builder(context);
   builder.setInsertionPoint(main);
@@ -397,41 +409,27 @@ LogicalResult PipelineCutPass::outline(func::FuncOp main, const CutModel &m,
     funcs.push_back(f);
   }
 
-  // @main: call the stages in order, transferring what crosses.
+  // @main: call the stages in order, each receiving the previous one's
+  // outputs through transfers.
   builder.setInsertionPoint(ret);
-  llvm::DenseMap<Value, Value> result;     // global value -> call result
-  llvm::DenseMap<Value, int64_t> producer; // global value -> its stage
-  std::map<std::pair<void *, int64_t>, Value> delivered; // (value, stage)
-  auto deliver = [&](Value v, int64_t to) -> Value {
-    auto it = result.find(v);
-    if (it == result.end())
-      return v; // a graph input (or a weight returned as is)
-    int64_t from = producer.lookup(v);
-    if (from == to)
-      return it->second;
-    auto key = std::make_pair(v.getAsOpaquePointer(), to);
-    auto d = delivered.find(key);
-    if (d != delivered.end())
-      return d->second;
-    Value t = TransferOp::create(builder, v.getLoc(), it->second,
-                                 builder.getI64IntegerAttr(from),
-                                 builder.getI64IntegerAttr(to));
-    delivered[key] = t;
-    return t;
-  };
+  llvm::DenseMap<Value, Value> latest; // global value -> newest call result
   int64_t bytes = 0;
   for (int64_t s = 0; s < numStages; ++s) {
     SmallVector<Value> args;
     for (Value v : inputs[s]) {
-      args.push_back(deliver(v, s));
-      if (result.count(v))
-        bytes += bytesOf(v);
+      auto it = latest.find(v);
+      if (it == latest.end()) {
+        args.push_back(v); // a graph input
+        continue;
+      }
+      args.push_back(TransferOp::create(builder, v.getLoc(), it->second,
+                                        builder.getI64IntegerAttr(s - 1),
+                                        builder.getI64IntegerAttr(s)));
+      bytes += bytesOf(v);
     }
     auto call = func::CallOp::create(builder, main.getLoc(), funcs[s], args);
-    for (auto [v, r] : llvm::zip(outputs[s], call.getResults())) {
-      result[v] = r;
-      producer[v] = s;
-    }
+    for (auto [v, r] : llvm::zip(outputs[s], call.getResults()))
+      latest[v] = r;
   }
   // Outputs come from the last stage.
   for (OpOperand &operand : ret->getOpOperands()) {
@@ -440,11 +438,9 @@ LogicalResult PipelineCutPass::outline(func::FuncOp main, const CutModel &m,
       IRMapping map;
       cloneDefinition(v, builder, map);
       operand.set(map.lookup(v));
-      continue;
+    } else if (def) {
+      operand.set(latest.lookup(v));
     }
-    if (result.count(v) && producer.lookup(v) != numStages - 1)
-      bytes += bytesOf(v);
-    operand.set(deliver(v, numStages - 1));
   }
   transferBytes = bytes;
   // The original ops, users first.
