@@ -190,7 +190,10 @@ def PipelineCut : Pass<"pcc-pipeline-cut", "ModuleOp"> {
     Splits `@main` into `stages` contiguous pieces (the mesh's `pp` axis
     unless given), outlines each as `func.func @stage<k>` with
     `pcc.stage = k`, and leaves `@main` calling them in order, with a
-    `pcc.transfer` for every value a later stage reads. Weights and
+    `pcc.transfer` from each stage to the next for every value a later
+    stage reads (values for stages further on pass through the stages
+    between, so every transfer is one hop, as the schedule's sends are).
+    Weights and
     constants are cloned into each stage that reads them; graph inputs go
     to every stage that reads them; outputs come from the last stage.
 
