@@ -143,6 +143,9 @@ Examples:
   pcc-run mlp.so --input examples/data/mlp.input.npy --output y.npy
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --target=cuda -o gpt.so
   pcc-run gpt.so --device cuda --input examples/data/gpt.input.npy --bench 100
+  pcc examples/gpt.onnx --dim=batch=2 --dim=seq=16 --tp=4 -o gpt4.so
+  pcc-run -n 4 gpt4.so --input examples/data/gpt.input.npy    # 4 ranks, mpirun
+  pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --pp=2 --microbatches=4 --explain
 
 Exit status: 0 on success, 1 on any error (the message names the file, the
 ONNX node or the option at fault).
@@ -428,8 +431,6 @@ int main(int argc, char **argv) {
   if (dp > 1)
     return fail("--dp above 1 is not in this version of pcc yet (tensor "
                 "and pipeline parallelism, --tp and --pp, are)");
-  if (tp < 1 || pp < 1)
-    return fail("--tp and --pp must be at least 1");
   if (microbatches < 1)
     return fail("--microbatches must be at least 1");
   if (!ppCuts.empty() && static_cast<int64_t>(ppCuts.size()) != pp - 1)
