@@ -249,17 +249,20 @@ LogicalResult GraphImporter::findTransposedCopies() {
     auto other = byShape.find({type, cols, rows});
     if (other == byShape.end())
       continue;
+    // The other side's fingerprints, read once.
+    std::vector<std::string> otherSamples;
+    for (const onnx::TensorProto *b : other->second) {
+      auto sb = samples(*b, /*transposed=*/true);
+      if (failed(sb))
+        return failure();
+      otherSamples.push_back(std::move(*sb));
+    }
     for (const onnx::TensorProto *a : group) {
       auto sa = samples(*a, /*transposed=*/false);
       if (failed(sa))
         return failure();
-      for (const onnx::TensorProto *b : other->second) {
-        if (!lookup(b->name())->transposeOf.empty())
-          continue;
-        auto sb = samples(*b, /*transposed=*/true);
-        if (failed(sb))
-          return failure();
-        if (*sa != *sb)
+      for (auto [b, sb] : llvm::zip(other->second, otherSamples)) {
+        if (!lookup(b->name())->transposeOf.empty() || *sa != sb)
           continue;
         auto da = tensorBytes(*a, baseDir, fileLoc);
         auto db = tensorBytes(*b, baseDir, fileLoc);

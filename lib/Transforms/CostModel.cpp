@@ -22,13 +22,9 @@ int64_t mlir::pcc::opFlops(Operation *op) {
   return 0;
 }
 
-static int64_t resultBytes(Operation *op) {
-  int64_t bytes = 0;
-  for (Type t : op->getResultTypes())
-    if (auto tensor = dyn_cast<RankedTensorType>(t))
-      bytes +=
-          tensor.getNumElements() * ((tensor.getElementTypeBitWidth() + 7) / 8);
-  return bytes;
+int64_t mlir::pcc::tensorBytes(Value v) {
+  auto t = cast<RankedTensorType>(v.getType());
+  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
 }
 
 double CostModel::opSeconds(Operation *op) const {
@@ -37,11 +33,12 @@ double CostModel::opSeconds(Operation *op) const {
   if (int64_t flops = opFlops(op))
     return static_cast<double>(flops) / flopsPerSecond;
   if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp>(op)) {
-    auto in = cast<RankedTensorType>(op->getOperand(0).getType());
-    double bytes = static_cast<double>(in.getNumElements() *
-                                       ((in.getElementTypeBitWidth() + 7) / 8));
+    double bytes = static_cast<double>(tensorBytes(op->getOperand(0)));
     return collectiveLatency +
            (isa<AllReduceOp>(op) ? 2 : 1) * bytes / linkBytesPerSecond;
   }
-  return static_cast<double>(resultBytes(op)) / bytesPerSecond;
+  int64_t bytes = 0;
+  for (Value r : op->getResults())
+    bytes += tensorBytes(r);
+  return static_cast<double>(bytes) / bytesPerSecond;
 }

@@ -33,11 +33,6 @@ using namespace mlir::pcc;
 
 namespace {
 
-int64_t bytesOf(Value v) {
-  auto t = cast<RankedTensorType>(v.getType());
-  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
-}
-
 /// Weights, constants and what is computed from them alone (a causal
 /// mask broadcast once and shared by every layer) are cloned into every
 /// stage that reads them rather than transferred.
@@ -66,13 +61,6 @@ void cloneDefinition(Value v, OpBuilder &b, IRMapping &map) {
 std::string nodeName(Operation *op) {
   auto [type, node] = getOnnxNodeOfLocation(op->getLoc());
   return type.empty() ? op->getName().getStringRef().str() : node;
-}
-
-std::string shapeOf(Value v) {
-  std::string s;
-  llvm::raw_string_ostream os(s);
-  os << v.getType();
-  return s;
 }
 
 /// The op sequence being cut and what crosses each position.
@@ -114,8 +102,8 @@ CutModel analyse(func::FuncOp main, const CostModel &cost) {
       auto it = m.index.find(user);
       last = std::max(last, it == m.index.end() ? n : it->second);
     }
-    argDelta[0] += bytesOf(arg);
-    argDelta[last + 1] -= bytesOf(arg);
+    argDelta[0] += tensorBytes(arg);
+    argDelta[last + 1] -= tensorBytes(arg);
   }
   for (size_t i = 0; i < n; ++i)
     for (Value r : m.ops[i]->getResults()) {
@@ -125,8 +113,8 @@ CutModel analyse(func::FuncOp main, const CostModel &cost) {
         last = std::max(last, it == m.index.end() ? n : it->second);
       }
       if (last > i) {
-        delta[i + 1] += bytesOf(r);
-        delta[last + 1] -= bytesOf(r);
+        delta[i + 1] += tensorBytes(r);
+        delta[last + 1] -= tensorBytes(r);
       }
     }
   m.crossing.assign(n + 1, 0);
@@ -141,20 +129,33 @@ CutModel analyse(func::FuncOp main, const CostModel &cost) {
   return m;
 }
 
-/// Where a cut may go: positions with compute on both sides whose crossing
-/// bytes are the least of all such positions, one per run of free ops.
+/// Where a cut may go: positions with compute on both sides where no more
+/// bytes are live than at the narrowest point between the model's layers
+/// (between its first and last matmul or convolution), one per run of free
+/// ops. Measuring the narrowest point between layers keeps a thin spot in
+/// the prologue (a tensor-parallel embedding scattered over the ranks)
+/// from ruling out every cut between layers.
 std::vector<size_t> candidateCuts(const CutModel &m) {
   size_t n = m.ops.size();
-  int64_t least = std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> flops(n + 1, 0);
+  for (size_t i = 0; i < n; ++i)
+    flops[i + 1] = flops[i] + opFlops(m.ops[i]);
   auto interior = [&](size_t c) {
     return m.prefix[c] > 0 && m.prefix[n] - m.prefix[c] > 0;
   };
+  auto betweenLayers = [&](size_t c) {
+    return flops[c] > 0 && flops[n] - flops[c] > 0;
+  };
+  bool layered = false;
   for (size_t c = 1; c < n; ++c)
-    if (interior(c))
+    layered |= betweenLayers(c);
+  int64_t least = std::numeric_limits<int64_t>::max();
+  for (size_t c = 1; c < n; ++c)
+    if (layered ? betweenLayers(c) : interior(c))
       least = std::min(least, m.crossing[c]);
   std::vector<size_t> out;
   for (size_t c = 1; c < n; ++c)
-    if (interior(c) && m.crossing[c] == least &&
+    if (interior(c) && m.crossing[c] <= least &&
         (out.empty() || m.prefix[c] > m.prefix[out.back()]))
       out.push_back(c);
   return out;
@@ -310,15 +311,16 @@ void PipelineCutPass::runOnOperation() {
         for (Value v : m.ops[i]->getOperands())
           if (auto p = v.getDefiningOp<ParamOp>())
             if (weightNames.insert(p.getName()).second)
-              weights += bytesOf(p.getResult());
+              weights += tensorBytes(p.getResult());
       }
       main.emitRemark() << llvm::formatv(
-          "stage {0}: {1} ops, node '{2}' .. node '{3}'; predicted {4:f2} us "
+          "pp={9}: stage {0}: {1} ops, node '{2}' .. node '{3}'; predicted "
+          "{4:f2} us "
           "({5} FLOPs); weights {6} bytes; activations in {7} bytes, out "
           "{8} bytes",
           s, e - b, nodeName(m.ops[b]), nodeName(m.ops[e - 1]),
           (m.prefix[e] - m.prefix[b]) * 1e6, flops, weights,
-          b == 0 ? 0 : m.carried[b], e == m.ops.size() ? 0 : m.carried[e]);
+          b == 0 ? 0 : m.carried[b], e == m.ops.size() ? 0 : m.carried[e], n);
     }
     main.emitRemark() << llvm::formatv(
         "pp={0}: slowest stage {1:f2} us, mean {2:f2} us, imbalance {3:f2} "
@@ -425,7 +427,7 @@ LogicalResult PipelineCutPass::outline(func::FuncOp main, const CutModel &m,
       args.push_back(TransferOp::create(builder, v.getLoc(), it->second,
                                         builder.getI64IntegerAttr(s - 1),
                                         builder.getI64IntegerAttr(s)));
-      bytes += bytesOf(v);
+      bytes += tensorBytes(v);
     }
     auto call = func::CallOp::create(builder, main.getLoc(), funcs[s], args);
     for (auto [v, r] : llvm::zip(outputs[s], call.getResults()))

@@ -87,11 +87,6 @@ static RankedTensorType typeOf(Value v) {
   return cast<RankedTensorType>(v.getType());
 }
 
-int64_t mlir::pcc::tensorBytes(Value v) {
-  RankedTensorType t = typeOf(v);
-  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
-}
-
 /// Whether `shard` can lay out a tensor of `type` over `ranks` ranks.
 static bool fits(Shard shard, RankedTensorType type, int64_t ranks) {
   if (shard.isReplicated())

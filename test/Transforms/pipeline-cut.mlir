@@ -36,8 +36,8 @@ module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
 // CHECK-NEXT: %[[S1:.*]] = call @stage1(%[[T]], %arg0)
 // CHECK-NEXT: return %[[S1]]
 
-// REMARK: remark: stage 0: 4 ops, node 'l0' .. node 'pcc.add'; predicted {{.*}} us (1024 FLOPs); weights 512 bytes; activations in 0 bytes, out 128 bytes
-// REMARK: remark: stage 1: 2 ops, node 'pcc.matmul' .. node 'pcc.add'; predicted {{.*}} us (512 FLOPs); weights 256 bytes; activations in 128 bytes, out 0 bytes
+// REMARK: remark: pp=2: stage 0: 4 ops, node 'l0' .. node 'pcc.add'; predicted {{.*}} us (1024 FLOPs); weights 512 bytes; activations in 0 bytes, out 128 bytes
+// REMARK: remark: pp=2: stage 1: 2 ops, node 'pcc.matmul' .. node 'pcc.add'; predicted {{.*}} us (512 FLOPs); weights 256 bytes; activations in 128 bytes, out 0 bytes
 // REMARK: remark: pp=2: slowest stage {{.*}} us, mean {{.*}} us, imbalance 1.33 (slowest / mean)
 
 // --pp-cuts: after node 'l0' instead (1 + 2).

@@ -11,6 +11,7 @@
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Import/OnnxImporter.h"
 #include "pcc/Target/Cpp.h"
+#include "pcc/Transforms/CostModel.h"
 #include "pcc/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -236,11 +237,12 @@ static int64_t bytesOf(Type type) {
   return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
 }
 
-/// Remarks of the importer (weights stored once) and of the sharding
-/// passes, for the --explain report; the first `importNotes` are the
-/// importer's.
-static std::vector<std::string> explainNotes;
-static size_t importNotes = 0;
+/// Remarks for the --explain report, by what made them: the importer
+/// (weights stored once), the sharding passes, the pipeline passes (whose
+/// remarks start "pp=").
+enum class NoteKind { Import, Sharding, Pipeline };
+static std::vector<std::pair<NoteKind, std::string>> explainNotes;
+static bool imported = false;
 
 /// `pcc --explain`: what the lowering pipeline made of the model.
 static void explain(ModuleOp module, llvm::raw_ostream &os) {
@@ -248,25 +250,20 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
   os << "pcc explain: " << inputFile << "\n";
   os << "  plan: tp=" << tp << " pp=" << pp << " dp=" << dp
      << (tp * pp * dp == 1 ? " (one device)" : "") << "\n";
-  // The importer's notes, then the sharding passes', then the pipeline's.
-  auto isPipeline = [](const std::string &note) {
-    return note.find(": stage ") != std::string::npos ||
-           note.find(": pp=") != std::string::npos;
-  };
-  for (int part = 0; part < 3; ++part) {
+  for (auto [kind, heading] :
+       {std::pair{NoteKind::Import, "shared weights:"},
+        std::pair{NoteKind::Sharding,
+                  "tensor parallelism (each weight's split, and what the best "
+                  "alternatives would cost; collectives):"},
+        std::pair{NoteKind::Pipeline, "pipeline stages:"}}) {
     bool headed = false;
-    for (size_t i = 0; i < explainNotes.size(); ++i) {
-      int kind = i < importNotes ? 0 : isPipeline(explainNotes[i]) ? 2 : 1;
-      if (kind != part)
+    for (auto &[noteKind, note] : explainNotes) {
+      if (noteKind != kind)
         continue;
       if (!headed)
-        os << (part == 0   ? "  shared weights:\n"
-               : part == 1 ? "  tensor parallelism (each weight's split, and "
-                             "what the best alternatives would cost; "
-                             "collectives):\n"
-                           : "  pipeline stages:\n");
+        os << "  " << heading << "\n";
       headed = true;
-      os << "    " << explainNotes[i] << "\n";
+      os << "    " << note << "\n";
     }
   }
   if (auto schedule = main->getAttrOfType<DictionaryAttr>("pcc.schedule")) {
@@ -299,15 +296,7 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
         weightBytes += bytesOf(param.getType());
       return;
     }
-    if (auto mm = dyn_cast<pcc::MatmulOp>(op)) {
-      auto lhs = mm.getLhs().getType();
-      flops += 2 * mm.getType().getNumElements() *
-               lhs.getDimSize(lhs.getRank() - (mm.getTransposeA() ? 2 : 1));
-    } else if (auto conv = dyn_cast<pcc::ConvOp>(op)) {
-      auto w = conv.getWeight().getType();
-      flops += 2 * conv.getType().getNumElements() *
-               (w.getNumElements() / w.getDimSize(0));
-    }
+    flops += pcc::opFlops(op);
     auto offsets = op->getAttrOfType<DenseI64ArrayAttr>("pcc.buffer_offsets");
     if (!offsets)
       return;
@@ -454,7 +443,12 @@ int main(int argc, char **argv) {
     // them in its report.
     if (explainPlan && diag.getSeverity() == DiagnosticSeverity::Remark) {
       std::string where = describeLocation(diag.getLocation());
-      explainNotes.push_back((where.empty() ? "" : where + ": ") + diag.str());
+      std::string text = diag.str();
+      NoteKind kind = !imported                            ? NoteKind::Import
+                      : StringRef(text).starts_with("pp=") ? NoteKind::Pipeline
+                                                           : NoteKind::Sharding;
+      explainNotes.push_back(
+          {kind, (where.empty() ? "" : where + ": ") + text});
       return success();
     }
     std::string where = describeLocation(diag.getLocation());
@@ -493,7 +487,7 @@ int main(int argc, char **argv) {
   auto module = pcc::importOnnxFile(inputFile, &context, options);
   if (failed(module))
     return 1;
-  importNotes = explainNotes.size();
+  imported = true;
   Builder b(&context);
   (**module)->setAttr("pcc.mesh",
                       b.getDictionaryAttr({
@@ -586,7 +580,9 @@ int main(int argc, char **argv) {
     llvm::StringMap<int64_t> wholeBytes, rankBytes;
     (*module)->walk([&](pcc::ParamOp param) {
       int64_t local = bytesOf(param.getType());
-      int64_t whole = param.getShardAttr() ? local * tp : local;
+      int64_t whole = local;
+      if (pcc::ShardingAttr shard = param.getShardAttr())
+        whole *= *pcc::getMeshAxisSize(param, shard.getAxis());
       wholeBytes[param.getName()] = whole;
       int64_t &read = rankBytes[param.getName()];
       read = std::max(read, local);

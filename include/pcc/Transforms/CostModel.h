@@ -32,6 +32,9 @@ struct CostModel {
 /// FLOPs (2 per multiply-add) of a matmul or convolution, else 0.
 int64_t opFlops(Operation *op);
 
+/// Bytes of a tensor value (sub-byte elements round up).
+int64_t tensorBytes(Value v);
+
 } // namespace mlir::pcc
 
 #endif // PCC_TRANSFORMS_COSTMODEL_H

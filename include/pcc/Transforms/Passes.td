@@ -197,9 +197,9 @@ def PipelineCut : Pass<"pcc-pipeline-cut", "ModuleOp"> {
     constants are cloned into each stage that reads them; graph inputs go
     to every stage that reads them; outputs come from the last stage.
 
-    Cuts go where the fewest activation bytes cross: the narrowest points
-    between the model's compute (between transformer layers, only the
-    residual stream). Among those, the cuts minimise the predicted time of
+    Cuts go where no more activation bytes are live than at the narrowest
+    point between the model's first and last matmul (between transformer
+    layers: only the residual stream). Among those, the cuts minimise the predicted time of
     the slowest stage (matmul FLOPs and other ops' memory traffic), then the
     bytes transferred. Layers need not divide evenly by the stages: 3
     layers on 2 stages give 2 + 1 with the embedding and LM head weighed

@@ -56,9 +56,6 @@ struct Shard {
   std::string describe() const;
 };
 
-/// Bytes of a tensor value (sub-byte elements round up).
-int64_t tensorBytes(Value v);
-
 /// The shape one rank holds of a tensor of global type `type`.
 RankedTensorType localType(RankedTensorType type, Shard shard, int64_t ranks);
 
