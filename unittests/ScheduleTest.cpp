@@ -152,6 +152,39 @@ TEST(Schedule, Describe) {
                           "F0.1 recv_fwd1.1<0 F1.1\n");
 }
 
+// Tests that parseInstr reads back every instruction describe() writes, and
+// rejects text that is not one.
+TEST(Schedule, ParseInstr) {
+  for (Policy policy : {Policy::GPipe, Policy::Interleaved,
+                        Policy::ZeroBubbleH1})
+    for (bool fwd : {false, true}) {
+      Schedule s = make(policy, 4, 8, policy == Policy::Interleaved ? 2 : 1,
+                        fwd);
+      std::string text = s.describe();
+      size_t rank = 0, start = 0;
+      while (start < text.size()) {
+        size_t end = text.find('\n', start);
+        std::string line = text.substr(start, end - start);
+        start = end + 1;
+        line = line.substr(line.find(": ") + 2);
+        size_t i = 0, from = 0;
+        while (from <= line.size()) {
+          size_t space = std::min(line.find(' ', from), line.size());
+          std::optional<Instr> parsed =
+              parseInstr(line.substr(from, space - from));
+          ASSERT_TRUE(parsed) << line.substr(from, space - from);
+          EXPECT_EQ(*parsed, s.ranks[rank][i++]);
+          from = space + 1;
+        }
+        EXPECT_EQ(i, s.ranks[rank].size());
+        ++rank;
+      }
+    }
+  for (const char *bad : {"", "F", "Fx", "F1>2", "send_fwd1", "send_fwd1<2",
+                          "recv_fwd1>2", "F1.", "X1", "F1 "})
+    EXPECT_FALSE(parseInstr(bad)) << bad;
+}
+
 // Tests the generator's errors.
 TEST(Schedule, GenerateErrors) {
   Options o;

@@ -12,6 +12,7 @@
 #include "pcc/Schedule/Schedule.h"
 
 #include <algorithm>
+#include <cctype>
 #include <deque>
 #include <map>
 #include <sstream>
@@ -74,6 +75,46 @@ static std::string describeInstr(const Instr &i, int32_t chunks) {
     os << (i.op == Op::SendForward || i.op == Op::SendBackward ? ">" : "<")
        << i.peer;
   return os.str();
+}
+
+std::optional<Instr> parseInstr(const std::string &text) {
+  for (Op op : {Op::SendForward, Op::RecvForward, Op::SendBackward,
+                Op::RecvBackward, Op::Forward, Op::Backward, Op::WeightGrad}) {
+    std::string name = opName(op);
+    if (text.compare(0, name.size(), name) != 0)
+      continue;
+    Instr instr{op, 0, 0, -1};
+    size_t pos = name.size();
+    // Reads a non-negative decimal number at pos.
+    auto number = [&](int32_t &out) {
+      size_t start = pos;
+      int64_t value = 0;
+      while (pos < text.size() && std::isdigit(static_cast<unsigned char>(
+                                      text[pos])) && value < (1 << 30))
+        value = value * 10 + (text[pos++] - '0');
+      out = static_cast<int32_t>(value);
+      return pos > start;
+    };
+    if (!number(instr.microbatch))
+      return std::nullopt;
+    if (pos < text.size() && text[pos] == '.') {
+      ++pos;
+      if (!number(instr.chunk))
+        return std::nullopt;
+    }
+    bool isSend = op == Op::SendForward || op == Op::SendBackward;
+    if (!isCompute(op)) {
+      if (pos >= text.size() || text[pos] != (isSend ? '>' : '<'))
+        return std::nullopt;
+      ++pos;
+      if (!number(instr.peer))
+        return std::nullopt;
+    }
+    if (pos != text.size())
+      return std::nullopt;
+    return instr;
+  }
+  return std::nullopt;
 }
 
 std::string Schedule::describe() const {

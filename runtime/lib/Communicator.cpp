@@ -14,6 +14,14 @@ namespace pccrt {
 
 Status Communicator::wait(int64_t) { return Status::success(); }
 
+Status Communicator::barrier() {
+  if (size() == 1)
+    return Status::success();
+  return Error{"rank " + std::to_string(rank()) + " of " +
+               std::to_string(size()) + " in '" + groupName + "' (" + engine() +
+               "): barrier: not offered by this engine"};
+}
+
 Error Communicator::failure(const std::string &collective, int64_t count,
                             DType type, const std::string &why) const {
   return Error{"rank " + std::to_string(rank()) + " of " +
@@ -154,6 +162,9 @@ struct MpiApi {
   decltype(&pcc_mpi_broadcast) broadcast;
   decltype(&pcc_mpi_send) send;
   decltype(&pcc_mpi_recv) recv;
+  decltype(&pcc_mpi_isend) isend;
+  decltype(&pcc_mpi_wait_sends) waitSends;
+  decltype(&pcc_mpi_barrier) barrier;
 };
 
 Result<MpiApi> loadMpiApi() {
@@ -175,7 +186,10 @@ Result<MpiApi> loadMpiApi() {
             bindSymbol(*handle, api.reduceScatter, "pcc_mpi_reduce_scatter") &&
             bindSymbol(*handle, api.broadcast, "pcc_mpi_broadcast") &&
             bindSymbol(*handle, api.send, "pcc_mpi_send") &&
-            bindSymbol(*handle, api.recv, "pcc_mpi_recv");
+            bindSymbol(*handle, api.recv, "pcc_mpi_recv") &&
+            bindSymbol(*handle, api.isend, "pcc_mpi_isend") &&
+            bindSymbol(*handle, api.waitSends, "pcc_mpi_wait_sends") &&
+            bindSymbol(*handle, api.barrier, "pcc_mpi_barrier");
   if (!ok)
     return Error{"libpcc_runtime_mpi.so lacks the pcc_mpi_* entry points; it "
                  "belongs to another pcc version"};
@@ -187,6 +201,17 @@ public:
   MpiCommunicator(MpiApi api, pcc_mpi_comm *comm)
       : EngineCommunicator(api, comm, api.rank(comm), api.size(comm)) {}
   const char *engine() const override { return "mpi"; }
+  Status sendAsync(const void *buffer, int64_t count, DType type,
+                   int peer) override {
+    return check(api.isend(comm, buffer, count, int(type), peer),
+                 "send to rank " + std::to_string(peer), count, type);
+  }
+  Status completeSends() override {
+    return check(api.waitSends(comm), "completing sends", 0, DType::U8);
+  }
+  Status barrier() override {
+    return check(api.barrier(comm), "barrier", 0, DType::U8);
+  }
   Result<std::unique_ptr<Communicator>> split(int color, int key) override {
     pcc_mpi_comm *sub = api.split(comm, color, key);
     if (!sub)

@@ -249,11 +249,6 @@ DeviceBuffer::~DeviceBuffer() {
     device->release(ptr);
 }
 
-static int64_t specBytes(const pcc_tensor_spec &spec) {
-  return elementCount(specShape(spec)) *
-         dtypeSize(static_cast<DType>(spec.dtype));
-}
-
 Result<ModelRunner>
 ModelRunner::create(const ModelLibrary &library, Device &device,
                     const std::vector<const void *> &weights) {

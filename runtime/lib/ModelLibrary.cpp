@@ -13,6 +13,11 @@ std::vector<int64_t> specShape(const pcc_tensor_spec &spec) {
   return std::vector<int64_t>(spec.shape, spec.shape + spec.rank);
 }
 
+int64_t specBytes(const pcc_tensor_spec &spec) {
+  return elementCount(specShape(spec)) *
+         dtypeSize(static_cast<DType>(spec.dtype));
+}
+
 std::string describeSpec(const pcc_tensor_spec &spec) {
   return std::string(dtypeName(static_cast<DType>(spec.dtype))) + " " +
          shapeString(specShape(spec));
@@ -33,6 +38,8 @@ Result<ModelLibrary> ModelLibrary::open(const std::string &path) {
       reinterpret_cast<pcc_model_run_fn>(dlsym(handle, "pcc_model_run"));
   lib.lastErrorFn = reinterpret_cast<pcc_model_last_error_fn>(
       dlsym(handle, "pcc_model_last_error"));
+  lib.runStageFn = reinterpret_cast<pcc_model_run_stage_fn>(
+      dlsym(handle, "pcc_model_run_stage"));
   if (!getInfo || !lib.runFn || !lib.lastErrorFn)
     return Error{"'" + path +
                  "' is not a pcc model library (it does not export "
@@ -44,6 +51,8 @@ Result<ModelLibrary> ModelLibrary::open(const std::string &path) {
                  " but this runtime speaks " +
                  std::to_string(PCC_MODEL_ABI_VERSION) +
                  "; rebuild it with the matching pcc"};
+  if (!lib.runStageFn)
+    return Error{"'" + path + "' does not export pcc_model_run_stage"};
   return lib;
 }
 
@@ -57,6 +66,7 @@ ModelLibrary &ModelLibrary::operator=(ModelLibrary &&other) noexcept {
   std::swap(modelInfo, other.modelInfo);
   std::swap(runFn, other.runFn);
   std::swap(lastErrorFn, other.lastErrorFn);
+  std::swap(runStageFn, other.runStageFn);
   std::swap(shardBuffers, other.shardBuffers);
   return *this;
 }
@@ -91,9 +101,14 @@ std::string ModelLibrary::describeMesh() const {
 Result<std::vector<const void *>>
 ModelLibrary::bindWeights(const SafetensorsFile &file,
                           const std::string &weightsPath,
-                          const std::vector<int64_t> &coords) const {
+                          const std::vector<int64_t> &coords,
+                          const std::vector<bool> *needed) const {
   std::vector<const void *> pointers;
   for (int i = 0; i < modelInfo->num_weights; ++i) {
+    if (needed && !(*needed)[i]) {
+      pointers.push_back(nullptr);
+      continue;
+    }
     const pcc_tensor_spec &spec = modelInfo->weights[i];
     const pcc_weight_shard &shard = modelInfo->weight_shards[i];
     const TensorEntry *entry = file.find(spec.name);
@@ -150,6 +165,32 @@ Status ModelLibrary::run(const pcc_run_context &context,
   if (runFn(&context, inputs, outputs, weights, arena) != 0)
     return Error{std::string("the model failed: ") + lastErrorFn()};
   return Status::success();
+}
+
+Status ModelLibrary::runStage(int32_t stage, const pcc_run_context &context,
+                              const void *const *inputs, void *const *outputs,
+                              const void *const *weights, void *arena) const {
+  if (runStageFn(stage, &context, inputs, outputs, weights, arena) != 0)
+    return Error{"stage " + std::to_string(stage) +
+                 " failed: " + lastErrorFn()};
+  return Status::success();
+}
+
+std::vector<int32_t> ModelLibrary::stagesOf(int64_t ppRank) const {
+  std::vector<int32_t> stages;
+  int64_t ranks = std::max<int32_t>(modelInfo->num_pipeline_ranks, 1);
+  for (int32_t s = 0; s < modelInfo->num_stages; ++s)
+    if (s % ranks == ppRank)
+      stages.push_back(s);
+  return stages;
+}
+
+std::vector<int64_t>
+ModelLibrary::batchShape(const pcc_tensor_spec &spec) const {
+  std::vector<int64_t> shape = specShape(spec);
+  if (!shape.empty())
+    shape[0] *= modelInfo->microbatches;
+  return shape;
 }
 
 AlignedBuffer::AlignedBuffer(int64_t bytes) {

@@ -3,7 +3,7 @@
 //   pcc-run model.so --input x.npy [--input ...] [--output y.npy ...]
 //           [--expect ref.npy ...] [--rtol R --atol A] [--bench N]
 //           [--weights file.safetensors] [--device cpu|cuda|cuda:N]
-//           [-n RANKS [--hostfile FILE]]
+//           [-n RANKS [--hostfile FILE]] [--trace t.json] [--trace-svg t.svg]
 //
 // Plain C++ on the runtime library: no MLIR. Every failure is one message
 // naming the file, tensor or node at fault, and exit status 1.
@@ -16,7 +16,10 @@
 #include "pcc/runtime/HalfFloat.h"
 #include "pcc/runtime/ModelLibrary.h"
 #include "pcc/runtime/Npy.h"
+#include "pcc/runtime/Pipeline.h"
 #include "pcc/runtime/Safetensors.h"
+
+#include "Trace.h"
 
 #include <algorithm>
 #include <chrono>
@@ -59,6 +62,11 @@ Options:
                      weights; rank 0 writes and checks the outputs. If a
                      rank dies, mpirun ends the others and the run fails.
   --hostfile FILE    passed to mpirun for runs over several hosts
+  --trace FILE       pipelined libraries (pcc --pp): write every rank's
+                     compute, send, receive and idle intervals of the last
+                     run as Chrome-trace JSON (chrome://tracing, Perfetto)
+                     and print the measured bubble per rank
+  --trace-svg FILE   the same timeline as an SVG Gantt chart
 
 Examples:
   pcc examples/mlp.onnx --batch=2 -o mlp.so
@@ -70,6 +78,10 @@ Examples:
   pcc examples/transformer_prenorm.onnx --batch=2 --tp=2 -o enc-tp2.so
   pcc-run -n 2 enc-tp2.so --input examples/data/transformer_prenorm.input.npy \
       --expect examples/data/transformer_prenorm.output.npy
+  pcc examples/gpt.onnx --batch=2 --dim=seq=16 --tp=2 --pp=2 \
+      --microbatches=2 -o gpt-tp2pp2.so
+  pcc-run -n 4 gpt-tp2pp2.so --input examples/data/gpt.input.npy \
+      --expect examples/data/gpt.output.npy --trace-svg timeline.svg
 )";
 
 /// "rank R of N: " once this process is one rank of several.
@@ -107,6 +119,7 @@ double valueAt(const uint8_t *data, DType type, int64_t i) {
 
 struct Options {
   std::string library, weights, device = "cpu", hostfile;
+  std::string trace, traceSvg;
   /// -n: ranks to run (0: not given).
   int ranks = 0;
   /// Every argument except -n and --hostfile, for the ranks mpirun starts.
@@ -168,6 +181,10 @@ Options parse(int argc, char **argv) {
       o.atol = number(i);
     } else if (a == "--bench") {
       o.bench = static_cast<int>(number(i));
+    } else if (a == "--trace") {
+      o.trace = value(i);
+    } else if (a == "--trace-svg") {
+      o.traceSvg = value(i);
     } else if (a == "--info") {
       o.info = true;
     } else if (a == "--list-devices") {
@@ -298,6 +315,346 @@ Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks, Device &device,
 
 } // namespace
 
+namespace {
+
+/// Reads the --input files and checks them against the model's inputs
+/// (whole batch: every micro-batch's rows).
+std::vector<NpyArray> readInputs(const Options &opts,
+                                 const ModelLibrary &library) {
+  const pcc_model_info &info = library.info();
+  auto describeInput = [&](const pcc_tensor_spec &spec) {
+    std::string s = std::string(dtypeName(static_cast<DType>(spec.dtype))) +
+                    " " + shapeString(library.batchShape(spec));
+    if (info.microbatches > 1)
+      s += " (" + std::to_string(info.microbatches) + " micro-batches of " +
+           shapeString(specShape(spec)) + ")";
+    return s;
+  };
+  if (static_cast<int>(opts.inputs.size()) != info.num_inputs) {
+    std::string names;
+    for (int i = 0; i < info.num_inputs; ++i)
+      names += std::string(i ? ", " : "") + info.inputs[i].name + " (" +
+               describeInput(info.inputs[i]) + ")";
+    die("the model takes " + std::to_string(info.num_inputs) + " input(s): " +
+        names + "; got " + std::to_string(opts.inputs.size()) + " --input");
+  }
+  std::vector<NpyArray> inputs;
+  for (int i = 0; i < info.num_inputs; ++i) {
+    auto array = readNpy(opts.inputs[i]);
+    if (!array.ok())
+      die(array.error());
+    const pcc_tensor_spec &spec = info.inputs[i];
+    if (array->dtype != static_cast<DType>(spec.dtype) ||
+        array->shape != library.batchShape(spec))
+      die("input '" + std::string(spec.name) + "' must be " +
+          describeInput(spec) + ", but '" + opts.inputs[i] + "' holds " +
+          std::string(dtypeName(array->dtype)) + " " +
+          shapeString(array->shape));
+    inputs.push_back(array.take());
+  }
+  return inputs;
+}
+
+/// Host buffers for the model's outputs over the whole batch.
+std::vector<NpyArray> makeOutputs(const ModelLibrary &library) {
+  const pcc_model_info &info = library.info();
+  std::vector<NpyArray> outputs;
+  for (int i = 0; i < info.num_outputs; ++i) {
+    NpyArray a;
+    a.dtype = static_cast<DType>(info.outputs[i].dtype);
+    a.shape = library.batchShape(info.outputs[i]);
+    a.data.resize(elementCount(a.shape) * dtypeSize(a.dtype));
+    outputs.push_back(std::move(a));
+  }
+  return outputs;
+}
+
+/// Writes the --output files, prints each output and compares it with its
+/// --expect reference; false when one does not match.
+bool reportOutputs(const Options &opts, const pcc_model_info &info,
+                   const std::vector<NpyArray> &outputs) {
+  if (opts.outputs.size() > outputs.size())
+    die(std::to_string(opts.outputs.size()) + " --output files for " +
+        std::to_string(outputs.size()) + " model output(s)");
+  for (size_t i = 0; i < opts.outputs.size(); ++i) {
+    Status s = writeNpy(opts.outputs[i], outputs[i]);
+    if (!s.ok())
+      die(s.error());
+  }
+  bool allMatch = true;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const NpyArray &a = outputs[i];
+    int64_t count = elementCount(a.shape);
+    std::printf("output %s: %s %s [", info.outputs[i].name,
+                std::string(dtypeName(a.dtype)).c_str(),
+                shapeString(a.shape).c_str());
+    for (int64_t j = 0; j < std::min<int64_t>(count, 6); ++j)
+      std::printf("%s%.6g", j ? ", " : "", valueAt(a.data.data(), a.dtype, j));
+    std::printf("%s]\n", count > 6 ? ", ..." : "");
+    if (i >= opts.expects.size())
+      continue;
+    auto ref = readNpy(opts.expects[i]);
+    if (!ref.ok())
+      die(ref.error());
+    if (ref->shape != a.shape)
+      die("reference '" + opts.expects[i] + "' has shape " +
+          shapeString(ref->shape) + ", output '" + info.outputs[i].name +
+          "' has " + shapeString(a.shape));
+    double maxAbs = 0, maxRel = 0;
+    int64_t bad = 0;
+    for (int64_t j = 0; j < count; ++j) {
+      double x = valueAt(a.data.data(), a.dtype, j);
+      double r = valueAt(ref->data.data(), ref->dtype, j);
+      double diff = std::fabs(x - r);
+      bool nanMatch = std::isnan(x) && std::isnan(r);
+      if (!nanMatch && !(diff <= opts.atol + opts.rtol * std::fabs(r)))
+        ++bad;
+      if (!nanMatch) {
+        maxAbs = std::max(maxAbs, diff);
+        if (r != 0)
+          maxRel = std::max(maxRel, diff / std::fabs(r));
+      }
+    }
+    std::printf("  vs %s: max |diff| %.3g, max rel %.3g: %s (rtol %g, atol "
+                "%g)\n",
+                opts.expects[i].c_str(), maxAbs, maxRel,
+                bad ? "MISMATCH" : "matches", opts.rtol, opts.atol);
+    if (bad) {
+      std::printf("  %lld of %lld elements outside tolerance\n",
+                  static_cast<long long>(bad), static_cast<long long>(count));
+      allMatch = false;
+    }
+  }
+  return allMatch;
+}
+
+/// Prints the --bench line from run latencies in milliseconds.
+void printBench(std::vector<double> ms, const std::string &where,
+                const char *extra, int64_t batch) {
+  std::sort(ms.begin(), ms.end());
+  auto pct = [&](double p) {
+    return ms[std::min<size_t>(ms.size() - 1, size_t(p * ms.size()))];
+  };
+  double mean = 0;
+  for (double m : ms)
+    mean += m;
+  mean /= ms.size();
+  std::printf("bench (%s%s, inputs resident): %d runs, latency ms p50 %.3f "
+              "p90 %.3f p99 %.3f mean %.3f; %.1f runs/s, %.1f samples/s "
+              "(batch %lld)\n",
+              where.c_str(), extra, static_cast<int>(ms.size()), pct(0.5),
+              pct(0.9), pct(0.99), mean, 1000.0 / mean, 1000.0 * batch / mean,
+              static_cast<long long>(batch));
+}
+
+/// The world rank at mesh coordinates `coords` (the last axis fastest).
+int worldRankAt(const pcc_model_info &info, const std::vector<int64_t> &coords) {
+  int64_t rank = 0;
+  for (int a = 0; a < info.num_mesh_axes; ++a)
+    rank = rank * info.mesh_sizes[a] + coords[a];
+  return static_cast<int>(rank);
+}
+
+/// Runs a pipelined library: every rank runs its pipeline rank's schedule
+/// over the micro-batches; the rank of the last stage (tp 0) sends the
+/// outputs to rank 0, which writes and checks them; --trace gathers every
+/// rank's timeline on rank 0.
+int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
+                 Ranks &ranks, const std::vector<NpyArray> &inputs) {
+  const pcc_model_info &info = library.info();
+  Communicator &world = *ranks.world;
+  int ppAxis = info.pipeline_axis;
+  int64_t ppRank = ranks.coords[ppAxis];
+  std::vector<int32_t> mine = library.stagesOf(ppRank);
+  bool leader = world.rank() == 0;
+
+  // Weights: only those of this rank's stages, sliced for its tp position.
+  std::vector<bool> needed(info.num_weights, false);
+  for (int32_t k : mine)
+    for (int i = 0; i < info.stages[k].num_weights; ++i)
+      needed[info.stages[k].weights[i]] = true;
+  std::string weightsPath =
+      opts.weights.empty() ? library.defaultWeightsPath() : opts.weights;
+  auto weightsFile = SafetensorsFile::open(weightsPath);
+  if (!weightsFile.ok())
+    die(weightsFile.error());
+  auto weights =
+      library.bindWeights(*weightsFile, weightsPath, ranks.coords, &needed);
+  if (!weights.ok())
+    die(weights.error());
+
+  auto runner = PipelineRunner::create(library, device, *weights, ppRank,
+                                       ranks.groups[ppAxis].get());
+  if (!runner.ok())
+    die(runner.error());
+  runner->setCommunicators(ranks.tables.data());
+  std::vector<const void *> inputPtrs;
+  for (const NpyArray &a : inputs)
+    inputPtrs.push_back(a.data.data());
+  Status set = runner->setInputs(inputPtrs);
+  if (!set.ok())
+    die(set.error());
+  if (leader)
+    std::printf("ranks: %d (%s), %s; %d stages, %d micro-batches, %s "
+                "schedule\n",
+                world.size(), library.describeMesh().c_str(),
+                ranks.groups.back()->engine(), info.num_stages,
+                info.microbatches, info.schedule_policy);
+  if (!device.isHost() && leader)
+    std::printf("device %s\n", device.describe().c_str());
+
+  // One run: every rank leaves a barrier together, which is time zero of
+  // its timeline, and the run ends when every rank is done.
+  auto runOnce = [&]() -> double {
+    Status b = world.barrier();
+    if (!b.ok())
+      die(b.error());
+    auto origin = std::chrono::steady_clock::now();
+    Status s = runner->run(origin);
+    if (!s.ok())
+      die(s.error());
+    b = world.barrier();
+    if (!b.ok())
+      die(b.error());
+    return std::chrono::duration<double, std::milli>(
+               std::chrono::steady_clock::now() - origin)
+        .count();
+  };
+  runOnce();
+
+  // Outputs: from the last stage's first rank to rank 0.
+  std::vector<NpyArray> outputs = makeOutputs(library);
+  std::vector<int64_t> holderCoords(info.num_mesh_axes, 0);
+  holderCoords[ppAxis] = (info.num_stages - 1) % info.num_pipeline_ranks;
+  int holder = worldRankAt(info, holderCoords);
+  if (world.rank() == holder) {
+    std::vector<void *> ptrs;
+    for (NpyArray &a : outputs)
+      ptrs.push_back(a.data.data());
+    Status r = runner->readOutputs(ptrs);
+    if (!r.ok())
+      die(r.error());
+  }
+  if (holder != 0)
+    for (NpyArray &a : outputs) {
+      int64_t bytes = static_cast<int64_t>(a.data.size());
+      Status s = Status::success();
+      if (world.rank() == holder)
+        s = world.send(a.data.data(), bytes, DType::U8, 0);
+      else if (leader)
+        s = world.recv(a.data.data(), bytes, DType::U8, holder);
+      if (!s.ok())
+        die("collecting the outputs on rank 0: " + s.error());
+    }
+  bool allMatch = leader ? reportOutputs(opts, info, outputs) : true;
+
+  if (opts.bench > 0) {
+    std::vector<double> ms;
+    for (int i = 0; i < opts.bench; ++i)
+      ms.push_back(runOnce());
+    int64_t batch = info.num_inputs && info.inputs[0].rank
+                        ? library.batchShape(info.inputs[0])[0]
+                        : 1;
+    if (leader)
+      printBench(ms,
+                 device.describe() + " x " + std::to_string(world.size()) +
+                     " ranks",
+                 ", pipelined", batch);
+  }
+
+  // The timeline of the last run, gathered on rank 0.
+  if (!opts.trace.empty() || !opts.traceSvg.empty()) {
+    std::vector<pccrun::RankTrace> rows;
+    auto coordsOf = [&](int rank) {
+      std::string s;
+      int64_t rest = rank;
+      std::vector<int64_t> c(info.num_mesh_axes);
+      for (int a = info.num_mesh_axes - 1; a >= 0; --a) {
+        c[a] = rest % info.mesh_sizes[a];
+        rest /= info.mesh_sizes[a];
+      }
+      for (int a = 0; a < info.num_mesh_axes; ++a)
+        if (info.mesh_sizes[a] > 1)
+          s += (s.empty() ? "" : ", ") + std::string(info.mesh_axes[a]) + "=" +
+               std::to_string(c[a]);
+      std::string stages;
+      for (int32_t k : library.stagesOf(c[ppAxis]))
+        stages += (stages.empty() ? "" : ", ") + std::to_string(k);
+      return std::pair{s, (library.stagesOf(c[ppAxis]).size() > 1
+                               ? "stages "
+                               : "stage ") +
+                              stages};
+    };
+    for (int r = 0; r < world.size(); ++r) {
+      std::vector<TraceEvent> events;
+      if (r == world.rank())
+        events = runner->trace();
+      if (r != 0) {
+        int64_t count = static_cast<int64_t>(events.size());
+        Status s = Status::success();
+        if (world.rank() == r) {
+          s = world.send(&count, 1, DType::I64, 0);
+          if (s.ok() && count)
+            s = world.send(events.data(), count * sizeof(TraceEvent),
+                           DType::U8, 0);
+        } else if (leader) {
+          s = world.recv(&count, 1, DType::I64, r);
+          events.resize(count);
+          if (s.ok() && count)
+            s = world.recv(events.data(), count * sizeof(TraceEvent),
+                           DType::U8, r);
+        }
+        if (!s.ok())
+          die("gathering the timeline on rank 0: " + s.error());
+      }
+      if (leader) {
+        auto [coords, stages] = coordsOf(r);
+        rows.push_back({r, coords, stages, std::move(events)});
+      }
+    }
+    if (leader) {
+      pccrun::TraceInfo ti{info.source, info.schedule_policy,
+                           info.num_pipeline_ranks, info.microbatches};
+      double span = pccrun::makespan(rows);
+      double mean = 0;
+      std::printf("timeline of the last run: makespan %.3f ms\n", span * 1e3);
+      for (const pccrun::RankTrace &r : rows) {
+        double compute = 0;
+        for (const TraceEvent &e : r.events)
+          if (e.kind == TraceEvent::Kind::Compute)
+            compute += e.end - e.start;
+        double bubble = pccrun::bubbleFraction(r, span);
+        mean += bubble / rows.size();
+        std::printf("  rank %d [%s] %s: compute %.3f ms, bubble %.3f\n",
+                    r.rank, r.coords.c_str(), r.stages.c_str(), compute * 1e3,
+                    bubble);
+      }
+      std::printf("  mean bubble %.3f; (p-1)/(m+p-1) = %.3f for p=%d, m=%d\n",
+                  mean,
+                  pccrun::analyticBubble(info.num_pipeline_ranks,
+                                         info.microbatches),
+                  info.num_pipeline_ranks, info.microbatches);
+      if (!opts.trace.empty()) {
+        Status s = pccrun::writeChromeTrace(opts.trace, ti, rows);
+        if (!s.ok())
+          die(s.error());
+        std::printf("  wrote %s (open in chrome://tracing or "
+                    "ui.perfetto.dev)\n",
+                    opts.trace.c_str());
+      }
+      if (!opts.traceSvg.empty()) {
+        Status s = pccrun::writeSvg(opts.traceSvg, ti, rows);
+        if (!s.ok())
+          die(s.error());
+        std::printf("  wrote %s\n", opts.traceSvg.c_str());
+      }
+    }
+  }
+  return allMatch ? 0 : 1;
+}
+
+} // namespace
+
 /// Prints "cpu" and every usable CUDA device, or why there is none.
 int listDevices() {
   std::printf("cpu\n");
@@ -330,23 +687,48 @@ int main(int argc, char **argv) {
     std::printf("model %s (targets %s, compiled from %s)\n",
                 opts.library.c_str(), info->target, info->source);
     for (int i = 0; i < info->num_inputs; ++i)
-      std::printf("  input  %s: %s\n", info->inputs[i].name,
-                  describeSpec(info->inputs[i]).c_str());
+      std::printf("  input  %s: %s %s\n", info->inputs[i].name,
+                  std::string(dtypeName(static_cast<DType>(info->inputs[i].dtype)))
+                      .c_str(),
+                  shapeString(library->batchShape(info->inputs[i])).c_str());
     for (int i = 0; i < info->num_outputs; ++i)
-      std::printf("  output %s: %s\n", info->outputs[i].name,
-                  describeSpec(info->outputs[i]).c_str());
+      std::printf("  output %s: %s %s\n", info->outputs[i].name,
+                  std::string(dtypeName(static_cast<DType>(info->outputs[i].dtype)))
+                      .c_str(),
+                  shapeString(library->batchShape(info->outputs[i])).c_str());
     std::printf("  %d weights in %s, arena %lld bytes\n", info->num_weights,
                 info->weights_file, static_cast<long long>(info->arena_bytes));
+    std::printf("  mesh: %s (%lld ranks)\n", library->describeMesh().c_str(),
+                static_cast<long long>(library->meshRanks()));
+    if (library->isPipelined()) {
+      std::printf("  pipeline: %d stages on %d pipeline ranks, %d "
+                  "micro-batches of %lld rows, %s schedule\n",
+                  info->num_stages, info->num_pipeline_ranks,
+                  info->microbatches,
+                  static_cast<long long>(
+                      info->num_inputs && info->inputs[0].rank
+                          ? info->inputs[0].shape[0]
+                          : 1),
+                  info->schedule_policy);
+      for (int k = 0; k < info->num_stages; ++k)
+        std::printf("    stage %d: %d inputs, %d outputs, %d weights, arena "
+                    "%lld bytes\n",
+                    k, info->stages[k].num_inputs, info->stages[k].num_outputs,
+                    info->stages[k].num_weights,
+                    static_cast<long long>(info->stages[k].arena_bytes));
+    }
     return 0;
   }
 
-  // Ranks: start them, or join the job that started this one.
+  // Ranks: start them, or join the job that started this one. The inputs
+  // are checked first, so a wrong file fails before any rank starts.
   bool underMpi = Communicator::launchedByMpi();
   int64_t meshRanks = library->meshRanks();
   if (opts.ranks > 0 && opts.ranks != meshRanks)
     die("'" + opts.library + "' was partitioned for " +
         library->describeMesh() + ", which takes " + std::to_string(meshRanks) +
         " rank(s), not -n " + std::to_string(opts.ranks));
+  std::vector<NpyArray> inputs = readInputs(opts, *library);
   if (opts.ranks > 1 && !underMpi)
     launch(opts);
   if (meshRanks > 1 && !underMpi)
@@ -354,6 +736,10 @@ int main(int argc, char **argv) {
         library->describeMesh() + "; run it with pcc-run -n " +
         std::to_string(meshRanks));
   bool multiRank = underMpi;
+  if ((!opts.trace.empty() || !opts.traceSvg.empty()) &&
+      !library->isPipelined())
+    die("--trace and --trace-svg draw a pipeline's timeline; '" +
+        opts.library + "' is not pipelined (pcc --pp)");
 
   // The device: weights, inputs, outputs and the arena live in its memory.
   // Ranks on one host share its GPUs round-robin.
@@ -371,6 +757,8 @@ int main(int argc, char **argv) {
   if (multiRank)
     ranks = joinRanks(*info, meshRanks, **device, library->describeMesh());
   bool leader = !multiRank || ranks.world->rank() == 0;
+  if (library->isPipelined())
+    return runPipelined(opts, *library, **device, ranks, inputs);
 
   // Weights: map the file and bind each weight by name, checking its type.
   std::string weightsPath =
@@ -382,43 +770,11 @@ int main(int argc, char **argv) {
   if (!weights.ok())
     die(weights.error());
 
-  // Inputs, checked against the model's signature.
-  if (static_cast<int>(opts.inputs.size()) != info->num_inputs) {
-    std::string names;
-    for (int i = 0; i < info->num_inputs; ++i)
-      names += std::string(i ? ", " : "") + info->inputs[i].name + " (" +
-               describeSpec(info->inputs[i]) + ")";
-    die("the model takes " + std::to_string(info->num_inputs) + " input(s): " +
-        names + "; got " + std::to_string(opts.inputs.size()) + " --input");
-  }
-  std::vector<NpyArray> inputs;
   std::vector<const void *> inputPtrs;
-  for (int i = 0; i < info->num_inputs; ++i) {
-    auto array = readNpy(opts.inputs[i]);
-    if (!array.ok())
-      die(array.error());
-    const pcc_tensor_spec &spec = info->inputs[i];
-    if (array->dtype != static_cast<DType>(spec.dtype) ||
-        array->shape != specShape(spec))
-      die("input '" + std::string(spec.name) + "' must be " +
-          describeSpec(spec) + ", but '" + opts.inputs[i] + "' holds " +
-          std::string(dtypeName(array->dtype)) + " " +
-          shapeString(array->shape));
-    inputs.push_back(array.take());
-  }
   for (const NpyArray &a : inputs)
     inputPtrs.push_back(a.data.data());
-
-  std::vector<NpyArray> outputs;
+  std::vector<NpyArray> outputs = makeOutputs(*library);
   std::vector<void *> outputPtrs;
-  for (int i = 0; i < info->num_outputs; ++i) {
-    const pcc_tensor_spec &spec = info->outputs[i];
-    NpyArray a;
-    a.dtype = static_cast<DType>(spec.dtype);
-    a.shape = specShape(spec);
-    a.data.resize(elementCount(a.shape) * dtypeSize(a.dtype));
-    outputs.push_back(std::move(a));
-  }
   for (NpyArray &a : outputs)
     outputPtrs.push_back(a.data.data());
 
@@ -462,63 +818,7 @@ int main(int argc, char **argv) {
 
   // Outputs: rank 0 writes, prints and compares; every rank runs the
   // benchmark, since each run is collective.
-  if (!leader)
-    opts.outputs.clear(), opts.expects.clear();
-  if (opts.outputs.size() > outputs.size())
-    die(std::to_string(opts.outputs.size()) + " --output files for " +
-        std::to_string(outputs.size()) + " model output(s)");
-  for (size_t i = 0; i < opts.outputs.size(); ++i) {
-    Status s = writeNpy(opts.outputs[i], outputs[i]);
-    if (!s.ok())
-      die(s.error());
-  }
-  bool allMatch = true;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const NpyArray &a = outputs[i];
-    int64_t count = elementCount(a.shape);
-    if (!leader)
-      continue;
-    std::printf("output %s: %s %s [", info->outputs[i].name,
-                std::string(dtypeName(a.dtype)).c_str(),
-                shapeString(a.shape).c_str());
-    for (int64_t j = 0; j < std::min<int64_t>(count, 6); ++j)
-      std::printf("%s%.6g", j ? ", " : "", valueAt(a.data.data(), a.dtype, j));
-    std::printf("%s]\n", count > 6 ? ", ..." : "");
-    if (i >= opts.expects.size())
-      continue;
-    auto ref = readNpy(opts.expects[i]);
-    if (!ref.ok())
-      die(ref.error());
-    if (ref->shape != a.shape)
-      die("reference '" + opts.expects[i] + "' has shape " +
-          shapeString(ref->shape) + ", output '" + info->outputs[i].name +
-          "' has " + shapeString(a.shape));
-    double maxAbs = 0, maxRel = 0;
-    int64_t bad = 0;
-    for (int64_t j = 0; j < count; ++j) {
-      double x = valueAt(a.data.data(), a.dtype, j);
-      double r = valueAt(ref->data.data(), ref->dtype, j);
-      double diff = std::fabs(x - r);
-      bool nanMatch = std::isnan(x) && std::isnan(r);
-      if (!nanMatch && !(diff <= opts.atol + opts.rtol * std::fabs(r)))
-        ++bad;
-      if (!nanMatch) {
-        maxAbs = std::max(maxAbs, diff);
-        if (r != 0)
-          maxRel = std::max(maxRel, diff / std::fabs(r));
-      }
-    }
-    std::printf("  vs %s: max |diff| %.3g, max rel %.3g: %s (rtol %g, atol "
-                "%g)\n",
-                opts.expects[i].c_str(), maxAbs, maxRel,
-                bad ? "MISMATCH" : "matches", opts.rtol, opts.atol);
-    if (bad) {
-      std::printf("  %lld of %lld elements outside tolerance\n",
-                  static_cast<long long>(bad), static_cast<long long>(count));
-      allMatch = false;
-    }
-  }
-
+  bool allMatch = leader ? reportOutputs(opts, *info, outputs) : true;
   if (opts.bench > 0) {
     std::vector<double> ms;
     for (int i = 0; i < opts.bench; ++i) {
@@ -531,29 +831,15 @@ int main(int argc, char **argv) {
                        std::chrono::steady_clock::now() - start)
                        .count());
     }
-    std::sort(ms.begin(), ms.end());
-    auto pct = [&](double p) {
-      return ms[std::min<size_t>(ms.size() - 1, size_t(p * ms.size()))];
-    };
-    double mean = 0;
-    for (double m : ms)
-      mean += m;
-    mean /= ms.size();
     int64_t batch =
         info->num_inputs && info->inputs[0].rank ? info->inputs[0].shape[0] : 1;
-    if (!leader)
-      return allMatch ? 0 : 1;
-    std::printf(
-        "bench (%s%s, inputs resident): %d runs, latency ms p50 %.3f p90 "
-        "%.3f p99 %.3f mean "
-        "%.3f; %.1f runs/s, %.1f samples/s (batch %lld)\n",
-        ((*device)->describe() +
-         (multiRank ? " x " + std::to_string(ranks.world->size()) + " ranks"
-                    : ""))
-            .c_str(),
-        opts.cudaGraph ? ", cuda graph" : "", opts.bench, pct(0.5), pct(0.9),
-        pct(0.99), mean, 1000.0 / mean, 1000.0 * batch / mean,
-        static_cast<long long>(batch));
+    if (leader)
+      printBench(ms,
+                 (*device)->describe() +
+                     (multiRank ? " x " + std::to_string(ranks.world->size()) +
+                                      " ranks"
+                                : ""),
+                 opts.cudaGraph ? ", cuda graph" : "", batch);
   }
   return allMatch ? 0 : 1;
 }

@@ -426,10 +426,9 @@ int main(int argc, char **argv) {
     return fail("--pp=" + std::to_string(pp) + " needs " +
                 std::to_string(pp - 1) + " names in --pp-cuts, not " +
                 std::to_string(ppCuts.size()));
-  if (pp > 1 && (what == Emit::SharedLibrary || what == Emit::Cpp))
-    return fail("--pp above 1 cuts the model into stages (see them with "
-                "--emit=mlir or --explain), but building a pipelined library "
-                "is not in this version of pcc yet");
+  if (microbatches > 1 && pp == 1)
+    return fail("--microbatches splits the batch for a pipeline; it needs "
+                "--pp above 1");
 
   MLIRContext context;
   context.loadDialect<pcc::PccDialect, func::FuncDialect>();

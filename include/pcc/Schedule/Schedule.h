@@ -87,6 +87,10 @@ struct Schedule {
   std::string describe() const;
 };
 
+/// One instruction as describe() writes it ("F3", "send_fwd3>1",
+/// "recv_fwd2.1<0" for chunk 1), or nullopt when `text` is not one.
+std::optional<Instr> parseInstr(const std::string &text);
+
 /// The schedule for `options`, or an error naming what does not fit (e.g.
 /// interleaving needs m to be a multiple of p).
 struct GenerateResult {

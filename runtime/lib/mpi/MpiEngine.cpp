@@ -15,9 +15,12 @@
 #include <climits>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 struct pcc_mpi_comm {
   MPI_Comm comm;
+  /// Sends started by pcc_mpi_isend and not yet waited for.
+  std::vector<MPI_Request> pending;
 };
 
 namespace {
@@ -227,6 +230,30 @@ int pcc_mpi_recv(pcc_mpi_comm *comm, void *buffer, int64_t count, int dtype,
   if (int rc = MPI_Recv(buffer, int(count), type, peer, 0, comm->comm,
                         MPI_STATUS_IGNORE))
     return fail("MPI_Recv", rc);
+  return 0;
+}
+
+int pcc_mpi_isend(pcc_mpi_comm *comm, const void *buffer, int64_t count,
+                  int dtype, int peer) {
+  MPI_Datatype type;
+  if (prepare(count, dtype, type))
+    return 1;
+  MPI_Request request;
+  if (int rc =
+          MPI_Isend(buffer, int(count), type, peer, 0, comm->comm, &request))
+    return fail("MPI_Isend", rc);
+  comm->pending.push_back(request);
+  return 0;
+}
+
+int pcc_mpi_wait_sends(pcc_mpi_comm *comm) {
+  if (comm->pending.empty())
+    return 0;
+  int rc = MPI_Waitall(static_cast<int>(comm->pending.size()),
+                       comm->pending.data(), MPI_STATUSES_IGNORE);
+  comm->pending.clear();
+  if (rc)
+    return fail("MPI_Waitall (sends)", rc);
   return 0;
 }
 

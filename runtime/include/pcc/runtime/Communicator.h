@@ -74,6 +74,18 @@ public:
   virtual Status send(const void *buffer, int64_t count, DType type,
                       int peer) = 0;
   virtual Status recv(void *buffer, int64_t count, DType type, int peer) = 0;
+  /// A send that may return before the peer has the data (MPI_Isend); the
+  /// buffer stays untouched until completeSends(). Sends and receives
+  /// between two ranks match in the order they are issued. Engines without
+  /// non-blocking sends send at once.
+  virtual Status sendAsync(const void *buffer, int64_t count, DType type,
+                           int peer) {
+    return send(buffer, count, type, peer);
+  }
+  /// Completes every sendAsync issued so far.
+  virtual Status completeSends() { return Status::success(); }
+  /// Returns once every rank of the group has called it.
+  virtual Status barrier();
   /// Completes the collectives issued so far (NCCL: waits for the stream,
   /// aborting after `timeoutMs` when a peer is gone; others: no-op).
   virtual Status wait(int64_t timeoutMs);

@@ -47,6 +47,11 @@ int pcc_mpi_send(pcc_mpi_comm *comm, const void *buffer, int64_t count,
 int pcc_mpi_recv(pcc_mpi_comm *comm, void *buffer, int64_t count, int dtype,
                  int peer);
 int pcc_mpi_barrier(pcc_mpi_comm *comm);
+/* A send that returns at once; the buffer must stay untouched until
+ * pcc_mpi_wait_sends, which completes every send started so far. */
+int pcc_mpi_isend(pcc_mpi_comm *comm, const void *buffer, int64_t count,
+                  int dtype, int peer);
+int pcc_mpi_wait_sends(pcc_mpi_comm *comm);
 
 /*--- NCCL (libpcc_runtime_cuda.so) --------------------------------------*/
 

@@ -1,9 +1,15 @@
 /*===- ModelAbi.h - the C ABI of a model library built by pcc -----*- C -*-===//
  *
- * A model.so built by `pcc model.onnx -o model.so` exports three functions.
+ * A model.so built by `pcc model.onnx -o model.so` exports four functions.
  * pcc-run (or any host program) loads it with dlopen, checks
  * abi_version == PCC_MODEL_ABI_VERSION, maps the weights file, allocates
  * arena_bytes on the device it runs on, and calls pcc_model_run.
+ *
+ * A pipelined library (`pcc --pp=N`) is cut into stages. Each stage has its
+ * own inputs, outputs, weights and arena and runs with pcc_model_run_stage;
+ * pipeline rank r runs the instruction list schedules[r], which names the
+ * stage, the micro-batch and the peer of every compute step, send and
+ * receive. A library that is not pipelined has one stage, the whole model.
  *
  * A library holds code for one or more targets (`pcc --target=cpu|cuda|all`).
  * The run context names the target of a call and carries the backend's
@@ -22,7 +28,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 3
+#define PCC_MODEL_ABI_VERSION 4
 
 /* Targets, as bits of pcc_model_info.targets. */
 enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
@@ -44,6 +50,43 @@ typedef struct pcc_weight_shard {
   int64_t stripes;
 } pcc_weight_shard;
 
+/* One step of a pipeline rank's schedule. Forward-only runs use the first
+ * three kinds; the others are the training schedules' backward work. */
+enum pcc_pipeline_op {
+  PCC_PIPE_FORWARD = 0,
+  PCC_PIPE_SEND_FORWARD = 1, /* the stage's outputs to the next stage */
+  PCC_PIPE_RECV_FORWARD = 2, /* the stage's inputs from the previous one */
+  PCC_PIPE_BACKWARD = 3,
+  PCC_PIPE_WEIGHT_GRAD = 4,
+  PCC_PIPE_SEND_BACKWARD = 5,
+  PCC_PIPE_RECV_BACKWARD = 6
+};
+
+typedef struct pcc_pipeline_instr {
+  int32_t op;         /* enum pcc_pipeline_op */
+  int32_t microbatch;
+  int32_t stage;      /* the stage of this rank that computes, sends or
+                         receives */
+  int32_t peer;       /* sends and receives: the pipeline rank at the
+                         other end; -1 otherwise */
+} pcc_pipeline_instr;
+
+/* One pipeline stage: a program over one micro-batch. */
+typedef struct pcc_stage_info {
+  int32_t num_inputs;
+  const pcc_tensor_spec *inputs;
+  /* Where each input comes from: s >= 0 is output s of the previous stage
+   * (received with PCC_PIPE_RECV_FORWARD), -1 - k is model input k (the
+   * micro-batch's rows of it). */
+  const int32_t *input_sources;
+  int32_t num_outputs;
+  const pcc_tensor_spec *outputs; /* the last stage's are the model's */
+  int32_t num_weights;
+  const int32_t *weights; /* indices into pcc_model_info.weights, in the
+                             order pcc_model_run_stage reads them */
+  int64_t arena_bytes;
+} pcc_stage_info;
+
 typedef struct pcc_model_info {
   uint32_t abi_version;
   uint32_t targets;         /* bits of enum pcc_target */
@@ -64,6 +107,17 @@ typedef struct pcc_model_info {
   const char *const *mesh_axes;
   const int64_t *mesh_sizes;
   const pcc_weight_shard *weight_shards; /* one per weight */
+  /* Pipelining. Every input and output carries the batch in dimension 0,
+   * split into `microbatches` equal parts; the specs above and the stages'
+   * are one micro-batch's. */
+  int32_t microbatches;
+  int32_t num_stages;
+  const pcc_stage_info *stages;
+  int32_t pipeline_axis; /* index into mesh_axes of the pipeline axis; -1 */
+  int32_t num_pipeline_ranks;
+  const int32_t *schedule_lengths;              /* per pipeline rank */
+  const pcc_pipeline_instr *const *schedules;   /* per pipeline rank */
+  const char *schedule_policy; /* "gpipe", "1f1b", ...; "" unpipelined */
 } pcc_model_info;
 
 /* The collectives of one mesh axis, bound by the runtime to MPI or NCCL.
@@ -98,15 +152,26 @@ typedef const pcc_model_info *(*pcc_model_get_info_fn)(void);
 typedef int (*pcc_model_run_fn)(const pcc_run_context *context,
                                 const void *const *inputs, void *const *outputs,
                                 const void *const *weights, void *arena);
+typedef int (*pcc_model_run_stage_fn)(int32_t stage,
+                                      const pcc_run_context *context,
+                                      const void *const *inputs,
+                                      void *const *outputs,
+                                      const void *const *weights, void *arena);
 typedef const char *(*pcc_model_last_error_fn)(void);
 
 /* Exported by every model library. pcc_model_run returns 0 on success, the
  * outputs written (on CUDA: the stream synchronised); on failure
- * pcc_model_last_error() names the ONNX node at fault. */
+ * pcc_model_last_error() names the ONNX node at fault. A pipelined library
+ * refuses pcc_model_run: its stages run one at a time with
+ * pcc_model_run_stage, whose inputs, outputs, weights and arena are the
+ * stage's (pcc_stage_info). */
 const pcc_model_info *pcc_model_get_info(void);
 int pcc_model_run(const pcc_run_context *context, const void *const *inputs,
                   void *const *outputs, const void *const *weights,
                   void *arena);
+int pcc_model_run_stage(int32_t stage, const pcc_run_context *context,
+                        const void *const *inputs, void *const *outputs,
+                        const void *const *weights, void *arena);
 const char *pcc_model_last_error(void);
 
 #ifdef __cplusplus

@@ -25,6 +25,8 @@ struct AlignedBuffer;
 /// "F32 2x16" for a tensor spec.
 std::string describeSpec(const pcc_tensor_spec &spec);
 std::vector<int64_t> specShape(const pcc_tensor_spec &spec);
+/// Bytes of a tensor of `spec`.
+int64_t specBytes(const pcc_tensor_spec &spec);
 
 class ModelLibrary {
 public:
@@ -46,9 +48,12 @@ public:
   /// mesh axis is read as this rank's slice (`coords`: the rank's position
   /// on each mesh axis; empty for rank 0 of every axis) into memory the
   /// library keeps; whole weights point into the mapped file.
+  /// `needed`, when given, marks the weights to read (a pipeline rank's
+  /// stages); the others are left null.
   Result<std::vector<const void *>>
   bindWeights(const SafetensorsFile &file, const std::string &path,
-              const std::vector<int64_t> &coords = {}) const;
+              const std::vector<int64_t> &coords = {},
+              const std::vector<bool> *needed = nullptr) const;
   /// Ranks the library was partitioned for (the product of its mesh).
   int64_t meshRanks() const;
   /// "tp=2" style description of the mesh axes above size 1, or "one
@@ -58,6 +63,17 @@ public:
   Status run(const pcc_run_context &context, const void *const *inputs,
              void *const *outputs, const void *const *weights,
              void *arena) const;
+  /// Runs one pipeline stage on its own inputs, outputs, weights and arena.
+  Status runStage(int32_t stage, const pcc_run_context &context,
+                  const void *const *inputs, void *const *outputs,
+                  const void *const *weights, void *arena) const;
+  /// Whether the library is cut into pipeline stages.
+  bool isPipelined() const { return modelInfo->num_stages > 1; }
+  /// The stages pipeline rank `ppRank` runs, in order.
+  std::vector<int32_t> stagesOf(int64_t ppRank) const;
+  /// The shape of model input or output `spec` over the whole batch: every
+  /// micro-batch's rows.
+  std::vector<int64_t> batchShape(const pcc_tensor_spec &spec) const;
 
 private:
   ModelLibrary() = default;
@@ -65,6 +81,7 @@ private:
   void *handle = nullptr;
   const pcc_model_info *modelInfo = nullptr;
   pcc_model_run_fn runFn = nullptr;
+  pcc_model_run_stage_fn runStageFn = nullptr;
   pcc_model_last_error_fn lastErrorFn = nullptr;
   mutable std::vector<std::unique_ptr<AlignedBuffer>> shardBuffers;
 };

@@ -1,0 +1,232 @@
+//===- Trace.cpp - pipeline timelines: Chrome trace, SVG, bubble ----------===//
+
+#include "Trace.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+using pccrt::Error;
+using pccrt::Status;
+using pccrt::TraceEvent;
+
+namespace pccrun {
+
+double makespan(const std::vector<RankTrace> &ranks) {
+  double end = 0;
+  for (const RankTrace &r : ranks)
+    for (const TraceEvent &e : r.events)
+      end = std::max(end, e.end);
+  return end;
+}
+
+double bubbleFraction(const RankTrace &rank, double span) {
+  if (span <= 0)
+    return 0;
+  double busy = 0;
+  for (const TraceEvent &e : rank.events)
+    if (e.kind == TraceEvent::Kind::Compute)
+      busy += e.end - e.start;
+  return std::clamp(1 - busy / span, 0.0, 1.0);
+}
+
+double analyticBubble(int p, int m) {
+  return double(p - 1) / double(m + p - 1);
+}
+
+namespace {
+
+/// `s` inside a JSON string.
+std::string json(const std::string &s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20)
+      out += c;
+  }
+  return out;
+}
+
+/// `s` as SVG (XML) text.
+std::string escape(const std::string &s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else
+      out += c;
+  }
+  return out;
+}
+
+/// "F3 (stage 1)", "send 3 > 2", "recv 3 < 0", "wait for sends".
+std::string label(const TraceEvent &e) {
+  switch (e.kind) {
+  case TraceEvent::Kind::Compute:
+    return "F" + std::to_string(e.microbatch) + " (stage " +
+           std::to_string(e.stage) + ")";
+  case TraceEvent::Kind::Send:
+    return "send " + std::to_string(e.microbatch) + " to pp " +
+           std::to_string(e.peer);
+  case TraceEvent::Kind::Recv:
+    return "recv " + std::to_string(e.microbatch) + " from pp " +
+           std::to_string(e.peer);
+  case TraceEvent::Kind::WaitSends:
+    return "wait for sends";
+  }
+  return "?";
+}
+
+/// The rank's idle intervals within [0, span]: the gaps between its steps.
+std::vector<std::pair<double, double>> idleIntervals(const RankTrace &r,
+                                                     double span) {
+  std::vector<std::pair<double, double>> gaps;
+  double at = 0;
+  for (const TraceEvent &e : r.events) {
+    if (e.start > at)
+      gaps.emplace_back(at, e.start);
+    at = std::max(at, e.end);
+  }
+  if (span > at)
+    gaps.emplace_back(at, span);
+  return gaps;
+}
+
+Status writeFile(const std::string &path, const std::string &text) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out)
+    return Error{"cannot write '" + path + "': " + std::strerror(errno)};
+  out << text;
+  out.close();
+  if (!out)
+    return Error{"cannot write '" + path + "': " + std::strerror(errno)};
+  return Status::success();
+}
+
+} // namespace
+
+Status writeChromeTrace(const std::string &path, const TraceInfo &info,
+                        const std::vector<RankTrace> &ranks) {
+  double span = makespan(ranks);
+  std::ostringstream os;
+  os.precision(3);
+  os << std::fixed;
+  os << "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"model\": \""
+     << json(info.model) << "\", \"schedule\": \"" << json(info.policy)
+     << "\", \"pipeline_ranks\": " << info.pipelineRanks
+     << ", \"microbatches\": " << info.microbatches << "},\n"
+     << "\"traceEvents\": [\n";
+  bool first = true;
+  auto event = [&](const std::string &text) {
+    os << (first ? "" : ",\n") << text;
+    first = false;
+  };
+  for (const RankTrace &r : ranks) {
+    std::ostringstream name;
+    name << "rank " << r.rank << " [" << r.coords << "] " << r.stages
+         << ", bubble " << std::lround(100 * bubbleFraction(r, span)) << "%";
+    event("{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " +
+          std::to_string(r.rank) + ", \"args\": {\"name\": \"" +
+          json(name.str()) + "\"}}");
+    auto interval = [&](const std::string &label, const char *category,
+                        double start, double end, const std::string &args) {
+      std::ostringstream e;
+      e.precision(3);
+      e << std::fixed << "{\"name\": \"" << json(label) << "\", \"cat\": \""
+        << category << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": " << r.rank
+        << ", \"ts\": " << start * 1e6 << ", \"dur\": " << (end - start) * 1e6
+        << ", \"args\": {" << args << "}}";
+      event(e.str());
+    };
+    for (const TraceEvent &e : r.events)
+      interval(label(e), pccrt::traceKindName(e.kind), e.start, e.end,
+               "\"stage\": " + std::to_string(e.stage) +
+                   ", \"microbatch\": " + std::to_string(e.microbatch));
+    for (auto [start, end] : idleIntervals(r, span))
+      interval("idle", "idle", start, end, "");
+  }
+  os << "\n]}\n";
+  return writeFile(path, os.str());
+}
+
+Status writeSvg(const std::string &path, const TraceInfo &info,
+                const std::vector<RankTrace> &ranks) {
+  double span = makespan(ranks);
+  const int left = 250, right = 20, top = 56, row = 34, bar = 24;
+  const int plot = 900;
+  int width = left + plot + right;
+  int height = top + row * static_cast<int>(ranks.size()) + 50;
+  auto x = [&](double t) { return left + (span > 0 ? t / span : 0) * plot; };
+  std::ostringstream os;
+  os.precision(2);
+  os << std::fixed;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width
+     << "\" height=\"" << height << "\" font-family=\"sans-serif\" "
+     << "font-size=\"12\">\n"
+     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  double mean = 0;
+  for (const RankTrace &r : ranks)
+    mean += bubbleFraction(r, span);
+  mean /= std::max<size_t>(ranks.size(), 1);
+  std::ostringstream title;
+  title.precision(3);
+  title << std::fixed << escape(info.model) << ": " << info.pipelineRanks
+        << " pipeline ranks, " << info.microbatches << " micro-batches, "
+        << escape(info.policy) << "; makespan " << span * 1e3
+        << " ms, measured bubble " << mean << " (analytic "
+        << analyticBubble(info.pipelineRanks, info.microbatches) << ")";
+  os << "<text x=\"10\" y=\"22\" font-size=\"14\">" << title.str()
+     << "</text>\n";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const RankTrace &r = ranks[i];
+    double y = top + row * static_cast<double>(i);
+    os << "<text x=\"10\" y=\"" << y + bar * 0.7 << "\">rank " << r.rank
+       << " [" << escape(r.coords) << "] bubble "
+       << std::lround(100 * bubbleFraction(r, span)) << "%</text>\n";
+    os << "<rect x=\"" << left << "\" y=\"" << y << "\" width=\"" << plot
+       << "\" height=\"" << bar << "\" fill=\"#f2f2f2\"/>\n";
+    for (const TraceEvent &e : r.events) {
+      double x0 = x(e.start), w = std::max(x(e.end) - x0, 0.5);
+      std::string fill = "#9e9e9e";
+      if (e.kind == TraceEvent::Kind::Compute) {
+        // One hue per micro-batch.
+        int hue = (e.microbatch * 47) % 360;
+        fill = "hsl(" + std::to_string(hue) + ",65%,55%)";
+      }
+      os << "<rect x=\"" << x0 << "\" y=\""
+         << y + (e.kind == TraceEvent::Kind::Compute ? 0 : bar / 3.0)
+         << "\" width=\"" << w << "\" height=\""
+         << (e.kind == TraceEvent::Kind::Compute ? bar : bar / 3.0)
+         << "\" fill=\"" << fill << "\"><title>" << escape(label(e)) << " "
+         << (e.end - e.start) * 1e3 << " ms</title></rect>\n";
+      if (e.kind == TraceEvent::Kind::Compute && w > 18)
+        os << "<text x=\"" << x0 + w / 2 << "\" y=\"" << y + bar * 0.68
+           << "\" text-anchor=\"middle\" fill=\"white\">F" << e.microbatch
+           << "</text>\n";
+    }
+  }
+  double axis = top + row * static_cast<double>(ranks.size()) + 8;
+  os << "<line x1=\"" << left << "\" y1=\"" << axis << "\" x2=\""
+     << left + plot << "\" y2=\"" << axis << "\" stroke=\"black\"/>\n";
+  for (int t = 0; t <= 4; ++t) {
+    double at = span * t / 4;
+    os << "<text x=\"" << x(at) << "\" y=\"" << axis + 16
+       << "\" text-anchor=\"middle\">" << at * 1e3 << " ms</text>\n";
+  }
+  os << "<text x=\"10\" y=\"" << axis + 34
+     << "\">coloured: compute (one colour per micro-batch); grey bars: send "
+        "and receive; light grey: idle</text>\n";
+  os << "</svg>\n";
+  return writeFile(path, os.str());
+}
+
+} // namespace pccrun

@@ -1,0 +1,55 @@
+//===- Trace.h - pipeline timelines: Chrome trace, SVG, bubble ----*- C++
+//-*-===//
+//
+// Every rank's steps of one pipelined run (pccrt::TraceEvent), gathered on
+// rank 0, become a Chrome-trace / Perfetto JSON file (compute, send, recv
+// and idle intervals per rank), an SVG Gantt chart, and the measured bubble
+// fraction per rank: the share of the run's makespan the rank spent not
+// computing.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_RUN_TRACE_H
+#define PCC_RUN_TRACE_H
+
+#include "pcc/runtime/Pipeline.h"
+#include "pcc/runtime/Result.h"
+
+#include <string>
+#include <vector>
+
+namespace pccrun {
+
+/// One rank's row of the timeline.
+struct RankTrace {
+  int rank = 0;
+  /// "pp=1, tp=0"
+  std::string coords;
+  /// The stages the rank runs, as "stage 1" or "stages 1, 3".
+  std::string stages;
+  std::vector<pccrt::TraceEvent> events;
+};
+
+/// What the run was, for titles.
+struct TraceInfo {
+  std::string model;
+  std::string policy;
+  int pipelineRanks = 1;
+  int microbatches = 1;
+};
+
+/// The run's makespan: the latest end of any rank's step.
+double makespan(const std::vector<RankTrace> &ranks);
+/// 1 - (the rank's compute time) / makespan.
+double bubbleFraction(const RankTrace &rank, double makespan);
+/// GPipe's and 1F1B's analytic bubble, (p - 1) / (m + p - 1).
+double analyticBubble(int pipelineRanks, int microbatches);
+
+pccrt::Status writeChromeTrace(const std::string &path, const TraceInfo &info,
+                               const std::vector<RankTrace> &ranks);
+pccrt::Status writeSvg(const std::string &path, const TraceInfo &info,
+                       const std::vector<RankTrace> &ranks);
+
+} // namespace pccrun
+
+#endif // PCC_RUN_TRACE_H
