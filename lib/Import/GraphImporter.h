@@ -8,6 +8,7 @@
 #include "pcc/Import/OnnxImporter.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/StringSet.h"
 
 namespace mlir::pcc::onnx_import {
 
@@ -64,6 +65,10 @@ private:
   OpBuilder builder;
   Location fileLoc;
   llvm::StringMap<ImportedValue> values;
+  /// With micro-batches: the symbols of the inputs' dimension 0 (the
+  /// batch), and the rows of one micro-batch.
+  llvm::StringSet<> batchSymbols;
+  int64_t microbatchRows = 0;
 };
 
 } // namespace mlir::pcc::onnx_import

@@ -21,6 +21,7 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Transforms/Passes.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -576,21 +577,28 @@ int main(int argc, char **argv) {
       names.push_back(name);
     // Bytes in the file (whole weights) and bytes one rank reads (its
     // slices of split weights, plus every weight some op reads whole).
-    llvm::StringMap<int64_t> wholeBytes, rankBytes;
+    // A pipeline rank reads only its stage's weights.
+    llvm::StringMap<int64_t> wholeBytes;
+    llvm::DenseMap<Operation *, llvm::StringMap<int64_t>> stageBytes;
     (*module)->walk([&](pcc::ParamOp param) {
       int64_t local = bytesOf(param.getType());
       int64_t whole = local;
       if (pcc::ShardingAttr shard = param.getShardAttr())
         whole *= *pcc::getMeshAxisSize(param, shard.getAxis());
       wholeBytes[param.getName()] = whole;
-      int64_t &read = rankBytes[param.getName()];
+      int64_t &read =
+          stageBytes[param->getParentOfType<func::FuncOp>()][param.getName()];
       read = std::max(read, local);
     });
     int64_t weightBytes = 0, bytesPerRank = 0;
     for (auto &entry : wholeBytes)
       weightBytes += entry.second;
-    for (auto &entry : rankBytes)
-      bytesPerRank += entry.second;
+    for (auto &[stage, bytes] : stageBytes) {
+      int64_t sum = 0;
+      for (auto &entry : bytes)
+        sum += entry.second;
+      bytesPerRank = std::max(bytesPerRank, sum);
+    }
     if (failed(pcc::writeOnnxWeights(inputFile, names, weightsPath, &context)))
       return 1;
     pcc::BuildOptions buildOptions;
@@ -616,17 +624,23 @@ int main(int argc, char **argv) {
     if (failed(pcc::buildSharedLibrary(&context, source, outputFile,
                                        buildOptions)))
       return 1;
-    auto main = (*module)->lookupSymbol<func::FuncOp>("main");
-    int64_t arena =
-        main->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
+    // Each pipeline rank runs one stage: the largest arena is a rank's.
+    int64_t arena = 0;
+    (*module)->walk([&](func::FuncOp f) {
+      if (auto a = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
+        arena = std::max(arena, a.getInt());
+    });
     llvm::errs() << "pcc: wrote " << outputFile << " ("
                  << (target == Target::Cpu    ? "cpu"
                      : target == Target::Cuda ? "cuda"
                                               : "cpu+cuda")
                  << ", arena " << arena << " bytes) and " << weightsPath << " ("
                  << names.size() << " weights, " << weightBytes << " bytes";
-    if (tp > 1)
+    if (tp > 1 && pp == 1)
       llvm::errs() << "; each of the " << tp << " tp ranks reads "
+                   << bytesPerRank;
+    else if (pp > 1)
+      llvm::errs() << "; each of the " << tp * pp << " ranks reads at most "
                    << bytesPerRank;
     llvm::errs() << ")\n";
     return 0;

@@ -1426,13 +1426,14 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
                        tensorTypeOf(v));
     int64_t arena = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
     arenaBytes = std::max(arenaBytes, arena);
-    stageTables += specArray(prefix + "Inputs", in, shapes) +
-                   specArray(prefix + "Outputs", out, shapes);
+    stageTables += specArray(prefix + "Inputs", in, shapes);
+    stageTables += specArray(prefix + "Outputs", out, shapes);
+    // C++ has no empty arrays: an unused 0 stands in for none.
     auto list = [](ArrayRef<int32_t> values) {
       std::string s;
       for (int32_t v : values)
-        s += std::to_string(v) + ", ";
-      return s + "0";
+        s += (s.empty() ? "" : ", ") + std::to_string(v);
+      return s.empty() ? std::string("0") : s;
     };
     stageTables += "static const int32_t " + prefix + "Sources[] = {" +
                    list(stage.sources) + "};\n";
@@ -1456,6 +1457,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   int pipelineAxis = -1;
   std::string policy;
   std::vector<std::vector<std::string>> tables{{"{0, 0, 0, -1}"}};
+  std::vector<std::string> scheduleText{"F0"};
   if (schedule) {
     auto count = schedule.getAs<IntegerAttr>("microbatches");
     microbatches = count ? count.getInt() : 1;
@@ -1465,6 +1467,9 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
     if (failed(parsed))
       return failure();
     tables = std::move(*parsed);
+    scheduleText.clear();
+    for (Attribute rank : schedule.getAs<ArrayAttr>("ranks"))
+      scheduleText.push_back(cast<StringAttr>(rank).str());
     auto pp = meshAxes.find("pp");
     if (pp == meshAxes.end())
       return module.emitError("code generation: a pipelined module needs a "
@@ -1479,6 +1484,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   }
   std::string scheduleTable;
   for (auto [r, table] : llvm::enumerate(tables)) {
+    scheduleTable += "// pipeline rank " + std::to_string(r) + ": " +
+                     scheduleText[r] + "\n";
     scheduleTable += "static const pcc_pipeline_instr kSchedule" +
                      std::to_string(r) + "[] = {";
     for (const std::string &instr : table)
