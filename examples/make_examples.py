@@ -11,6 +11,9 @@ Writes, next to this script:
     <name>.onnx               the exported model (float32 weights)
     data/<name>.input.npy     reference input at batch 2
     data/<name>.output.npy    PyTorch's output for that input (float32)
+    data/gpt.batch8.*.npy     gpt at batch 8, for the pipeline example
+                              (`make_examples.py gpt.batch8` writes only
+                              these, without exporting gpt again)
 
 Everything is seeded, so re-running produces the same weights and data
 (the .onnx bytes may differ across torch versions).
@@ -330,11 +333,29 @@ NAMES = ["mlp", "transformer_postnorm", "transformer_prenorm", "gpt",
          "resnet18"]
 
 
+def gpt_batch8():
+    """A batch of 8 token sequences and gpt's logits for them: enough rows
+    to split into 4 or 8 pipeline micro-batches."""
+    model, _, _ = build("gpt")
+    model.eval()
+    torch.manual_seed(5)
+    ids = torch.randint(0, 512, (8, 16), dtype=torch.int64)
+    with torch.no_grad():
+        logits = model(ids)
+    np.save(os.path.join(DATA, "gpt.batch8.input.npy"), ids.numpy())
+    np.save(os.path.join(DATA, "gpt.batch8.output.npy"),
+            logits.numpy().astype(np.float32))
+    print("gpt.batch8: input 8x16, logits %s" % (tuple(logits.shape),))
+
+
 def main(argv):
     os.makedirs(DATA, exist_ok=True)
     torch.set_num_threads(1)
-    names = argv or NAMES
+    names = argv or NAMES + ["gpt.batch8"]
     for name in names:
+        if name == "gpt.batch8":
+            gpt_batch8()
+            continue
         model, x, kw = build(name)
         export(name, model, x, **kw)
 

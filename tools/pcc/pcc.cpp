@@ -148,6 +148,8 @@ Examples:
   pcc examples/gpt.onnx --dim=batch=2 --dim=seq=16 --tp=4 -o gpt4.so
   pcc-run -n 4 gpt4.so --input examples/data/gpt.input.npy    # 4 ranks, mpirun
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --pp=2 --microbatches=4 --explain
+  pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --tp=2 --pp=2 --microbatches=4 -o gp.so
+  pcc-run -n 4 gp.so --input examples/data/gpt.batch8.input.npy --trace-svg t.svg
 
 Exit status: 0 on success, 1 on any error (the message names the file, the
 ONNX node or the option at fault).

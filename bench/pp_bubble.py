@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Measured pipeline bubble of pcc's GPipe forward schedule against the
+analytic (p - 1) / (m + p - 1).
+
+Builds a deep MLP whose layers are identical (so every cut gives balanced
+stages), compiles it with `pcc --pp=p --microbatches=m --schedule=gpipe`
+for p in {2, 4} and m in {4, 8, 16} (each micro-batch the same number of
+rows, so a stage step costs the same in every configuration), runs it with
+`pcc-run -n p --bench N --trace`, and reads the measured bubble of the last
+(warm) run: per rank, the share of the run's makespan spent not computing,
+averaged over ranks. Each configuration runs --trials times; the table
+shows the median trial.
+
+CPU ranks share this machine's cores: with more ranks than cores the stages
+that should run at once are time-sliced, which the table flags.
+
+usage: bench/pp_bubble.py [--pcc build/bin/pcc] [--rows 32] [--hidden 512]
+                          [--layers 8] [--trials 3]
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_model(path, layers, hidden):
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(hidden, hidden)
+
+        def forward(self, x):
+            return x + torch.nn.functional.gelu(self.fc(x))
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Block() for _ in range(layers)]).eval()
+    x = torch.randn(2, hidden)
+    torch.onnx.export(model, (x,), path, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}},
+                      opset_version=17, dynamo=False)
+
+
+def write_input(path, rows, hidden):
+    import numpy as np
+    np.save(path, np.random.default_rng(0).standard_normal((rows, hidden)).astype(np.float32))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pcc", default=os.path.join(ROOT, "build", "bin", "pcc"))
+    ap.add_argument("--pcc-run", default=os.path.join(ROOT, "build", "bin", "pcc-run"))
+    ap.add_argument("--rows", type=int, default=32, help="rows per micro-batch")
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--stages", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
+    args = ap.parse_args()
+    cores = os.cpu_count() or 1
+    print(f"deep MLP: {args.layers} x (Linear {args.hidden}x{args.hidden} + GELU, residual), "
+          f"{args.rows} rows per micro-batch, fp32, CPU ranks on {cores} cores\n")
+    print("| p | m | measured bubble (mean over ranks) | analytic (p-1)/(m+p-1) "
+          "| measured - analytic | makespan ms | note |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path = os.path.join(tmp, "deep_mlp.onnx")
+        make_model(onnx_path, args.layers, args.hidden)
+        for p in args.stages:
+            for m in args.microbatches:
+                rows = m * args.rows
+                lib = os.path.join(tmp, f"mlp.p{p}.m{m}.so")
+                data = os.path.join(tmp, f"x{rows}.npy")
+                write_input(data, rows, args.hidden)
+                subprocess.run([args.pcc, onnx_path, f"--batch={rows}", f"--pp={p}",
+                                f"--microbatches={m}", "--schedule=gpipe", "-o", lib],
+                               check=True, capture_output=True)
+                trials = []
+                for _ in range(args.trials):
+                    out = subprocess.run(
+                        [args.pcc_run, "-n", str(p), lib, "--input", data, "--bench", "3",
+                         "--trace", os.path.join(tmp, "t.json")],
+                        check=True, capture_output=True, text=True).stdout
+                    bubble = re.search(r"mean bubble ([0-9.]+); \(p-1\)/\(m\+p-1\) = ([0-9.]+)", out)
+                    span = re.search(r"makespan ([0-9.]+) ms", out)
+                    trials.append((float(bubble.group(1)), float(bubble.group(2)),
+                                   float(span.group(1))))
+                trials.sort()
+                measured, analytic, span = trials[len(trials) // 2]
+                note = "" if p <= cores else f"{p} ranks on {cores} cores: time-sliced"
+                print(f"| {p} | {m} | {measured:.3f} | {analytic:.3f} | "
+                      f"{measured - analytic:+.3f} | {span:.2f} | {note} |")
+                sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
