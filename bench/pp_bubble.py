@@ -44,7 +44,7 @@ def make_model(path, layers, hidden):
     x = torch.randn(2, hidden)
     torch.onnx.export(model, (x,), path, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}},
-                      opset_version=17, dynamo=False)
+                      opset_version=17)
 
 
 def write_input(path, rows, hidden):

@@ -161,7 +161,7 @@ Status writeChromeTrace(const std::string &path, const TraceInfo &info,
 Status writeSvg(const std::string &path, const TraceInfo &info,
                 const std::vector<RankTrace> &ranks) {
   double span = makespan(ranks);
-  const int left = 250, right = 20, top = 56, row = 34, bar = 24;
+  const int left = 250, right = 50, top = 56, row = 34, bar = 24;
   const int plot = 900;
   int width = left + plot + right;
   int height = top + row * static_cast<int>(ranks.size()) + 50;

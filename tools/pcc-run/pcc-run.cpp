@@ -613,7 +613,9 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
       }
     }
     if (leader) {
-      pccrun::TraceInfo ti{info.source, info.schedule_policy,
+      std::string model = info.source;
+      model = model.substr(model.find_last_of('/') + 1);
+      pccrun::TraceInfo ti{model, info.schedule_policy,
                            info.num_pipeline_ranks, info.microbatches};
       double span = pccrun::makespan(rows);
       double mean = 0;
