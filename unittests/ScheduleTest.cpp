@@ -155,11 +155,11 @@ TEST(Schedule, Describe) {
 // Tests that parseInstr reads back every instruction describe() writes, and
 // rejects text that is not one.
 TEST(Schedule, ParseInstr) {
-  for (Policy policy : {Policy::GPipe, Policy::Interleaved,
-                        Policy::ZeroBubbleH1})
+  for (Policy policy :
+       {Policy::GPipe, Policy::Interleaved, Policy::ZeroBubbleH1})
     for (bool fwd : {false, true}) {
-      Schedule s = make(policy, 4, 8, policy == Policy::Interleaved ? 2 : 1,
-                        fwd);
+      Schedule s =
+          make(policy, 4, 8, policy == Policy::Interleaved ? 2 : 1, fwd);
       std::string text = s.describe();
       size_t rank = 0, start = 0;
       while (start < text.size()) {

@@ -89,8 +89,9 @@ std::optional<Instr> parseInstr(const std::string &text) {
     auto number = [&](int32_t &out) {
       size_t start = pos;
       int64_t value = 0;
-      while (pos < text.size() && std::isdigit(static_cast<unsigned char>(
-                                      text[pos])) && value < (1 << 30))
+      while (pos < text.size() &&
+             std::isdigit(static_cast<unsigned char>(text[pos])) &&
+             value < (1 << 30))
         value = value * 10 + (text[pos++] - '0');
       out = static_cast<int32_t>(value);
       return pos > start;

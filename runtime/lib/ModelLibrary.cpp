@@ -98,11 +98,9 @@ std::string ModelLibrary::describeMesh() const {
   return s.empty() ? "one device" : s;
 }
 
-Result<std::vector<const void *>>
-ModelLibrary::bindWeights(const SafetensorsFile &file,
-                          const std::string &weightsPath,
-                          const std::vector<int64_t> &coords,
-                          const std::vector<bool> *needed) const {
+Result<std::vector<const void *>> ModelLibrary::bindWeights(
+    const SafetensorsFile &file, const std::string &weightsPath,
+    const std::vector<int64_t> &coords, const std::vector<bool> *needed) const {
   std::vector<const void *> pointers;
   for (int i = 0; i < modelInfo->num_weights; ++i) {
     if (needed && !(*needed)[i]) {

@@ -22,8 +22,8 @@ const char *traceKindName(TraceEvent::Kind kind) {
 
 Result<PipelineRunner>
 PipelineRunner::create(const ModelLibrary &library, Device &device,
-                       const std::vector<const void *> &weights,
-                       int64_t ppRank, Communicator *pipe) {
+                       const std::vector<const void *> &weights, int64_t ppRank,
+                       Communicator *pipe) {
   const pcc_model_info &info = library.info();
   if (!(info.targets & device.target()))
     return Error{"the model was compiled for " + std::string(info.target) +
@@ -64,8 +64,8 @@ PipelineRunner::create(const ModelLibrary &library, Device &device,
         continue;
       }
       int64_t bytes = specBytes(info.weights[w]);
-      auto ptr = own(bytes, "weight '" + std::string(info.weights[w].name) +
-                                "'");
+      auto ptr =
+          own(bytes, "weight '" + std::string(info.weights[w].name) + "'");
       if (!ptr.ok())
         return Error{ptr.error()};
       Status s = device.copyToDevice(*ptr, weights[w], bytes);
@@ -88,8 +88,8 @@ PipelineRunner::create(const ModelLibrary &library, Device &device,
       if (source >= 0 || runner.inputs[-1 - source])
         continue;
       const pcc_tensor_spec &spec = info.inputs[-1 - source];
-      auto ptr = own(specBytes(spec) * m,
-                     "input '" + std::string(spec.name) + "'");
+      auto ptr =
+          own(specBytes(spec) * m, "input '" + std::string(spec.name) + "'");
       if (!ptr.ok())
         return Error{ptr.error()};
       runner.inputs[-1 - source] = *ptr;
@@ -112,9 +112,9 @@ PipelineRunner::create(const ModelLibrary &library, Device &device,
     Stage s;
     s.index = k;
     std::string where = "stage " + std::to_string(k);
-    auto arena = own(info_k.arena_bytes, where + " arena (" +
-                                             std::to_string(info_k.arena_bytes) +
-                                             " bytes)");
+    auto arena = own(info_k.arena_bytes,
+                     where + " arena (" + std::to_string(info_k.arena_bytes) +
+                         " bytes)");
     if (!arena.ok())
       return Error{arena.error()};
     s.arena = *arena;
@@ -153,9 +153,8 @@ Status PipelineRunner::setInputs(const std::vector<const void *> &host) {
   for (int i = 0; i < info.num_inputs; ++i) {
     if (!inputs[i])
       continue;
-    Status s = device->copyToDevice(inputs[i], host[i],
-                                    specBytes(info.inputs[i]) *
-                                        info.microbatches);
+    Status s = device->copyToDevice(
+        inputs[i], host[i], specBytes(info.inputs[i]) * info.microbatches);
     if (!s.ok())
       return Error{"input '" + std::string(info.inputs[i].name) +
                    "': " + s.error()};
@@ -208,12 +207,13 @@ Status PipelineRunner::send(Stage &s, int32_t mb, int32_t peer) {
     if (source < 0)
       continue;
     const pcc_tensor_spec &spec = from.outputs[source];
-    Status st = pipe->sendAsync(s.sent[mb][source], elementCount(specShape(spec)),
-                                static_cast<DType>(spec.dtype), peer);
+    Status st =
+        pipe->sendAsync(s.sent[mb][source], elementCount(specShape(spec)),
+                        static_cast<DType>(spec.dtype), peer);
     if (!st.ok())
       return Error{"stage " + std::to_string(s.index) + " sending '" +
-                   spec.name + "' of micro-batch " + std::to_string(mb) +
-                   ": " + st.error()};
+                   spec.name + "' of micro-batch " + std::to_string(mb) + ": " +
+                   st.error()};
   }
   return Status::success();
 }
@@ -228,8 +228,8 @@ Status PipelineRunner::receive(Stage &s, int32_t mb, int32_t peer) {
                            static_cast<DType>(spec.dtype), peer);
     if (!st.ok())
       return Error{"stage " + std::to_string(s.index) + " receiving '" +
-                   spec.name + "' of micro-batch " + std::to_string(mb) +
-                   ": " + st.error()};
+                   spec.name + "' of micro-batch " + std::to_string(mb) + ": " +
+                   st.error()};
   }
   return Status::success();
 }
@@ -250,8 +250,8 @@ Status PipelineRunner::run(std::chrono::steady_clock::time_point origin) {
       return Error{"the schedule of pipeline rank " + std::to_string(ppRank) +
                    " names stage " + std::to_string(instr.stage) +
                    ", which runs elsewhere"};
-    bool p2p = instr.op == PCC_PIPE_SEND_FORWARD ||
-               instr.op == PCC_PIPE_RECV_FORWARD;
+    bool p2p =
+        instr.op == PCC_PIPE_SEND_FORWARD || instr.op == PCC_PIPE_RECV_FORWARD;
     if (p2p && !pipe)
       return Error{"the schedule sends between pipeline ranks, but this run "
                    "has one"};
@@ -287,8 +287,7 @@ Status PipelineRunner::run(std::chrono::steady_clock::time_point origin) {
       st = pipe->wait(/*timeoutMs=*/600000);
     if (!st.ok())
       return st;
-    events.push_back(
-        {TraceEvent::Kind::WaitSends, -1, -1, -1, start, now()});
+    events.push_back({TraceEvent::Kind::WaitSends, -1, -1, -1, start, now()});
   }
   return device->synchronize();
 }
@@ -296,9 +295,8 @@ Status PipelineRunner::run(std::chrono::steady_clock::time_point origin) {
 Status PipelineRunner::readOutputs(const std::vector<void *> &host) {
   const pcc_model_info &info = library->info();
   for (int j = 0; j < info.num_outputs; ++j) {
-    Status s = device->copyToHost(host[j], outputs[j],
-                                  specBytes(info.outputs[j]) *
-                                      info.microbatches);
+    Status s = device->copyToHost(
+        host[j], outputs[j], specBytes(info.outputs[j]) * info.microbatches);
     if (!s.ok())
       return Error{"output '" + std::string(info.outputs[j].name) +
                    "': " + s.error()};

@@ -189,8 +189,8 @@ Status writeSvg(const std::string &path, const TraceInfo &info,
   for (size_t i = 0; i < ranks.size(); ++i) {
     const RankTrace &r = ranks[i];
     double y = top + row * static_cast<double>(i);
-    os << "<text x=\"10\" y=\"" << y + bar * 0.7 << "\">rank " << r.rank
-       << " [" << escape(r.coords) << "] bubble "
+    os << "<text x=\"10\" y=\"" << y + bar * 0.7 << "\">rank " << r.rank << " ["
+       << escape(r.coords) << "] bubble "
        << std::lround(100 * bubbleFraction(r, span)) << "%</text>\n";
     os << "<rect x=\"" << left << "\" y=\"" << y << "\" width=\"" << plot
        << "\" height=\"" << bar << "\" fill=\"#f2f2f2\"/>\n";
@@ -215,8 +215,8 @@ Status writeSvg(const std::string &path, const TraceInfo &info,
     }
   }
   double axis = top + row * static_cast<double>(ranks.size()) + 8;
-  os << "<line x1=\"" << left << "\" y1=\"" << axis << "\" x2=\""
-     << left + plot << "\" y2=\"" << axis << "\" stroke=\"black\"/>\n";
+  os << "<line x1=\"" << left << "\" y1=\"" << axis << "\" x2=\"" << left + plot
+     << "\" y2=\"" << axis << "\" stroke=\"black\"/>\n";
   for (int t = 0; t <= 4; ++t) {
     double at = span * t / 4;
     os << "<text x=\"" << x(at) << "\" y=\"" << axis + 16

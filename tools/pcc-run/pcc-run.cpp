@@ -448,7 +448,8 @@ void printBench(std::vector<double> ms, const std::string &where,
 }
 
 /// The world rank at mesh coordinates `coords` (the last axis fastest).
-int worldRankAt(const pcc_model_info &info, const std::vector<int64_t> &coords) {
+int worldRankAt(const pcc_model_info &info,
+                const std::vector<int64_t> &coords) {
   int64_t rank = 0;
   for (int a = 0; a < info.num_mesh_axes; ++a)
     rank = rank * info.mesh_sizes[a] + coords[a];
@@ -580,10 +581,9 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
       std::string stages;
       for (int32_t k : library.stagesOf(c[ppAxis]))
         stages += (stages.empty() ? "" : ", ") + std::to_string(k);
-      return std::pair{s, (library.stagesOf(c[ppAxis]).size() > 1
-                               ? "stages "
-                               : "stage ") +
-                              stages};
+      return std::pair{
+          s, (library.stagesOf(c[ppAxis]).size() > 1 ? "stages " : "stage ") +
+                 stages};
     };
     for (int r = 0; r < world.size(); ++r) {
       std::vector<TraceEvent> events;
@@ -595,14 +595,14 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
         if (world.rank() == r) {
           s = world.send(&count, 1, DType::I64, 0);
           if (s.ok() && count)
-            s = world.send(events.data(), count * sizeof(TraceEvent),
-                           DType::U8, 0);
+            s = world.send(events.data(), count * sizeof(TraceEvent), DType::U8,
+                           0);
         } else if (leader) {
           s = world.recv(&count, 1, DType::I64, r);
           events.resize(count);
           if (s.ok() && count)
-            s = world.recv(events.data(), count * sizeof(TraceEvent),
-                           DType::U8, r);
+            s = world.recv(events.data(), count * sizeof(TraceEvent), DType::U8,
+                           r);
         }
         if (!s.ok())
           die("gathering the timeline on rank 0: " + s.error());
@@ -615,8 +615,8 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
     if (leader) {
       std::string model = info.source;
       model = model.substr(model.find_last_of('/') + 1);
-      pccrun::TraceInfo ti{model, info.schedule_policy,
-                           info.num_pipeline_ranks, info.microbatches};
+      pccrun::TraceInfo ti{model, info.schedule_policy, info.num_pipeline_ranks,
+                           info.microbatches};
       double span = pccrun::makespan(rows);
       double mean = 0;
       std::printf("timeline of the last run: makespan %.3f ms\n", span * 1e3);
@@ -627,15 +627,13 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
             compute += e.end - e.start;
         double bubble = pccrun::bubbleFraction(r, span);
         mean += bubble / rows.size();
-        std::printf("  rank %d [%s] %s: compute %.3f ms, bubble %.3f\n",
-                    r.rank, r.coords.c_str(), r.stages.c_str(), compute * 1e3,
-                    bubble);
+        std::printf("  rank %d [%s] %s: compute %.3f ms, bubble %.3f\n", r.rank,
+                    r.coords.c_str(), r.stages.c_str(), compute * 1e3, bubble);
       }
-      std::printf("  mean bubble %.3f; (p-1)/(m+p-1) = %.3f for p=%d, m=%d\n",
-                  mean,
-                  pccrun::analyticBubble(info.num_pipeline_ranks,
-                                         info.microbatches),
-                  info.num_pipeline_ranks, info.microbatches);
+      std::printf(
+          "  mean bubble %.3f; (p-1)/(m+p-1) = %.3f for p=%d, m=%d\n", mean,
+          pccrun::analyticBubble(info.num_pipeline_ranks, info.microbatches),
+          info.num_pipeline_ranks, info.microbatches);
       if (!opts.trace.empty()) {
         Status s = pccrun::writeChromeTrace(opts.trace, ti, rows);
         if (!s.ok())
@@ -689,29 +687,30 @@ int main(int argc, char **argv) {
     std::printf("model %s (targets %s, compiled from %s)\n",
                 opts.library.c_str(), info->target, info->source);
     for (int i = 0; i < info->num_inputs; ++i)
-      std::printf("  input  %s: %s %s\n", info->inputs[i].name,
-                  std::string(dtypeName(static_cast<DType>(info->inputs[i].dtype)))
-                      .c_str(),
-                  shapeString(library->batchShape(info->inputs[i])).c_str());
+      std::printf(
+          "  input  %s: %s %s\n", info->inputs[i].name,
+          std::string(dtypeName(static_cast<DType>(info->inputs[i].dtype)))
+              .c_str(),
+          shapeString(library->batchShape(info->inputs[i])).c_str());
     for (int i = 0; i < info->num_outputs; ++i)
-      std::printf("  output %s: %s %s\n", info->outputs[i].name,
-                  std::string(dtypeName(static_cast<DType>(info->outputs[i].dtype)))
-                      .c_str(),
-                  shapeString(library->batchShape(info->outputs[i])).c_str());
+      std::printf(
+          "  output %s: %s %s\n", info->outputs[i].name,
+          std::string(dtypeName(static_cast<DType>(info->outputs[i].dtype)))
+              .c_str(),
+          shapeString(library->batchShape(info->outputs[i])).c_str());
     std::printf("  %d weights in %s, arena %lld bytes\n", info->num_weights,
                 info->weights_file, static_cast<long long>(info->arena_bytes));
     std::printf("  mesh: %s (%lld ranks)\n", library->describeMesh().c_str(),
                 static_cast<long long>(library->meshRanks()));
     if (library->isPipelined()) {
-      std::printf("  pipeline: %d stages on %d pipeline ranks, %d "
-                  "micro-batches of %lld rows, %s schedule\n",
-                  info->num_stages, info->num_pipeline_ranks,
-                  info->microbatches,
-                  static_cast<long long>(
-                      info->num_inputs && info->inputs[0].rank
-                          ? info->inputs[0].shape[0]
-                          : 1),
-                  info->schedule_policy);
+      std::printf(
+          "  pipeline: %d stages on %d pipeline ranks, %d "
+          "micro-batches of %lld rows, %s schedule\n",
+          info->num_stages, info->num_pipeline_ranks, info->microbatches,
+          static_cast<long long>(info->num_inputs && info->inputs[0].rank
+                                     ? info->inputs[0].shape[0]
+                                     : 1),
+          info->schedule_policy);
       for (int k = 0; k < info->num_stages; ++k)
         std::printf("    stage %d: %d inputs, %d outputs, %d weights, arena "
                     "%lld bytes\n",
@@ -740,8 +739,8 @@ int main(int argc, char **argv) {
   bool multiRank = underMpi;
   if ((!opts.trace.empty() || !opts.traceSvg.empty()) &&
       !library->isPipelined())
-    die("--trace and --trace-svg draw a pipeline's timeline; '" +
-        opts.library + "' is not pipelined (pcc --pp)");
+    die("--trace and --trace-svg draw a pipeline's timeline; '" + opts.library +
+        "' is not pipelined (pcc --pp)");
 
   // The device: weights, inputs, outputs and the arena live in its memory.
   // Ranks on one host share its GPUs round-robin.

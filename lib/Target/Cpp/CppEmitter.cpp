@@ -1228,9 +1228,8 @@ FailureOr<std::vector<StageProgram>> collectStages(ModuleOp module,
         return call.emitError("code generation: stage ")
                << k << " must read model inputs or the outputs of stage "
                << k - 1 << " through a one-hop pcc.transfer";
-      stage.sources.push_back(
-          static_cast<int32_t>(cast<OpResult>(transfer.getInput())
-                                   .getResultNumber()));
+      stage.sources.push_back(static_cast<int32_t>(
+          cast<OpResult>(transfer.getInput()).getResultNumber()));
     }
     stageOfCall[call] = k;
     stages.push_back(std::move(stage));
@@ -1248,8 +1247,7 @@ FailureOr<std::vector<StageProgram>> collectStages(ModuleOp module,
                             "last stage's results, in order");
     last = result.getOwner();
   }
-  if (stages.empty() ||
-      (last && last->getNumResults() != ret.getNumOperands()))
+  if (stages.empty() || (last && last->getNumResults() != ret.getNumOperands()))
     return main.emitError("code generation: a pipelined @main returns the "
                           "last stage's results, in order");
   return stages;
@@ -1484,8 +1482,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   }
   std::string scheduleTable;
   for (auto [r, table] : llvm::enumerate(tables)) {
-    scheduleTable += "// pipeline rank " + std::to_string(r) + ": " +
-                     scheduleText[r] + "\n";
+    scheduleTable +=
+        "// pipeline rank " + std::to_string(r) + ": " + scheduleText[r] + "\n";
     scheduleTable += "static const pcc_pipeline_instr kSchedule" +
                      std::to_string(r) + "[] = {";
     for (const std::string &instr : table)

@@ -63,12 +63,12 @@ enum pcc_pipeline_op {
 };
 
 typedef struct pcc_pipeline_instr {
-  int32_t op;         /* enum pcc_pipeline_op */
+  int32_t op; /* enum pcc_pipeline_op */
   int32_t microbatch;
-  int32_t stage;      /* the stage of this rank that computes, sends or
-                         receives */
-  int32_t peer;       /* sends and receives: the pipeline rank at the
-                         other end; -1 otherwise */
+  int32_t stage; /* the stage of this rank that computes, sends or
+                    receives */
+  int32_t peer;  /* sends and receives: the pipeline rank at the
+                    other end; -1 otherwise */
 } pcc_pipeline_instr;
 
 /* One pipeline stage: a program over one micro-batch. */
@@ -115,8 +115,8 @@ typedef struct pcc_model_info {
   const pcc_stage_info *stages;
   int32_t pipeline_axis; /* index into mesh_axes of the pipeline axis; -1 */
   int32_t num_pipeline_ranks;
-  const int32_t *schedule_lengths;              /* per pipeline rank */
-  const pcc_pipeline_instr *const *schedules;   /* per pipeline rank */
+  const int32_t *schedule_lengths;            /* per pipeline rank */
+  const pcc_pipeline_instr *const *schedules; /* per pipeline rank */
   const char *schedule_policy; /* "gpipe", "1f1b", ...; "" unpipelined */
 } pcc_model_info;
 
@@ -140,9 +140,9 @@ typedef struct pcc_comm {
 
 /* What one run executes on. */
 typedef struct pcc_run_context {
-  int32_t target;  /* one enum pcc_target */
-  int32_t device;  /* CUDA device ordinal; 0 on the CPU */
-  void *backend;   /* pcc_cuda_context * for CUDA; null on the CPU */
+  int32_t target; /* one enum pcc_target */
+  int32_t device; /* CUDA device ordinal; 0 on the CPU */
+  void *backend;  /* pcc_cuda_context * for CUDA; null on the CPU */
   /* One per mesh axis, in the order of pcc_model_info.mesh_axes; null is
    * allowed when every axis has size 1. */
   const pcc_comm *comms;
