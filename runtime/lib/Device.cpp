@@ -249,15 +249,23 @@ DeviceBuffer::~DeviceBuffer() {
     device->release(ptr);
 }
 
-Result<ModelRunner>
-ModelRunner::create(const ModelLibrary &library, Device &device,
-                    const std::vector<const void *> &weights) {
+Status checkTarget(const ModelLibrary &library, const Device &device) {
   const pcc_model_info &info = library.info();
   if (!(info.targets & device.target()))
     return Error{"the model was compiled for " + std::string(info.target) +
                  " and cannot run on " + device.describe() +
                  "; compile it with pcc --target=" +
                  (device.isHost() ? "cpu" : "cuda") + " (or --target=all)"};
+  return Status::success();
+}
+
+Result<ModelRunner>
+ModelRunner::create(const ModelLibrary &library, Device &device,
+                    const std::vector<const void *> &weights) {
+  const pcc_model_info &info = library.info();
+  Status target = checkTarget(library, device);
+  if (!target.ok())
+    return Error{target.error()};
   ModelRunner runner;
   runner.library = &library;
   runner.device = &device;

@@ -25,11 +25,9 @@ PipelineRunner::create(const ModelLibrary &library, Device &device,
                        const std::vector<const void *> &weights, int64_t ppRank,
                        Communicator *pipe) {
   const pcc_model_info &info = library.info();
-  if (!(info.targets & device.target()))
-    return Error{"the model was compiled for " + std::string(info.target) +
-                 " and cannot run on " + device.describe() +
-                 "; compile it with pcc --target=" +
-                 (device.isHost() ? "cpu" : "cuda") + " (or --target=all)"};
+  Status target = checkTarget(library, device);
+  if (!target.ok())
+    return Error{target.error()};
   if (ppRank >= info.num_pipeline_ranks)
     return Error{"pipeline rank " + std::to_string(ppRank) +
                  " has no schedule (the library has " +

@@ -73,6 +73,9 @@ private:
   void *ptr = nullptr;
 };
 
+/// Fails, naming the fix, when `library` has no code for `device`.
+Status checkTarget(const ModelLibrary &library, const Device &device);
+
 /// A model library bound to a device with its weights in device memory.
 class ModelRunner {
 public:
