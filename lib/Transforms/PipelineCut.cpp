@@ -373,20 +373,30 @@ LogicalResult PipelineCutPass::outline(func::FuncOp main, const CutModel &m,
         else if (stageOf(def) != s)
           carry(v, stageOf(def), s);
       }
-  for (Value v : ret.getOperands())
-    if (Operation *def = v.getDefiningOp(); def && !m.isCloned(def)) {
-      carry(v, stageOf(def), numStages - 1);
-      outputs[numStages - 1].insert(v);
-    }
+  // The last stage returns the model's outputs, in order and with
+  // repeats: values computed earlier pass through, graph inputs come in
+  // directly and weight- or constant-only values are cloned into it.
+  int64_t last = numStages - 1;
+  SmallVector<Value> finalOutputs(ret.getOperands());
+  for (Value v : finalOutputs) {
+    Operation *def = v.getDefiningOp();
+    if (!def)
+      inputs[last].insert(v);
+    else if (!m.isCloned(def))
+      carry(v, stageOf(def), last);
+  }
 
   OpBuilder builder(context);
   builder.setInsertionPoint(main);
   std::vector<func::FuncOp> funcs;
   for (int64_t s = 0; s < numStages; ++s) {
+    SmallVector<Value> returned =
+        s == last ? finalOutputs
+                  : SmallVector<Value>(outputs[s].begin(), outputs[s].end());
     SmallVector<Type> in, out;
     for (Value v : inputs[s])
       in.push_back(v.getType());
-    for (Value v : outputs[s])
+    for (Value v : returned)
       out.push_back(v.getType());
     auto f = func::FuncOp::create(builder, main.getLoc(),
                                   ("stage" + std::to_string(s)),
@@ -405,8 +415,11 @@ LogicalResult PipelineCutPass::outline(func::FuncOp main, const CutModel &m,
       b.clone(*m.ops[i], map);
     }
     SmallVector<Value> results;
-    for (Value v : outputs[s])
+    for (Value v : returned) {
+      if (Operation *def = v.getDefiningOp(); def && m.isCloned(def))
+        cloneDefinition(v, b, map);
       results.push_back(map.lookup(v));
+    }
     func::ReturnOp::create(b, main.getLoc(), results);
     funcs.push_back(f);
   }
@@ -430,19 +443,13 @@ LogicalResult PipelineCutPass::outline(func::FuncOp main, const CutModel &m,
       bytes += tensorBytes(v);
     }
     auto call = func::CallOp::create(builder, main.getLoc(), funcs[s], args);
+    if (s == last) {
+      // Outputs are the last stage's results, one for one.
+      ret->setOperands(call.getResults());
+      break;
+    }
     for (auto [v, r] : llvm::zip(outputs[s], call.getResults()))
       latest[v] = r;
-  }
-  // Outputs come from the last stage.
-  for (OpOperand &operand : ret->getOpOperands()) {
-    Value v = operand.get();
-    if (Operation *def = v.getDefiningOp(); def && m.isCloned(def)) {
-      IRMapping map;
-      cloneDefinition(v, builder, map);
-      operand.set(map.lookup(v));
-    } else if (def) {
-      operand.set(latest.lookup(v));
-    }
   }
   transferBytes = bytes;
   // The original ops, users first.

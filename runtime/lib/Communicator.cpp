@@ -14,6 +14,8 @@ namespace pccrt {
 
 Status Communicator::wait(int64_t) { return Status::success(); }
 
+void Communicator::abortJob(int code) { std::_Exit(code); }
+
 Status Communicator::barrier() {
   if (size() == 1)
     return Status::success();
@@ -165,6 +167,7 @@ struct MpiApi {
   decltype(&pcc_mpi_isend) isend;
   decltype(&pcc_mpi_wait_sends) waitSends;
   decltype(&pcc_mpi_barrier) barrier;
+  decltype(&pcc_mpi_abort) abort;
 };
 
 Result<MpiApi> loadMpiApi() {
@@ -189,7 +192,8 @@ Result<MpiApi> loadMpiApi() {
             bindSymbol(*handle, api.recv, "pcc_mpi_recv") &&
             bindSymbol(*handle, api.isend, "pcc_mpi_isend") &&
             bindSymbol(*handle, api.waitSends, "pcc_mpi_wait_sends") &&
-            bindSymbol(*handle, api.barrier, "pcc_mpi_barrier");
+            bindSymbol(*handle, api.barrier, "pcc_mpi_barrier") &&
+            bindSymbol(*handle, api.abort, "pcc_mpi_abort");
   if (!ok)
     return Error{"libpcc_runtime_mpi.so lacks the pcc_mpi_* entry points; it "
                  "belongs to another pcc version"};
@@ -211,6 +215,10 @@ public:
   }
   Status barrier() override {
     return check(api.barrier(comm), "barrier", 0, DType::U8);
+  }
+  [[noreturn]] void abortJob(int code) override {
+    api.abort(code);
+    std::_Exit(code);
   }
   Result<std::unique_ptr<Communicator>> split(int color, int key) override {
     pcc_mpi_comm *sub = api.split(comm, color, key);

@@ -53,6 +53,10 @@ Result<ModelLibrary> ModelLibrary::open(const std::string &path) {
                  "; rebuild it with the matching pcc"};
   if (!lib.runStageFn)
     return Error{"'" + path + "' does not export pcc_model_run_stage"};
+  Status tables = lib.checkPipeline();
+  if (!tables.ok())
+    return Error{"'" + path +
+                 "' has a broken pipeline table: " + tables.error()};
   return lib;
 }
 
@@ -162,6 +166,56 @@ Status ModelLibrary::run(const pcc_run_context &context,
                          const void *const *weights, void *arena) const {
   if (runFn(&context, inputs, outputs, weights, arena) != 0)
     return Error{std::string("the model failed: ") + lastErrorFn()};
+  return Status::success();
+}
+
+Status ModelLibrary::checkPipeline() const {
+  const pcc_model_info &info = *modelInfo;
+  int32_t stages = info.num_stages, ranks = info.num_pipeline_ranks;
+  int32_t m = info.microbatches;
+  if (stages < 1 || ranks < 1 || m < 1 || stages % ranks != 0)
+    return Error{std::to_string(stages) + " stages, " + std::to_string(ranks) +
+                 " pipeline ranks, " + std::to_string(m) + " micro-batches"};
+  if (stages > 1 &&
+      (info.pipeline_axis < 0 || info.pipeline_axis >= info.num_mesh_axes ||
+       info.mesh_sizes[info.pipeline_axis] != ranks))
+    return Error{"the pipeline axis does not match the " +
+                 std::to_string(ranks) + " pipeline ranks"};
+  for (int32_t k = 0; k < stages; ++k) {
+    const pcc_stage_info &stage = info.stages[k];
+    for (int i = 0; i < stage.num_inputs; ++i) {
+      int32_t s = stage.input_sources[i];
+      bool ok = s < 0 ? -1 - s < info.num_inputs
+                      : k > 0 && s < info.stages[k - 1].num_outputs;
+      if (!ok)
+        return Error{"stage " + std::to_string(k) + " input " +
+                     std::to_string(i) + " has no source " + std::to_string(s)};
+    }
+    for (int i = 0; i < stage.num_weights; ++i)
+      if (stage.weights[i] < 0 || stage.weights[i] >= info.num_weights)
+        return Error{"stage " + std::to_string(k) + " reads weight " +
+                     std::to_string(stage.weights[i])};
+  }
+  if (info.stages[stages - 1].num_outputs != info.num_outputs)
+    return Error{"the last stage does not return the model's outputs"};
+  for (int32_t r = 0; r < ranks; ++r)
+    for (int32_t n = 0; n < info.schedule_lengths[r]; ++n) {
+      const pcc_pipeline_instr &instr = info.schedules[r][n];
+      bool p2p = instr.op == PCC_PIPE_SEND_FORWARD ||
+                 instr.op == PCC_PIPE_RECV_FORWARD;
+      bool ok =
+          instr.microbatch >= 0 && instr.microbatch < m && instr.stage >= 0 &&
+          instr.stage < stages && instr.stage % ranks == r &&
+          (!p2p || (instr.peer >= 0 && instr.peer < ranks)) &&
+          !(instr.op == PCC_PIPE_SEND_FORWARD && instr.stage == stages - 1) &&
+          !(instr.op == PCC_PIPE_RECV_FORWARD && instr.stage == 0);
+      if (!ok)
+        return Error{"pipeline rank " + std::to_string(r) + " step " +
+                     std::to_string(n) + " (op " + std::to_string(instr.op) +
+                     ", micro-batch " + std::to_string(instr.microbatch) +
+                     ", stage " + std::to_string(instr.stage) + ", peer " +
+                     std::to_string(instr.peer) + ")"};
+    }
   return Status::success();
 }
 

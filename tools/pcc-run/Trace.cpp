@@ -44,10 +44,18 @@ namespace {
 std::string json(const std::string &s) {
   std::string out;
   for (char c : s) {
-    if (c == '"' || c == '\\')
+    unsigned char u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
       out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20)
       out += c;
+    } else if (u < 0x20 || u >= 0x80) {
+      // Control characters, and bytes that may not be UTF-8, as escapes.
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", u);
+      out += escaped;
+    } else {
+      out += c;
+    }
   }
   return out;
 }

@@ -86,10 +86,17 @@ Examples:
 
 /// "rank R of N: " once this process is one rank of several.
 std::string rankPrefix;
+/// The job's world once this process has joined it: a failing rank ends
+/// the job through it, so the others do not wait for it forever.
+Communicator *jobWorld = nullptr;
 
 [[noreturn]] void die(const std::string &message) {
   std::fprintf(stderr, "pcc-run: %serror: %s\n", rankPrefix.c_str(),
                message.c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (jobWorld)
+    jobWorld->abortJob(1);
   std::exit(1);
 }
 
@@ -265,6 +272,7 @@ Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks, Device &device,
   if (!world.ok())
     die(world.error());
   r.world = world.take();
+  jobWorld = r.world.get();
   int rank = r.world->rank(), size = r.world->size();
   rankPrefix =
       "rank " + std::to_string(rank) + " of " + std::to_string(size) + ": ";
@@ -536,17 +544,22 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
     if (!r.ok())
       die(r.error());
   }
+  // In pieces of at most 1 GiB: MPI counts are ints.
+  const int64_t piece = int64_t(1) << 30;
   if (holder != 0)
-    for (NpyArray &a : outputs) {
-      int64_t bytes = static_cast<int64_t>(a.data.size());
-      Status s = Status::success();
-      if (world.rank() == holder)
-        s = world.send(a.data.data(), bytes, DType::U8, 0);
-      else if (leader)
-        s = world.recv(a.data.data(), bytes, DType::U8, holder);
-      if (!s.ok())
-        die("collecting the outputs on rank 0: " + s.error());
-    }
+    for (NpyArray &a : outputs)
+      for (int64_t at = 0; at < static_cast<int64_t>(a.data.size());
+           at += piece) {
+        int64_t bytes =
+            std::min<int64_t>(piece, static_cast<int64_t>(a.data.size()) - at);
+        Status s = Status::success();
+        if (world.rank() == holder)
+          s = world.send(a.data.data() + at, bytes, DType::U8, 0);
+        else if (leader)
+          s = world.recv(a.data.data() + at, bytes, DType::U8, holder);
+        if (!s.ok())
+          die("collecting the outputs on rank 0: " + s.error());
+      }
   bool allMatch = leader ? reportOutputs(opts, info, outputs) : true;
 
   if (opts.bench > 0) {
@@ -737,6 +750,10 @@ int main(int argc, char **argv) {
         library->describeMesh() + "; run it with pcc-run -n " +
         std::to_string(meshRanks));
   bool multiRank = underMpi;
+  if (opts.cudaGraph && library->isPipelined())
+    die("--cuda-graph records one device's run; '" + opts.library +
+        "' is pipelined over several ranks (pcc --pp), which it cannot "
+        "capture");
   if ((!opts.trace.empty() || !opts.traceSvg.empty()) &&
       !library->isPipelined())
     die("--trace and --trace-svg draw a pipeline's timeline; '" + opts.library +

@@ -257,6 +257,11 @@ int pcc_mpi_wait_sends(pcc_mpi_comm *comm) {
   return 0;
 }
 
+void pcc_mpi_abort(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
 int pcc_mpi_barrier(pcc_mpi_comm *comm) {
   if (int rc = MPI_Barrier(comm->comm))
     return fail("MPI_Barrier", rc);

@@ -86,6 +86,10 @@ public:
   virtual Status completeSends() { return Status::success(); }
   /// Returns once every rank of the group has called it.
   virtual Status barrier();
+  /// Ends this process and, for MPI, the whole job: a rank that fails
+  /// while its peers wait in a receive or a barrier must not leave them
+  /// waiting (exit() would wait for them in MPI_Finalize).
+  [[noreturn]] virtual void abortJob(int code);
   /// Completes the collectives issued so far (NCCL: waits for the stream,
   /// aborting after `timeoutMs` when a peer is gone; others: no-op).
   virtual Status wait(int64_t timeoutMs);

@@ -77,6 +77,9 @@ public:
 
 private:
   ModelLibrary() = default;
+  /// Checks the stage and schedule tables against each other, so a broken
+  /// library fails on open rather than out of bounds in a run.
+  Status checkPipeline() const;
   std::string path;
   void *handle = nullptr;
   const pcc_model_info *modelInfo = nullptr;

@@ -61,7 +61,9 @@ public:
   /// whose stages read them.
   Status setInputs(const std::vector<const void *> &inputs);
   /// Runs the rank's instruction list once over every micro-batch; trace()
-  /// then holds its steps, timed from `origin`.
+  /// then holds its steps, timed from `origin`. A failed run can leave
+  /// sends in flight and peers waiting: end the job (pcc-run aborts it
+  /// through Communicator::abortJob) rather than run again.
   Status run(std::chrono::steady_clock::time_point origin);
   /// Whether this rank computes the model's outputs (runs the last stage).
   bool holdsOutputs() const { return hasLastStage; }
