@@ -643,6 +643,10 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
         std::printf("  rank %d [%s] %s: compute %.3f ms, bubble %.3f\n", r.rank,
                     r.coords.c_str(), r.stages.c_str(), compute * 1e3, bubble);
       }
+      if (!device.isHost())
+        std::printf("  (on CUDA, sends and receives are queued on the "
+                    "compute stream: their waits count as compute, so the "
+                    "bubble reads low)\n");
       std::printf(
           "  mean bubble %.3f; (p-1)/(m+p-1) = %.3f for p=%d, m=%d\n", mean,
           pccrun::analyticBubble(info.num_pipeline_ranks, info.microbatches),
