@@ -10,11 +10,11 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "FunctionEmitter.h"
 #include "pcc/Target/Cpp.h"
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Import/OnnxImporter.h"
-#include "pcc/Schedule/Schedule.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/STLExtras.h"
@@ -27,6 +27,7 @@
 
 using namespace mlir;
 using namespace mlir::pcc;
+using namespace mlir::pcc::cpp;
 
 namespace {
 
@@ -63,10 +64,6 @@ std::optional<ElementInfo> elementInfo(Type type) {
   if (type.isInteger(1))
     return ElementInfo{"uint8_t", 9, 1};
   return std::nullopt;
-}
-
-RankedTensorType tensorTypeOf(Value v) {
-  return cast<RankedTensorType>(v.getType());
 }
 
 /// A C++ literal of `value` in `type` (f32, f64 or an integer type).
@@ -119,32 +116,9 @@ std::string describeOp(Operation *op) {
   return op->getName().getStringRef().str();
 }
 
-/// Escapes a string for a C++ string literal.
-std::string quoted(StringRef s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\')
-      out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
-
 //===----------------------------------------------------------------------===//
 // The emitter
 //===----------------------------------------------------------------------===//
-
-/// The code of one target: file-scope definitions and the run function.
-struct TargetCode {
-  std::string constants, kernels, function;
-  std::vector<std::pair<std::string, RankedTensorType>> weights;
-  /// Per weight: its pcc_weight_shard initialiser.
-  std::vector<std::string> weightShards;
-};
 
 class CppEmitter {
 public:
@@ -1148,6 +1122,28 @@ FailureOr<TargetCode> CppEmitter::emit() {
   return code;
 }
 
+} // namespace
+
+namespace mlir::pcc::cpp {
+
+RankedTensorType tensorTypeOf(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+
+std::string quoted(StringRef s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
 std::string specArray(StringRef name,
                       ArrayRef<std::pair<std::string, RankedTensorType>> specs,
                       std::string &shapes) {
@@ -1166,449 +1162,9 @@ std::string specArray(StringRef name,
   return s + "};\n";
 }
 
-} // namespace
-
-std::vector<std::pair<std::string, RankedTensorType>>
-mlir::pcc::getWeightOrder(ModuleOp module) {
-  std::vector<std::pair<std::string, RankedTensorType>> order;
-  llvm::StringSet<> seen;
-  module.walk([&](ParamOp param) {
-    if (seen.insert(param.getName()).second)
-      order.emplace_back(param.getName().str(), param.getType());
-  });
-  return order;
+FailureOr<TargetCode> emitFunction(func::FuncOp func, bool cuda,
+                                   const llvm::StringMap<int> &meshAxes) {
+  return CppEmitter(func, cuda, meshAxes).emit();
 }
 
-namespace {
-
-/// One entry point of the library: @main when the model is not pipelined,
-/// else each @stage<k> that @main calls.
-struct StageProgram {
-  func::FuncOp func;
-  /// Per input: output s of the previous stage (s >= 0) or model input k
-  /// (-1 - k), as pcc_stage_info.input_sources.
-  SmallVector<int32_t> sources;
-  std::optional<TargetCode> cpu, cuda;
-  /// Per weight the stage reads: its index in the library's table.
-  SmallVector<int32_t> weightIndices;
-};
-
-/// The stages @main calls, in order, with where each stage input comes from.
-/// @main must be what pcc-pipeline-cut builds: calls joined by one-hop
-/// pcc.transfer ops, returning the last stage's results.
-FailureOr<std::vector<StageProgram>> collectStages(ModuleOp module,
-                                                   func::FuncOp main) {
-  std::vector<StageProgram> stages;
-  Block &block = main.getBody().front();
-  DenseMap<Operation *, int32_t> stageOfCall;
-  for (Operation &op : block.without_terminator()) {
-    if (isa<TransferOp>(op))
-      continue;
-    auto call = dyn_cast<func::CallOp>(op);
-    auto callee = call ? module.lookupSymbol<func::FuncOp>(call.getCallee())
-                       : func::FuncOp();
-    if (!callee || !callee->hasAttr("pcc.stage"))
-      return op.emitError("code generation: a pipelined @main holds only "
-                          "calls of pipeline stages and pcc.transfer ops "
-                          "(run pcc-pipeline-cut)");
-    int32_t k = static_cast<int32_t>(stages.size());
-    StageProgram stage;
-    stage.func = callee;
-    for (Value operand : call.getOperands()) {
-      if (auto arg = dyn_cast<BlockArgument>(operand)) {
-        stage.sources.push_back(-1 - static_cast<int32_t>(arg.getArgNumber()));
-        continue;
-      }
-      auto transfer = operand.getDefiningOp<TransferOp>();
-      Operation *producer =
-          transfer ? transfer.getInput().getDefiningOp() : nullptr;
-      if (!transfer || !producer || !stageOfCall.count(producer) ||
-          stageOfCall.lookup(producer) != k - 1 || transfer.getTo() != k ||
-          transfer.getFrom() != k - 1)
-        return call.emitError("code generation: stage ")
-               << k << " must read model inputs or the outputs of stage "
-               << k - 1 << " through a one-hop pcc.transfer";
-      stage.sources.push_back(static_cast<int32_t>(
-          cast<OpResult>(transfer.getInput()).getResultNumber()));
-    }
-    stageOfCall[call] = k;
-    stages.push_back(std::move(stage));
-  }
-  auto ret = cast<func::ReturnOp>(block.getTerminator());
-  Operation *last = nullptr;
-  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
-    auto result = dyn_cast<OpResult>(v);
-    if (!result || result.getResultNumber() != i ||
-        (last && result.getOwner() != last) ||
-        !stageOfCall.count(result.getOwner()) ||
-        stageOfCall.lookup(result.getOwner()) !=
-            static_cast<int32_t>(stages.size()) - 1)
-      return main.emitError("code generation: a pipelined @main returns the "
-                            "last stage's results, in order");
-    last = result.getOwner();
-  }
-  if (stages.empty() || (last && last->getNumResults() != ret.getNumOperands()))
-    return main.emitError("code generation: a pipelined @main returns the "
-                          "last stage's results, in order");
-  return stages;
-}
-
-/// The per-rank instruction lists of @main's pcc.schedule, as
-/// pcc_pipeline_instr initialisers ("{op, microbatch, stage, peer}").
-FailureOr<std::vector<std::vector<std::string>>>
-scheduleTables(func::FuncOp main, DictionaryAttr schedule, int64_t stages) {
-  auto ranks = schedule.getAs<ArrayAttr>("ranks");
-  if (!ranks || ranks.empty() || stages % ranks.size() != 0)
-    return main.emitError("code generation: pcc.schedule needs one "
-                          "instruction list per pipeline rank");
-  int64_t p = ranks.size();
-  std::vector<std::vector<std::string>> tables;
-  for (auto [r, attr] : llvm::enumerate(ranks)) {
-    auto text = dyn_cast<StringAttr>(attr);
-    if (!text)
-      return main.emitError("code generation: pcc.schedule rank ")
-             << r << " is not a string";
-    std::vector<std::string> &table = tables.emplace_back();
-    SmallVector<StringRef> words;
-    text.getValue().split(words, ' ', -1, /*KeepEmpty=*/false);
-    for (StringRef word : words) {
-      std::optional<::pcc::schedule::Instr> instr =
-          ::pcc::schedule::parseInstr(word.str());
-      if (!instr)
-        return main.emitError("code generation: pcc.schedule rank ")
-               << r << ": '" << word << "' is not an instruction";
-      int code = 0;
-      switch (instr->op) {
-      case ::pcc::schedule::Op::Forward:
-        code = 0;
-        break;
-      case ::pcc::schedule::Op::SendForward:
-        code = 1;
-        break;
-      case ::pcc::schedule::Op::RecvForward:
-        code = 2;
-        break;
-      default:
-        return main.emitError("code generation: pcc.schedule rank ")
-               << r << ": '" << word
-               << "' is backward work, which inference libraries do not run";
-      }
-      int64_t stage = instr->chunk * p + static_cast<int64_t>(r);
-      if (stage >= stages)
-        return main.emitError("code generation: pcc.schedule rank ")
-               << r << ": '" << word << "' names stage " << stage
-               << " of a model cut into " << stages;
-      table.push_back(llvm::formatv("{{{0}, {1}, {2}, {3}}", code,
-                                    instr->microbatch, stage, instr->peer)
-                          .str());
-    }
-  }
-  return tables;
-}
-
-} // namespace
-
-LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
-                                 const CppEmitOptions &options) {
-  auto func = module.lookupSymbol<func::FuncOp>("main");
-  if (!func || !func.getBody().hasOneBlock())
-    return module.emitError("code generation: expects a single-block "
-                            "func.func @main");
-  bool cpu = options.targets & kTargetCpu, cuda = options.targets & kTargetCuda;
-  // The mesh: axis names in the module's order, and their sizes.
-  llvm::StringMap<int> meshAxes;
-  std::string meshNames, meshSizes;
-  int64_t meshRanks = 1;
-  if (auto mesh =
-          module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName))
-    for (NamedAttribute axis : mesh) {
-      meshAxes[axis.getName().getValue()] = meshAxes.size();
-      int64_t size = cast<IntegerAttr>(axis.getValue()).getInt();
-      meshRanks *= size;
-      meshNames += quoted(axis.getName().getValue()) + ", ";
-      meshSizes += std::to_string(size) + ", ";
-    }
-  if (!cpu && !cuda)
-    return module.emitError("code generation: no target");
-
-  // The entry points: @main, or the pipeline stages it calls.
-  auto schedule = func->getAttrOfType<DictionaryAttr>("pcc.schedule");
-  std::vector<StageProgram> stages;
-  if (schedule) {
-    auto collected = collectStages(module, func);
-    if (failed(collected))
-      return failure();
-    stages = std::move(*collected);
-  } else {
-    StageProgram whole;
-    whole.func = func;
-    for (unsigned k = 0; k < func.getNumArguments(); ++k)
-      whole.sources.push_back(-1 - static_cast<int32_t>(k));
-    stages.push_back(std::move(whole));
-  }
-  for (StageProgram &stage : stages) {
-    for (bool onGpu : {false, true}) {
-      if (!(onGpu ? cuda : cpu))
-        continue;
-      auto code = CppEmitter(stage.func, onGpu, meshAxes).emit();
-      if (failed(code))
-        return failure();
-      (onGpu ? stage.cuda : stage.cpu) = std::move(*code);
-    }
-  }
-
-  // The library's weight table: every stage's weights, each (name, shard)
-  // once.
-  std::vector<std::pair<std::string, RankedTensorType>> weights;
-  std::vector<std::string> weightShards;
-  llvm::StringMap<int32_t> weightIndex;
-  for (StageProgram &stage : stages) {
-    const TargetCode &code = stage.cpu ? *stage.cpu : *stage.cuda;
-    for (auto [i, weight] : llvm::enumerate(code.weights)) {
-      auto [it, inserted] = weightIndex.try_emplace(
-          weight.first + "|" + code.weightShards[i], weights.size());
-      if (inserted) {
-        weights.push_back(weight);
-        weightShards.push_back(code.weightShards[i]);
-      }
-      stage.weightIndices.push_back(it->second);
-    }
-  }
-
-  Block &block = func.getBody().front();
-  auto ret = cast<func::ReturnOp>(block.getTerminator());
-  auto nameAttr = [&](DictionaryAttr attrs, unsigned i) {
-    auto name = attrs ? attrs.getAs<StringAttr>("pcc.name") : StringAttr();
-    return name ? name.str() : "value" + std::to_string(i);
-  };
-  std::vector<std::pair<std::string, RankedTensorType>> inputs, outputs;
-  for (BlockArgument arg : block.getArguments())
-    inputs.emplace_back(
-        nameAttr(func.getArgAttrDict(arg.getArgNumber()), arg.getArgNumber()),
-        tensorTypeOf(arg));
-  for (auto [i, v] : llvm::enumerate(ret.getOperands()))
-    outputs.emplace_back(nameAttr(func.getResultAttrDict(i), i),
-                         tensorTypeOf(v));
-  std::string shardTable = "static const pcc_weight_shard kWeightShards[] = {";
-  for (const std::string &shard : weightShards)
-    shardTable += shard + ", ";
-  shardTable += weightShards.empty() ? "{-1, 0, 0}};\n" : "};\n";
-  shardTable += "static const char *const kMeshAxes[] = {" + meshNames +
-                "nullptr};\nstatic const int64_t kMeshSizes[] = {" + meshSizes +
-                "0};\n";
-  std::string shapes;
-  std::string specs = specArray("kInputs", inputs, shapes) +
-                      specArray("kOutputs", outputs, shapes) +
-                      specArray("kWeights", weights, shapes);
-
-  // Each stage's signature, weights and arena.
-  std::string stageTables;
-  int64_t arenaBytes = 0;
-  for (auto [k, stage] : llvm::enumerate(stages)) {
-    std::string prefix = "kStage" + std::to_string(k);
-    std::vector<std::pair<std::string, RankedTensorType>> in, out;
-    func::FuncOp f = stage.func;
-    for (BlockArgument arg : f.getArguments()) {
-      int32_t source = stage.sources[arg.getArgNumber()];
-      in.emplace_back(source < 0 ? inputs[-1 - source].first
-                                 : "stage" + std::to_string(k - 1) + ".out" +
-                                       std::to_string(source),
-                      tensorTypeOf(arg));
-    }
-    auto stageRet = cast<func::ReturnOp>(f.getBody().front().getTerminator());
-    bool last = k + 1 == stages.size();
-    for (auto [i, v] : llvm::enumerate(stageRet.getOperands()))
-      out.emplace_back(last ? outputs[i].first
-                            : "stage" + std::to_string(k) + ".out" +
-                                  std::to_string(i),
-                       tensorTypeOf(v));
-    int64_t arena = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
-    arenaBytes = std::max(arenaBytes, arena);
-    stageTables += specArray(prefix + "Inputs", in, shapes);
-    stageTables += specArray(prefix + "Outputs", out, shapes);
-    // C++ has no empty arrays: an unused 0 stands in for none.
-    auto list = [](ArrayRef<int32_t> values) {
-      std::string s;
-      for (int32_t v : values)
-        s += (s.empty() ? "" : ", ") + std::to_string(v);
-      return s.empty() ? std::string("0") : s;
-    };
-    stageTables += "static const int32_t " + prefix + "Sources[] = {" +
-                   list(stage.sources) + "};\n";
-    stageTables += "static const int32_t " + prefix + "Weights[] = {" +
-                   list(stage.weightIndices) + "};\n";
-  }
-  stageTables += "static const pcc_stage_info kStages[] = {\n";
-  for (auto [k, stage] : llvm::enumerate(stages)) {
-    std::string prefix = "kStage" + std::to_string(k);
-    stageTables += llvm::formatv(
-        "    {{{0}, {1}Inputs, {1}Sources, {2}, {1}Outputs, {3}, {1}Weights, "
-        "{4}},\n",
-        stage.func.getNumArguments(), prefix, stage.func.getNumResults(),
-        stage.weightIndices.size(),
-        stage.func->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt());
-  }
-  stageTables += "};\n";
-
-  // The schedule: per pipeline rank, its instruction list.
-  int64_t microbatches = 1;
-  int pipelineAxis = -1;
-  std::string policy;
-  std::vector<std::vector<std::string>> tables{{"{0, 0, 0, -1}"}};
-  std::vector<std::string> scheduleText{"F0"};
-  if (schedule) {
-    auto count = schedule.getAs<IntegerAttr>("microbatches");
-    microbatches = count ? count.getInt() : 1;
-    if (auto name = schedule.getAs<StringAttr>("policy"))
-      policy = name.str();
-    auto parsed = scheduleTables(func, schedule, stages.size());
-    if (failed(parsed))
-      return failure();
-    tables = std::move(*parsed);
-    scheduleText.clear();
-    for (Attribute rank : schedule.getAs<ArrayAttr>("ranks"))
-      scheduleText.push_back(cast<StringAttr>(rank).str());
-    auto pp = meshAxes.find("pp");
-    if (pp == meshAxes.end())
-      return module.emitError("code generation: a pipelined module needs a "
-                              "'pp' axis in its pcc.mesh");
-    pipelineAxis = pp->second;
-    for (auto [i, out] : llvm::enumerate(outputs))
-      if (microbatches > 1 && out.second.getRank() == 0)
-        return func.emitError("code generation: output '")
-               << out.first
-               << "' is a scalar, so the micro-batches' results cannot be "
-                  "put back together along the batch (dimension 0)";
-  }
-  std::string scheduleTable;
-  for (auto [r, table] : llvm::enumerate(tables)) {
-    scheduleTable +=
-        "// pipeline rank " + std::to_string(r) + ": " + scheduleText[r] + "\n";
-    scheduleTable += "static const pcc_pipeline_instr kSchedule" +
-                     std::to_string(r) + "[] = {";
-    for (const std::string &instr : table)
-      scheduleTable += instr + ", ";
-    scheduleTable += "};\n";
-  }
-  scheduleTable += "static const int32_t kScheduleLengths[] = {";
-  for (const auto &table : tables)
-    scheduleTable += std::to_string(table.size()) + ", ";
-  scheduleTable += "};\nstatic const pcc_pipeline_instr *const kSchedules[] "
-                   "= {";
-  for (size_t r = 0; r < tables.size(); ++r)
-    scheduleTable += "kSchedule" + std::to_string(r) + ", ";
-  scheduleTable += "};\n";
-
-  os << "// Generated by pcc from " << options.source << ". Do not edit.\n"
-     << (cpu ? "#include \"pcc/runtime/CpuKernels.h\"\n"
-               "#include \"pcc/runtime/FastMath.h\"\n"
-             : "")
-     << (cuda ? "#include \"pcc/runtime/CudaKernels.h\"\n" : "")
-     << "#include \"pcc/runtime/HalfFloat.h\"\n"
-        "#include \"pcc/runtime/ModelAbi.h\"\n\n"
-     << (cuda ? "#include <cuda_runtime.h>\n\n" : "")
-     << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n"
-        "#include <cstring>\n#include <limits>\n#include <string>\n\n"
-        "namespace {\n\n"
-     << (cpu ? "// CPU kernels get an AVX2+FMA clone beside the baseline one,\n"
-               "// picked when the library loads.\n"
-               "#if defined(__x86_64__) && defined(__GNUC__)\n"
-               "#define PCC_KERNEL __attribute__((target_clones("
-               "\"arch=x86-64-v3\", \"default\"))) static\n"
-               "#else\n#define PCC_KERNEL static\n#endif\n\n"
-             : "")
-     << "thread_local std::string lastError;\n\n"
-     << "int fail(const char *where, const char *why) {\n"
-        "  lastError = std::string(where) + \": \" + why;\n"
-        "  return 1;\n}\n\n"
-     << (cuda ? "int failWith(const char *message) {\n"
-                "  lastError = message;\n  return 1;\n}\n\n"
-              : "");
-  if (cuda)
-    os << "template <typename T> const void *symbolAddress(const T &symbol) "
-          "{\n  void *address = nullptr;\n"
-          "  cudaGetSymbolAddress(&address, symbol);\n  return address;\n}\n\n";
-  // Each entry point in its own namespace: kernels and constants are named
-  // per program.
-  auto space = [&](size_t k) {
-    return schedule ? "stage" + std::to_string(k) : std::string("model");
-  };
-  for (auto [k, stage] : llvm::enumerate(stages)) {
-    os << "namespace " << space(k) << " {\n\n";
-    if (schedule)
-      os << "// Pipeline stage " << k << " (@" << stage.func.getSymName()
-         << ")\n\n";
-    if (stage.cpu)
-      os << "// CPU\n\n"
-         << stage.cpu->constants << "\n"
-         << stage.cpu->kernels << stage.cpu->function;
-    if (stage.cuda)
-      os << "// CUDA\n\n"
-         << stage.cuda->constants << "\n"
-         << stage.cuda->kernels << stage.cuda->function;
-    os << "} // namespace " << space(k) << "\n\n";
-  }
-  StringRef targetName = cpu && cuda ? "cpu+cuda" : cpu ? "cpu" : "cuda";
-  os << shapes << specs << shardTable << stageTables << scheduleTable << "\n"
-     << "const pcc_model_info kInfo = {PCC_MODEL_ABI_VERSION, "
-     << options.targets << ", " << quoted(targetName) << ", "
-     << quoted(options.source) << ", " << quoted(options.weightsFile) << ", "
-     << inputs.size() << ", kInputs, " << outputs.size() << ", kOutputs, "
-     << weights.size() << ", kWeights, " << arenaBytes << ", "
-     << meshAxes.size() << ", kMeshAxes, kMeshSizes, kWeightShards, "
-     << microbatches << ", " << stages.size() << ", kStages, " << pipelineAxis
-     << ", " << tables.size() << ", kScheduleLengths, kSchedules, "
-     << quoted(policy) << "};\n\n"
-     << "} // namespace\n\n"
-     << "extern \"C\" {\n\n"
-     << "const pcc_model_info *pcc_model_get_info(void) { return &kInfo; }\n\n"
-     << "const char *pcc_model_last_error(void) { return lastError.c_str(); "
-        "}\n\n"
-     << "int pcc_model_run_stage(int32_t stage, const pcc_run_context "
-        "*context,\n"
-        "                        const void *const *in, void *const *out,\n"
-        "                        const void *const *w, void *arena) {\n"
-        "  char *bytes = static_cast<char *>(arena);\n";
-  if (meshRanks > 1)
-    os << "  if (!context->comms)\n"
-          "    return fail(\"pcc_model_run\", \"this library was partitioned "
-          "for a mesh of "
-       << meshRanks << " ranks; run it with pcc-run -n " << meshRanks
-       << "\");\n";
-  os << "  switch (stage) {\n";
-  for (size_t k = 0; k < stages.size(); ++k) {
-    os << "  case " << k << ":\n";
-    if (cpu)
-      os << "    if (context->target == PCC_TARGET_CPU)\n"
-            "      return "
-         << space(k) << "::run_cpu(context, in, out, w, bytes);\n";
-    if (cuda)
-      os << "    if (context->target == PCC_TARGET_CUDA)\n"
-            "      return "
-         << space(k)
-         << "::run_cuda(context, static_cast<pcc_cuda_context *>("
-            "context->backend), in, out, w, bytes);\n";
-    os << "    break;\n";
-  }
-  os << "  default:\n"
-        "    return fail(\"pcc_model_run_stage\", \"no such stage\");\n"
-        "  }\n"
-        "  (void)in; (void)out; (void)w; (void)bytes;\n"
-        "  return fail(\"pcc_model_run\", \"this library has no code for the "
-        "requested target (it was compiled for "
-     << targetName << ")\");\n}\n\n"
-     << "int pcc_model_run(const pcc_run_context *context, const void *const "
-        "*in,\n"
-        "                  void *const *out, const void *const *w, "
-        "void *arena) {\n";
-  if (schedule)
-    os << "  (void)context; (void)in; (void)out; (void)w; (void)arena;\n"
-          "  return fail(\"pcc_model_run\", \"this library is pipelined over "
-       << stages.size()
-       << " stages; run each stage with pcc_model_run_stage (pcc-run -n "
-       << meshRanks << " does)\");\n";
-  else
-    os << "  return pcc_model_run_stage(0, context, in, out, w, arena);\n";
-  os << "}\n\n} // extern \"C\"\n";
-  return success();
-}
+} // namespace mlir::pcc::cpp

@@ -1,0 +1,485 @@
+//===- LibraryEmitter.cpp - the model library's translation unit ----------===//
+//
+// Assembles the C++ (or CUDA C++) source of a model library: each entry
+// point's code (CppEmitter.cpp), one per pipeline stage or @main alone, in
+// its own namespace; the model ABI's tables (signature, weights and their
+// shards, mesh, stages, per-rank schedules); and the exported functions.
+//
+//===----------------------------------------------------------------------===//
+
+#include "FunctionEmitter.h"
+#include "pcc/Target/Cpp.h"
+
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Schedule/Schedule.h"
+
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mlir;
+using namespace mlir::pcc;
+using namespace mlir::pcc::cpp;
+
+using Specs = std::vector<std::pair<std::string, RankedTensorType>>;
+
+std::vector<std::pair<std::string, RankedTensorType>>
+mlir::pcc::getWeightOrder(ModuleOp module) {
+  std::vector<std::pair<std::string, RankedTensorType>> order;
+  llvm::StringSet<> seen;
+  module.walk([&](ParamOp param) {
+    if (seen.insert(param.getName()).second)
+      order.emplace_back(param.getName().str(), param.getType());
+  });
+  return order;
+}
+
+namespace {
+
+/// One entry point of the library: @main when the model is not pipelined,
+/// else each @stage<k> that @main calls.
+struct StageProgram {
+  func::FuncOp func;
+  /// Per input: output s of the previous stage (s >= 0) or model input k
+  /// (-1 - k), as pcc_stage_info.input_sources.
+  SmallVector<int32_t> sources;
+  std::optional<TargetCode> cpu, cuda;
+  /// Per weight the stage reads: its index in the library's table.
+  SmallVector<int32_t> weightIndices;
+  int64_t arenaBytes() const {
+    return func->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
+  }
+};
+
+/// The stages @main calls, in order, with where each stage input comes from.
+/// @main must be what pcc-pipeline-cut builds: calls joined by one-hop
+/// pcc.transfer ops, returning the last stage's results.
+FailureOr<std::vector<StageProgram>> collectStages(ModuleOp module,
+                                                   func::FuncOp main) {
+  std::vector<StageProgram> stages;
+  Block &block = main.getBody().front();
+  DenseMap<Operation *, int32_t> stageOfCall;
+  for (Operation &op : block.without_terminator()) {
+    if (isa<TransferOp>(op))
+      continue;
+    auto call = dyn_cast<func::CallOp>(op);
+    auto callee = call ? module.lookupSymbol<func::FuncOp>(call.getCallee())
+                       : func::FuncOp();
+    if (!callee || !callee->hasAttr("pcc.stage"))
+      return op.emitError("code generation: a pipelined @main holds only "
+                          "calls of pipeline stages and pcc.transfer ops "
+                          "(run pcc-pipeline-cut)");
+    int32_t k = static_cast<int32_t>(stages.size());
+    StageProgram stage;
+    stage.func = callee;
+    for (Value operand : call.getOperands()) {
+      if (auto arg = dyn_cast<BlockArgument>(operand)) {
+        stage.sources.push_back(-1 - static_cast<int32_t>(arg.getArgNumber()));
+        continue;
+      }
+      auto transfer = operand.getDefiningOp<TransferOp>();
+      Operation *producer =
+          transfer ? transfer.getInput().getDefiningOp() : nullptr;
+      if (!transfer || !producer || !stageOfCall.count(producer) ||
+          stageOfCall.lookup(producer) != k - 1 ||
+          static_cast<int64_t>(transfer.getTo()) != k ||
+          static_cast<int64_t>(transfer.getFrom()) != k - 1)
+        return call.emitError("code generation: stage ")
+               << k << " must read model inputs or the outputs of stage "
+               << k - 1 << " through a one-hop pcc.transfer";
+      stage.sources.push_back(static_cast<int32_t>(
+          cast<OpResult>(transfer.getInput()).getResultNumber()));
+    }
+    stageOfCall[call] = k;
+    stages.push_back(std::move(stage));
+  }
+  auto ret = cast<func::ReturnOp>(block.getTerminator());
+  Operation *last = nullptr;
+  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+    auto result = dyn_cast<OpResult>(v);
+    if (!result || result.getResultNumber() != i ||
+        (last && result.getOwner() != last) ||
+        !stageOfCall.count(result.getOwner()) ||
+        stageOfCall.lookup(result.getOwner()) !=
+            static_cast<int32_t>(stages.size()) - 1)
+      return main.emitError("code generation: a pipelined @main returns the "
+                            "last stage's results, in order");
+    last = result.getOwner();
+  }
+  if (stages.empty() || (last && last->getNumResults() != ret.getNumOperands()))
+    return main.emitError("code generation: a pipelined @main returns the "
+                          "last stage's results, in order");
+  return stages;
+}
+
+/// The schedule tables of the model info (kSchedule<r>, kScheduleLengths,
+/// kSchedules): each pipeline rank's instruction list from @main's
+/// pcc.schedule as pcc_pipeline_instr initialisers ("{op, microbatch,
+/// stage, peer}"), under a comment with its text. Without a schedule, one
+/// rank computes the one stage. `ranks` is set to the pipeline ranks.
+FailureOr<std::string> scheduleSource(func::FuncOp main,
+                                      DictionaryAttr schedule, int64_t stages,
+                                      int64_t &ranks) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> tables;
+  if (!schedule)
+    tables.push_back({"F0", {"{0, 0, 0, -1}"}});
+  auto rankLists = schedule ? schedule.getAs<ArrayAttr>("ranks") : ArrayAttr();
+  if (schedule &&
+      (!rankLists || rankLists.empty() || stages % rankLists.size() != 0))
+    return main.emitError("code generation: pcc.schedule needs one "
+                          "instruction list per pipeline rank");
+  int64_t p = rankLists ? rankLists.size() : 1;
+  for (auto [r, attr] : llvm::enumerate(rankLists ? rankLists.getValue()
+                                                  : ArrayRef<Attribute>())) {
+    auto text = dyn_cast<StringAttr>(attr);
+    if (!text)
+      return main.emitError("code generation: pcc.schedule rank ")
+             << r << " is not a string";
+    tables.push_back({text.str(), {}});
+    std::vector<std::string> &table = tables.back().second;
+    SmallVector<StringRef> words;
+    text.getValue().split(words, ' ', -1, /*KeepEmpty=*/false);
+    for (StringRef word : words) {
+      std::optional<::pcc::schedule::Instr> instr =
+          ::pcc::schedule::parseInstr(word.str());
+      if (!instr)
+        return main.emitError("code generation: pcc.schedule rank ")
+               << r << ": '" << word << "' is not an instruction";
+      int code = 0;
+      switch (instr->op) {
+      case ::pcc::schedule::Op::Forward:
+        code = 0;
+        break;
+      case ::pcc::schedule::Op::SendForward:
+        code = 1;
+        break;
+      case ::pcc::schedule::Op::RecvForward:
+        code = 2;
+        break;
+      default:
+        return main.emitError("code generation: pcc.schedule rank ")
+               << r << ": '" << word
+               << "' is backward work, which inference libraries do not run";
+      }
+      int64_t stage = instr->chunk * p + static_cast<int64_t>(r);
+      if (stage >= stages)
+        return main.emitError("code generation: pcc.schedule rank ")
+               << r << ": '" << word << "' names stage " << stage
+               << " of a model cut into " << stages;
+      table.push_back(llvm::formatv("{{{0}, {1}, {2}, {3}}", code,
+                                    instr->microbatch, stage, instr->peer)
+                          .str());
+    }
+  }
+  ranks = p;
+  std::string source;
+  for (auto [r, table] : llvm::enumerate(tables)) {
+    source += "// pipeline rank " + std::to_string(r) + ": " + table.first +
+              "\nstatic const pcc_pipeline_instr kSchedule" +
+              std::to_string(r) + "[] = {";
+    for (const std::string &instr : table.second)
+      source += instr + ", ";
+    source += "};\n";
+  }
+  source += "static const int32_t kScheduleLengths[] = {";
+  for (const auto &table : tables)
+    source += std::to_string(table.second.size()) + ", ";
+  source += "};\nstatic const pcc_pipeline_instr *const kSchedules[] = {";
+  for (size_t r = 0; r < tables.size(); ++r)
+    source += "kSchedule" + std::to_string(r) + ", ";
+  return source + "};\n";
+}
+
+/// The stage tables of the model info: each stage's input and output specs
+/// (shapes appended to `shapes`), input sources, weight indices and arena.
+std::string stageSource(ArrayRef<StageProgram> stages, const Specs &inputs,
+                        const Specs &outputs, std::string &shapes) {
+  // C++ has no empty arrays: an unused 0 stands in for none.
+  auto list = [](ArrayRef<int32_t> values) {
+    std::string s;
+    for (int32_t v : values)
+      s += (s.empty() ? "" : ", ") + std::to_string(v);
+    return s.empty() ? std::string("0") : s;
+  };
+  std::string source, info;
+  for (auto [k, stage] : llvm::enumerate(stages)) {
+    std::string prefix = "kStage" + std::to_string(k);
+    Specs in, out;
+    func::FuncOp f = stage.func;
+    for (BlockArgument arg : f.getArguments()) {
+      int32_t from = stage.sources[arg.getArgNumber()];
+      in.emplace_back(from < 0 ? inputs[-1 - from].first
+                               : "stage" + std::to_string(k - 1) + ".out" +
+                                     std::to_string(from),
+                      tensorTypeOf(arg));
+    }
+    auto ret = cast<func::ReturnOp>(f.getBody().front().getTerminator());
+    bool last = k + 1 == stages.size();
+    for (auto [i, v] : llvm::enumerate(ret.getOperands()))
+      out.emplace_back(last ? outputs[i].first
+                            : "stage" + std::to_string(k) + ".out" +
+                                  std::to_string(i),
+                       tensorTypeOf(v));
+    source += specArray(prefix + "Inputs", in, shapes);
+    source += specArray(prefix + "Outputs", out, shapes);
+    source += "static const int32_t " + prefix + "Sources[] = {" +
+              list(stage.sources) + "};\n";
+    source += "static const int32_t " + prefix + "Weights[] = {" +
+              list(stage.weightIndices) + "};\n";
+    info += llvm::formatv(
+        "    {{{0}, {1}Inputs, {1}Sources, {2}, {1}Outputs, {3}, {1}Weights, "
+        "{4}},\n",
+        f.getNumArguments(), prefix, f.getNumResults(),
+        stage.weightIndices.size(), stage.arenaBytes());
+  }
+  return source + "static const pcc_stage_info kStages[] = {\n" + info + "};\n";
+}
+
+/// Includes and the helpers every entry point uses (error reporting).
+void writePreamble(raw_ostream &os, bool cpu, bool cuda, StringRef source) {
+  os << "// Generated by pcc from " << source << ". Do not edit.\n"
+     << (cpu ? "#include \"pcc/runtime/CpuKernels.h\"\n"
+               "#include \"pcc/runtime/FastMath.h\"\n"
+             : "")
+     << (cuda ? "#include \"pcc/runtime/CudaKernels.h\"\n" : "")
+     << "#include \"pcc/runtime/HalfFloat.h\"\n"
+        "#include \"pcc/runtime/ModelAbi.h\"\n\n"
+     << (cuda ? "#include <cuda_runtime.h>\n\n" : "")
+     << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n"
+        "#include <cstring>\n#include <limits>\n#include <string>\n\n"
+        "namespace {\n\n"
+     << (cpu ? "// CPU kernels get an AVX2+FMA clone beside the baseline one,\n"
+               "// picked when the library loads.\n"
+               "#if defined(__x86_64__) && defined(__GNUC__)\n"
+               "#define PCC_KERNEL __attribute__((target_clones("
+               "\"arch=x86-64-v3\", \"default\"))) static\n"
+               "#else\n#define PCC_KERNEL static\n#endif\n\n"
+             : "")
+     << "thread_local std::string lastError;\n\n"
+     << "int fail(const char *where, const char *why) {\n"
+        "  lastError = std::string(where) + \": \" + why;\n"
+        "  return 1;\n}\n\n"
+     << (cuda ? "int failWith(const char *message) {\n"
+                "  lastError = message;\n  return 1;\n}\n\n"
+              : "");
+  if (cuda)
+    os << "template <typename T> const void *symbolAddress(const T &symbol) "
+          "{\n  void *address = nullptr;\n"
+          "  cudaGetSymbolAddress(&address, symbol);\n  return address;\n}\n\n";
+}
+
+/// The exported functions: pcc_model_get_info, pcc_model_last_error,
+/// pcc_model_run_stage (dispatching to each stage's run function for the
+/// context's target) and pcc_model_run.
+void writeEntryPoints(raw_ostream &os, size_t numStages, bool pipelined,
+                      bool cpu, bool cuda, int64_t meshRanks,
+                      StringRef targetName,
+                      llvm::function_ref<std::string(size_t)> space) {
+  os << "extern \"C\" {\n\n"
+     << "const pcc_model_info *pcc_model_get_info(void) { return &kInfo; }\n\n"
+     << "const char *pcc_model_last_error(void) { return lastError.c_str(); "
+        "}\n\n"
+     << "int pcc_model_run_stage(int32_t stage, const pcc_run_context "
+        "*context,\n"
+        "                        const void *const *in, void *const *out,\n"
+        "                        const void *const *w, void *arena) {\n"
+        "  char *bytes = static_cast<char *>(arena);\n";
+  if (meshRanks > 1)
+    os << "  if (!context->comms)\n"
+          "    return fail(\"pcc_model_run\", \"this library was partitioned "
+          "for a mesh of "
+       << meshRanks << " ranks; run it with pcc-run -n " << meshRanks
+       << "\");\n";
+  os << "  switch (stage) {\n";
+  for (size_t k = 0; k < numStages; ++k) {
+    os << "  case " << k << ":\n";
+    if (cpu)
+      os << "    if (context->target == PCC_TARGET_CPU)\n"
+            "      return "
+         << space(k) << "::run_cpu(context, in, out, w, bytes);\n";
+    if (cuda)
+      os << "    if (context->target == PCC_TARGET_CUDA)\n"
+            "      return "
+         << space(k)
+         << "::run_cuda(context, static_cast<pcc_cuda_context *>("
+            "context->backend), in, out, w, bytes);\n";
+    os << "    break;\n";
+  }
+  os << "  default:\n"
+        "    return fail(\"pcc_model_run_stage\", \"no such stage\");\n"
+        "  }\n"
+        "  (void)in; (void)out; (void)w; (void)bytes;\n"
+        "  return fail(\"pcc_model_run\", \"this library has no code for the "
+        "requested target (it was compiled for "
+     << targetName << ")\");\n}\n\n"
+     << "int pcc_model_run(const pcc_run_context *context, const void *const "
+        "*in,\n"
+        "                  void *const *out, const void *const *w, "
+        "void *arena) {\n";
+  if (pipelined)
+    os << "  (void)context; (void)in; (void)out; (void)w; (void)arena;\n"
+          "  return fail(\"pcc_model_run\", \"this library is pipelined over "
+       << numStages
+       << " stages; run each stage with pcc_model_run_stage (pcc-run -n "
+       << meshRanks << " does)\");\n";
+  else
+    os << "  return pcc_model_run_stage(0, context, in, out, w, arena);\n";
+  os << "}\n\n} // extern \"C\"\n";
+}
+
+} // namespace
+
+LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
+                                 const CppEmitOptions &options) {
+  auto func = module.lookupSymbol<func::FuncOp>("main");
+  if (!func || !func.getBody().hasOneBlock())
+    return module.emitError("code generation: expects a single-block "
+                            "func.func @main");
+  bool cpu = options.targets & kTargetCpu, cuda = options.targets & kTargetCuda;
+  if (!cpu && !cuda)
+    return module.emitError("code generation: no target");
+  // The mesh: axis names in the module's order, and their sizes.
+  llvm::StringMap<int> meshAxes;
+  std::string meshNames, meshSizes;
+  int64_t meshRanks = 1;
+  if (auto mesh =
+          module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName))
+    for (NamedAttribute axis : mesh) {
+      meshAxes[axis.getName().getValue()] = meshAxes.size();
+      int64_t size = cast<IntegerAttr>(axis.getValue()).getInt();
+      meshRanks *= size;
+      meshNames += quoted(axis.getName().getValue()) + ", ";
+      meshSizes += std::to_string(size) + ", ";
+    }
+
+  // The entry points: @main, or the pipeline stages it calls.
+  auto schedule = func->getAttrOfType<DictionaryAttr>("pcc.schedule");
+  std::vector<StageProgram> stages;
+  if (schedule) {
+    auto collected = collectStages(module, func);
+    if (failed(collected))
+      return failure();
+    stages = std::move(*collected);
+  } else {
+    StageProgram whole;
+    whole.func = func;
+    for (unsigned k = 0; k < func.getNumArguments(); ++k)
+      whole.sources.push_back(-1 - static_cast<int32_t>(k));
+    stages.push_back(std::move(whole));
+  }
+  for (StageProgram &stage : stages) {
+    for (bool onGpu : {false, true}) {
+      if (!(onGpu ? cuda : cpu))
+        continue;
+      auto code = emitFunction(stage.func, onGpu, meshAxes);
+      if (failed(code))
+        return failure();
+      (onGpu ? stage.cuda : stage.cpu) = std::move(*code);
+    }
+  }
+
+  // The library's weight table: every stage's weights, each (name, shard)
+  // once.
+  Specs weights;
+  std::vector<std::string> weightShards;
+  llvm::StringMap<int32_t> weightIndex;
+  for (StageProgram &stage : stages) {
+    const TargetCode &code = stage.cpu ? *stage.cpu : *stage.cuda;
+    for (auto [i, weight] : llvm::enumerate(code.weights)) {
+      auto [it, inserted] = weightIndex.try_emplace(
+          weight.first + "|" + code.weightShards[i], weights.size());
+      if (inserted) {
+        weights.push_back(weight);
+        weightShards.push_back(code.weightShards[i]);
+      }
+      stage.weightIndices.push_back(it->second);
+    }
+  }
+
+  Block &block = func.getBody().front();
+  auto ret = cast<func::ReturnOp>(block.getTerminator());
+  auto nameAttr = [&](DictionaryAttr attrs, unsigned i) {
+    auto name = attrs ? attrs.getAs<StringAttr>("pcc.name") : StringAttr();
+    return name ? name.str() : "value" + std::to_string(i);
+  };
+  Specs inputs, outputs;
+  for (BlockArgument arg : block.getArguments())
+    inputs.emplace_back(
+        nameAttr(func.getArgAttrDict(arg.getArgNumber()), arg.getArgNumber()),
+        tensorTypeOf(arg));
+  for (auto [i, v] : llvm::enumerate(ret.getOperands()))
+    outputs.emplace_back(nameAttr(func.getResultAttrDict(i), i),
+                         tensorTypeOf(v));
+  std::string shardTable = "static const pcc_weight_shard kWeightShards[] = {";
+  for (const std::string &shard : weightShards)
+    shardTable += shard + ", ";
+  shardTable += weightShards.empty() ? "{-1, 0, 0}};\n" : "};\n";
+  shardTable += "static const char *const kMeshAxes[] = {" + meshNames +
+                "nullptr};\nstatic const int64_t kMeshSizes[] = {" + meshSizes +
+                "0};\n";
+  std::string shapes;
+  std::string specs = specArray("kInputs", inputs, shapes);
+  specs += specArray("kOutputs", outputs, shapes);
+  specs += specArray("kWeights", weights, shapes);
+  std::string stageTables = stageSource(stages, inputs, outputs, shapes);
+  // A rank runs one stage: its arena is the largest.
+  int64_t arenaBytes = 0;
+  for (const StageProgram &stage : stages)
+    arenaBytes = std::max(arenaBytes, stage.arenaBytes());
+
+  // The schedule: per pipeline rank, its instruction list.
+  int64_t microbatches = 1, pipelineRanks = 1;
+  int pipelineAxis = -1;
+  std::string policy;
+  if (schedule) {
+    if (auto count = schedule.getAs<IntegerAttr>("microbatches"))
+      microbatches = count.getInt();
+    if (auto name = schedule.getAs<StringAttr>("policy"))
+      policy = name.str();
+    auto pp = meshAxes.find("pp");
+    if (pp == meshAxes.end())
+      return module.emitError("code generation: a pipelined module needs a "
+                              "'pp' axis in its pcc.mesh");
+    pipelineAxis = pp->second;
+  }
+  auto scheduleTable =
+      scheduleSource(func, schedule, stages.size(), pipelineRanks);
+  if (failed(scheduleTable))
+    return failure();
+
+  writePreamble(os, cpu, cuda, options.source);
+  // Each entry point in its own namespace: kernels and constants are named
+  // per program.
+  auto space = [&](size_t k) {
+    return schedule ? "stage" + std::to_string(k) : std::string("model");
+  };
+  for (auto [k, stage] : llvm::enumerate(stages)) {
+    os << "namespace " << space(k) << " {\n\n";
+    if (schedule)
+      os << "// Pipeline stage " << k << " (@" << stage.func.getSymName()
+         << ")\n\n";
+    if (stage.cpu)
+      os << "// CPU\n\n"
+         << stage.cpu->constants << "\n"
+         << stage.cpu->kernels << stage.cpu->function;
+    if (stage.cuda)
+      os << "// CUDA\n\n"
+         << stage.cuda->constants << "\n"
+         << stage.cuda->kernels << stage.cuda->function;
+    os << "} // namespace " << space(k) << "\n\n";
+  }
+  StringRef targetName = cpu && cuda ? "cpu+cuda" : cpu ? "cpu" : "cuda";
+  os << shapes << specs << shardTable << stageTables << *scheduleTable << "\n"
+     << "const pcc_model_info kInfo = {PCC_MODEL_ABI_VERSION, "
+     << options.targets << ", " << quoted(targetName) << ", "
+     << quoted(options.source) << ", " << quoted(options.weightsFile) << ", "
+     << inputs.size() << ", kInputs, " << outputs.size() << ", kOutputs, "
+     << weights.size() << ", kWeights, " << arenaBytes << ", "
+     << meshAxes.size() << ", kMeshAxes, kMeshSizes, kWeightShards, "
+     << microbatches << ", " << stages.size() << ", kStages, " << pipelineAxis
+     << ", " << pipelineRanks << ", kScheduleLengths, kSchedules, "
+     << quoted(policy) << "};\n\n"
+     << "} // namespace\n\n";
+  writeEntryPoints(os, stages.size(), static_cast<bool>(schedule), cpu, cuda,
+                   meshRanks, targetName, space);
+  return success();
+}
