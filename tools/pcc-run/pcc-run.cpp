@@ -262,6 +262,25 @@ struct Ranks {
   std::vector<int64_t> coords;
 };
 
+/// The world rank at mesh coordinates `coords` (the last axis fastest).
+int worldRankAt(const pcc_model_info &info,
+                const std::vector<int64_t> &coords) {
+  int64_t rank = 0;
+  for (int a = 0; a < info.num_mesh_axes; ++a)
+    rank = rank * info.mesh_sizes[a] + coords[a];
+  return static_cast<int>(rank);
+}
+
+/// The mesh coordinates of world rank `rank` (the last axis fastest).
+std::vector<int64_t> meshCoordinates(const pcc_model_info &info, int64_t rank) {
+  std::vector<int64_t> coords(info.num_mesh_axes);
+  for (int a = info.num_mesh_axes - 1; a >= 0; --a) {
+    coords[a] = rank % info.mesh_sizes[a];
+    rank /= info.mesh_sizes[a];
+  }
+  return coords;
+}
+
 /// Joins the MPI job and builds one group per mesh axis: the ranks that
 /// differ only in their coordinate on that axis (the last axis varies
 /// fastest).
@@ -280,17 +299,14 @@ Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks, Device &device,
     die("the library was partitioned for " + mesh + " (" +
         std::to_string(meshRanks) + " ranks) but this run has " +
         std::to_string(size) + "; run it with -n " + std::to_string(meshRanks));
-  int64_t stride = 1;
-  std::vector<int64_t> strides(info.num_mesh_axes);
-  for (int a = info.num_mesh_axes - 1; a >= 0; --a) {
-    strides[a] = stride;
-    stride *= info.mesh_sizes[a];
-  }
+  r.coords = meshCoordinates(info, rank);
   for (int a = 0; a < info.num_mesh_axes; ++a) {
-    int64_t coord = (rank / strides[a]) % info.mesh_sizes[a];
-    r.coords.push_back(coord);
-    auto group = r.world->split(static_cast<int>(rank - coord * strides[a]),
-                                static_cast<int>(coord));
+    // The group of axis a: the ranks that differ from this one only there,
+    // named by the one of them at coordinate 0.
+    std::vector<int64_t> first = r.coords;
+    first[a] = 0;
+    auto group =
+        r.world->split(worldRankAt(info, first), static_cast<int>(r.coords[a]));
     if (!group.ok())
       die(group.error());
     std::unique_ptr<Communicator> g = group.take();
@@ -320,10 +336,6 @@ Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks, Device &device,
     r.tables.push_back(b->table());
   return r;
 }
-
-} // namespace
-
-namespace {
 
 /// Reads the --input files and checks them against the model's inputs
 /// (whole batch: every micro-batch's rows).
@@ -455,15 +467,6 @@ void printBench(std::vector<double> ms, const std::string &where,
               static_cast<long long>(batch));
 }
 
-/// The world rank at mesh coordinates `coords` (the last axis fastest).
-int worldRankAt(const pcc_model_info &info,
-                const std::vector<int64_t> &coords) {
-  int64_t rank = 0;
-  for (int a = 0; a < info.num_mesh_axes; ++a)
-    rank = rank * info.mesh_sizes[a] + coords[a];
-  return static_cast<int>(rank);
-}
-
 /// Runs a pipelined library: every rank runs its pipeline rank's schedule
 /// over the micro-batches; the rank of the last stage (tp 0) sends the
 /// outputs to rank 0, which writes and checks them; --trace gathers every
@@ -579,24 +582,19 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
   // The timeline of the last run, gathered on rank 0.
   if (!opts.trace.empty() || !opts.traceSvg.empty()) {
     std::vector<pccrun::RankTrace> rows;
+    // "pp=1, tp=0" and "stage 1" for a rank's row.
     auto coordsOf = [&](int rank) {
+      std::vector<int64_t> c = meshCoordinates(info, rank);
       std::string s;
-      int64_t rest = rank;
-      std::vector<int64_t> c(info.num_mesh_axes);
-      for (int a = info.num_mesh_axes - 1; a >= 0; --a) {
-        c[a] = rest % info.mesh_sizes[a];
-        rest /= info.mesh_sizes[a];
-      }
       for (int a = 0; a < info.num_mesh_axes; ++a)
         if (info.mesh_sizes[a] > 1)
           s += (s.empty() ? "" : ", ") + std::string(info.mesh_axes[a]) + "=" +
                std::to_string(c[a]);
-      std::string stages;
-      for (int32_t k : library.stagesOf(c[ppAxis]))
-        stages += (stages.empty() ? "" : ", ") + std::to_string(k);
-      return std::pair{
-          s, (library.stagesOf(c[ppAxis]).size() > 1 ? "stages " : "stage ") +
-                 stages};
+      std::vector<int32_t> held = library.stagesOf(c[ppAxis]);
+      std::string stages = held.size() > 1 ? "stages " : "stage ";
+      for (size_t i = 0; i < held.size(); ++i)
+        stages += (i ? ", " : "") + std::to_string(held[i]);
+      return std::pair{s, stages};
     };
     for (int r = 0; r < world.size(); ++r) {
       std::vector<TraceEvent> events;
