@@ -185,6 +185,18 @@ TEST(Schedule, ParseInstr) {
     EXPECT_FALSE(parseInstr(bad)) << bad;
 }
 
+// Tests that without backward work the policies with one chunk agree: a
+// forward-only rank runs its micro-batches in order whatever the policy, so
+// inference libraries differ only in the policy's name.
+TEST(Schedule, ForwardOnlyPoliciesAgree) {
+  for (int p : {2, 4})
+    for (int m : {1, 4, 8}) {
+      std::string gpipe = make(Policy::GPipe, p, m, 1, true).describe();
+      EXPECT_EQ(make(Policy::OneFOneB, p, m, 1, true).describe(), gpipe);
+      EXPECT_EQ(make(Policy::ZeroBubbleH1, p, m, 1, true).describe(), gpipe);
+    }
+}
+
 // Tests the generator's errors.
 TEST(Schedule, GenerateErrors) {
   Options o;

@@ -8,7 +8,6 @@
 #include "pcc/Import/OnnxImporter.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "llvm/ADT/StringSet.h"
 
 namespace mlir::pcc::onnx_import {
 
@@ -65,9 +64,9 @@ private:
   OpBuilder builder;
   Location fileLoc;
   llvm::StringMap<ImportedValue> values;
-  /// With micro-batches: the symbols of the inputs' dimension 0 (the
-  /// batch), and the rows of one micro-batch.
-  llvm::StringSet<> batchSymbols;
+  /// With micro-batches: the symbol of the inputs' dimension 0 (the batch),
+  /// and the rows of one micro-batch.
+  std::optional<std::string> batchSymbol;
   int64_t microbatchRows = 0;
 };
 

@@ -345,12 +345,10 @@ GraphImporter::inputTypeOf(const onnx::ValueInfoProto &info) {
                << " does not divide into " << options.microbatches
                << " micro-batches";
       *size /= options.microbatches;
-      if (!symbol.empty() && !batchSymbols.empty() &&
-          !batchSymbols.contains(symbol))
+      if (!symbol.empty() && batchSymbol && *batchSymbol != symbol)
         return emitError(fileLoc)
                << "graph input '" << info.name() << "': dimension 0 is '"
-               << symbol << "', but the other inputs' is '"
-               << batchSymbols.begin()->getKey()
+               << symbol << "', but the other inputs' is '" << *batchSymbol
                << "'; micro-batches split one batch shared by every input";
       if (microbatchRows && microbatchRows != *size)
         return emitError(fileLoc)
@@ -361,7 +359,7 @@ GraphImporter::inputTypeOf(const onnx::ValueInfoProto &info) {
                << "; micro-batches split one batch shared by every input";
       microbatchRows = *size;
       if (!symbol.empty())
-        batchSymbols.insert(symbol);
+        batchSymbol = symbol;
     }
     if (size) {
       shape.push_back(*size);
@@ -400,8 +398,8 @@ GraphImporter::checkDeclaredOutput(const onnx::ValueInfoProto &info,
       if (dim0.has_dim_value() && dim0.dim_value() > 0)
         why = "it is declared with a fixed dimension 0 of " +
               std::to_string(dim0.dim_value());
-      else if (dim0.has_dim_param() && !batchSymbols.empty() &&
-               !batchSymbols.contains(dim0.dim_param()))
+      else if (dim0.has_dim_param() && batchSymbol &&
+               *batchSymbol != dim0.dim_param())
         why = "its dimension 0 is '" + dim0.dim_param() +
               "', not the inputs' batch";
     }

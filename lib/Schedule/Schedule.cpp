@@ -118,15 +118,18 @@ std::optional<Instr> parseInstr(const std::string &text) {
   return std::nullopt;
 }
 
+std::string Schedule::describeRank(size_t r) const {
+  std::string line;
+  for (const Instr &i : ranks[r])
+    line += (line.empty() ? "" : " ") + describeInstr(i, options.chunks);
+  return line;
+}
+
 std::string Schedule::describe() const {
-  std::ostringstream os;
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    os << "rank " << r << ":";
-    for (const Instr &i : ranks[r])
-      os << " " << describeInstr(i, options.chunks);
-    os << "\n";
-  }
-  return os.str();
+  std::string text;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    text += "rank " + std::to_string(r) + ": " + describeRank(r) + "\n";
+  return text;
 }
 
 double Simulation::meanBubbleFraction() const {
@@ -169,7 +172,9 @@ public:
   Simulation sim;
 
 private:
-  int32_t vstage(int32_t rank, int32_t chunk) const { return chunk * p + rank; }
+  int32_t vstage(int32_t rank, int32_t chunk) const {
+    return virtualStage(p, rank, chunk);
+  }
   double duration(Op op) const {
     switch (op) {
     case Op::Forward:
@@ -478,7 +483,7 @@ std::vector<Order> withTransfers(const Options &o,
   std::vector<Order> out(p);
   for (int32_t r = 0; r < p; ++r) {
     for (const Instr &i : compute[r]) {
-      int32_t vs = i.chunk * p + r;
+      int32_t vs = virtualStage(p, r, i.chunk);
       if (i.op == Op::Forward && vs > 0)
         out[r].push_back(
             {Op::RecvForward, i.microbatch, i.chunk, (vs - 1) % p});

@@ -54,13 +54,8 @@ struct PipelineSchedulePass
     // One string per rank, as Schedule::describe prints it.
     Builder b(module.getContext());
     SmallVector<Attribute> ranks;
-    std::string text = result.schedule->describe();
-    StringRef rest(text);
-    while (!rest.empty()) {
-      auto [line, tail] = rest.split('\n');
-      rest = tail;
-      ranks.push_back(b.getStringAttr(line.split(": ").second));
-    }
+    for (size_t r = 0; r < result.schedule->ranks.size(); ++r)
+      ranks.push_back(b.getStringAttr(result.schedule->describeRank(r)));
     main->setAttr(
         "pcc.schedule",
         b.getDictionaryAttr({

@@ -156,6 +156,17 @@ ONNX node or the option at fault).
 )";
 
 namespace {
+/// The arena one rank allocates: the largest of the planned functions'
+/// (each pipeline rank runs one stage; unpipelined, @main's).
+int64_t rankArenaBytes(ModuleOp module) {
+  int64_t arena = 0;
+  module.walk([&](func::FuncOp f) {
+    if (auto a = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
+      arena = std::max(arena, a.getInt());
+  });
+  return arena;
+}
+
 /// Prints diagnostics as "pcc: error: <where>: <message>", naming the ONNX
 /// node an op came from.
 std::string describeLocation(Location loc) {
@@ -326,12 +337,7 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
      << " elementwise ops\n";
   os << "  compute: " << grouped(flops)
      << " FLOPs in matmuls and convolutions\n";
-  // Each rank runs one stage: the largest stage arena is what a rank needs.
-  int64_t arena = 0;
-  module.walk([&](func::FuncOp f) {
-    if (auto a = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
-      arena = std::max(arena, a.getInt());
-  });
+  int64_t arena = rankArenaBytes(module);
   os << "  memory plan: peak arena " << grouped(arena) << " bytes for "
      << grouped(intermediate) << " bytes of intermediate tensors";
   if (arena > 0)
@@ -491,7 +497,7 @@ int main(int argc, char **argv) {
     return 1;
   imported = true;
   Builder b(&context);
-  (**module)->setAttr("pcc.mesh",
+  (**module)->setAttr(pcc::PccDialect::kMeshAttrName,
                       b.getDictionaryAttr({
                           b.getNamedAttr("dp", b.getI64IntegerAttr(dp)),
                           b.getNamedAttr("pp", b.getI64IntegerAttr(pp)),
@@ -626,12 +632,7 @@ int main(int argc, char **argv) {
     if (failed(pcc::buildSharedLibrary(&context, source, outputFile,
                                        buildOptions)))
       return 1;
-    // Each pipeline rank runs one stage: the largest arena is a rank's.
-    int64_t arena = 0;
-    (*module)->walk([&](func::FuncOp f) {
-      if (auto a = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
-        arena = std::max(arena, a.getInt());
-    });
+    int64_t arena = rankArenaBytes(**module);
     llvm::errs() << "pcc: wrote " << outputFile << " ("
                  << (target == Target::Cpu    ? "cpu"
                      : target == Target::Cuda ? "cuda"

@@ -78,14 +78,17 @@ struct Schedule {
   /// Per pipeline rank, in execution order.
   std::vector<std::vector<Instr>> ranks;
 
-  /// The virtual stage of `chunk` on `rank`: chunk * p + rank.
-  int32_t virtualStage(int32_t rank, int32_t chunk) const {
-    return chunk * options.stages + rank;
-  }
-  int32_t numVirtualStages() const { return options.stages * options.chunks; }
   /// One line per rank: "rank 0: F0 F1 send_fwd0>1 ...".
   std::string describe() const;
+  /// Rank r's list as describe() writes it, without the "rank r: ".
+  std::string describeRank(size_t r) const;
 };
+
+/// The model stage that chunk `chunk` of pipeline rank `rank` holds, with
+/// `ranks` pipeline ranks (Megatron's interleaving: chunk * ranks + rank).
+inline int32_t virtualStage(int32_t ranks, int32_t rank, int32_t chunk) {
+  return chunk * ranks + rank;
+}
 
 /// One instruction as describe() writes it ("F3", "send_fwd3>1",
 /// "recv_fwd2.1<0" for chunk 1), or nullopt when `text` is not one.

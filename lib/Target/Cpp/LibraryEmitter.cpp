@@ -160,7 +160,8 @@ FailureOr<std::string> scheduleSource(func::FuncOp main,
                << r << ": '" << word
                << "' is backward work, which inference libraries do not run";
       }
-      int64_t stage = instr->chunk * p + static_cast<int64_t>(r);
+      int64_t stage = ::pcc::schedule::virtualStage(
+          static_cast<int32_t>(p), static_cast<int32_t>(r), instr->chunk);
       if (stage >= stages)
         return main.emitError("code generation: pcc.schedule rank ")
                << r << ": '" << word << "' names stage " << stage
