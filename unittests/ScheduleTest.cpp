@@ -42,16 +42,18 @@ TEST(Schedule, EveryPolicyReplays) {
                         Policy::ZeroBubbleH1})
     for (int p : {1, 2, 3, 4, 8})
       for (int m : {1, 2, 4, 8, 16})
-        for (bool fwd : {false, true}) {
-          int v = policy == Policy::Interleaved ? 2 : 1;
-          if (policy == Policy::Interleaved && m % p != 0)
-            continue;
-          SCOPED_TRACE(std::string(policyName(policy)) +
-                       " p=" + std::to_string(p) + " m=" + std::to_string(m) +
-                       (fwd ? " forward-only" : ""));
-          Schedule s = make(policy, p, m, v, fwd);
-          run(s, {1, 2, 1, 0.25});
-        }
+        for (bool fwd : {false, true})
+          for (int v : {1, 2, 3}) {
+            if ((policy == Policy::Interleaved) != (v > 1) ||
+                (policy == Policy::Interleaved && m % p != 0))
+              continue;
+            SCOPED_TRACE(std::string(policyName(policy)) +
+                         " p=" + std::to_string(p) + " m=" + std::to_string(m) +
+                         " v=" + std::to_string(v) +
+                         (fwd ? " forward-only" : ""));
+            Schedule s = make(policy, p, m, v, fwd);
+            run(s, {1, 2, 1, 0.25});
+          }
 }
 
 // Tests GPipe and 1F1B against (p - 1) / (m + p - 1) on every rank, with
@@ -206,7 +208,7 @@ TEST(Schedule, GenerateErrors) {
   o.chunks = 2;
   EXPECT_EQ(generate(o).error,
             "the interleaved schedule runs micro-batches in groups of the 4 "
-            "stages; 6 micro-batches is not a multiple");
+            "pipeline ranks; 6 micro-batches is not a multiple");
   o.policy = Policy::OneFOneB;
   EXPECT_EQ(generate(o).error,
             "only the interleaved schedule runs several chunks per rank "
@@ -244,6 +246,17 @@ TEST(Schedule, SimulateRejectsBrokenLists) {
                                         0),
             0u)
       << simulate(cycle).error;
+
+  // Both receives are posted before either compute: the replay can run
+  // it, but the transports pair messages between two ranks in order.
+  Schedule crossed = s;
+  auto &r1 = crossed.ranks[1]; // recv_fwd0<0 F0 recv_fwd1<0 F1
+  std::rotate(r1.begin(), r1.begin() + 2, r1.begin() + 3);
+  EXPECT_EQ(simulate(crossed).error,
+            "message 0 from rank 0 to rank 1 is send_fwd of micro-batch 0 to "
+            "virtual stage 1, but rank 1 receives send_fwd of micro-batch 1 "
+            "to virtual stage 1 there (messages between two ranks pair up in "
+            "order)");
 
   Schedule twice = s;
   twice.ranks[0].push_back(twice.ranks[0][0]);

@@ -199,6 +199,7 @@ private:
     return it->second;
   }
   void execute(int32_t rank, const Instr &i, double start);
+  std::string checkChannels() const;
 
   const Options &o;
   Durations d;
@@ -385,6 +386,11 @@ std::string Replay::run() {
                std::to_string(mb) + " from virtual stage " +
                std::to_string(vs) + " is never received";
     }
+  if (!implicit) {
+    std::string error = checkChannels();
+    if (!error.empty())
+      return error;
+  }
   sim.makespan = 0;
   for (double t : freeAt)
     sim.makespan = std::max(sim.makespan, t);
@@ -395,6 +401,63 @@ std::string Replay::run() {
       busy += i.end - i.start;
     sim.bubbleFraction[r] = sim.makespan > 0 ? 1 - busy / sim.makespan : 0;
   }
+  return "";
+}
+
+/// NCCL and MPI (pcc uses one tag) match the messages between two ranks in
+/// the order they were posted, so each rank's sends to a peer must come in
+/// the order that peer receives them. Messages are told apart by (send op,
+/// micro-batch, virtual stage receiving).
+std::string Replay::checkChannels() const {
+  using Message = std::tuple<int, int32_t, int32_t>;
+  std::map<std::pair<int32_t, int32_t>, std::vector<Message>> sent, received;
+  for (int32_t r = 0; r < p; ++r)
+    for (const Instr &i : lists[r]) {
+      int32_t vs = vstage(r, i.chunk);
+      switch (i.op) {
+      case Op::SendForward:
+      case Op::SendBackward:
+        sent[{r, i.peer}].push_back(
+            {static_cast<int>(i.op), i.microbatch,
+             i.op == Op::SendForward ? vs + 1 : vs - 1});
+        break;
+      case Op::RecvForward:
+      case Op::RecvBackward:
+        received[{i.peer, r}].push_back(
+            {static_cast<int>(i.op == Op::RecvForward ? Op::SendForward
+                                                      : Op::SendBackward),
+             i.microbatch, vs});
+        break;
+      default:
+        break;
+      }
+    }
+  auto describe = [](const Message &msg) {
+    auto [op, mb, vs] = msg;
+    return std::string(opName(static_cast<Op>(op))) + " of micro-batch " +
+           std::to_string(mb) + " to virtual stage " + std::to_string(vs);
+  };
+  for (auto &[channel, messages] : sent) {
+    const std::vector<Message> &expected = received[channel];
+    auto [from, to] = channel;
+    for (size_t n = 0; n < std::max(messages.size(), expected.size()); ++n) {
+      if (n < messages.size() && n < expected.size() &&
+          messages[n] == expected[n])
+        continue;
+      std::string what =
+          "message " + std::to_string(n) + " from rank " +
+          std::to_string(from) + " to rank " + std::to_string(to) + " is ";
+      what += n < messages.size() ? describe(messages[n]) : "never sent";
+      what += ", but rank " + std::to_string(to) + " receives ";
+      what += n < expected.size() ? describe(expected[n]) : "nothing more";
+      return what + " there (messages between two ranks pair up in order)";
+    }
+  }
+  for (auto &[channel, messages] : received)
+    if (!sent.count(channel) && !messages.empty())
+      return "rank " + std::to_string(channel.second) + " receives " +
+             describe(messages[0]) + " from rank " +
+             std::to_string(channel.first) + ", which sends it nothing";
   return "";
 }
 
@@ -520,7 +583,7 @@ GenerateResult generate(const Options &o) {
   if (o.policy == Policy::Interleaved && o.microbatches % o.stages != 0)
     return fail("the interleaved schedule runs micro-batches in groups of "
                 "the " +
-                std::to_string(o.stages) + " stages; " +
+                std::to_string(o.stages) + " pipeline ranks; " +
                 std::to_string(o.microbatches) +
                 " micro-batches is not a multiple");
   std::vector<Order> compute(o.stages);

@@ -216,6 +216,74 @@ std::vector<size_t> balance(const CutModel &m,
   return cuts;
 }
 
+/// Predicted seconds of each pipeline rank per micro-batch when stage k of
+/// the cut `cuts` runs on rank k mod `ranks`.
+std::vector<double> rankSeconds(const CutModel &m, ArrayRef<size_t> cuts,
+                                int64_t ranks) {
+  std::vector<double> out(ranks, 0);
+  size_t begin = 0;
+  for (size_t s = 0; s <= cuts.size(); ++s) {
+    size_t end = s < cuts.size() ? cuts[s] : m.ops.size();
+    out[s % ranks] += m.prefix[end] - m.prefix[begin];
+    begin = end;
+  }
+  return out;
+}
+
+/// With several chunks per rank, a rank's work per micro-batch is the sum
+/// of its stages, and the busiest rank bounds the pipeline's rate. Starting
+/// from the stage-balanced cuts, moves single cuts to neighbouring
+/// candidates while that lowers (busiest rank, slowest stage, bytes).
+void balanceRanks(const CutModel &m, const std::vector<size_t> &candidates,
+                  std::vector<size_t> &cuts, int64_t ranks) {
+  auto score = [&](const std::vector<size_t> &c) {
+    std::vector<double> perRank = rankSeconds(m, c, ranks);
+    double slowest = 0;
+    int64_t bytes = 0;
+    for (size_t s = 0; s <= c.size(); ++s) {
+      size_t b = s ? c[s - 1] : 0, e = s < c.size() ? c[s] : m.ops.size();
+      slowest = std::max(slowest, m.prefix[e] - m.prefix[b]);
+      if (s < c.size())
+        bytes += m.crossing[c[s]];
+    }
+    return std::make_tuple(*std::max_element(perRank.begin(), perRank.end()),
+                           slowest, bytes);
+  };
+  auto better = [](auto a, auto b) {
+    if (std::get<0>(a) != std::get<0>(b))
+      return std::get<0>(a) < std::get<0>(b) * (1 - 1e-12);
+    if (std::get<1>(a) != std::get<1>(b))
+      return std::get<1>(a) < std::get<1>(b) * (1 - 1e-12);
+    return std::get<2>(a) < std::get<2>(b);
+  };
+  std::vector<size_t> at; // cuts as candidate indices
+  for (size_t c : cuts)
+    at.push_back(std::find(candidates.begin(), candidates.end(), c) -
+                 candidates.begin());
+  auto current = score(cuts);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t i = 0; i < at.size(); ++i)
+      for (int step : {-1, 1}) {
+        int64_t to = static_cast<int64_t>(at[i]) + step;
+        int64_t lo = i ? static_cast<int64_t>(at[i - 1]) : -1;
+        int64_t hi = i + 1 < at.size() ? static_cast<int64_t>(at[i + 1])
+                                       : static_cast<int64_t>(candidates.size());
+        if (to <= lo || to >= hi)
+          continue;
+        std::vector<size_t> trial = cuts;
+        trial[i] = candidates[to];
+        auto s = score(trial);
+        if (better(s, current)) {
+          current = s;
+          cuts = std::move(trial);
+          at[i] = to;
+          moved = true;
+        }
+      }
+  }
+}
+
 struct PipelineCutPass
     : public mlir::pcc::impl::PipelineCutBase<PipelineCutPass> {
   using PipelineCutBase::PipelineCutBase;
@@ -234,19 +302,34 @@ void PipelineCutPass::runOnOperation() {
     module.emitError("pipeline cut: expects a single-block func.func @main");
     return signalPassFailure();
   }
-  int64_t n = stages;
-  if (n == 0) {
+  int64_t ranks = stages;
+  if (ranks == 0) {
     FailureOr<int64_t> pp = getMeshAxisSize(main, "pp");
     if (failed(pp))
       return signalPassFailure();
-    n = *pp;
+    ranks = *pp;
   }
-  if (n < 1) {
-    main.emitError("pipeline cut: ") << n << " stages";
+  if (ranks < 1 || chunks < 1) {
+    main.emitError("pipeline cut: ")
+        << ranks << " pipeline ranks with " << chunks << " chunks each";
     return signalPassFailure();
   }
+  int64_t n = ranks * chunks;
   if (n == 1 && cuts.empty())
     return;
+  if (chunks > 1)
+    module->setAttr(PccDialect::kPipelineChunksAttrName,
+                    Builder(module.getContext()).getI64IntegerAttr(chunks));
+  // Remarks start "pp=" (pcc --explain files them under the pipeline);
+  // with chunks they say which rank runs each stage.
+  std::string prefix = "pp=" + std::to_string(ranks) +
+                       (chunks > 1 ? " x " + std::to_string(chunks) + " chunks"
+                                   : std::string());
+  auto stageName = [&](size_t s) {
+    return "stage " + std::to_string(s) +
+           (chunks > 1 ? " (rank " + std::to_string(s % ranks) + ")"
+                       : std::string());
+  };
   CostModel cost;
   CutModel m = analyse(main, cost);
 
@@ -281,16 +364,22 @@ void PipelineCutPass::runOnOperation() {
     std::vector<size_t> candidates = candidateCuts(m);
     if (static_cast<int64_t>(candidates.size()) < n - 1) {
       auto diag = main.emitError("pipeline cut: ")
-                  << n << " stages need " << n - 1
+                  << n << " stages"
+                  << (chunks > 1 ? " (" + prefix + ")" : std::string())
+                  << " need " << n - 1
                   << " cuts, but the model has " << candidates.size()
                   << " places to cut between its layers";
       if (!candidates.empty())
         diag << " (where " << m.crossing[candidates[0]]
              << " bytes of activations are live)";
-      diag << "; use fewer stages, or --pp-cuts to cut elsewhere";
+      diag << "; use fewer stages"
+           << (chunks > 1 ? " or chunks" : "")
+           << ", or --pp-cuts to cut elsewhere";
       return signalPassFailure();
     }
     chosen = balance(m, candidates, n);
+    if (chunks > 1)
+      balanceRanks(m, candidates, chosen, ranks);
   }
 
   if (emitRemarks) {
@@ -314,18 +403,32 @@ void PipelineCutPass::runOnOperation() {
               weights += tensorBytes(p.getResult());
       }
       main.emitRemark() << llvm::formatv(
-          "pp={9}: stage {0}: {1} ops, node '{2}' .. node '{3}'; predicted "
+          "{9}: {0}: {1} ops, node '{2}' .. node '{3}'; predicted "
           "{4:f2} us "
           "({5} FLOPs); weights {6} bytes; activations in {7} bytes, out "
           "{8} bytes",
-          s, e - b, nodeName(m.ops[b]), nodeName(m.ops[e - 1]),
+          stageName(s), e - b, nodeName(m.ops[b]), nodeName(m.ops[e - 1]),
           (m.prefix[e] - m.prefix[b]) * 1e6, flops, weights,
-          b == 0 ? 0 : m.carried[b], e == m.ops.size() ? 0 : m.carried[e], n);
+          b == 0 ? 0 : m.carried[b], e == m.ops.size() ? 0 : m.carried[e],
+          prefix);
+    }
+    if (chunks > 1) {
+      std::vector<double> perRank = rankSeconds(m, chosen, ranks);
+      double busiest = *std::max_element(perRank.begin(), perRank.end());
+      std::string loads;
+      for (int64_t r = 0; r < ranks; ++r)
+        loads += llvm::formatv("{0}rank {1} {2:f2} us", r ? ", " : "", r,
+                               perRank[r] * 1e6)
+                     .str();
+      main.emitRemark() << llvm::formatv(
+          "{0}: per rank (its stages together): {1}; imbalance {2:f2} "
+          "(busiest / mean)",
+          prefix, loads, busiest / (m.prefix[m.ops.size()] / ranks));
     }
     main.emitRemark() << llvm::formatv(
-        "pp={0}: slowest stage {1:f2} us, mean {2:f2} us, imbalance {3:f2} "
+        "{0}: slowest stage {1:f2} us, mean {2:f2} us, imbalance {3:f2} "
         "(slowest / mean){4}",
-        n, slowest * 1e6, mean * 1e6, mean > 0 ? slowest / mean : 1.0,
+        prefix, slowest * 1e6, mean * 1e6, mean > 0 ? slowest / mean : 1.0,
         cuts.empty() ? "" : "; cuts forced by --pp-cuts");
   }
   if (failed(outline(main, m, chosen)))

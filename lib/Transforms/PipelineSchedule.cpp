@@ -41,9 +41,20 @@ struct PipelineSchedulePass
           << policy << "' (gpipe, 1f1b, interleaved, zb-h1)";
       return signalPassFailure();
     }
+    // Each pipeline rank runs `chunks` of the stages (interleaved).
+    auto chunksAttr =
+        module->getAttrOfType<IntegerAttr>(PccDialect::kPipelineChunksAttrName);
+    int64_t chunks = chunksAttr ? chunksAttr.getInt() : 1;
+    if (stages % chunks != 0) {
+      main.emitError("pipeline schedule: ")
+          << stages << " stages do not make " << chunks
+          << " chunks per pipeline rank";
+      return signalPassFailure();
+    }
     ::pcc::schedule::Options options;
     options.policy = *kind;
-    options.stages = static_cast<int32_t>(stages);
+    options.stages = static_cast<int32_t>(stages / chunks);
+    options.chunks = static_cast<int32_t>(chunks);
     options.microbatches = static_cast<int32_t>(microbatches);
     options.forwardOnly = true;
     ::pcc::schedule::GenerateResult result = ::pcc::schedule::generate(options);
@@ -56,13 +67,14 @@ struct PipelineSchedulePass
     SmallVector<Attribute> ranks;
     for (size_t r = 0; r < result.schedule->ranks.size(); ++r)
       ranks.push_back(b.getStringAttr(result.schedule->describeRank(r)));
-    main->setAttr(
-        "pcc.schedule",
-        b.getDictionaryAttr({
-            b.getNamedAttr("policy", b.getStringAttr(policy)),
-            b.getNamedAttr("microbatches", b.getI64IntegerAttr(microbatches)),
-            b.getNamedAttr("ranks", b.getArrayAttr(ranks)),
-        }));
+    SmallVector<NamedAttribute> fields{
+        b.getNamedAttr("policy", b.getStringAttr(policy)),
+        b.getNamedAttr("microbatches", b.getI64IntegerAttr(microbatches)),
+        b.getNamedAttr("ranks", b.getArrayAttr(ranks)),
+    };
+    if (chunks > 1)
+      fields.push_back(b.getNamedAttr("chunks", b.getI64IntegerAttr(chunks)));
+    main->setAttr("pcc.schedule", b.getDictionaryAttr(fields));
   }
 };
 

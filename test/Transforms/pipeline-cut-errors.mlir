@@ -25,3 +25,21 @@ module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
     return %t : tensor<4xf32>
   }
 }
+
+// -----
+
+// Tests that pcc.pp_chunks multiplies the stages: 2 ranks x 2 chunks.
+module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}, pcc.pp_chunks = 2 : i64} {
+  func.func @chunks(%x: tensor<4xf32>) -> tensor<4xf32> {
+    %t = pcc.transfer %x from 2 to 3 : tensor<4xf32>
+    // expected-error @below {{goes from stage 3 to stage 4; stages run forward, in [0, 4)}}
+    %u = pcc.transfer %t from 3 to 4 : tensor<4xf32>
+    return %u : tensor<4xf32>
+  }
+}
+
+// -----
+
+// expected-error @below {{pcc.pp_chunks must be an integer >= 1 on the module}}
+module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}, pcc.pp_chunks = 0 : i64} {
+}

@@ -34,8 +34,12 @@ double bubbleFraction(const RankTrace &rank, double span) {
   return std::clamp(1 - busy / span, 0.0, 1.0);
 }
 
-double analyticBubble(int p, int m) {
-  return double(p - 1) / double(m + p - 1);
+double analyticBubble(int p, int m, int v) {
+  return double(p - 1) / double(v * m + p - 1);
+}
+
+const char *analyticBubbleFormula(int chunks) {
+  return chunks > 1 ? "(p-1)/(v*m+p-1)" : "(p-1)/(m+p-1)";
 }
 
 namespace {
@@ -131,7 +135,8 @@ Status writeChromeTrace(const std::string &path, const TraceInfo &info,
   os << "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"model\": \""
      << json(info.model) << "\", \"schedule\": \"" << json(info.policy)
      << "\", \"pipeline_ranks\": " << info.pipelineRanks
-     << ", \"microbatches\": " << info.microbatches << "},\n"
+     << ", \"microbatches\": " << info.microbatches
+     << ", \"chunks\": " << info.chunks << "},\n"
      << "\"traceEvents\": [\n";
   bool first = true;
   auto event = [&](const std::string &text) {
@@ -188,10 +193,14 @@ Status writeSvg(const std::string &path, const TraceInfo &info,
   std::ostringstream title;
   title.precision(3);
   title << std::fixed << escape(info.model) << ": " << info.pipelineRanks
-        << " pipeline ranks, " << info.microbatches << " micro-batches, "
+        << " pipeline ranks";
+  if (info.chunks > 1)
+    title << " x " << info.chunks << " chunks";
+  title << ", " << info.microbatches << " micro-batches, "
         << escape(info.policy) << "; makespan " << span * 1e3
         << " ms, measured bubble " << mean << " (analytic "
-        << analyticBubble(info.pipelineRanks, info.microbatches) << ")";
+        << analyticBubble(info.pipelineRanks, info.microbatches, info.chunks)
+        << ")";
   os << "<text x=\"10\" y=\"22\" font-size=\"14\">" << title.str()
      << "</text>\n";
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -205,10 +214,12 @@ Status writeSvg(const std::string &path, const TraceInfo &info,
     for (const TraceEvent &e : r.events) {
       double x0 = x(e.start), w = std::max(x(e.end) - x0, 0.5);
       std::string fill = "#9e9e9e";
+      int chunk = info.chunks > 1 ? e.stage / info.pipelineRanks : 0;
       if (e.kind == TraceEvent::Kind::Compute) {
-        // One hue per micro-batch.
+        // One hue per micro-batch, darker for later chunks.
         int hue = (e.microbatch * 47) % 360;
-        fill = "hsl(" + std::to_string(hue) + ",65%,55%)";
+        fill = "hsl(" + std::to_string(hue) + ",65%," +
+               std::to_string(std::max(25, 55 - 15 * chunk)) + "%)";
       }
       os << "<rect x=\"" << x0 << "\" y=\""
          << y + (e.kind == TraceEvent::Kind::Compute ? 0 : bar / 3.0)
@@ -219,6 +230,7 @@ Status writeSvg(const std::string &path, const TraceInfo &info,
       if (e.kind == TraceEvent::Kind::Compute && w > 18)
         os << "<text x=\"" << x0 + w / 2 << "\" y=\"" << y + bar * 0.68
            << "\" text-anchor=\"middle\" fill=\"white\">F" << e.microbatch
+           << (info.chunks > 1 ? "." + std::to_string(chunk) : std::string())
            << "</text>\n";
     }
   }
@@ -231,8 +243,9 @@ Status writeSvg(const std::string &path, const TraceInfo &info,
        << "\" text-anchor=\"middle\">" << at * 1e3 << " ms</text>\n";
   }
   os << "<text x=\"10\" y=\"" << axis + 34
-     << "\">coloured: compute (one colour per micro-batch); grey bars: send "
-        "and receive; light grey: idle</text>\n";
+     << "\">coloured: compute (one colour per micro-batch"
+     << (info.chunks > 1 ? "; Fm.c: chunk c, darker for later chunks" : "")
+     << "); grey bars: send and receive; light grey: idle</text>\n";
   os << "</svg>\n";
   return writeFile(path, os.str());
 }

@@ -36,14 +36,19 @@ struct TraceInfo {
   std::string policy;
   int pipelineRanks = 1;
   int microbatches = 1;
+  /// Model chunks per pipeline rank (the interleaved schedule).
+  int chunks = 1;
 };
 
 /// The run's makespan: the latest end of any rank's step.
 double makespan(const std::vector<RankTrace> &ranks);
 /// 1 - (the rank's compute time) / makespan.
 double bubbleFraction(const RankTrace &rank, double makespan);
-/// GPipe's and 1F1B's analytic bubble, (p - 1) / (m + p - 1).
-double analyticBubble(int pipelineRanks, int microbatches);
+/// The analytic bubble of GPipe and 1F1B, (p - 1) / (m + p - 1), and of
+/// interleaved 1F1B with v chunks per rank, (p - 1) / (v m + p - 1).
+double analyticBubble(int pipelineRanks, int microbatches, int chunks);
+/// "(p-1)/(m+p-1)" or, with chunks, "(p-1)/(v*m+p-1)".
+const char *analyticBubbleFormula(int chunks);
 
 pccrt::Status writeChromeTrace(const std::string &path, const TraceInfo &info,
                                const std::vector<RankTrace> &ranks);

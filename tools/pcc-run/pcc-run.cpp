@@ -507,10 +507,17 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
   if (!set.ok())
     die(set.error());
   if (leader)
-    std::printf("ranks: %d (%s), %s; %d stages, %d micro-batches, %s "
+    std::printf("ranks: %d (%s), %s; %d stages%s, %d micro-batches, %s "
                 "schedule\n",
                 world.size(), library.describeMesh().c_str(),
                 ranks.groups.back()->engine(), info.num_stages,
+                info.num_stages > info.num_pipeline_ranks
+                    ? (" (" +
+                       std::to_string(info.num_stages /
+                                      info.num_pipeline_ranks) +
+                       " chunks per pipeline rank)")
+                          .c_str()
+                    : "",
                 info.microbatches, info.schedule_policy);
   if (!device.isHost() && leader)
     std::printf("device %s\n", device.describe().c_str());
@@ -626,8 +633,9 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
     if (leader) {
       std::string model = info.source;
       model = model.substr(model.find_last_of('/') + 1);
+      int chunks = info.num_stages / info.num_pipeline_ranks;
       pccrun::TraceInfo ti{model, info.schedule_policy, info.num_pipeline_ranks,
-                           info.microbatches};
+                           info.microbatches, chunks};
       double span = pccrun::makespan(rows);
       double mean = 0;
       std::printf("timeline of the last run: makespan %.3f ms\n", span * 1e3);
@@ -645,10 +653,12 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
         std::printf("  (on CUDA, sends and receives are queued on the "
                     "compute stream: their waits count as compute, so the "
                     "bubble reads low)\n");
-      std::printf(
-          "  mean bubble %.3f; (p-1)/(m+p-1) = %.3f for p=%d, m=%d\n", mean,
-          pccrun::analyticBubble(info.num_pipeline_ranks, info.microbatches),
-          info.num_pipeline_ranks, info.microbatches);
+      std::printf("  mean bubble %.3f; %s = %.3f for p=%d, m=%d", mean,
+                  pccrun::analyticBubbleFormula(chunks),
+                  pccrun::analyticBubble(info.num_pipeline_ranks,
+                                         info.microbatches, chunks),
+                  info.num_pipeline_ranks, info.microbatches);
+      std::printf(chunks > 1 ? ", v=%d\n" : "\n", chunks);
       if (!opts.trace.empty()) {
         Status s = pccrun::writeChromeTrace(opts.trace, ti, rows);
         if (!s.ok())
@@ -727,9 +737,9 @@ int main(int argc, char **argv) {
                                      : 1),
           info->schedule_policy);
       for (int k = 0; k < info->num_stages; ++k)
-        std::printf("    stage %d: %d inputs, %d outputs, %d weights, arena "
-                    "%lld bytes\n",
-                    k, info->stages[k].num_inputs, info->stages[k].num_outputs,
+        std::printf("    stage %d (pipeline rank %d): %d inputs, %d outputs, "
+                    "%d weights, arena %lld bytes\n",
+                    k, k % info->num_pipeline_ranks, info->stages[k].num_inputs, info->stages[k].num_outputs,
                     info->stages[k].num_weights,
                     static_cast<long long>(info->stages[k].arena_bytes));
     }

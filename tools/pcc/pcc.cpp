@@ -85,6 +85,12 @@ static cl::list<std::string>
            cl::value_desc("node,node"), cl::CommaSeparated,
            cl::cat(pccCategory));
 static cl::opt<int64_t>
+    ppChunks("pp-chunks",
+             cl::desc("model chunks per pipeline rank for the interleaved "
+                      "schedule (implies it): pp x v stages, rank r runs "
+                      "stages r, r + pp, ..."),
+             cl::init(1), cl::value_desc("v"), cl::cat(pccCategory));
+static cl::opt<int64_t>
     microbatches("microbatches",
                  cl::desc("split each batch into this many micro-batches "
                           "that flow through the pipeline stages"),
@@ -263,7 +269,11 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
   auto main = module.lookupSymbol<func::FuncOp>("main");
   os << "pcc explain: " << inputFile << "\n";
   os << "  plan: tp=" << tp << " pp=" << pp << " dp=" << dp
-     << (tp * pp * dp == 1 ? " (one device)" : "") << "\n";
+     << (tp * pp * dp == 1 ? " (one device)" : "");
+  if (ppChunks > 1)
+    os << " (" << ppChunks << " model chunks per pipeline rank: "
+       << pp * ppChunks << " stages)";
+  os << "\n";
   for (auto [kind, heading] :
        {std::pair{NoteKind::Import, "shared weights:"},
         std::pair{NoteKind::Sharding,
@@ -283,7 +293,12 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
   if (auto schedule = main->getAttrOfType<DictionaryAttr>("pcc.schedule")) {
     os << "  schedule: " << cast<StringAttr>(schedule.get("policy")).getValue()
        << ", " << cast<IntegerAttr>(schedule.get("microbatches")).getInt()
-       << " micro-batches of the batch; per pipeline rank:\n";
+       << " micro-batches of the batch";
+    if (auto chunks = schedule.getAs<IntegerAttr>("chunks"))
+      os << ", " << chunks.getInt()
+         << " chunks per rank (\"F3.1\": micro-batch 3 on chunk 1, stage 1 x "
+         << pp << " + rank)";
+    os << "; per pipeline rank:\n";
     for (auto [r, line] :
          llvm::enumerate(cast<ArrayAttr>(schedule.get("ranks"))))
       os << "    rank " << r << ": " << cast<StringAttr>(line).getValue()
@@ -431,10 +446,30 @@ int main(int argc, char **argv) {
                 "and pipeline parallelism, --tp and --pp, are)");
   if (microbatches < 1)
     return fail("--microbatches must be at least 1");
-  if (!ppCuts.empty() && static_cast<int64_t>(ppCuts.size()) != pp - 1)
-    return fail("--pp=" + std::to_string(pp) + " needs " +
-                std::to_string(pp - 1) + " names in --pp-cuts, not " +
-                std::to_string(ppCuts.size()));
+  if (ppChunks < 1)
+    return fail("--pp-chunks must be at least 1");
+  if (ppChunks > 1 && pp == 1)
+    return fail("--pp-chunks splits each pipeline rank's share of the "
+                "model into chunks; it needs --pp above 1");
+  std::string policy = schedulePolicy;
+  if (ppChunks > 1 && !schedulePolicy.getNumOccurrences())
+    policy = "interleaved";
+  if (ppChunks > 1 && policy != "interleaved")
+    return fail("--pp-chunks=" + std::to_string(ppChunks) +
+                " gives each pipeline rank several model chunks, which only "
+                "--schedule=interleaved runs, not --schedule=" + policy);
+  if (pp > 1 && ppChunks == 1 && policy == "interleaved")
+    return fail("--schedule=interleaved runs several model chunks on each "
+                "pipeline rank: add --pp-chunks=v with v of 2 or more");
+  int64_t numStages = pp * ppChunks;
+  if (!ppCuts.empty() && static_cast<int64_t>(ppCuts.size()) != numStages - 1)
+    return fail("--pp=" + std::to_string(pp) +
+                (ppChunks > 1
+                     ? " with --pp-chunks=" + std::to_string(ppChunks) + " (" +
+                           std::to_string(numStages) + " stages)"
+                     : std::string()) +
+                " needs " + std::to_string(numStages - 1) +
+                " names in --pp-cuts, not " + std::to_string(ppCuts.size()));
   if (microbatches > 1 && pp == 1)
     return fail("--microbatches splits the batch for a pipeline; it needs "
                 "--pp above 1");
@@ -533,10 +568,11 @@ int main(int argc, char **argv) {
     if (pp > 1) {
       pcc::PipelineCutOptions cut;
       cut.emitRemarks = explainPlan;
+      cut.chunks = ppChunks;
       cut.cuts.assign(ppCuts.begin(), ppCuts.end());
       pm.addPass(pcc::createPipelineCut(cut));
       pcc::PipelineScheduleOptions sched;
-      sched.policy = schedulePolicy;
+      sched.policy = policy;
       sched.microbatches = microbatches;
       pm.addPass(pcc::createPipelineSchedule(sched));
     }

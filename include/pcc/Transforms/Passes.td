@@ -187,8 +187,8 @@ def Partition : Pass<"pcc-partition", "func::FuncOp"> {
 def PipelineCut : Pass<"pcc-pipeline-cut", "ModuleOp"> {
   let summary = "cuts @main into pipeline stages balanced by a cost model";
   let description = [{
-    Splits `@main` into `stages` contiguous pieces (the mesh's `pp` axis
-    unless given), outlines each as `func.func @stage<k>` with
+    Splits `@main` into `stages` x `chunks` contiguous pieces (`stages`:
+    the mesh's `pp` axis unless given), outlines each as `func.func @stage<k>` with
     `pcc.stage = k`, and leaves `@main` calling them in order, with a
     `pcc.transfer` from each stage to the next for every value a later
     stage reads (values for stages further on pass through the stages
@@ -205,6 +205,12 @@ def PipelineCut : Pass<"pcc-pipeline-cut", "ModuleOp"> {
     layers on 2 stages give 2 + 1 with the embedding and LM head weighed
     in. `cuts` forces the cuts after the named ONNX nodes instead.
 
+    With `chunks` = v above 1 (the interleaved schedule), each pipeline
+    rank holds v model chunks: the program is cut into pp x v stages,
+    stage k runs on rank k mod pp, and the module records
+    `pcc.pp_chunks = v`. Stage pp - 1 hands its activations to stage pp,
+    back on rank 0.
+
     ```mlir
     // after, pp = 2
     func.func @main(%ids: tensor<2x16xi64>) -> tensor<2x16x512xf32> {
@@ -218,9 +224,13 @@ def PipelineCut : Pass<"pcc-pipeline-cut", "ModuleOp"> {
   }];
   let options = [
     Option<"stages", "stages", "int64_t", /*default=*/"0",
-           "number of stages (0: the size of the mesh's pp axis)">,
+           "number of pipeline ranks (0: the size of the mesh's pp axis)">,
+    Option<"chunks", "chunks", "int64_t", /*default=*/"1",
+           "model chunks per pipeline rank: cut stages x chunks stages, "
+           "stage k on rank k mod stages (the interleaved schedule)">,
     ListOption<"cuts", "cuts", "std::string",
-               "cut after these ONNX nodes (stages - 1 of them, in order)">,
+               "cut after these ONNX nodes (stages x chunks - 1 of them, in "
+               "order)">,
     Option<"emitRemarks", "emit-remarks", "bool", /*default=*/"false",
            "report each stage's ops, predicted time, weight and activation "
            "bytes, and the imbalance, as remarks">
@@ -241,7 +251,9 @@ def PipelineSchedule : Pass<"pcc-pipeline-schedule", "ModuleOp"> {
     include/pcc/Schedule/Schedule.h) and records it on `@main`, one string
     per rank, as the runtime will execute it. Inference runs the forward
     instructions (F and the activation transfers), in the order the policy
-    gives them.
+    gives them. A module cut into `pcc.pp_chunks` chunks per rank gets the
+    interleaved schedule's chunk numbers ("F3.1": micro-batch 3 on the
+    rank's chunk 1, stage 1 x pp + rank) and `chunks` in the attribute.
 
     ```mlir
     func.func @main(...) attributes {pcc.schedule = {microbatches = 2 : i64,

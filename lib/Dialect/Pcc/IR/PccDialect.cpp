@@ -106,6 +106,17 @@ FailureOr<int64_t> mlir::pcc::getMeshAxisSize(Operation *op, StringRef axis) {
   return size.getInt();
 }
 
+FailureOr<int64_t> mlir::pcc::getPipelineStageCount(Operation *op) {
+  FailureOr<int64_t> pp = getMeshAxisSize(op, "pp");
+  if (failed(pp))
+    return failure();
+  auto module =
+      isa<ModuleOp>(op) ? cast<ModuleOp>(op) : op->getParentOfType<ModuleOp>();
+  auto chunks =
+      module->getAttrOfType<IntegerAttr>(PccDialect::kPipelineChunksAttrName);
+  return *pp * (chunks ? chunks.getInt() : 1);
+}
+
 /// Checks that `sharding` can describe a tensor of global type `type`.
 static LogicalResult verifySharding(Operation *op, ShardingAttr sharding,
                                     Type type, unsigned resultIndex) {
@@ -152,6 +163,13 @@ LogicalResult PccDialect::verifyOperationAttribute(Operation *op,
         return op->emitError("pcc.mesh axis '")
                << axis.getName().getValue() << "' needs a size >= 1";
     }
+    return success();
+  }
+  if (attr.getName() == kPipelineChunksAttrName) {
+    auto chunks = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!isa<ModuleOp>(op) || !chunks || chunks.getInt() < 1)
+      return op->emitError("pcc.pp_chunks must be an integer >= 1 on the "
+                           "module");
     return success();
   }
   if (attr.getName() == kShardingAttrName) {

@@ -566,7 +566,7 @@ LogicalResult ShardGatherOp::verify() {
 }
 
 LogicalResult TransferOp::verify() {
-  FailureOr<int64_t> stages = getMeshAxisSize(*this, "pp");
+  FailureOr<int64_t> stages = getPipelineStageCount(*this);
   if (failed(stages))
     return failure();
   int64_t from = static_cast<int64_t>(getFrom()),

@@ -33,6 +33,11 @@ def Pcc_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kMeshAttrName = "pcc.mesh";
     /// Per-result shardings chosen by the planner (`pcc.sharding`).
     static constexpr ::llvm::StringLiteral kShardingAttrName = "pcc.sharding";
+    /// Model chunks per pipeline rank of a cut module (`pcc.pp_chunks`;
+    /// 1 when absent): the program has pp x chunks stages, and rank r runs
+    /// stages r, r + pp, r + 2 pp, ... (the interleaved schedule).
+    static constexpr ::llvm::StringLiteral kPipelineChunksAttrName =
+        "pcc.pp_chunks";
   }];
 }
 

@@ -20,6 +20,9 @@ namespace mlir::pcc {
 /// The size of mesh axis `axis` in the `pcc.mesh` of `op`'s module, or an
 /// error on `op` naming the axis when the module has no such axis.
 FailureOr<int64_t> getMeshAxisSize(Operation *op, llvm::StringRef axis);
+/// The number of pipeline stages of `op`'s module: the mesh's pp axis
+/// times its `pcc.pp_chunks` (model chunks per pipeline rank).
+FailureOr<int64_t> getPipelineStageCount(Operation *op);
 /// Splits an importer location (a fused location of the node's name with
 /// its op type as metadata) back into ONNX op type and node name; both
 /// empty when `loc` does not come from a node.
