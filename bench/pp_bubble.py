@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Measured pipeline bubble of pcc's GPipe forward schedule against the
-analytic (p - 1) / (m + p - 1).
+"""Measured pipeline bubble of pcc's GPipe and interleaved forward
+schedules against the analytic (p - 1) / (v m + p - 1).
 
 Builds a deep MLP whose layers are identical (so every cut gives balanced
 stages), compiles it with `pcc --pp=p --microbatches=m --schedule=gpipe`
 for p in {2, 4} and m in {4, 8, 16} (each micro-batch the same number of
-rows, so a stage step costs the same in every configuration), runs it with
+rows, so a stage step costs the same in every configuration), and with
+`--pp-chunks=v --schedule=interleaved` for v = 2 (v model chunks per
+rank: p v stages of fewer layers each), runs it with
 `pcc-run -n p --bench N --trace`, and reads the measured bubble of the last
 (warm) run: per rank, the share of the run's makespan spent not computing,
 averaged over ranks. Each configuration runs --trials times; the table
@@ -15,7 +17,7 @@ CPU ranks share this machine's cores: with more ranks than cores the stages
 that should run at once are time-sliced, which the table flags.
 
 usage: bench/pp_bubble.py [--pcc build/bin/pcc] [--rows 32] [--hidden 512]
-                          [--layers 8] [--trials 3]
+                          [--layers 8] [--trials 3] [--chunks 1 2]
 """
 import argparse
 import os
@@ -62,24 +64,30 @@ def main():
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--stages", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--chunks", type=int, nargs="+", default=[1, 2],
+                    help="model chunks per rank (1: gpipe, more: interleaved)")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     print(f"deep MLP: {args.layers} x (Linear {args.hidden}x{args.hidden} + GELU, residual), "
           f"{args.rows} rows per micro-batch, fp32, CPU ranks on {cores} cores\n")
-    print("| p | m | measured bubble (mean over ranks) | analytic (p-1)/(m+p-1) "
-          "| measured - analytic | makespan ms | note |")
-    print("|---|---|---|---|---|---|---|")
+    print("| p | v | m | schedule | measured bubble (mean over ranks) "
+          "| analytic (p-1)/(v m+p-1) | measured - analytic | makespan ms | note |")
+    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.path.join(tmp, "deep_mlp.onnx")
         make_model(onnx_path, args.layers, args.hidden)
-        for p in args.stages:
-            for m in args.microbatches:
+        for p, v, m in [(p, v, m) for v in args.chunks for p in args.stages
+                        for m in args.microbatches]:
+                if p * v > args.layers or (v > 1 and m % p):
+                    continue
                 rows = m * args.rows
-                lib = os.path.join(tmp, f"mlp.p{p}.m{m}.so")
+                policy = "gpipe" if v == 1 else "interleaved"
+                lib = os.path.join(tmp, f"mlp.p{p}.v{v}.m{m}.so")
                 data = os.path.join(tmp, f"x{rows}.npy")
                 write_input(data, rows, args.hidden)
                 subprocess.run([args.pcc, onnx_path, f"--batch={rows}", f"--pp={p}",
-                                f"--microbatches={m}", "--schedule=gpipe", "-o", lib],
+                                f"--pp-chunks={v}", f"--microbatches={m}",
+                                f"--schedule={policy}", "-o", lib],
                                check=True, capture_output=True)
                 trials = []
                 for _ in range(args.trials):
@@ -87,14 +95,14 @@ def main():
                         [args.pcc_run, "-n", str(p), lib, "--input", data, "--bench", "3",
                          "--trace", os.path.join(tmp, "t.json")],
                         check=True, capture_output=True, text=True).stdout
-                    bubble = re.search(r"mean bubble ([0-9.]+); \(p-1\)/\(m\+p-1\) = ([0-9.]+)", out)
+                    bubble = re.search(r"mean bubble ([0-9.]+); \(p-1\)/\([v*]*m\+p-1\) = ([0-9.]+)", out)
                     span = re.search(r"makespan ([0-9.]+) ms", out)
                     trials.append((float(bubble.group(1)), float(bubble.group(2)),
                                    float(span.group(1))))
                 trials.sort()
                 measured, analytic, span = trials[len(trials) // 2]
                 note = "" if p <= cores else f"{p} ranks on {cores} cores: time-sliced"
-                print(f"| {p} | {m} | {measured:.3f} | {analytic:.3f} | "
+                print(f"| {p} | {v} | {m} | {policy} | {measured:.3f} | {analytic:.3f} | "
                       f"{measured - analytic:+.3f} | {span:.2f} | {note} |")
                 sys.stdout.flush()
 
