@@ -170,6 +170,7 @@ public:
 
   std::vector<std::vector<Instr>> order;
   Simulation sim;
+  std::string checkGroups() const;
 
 private:
   int32_t vstage(int32_t rank, int32_t chunk) const {
@@ -461,6 +462,97 @@ std::string Replay::checkChannels() const {
   return "";
 }
 
+/// See checkGroupedTransfers: a rank gets past a group only when every
+/// send and receive in it has its partner in a group its peer has reached.
+std::string Replay::checkGroups() const {
+  // Per rank, its groups as [begin, end) ranges of its list, and for each
+  // transfer the (peer rank, peer group) holding its partner.
+  struct Group {
+    size_t begin, end;
+    std::vector<std::pair<int32_t, size_t>> partners;
+  };
+  std::vector<std::vector<Group>> groups(p);
+  std::map<std::tuple<int32_t, int32_t, size_t>, size_t> groupOfMessage;
+  std::map<std::pair<int32_t, int32_t>, size_t> sentCount, receivedCount;
+  // Pass 1: groups, and which group holds the n-th message of each side of
+  // a channel.
+  std::map<std::tuple<int32_t, int32_t, size_t, bool>, size_t> where;
+  for (int32_t r = 0; r < p; ++r) {
+    const std::vector<Instr> &list = lists[r];
+    for (size_t i = 0; i < list.size();) {
+      if (isCompute(list[i].op)) {
+        ++i;
+        continue;
+      }
+      Group g{i, i, {}};
+      while (g.end < list.size() && !isCompute(list[g.end].op)) {
+        const Instr &t = list[g.end];
+        bool isSend = t.op == Op::SendForward || t.op == Op::SendBackward;
+        std::pair<int32_t, int32_t> channel =
+            isSend ? std::pair{r, t.peer} : std::pair{t.peer, r};
+        size_t n = isSend ? sentCount[channel]++ : receivedCount[channel]++;
+        where[{channel.first, channel.second, n, isSend}] = groups[r].size();
+        ++g.end;
+      }
+      i = g.end;
+      groups[r].push_back(std::move(g));
+    }
+  }
+  // Pass 2: each transfer's partner group.
+  sentCount.clear();
+  receivedCount.clear();
+  for (int32_t r = 0; r < p; ++r)
+    for (Group &g : groups[r])
+      for (size_t i = g.begin; i < g.end; ++i) {
+        const Instr &t = lists[r][i];
+        bool isSend = t.op == Op::SendForward || t.op == Op::SendBackward;
+        std::pair<int32_t, int32_t> channel =
+            isSend ? std::pair{r, t.peer} : std::pair{t.peer, r};
+        size_t n = isSend ? sentCount[channel]++ : receivedCount[channel]++;
+        auto partner = where.find({channel.first, channel.second, n, !isSend});
+        if (partner == where.end())
+          return "rank " + std::to_string(r) + "'s " +
+                 describeInstr(t, o.chunks) + " has no partner";
+        // A rank's transfers to itself (one pipeline rank, interleaved) are
+        // local copies, which wait for nothing.
+        if (t.peer != r)
+          g.partners.push_back({t.peer, partner->second});
+      }
+  // Replay: reached[r] is the group rank r waits in (all before it done).
+  std::vector<size_t> reached(p, 0);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int32_t r = 0; r < p; ++r) {
+      if (reached[r] >= groups[r].size())
+        continue;
+      const Group &g = groups[r][reached[r]];
+      bool ready = std::all_of(g.partners.begin(), g.partners.end(), [&](const auto &partner) {
+        return reached[partner.first] >= partner.second;
+      });
+      if (ready) {
+        ++reached[r];
+        progressed = true;
+      }
+    }
+  }
+  std::string stuck;
+  for (int32_t r = 0; r < p; ++r) {
+    if (reached[r] >= groups[r].size())
+      continue;
+    const Group &g = groups[r][reached[r]];
+    stuck += " rank " + std::to_string(r) + " waits in {";
+    for (size_t i = g.begin; i < g.end; ++i)
+      stuck += (i == g.begin ? "" : " ") + describeInstr(lists[r][i], o.chunks);
+    stuck += "};";
+  }
+  if (stuck.empty())
+    return "";
+  stuck.pop_back();
+  return "deadlock with the transfers between two computes grouped (as NCCL "
+         "runs them):" +
+         stuck;
+}
+
 //===----------------------------------------------------------------------===//
 // Compute orders
 //===----------------------------------------------------------------------===//
@@ -616,6 +708,12 @@ GenerateResult generate(const Options &o) {
   s.options = o;
   s.ranks = withTransfers(o, compute);
   return GenerateResult{std::move(s), ""};
+}
+
+std::string checkGroupedTransfers(const Schedule &schedule) {
+  Replay replay(schedule.options, Durations{}, schedule.ranks,
+                /*implicitTransfers=*/false, /*flexibleWeightGrads=*/false);
+  return replay.checkGroups();
 }
 
 SimulateResult simulate(const Schedule &schedule, const Durations &durations) {

@@ -62,6 +62,13 @@ struct PipelineSchedulePass
       main.emitError("pipeline schedule: ") << result.error;
       return signalPassFailure();
     }
+    // The runtime issues the transfers between two computes as one group;
+    // on NCCL that must not deadlock.
+    std::string grouped = ::pcc::schedule::checkGroupedTransfers(*result.schedule);
+    if (!grouped.empty()) {
+      main.emitError("pipeline schedule: ") << grouped;
+      return signalPassFailure();
+    }
     // One string per rank, as Schedule::describe prints it.
     Builder b(module.getContext());
     SmallVector<Attribute> ranks;

@@ -138,6 +138,17 @@ struct SimulateResult {
 SimulateResult simulate(const Schedule &schedule,
                         const Durations &durations = {});
 
+/// Checks that `schedule` also runs on a rendezvous transport (NCCL, where
+/// a send may wait until its receive is posted) when each run of transfers
+/// between two computes on a rank is issued as one group, as the runtime
+/// does (ncclGroupStart/End): a rank gets past a group once every transfer
+/// in it has its partner in a group the peer has reached. Returns "" or
+/// the deadlock, naming the group each rank waits in. Every forward-only
+/// schedule and the one-chunk training schedules pass; interleaved
+/// training lists do not yet (their receives would have to be posted a
+/// compute earlier, as Megatron-LM does).
+std::string checkGroupedTransfers(const Schedule &schedule);
+
 /// The bubble fraction of GPipe and 1F1B, (p - 1) / (m + p - 1), and of
 /// interleaved 1F1B with v chunks, (p - 1) / (v m + p - 1).
 double analyticBubbleFraction(const Options &options);
