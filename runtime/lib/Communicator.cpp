@@ -245,6 +245,11 @@ struct NcclApi {
   decltype(&pcc_nccl_send) send;
   decltype(&pcc_nccl_recv) recv;
   decltype(&pcc_nccl_wait) wait;
+  decltype(&pcc_nccl_own_stream) ownStream;
+  decltype(&pcc_nccl_after_compute) afterCompute;
+  decltype(&pcc_nccl_before_compute) beforeCompute;
+  decltype(&pcc_nccl_group_start) groupStart;
+  decltype(&pcc_nccl_group_end) groupEnd;
 };
 
 Result<NcclApi> loadNcclApi() {
@@ -266,7 +271,12 @@ Result<NcclApi> loadNcclApi() {
             bindSymbol(*handle, api.broadcast, "pcc_nccl_broadcast") &&
             bindSymbol(*handle, api.send, "pcc_nccl_send") &&
             bindSymbol(*handle, api.recv, "pcc_nccl_recv") &&
-            bindSymbol(*handle, api.wait, "pcc_nccl_wait");
+            bindSymbol(*handle, api.wait, "pcc_nccl_wait") &&
+            bindSymbol(*handle, api.ownStream, "pcc_nccl_own_stream") &&
+            bindSymbol(*handle, api.afterCompute, "pcc_nccl_after_compute") &&
+            bindSymbol(*handle, api.beforeCompute, "pcc_nccl_before_compute") &&
+            bindSymbol(*handle, api.groupStart, "pcc_nccl_group_start") &&
+            bindSymbol(*handle, api.groupEnd, "pcc_nccl_group_end");
   if (!ok)
     return Error{"libpcc_runtime_cuda.so has no NCCL engine (pcc was built "
                  "without NCCL, or the library belongs to another pcc "
@@ -283,6 +293,27 @@ public:
     if (api.wait(comm, timeoutMs) == 0)
       return Status::success();
     return Error{where() + ": waiting for collectives: " + api.lastError()};
+  }
+  /// "rank R of N in 'pp' (nccl): what: why"
+  Status call(int rc, const std::string &what) {
+    if (rc == 0)
+      return Status::success();
+    return Error{where() + ": " + what + ": " + api.lastError()};
+  }
+  Status beginGroup() override {
+    return call(api.groupStart(comm), "ncclGroupStart");
+  }
+  Status endGroup() override {
+    return call(api.groupEnd(comm), "ncclGroupEnd");
+  }
+  Status separateTransfers() override {
+    return call(api.ownStream(comm), "creating the transfer stream");
+  }
+  Status transfersAfterCompute() override {
+    return call(api.afterCompute(comm), "fence");
+  }
+  Status computeAfterTransfers() override {
+    return call(api.beforeCompute(comm), "fence");
   }
   Result<std::unique_ptr<Communicator>> split(int, int) override {
     return Error{where() + ": split NCCL groups from their MPI bootstrap group "

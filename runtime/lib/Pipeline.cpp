@@ -37,6 +37,13 @@ PipelineRunner::create(const ModelLibrary &library, Device &device,
   runner.device = &device;
   runner.pipe = pipe;
   runner.ppRank = ppRank;
+  // Transfers get a queue of their own where the engine has one (a second
+  // CUDA stream for NCCL), so sends overlap the next compute.
+  if (pipe) {
+    Status separate = pipe->separateTransfers();
+    if (!separate.ok())
+      return Error{separate.error()};
+  }
   auto own = [&](int64_t bytes, const std::string &what) -> Result<void *> {
     auto buffer = DeviceBuffer::allocate(device, bytes);
     if (!buffer.ok())
@@ -232,6 +239,10 @@ Status PipelineRunner::receive(Stage &s, int32_t mb, int32_t peer) {
   return Status::success();
 }
 
+static bool isTransfer(int32_t op) {
+  return op == PCC_PIPE_SEND_FORWARD || op == PCC_PIPE_RECV_FORWARD;
+}
+
 Status PipelineRunner::run(std::chrono::steady_clock::time_point origin) {
   const pcc_model_info &info = library->info();
   events.clear();
@@ -240,43 +251,83 @@ Status PipelineRunner::run(std::chrono::steady_clock::time_point origin) {
                                          origin)
         .count();
   };
-  const pcc_pipeline_instr *list = info.schedules[ppRank];
-  for (int32_t n = 0; n < info.schedule_lengths[ppRank]; ++n) {
-    const pcc_pipeline_instr &instr = list[n];
+  auto where = [&](const pcc_pipeline_instr &instr) -> Result<Stage *> {
     Stage *s = stage(instr.stage);
     if (!s)
       return Error{"the schedule of pipeline rank " + std::to_string(ppRank) +
                    " names stage " + std::to_string(instr.stage) +
                    ", which runs elsewhere"};
-    bool p2p =
-        instr.op == PCC_PIPE_SEND_FORWARD || instr.op == PCC_PIPE_RECV_FORWARD;
-    if (p2p && !pipe)
-      return Error{"the schedule sends between pipeline ranks, but this run "
-                   "has one"};
-    double start = now();
-    Status st = Status::success();
-    TraceEvent::Kind kind = TraceEvent::Kind::Compute;
-    switch (instr.op) {
-    case PCC_PIPE_FORWARD:
-      st = compute(*s, instr.microbatch);
-      break;
-    case PCC_PIPE_SEND_FORWARD:
-      kind = TraceEvent::Kind::Send;
-      st = send(*s, instr.microbatch, instr.peer);
-      break;
-    case PCC_PIPE_RECV_FORWARD:
-      kind = TraceEvent::Kind::Recv;
-      st = receive(*s, instr.microbatch, instr.peer);
-      break;
-    default:
+    return s;
+  };
+  const pcc_pipeline_instr *list = info.schedules[ppRank];
+  int32_t length = info.schedule_lengths[ppRank];
+  for (int32_t n = 0; n < length;) {
+    const pcc_pipeline_instr &instr = list[n];
+    if (instr.op == PCC_PIPE_FORWARD) {
+      auto s = where(instr);
+      if (!s.ok())
+        return Error{s.error()};
+      double start = now();
+      Status st = compute(**s, instr.microbatch);
+      if (!st.ok())
+        return st;
+      events.push_back({TraceEvent::Kind::Compute, instr.stage,
+                        instr.microbatch, -1, start, now()});
+      ++n;
+      continue;
+    }
+    if (!isTransfer(instr.op))
       return Error{"the schedule of pipeline rank " + std::to_string(ppRank) +
                    " holds backward work (op " + std::to_string(instr.op) +
                    "), which inference runs do not do"};
+    if (!pipe)
+      return Error{"the schedule sends between pipeline ranks, but this run "
+                   "has one"};
+    // The transfers up to the next compute go as one group (the schedule
+    // pass checked that this cannot deadlock, see
+    // schedule::checkGroupedTransfers), after the compute before them;
+    // sends first, since receives may block.
+    int32_t end = n;
+    while (end < length && isTransfer(list[end].op))
+      ++end;
+    Status st = pipe->transfersAfterCompute();
+    if (st.ok())
+      st = pipe->beginGroup();
+    if (!st.ok())
+      return st;
+    bool receives = false;
+    for (int32_t op : {PCC_PIPE_SEND_FORWARD, PCC_PIPE_RECV_FORWARD})
+      for (int32_t i = n; i < end; ++i) {
+        const pcc_pipeline_instr &t = list[i];
+        if (t.op != op)
+          continue;
+        auto s = where(t);
+        if (!s.ok())
+          return Error{s.error()};
+        double start = now();
+        bool isSend = op == PCC_PIPE_SEND_FORWARD;
+        st = isSend ? send(**s, t.microbatch, t.peer)
+                    : receive(**s, t.microbatch, t.peer);
+        if (!st.ok())
+          return st;
+        receives |= !isSend;
+        events.push_back({isSend ? TraceEvent::Kind::Send
+                                 : TraceEvent::Kind::Recv,
+                          t.stage, t.microbatch, t.peer, start, now()});
+      }
+    st = pipe->endGroup();
+    if (st.ok() && receives) {
+      // The next compute reads what arrived. Engines that queue transfers
+      // (NCCL) are waited for here, as a blocking receive would be, so
+      // the timeline shows the wait as the receive's.
+      st = pipe->computeAfterTransfers();
+      if (st.ok())
+        st = pipe->wait(/*timeoutMs=*/600000);
+      events.back().end = now();
     }
     if (!st.ok())
       return st;
-    events.push_back(
-        {kind, instr.stage, instr.microbatch, instr.peer, start, now()});
+    n = end;
   }
   if (pipe) {
     double start = now();

@@ -650,9 +650,9 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
                     r.coords.c_str(), r.stages.c_str(), compute * 1e3, bubble);
       }
       if (!device.isHost())
-        std::printf("  (on CUDA, sends and receives are queued on the "
-                    "compute stream: their waits count as compute, so the "
-                    "bubble reads low)\n");
+        std::printf("  (on CUDA, a compute step is timed until its stream "
+                    "is done and a receive until its data arrived; sends "
+                    "are timed as queued, on their own stream)\n");
       std::printf("  mean bubble %.3f; %s = %.3f for p=%d, m=%d", mean,
                   pccrun::analyticBubbleFormula(chunks),
                   pccrun::analyticBubble(info.num_pipeline_ranks,

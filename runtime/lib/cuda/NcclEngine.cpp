@@ -21,7 +21,13 @@
 
 struct pcc_nccl_comm {
   ncclComm_t comm = nullptr;
+  /// Where the calls are enqueued: the context's stream, or its own.
   cudaStream_t stream = nullptr;
+  /// The context's (compute) stream.
+  cudaStream_t compute = nullptr;
+  bool ownStream = false;
+  /// Fences between the two streams (no timing).
+  cudaEvent_t computeDone = nullptr, callsDone = nullptr;
   int device = 0;
   bool aborted = false;
 };
@@ -131,6 +137,7 @@ pcc_nccl_comm *pcc_nccl_init(pcc_cuda_context *ctx, const void *id, int size,
   auto *comm = new pcc_nccl_comm;
   comm->device = pcc_cuda_device_ordinal(ctx);
   comm->stream = static_cast<cudaStream_t>(pcc_cuda_stream(ctx));
+  comm->compute = comm->stream;
   if (cudaError_t err = cudaSetDevice(comm->device)) {
     failWith(std::string("cudaSetDevice: ") + cudaGetErrorString(err));
     delete comm;
@@ -154,6 +161,11 @@ void pcc_nccl_free(pcc_nccl_comm *comm) {
   if (comm->comm)
     (void)(comm->aborted ? ncclCommAbort(comm->comm)
                          : ncclCommDestroy(comm->comm));
+  if (comm->ownStream) {
+    (void)cudaEventDestroy(comm->computeDone);
+    (void)cudaEventDestroy(comm->callsDone);
+    (void)cudaStreamDestroy(comm->stream);
+  }
   delete comm;
 }
 
@@ -226,6 +238,75 @@ int pcc_nccl_recv(pcc_nccl_comm *comm, void *buffer, int64_t count, int dtype,
   if (ncclResult_t rc =
           ncclRecv(buffer, size_t(count), type, peer, comm->comm, comm->stream))
     return fail("ncclRecv", rc, comm);
+  return 0;
+}
+
+int pcc_nccl_own_stream(pcc_nccl_comm *comm) {
+  if (comm->ownStream)
+    return 0;
+  if (cudaError_t err = cudaSetDevice(comm->device))
+    return failWith(std::string("cudaSetDevice: ") + cudaGetErrorString(err));
+  cudaStream_t stream = nullptr;
+  if (cudaError_t err =
+          cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking))
+    return failWith(std::string("cudaStreamCreateWithFlags: ") +
+                    cudaGetErrorString(err));
+  cudaEvent_t a = nullptr, b = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&a, cudaEventDisableTiming);
+  if (err == cudaSuccess)
+    err = cudaEventCreateWithFlags(&b, cudaEventDisableTiming);
+  if (err != cudaSuccess) {
+    if (a)
+      (void)cudaEventDestroy(a);
+    (void)cudaStreamDestroy(stream);
+    return failWith(std::string("cudaEventCreateWithFlags: ") +
+                    cudaGetErrorString(err));
+  }
+  comm->stream = stream;
+  comm->computeDone = a;
+  comm->callsDone = b;
+  comm->ownStream = true;
+  return 0;
+}
+
+/// Makes `waiter` wait for the work enqueued so far on `done`'s stream.
+static int fence(cudaEvent_t event, cudaStream_t done, cudaStream_t waiter,
+                 const char *what) {
+  if (cudaError_t err = cudaEventRecord(event, done))
+    return failWith(std::string(what) + ": cudaEventRecord: " +
+                    cudaGetErrorString(err));
+  if (cudaError_t err = cudaStreamWaitEvent(waiter, event, 0))
+    return failWith(std::string(what) + ": cudaStreamWaitEvent: " +
+                    cudaGetErrorString(err));
+  return 0;
+}
+
+int pcc_nccl_after_compute(pcc_nccl_comm *comm) {
+  if (!comm->ownStream)
+    return 0;
+  return fence(comm->computeDone, comm->compute, comm->stream,
+               "ordering transfers after compute");
+}
+
+int pcc_nccl_before_compute(pcc_nccl_comm *comm) {
+  if (!comm->ownStream)
+    return 0;
+  return fence(comm->callsDone, comm->stream, comm->compute,
+               "ordering compute after transfers");
+}
+
+int pcc_nccl_group_start(pcc_nccl_comm *comm) {
+  if (comm->aborted)
+    return failWith("the NCCL communicator was aborted after an earlier "
+                    "failure");
+  if (ncclResult_t rc = ncclGroupStart())
+    return fail("ncclGroupStart", rc, comm);
+  return 0;
+}
+
+int pcc_nccl_group_end(pcc_nccl_comm *comm) {
+  if (ncclResult_t rc = ncclGroupEnd())
+    return fail("ncclGroupEnd", rc, comm);
   return 0;
 }
 

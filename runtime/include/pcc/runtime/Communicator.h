@@ -84,6 +84,21 @@ public:
   }
   /// Completes every sendAsync issued so far.
   virtual Status completeSends() { return Status::success(); }
+  /// Sends and receives issued between these two progress together (NCCL
+  /// groups), so that a send that waits for its receive cannot hold up a
+  /// receive of the same group. Issue a group's sends before its receives:
+  /// other engines receive at once, blocking.
+  virtual Status beginGroup() { return Status::success(); }
+  virtual Status endGroup() { return Status::success(); }
+  /// Moves this group's sends and receives to a queue of their own so they
+  /// overlap the device's compute (NCCL: a second CUDA stream), ordered
+  /// with it only by the two fences below. Engines whose calls complete on
+  /// return need no queue, and their fences do nothing.
+  virtual Status separateTransfers() { return Status::success(); }
+  /// Transfers issued from now on wait for the compute issued so far.
+  virtual Status transfersAfterCompute() { return Status::success(); }
+  /// Compute issued from now on waits for the transfers issued so far.
+  virtual Status computeAfterTransfers() { return Status::success(); }
   /// Returns once every rank of the group has called it.
   virtual Status barrier();
   /// Ends this process and, for MPI, the whole job: a rank that fails

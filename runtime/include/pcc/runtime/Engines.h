@@ -88,6 +88,20 @@ int pcc_nccl_recv(pcc_nccl_comm *comm, void *buffer, int64_t count, int dtype,
 /* Waits for the stream, up to timeout_ms; on a timeout or an asynchronous
  * NCCL error the communicator is aborted and the call fails. */
 int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms);
+/* Moves the communicator's calls to a stream of its own, so that its
+ * transfers overlap the compute on the context's stream. The two are then
+ * ordered only by the fences below. */
+int pcc_nccl_own_stream(pcc_nccl_comm *comm);
+/* Calls enqueued after this wait for the compute enqueued so far on the
+ * context's stream (no-op without an own stream). */
+int pcc_nccl_after_compute(pcc_nccl_comm *comm);
+/* Compute enqueued on the context's stream after this waits for the calls
+ * enqueued so far (no-op without an own stream). */
+int pcc_nccl_before_compute(pcc_nccl_comm *comm);
+/* ncclGroupStart / ncclGroupEnd: the sends and receives between them
+ * progress together. */
+int pcc_nccl_group_start(pcc_nccl_comm *comm);
+int pcc_nccl_group_end(pcc_nccl_comm *comm);
 
 #ifdef __cplusplus
 }

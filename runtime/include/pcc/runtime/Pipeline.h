@@ -14,6 +14,14 @@
 // micro-batch) keeps its own receive and send buffers, so a send can be in
 // flight (MPI_Isend) while the rank computes the next micro-batch.
 //
+// The transfers between two computes of a list are issued as one group
+// (ncclGroupStart/End on GPUs), sends first. On GPUs they run on a CUDA
+// stream of their own: a fence makes them wait for the compute before
+// them, and another makes the compute after a receive wait for it, so a
+// send overlaps the next compute. A group with receives is waited for on
+// the host, as MPI's blocking receive is, so the timeline shows the wait
+// as the receive's on both engines.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef PCC_RUNTIME_PIPELINE_H
