@@ -4,6 +4,8 @@
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 
+#include "mlir/IR/BuiltinOps.h"
+
 using namespace mlir;
 using namespace mlir::pcc;
 
@@ -27,16 +29,45 @@ int64_t mlir::pcc::tensorBytes(Value v) {
   return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
 }
 
+double CostModel::collectiveSeconds(CollectiveKind kind, int64_t wholeBytes,
+                                     int64_t ranks) const {
+  double share = static_cast<double>(ranks - 1) / static_cast<double>(ranks);
+  if (kind == CollectiveKind::AllReduce)
+    share *= 2;
+  return collectiveLatency +
+         share * static_cast<double>(wholeBytes) / linkBytesPerSecond;
+}
+
+/// The size of mesh axis `axis` in `op`'s module, without diagnostics (the
+/// verifier reports a missing axis); 2 when it cannot be found.
+static int64_t axisSize(Operation *op, StringRef axis) {
+  auto module = op->getParentOfType<ModuleOp>();
+  auto mesh = module ? module->getAttrOfType<DictionaryAttr>(
+                           PccDialect::kMeshAttrName)
+                     : DictionaryAttr();
+  auto size = mesh ? mesh.getAs<IntegerAttr>(axis) : IntegerAttr();
+  return size ? size.getInt() : 2;
+}
+
 double CostModel::opSeconds(Operation *op) const {
   if (isa<ParamOp, ConstantOp, ReshapeOp>(op))
     return 0;
   if (int64_t flops = opFlops(op))
     return static_cast<double>(flops) / flopsPerSecond;
-  if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp>(op)) {
-    double bytes = static_cast<double>(tensorBytes(op->getOperand(0)));
-    return collectiveLatency +
-           (isa<AllReduceOp>(op) ? 2 : 1) * bytes / linkBytesPerSecond;
-  }
+  // The whole tensor: an all-reduce's and a reduce-scatter's input, an
+  // all-gather's result.
+  if (auto ar = dyn_cast<AllReduceOp>(op))
+    return collectiveSeconds(CollectiveKind::AllReduce,
+                             tensorBytes(ar.getInput()),
+                             axisSize(op, ar.getAxis()));
+  if (auto ag = dyn_cast<AllGatherOp>(op))
+    return collectiveSeconds(CollectiveKind::AllGather,
+                             tensorBytes(ag.getResult()),
+                             axisSize(op, ag.getAxis()));
+  if (auto rs = dyn_cast<ReduceScatterOp>(op))
+    return collectiveSeconds(CollectiveKind::ReduceScatter,
+                             tensorBytes(rs.getInput()),
+                             axisSize(op, rs.getAxis()));
   int64_t bytes = 0;
   for (Value r : op->getResults())
     bytes += tensorBytes(r);

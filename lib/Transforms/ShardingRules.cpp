@@ -177,7 +177,9 @@ private:
   /// Seconds to bring `v` from its layout to `to`; infinity if impossible.
   double conversionSeconds(Value v, Shard to) const;
   void convert(Value v, Shard to);
-  double collectiveSeconds(CollectiveKind kind, int64_t bytes) const;
+  double collectiveSeconds(CollectiveKind kind, int64_t bytes) const {
+    return cost.collectiveSeconds(kind, bytes, ranks);
+  }
   double computeSeconds(Operation *op, const Option &option) const;
 
   func::FuncOp func;
@@ -201,13 +203,6 @@ static bool sliceable(Value v) {
   if (isa<BroadcastOp, ReshapeOp>(def))
     return sliceable(def->getOperand(0));
   return false;
-}
-
-double Propagator::collectiveSeconds(CollectiveKind kind, int64_t bytes) const {
-  double share = static_cast<double>(ranks - 1) / ranks;
-  if (kind == CollectiveKind::AllReduce)
-    share *= 2;
-  return cost.collectiveLatency + share * bytes / cost.linkBytesPerSecond;
 }
 
 double Propagator::conversionSeconds(Value v, Shard to) const {
@@ -258,25 +253,24 @@ void Propagator::convert(Value v, Shard to) {
   else if (from.isPartial())
     plan.collectives.push_back(
         {CollectiveKind::ReduceScatter, v, from, to, bytes});
-  else if (from.isSplit())
+  else if (from.isSplit()) {
+    // Gathered whole, then sliced: the partition pass reuses the whole
+    // value for any later reader that needs it replicated, so it is done.
     plan.collectives.push_back(
         {CollectiveKind::AllGather, v, from, Shard::replicated(), bytes});
+    Shard whole = Shard::replicated();
+    done.insert({v, static_cast<int64_t>(whole.kind), whole.dim, whole.stripes});
+  }
   // Replicated to split is a local slice.
 }
 
+/// The op's time on the whole tensors (CostModel::opSeconds), divided
+/// over the ranks when the option splits its results (a partial sum
+/// counts: each rank computes its share of it).
 double Propagator::computeSeconds(Operation *op, const Option &option) const {
   bool divided = llvm::any_of(option.results,
                               [](const Shard &s) { return !s.isReplicated(); });
-  double seconds = 0;
-  if (auto mm = dyn_cast<MatmulOp>(op)) {
-    RankedTensorType out = mm.getType(), lhs = mm.getLhs().getType();
-    int64_t k = lhs.getDimSize(mm.getTransposeA() ? lhs.getRank() - 2
-                                                  : lhs.getRank() - 1);
-    seconds = 2.0 * out.getNumElements() * k / cost.flopsPerSecond;
-  } else {
-    for (Value r : op->getResults())
-      seconds += static_cast<double>(tensorBytes(r)) / cost.bytesPerSecond;
-  }
+  double seconds = cost.opSeconds(op);
   return divided ? seconds / ranks : seconds;
 }
 

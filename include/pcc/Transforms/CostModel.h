@@ -15,6 +15,9 @@
 
 namespace mlir::pcc {
 
+/// A layout change an op's operand needs before the op reads it.
+enum class CollectiveKind { AllReduce, AllGather, ReduceScatter };
+
 /// The machine plans are costed for. Figures for one H100 SXM node with
 /// NVLink; only their ratios steer the searches.
 struct CostModel {
@@ -24,9 +27,14 @@ struct CostModel {
   double collectiveLatency = 10e-6;  // seconds per collective
 
   /// Seconds of one op: FLOPs of matmuls and convolutions, bytes written by
-  /// other ops, latency plus ring bytes of collectives; reshapes (views),
-  /// weights and constants are free.
+  /// other ops, collectiveSeconds of collectives; reshapes (views), weights
+  /// and constants are free.
   double opSeconds(Operation *op) const;
+  /// Seconds of a ring collective among `ranks` ranks on a tensor of
+  /// `wholeBytes` (its unsharded size): the latency plus (ranks - 1) /
+  /// ranks of the bytes over a link, twice for an all-reduce.
+  double collectiveSeconds(CollectiveKind kind, int64_t wholeBytes,
+                           int64_t ranks) const;
 };
 
 /// FLOPs (2 per multiply-add) of a matmul or convolution, else 0.

@@ -59,8 +59,7 @@ struct Shard {
 /// The shape one rank holds of a tensor of global type `type`.
 RankedTensorType localType(RankedTensorType type, Shard shard, int64_t ranks);
 
-/// A layout change an op's operand needs before the op reads it.
-enum class CollectiveKind { AllReduce, AllGather, ReduceScatter };
+/// "all_reduce", "all_gather" or "reduce_scatter".
 const char *collectiveName(CollectiveKind kind);
 
 /// One collective the plan inserts.
