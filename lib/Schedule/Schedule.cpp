@@ -445,9 +445,9 @@ std::string Replay::checkChannels() const {
       if (n < messages.size() && n < expected.size() &&
           messages[n] == expected[n])
         continue;
-      std::string what =
-          "message " + std::to_string(n) + " from rank " +
-          std::to_string(from) + " to rank " + std::to_string(to) + " is ";
+      std::string what = "message " + std::to_string(n) + " from rank " +
+                         std::to_string(from) + " to rank " +
+                         std::to_string(to) + " is ";
       what += n < messages.size() ? describe(messages[n]) : "never sent";
       what += ", but rank " + std::to_string(to) + " receives ";
       what += n < expected.size() ? describe(expected[n]) : "nothing more";
@@ -526,9 +526,10 @@ std::string Replay::checkGroups() const {
       if (reached[r] >= groups[r].size())
         continue;
       const Group &g = groups[r][reached[r]];
-      bool ready = std::all_of(g.partners.begin(), g.partners.end(), [&](const auto &partner) {
-        return reached[partner.first] >= partner.second;
-      });
+      bool ready = std::all_of(
+          g.partners.begin(), g.partners.end(), [&](const auto &partner) {
+            return reached[partner.first] >= partner.second;
+          });
       if (ready) {
         ++reached[r];
         progressed = true;

@@ -30,7 +30,7 @@ int64_t mlir::pcc::tensorBytes(Value v) {
 }
 
 double CostModel::collectiveSeconds(CollectiveKind kind, int64_t wholeBytes,
-                                     int64_t ranks) const {
+                                    int64_t ranks) const {
   double share = static_cast<double>(ranks - 1) / static_cast<double>(ranks);
   if (kind == CollectiveKind::AllReduce)
     share *= 2;
@@ -42,9 +42,9 @@ double CostModel::collectiveSeconds(CollectiveKind kind, int64_t wholeBytes,
 /// verifier reports a missing axis); 2 when it cannot be found.
 static int64_t axisSize(Operation *op, StringRef axis) {
   auto module = op->getParentOfType<ModuleOp>();
-  auto mesh = module ? module->getAttrOfType<DictionaryAttr>(
-                           PccDialect::kMeshAttrName)
-                     : DictionaryAttr();
+  auto mesh =
+      module ? module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName)
+             : DictionaryAttr();
   auto size = mesh ? mesh.getAs<IntegerAttr>(axis) : IntegerAttr();
   return size ? size.getInt() : 2;
 }

@@ -267,8 +267,9 @@ void balanceRanks(const CutModel &m, const std::vector<size_t> &candidates,
       for (int step : {-1, 1}) {
         int64_t to = static_cast<int64_t>(at[i]) + step;
         int64_t lo = i ? static_cast<int64_t>(at[i - 1]) : -1;
-        int64_t hi = i + 1 < at.size() ? static_cast<int64_t>(at[i + 1])
-                                       : static_cast<int64_t>(candidates.size());
+        int64_t hi = i + 1 < at.size()
+                         ? static_cast<int64_t>(at[i + 1])
+                         : static_cast<int64_t>(candidates.size());
         if (to <= lo || to >= hi)
           continue;
         std::vector<size_t> trial = cuts;
@@ -322,9 +323,9 @@ void PipelineCutPass::runOnOperation() {
                     Builder(module.getContext()).getI64IntegerAttr(chunks));
   // Remarks start "pp=" (pcc --explain files them under the pipeline);
   // with chunks they say which rank runs each stage.
-  std::string prefix = "pp=" + std::to_string(ranks) +
-                       (chunks > 1 ? " x " + std::to_string(chunks) + " chunks"
-                                   : std::string());
+  std::string prefix =
+      "pp=" + std::to_string(ranks) +
+      (chunks > 1 ? " x " + std::to_string(chunks) + " chunks" : std::string());
   auto stageName = [&](size_t s) {
     return "stage " + std::to_string(s) +
            (chunks > 1 ? " (rank " + std::to_string(s % ranks) + ")"
@@ -366,14 +367,12 @@ void PipelineCutPass::runOnOperation() {
       auto diag = main.emitError("pipeline cut: ")
                   << n << " stages"
                   << (chunks > 1 ? " (" + prefix + ")" : std::string())
-                  << " need " << n - 1
-                  << " cuts, but the model has " << candidates.size()
-                  << " places to cut between its layers";
+                  << " need " << n - 1 << " cuts, but the model has "
+                  << candidates.size() << " places to cut between its layers";
       if (!candidates.empty())
         diag << " (where " << m.crossing[candidates[0]]
              << " bytes of activations are live)";
-      diag << "; use fewer stages"
-           << (chunks > 1 ? " or chunks" : "")
+      diag << "; use fewer stages" << (chunks > 1 ? " or chunks" : "")
            << ", or --pp-cuts to cut elsewhere";
       return signalPassFailure();
     }

@@ -64,7 +64,8 @@ struct PipelineSchedulePass
     }
     // The runtime issues the transfers between two computes as one group;
     // on NCCL that must not deadlock.
-    std::string grouped = ::pcc::schedule::checkGroupedTransfers(*result.schedule);
+    std::string grouped =
+        ::pcc::schedule::checkGroupedTransfers(*result.schedule);
     if (!grouped.empty()) {
       main.emitError("pipeline schedule: ") << grouped;
       return signalPassFailure();

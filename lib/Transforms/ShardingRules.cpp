@@ -259,7 +259,8 @@ void Propagator::convert(Value v, Shard to) {
     plan.collectives.push_back(
         {CollectiveKind::AllGather, v, from, Shard::replicated(), bytes});
     Shard whole = Shard::replicated();
-    done.insert({v, static_cast<int64_t>(whole.kind), whole.dim, whole.stripes});
+    done.insert(
+        {v, static_cast<int64_t>(whole.kind), whole.dim, whole.stripes});
   }
   // Replicated to split is a local slice.
 }

@@ -311,9 +311,9 @@ Status PipelineRunner::run(std::chrono::steady_clock::time_point origin) {
         if (!st.ok())
           return st;
         receives |= !isSend;
-        events.push_back({isSend ? TraceEvent::Kind::Send
-                                 : TraceEvent::Kind::Recv,
-                          t.stage, t.microbatch, t.peer, start, now()});
+        events.push_back(
+            {isSend ? TraceEvent::Kind::Send : TraceEvent::Kind::Recv, t.stage,
+             t.microbatch, t.peer, start, now()});
       }
     st = pipe->endGroup();
     if (st.ok() && receives) {

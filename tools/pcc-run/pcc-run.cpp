@@ -507,18 +507,18 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
   if (!set.ok())
     die(set.error());
   if (leader)
-    std::printf("ranks: %d (%s), %s; %d stages%s, %d micro-batches, %s "
-                "schedule\n",
-                world.size(), library.describeMesh().c_str(),
-                ranks.groups.back()->engine(), info.num_stages,
-                info.num_stages > info.num_pipeline_ranks
-                    ? (" (" +
-                       std::to_string(info.num_stages /
-                                      info.num_pipeline_ranks) +
-                       " chunks per pipeline rank)")
-                          .c_str()
-                    : "",
-                info.microbatches, info.schedule_policy);
+    std::printf(
+        "ranks: %d (%s), %s; %d stages%s, %d micro-batches, %s "
+        "schedule\n",
+        world.size(), library.describeMesh().c_str(),
+        ranks.groups.back()->engine(), info.num_stages,
+        info.num_stages > info.num_pipeline_ranks
+            ? (" (" +
+               std::to_string(info.num_stages / info.num_pipeline_ranks) +
+               " chunks per pipeline rank)")
+                  .c_str()
+            : "",
+        info.microbatches, info.schedule_policy);
   if (!device.isHost() && leader)
     std::printf("device %s\n", device.describe().c_str());
 
@@ -739,8 +739,8 @@ int main(int argc, char **argv) {
       for (int k = 0; k < info->num_stages; ++k)
         std::printf("    stage %d (pipeline rank %d): %d inputs, %d outputs, "
                     "%d weights, arena %lld bytes\n",
-                    k, k % info->num_pipeline_ranks, info->stages[k].num_inputs, info->stages[k].num_outputs,
-                    info->stages[k].num_weights,
+                    k, k % info->num_pipeline_ranks, info->stages[k].num_inputs,
+                    info->stages[k].num_outputs, info->stages[k].num_weights,
                     static_cast<long long>(info->stages[k].arena_bytes));
     }
     return 0;

@@ -271,8 +271,8 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
   os << "  plan: tp=" << tp << " pp=" << pp << " dp=" << dp
      << (tp * pp * dp == 1 ? " (one device)" : "");
   if (ppChunks > 1)
-    os << " (" << ppChunks << " model chunks per pipeline rank: "
-       << pp * ppChunks << " stages)";
+    os << " (" << ppChunks
+       << " model chunks per pipeline rank: " << pp * ppChunks << " stages)";
   os << "\n";
   for (auto [kind, heading] :
        {std::pair{NoteKind::Import, "shared weights:"},
@@ -457,7 +457,8 @@ int main(int argc, char **argv) {
   if (ppChunks > 1 && policy != "interleaved")
     return fail("--pp-chunks=" + std::to_string(ppChunks) +
                 " gives each pipeline rank several model chunks, which only "
-                "--schedule=interleaved runs, not --schedule=" + policy);
+                "--schedule=interleaved runs, not --schedule=" +
+                policy);
   if (pp > 1 && ppChunks == 1 && policy == "interleaved")
     return fail("--schedule=interleaved runs several model chunks on each "
                 "pipeline rank: add --pp-chunks=v with v of 2 or more");

@@ -273,11 +273,11 @@ int pcc_nccl_own_stream(pcc_nccl_comm *comm) {
 static int fence(cudaEvent_t event, cudaStream_t done, cudaStream_t waiter,
                  const char *what) {
   if (cudaError_t err = cudaEventRecord(event, done))
-    return failWith(std::string(what) + ": cudaEventRecord: " +
-                    cudaGetErrorString(err));
+    return failWith(std::string(what) +
+                    ": cudaEventRecord: " + cudaGetErrorString(err));
   if (cudaError_t err = cudaStreamWaitEvent(waiter, event, 0))
-    return failWith(std::string(what) + ": cudaStreamWaitEvent: " +
-                    cudaGetErrorString(err));
+    return failWith(std::string(what) +
+                    ": cudaStreamWaitEvent: " + cudaGetErrorString(err));
   return 0;
 }
 
