@@ -79,9 +79,9 @@ static cl::opt<int64_t> dp("dp", cl::desc("data-parallel degree"), cl::init(1),
                            cl::cat(pccCategory));
 static cl::list<std::string>
     ppCuts("pp-cuts",
-           cl::desc("cut the pipeline after these ONNX nodes (pp - 1 names, "
-                    "in program order) instead of where the cost model "
-                    "would"),
+           cl::desc("cut the pipeline after these ONNX nodes (pp x v - 1 "
+                    "names, in program order) instead of where the cost "
+                    "model would"),
            cl::value_desc("node,node"), cl::CommaSeparated,
            cl::cat(pccCategory));
 static cl::opt<int64_t>
@@ -156,6 +156,7 @@ Examples:
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --pp=2 --microbatches=4 --explain
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --tp=2 --pp=2 --microbatches=4 -o gp.so
   pcc-run -n 4 gp.so --input examples/data/gpt.batch8.input.npy --trace-svg t.svg
+  pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --pp=2 --pp-chunks=2 --microbatches=4 -o il.so
 
 Exit status: 0 on success, 1 on any error (the message names the file, the
 ONNX node or the option at fault).
