@@ -301,19 +301,19 @@ public:
     return Error{where() + ": " + what + ": " + api.lastError()};
   }
   Status beginGroup() override {
-    return call(api.groupStart(comm), "ncclGroupStart");
+    return call(api.groupStart(comm), "starting a group of transfers");
   }
   Status endGroup() override {
-    return call(api.groupEnd(comm), "ncclGroupEnd");
+    return call(api.groupEnd(comm), "ending a group of transfers");
   }
   Status separateTransfers() override {
     return call(api.ownStream(comm), "creating the transfer stream");
   }
   Status transfersAfterCompute() override {
-    return call(api.afterCompute(comm), "fence");
+    return call(api.afterCompute(comm), "transfers after compute");
   }
   Status computeAfterTransfers() override {
-    return call(api.beforeCompute(comm), "fence");
+    return call(api.beforeCompute(comm), "compute after transfers");
   }
   Result<std::unique_ptr<Communicator>> split(int, int) override {
     return Error{where() + ": split NCCL groups from their MPI bootstrap group "

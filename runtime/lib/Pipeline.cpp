@@ -167,11 +167,14 @@ Status PipelineRunner::setInputs(const std::vector<const void *> &host) {
   return Status::success();
 }
 
-PipelineRunner::Stage *PipelineRunner::stage(int32_t index) {
+Result<PipelineRunner::Stage *>
+PipelineRunner::stageOf(const pcc_pipeline_instr &instr) {
   for (Stage &s : stages)
-    if (s.index == index)
+    if (s.index == instr.stage)
       return &s;
-  return nullptr;
+  return Error{"the schedule of pipeline rank " + std::to_string(ppRank) +
+               " names stage " + std::to_string(instr.stage) +
+               ", which runs elsewhere"};
 }
 
 Status PipelineRunner::compute(Stage &s, int32_t mb) {
@@ -243,6 +246,31 @@ static bool isTransfer(int32_t op) {
   return op == PCC_PIPE_SEND_FORWARD || op == PCC_PIPE_RECV_FORWARD;
 }
 
+Status PipelineRunner::issueGroup(
+    const pcc_pipeline_instr *begin, const pcc_pipeline_instr *end,
+    const std::function<double()> &now, bool &receives) {
+  // Sends first: other engines' receives block.
+  for (int32_t op : {PCC_PIPE_SEND_FORWARD, PCC_PIPE_RECV_FORWARD})
+    for (const pcc_pipeline_instr *t = begin; t != end; ++t) {
+      if (t->op != op)
+        continue;
+      auto s = stageOf(*t);
+      if (!s.ok())
+        return Error{s.error()};
+      double start = now();
+      bool isSend = op == PCC_PIPE_SEND_FORWARD;
+      Status st = isSend ? send(**s, t->microbatch, t->peer)
+                         : receive(**s, t->microbatch, t->peer);
+      if (!st.ok())
+        return st;
+      receives |= !isSend;
+      events.push_back({isSend ? TraceEvent::Kind::Send
+                               : TraceEvent::Kind::Recv,
+                        t->stage, t->microbatch, t->peer, start, now()});
+    }
+  return Status::success();
+}
+
 Status PipelineRunner::run(std::chrono::steady_clock::time_point origin) {
   const pcc_model_info &info = library->info();
   events.clear();
@@ -251,20 +279,12 @@ Status PipelineRunner::run(std::chrono::steady_clock::time_point origin) {
                                          origin)
         .count();
   };
-  auto where = [&](const pcc_pipeline_instr &instr) -> Result<Stage *> {
-    Stage *s = stage(instr.stage);
-    if (!s)
-      return Error{"the schedule of pipeline rank " + std::to_string(ppRank) +
-                   " names stage " + std::to_string(instr.stage) +
-                   ", which runs elsewhere"};
-    return s;
-  };
   const pcc_pipeline_instr *list = info.schedules[ppRank];
   int32_t length = info.schedule_lengths[ppRank];
   for (int32_t n = 0; n < length;) {
     const pcc_pipeline_instr &instr = list[n];
     if (instr.op == PCC_PIPE_FORWARD) {
-      auto s = where(instr);
+      auto s = stageOf(instr);
       if (!s.ok())
         return Error{s.error()};
       double start = now();
@@ -296,30 +316,16 @@ Status PipelineRunner::run(std::chrono::steady_clock::time_point origin) {
     if (!st.ok())
       return st;
     bool receives = false;
-    for (int32_t op : {PCC_PIPE_SEND_FORWARD, PCC_PIPE_RECV_FORWARD})
-      for (int32_t i = n; i < end; ++i) {
-        const pcc_pipeline_instr &t = list[i];
-        if (t.op != op)
-          continue;
-        auto s = where(t);
-        if (!s.ok())
-          return Error{s.error()};
-        double start = now();
-        bool isSend = op == PCC_PIPE_SEND_FORWARD;
-        st = isSend ? send(**s, t.microbatch, t.peer)
-                    : receive(**s, t.microbatch, t.peer);
-        if (!st.ok())
-          return st;
-        receives |= !isSend;
-        events.push_back(
-            {isSend ? TraceEvent::Kind::Send : TraceEvent::Kind::Recv, t.stage,
-             t.microbatch, t.peer, start, now()});
-      }
-    st = pipe->endGroup();
+    st = issueGroup(list + n, list + end, now, receives);
+    // Ended on every path: an open NCCL group would swallow later calls.
+    Status ended = pipe->endGroup();
+    if (st.ok())
+      st = ended;
     if (st.ok() && receives) {
       // The next compute reads what arrived. Engines that queue transfers
-      // (NCCL) are waited for here, as a blocking receive would be, so
-      // the timeline shows the wait as the receive's.
+      // (NCCL) are waited for here, as a blocking receive would be, and
+      // the timeline charts the wait to the group's last receive (the
+      // sends come first), so receives never overlap on a row.
       st = pipe->computeAfterTransfers();
       if (st.ok())
         st = pipe->wait(/*timeoutMs=*/600000);

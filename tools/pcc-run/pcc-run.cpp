@@ -652,7 +652,7 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
       if (!device.isHost())
         std::printf("  (on CUDA, a compute step is timed until its stream "
                     "is done and a receive until its data arrived; sends "
-                    "are timed as queued, on their own stream)\n");
+                    "are timed as queued, on the transfer stream)\n");
       std::printf("  mean bubble %.3f; %s = %.3f for p=%d, m=%d", mean,
                   pccrun::analyticBubbleFormula(chunks),
                   pccrun::analyticBubble(info.num_pipeline_ranks,

@@ -35,13 +35,24 @@ struct pcc_nccl_comm {
 namespace {
 thread_local std::string lastError;
 
+/// A failed NCCL call on `comm` leaves it unusable: it is marked aborted,
+/// so later calls fail at once and pcc_nccl_free aborts it rather than
+/// waiting for its work in ncclCommDestroy.
 int fail(const std::string &what, ncclResult_t rc, pcc_nccl_comm *comm) {
   lastError = what + ": " + ncclGetErrorString(rc);
   if (comm && rc != ncclSuccess) {
     const char *detail = ncclGetLastError(comm->comm);
     if (detail && *detail)
       lastError += std::string(" (") + detail + ")";
+    comm->aborted = true;
   }
+  return 1;
+}
+
+int failIfAborted(const pcc_nccl_comm *comm) {
+  if (!comm->aborted && comm->comm)
+    return 0;
+  lastError = "the NCCL communicator was aborted after an earlier failure";
   return 1;
 }
 
@@ -83,9 +94,8 @@ bool ncclTypeOf(int dtype, ncclDataType_t &type) {
 }
 
 int prepare(pcc_nccl_comm *comm, int dtype, ncclDataType_t &type) {
-  if (comm->aborted)
-    return failWith("the NCCL communicator was aborted after an earlier "
-                    "failure");
+  if (failIfAborted(comm))
+    return 1;
   if (!ncclTypeOf(dtype, type))
     return failWith("element type " + std::to_string(dtype) +
                     " has no NCCL type");
@@ -282,6 +292,8 @@ static int fence(cudaEvent_t event, cudaStream_t done, cudaStream_t waiter,
 }
 
 int pcc_nccl_after_compute(pcc_nccl_comm *comm) {
+  if (failIfAborted(comm))
+    return 1;
   if (!comm->ownStream)
     return 0;
   return fence(comm->computeDone, comm->compute, comm->stream,
@@ -289,6 +301,8 @@ int pcc_nccl_after_compute(pcc_nccl_comm *comm) {
 }
 
 int pcc_nccl_before_compute(pcc_nccl_comm *comm) {
+  if (failIfAborted(comm))
+    return 1;
   if (!comm->ownStream)
     return 0;
   return fence(comm->callsDone, comm->stream, comm->compute,
@@ -296,23 +310,26 @@ int pcc_nccl_before_compute(pcc_nccl_comm *comm) {
 }
 
 int pcc_nccl_group_start(pcc_nccl_comm *comm) {
-  if (comm->aborted)
-    return failWith("the NCCL communicator was aborted after an earlier "
-                    "failure");
+  if (failIfAborted(comm))
+    return 1;
   if (ncclResult_t rc = ncclGroupStart())
     return fail("ncclGroupStart", rc, comm);
   return 0;
 }
 
 int pcc_nccl_group_end(pcc_nccl_comm *comm) {
+  // Always ends the group, even on an aborted communicator: an open group
+  // would swallow every later NCCL call of this thread.
   if (ncclResult_t rc = ncclGroupEnd())
     return fail("ncclGroupEnd", rc, comm);
   return 0;
 }
 
 int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms) {
-  auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  if (failIfAborted(comm))
+    return 1;
+  auto begin = std::chrono::steady_clock::now();
+  auto deadline = begin + std::chrono::milliseconds(timeout_ms);
   while (true) {
     cudaError_t state = cudaStreamQuery(comm->stream);
     if (state == cudaSuccess)
@@ -336,7 +353,11 @@ int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms) {
                       " ms (a peer rank is gone or stuck); the communicator "
                       "was aborted");
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Receives wait here on the pipeline's critical path: spin for the
+    // first 200 us, then poll every 50 us.
+    if (std::chrono::steady_clock::now() - begin >
+        std::chrono::microseconds(200))
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 

@@ -87,12 +87,15 @@ public:
   /// Sends and receives issued between these two progress together (NCCL
   /// groups), so that a send that waits for its receive cannot hold up a
   /// receive of the same group. Issue a group's sends before its receives:
-  /// other engines receive at once, blocking.
+  /// other engines receive at once, blocking. Once beginGroup succeeded,
+  /// call endGroup on every path, errors included: an open NCCL group
+  /// swallows every later NCCL call of the thread.
   virtual Status beginGroup() { return Status::success(); }
   virtual Status endGroup() { return Status::success(); }
-  /// Moves this group's sends and receives to a queue of their own so they
-  /// overlap the device's compute (NCCL: a second CUDA stream), ordered
-  /// with it only by the two fences below. Engines whose calls complete on
+  /// Moves every later call of this group (meant for its sends and
+  /// receives; collectives would run unordered with compute) to a queue of
+  /// its own so they overlap the device's compute (NCCL: a second CUDA
+  /// stream), ordered with it only by the two fences below. Engines whose calls complete on
   /// return need no queue, and their fences do nothing.
   virtual Status separateTransfers() { return Status::success(); }
   /// Transfers issued from now on wait for the compute issued so far.

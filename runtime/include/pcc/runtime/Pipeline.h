@@ -17,10 +17,13 @@
 // The transfers between two computes of a list are issued as one group
 // (ncclGroupStart/End on GPUs), sends first. On GPUs they run on a CUDA
 // stream of their own: a fence makes them wait for the compute before
-// them, and another makes the compute after a receive wait for it, so a
-// send overlaps the next compute. A group with receives is waited for on
-// the host, as MPI's blocking receive is, so the timeline shows the wait
-// as the receive's on both engines.
+// them, and another makes the compute after a receive wait for it. A
+// group with receives is waited for on the host, as MPI's blocking
+// receive is, so the timeline shows the wait as the receive's on both
+// engines. A send thus overlaps the next compute only when no receive
+// shares its group (the first pipeline rank, the drain): on middle ranks
+// the group completes, send included, before the compute that needs its
+// receive.
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,6 +35,7 @@
 #include "pcc/runtime/ModelLibrary.h"
 
 #include <chrono>
+#include <functional>
 #include <vector>
 
 namespace pccrt {
@@ -93,10 +97,16 @@ private:
     /// outputs go into the model's output buffers.
     std::vector<std::vector<void *>> sent;
   };
-  Stage *stage(int32_t index);
+  /// The stage `instr` runs, or an error when it is not this rank's.
+  Result<Stage *> stageOf(const pcc_pipeline_instr &instr);
   Status compute(Stage &s, int32_t microbatch);
   Status send(Stage &s, int32_t microbatch, int32_t peer);
   Status receive(Stage &s, int32_t microbatch, int32_t peer);
+  /// Issues the transfers [begin, end) of the list, sends first; sets
+  /// `receives` when there is one.
+  Status issueGroup(const pcc_pipeline_instr *begin,
+                    const pcc_pipeline_instr *end,
+                    const std::function<double()> &now, bool &receives);
 
   const ModelLibrary *library = nullptr;
   Device *device = nullptr;
