@@ -246,9 +246,10 @@ static bool isTransfer(int32_t op) {
   return op == PCC_PIPE_SEND_FORWARD || op == PCC_PIPE_RECV_FORWARD;
 }
 
-Status PipelineRunner::issueGroup(
-    const pcc_pipeline_instr *begin, const pcc_pipeline_instr *end,
-    const std::function<double()> &now, bool &receives) {
+Status PipelineRunner::issueGroup(const pcc_pipeline_instr *begin,
+                                  const pcc_pipeline_instr *end,
+                                  const std::function<double()> &now,
+                                  bool &receives) {
   // Sends first: other engines' receives block.
   for (int32_t op : {PCC_PIPE_SEND_FORWARD, PCC_PIPE_RECV_FORWARD})
     for (const pcc_pipeline_instr *t = begin; t != end; ++t) {
@@ -264,9 +265,9 @@ Status PipelineRunner::issueGroup(
       if (!st.ok())
         return st;
       receives |= !isSend;
-      events.push_back({isSend ? TraceEvent::Kind::Send
-                               : TraceEvent::Kind::Recv,
-                        t->stage, t->microbatch, t->peer, start, now()});
+      events.push_back(
+          {isSend ? TraceEvent::Kind::Send : TraceEvent::Kind::Recv, t->stage,
+           t->microbatch, t->peer, start, now()});
     }
   return Status::success();
 }

@@ -95,8 +95,8 @@ public:
   /// Moves every later call of this group (meant for its sends and
   /// receives; collectives would run unordered with compute) to a queue of
   /// its own so they overlap the device's compute (NCCL: a second CUDA
-  /// stream), ordered with it only by the two fences below. Engines whose calls complete on
-  /// return need no queue, and their fences do nothing.
+  /// stream), ordered with it only by the two fences below. Engines whose calls
+  /// complete on return need no queue, and their fences do nothing.
   virtual Status separateTransfers() { return Status::success(); }
   /// Transfers issued from now on wait for the compute issued so far.
   virtual Status transfersAfterCompute() { return Status::success(); }
