@@ -466,17 +466,17 @@ std::string Replay::checkChannels() const {
 /// send and receive in it has its partner in a group its peer has reached.
 std::string Replay::checkGroups() const {
   // Per rank, its groups as [begin, end) ranges of its list, and for each
-  // transfer the (peer rank, peer group) holding its partner.
+  // transfer the (peer rank, peer group) holding its partner. A transfer
+  // is the n-th message of its channel (sender, receiver) on its side.
   struct Group {
     size_t begin, end;
     std::vector<std::pair<int32_t, size_t>> partners;
   };
+  using Message = std::tuple<int32_t, int32_t, size_t, bool>;
   std::vector<std::vector<Group>> groups(p);
-  std::map<std::tuple<int32_t, int32_t, size_t>, size_t> groupOfMessage;
   std::map<std::pair<int32_t, int32_t>, size_t> sentCount, receivedCount;
-  // Pass 1: groups, and which group holds the n-th message of each side of
-  // a channel.
-  std::map<std::tuple<int32_t, int32_t, size_t, bool>, size_t> where;
+  std::map<Message, size_t> groupOf;
+  std::vector<std::pair<int32_t, Message>> transfers; // (rank, message)
   for (int32_t r = 0; r < p; ++r) {
     const std::vector<Instr> &list = lists[r];
     for (size_t i = 0; i < list.size();) {
@@ -485,39 +485,33 @@ std::string Replay::checkGroups() const {
         continue;
       }
       Group g{i, i, {}};
-      while (g.end < list.size() && !isCompute(list[g.end].op)) {
+      for (; g.end < list.size() && !isCompute(list[g.end].op); ++g.end) {
         const Instr &t = list[g.end];
         bool isSend = t.op == Op::SendForward || t.op == Op::SendBackward;
         std::pair<int32_t, int32_t> channel =
             isSend ? std::pair{r, t.peer} : std::pair{t.peer, r};
         size_t n = isSend ? sentCount[channel]++ : receivedCount[channel]++;
-        where[{channel.first, channel.second, n, isSend}] = groups[r].size();
-        ++g.end;
+        Message m{channel.first, channel.second, n, isSend};
+        groupOf[m] = groups[r].size();
+        transfers.push_back({r, m});
       }
       i = g.end;
       groups[r].push_back(std::move(g));
     }
   }
-  // Pass 2: each transfer's partner group.
-  sentCount.clear();
-  receivedCount.clear();
-  for (int32_t r = 0; r < p; ++r)
-    for (Group &g : groups[r])
-      for (size_t i = g.begin; i < g.end; ++i) {
-        const Instr &t = lists[r][i];
-        bool isSend = t.op == Op::SendForward || t.op == Op::SendBackward;
-        std::pair<int32_t, int32_t> channel =
-            isSend ? std::pair{r, t.peer} : std::pair{t.peer, r};
-        size_t n = isSend ? sentCount[channel]++ : receivedCount[channel]++;
-        auto partner = where.find({channel.first, channel.second, n, !isSend});
-        if (partner == where.end())
-          return "rank " + std::to_string(r) + "'s " +
-                 describeInstr(t, o.chunks) + " has no partner";
-        // A rank's transfers to itself (one pipeline rank, interleaved) are
-        // local copies, which wait for nothing.
-        if (t.peer != r)
-          g.partners.push_back({t.peer, partner->second});
-      }
+  for (auto &[r, m] : transfers) {
+    auto [from, to, n, isSend] = m;
+    int32_t peer = isSend ? to : from;
+    auto partner = groupOf.find({from, to, n, !isSend});
+    if (partner == groupOf.end())
+      return "rank " + std::to_string(r) + "'s message " + std::to_string(n) +
+             (isSend ? " to" : " from") + " rank " + std::to_string(peer) +
+             " has no partner";
+    // A rank's transfers to itself (one pipeline rank, interleaved) are
+    // local copies, which wait for nothing.
+    if (peer != r)
+      groups[r][groupOf[m]].partners.push_back({peer, partner->second});
+  }
   // Replay: reached[r] is the group rank r waits in (all before it done).
   std::vector<size_t> reached(p, 0);
   for (bool progressed = true; progressed;) {

@@ -42,9 +42,7 @@ struct PipelineSchedulePass
       return signalPassFailure();
     }
     // Each pipeline rank runs `chunks` of the stages (interleaved).
-    auto chunksAttr =
-        module->getAttrOfType<IntegerAttr>(PccDialect::kPipelineChunksAttrName);
-    int64_t chunks = chunksAttr ? chunksAttr.getInt() : 1;
+    int64_t chunks = getPipelineChunks(module);
     if (stages % chunks != 0) {
       main.emitError("pipeline schedule: ")
           << stages << " stages do not make " << chunks

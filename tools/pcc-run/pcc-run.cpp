@@ -507,18 +507,16 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
   if (!set.ok())
     die(set.error());
   if (leader)
-    std::printf(
-        "ranks: %d (%s), %s; %d stages%s, %d micro-batches, %s "
-        "schedule\n",
-        world.size(), library.describeMesh().c_str(),
-        ranks.groups.back()->engine(), info.num_stages,
-        info.num_stages > info.num_pipeline_ranks
-            ? (" (" +
-               std::to_string(info.num_stages / info.num_pipeline_ranks) +
-               " chunks per pipeline rank)")
-                  .c_str()
-            : "",
-        info.microbatches, info.schedule_policy);
+    std::printf("ranks: %d (%s), %s; %d stages%s, %d micro-batches, %s "
+                "schedule\n",
+                world.size(), library.describeMesh().c_str(),
+                ranks.groups.back()->engine(), info.num_stages,
+                library.chunksPerPipelineRank() > 1
+                    ? (" (" + std::to_string(library.chunksPerPipelineRank()) +
+                       " chunks per pipeline rank)")
+                          .c_str()
+                    : "",
+                info.microbatches, info.schedule_policy);
   if (!device.isHost() && leader)
     std::printf("device %s\n", device.describe().c_str());
 
@@ -633,7 +631,7 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
     if (leader) {
       std::string model = info.source;
       model = model.substr(model.find_last_of('/') + 1);
-      int chunks = info.num_stages / info.num_pipeline_ranks;
+      int chunks = library.chunksPerPipelineRank();
       pccrun::TraceInfo ti{model, info.schedule_policy, info.num_pipeline_ranks,
                            info.microbatches, chunks};
       double span = pccrun::makespan(rows);

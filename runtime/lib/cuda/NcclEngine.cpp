@@ -279,9 +279,14 @@ int pcc_nccl_own_stream(pcc_nccl_comm *comm) {
   return 0;
 }
 
-/// Makes `waiter` wait for the work enqueued so far on `done`'s stream.
-static int fence(cudaEvent_t event, cudaStream_t done, cudaStream_t waiter,
-                 const char *what) {
+/// Makes `waiter` wait for the work enqueued so far on `done`'s stream;
+/// nothing when the communicator shares the context's stream.
+static int fence(pcc_nccl_comm *comm, cudaEvent_t event, cudaStream_t done,
+                 cudaStream_t waiter, const char *what) {
+  if (failIfAborted(comm))
+    return 1;
+  if (!comm->ownStream)
+    return 0;
   if (cudaError_t err = cudaEventRecord(event, done))
     return failWith(std::string(what) +
                     ": cudaEventRecord: " + cudaGetErrorString(err));
@@ -292,20 +297,12 @@ static int fence(cudaEvent_t event, cudaStream_t done, cudaStream_t waiter,
 }
 
 int pcc_nccl_after_compute(pcc_nccl_comm *comm) {
-  if (failIfAborted(comm))
-    return 1;
-  if (!comm->ownStream)
-    return 0;
-  return fence(comm->computeDone, comm->compute, comm->stream,
+  return fence(comm, comm->computeDone, comm->compute, comm->stream,
                "ordering transfers after compute");
 }
 
 int pcc_nccl_before_compute(pcc_nccl_comm *comm) {
-  if (failIfAborted(comm))
-    return 1;
-  if (!comm->ownStream)
-    return 0;
-  return fence(comm->callsDone, comm->stream, comm->compute,
+  return fence(comm, comm->callsDone, comm->stream, comm->compute,
                "ordering compute after transfers");
 }
 

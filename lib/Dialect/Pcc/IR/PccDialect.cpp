@@ -106,15 +106,20 @@ FailureOr<int64_t> mlir::pcc::getMeshAxisSize(Operation *op, StringRef axis) {
   return size.getInt();
 }
 
+int64_t mlir::pcc::getPipelineChunks(Operation *op) {
+  auto module =
+      isa<ModuleOp>(op) ? cast<ModuleOp>(op) : op->getParentOfType<ModuleOp>();
+  auto chunks = module ? module->getAttrOfType<IntegerAttr>(
+                             PccDialect::kPipelineChunksAttrName)
+                       : IntegerAttr();
+  return chunks ? chunks.getInt() : 1;
+}
+
 FailureOr<int64_t> mlir::pcc::getPipelineStageCount(Operation *op) {
   FailureOr<int64_t> pp = getMeshAxisSize(op, "pp");
   if (failed(pp))
     return failure();
-  auto module =
-      isa<ModuleOp>(op) ? cast<ModuleOp>(op) : op->getParentOfType<ModuleOp>();
-  auto chunks =
-      module->getAttrOfType<IntegerAttr>(PccDialect::kPipelineChunksAttrName);
-  return *pp * (chunks ? chunks.getInt() : 1);
+  return *pp * getPipelineChunks(op);
 }
 
 /// Checks that `sharding` can describe a tensor of global type `type`.

@@ -69,6 +69,10 @@ public:
                   const void *const *weights, void *arena) const;
   /// Whether the library is cut into pipeline stages.
   bool isPipelined() const { return modelInfo->num_stages > 1; }
+  /// Model chunks per pipeline rank (above 1: interleaved stages).
+  int32_t chunksPerPipelineRank() const {
+    return modelInfo->num_stages / modelInfo->num_pipeline_ranks;
+  }
   /// The stages pipeline rank `ppRank` runs, in order.
   std::vector<int32_t> stagesOf(int64_t ppRank) const;
   /// The shape of model input or output `spec` over the whole batch: every

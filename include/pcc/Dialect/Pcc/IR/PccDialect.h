@@ -20,6 +20,9 @@ namespace mlir::pcc {
 /// The size of mesh axis `axis` in the `pcc.mesh` of `op`'s module, or an
 /// error on `op` naming the axis when the module has no such axis.
 FailureOr<int64_t> getMeshAxisSize(Operation *op, llvm::StringRef axis);
+/// The module's `pcc.pp_chunks` (model chunks per pipeline rank), 1 when
+/// absent.
+int64_t getPipelineChunks(Operation *op);
 /// The number of pipeline stages of `op`'s module: the mesh's pp axis
 /// times its `pcc.pp_chunks` (model chunks per pipeline rank).
 FailureOr<int64_t> getPipelineStageCount(Operation *op);
