@@ -2,7 +2,7 @@
 
 #include "pcc/Transforms/CostModel.h"
 
-#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 
 #include "mlir/IR/BuiltinOps.h"
 
@@ -10,18 +10,8 @@ using namespace mlir;
 using namespace mlir::pcc;
 
 int64_t mlir::pcc::opFlops(Operation *op) {
-  if (auto mm = dyn_cast<MatmulOp>(op)) {
-    auto lhs = mm.getLhs().getType();
-    int64_t k = lhs.getDimSize(lhs.getRank() - (mm.getTransposeA() ? 2 : 1));
-    return 2 * mm.getType().getNumElements() * k;
-  }
-  if (auto conv = dyn_cast<ConvOp>(op)) {
-    auto w = conv.getWeight().getType();
-    // Each output element reads C/groups x K1 x ... x Kk inputs.
-    return 2 * conv.getType().getNumElements() *
-           (w.getNumElements() / w.getDimSize(0));
-  }
-  return 0;
+  auto cost = dyn_cast<CostOpInterface>(op);
+  return cost ? cost.getFlops() : 0;
 }
 
 int64_t mlir::pcc::tensorBytes(Value v) {
@@ -50,26 +40,13 @@ static int64_t axisSize(Operation *op, StringRef axis) {
 }
 
 double CostModel::opSeconds(Operation *op) const {
-  if (isa<ParamOp, ConstantOp, ReshapeOp>(op))
+  if (auto c = dyn_cast<CollectiveOpInterface>(op))
+    return collectiveSeconds(c.getCollectiveKind(), c.getPayloadBytes(),
+                             axisSize(op, c.getMeshAxis()));
+  auto cost = dyn_cast<CostOpInterface>(op);
+  if (!cost)
     return 0;
-  if (int64_t flops = opFlops(op))
+  if (int64_t flops = cost.getFlops())
     return static_cast<double>(flops) / flopsPerSecond;
-  // The whole tensor: an all-reduce's and a reduce-scatter's input, an
-  // all-gather's result.
-  if (auto ar = dyn_cast<AllReduceOp>(op))
-    return collectiveSeconds(CollectiveKind::AllReduce,
-                             tensorBytes(ar.getInput()),
-                             axisSize(op, ar.getAxis()));
-  if (auto ag = dyn_cast<AllGatherOp>(op))
-    return collectiveSeconds(CollectiveKind::AllGather,
-                             tensorBytes(ag.getResult()),
-                             axisSize(op, ag.getAxis()));
-  if (auto rs = dyn_cast<ReduceScatterOp>(op))
-    return collectiveSeconds(CollectiveKind::ReduceScatter,
-                             tensorBytes(rs.getInput()),
-                             axisSize(op, rs.getAxis()));
-  int64_t bytes = 0;
-  for (Value r : op->getResults())
-    bytes += tensorBytes(r);
-  return static_cast<double>(bytes) / bytesPerSecond;
+  return static_cast<double>(cost.getBytesWritten()) / bytesPerSecond;
 }

@@ -229,29 +229,14 @@ LogicalResult Partitioner::run() {
       nr.setType(localType(typeOf(r), layoutOf(r), n));
       local[r] = nr;
     }
-    Shard in = targets.empty() ? Shard::replicated() : targets[0];
-    if (auto g = dyn_cast<GatherOp>(clone);
-        g && in.isSplit() && in.dim == static_cast<int64_t>(g.getAxis())) {
-      auto sg =
-          ShardGatherOp::create(builder, g.getLoc(), g.getType(), g.getData(),
-                                g.getIndices(), g.getAxisAttr(), axis);
-      local[op->getResult(0)] = sg.getResult();
-      g.erase();
-      continue;
-    }
-    if (auto s = dyn_cast<SliceOp>(clone); s && in.isSplit()) {
-      SmallVector<int64_t> starts(s.getStarts()), limits(s.getLimits());
-      starts[in.dim] /= n;
-      limits[in.dim] /= n;
-      s.setStarts(starts);
-      s.setLimits(limits);
-    }
-    if (auto s = dyn_cast<SplitOp>(clone);
-        s && in.isSplit() && in.dim == static_cast<int64_t>(s.getAxis())) {
-      SmallVector<int64_t> sizes(s.getSizes());
-      for (int64_t &size : sizes)
-        size /= n;
-      s.setSizes(sizes);
+    // What counts global sizes changes (ShardingOpInterface).
+    if (auto sharding = dyn_cast<ShardingOpInterface>(clone)) {
+      SmallVector<Shard> read(targets.begin(), targets.end());
+      read.resize(clone->getNumOperands(), Shard::replicated());
+      SmallVector<Value> results =
+          sharding.partitionLocal(builder, read, n, axis.getValue());
+      for (auto [r, nr] : llvm::zip(op->getResults(), results))
+        local[r] = nr;
     }
   }
   // Drop the global ops, users first.

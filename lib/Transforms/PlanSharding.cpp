@@ -36,19 +36,13 @@ std::string roleOf(ParamOp weight, Shard shard) {
     if (!llvm::is_contained(roles, role))
       roles.push_back(std::move(role));
   };
-  for (Operation *user : weight.getResult().getUsers()) {
-    if (auto mm = dyn_cast<MatmulOp>(user)) {
-      if (mm.getRhs() != weight.getResult())
-        continue;
-      int64_t rank = mm.getRhs().getType().getRank();
-      int64_t k = mm.getTransposeB() ? rank - 1 : rank - 2;
-      note(shard.dim == k ? "rows (contraction)" : "columns (outputs)");
+  for (OpOperand &use : weight.getResult().getUses())
+    if (auto sharding = dyn_cast<ShardingOpInterface>(use.getOwner())) {
+      std::string role =
+          sharding.getSplitRole(use.getOperandNumber(), shard);
+      if (!role.empty())
+        note(std::move(role));
     }
-    if (auto g = dyn_cast<GatherOp>(user))
-      if (g.getData() == weight.getResult() &&
-          shard.dim == static_cast<int64_t>(g.getAxis()))
-        note("vocabulary (lookup rows)");
-  }
   return llvm::join(roles, " and ");
 }
 

@@ -9,14 +9,13 @@
 #ifndef PCC_TRANSFORMS_COSTMODEL_H
 #define PCC_TRANSFORMS_COSTMODEL_H
 
+#include "pcc/Dialect/Pcc/IR/Layout.h"
+
 #include "mlir/IR/Operation.h"
 
 #include <cstdint>
 
 namespace mlir::pcc {
-
-/// A layout change an op's operand needs before the op reads it.
-enum class CollectiveKind { AllReduce, AllGather, ReduceScatter };
 
 /// The machine plans are costed for. Figures for one H100 SXM node with
 /// NVLink; only their ratios steer the searches.
@@ -26,9 +25,9 @@ struct CostModel {
   double linkBytesPerSecond = 150e9; // per-rank collective bandwidth
   double collectiveLatency = 10e-6;  // seconds per collective
 
-  /// Seconds of one op: FLOPs of matmuls and convolutions, bytes written by
-  /// other ops, collectiveSeconds of collectives; reshapes (views), weights
-  /// and constants are free.
+  /// Seconds of one op from its CostOpInterface: its FLOPs at the GEMM rate
+  /// when it has any, else the bytes it writes at memory bandwidth;
+  /// collectives (CollectiveOpInterface) by collectiveSeconds.
   double opSeconds(Operation *op) const;
   /// Seconds of a ring collective among `ranks` ranks on a tensor of
   /// `wholeBytes` (its unsharded size): the latency plus (ranks - 1) /
@@ -37,7 +36,8 @@ struct CostModel {
                            int64_t ranks) const;
 };
 
-/// FLOPs (2 per multiply-add) of a matmul or convolution, else 0.
+/// FLOPs (2 per multiply-add) of `op` (CostOpInterface::getFlops): a
+/// matmul's or convolution's, else 0.
 int64_t opFlops(Operation *op);
 
 /// Bytes of a tensor value (sub-byte elements round up).

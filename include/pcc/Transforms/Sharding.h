@@ -17,7 +17,7 @@
 #ifndef PCC_TRANSFORMS_SHARDING_H
 #define PCC_TRANSFORMS_SHARDING_H
 
-#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 #include "pcc/Transforms/CostModel.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -29,38 +29,6 @@
 #include <vector>
 
 namespace mlir::pcc {
-
-/// The layout of a tensor over the mesh axis being planned; see
-/// #pcc.shard in PccAttrs.td.
-struct Shard {
-  ShardKind kind = ShardKind::replicated;
-  int64_t dim = -1;
-  int64_t stripes = 0;
-
-  static Shard replicated() { return {}; }
-  static Shard split(int64_t dim, int64_t stripes) {
-    return {ShardKind::split, dim, stripes};
-  }
-  static Shard partial() { return {ShardKind::partial, -1, 0}; }
-  bool isReplicated() const { return kind == ShardKind::replicated; }
-  bool isSplit() const { return kind == ShardKind::split; }
-  bool isPartial() const { return kind == ShardKind::partial; }
-  bool operator==(const Shard &o) const {
-    return kind == o.kind && dim == o.dim && stripes == o.stripes;
-  }
-  bool operator!=(const Shard &o) const { return !(*this == o); }
-
-  ShardingAttr toAttr(MLIRContext *context, StringRef axis) const;
-  static Shard fromAttr(ShardingAttr attr);
-  /// "replicated", "partial sum", "dim 1" or "dim 1 in 3 stripes".
-  std::string describe() const;
-};
-
-/// The shape one rank holds of a tensor of global type `type`.
-RankedTensorType localType(RankedTensorType type, Shard shard, int64_t ranks);
-
-/// "all_reduce", "all_gather" or "reduce_scatter".
-const char *collectiveName(CollectiveKind kind);
 
 /// One collective the plan inserts.
 struct PlannedCollective {

@@ -1,6 +1,7 @@
 //===- PccDialect.cpp - pcc dialect registration, attributes ------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Dialect/Pcc/IR/Layout.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -25,6 +26,7 @@ void PccDialect::initialize() {
 #define GET_ATTRDEF_LIST
 #include "pcc/Dialect/Pcc/IR/PccAttrs.cpp.inc"
       >();
+  registerPccInterfaceModels(getContext());
 }
 
 Operation *PccDialect::materializeConstant(OpBuilder &builder, Attribute value,

@@ -1,0 +1,446 @@
+//===- InterfaceModels.cpp - every pcc op's sharding, cost, collective rules //
+//
+// The external models behind PccInterfaces.td. Each rule is a function
+// overloaded on the op class and chosen at compile time; the generic
+// template covers the ops without a rule of their own (Elementwise ops get
+// the same-shape rule, the others run whole). registerPccInterfaceModels
+// attaches the models to every op of the dialect.
+//
+//===----------------------------------------------------------------------===//
+
+#include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
+
+#include "llvm/ADT/STLExtras.h"
+
+#include <type_traits>
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+#include "pcc/Dialect/Pcc/IR/PccInterfaces.cpp.inc"
+
+namespace {
+
+RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
+
+using Options = SmallVectorImpl<ShardingOption>;
+
+//===----------------------------------------------------------------------===//
+// Sharding options
+//===----------------------------------------------------------------------===//
+
+template <typename OpT> constexpr PartialSums partialSumsOf() {
+  if constexpr (std::is_same_v<OpT, AddOp> || std::is_same_v<OpT, SubOp>)
+    return PartialSums::additive;
+  if constexpr (std::is_same_v<OpT, NegOp> || std::is_same_v<OpT, MulOp>)
+    return PartialSums::eachOperand;
+  if constexpr (std::is_same_v<OpT, DivOp>)
+    return PartialSums::firstOperand;
+  return PartialSums::none;
+}
+
+/// Ops with no rule of their own: Elementwise ops follow their operands'
+/// split; every other op runs on whole tensors.
+template <typename OpT>
+void shardingOptions(OpT op, ArrayRef<Shard> in, int64_t, Options &out) {
+  if constexpr (OpT::template hasTrait<OpTrait::Elementwise>())
+    sameShapeShardingOptions(op, in, partialSumsOf<OpT>(), out);
+}
+
+void shardingOptions(CastOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  sameShapeShardingOptions(op, in, PartialSums::none, out);
+}
+
+void shardingOptions(TransposeOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  ArrayRef<int64_t> perm = op.getPermutation();
+  if (in[0].isSplit())
+    for (size_t j = 0; j < perm.size(); ++j)
+      if (perm[j] == in[0].dim)
+        out.push_back({{in[0]}, {Shard::split(j, in[0].stripes)}});
+  if (in[0].isPartial())
+    out.push_back({{in[0]}, {in[0]}});
+}
+
+void shardingOptions(ReshapeOp op, ArrayRef<Shard> in, int64_t ranks,
+                     Options &out) {
+  if (in[0].isSplit())
+    if (auto s = reshapeSplit(typeOf(op.getInput()).getShape(),
+                              op.getType().getShape(), in[0], ranks))
+      out.push_back({{in[0]}, {*s}});
+  if (in[0].isPartial())
+    out.push_back({{in[0]}, {in[0]}});
+}
+
+void shardingOptions(BroadcastOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  ArrayRef<int64_t> inShape = op.getInput().getType().getShape(),
+                    outShape = op.getType().getShape();
+  int64_t shift = outShape.size() - inShape.size();
+  if (in[0].isSplit() && inShape[in[0].dim] == outShape[in[0].dim + shift])
+    out.push_back({{in[0]}, {Shard::split(in[0].dim + shift, in[0].stripes)}});
+  if (in[0].isPartial() &&
+      op.getInput().getType().getNumElements() == op.getType().getNumElements())
+    out.push_back({{in[0]}, {in[0]}});
+}
+
+void shardingOptions(SliceOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  Shard x = in[0];
+  if (x.isSplit()) {
+    int64_t d = x.dim, size = op.getInput().getType().getDimSize(d);
+    int64_t stripe = size / x.stripes;
+    int64_t start = op.getStarts()[d], limit = op.getLimits()[d],
+            step = op.getSteps()[d];
+    if (start == 0 && limit == size && step == 1)
+      out.push_back({{x}, {x}});
+    else if (step == 1 && start % stripe == 0 && limit % stripe == 0 &&
+             limit > start)
+      out.push_back({{x}, {Shard::split(d, (limit - start) / stripe)}});
+  }
+  if (x.isPartial())
+    out.push_back({{x}, {x}});
+}
+
+void shardingOptions(SplitOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  Shard x = in[0];
+  unsigned numResults = op->getNumResults();
+  int64_t axis = op.getAxis();
+  if (x.isSplit() && x.dim != axis)
+    out.push_back({{x}, SmallVector<Shard>(numResults, x)});
+  if (x.isSplit() && x.dim == axis) {
+    int64_t stripe = op.getInput().getType().getDimSize(axis) / x.stripes;
+    SmallVector<Shard> results;
+    for (int64_t size : op.getSizes())
+      if (size % stripe == 0)
+        results.push_back(Shard::split(axis, size / stripe));
+    if (results.size() == numResults)
+      out.push_back({{x}, results});
+  }
+  if (x.isPartial())
+    out.push_back({{x}, SmallVector<Shard>(numResults, x)});
+}
+
+void shardingOptions(ConcatOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  int64_t axis = op.getAxis();
+  unsigned numOperands = op->getNumOperands();
+  for (Shard s : in)
+    if (s.isSplit() && s.dim != axis)
+      out.push_back({SmallVector<Shard>(numOperands, s), {s}});
+  if (llvm::all_of(in, [](Shard s) { return s.isPartial(); }))
+    out.push_back({SmallVector<Shard>(in), {Shard::partial()}});
+}
+
+/// Softmax-like ops normalise along `axis`: any other split stays local.
+template <typename OpT>
+void softmaxOptions(OpT op, ArrayRef<Shard> in, Options &out) {
+  if (in[0].isSplit() && in[0].dim != static_cast<int64_t>(op.getAxis()))
+    out.push_back({{in[0]}, {in[0]}});
+}
+void shardingOptions(SoftmaxOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  softmaxOptions(op, in, out);
+}
+void shardingOptions(LogSoftmaxOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  softmaxOptions(op, in, out);
+}
+
+void shardingOptions(LayerNormOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  if (in[0].isSplit() && in[0].dim < static_cast<int64_t>(op.getAxis())) {
+    SmallVector<Shard> targets(op->getNumOperands(), Shard::replicated());
+    targets[0] = in[0];
+    out.push_back({targets, {in[0]}});
+  }
+}
+
+void shardingOptions(GatherOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  int64_t axis = op.getAxis();
+  int64_t indexRank = op.getIndices().getType().getRank();
+  if (in[1].isSplit())
+    out.push_back({{Shard::replicated(), in[1]},
+                   {Shard::split(axis + in[1].dim, in[1].stripes)}});
+  if (in[0].isSplit() && in[0].dim != axis) {
+    int64_t d = in[0].dim < axis ? in[0].dim : in[0].dim - 1 + indexRank;
+    out.push_back(
+        {{in[0], Shard::replicated()}, {Shard::split(d, in[0].stripes)}});
+  }
+  // A table split on the gathered axis: each rank looks up the indices in
+  // its block and writes zeros for the rest (pcc.shard_gather), leaving a
+  // partial sum: Megatron's vocabulary-parallel embedding.
+  if (in[0].isSplit() && in[0].dim == axis && in[0].stripes == 1)
+    out.push_back({{in[0], Shard::replicated()}, {Shard::partial()}});
+}
+
+/// Reductions keep a split of a dimension they do not reduce; a sum over a
+/// split dimension leaves partial sums; sums and means are linear.
+template <typename OpT>
+void reduceOptions(OpT op, ArrayRef<Shard> in, Options &out) {
+  ArrayRef<int64_t> axes = op.getAxes();
+  bool keep = op.getKeepDims();
+  Shard x = in[0];
+  if (x.isSplit() && !llvm::is_contained(axes, x.dim)) {
+    int64_t d = x.dim;
+    if (!keep)
+      d -= llvm::count_if(axes, [&](int64_t a) { return a < x.dim; });
+    out.push_back({{x}, {Shard::split(d, x.stripes)}});
+  }
+  constexpr bool isSum = std::is_same_v<OpT, ReduceSumOp>;
+  constexpr bool linear = isSum || std::is_same_v<OpT, ReduceMeanOp>;
+  if (isSum && x.isSplit() && llvm::is_contained(axes, x.dim))
+    out.push_back({{x}, {Shard::partial()}});
+  if (linear && x.isPartial())
+    out.push_back({{x}, {x}});
+}
+void shardingOptions(ReduceSumOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  reduceOptions(op, in, out);
+}
+void shardingOptions(ReduceMeanOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  reduceOptions(op, in, out);
+}
+void shardingOptions(ReduceMaxOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  reduceOptions(op, in, out);
+}
+void shardingOptions(ReduceMinOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  reduceOptions(op, in, out);
+}
+void shardingOptions(ReduceProdOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  reduceOptions(op, in, out);
+}
+
+/// The dimensions of a matmul's operands: rows of A, contraction in A and
+/// B, columns of B.
+struct MatmulDims {
+  int64_t mA, kA, kB, nB;
+};
+MatmulDims matmulDims(MatmulOp op) {
+  int64_t ra = op.getLhs().getType().getRank(),
+          rb = op.getRhs().getType().getRank();
+  return {op.getTransposeA() ? ra - 1 : ra - 2,
+          op.getTransposeA() ? ra - 2 : ra - 1,
+          op.getTransposeB() ? rb - 1 : rb - 2,
+          op.getTransposeB() ? rb - 2 : rb - 1};
+}
+
+void shardingOptions(MatmulOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  int64_t rb = op.getRhs().getType().getRank(), r = op.getType().getRank();
+  MatmulDims dims = matmulDims(op);
+  Shard a = in[0], b = in[1];
+  Shard rep = Shard::replicated();
+  // Batch dimensions.
+  for (int64_t d = 0; d < r - 2; ++d) {
+    for (Shard s : {a, b}) {
+      if (!s.isSplit() || s.dim != d || (rb == 2 && s == b))
+        continue;
+      out.push_back({{s, rb == 2 ? rep : s}, {s}});
+    }
+  }
+  if (a.isSplit() && a.dim == dims.mA)
+    out.push_back({{a, rep}, {Shard::split(r - 2, a.stripes)}});
+  if (b.isSplit() && b.dim == dims.nB)
+    out.push_back({{rep, b}, {Shard::split(r - 1, b.stripes)}});
+  // A split contraction leaves each rank a partial sum.
+  for (Shard s : {a, b}) {
+    if (!s.isSplit())
+      continue;
+    if ((s == a && s.dim == dims.kA) ||
+        (s == b && s.dim == dims.kB && !(s == a)))
+      out.push_back(
+          {{Shard::split(dims.kA, s.stripes), Shard::split(dims.kB, s.stripes)},
+           {Shard::partial()}});
+  }
+  if (a.isPartial())
+    out.push_back({{a, rep}, {a}});
+  if (b.isPartial())
+    out.push_back({{rep, b}, {b}});
+}
+
+//===----------------------------------------------------------------------===//
+// Local rewrites (pcc-partition) and roles (--explain)
+//===----------------------------------------------------------------------===//
+
+template <typename OpT>
+SmallVector<Value> partitionLocal(OpT op, OpBuilder &, ArrayRef<Shard>,
+                                  int64_t, StringRef) {
+  return SmallVector<Value>(op->getResults());
+}
+
+/// A lookup in a table split on the gathered axis becomes the
+/// vocabulary-parallel lookup (zeros for indices other ranks own).
+SmallVector<Value> partitionLocal(GatherOp op, OpBuilder &builder,
+                                  ArrayRef<Shard> in, int64_t, StringRef axis) {
+  if (!in[0].isSplit() || in[0].dim != static_cast<int64_t>(op.getAxis()))
+    return {op.getResult()};
+  builder.setInsertionPoint(op);
+  auto local = ShardGatherOp::create(builder, op.getLoc(), op.getType(),
+                                     op.getData(), op.getIndices(),
+                                     op.getAxisAttr(),
+                                     builder.getStringAttr(axis));
+  op.erase();
+  return {local.getResult()};
+}
+
+/// Bounds along a split dimension count local entries.
+SmallVector<Value> partitionLocal(SliceOp op, OpBuilder &, ArrayRef<Shard> in,
+                                  int64_t ranks, StringRef) {
+  if (in[0].isSplit()) {
+    SmallVector<int64_t> starts(op.getStarts()), limits(op.getLimits());
+    starts[in[0].dim] /= ranks;
+    limits[in[0].dim] /= ranks;
+    op.setStarts(starts);
+    op.setLimits(limits);
+  }
+  return {op.getResult()};
+}
+
+SmallVector<Value> partitionLocal(SplitOp op, OpBuilder &, ArrayRef<Shard> in,
+                                  int64_t ranks, StringRef) {
+  if (in[0].isSplit() && in[0].dim == static_cast<int64_t>(op.getAxis())) {
+    SmallVector<int64_t> sizes(op.getSizes());
+    for (int64_t &size : sizes)
+      size /= ranks;
+    op.setSizes(sizes);
+  }
+  return SmallVector<Value>(op->getResults());
+}
+
+template <typename OpT> std::string splitRole(OpT, unsigned, Shard) {
+  return "";
+}
+
+std::string splitRole(MatmulOp op, unsigned operand, Shard shard) {
+  if (operand != 1 || !shard.isSplit())
+    return "";
+  return shard.dim == matmulDims(op).kB ? "rows (contraction)"
+                                        : "columns (outputs)";
+}
+
+std::string splitRole(GatherOp op, unsigned operand, Shard shard) {
+  if (operand != 0 || !shard.isSplit() ||
+      shard.dim != static_cast<int64_t>(op.getAxis()))
+    return "";
+  return "vocabulary (lookup rows)";
+}
+
+//===----------------------------------------------------------------------===//
+// Cost
+//===----------------------------------------------------------------------===//
+
+template <typename OpT> int64_t flopsOf(OpT) { return 0; }
+
+int64_t flopsOf(MatmulOp op) {
+  auto lhs = op.getLhs().getType();
+  int64_t k = lhs.getDimSize(lhs.getRank() - (op.getTransposeA() ? 2 : 1));
+  return 2 * op.getType().getNumElements() * k;
+}
+
+int64_t flopsOf(ConvOp op) {
+  auto w = op.getWeight().getType();
+  // Each output element reads C/groups x K1 x ... x Kk inputs.
+  return 2 * op.getType().getNumElements() *
+         (w.getNumElements() / w.getDimSize(0));
+}
+
+/// Views, weights and constants write nothing at run time.
+template <typename OpT> constexpr bool writesNothing() {
+  return std::is_same_v<OpT, ReshapeOp> || std::is_same_v<OpT, ParamOp> ||
+         std::is_same_v<OpT, ConstantOp>;
+}
+
+//===----------------------------------------------------------------------===//
+// The models
+//===----------------------------------------------------------------------===//
+
+template <typename OpT>
+struct ShardingModel
+    : public ShardingOpInterface::ExternalModel<ShardingModel<OpT>, OpT> {
+  void getShardingOptions(Operation *op, ArrayRef<Shard> operands,
+                          int64_t ranks, Options &options) const {
+    shardingOptions(cast<OpT>(op), operands, ranks, options);
+  }
+  SmallVector<Value> partitionLocal(Operation *op, OpBuilder &builder,
+                                    ArrayRef<Shard> operands, int64_t ranks,
+                                    StringRef axis) const {
+    return ::partitionLocal(cast<OpT>(op), builder, operands, ranks, axis);
+  }
+  std::string getSplitRole(Operation *op, unsigned operand,
+                           Shard shard) const {
+    return splitRole(cast<OpT>(op), operand, shard);
+  }
+};
+
+template <typename OpT>
+struct CostModelImpl
+    : public CostOpInterface::ExternalModel<CostModelImpl<OpT>, OpT> {
+  int64_t getFlops(Operation *op) const { return flopsOf(cast<OpT>(op)); }
+  int64_t getBytesWritten(Operation *op) const {
+    if constexpr (writesNothing<OpT>())
+      return 0;
+    int64_t bytes = 0;
+    for (Value r : op->getResults()) {
+      RankedTensorType t = typeOf(r);
+      bytes += t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
+    }
+    return bytes;
+  }
+};
+
+int64_t bytesOf(Value v) {
+  RankedTensorType t = typeOf(v);
+  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
+}
+
+struct AllReduceModel
+    : public CollectiveOpInterface::ExternalModel<AllReduceModel,
+                                                  AllReduceOp> {
+  CollectiveKind getCollectiveKind(Operation *) const {
+    return CollectiveKind::AllReduce;
+  }
+  int64_t getPayloadBytes(Operation *op) const {
+    return bytesOf(cast<AllReduceOp>(op).getInput());
+  }
+};
+
+struct AllGatherModel
+    : public CollectiveOpInterface::ExternalModel<AllGatherModel,
+                                                  AllGatherOp> {
+  CollectiveKind getCollectiveKind(Operation *) const {
+    return CollectiveKind::AllGather;
+  }
+  int64_t getPayloadBytes(Operation *op) const {
+    return bytesOf(cast<AllGatherOp>(op).getResult());
+  }
+};
+
+struct ReduceScatterModel
+    : public CollectiveOpInterface::ExternalModel<ReduceScatterModel,
+                                                  ReduceScatterOp> {
+  CollectiveKind getCollectiveKind(Operation *) const {
+    return CollectiveKind::ReduceScatter;
+  }
+  int64_t getPayloadBytes(Operation *op) const {
+    return bytesOf(cast<ReduceScatterOp>(op).getInput());
+  }
+};
+
+template <typename... Ops> void attachToAll(MLIRContext *context) {
+  (Ops::template attachInterface<ShardingModel<Ops>, CostModelImpl<Ops>>(
+       *context),
+   ...);
+}
+
+} // namespace
+
+void mlir::pcc::registerPccInterfaceModels(MLIRContext *context) {
+  attachToAll<
+#define GET_OP_LIST
+#include "pcc/Dialect/Pcc/IR/PccOps.cpp.inc"
+      >(context);
+  AllReduceOp::attachInterface<AllReduceModel>(*context);
+  AllGatherOp::attachInterface<AllGatherModel>(*context);
+  ReduceScatterOp::attachInterface<ReduceScatterModel>(*context);
+}
