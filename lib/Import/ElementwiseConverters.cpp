@@ -206,6 +206,66 @@ static LogicalResult convertVariadic(NodeImporter &n) {
   return success();
 }
 
+/// Mod: with fmod = 0 (integers only) the remainder takes the divisor's
+/// sign, as Python's %; with fmod = 1 the dividend's, as C's fmod.
+static LogicalResult convertMod(NodeImporter &n) {
+  bool fmod = n.intAttr("fmod", 0) != 0;
+  auto type = n.inputType(0);
+  if (failed(type))
+    return failure();
+  if (isa<FloatType>(type->getElementType()) && !fmod)
+    return n.error() << "Mod: floating-point operands need fmod = 1 (ONNX "
+                        "defines fmod = 0 for integers only)";
+  BinarySpec spec{
+      [](double a, double b) { return std::fmod(a, b); },
+      [fmod](int64_t a, int64_t b) -> int64_t {
+        if (b == 0)
+          return 0;
+        int64_t r = a % b;
+        return !fmod && r != 0 && ((r < 0) != (b < 0)) ? r + b : r;
+      },
+      [fmod](NodeImporter &n, Value a, Value b) -> Value {
+        auto op = n.create<ModOp>(a, b);
+        op.setFmod(fmod);
+        return op;
+      }};
+  return convertBinary(n, spec);
+}
+
+/// IsNaN and IsInf: float tests producing booleans.
+static LogicalResult convertFloatTest(NodeImporter &n) {
+  bool isNan = n.getNode().op_type() == "IsNaN";
+  bool positive = n.intAttr("detect_positive", 1) != 0,
+       negative = n.intAttr("detect_negative", 1) != 0;
+  auto type = n.inputType(0);
+  if (failed(type))
+    return failure();
+  if (!isa<FloatType>(type->getElementType()))
+    return n.error() << n.getNode().op_type()
+                     << ": the input must be floating-point, got "
+                     << type->getElementType();
+  if (const HostTensor *c = n.constant(0)) {
+    HostTensor out(n.getBuilder().getI1Type(), c->getShape());
+    for (int64_t i = 0; i < out.size(); ++i) {
+      double v = c->getDouble(i);
+      out.setInt(i, isNan ? std::isnan(v)
+                          : std::isinf(v) && (v > 0 ? positive : negative));
+    }
+    n.setConstantOutput(0, std::move(out));
+    return success();
+  }
+  auto v = n.input(0);
+  if (failed(v))
+    return failure();
+  auto boolType =
+      RankedTensorType::get(type->getShape(), n.getBuilder().getI1Type());
+  if (isNan)
+    n.setOutput(0, n.create<IsNaNOp>(boolType, *v));
+  else
+    n.setOutput(0, n.create<IsInfOp>(boolType, *v, positive, negative));
+  return success();
+}
+
 static LogicalResult convertWhere(NodeImporter &n) {
   const HostTensor *c = n.constant(0), *x = n.constant(1), *y = n.constant(2);
   if (c && x && y) {
@@ -395,6 +455,9 @@ void onnx_import::registerElementwiseConverters(
   for (StringRef op : {"Sum", "Mean", "Max", "Min"})
     table[op] = convertVariadic;
   table["Where"] = convertWhere;
+  table["Mod"] = convertMod;
+  table["IsNaN"] = convertFloatTest;
+  table["IsInf"] = convertFloatTest;
   table["LeakyRelu"] = convertLeakyRelu;
   table["Gelu"] = convertGelu;
   table["Clip"] = convertClip;

@@ -249,6 +249,7 @@ const llvm::StringMap<ConverterFn> &onnx_import::getConverters() {
     registerElementwiseConverters(t);
     registerShapeConverters(t);
     registerNeuralConverters(t);
+    registerIndexingConverters(t);
     return t;
   }();
   return table;

@@ -177,10 +177,14 @@ FailureOr<Value> GraphImporter::materialize(StringRef name, Location loc) {
   if (failed(checkTensorData(init, baseDir, loc)))
     return failure();
   SmallVector<int64_t> shape(init.dims().begin(), init.dims().end());
-  Location paramLoc = NameLoc::get(StringAttr::get(context, name), fileLoc);
+  // Named after the initializer, not the value: exporters alias shared
+  // initializers through Identity nodes (TorchScript writes one zero bias
+  // for every zero bias of a fresh model).
+  Location paramLoc =
+      NameLoc::get(StringAttr::get(context, init.name()), fileLoc);
   entry->value = ParamOp::create(builder, paramLoc,
                                  RankedTensorType::get(shape, elementType),
-                                 builder.getStringAttr(name),
+                                 builder.getStringAttr(init.name()),
                                  /*shard=*/ShardingAttr());
   return entry->value;
 }

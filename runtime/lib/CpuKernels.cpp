@@ -142,7 +142,8 @@ int pcc_cpu_gather_block(const void *data, const void *indices, void *y,
 }
 
 void pcc_cpu_softmax_f32(const float *x, float *y, int64_t outer, int64_t len,
-                         int64_t inner, int log_softmax) {
+                         int64_t inner, int flags) {
+  bool nanToZero = flags & PCC_SOFTMAX_NAN_TO_ZERO;
 #pragma omp parallel for collapse(2) if (outer * len * inner >                 \
                                          kParallelThreshold)
   for (int64_t o = 0; o < outer; ++o)
@@ -155,7 +156,7 @@ void pcc_cpu_softmax_f32(const float *x, float *y, int64_t outer, int64_t len,
       double sum = 0;
       for (int64_t l = 0; l < len; ++l)
         sum += std::exp(static_cast<double>(in[l * inner] - maxValue));
-      if (log_softmax) {
+      if (flags & PCC_SOFTMAX_LOG) {
         float logSum = static_cast<float>(std::log(sum));
         for (int64_t l = 0; l < len; ++l)
           out[l * inner] = in[l * inner] - maxValue - logSum;
@@ -164,6 +165,12 @@ void pcc_cpu_softmax_f32(const float *x, float *y, int64_t outer, int64_t len,
         for (int64_t l = 0; l < len; ++l)
           out[l * inner] = std::exp(in[l * inner] - maxValue) * inv;
       }
+      // A fully masked row (all -inf) or a NaN input gives NaN; the
+      // exporters' Where(IsNaN(softmax), 0, softmax) wants 0 there.
+      if (nanToZero)
+        for (int64_t l = 0; l < len; ++l)
+          if (std::isnan(out[l * inner]))
+            out[l * inner] = 0.0f;
     }
 }
 

@@ -24,6 +24,7 @@
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cmath>
+#include <limits>
 
 using namespace mlir;
 using namespace mlir::pcc;
@@ -369,6 +370,39 @@ std::optional<std::string> CppEmitter::scalarExpr(Operation *op,
       })
       .Case([&](SelectOp) {
         return "(" + a[0] + " ? " + a[1] + " : " + a[2] + ")";
+      })
+      .Case([&](IsNaNOp) {
+        return "static_cast<uint8_t>(" + a[0] + " != " + a[0] + ")";
+      })
+      .Case([&](IsInfOp i) -> std::string {
+        double inf = std::numeric_limits<double>::infinity();
+        std::string pos = "(" + a[0] + " == " + literal(inf, in) + ")",
+                    neg = "(" + a[0] + " == " + literal(-inf, in) + ")";
+        if (i.getDetectPositive() && i.getDetectNegative())
+          return "static_cast<uint8_t>(" + pos + " || " + neg + ")";
+        if (i.getDetectPositive())
+          return "static_cast<uint8_t>" + pos;
+        if (i.getDetectNegative())
+          return "static_cast<uint8_t>" + neg;
+        return "static_cast<uint8_t>(0)";
+      })
+      .Case([&](ModOp m) -> std::string {
+        if (isFloat) {
+          std::string r = math("fmod") + "(" + a[0] + ", " + a[1] + ")";
+          if (m.getFmod())
+            return r;
+          // The divisor's sign: shift a remainder of the other sign.
+          return "([&] { " + T + " r = " + r + "; return (r != " + zero() +
+                 " && ((r < " + zero() + ") != (" + a[1] + " < " + zero() +
+                 "))) ? r + " + a[1] + " : r; }())";
+        }
+        std::string r = "(" + a[1] + " == 0 ? " + zero() + " : static_cast<" +
+                        T + ">(" + a[0] + " % " + a[1] + "))";
+        if (m.getFmod())
+          return r;
+        return "([&] { " + T + " r = " + r + "; return (r != " + zero() +
+               " && ((r < " + zero() + ") != (" + a[1] + " < " + zero() +
+               "))) ? static_cast<" + T + ">(r + " + a[1] + ") : r; }())";
       })
       .Default([](Operation *) { return std::nullopt; });
 }
@@ -731,7 +765,8 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
   if (isa<NegOp, AbsOp, SqrtOp, ReciprocalOp, ExpOp, LogOp, ErfOp, TanhOp,
           SigmoidOp, ReluOp, FloorOp, CeilOp, SinOp, CosOp, NotOp, GeluOp,
           LeakyReluOp, ClampOp, AddOp, SubOp, MulOp, DivOp, PowOp, MaxOp, MinOp,
-          AndOp, OrOp, XorOp, CompareOp, SelectOp>(op))
+          AndOp, OrOp, XorOp, CompareOp, SelectOp, IsNaNOp, IsInfOp, ModOp>(
+          op))
     return emitElementwise(op);
 
   if (auto fusion = dyn_cast<FusionOp>(op))
@@ -907,7 +942,10 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
                        nameOf(op->getOperand(0)), nameOf(op->getResult(0)),
                        product(shape.take_front(axis)), shape[axis],
                        product(shape.drop_front(axis + 1)),
-                       isa<LogSoftmaxOp>(op) ? 1 : 0, call("softmax_f32"))
+                       // PCC_SOFTMAX_LOG | PCC_SOFTMAX_NAN_TO_ZERO
+                       (isa<LogSoftmaxOp>(op) ? 1 : 0) |
+                           (op->hasAttr("nan_to_zero") ? 2 : 0),
+                       call("softmax_f32"))
              .str());
     return success();
   }

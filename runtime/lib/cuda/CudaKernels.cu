@@ -737,25 +737,30 @@ void pcc_cuda_gather_block(pcc_cuda_context *ctx, const void *data,
 namespace {
 /// The last pass of softmax over one row (elements `stride` apart), as on
 /// the CPU: the maximum subtracted in float, the sum of exponentials in
-/// double.
+/// double; `flags` as pcc_cpu_softmax_f32's.
 __device__ void writeSoftmax(const float *in, float *out, int64_t len,
                              int64_t stride, float maxValue, double sum,
-                             int logSoftmax, int64_t first, int64_t step) {
-  if (logSoftmax) {
+                             int flags, int64_t first, int64_t step) {
+  bool nanToZero = flags & PCC_SOFTMAX_NAN_TO_ZERO;
+  if (flags & PCC_SOFTMAX_LOG) {
     float logSum = static_cast<float>(log(sum));
-    for (int64_t l = first; l < len; l += step)
-      out[l * stride] = in[l * stride] - maxValue - logSum;
+    for (int64_t l = first; l < len; l += step) {
+      float v = in[l * stride] - maxValue - logSum;
+      out[l * stride] = nanToZero && isnan(v) ? 0.0f : v;
+    }
   } else {
     float inv = static_cast<float>(1.0 / sum);
-    for (int64_t l = first; l < len; l += step)
-      out[l * stride] = expf(in[l * stride] - maxValue) * inv;
+    for (int64_t l = first; l < len; l += step) {
+      float v = expf(in[l * stride] - maxValue) * inv;
+      out[l * stride] = nanToZero && isnan(v) ? 0.0f : v;
+    }
   }
 }
 
 /// Softmax of contiguous rows, one warp or one block per row.
 template <bool kWarp>
 __global__ void softmaxRowsKernel(const float *x, float *y, int64_t rows,
-                                  int64_t len, int logSoftmax) {
+                                  int64_t len, int flags) {
   using Team = RowTeam<kWarp>;
   __shared__ float sharedMax[32];
   __shared__ double sharedSum[32];
@@ -769,7 +774,7 @@ __global__ void softmaxRowsKernel(const float *x, float *y, int64_t rows,
     for (int64_t l = Team::lane(); l < len; l += Team::size())
       sum += exp(static_cast<double>(in[l] - maxValue));
     sum = Team::reduce(sum, SumOp(), sharedSum);
-    writeSoftmax(in, y + r * len, len, 1, maxValue, sum, logSoftmax,
+    writeSoftmax(in, y + r * len, len, 1, maxValue, sum, flags,
                  Team::lane(), Team::size());
   }
 }
@@ -778,7 +783,7 @@ __global__ void softmaxRowsKernel(const float *x, float *y, int64_t rows,
 /// keeps neighbouring threads on neighbouring addresses.
 __global__ void softmaxStridedKernel(const float *x, float *y, int64_t outer,
                                      int64_t len, int64_t inner,
-                                     int logSoftmax) {
+                                     int flags) {
   for (int64_t i = threadIndex(); i < outer * inner; i += threadCount()) {
     int64_t base = (i / inner) * len * inner + i % inner;
     const float *in = x + base;
@@ -788,7 +793,7 @@ __global__ void softmaxStridedKernel(const float *x, float *y, int64_t outer,
     double sum = 0;
     for (int64_t l = 0; l < len; ++l)
       sum += exp(static_cast<double>(in[l * inner] - maxValue));
-    writeSoftmax(in, y + base, len, inner, maxValue, sum, logSoftmax, 0, 1);
+    writeSoftmax(in, y + base, len, inner, maxValue, sum, flags, 0, 1);
   }
 }
 
@@ -834,19 +839,19 @@ extern "C" {
 
 void pcc_cuda_softmax_f32(pcc_cuda_context *ctx, const float *x, float *y,
                           int64_t outer, int64_t len, int64_t inner,
-                          int log_softmax) {
+                          int flags) {
   if (outer * len * inner == 0)
     return;
   if (inner > 1) {
     softmaxStridedKernel<<<gridFor(outer * inner), kThreads, 0, ctx->stream>>>(
-        x, y, outer, len, inner, log_softmax);
+        x, y, outer, len, inner, flags);
   } else if (len <= kWarpRowLimit) {
     softmaxRowsKernel<true><<<rowGrid(outer, true), kThreads, 0, ctx->stream>>>(
-        x, y, outer, len, log_softmax);
+        x, y, outer, len, flags);
   } else {
     softmaxRowsKernel<false>
         <<<rowGrid(outer, false), kThreads, 0, ctx->stream>>>(x, y, outer, len,
-                                                              log_softmax);
+                                                              flags);
   }
 }
 

@@ -2,7 +2,8 @@
 //
 // Cheap local simplifications only: identities (reshape to the same type,
 // identity transposes, x + 0, x * 1), constant reshapes and splat broadcasts,
-// and merging chains of reshapes and transposes.
+// merging chains of reshapes and transposes, and the exporters' NaN guard
+// around softmax.
 //
 //===----------------------------------------------------------------------===//
 
@@ -130,7 +131,38 @@ struct FoldTransposeIntoMatmul : OpRewritePattern<MatmulOp> {
     return success();
   }
 };
+
+/// `select(is_nan(s), 0, s)` where `s` is a softmax (what both torch
+/// exporters write for masked attention): one softmax that writes 0 where
+/// it would give NaN, instead of a NaN scan and a select over the scores.
+struct FoldNanGuardIntoSoftmax : OpRewritePattern<SelectOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(SelectOp op,
+                                PatternRewriter &rewriter) const override {
+    auto isNan = op.getCondition().getDefiningOp<IsNaNOp>();
+    Operation *softmax = op.getFalseValue().getDefiningOp();
+    if (!isNan || isNan.getInput() != op.getFalseValue() ||
+        !isa_and_nonnull<SoftmaxOp, LogSoftmaxOp>(softmax))
+      return rewriter.notifyMatchFailure(op, "not select(is_nan(s), _, s)");
+    Attribute zero;
+    // Positive zero only: -0.0 would differ in sign.
+    auto splat = matchPattern(op.getTrueValue(), m_Constant(&zero))
+                     ? dyn_cast<SplatElementsAttr>(zero)
+                     : SplatElementsAttr();
+    if (!splat || !splat.getSplatValue<APFloat>().isPosZero())
+      return rewriter.notifyMatchFailure(op, "the NaN replacement is not 0");
+    Operation *guarded = rewriter.clone(*softmax);
+    guarded->setAttr("nan_to_zero", rewriter.getUnitAttr());
+    rewriter.replaceOp(op, guarded->getResults());
+    return success();
+  }
+};
 } // namespace
+
+void SelectOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                           MLIRContext *context) {
+  patterns.add<FoldNanGuardIntoSoftmax>(context);
+}
 
 void MatmulOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                            MLIRContext *context) {

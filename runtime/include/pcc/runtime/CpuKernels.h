@@ -75,9 +75,16 @@ int pcc_cpu_gather_block(const void *data, const void *indices, void *y,
                          int64_t block_start, int64_t axis_dim, int64_t inner,
                          int64_t num_indices, int indices_are_i64);
 
-/* Softmax (or log-softmax) of x viewed as [outer, len, inner] along len. */
+/* Flags of the softmax kernels (CPU and CUDA). */
+enum {
+  PCC_SOFTMAX_LOG = 1,         /* log-softmax */
+  PCC_SOFTMAX_NAN_TO_ZERO = 2, /* NaN results (fully masked rows) become 0 */
+};
+
+/* Softmax of x viewed as [outer, len, inner] along len; `flags` ORs
+ * PCC_SOFTMAX_* values (0: plain softmax). */
 void pcc_cpu_softmax_f32(const float *x, float *y, int64_t outer, int64_t len,
-                         int64_t inner, int log_softmax);
+                         int64_t inner, int flags);
 
 /* Layer norm of each of `rows` rows of `cols` values; bias may be null. */
 void pcc_cpu_layer_norm_f32(const float *x, const float *scale,

@@ -107,7 +107,7 @@ void pcc_cuda_gather_block(pcc_cuda_context *ctx, const void *data,
 
 void pcc_cuda_softmax_f32(pcc_cuda_context *ctx, const float *x, float *y,
                           int64_t outer, int64_t len, int64_t inner,
-                          int log_softmax);
+                          int flags /* PCC_SOFTMAX_* of CpuKernels.h */);
 
 void pcc_cuda_layer_norm_f32(pcc_cuda_context *ctx, const float *x,
                              const float *scale, const float *bias, float *y,

@@ -213,6 +213,53 @@ def Pcc_OrOp : Pcc_BinaryOp<"or", "logical or", Pcc_BoolTensor,
 def Pcc_XorOp : Pcc_BinaryOp<"xor", "logical exclusive or", Pcc_BoolTensor,
                              [Commutative]>;
 
+def Pcc_ModOp : Pcc_BinaryOp<"mod", "remainder (ONNX Mod)"> {
+  let description = [{
+    Without `fmod`, the remainder takes the sign of the divisor (Python's
+    `%`, ONNX Mod with fmod = 0, integers only in ONNX); with `fmod`, the
+    sign of the dividend (C's `fmod`). A zero integer divisor gives 0.
+
+    ```mlir
+    %r = pcc.mod %x, %y {fmod} : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$lhs, Pcc_Tensor:$rhs, UnitAttr:$fmod);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+}
+
+class Pcc_FloatTestOp<string mnemonic, string what, dag extraArgs = (ins)>
+    : Pcc_Op<mnemonic, [Pure, Elementwise,
+                        AllShapesMatch<["input", "result"]>]> {
+  let summary = "elementwise test: " # what;
+  let arguments = !con((ins Pcc_FloatTensor:$input), extraArgs);
+  let results = (outs Pcc_BoolTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+}
+
+def Pcc_IsNaNOp : Pcc_FloatTestOp<"is_nan", "whether an element is NaN"> {
+  let description = [{
+    Exporters test softmax outputs with it (`Where(IsNaN(Softmax(s)), 0,
+    Softmax(s))`); canonicalisation turns that pattern into one softmax
+    with `nan_to_zero`, so no NaN scan runs.
+
+    ```mlir
+    %m = pcc.is_nan %x : tensor<4x8xf32> -> tensor<4x8xi1>
+    ```
+  }];
+}
+
+def Pcc_IsInfOp : Pcc_FloatTestOp<"is_inf", "whether an element is infinite",
+    (ins DefaultValuedAttr<BoolAttr, "true">:$detect_positive,
+         DefaultValuedAttr<BoolAttr, "true">:$detect_negative)> {
+  let description = [{
+    True for +inf when `detect_positive`, for -inf when `detect_negative`.
+
+    ```mlir
+    %m = pcc.is_inf %x {detect_negative = false} : tensor<4x8xf32> -> tensor<4x8xi1>
+    ```
+  }];
+}
+
 def Pcc_CompareOp : Pcc_Op<"compare", [Pure, Elementwise, SameTypeOperands,
     InferTypeOpAdaptor]> {
   let summary = "elementwise comparison producing a boolean tensor";
@@ -243,6 +290,7 @@ def Pcc_SelectOp : Pcc_Op<"select", [Pure, Elementwise,
     $condition `,` $true_value `,` $false_value attr-dict `:`
     type($condition) `,` type($result)
   }];
+  let hasCanonicalizer = 1;
 }
 
 def Pcc_CastOp : Pcc_Op<"cast", [Pure, AllShapesMatch<["input", "result"]>]> {
@@ -312,12 +360,15 @@ class Pcc_SoftmaxLikeOp<string mnemonic, string what>
   let summary = what # " along one axis";
   let description = [{
     `axis` is in `[0, rank)`; the importer normalises negative ONNX axes.
+    With `nan_to_zero`, NaN results (a row whose every entry is -inf, as
+    an attention row that masks every key) are 0 instead.
 
     ```mlir
     %p = pcc.}] # mnemonic # [{ %logits axis = 2 : tensor<2x16x512xf32>
     ```
   }];
-  let arguments = (ins Pcc_FloatTensor:$input, I64Attr:$axis);
+  let arguments = (ins Pcc_FloatTensor:$input, I64Attr:$axis,
+                       UnitAttr:$nan_to_zero);
   let results = (outs Pcc_FloatTensor:$result);
   let assemblyFormat = "$input `axis` `=` $axis attr-dict `:` type($result)";
   let hasVerifier = 1;
