@@ -58,45 +58,9 @@ struct PlanShardingPass
     MLIRContext *context = &getContext();
 
     auto weights = decisionWeights(func);
-    llvm::StringMap<Shard> decisions;
-    for (auto &w : weights)
-      decisions[w.first] = Shard::replicated();
-    ShardingPlan best = propagateShardings(func, axis, *ranks, decisions);
-
-    // Coordinate descent: try every layout of one weight at a time. The
-    // first phase moves only weights that some matmul reads, so that the
-    // layers settle before lookups (embeddings) join in: an embedding split
-    // first would split the residual stream and trap the descent in plans
-    // that gather around every block.
-    llvm::StringSet<> layerWeights;
-    func.walk([&](MatmulOp mm) {
-      for (Value v : mm->getOperands())
-        if (auto p = v.getDefiningOp<ParamOp>())
-          layerWeights.insert(p.getName());
-    });
-    for (int phase = 0; phase < 2 && *ranks > 1; ++phase) {
-      for (int sweep = 0; sweep < 8; ++sweep) {
-        bool improved = false;
-        for (auto &w : weights) {
-          if (phase == 0 && !layerWeights.contains(w.first))
-            continue;
-          for (Shard candidate : candidateShards(w.second, *ranks)) {
-            if (candidate == decisions[w.first])
-              continue;
-            llvm::StringMap<Shard> trial = decisions;
-            trial[w.first] = candidate;
-            ShardingPlan plan = propagateShardings(func, axis, *ranks, trial);
-            if (plan.betterThan(best)) {
-              best = std::move(plan);
-              decisions = std::move(trial);
-              improved = true;
-            }
-          }
-        }
-        if (!improved)
-          break;
-      }
-    }
+    SearchResult search = searchShardings(func, axis, *ranks);
+    llvm::StringMap<Shard> &decisions = search.decisions;
+    ShardingPlan &best = search.plan;
 
     // Record the layouts.
     Block &block = func.getBody().front();
@@ -111,7 +75,56 @@ struct PlanShardingPass
 
     if (!emitRemarks)
       return;
-    // Why each weight: what the best layout of each other kind would cost.
+    // Why each weight: what the best layout of each other kind would cost,
+    // computed once per class (every member takes the same layouts).
+    llvm::DenseMap<unsigned, std::string> alternatives;
+    auto alternativesOf = [&](ParamOp param, Shard chosen) -> std::string {
+      unsigned cls = search.classes.classOf.lookup(param.getName());
+      auto it = alternatives.find(cls);
+      if (it != alternatives.end())
+        return it->second;
+      std::string text;
+      llvm::raw_string_ostream os(text);
+      for (int64_t dim = -1; dim < param.getType().getRank(); ++dim) {
+        std::optional<ShardingPlan> alt;
+        Shard altShard;
+        for (Shard c : candidateShards(param.getType(), *ranks)) {
+          if (c == chosen || (dim < 0) != c.isReplicated() ||
+              (dim >= 0 && c.dim != dim) ||
+              (chosen.isSplit() && c.isSplit() && c.dim == chosen.dim))
+            continue;
+          llvm::StringMap<Shard> trial = decisions;
+          for (StringRef member : search.classes.members[cls])
+            trial[member] = c;
+          ShardingPlan plan = propagateShardings(func, axis, *ranks, trial);
+          if (!alt || plan.betterThan(*alt)) {
+            alt = std::move(plan);
+            altShard = c;
+          }
+        }
+        if (!alt)
+          continue;
+        auto sign = [](auto x) {
+          return (x >= 0 ? "+" : "") + llvm::formatv("{0}", x).str();
+        };
+        os << "; "
+           << (altShard.isReplicated() ? "replicated"
+                                       : "split " + altShard.describe())
+           << ": "
+           << sign(alt->replicatedWeightBytes - best.replicatedWeightBytes)
+           << " B whole weights, "
+           << sign(alt->commBytes() - best.commBytes()) << " B communicated, "
+           << llvm::formatv("{0}{1:f1}",
+                            alt->seconds() >= best.seconds() ? "+" : "",
+                            (alt->seconds() - best.seconds()) * 1e6)
+           << " us";
+      }
+      size_t size = search.classes.members[cls].size();
+      if (size > 1)
+        os << " (one decision for " << size
+           << " weights of the same structure)";
+      return alternatives[cls] = os.str();
+    };
     llvm::StringSet<> explained;
     func.walk([&](ParamOp param) {
       if (!weights.count(param.getName()) ||
@@ -132,41 +145,32 @@ struct PlanShardingPass
              << (role.empty() ? "" : " = " + role) << " -> local ["
              << shapeString(localType(param.getType(), chosen, *ranks)) << "]";
       }
-      // Best alternative per kind: replicated, and each other dimension.
-      for (int64_t dim = -1; dim < param.getType().getRank(); ++dim) {
-        std::optional<ShardingPlan> alt;
-        Shard altShard;
-        for (Shard c : candidateShards(param.getType(), *ranks)) {
-          if (c == chosen || (dim < 0) != c.isReplicated() ||
-              (dim >= 0 && c.dim != dim) ||
-              (chosen.isSplit() && c.isSplit() && c.dim == chosen.dim))
-            continue;
-          llvm::StringMap<Shard> trial = decisions;
-          trial[param.getName()] = c;
-          ShardingPlan plan = propagateShardings(func, axis, *ranks, trial);
-          if (!alt || plan.betterThan(*alt)) {
-            alt = std::move(plan);
-            altShard = c;
-          }
-        }
-        if (!alt)
-          continue;
-        auto sign = [](auto x) {
-          return (x >= 0 ? "+" : "") + llvm::formatv("{0}", x).str();
-        };
-        diag << "; "
-             << (altShard.isReplicated() ? "replicated"
-                                         : "split " + altShard.describe())
-             << ": "
-             << sign(alt->replicatedWeightBytes - best.replicatedWeightBytes)
-             << " B whole weights, "
-             << sign(alt->commBytes() - best.commBytes()) << " B communicated, "
-             << llvm::formatv("{0}{1:f1}",
-                              alt->seconds() >= best.seconds() ? "+" : "",
-                              (alt->seconds() - best.seconds()) * 1e6)
-             << " us";
-      }
+      diag << alternativesOf(param, chosen);
     });
+    // The blocks the search split together, and why.
+    for (const GroupMove &group : search.groups) {
+      auto diag = func.emitRemark();
+      diag << axis << "=" << *ranks << " group:";
+      llvm::StringMap<unsigned> seenClass;
+      for (auto [i, w] : llvm::enumerate(group.weights)) {
+        ParamOp param;
+        func.walk([&](ParamOp p) {
+          if (!param && p.getName() == w.first)
+            param = p;
+        });
+        std::string role = param ? roleOf(param, w.second) : "";
+        diag << (i ? ", " : " ") << w.first << " "
+             << (role.empty() ? "split " + w.second.describe() : role);
+      }
+      diag << ": " << group.replicatedBytesSaved
+           << " B fewer whole weights per rank for "
+           << llvm::formatv("{0}{1}", group.commBytesAdded >= 0 ? "+" : "",
+                            group.commBytesAdded)
+           << " B communicated ("
+           << llvm::formatv("{0}{1:f1}", group.secondsAdded >= 0 ? "+" : "",
+                            group.secondsAdded * 1e6)
+           << " us)";
+    }
     for (const PlannedCollective &c : best.collectives) {
       Operation *where = c.value.getDefiningOp();
       auto diag = where ? where->emitRemark() : func.emitRemark();
@@ -183,7 +187,9 @@ struct PlanShardingPass
                       << llvm::formatv("{0:f1}", best.computeSeconds * 1e6)
                       << " us compute + "
                       << llvm::formatv("{0:f1}", best.commSeconds * 1e6)
-                      << " us communication";
+                      << " us communication; " << search.classes.size()
+                      << " weight classes, " << search.evaluations
+                      << " plans evaluated";
   }
 };
 

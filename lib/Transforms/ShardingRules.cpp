@@ -101,15 +101,19 @@ private:
   llvm::StringSet<> seenWeights;
   /// Conversions done already: (value, target layout) pairs.
   llvm::DenseSet<std::tuple<Value, int64_t, int64_t, int64_t>> done;
+  bool sliceable(Value v) const;
+  /// Values computed from some weight (a pcc.param) on the way.
+  llvm::DenseSet<Value> readsWeights;
 };
 
-/// Whether a replicated `v` may be sliced: a function input, a weight or
-/// constant, or a broadcast or reshape of one.
-static bool sliceable(Value v) {
-  Operation *def = v.getDefiningOp();
-  if (!def)
+/// Whether a replicated `v` may be sliced: anything computed from inputs
+/// and constants alone, a weight, or a broadcast or reshape of one (a bias
+/// broadcast to its matmul's output).
+bool Propagator::sliceable(Value v) const {
+  if (!readsWeights.contains(v))
     return true;
-  if (isa<ParamOp, ConstantOp>(def))
+  Operation *def = v.getDefiningOp();
+  if (isa<ParamOp>(def))
     return true;
   if (isa<BroadcastOp, ReshapeOp>(def))
     return sliceable(def->getOperand(0));
@@ -133,9 +137,11 @@ double Propagator::conversionSeconds(Value v, Shard to) const {
   if (auto param = v.getDefiningOp<ParamOp>())
     if (param.getType().getRank() >= 2)
       return std::numeric_limits<double>::infinity();
-  // A computed activation is never sliced: that would throw away work done
-  // whole, and splitting it would split everything downstream (e.g. the
-  // residual stream). Inputs, biases, constants and their broadcasts are.
+  // An activation computed from weights is never sliced: that would throw
+  // away work done whole, and splitting it would split everything
+  // downstream (e.g. the residual stream). Inputs, weights, constants and
+  // what is computed from inputs and constants alone (masks, positions,
+  // rotary tables) are: every rank has them whole and takes its part.
   if (from.isReplicated() && !sliceable(v))
     return std::numeric_limits<double>::infinity();
   // To a split: slicing is local; a partial sum scatters; another split is
@@ -177,11 +183,12 @@ void Propagator::convert(Value v, Shard to) {
 }
 
 /// The op's time on the whole tensors (CostModel::opSeconds), divided
-/// over the ranks when the option splits its results (a partial sum
-/// counts: each rank computes its share of it).
+/// over the ranks when the option reads some operand split (each rank
+/// works on its share). An op that only carries partial sums through
+/// (p * scale) does the whole work on every rank.
 double Propagator::computeSeconds(Operation *op, const Option &option) const {
-  bool divided = llvm::any_of(option.results,
-                              [](const Shard &s) { return !s.isReplicated(); });
+  bool divided = llvm::any_of(option.operands,
+                              [](const Shard &s) { return s.isSplit(); });
   double seconds = cost.opSeconds(op);
   return divided ? seconds / ranks : seconds;
 }
@@ -220,6 +227,11 @@ std::vector<Option> Propagator::options(Operation *op) {
 
 ShardingPlan Propagator::run() {
   Block &block = func.getBody().front();
+  for (Operation &op : block)
+    if (isa<ParamOp>(op) || llvm::any_of(op.getOperands(), [&](Value v) {
+          return readsWeights.contains(v);
+        }))
+      readsWeights.insert(op.result_begin(), op.result_end());
   for (BlockArgument arg : block.getArguments())
     plan.shards[arg] = Shard::replicated();
   for (Operation &op : block) {

@@ -75,6 +75,44 @@ ShardingPlan propagateShardings(func::FuncOp func, StringRef axis,
 /// and each dimension split in each number of stripes that divides.
 std::vector<Shard> candidateShards(RankedTensorType type, int64_t ranks);
 
+/// Weights that share one decision because their place in the program
+/// looks the same (ShardingSearch.cpp): the same projection of every
+/// middle layer of a transformer is one class.
+struct WeightClasses {
+  /// Each class's weights, in program order; classes in the order of their
+  /// first weight.
+  std::vector<SmallVector<StringRef>> members;
+  llvm::StringMap<unsigned> classOf;
+  size_t size() const { return members.size(); }
+};
+
+/// Groups the decision weights of `func` by a structural hash of the ops
+/// around their uses, `depth` levels up and down (names ignored).
+WeightClasses classifyWeights(func::FuncOp func, int depth = 6);
+
+/// A move the search took that changed several classes together.
+struct GroupMove {
+  /// The weights it changed and their new layouts.
+  SmallVector<std::pair<StringRef, Shard>> weights;
+  int64_t replicatedBytesSaved = 0, commBytesAdded = 0;
+  double secondsAdded = 0;
+};
+
+struct SearchResult {
+  llvm::StringMap<Shard> decisions;
+  ShardingPlan plan;
+  WeightClasses classes;
+  std::vector<GroupMove> groups;
+  /// Propagations the search ran (each linear in the program).
+  int64_t evaluations = 0;
+};
+
+/// The planner's search: group moves (a class split by columns and the
+/// matmuls that contract over it split by rows), then coordinate descent
+/// over classes. Planning time is the number of evaluations (independent
+/// of depth) times one propagation.
+SearchResult searchShardings(func::FuncOp func, StringRef axis, int64_t ranks);
+
 } // namespace mlir::pcc
 
 #endif // PCC_TRANSFORMS_SHARDING_H
