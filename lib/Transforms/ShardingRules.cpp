@@ -86,8 +86,10 @@ private:
   }
   std::vector<Option> options(Operation *op);
   /// Seconds to bring `v` from its layout to `to`; infinity if impossible.
-  double conversionSeconds(Value v, Shard to) const;
-  void convert(Value v, Shard to);
+  /// `consumer` is the op that reads `v` in layout `to` (null for the
+  /// function's results).
+  double conversionSeconds(Value v, Shard to, Operation *consumer) const;
+  void convert(Value v, Shard to, Operation *consumer);
   double collectiveSeconds(CollectiveKind kind, int64_t bytes) const {
     return cost.collectiveSeconds(kind, bytes, ranks);
   }
@@ -120,7 +122,23 @@ bool Propagator::sliceable(Value v) const {
   return false;
 }
 
-double Propagator::conversionSeconds(Value v, Shard to) const {
+/// Whether `consumer` is a batched product of two activations (attention's
+/// scores and context) reading an operand split on a batch dimension
+/// `to`: the other operand may then be sliced even when it was computed
+/// from weights, as Megatron does with key and value heads replicated over
+/// more ranks than there are heads (every rank computes them all and uses
+/// its queries' share).
+static bool slicesBatchOfProduct(Operation *consumer, Shard to) {
+  auto mm = dyn_cast_or_null<MatmulOp>(consumer);
+  if (!mm || !to.isSplit())
+    return false;
+  int64_t ra = mm.getLhs().getType().getRank(),
+          rb = mm.getRhs().getType().getRank();
+  return ra >= 3 && rb >= 3 && to.dim < ra - 2;
+}
+
+double Propagator::conversionSeconds(Value v, Shard to,
+                                     Operation *consumer) const {
   Shard from = of(v);
   if (from == to ||
       done.contains({v, static_cast<int64_t>(to.kind), to.dim, to.stripes}))
@@ -142,7 +160,8 @@ double Propagator::conversionSeconds(Value v, Shard to) const {
   // downstream (e.g. the residual stream). Inputs, weights, constants and
   // what is computed from inputs and constants alone (masks, positions,
   // rotary tables) are: every rank has them whole and takes its part.
-  if (from.isReplicated() && !sliceable(v))
+  if (from.isReplicated() && !sliceable(v) &&
+      !slicesBatchOfProduct(consumer, to))
     return std::numeric_limits<double>::infinity();
   // To a split: slicing is local; a partial sum scatters; another split is
   // gathered first.
@@ -154,9 +173,9 @@ double Propagator::conversionSeconds(Value v, Shard to) const {
   return collectiveSeconds(CollectiveKind::AllGather, bytes) + slice;
 }
 
-void Propagator::convert(Value v, Shard to) {
+void Propagator::convert(Value v, Shard to, Operation *consumer) {
   Shard from = of(v);
-  double seconds = conversionSeconds(v, to);
+  double seconds = conversionSeconds(v, to, consumer);
   if (from == to ||
       !done.insert({v, static_cast<int64_t>(to.kind), to.dim, to.stripes})
            .second)
@@ -238,7 +257,7 @@ ShardingPlan Propagator::run() {
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       SmallVector<Shard> targets(ret.getNumOperands(), Shard::replicated());
       for (Value v : ret.getOperands())
-        convert(v, Shard::replicated());
+        convert(v, Shard::replicated(), nullptr);
       plan.operandShards[&op] = targets;
       continue;
     }
@@ -269,14 +288,14 @@ ShardingPlan Propagator::run() {
         continue;
       double seconds = computeSeconds(&op, o);
       for (auto [v, s] : llvm::zip(op.getOperands(), o.operands))
-        seconds += conversionSeconds(v, s);
+        seconds += conversionSeconds(v, s, &op);
       if (seconds < bestSeconds) {
         bestSeconds = seconds;
         best = &o;
       }
     }
     for (auto [v, s] : llvm::zip(op.getOperands(), best->operands))
-      convert(v, s);
+      convert(v, s, &op);
     plan.computeSeconds += computeSeconds(&op, *best);
     plan.operandShards[&op] = best->operands;
     for (auto [v, s] : llvm::zip(op.getResults(), best->results))

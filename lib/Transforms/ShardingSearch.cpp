@@ -26,6 +26,7 @@
 #include "pcc/Transforms/Sharding.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/Hashing.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
@@ -179,6 +180,9 @@ private:
     decisions = std::move(trial);
     return true;
   }
+  /// Splits by rows every whole weight whose matmul now reads its input
+  /// split on the contraction; returns the plan of the final `trial`.
+  ShardingPlan followSplit(llvm::StringMap<Shard> &trial);
   void groupMoves();
   void coordinateDescent();
 
@@ -188,6 +192,8 @@ private:
   llvm::MapVector<StringRef, RankedTensorType> weights;
   WeightClasses classes;
   std::vector<WeightMatmul> matmuls;
+  /// Classes a group move decided to keep whole.
+  llvm::DenseSet<unsigned> frozen;
   llvm::StringMap<Shard> decisions;
   ShardingPlan best;
   SearchResult result;
@@ -212,50 +218,92 @@ int64_t columnStripes(const WeightMatmul &m) {
   return 1;
 }
 
+ShardingPlan Search::followSplit(llvm::StringMap<Shard> &trial) {
+  for (int round = 0;; ++round) {
+    ShardingPlan plan = evaluate(trial);
+    bool changed = false;
+    for (const WeightMatmul &m : matmuls) {
+      if (!trial.lookup(m.weight).isReplicated())
+        continue;
+      Shard in = plan.shards.lookup(m.op.getLhs());
+      if (!in.isSplit() || in.dim != m.kA)
+        continue;
+      Shard rows = Shard::split(m.kB, in.stripes);
+      if (!fits(m.weight, rows))
+        continue;
+      setClass(trial, m.weight, rows);
+      changed = true;
+    }
+    if (!changed || round == 3)
+      return changed ? evaluate(trial) : plan;
+  }
+}
+
+static int64_t countGathers(const ShardingPlan &plan) {
+  return llvm::count_if(plan.collectives, [](const PlannedCollective &c) {
+    return c.kind == CollectiveKind::AllGather;
+  });
+}
+
+/// Between two variants of one group move: fewer all-gathers, then fewer
+/// whole weight bytes, then less time.
+static bool preferredVariant(const ShardingPlan &a, const ShardingPlan &b) {
+  if (countGathers(a) != countGathers(b))
+    return countGathers(a) < countGathers(b);
+  return a.betterThan(b);
+}
+
 void Search::groupMoves() {
   for (const WeightMatmul &first : matmuls) {
-    if (!decisions.lookup(first.weight).isReplicated())
+    if (!decisions.lookup(first.weight).isReplicated() ||
+        frozen.contains(classes.classOf.lookup(first.weight)))
       continue;
     Shard column = Shard::split(first.nB, columnStripes(first));
     if (!fits(first.weight, column))
       continue;
-    llvm::StringMap<Shard> trial = decisions;
-    setClass(trial, first.weight, column);
-    // Siblings: other weights applied to the same input.
-    for (const WeightMatmul &m : matmuls) {
-      Shard s = Shard::split(m.nB, columnStripes(m));
-      if (m.op.getLhs() == first.op.getLhs() &&
-          trial.lookup(m.weight).isReplicated() && fits(m.weight, s))
-        setClass(trial, m.weight, s);
-    }
-    // Follow the split to the matmuls that contract over it.
-    ShardingPlan plan;
-    bool fresh = false; // whether `plan` is the plan of `trial`
-    for (int round = 0; round < 4 && !fresh; ++round) {
-      plan = evaluate(trial);
-      bool changed = false;
+    // Two variants: with the siblings (weights applied to the same input:
+    // K and V beside Q, the MLP of a parallel block) split by columns too,
+    // or kept whole (key and value heads fewer than the ranks, replicated
+    // as Megatron does). A Megatron block gathers no activation inside:
+    // the variant with fewer all-gathers wins, then the one that keeps
+    // fewer weights whole, then the faster.
+    std::optional<std::pair<llvm::StringMap<Shard>, ShardingPlan>> chosen;
+    for (bool withSiblings : {true, false}) {
+      llvm::StringMap<Shard> trial = decisions;
+      setClass(trial, first.weight, column);
+      bool anySibling = false;
       for (const WeightMatmul &m : matmuls) {
-        if (!trial.lookup(m.weight).isReplicated())
-          continue;
-        Shard in = plan.shards.lookup(m.op.getLhs());
-        if (!in.isSplit() || in.dim != m.kA)
-          continue;
-        Shard rows = Shard::split(m.kB, in.stripes);
-        if (!fits(m.weight, rows))
-          continue;
-        setClass(trial, m.weight, rows);
-        changed = true;
+        Shard s = Shard::split(m.nB, columnStripes(m));
+        if (m.op.getLhs() == first.op.getLhs() && m.weight != first.weight &&
+            trial.lookup(m.weight).isReplicated() && fits(m.weight, s)) {
+          anySibling = true;
+          if (withSiblings)
+            setClass(trial, m.weight, s);
+        }
       }
-      fresh = !changed;
+      if (!withSiblings && !anySibling)
+        break;
+      ShardingPlan plan = followSplit(trial);
+      if (!chosen || preferredVariant(plan, chosen->second))
+        chosen.emplace(std::move(trial), std::move(plan));
     }
+    // Siblings the faster variant keeps whole stay whole: splitting them
+    // alone would save their bytes but cost the collectives the variant
+    // avoided.
+    SmallVector<unsigned> keptWhole;
+    for (const WeightMatmul &m : matmuls)
+      if (m.op.getLhs() == first.op.getLhs() && m.weight != first.weight &&
+          chosen->first.lookup(m.weight).isReplicated())
+        keptWhole.push_back(classes.classOf.lookup(m.weight));
+    llvm::StringMap<Shard> trial = std::move(chosen->first);
+    ShardingPlan plan = std::move(chosen->second);
     SmallVector<StringRef> changedWeights;
     for (auto &w : weights)
       if (trial.lookup(w.first) != decisions.lookup(w.first))
         changedWeights.push_back(w.first);
     ShardingPlan before = best;
-    if (!fresh)
-      plan = evaluate(trial);
     if (offer(std::move(trial), &plan)) {
+      frozen.insert(keptWhole.begin(), keptWhole.end());
       GroupMove move;
       for (StringRef w : changedWeights)
         move.weights.push_back({w, decisions.lookup(w)});
@@ -284,7 +332,8 @@ void Search::coordinateDescent() {
       bool improved = false;
       for (const auto &members : classes.members) {
         StringRef w = members.front();
-        if (phase == 0 && !layerWeights.contains(w))
+        if ((phase == 0 && !layerWeights.contains(w)) ||
+            frozen.contains(classes.classOf.lookup(w)))
           continue;
         for (Shard candidate : candidateShards(weights.lookup(w), ranks)) {
           if (candidate == decisions.lookup(w))
