@@ -104,13 +104,15 @@ private:
   /// Conversions done already: (value, target layout) pairs.
   llvm::DenseSet<std::tuple<Value, int64_t, int64_t, int64_t>> done;
   bool sliceable(Value v) const;
-  /// Values computed from some weight (a pcc.param) on the way.
+  /// Values computed from some weight of rank >= 2 on the way (vectors
+  /// such as a rotary embedding's inverse frequencies do not count: the
+  /// tables computed from them are like inputs).
   llvm::DenseSet<Value> readsWeights;
 };
 
-/// Whether a replicated `v` may be sliced: anything computed from inputs
-/// and constants alone, a weight, or a broadcast or reshape of one (a bias
-/// broadcast to its matmul's output).
+/// Whether a replicated `v` may be sliced: anything computed from inputs,
+/// constants and vectors alone, a weight, or a broadcast or reshape of
+/// one (a bias broadcast to its matmul's output).
 bool Propagator::sliceable(Value v) const {
   if (!readsWeights.contains(v))
     return true;
@@ -246,11 +248,13 @@ std::vector<Option> Propagator::options(Operation *op) {
 
 ShardingPlan Propagator::run() {
   Block &block = func.getBody().front();
-  for (Operation &op : block)
-    if (isa<ParamOp>(op) || llvm::any_of(op.getOperands(), [&](Value v) {
-          return readsWeights.contains(v);
-        }))
+  for (Operation &op : block) {
+    auto param = dyn_cast<ParamOp>(op);
+    if ((param && param.getType().getRank() >= 2) ||
+        llvm::any_of(op.getOperands(),
+                     [&](Value v) { return readsWeights.contains(v); }))
       readsWeights.insert(op.result_begin(), op.result_end());
+  }
   for (BlockArgument arg : block.getArguments())
     plan.shards[arg] = Shard::replicated();
   for (Operation &op : block) {
