@@ -5,6 +5,11 @@
 #
 #   scripts/setup.sh            # install + build into ./build
 #   PCC_BUILD_DIR=out scripts/setup.sh
+#
+# Other builds (sanitizers, fuzzing) pass extra Debian packages, configure
+# flags and ninja arguments (targets, -j) through the environment:
+#   PCC_EXTRA_PACKAGES="clang-22" PCC_CMAKE_FLAGS="-DPCC_SANITIZE=ON" \
+#   PCC_NINJA_ARGS="-j1 pcc" PCC_BUILD_DIR=build-asan scripts/setup.sh
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,11 +18,13 @@ build="${PCC_BUILD_DIR:-$root/build}"
 packages=(
   cmake ninja-build g++ lld git
   libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
-  libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
+  libonnx-testdata libprotobuf-dev protobuf-compiler
   libgtest-dev nlohmann-json3-dev
   libopenblas-dev openmpi-bin libopenmpi-dev
   python3 python3-numpy
 )
+read -r -a extra_packages <<<"${PCC_EXTRA_PACKAGES:-}"
+packages+=("${extra_packages[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
@@ -34,16 +41,24 @@ if ((${#missing[@]})); then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [ ! -f "$build/build.ninja" ]; then
+# ONNX's C++ library, current enough for today's exporters (IR 10+, opset
+# 18+), built once from its PyPI source release into ~/.cache/pcc.
+onnx_prefix="$("$root/scripts/build-onnx.sh")"
+
+# Configure once; again when the build directory predates the ONNX prefix.
+if [ ! -f "$build/build.ninja" ] ||
+   ! grep -q "^PCC_ONNX_PREFIX:PATH=$onnx_prefix\$" "$build/CMakeCache.txt" 2>/dev/null; then
   echo "pcc setup: configuring $build"
+  # shellcheck disable=SC2086
   cmake -G Ninja -S "$root" -B "$build" \
     -DCMAKE_BUILD_TYPE=Release \
     -DMLIR_DIR=/usr/lib/llvm-22/lib/cmake/mlir \
-    -DLLVM_EXTERNAL_LIT=/usr/lib/llvm-22/bin/lit >"$build.cmake.log" 2>&1 || {
+    -DLLVM_EXTERNAL_LIT=/usr/lib/llvm-22/bin/lit \
+    -DPCC_ONNX_PREFIX="$onnx_prefix" ${PCC_CMAKE_FLAGS:-} >"$build.cmake.log" 2>&1 || {
       cat "$build.cmake.log"; echo "pcc setup: cmake failed" >&2; exit 1; }
 fi
 
 echo "pcc setup: building (ninja -C $build; a first build takes a few minutes)"
 # Two cores and ~0.5-1 GB per translation unit: ninja's default -j is fine.
-ninja -C "$build"
+ninja -C "$build" ${PCC_NINJA_ARGS:-}
 echo "pcc setup: done; tools in $build/bin"
