@@ -64,10 +64,6 @@ private:
   OpBuilder builder;
   Location fileLoc;
   llvm::StringMap<ImportedValue> values;
-  /// With micro-batches: the symbol of the inputs' dimension 0 (the batch),
-  /// and the rows of one micro-batch.
-  std::optional<std::string> batchSymbol;
-  int64_t microbatchRows = 0;
 };
 
 } // namespace mlir::pcc::onnx_import

@@ -323,13 +323,6 @@ GraphImporter::inputTypeOf(const onnx::ValueInfoProto &info) {
                               << "' has no shape; pcc needs ranked inputs";
   SmallVector<int64_t> shape;
   for (auto [i, dim] : llvm::enumerate(tensorType.shape().dim())) {
-    if (i == 0 && options.microbatches > 1 && dim.has_dim_value() &&
-        dim.dim_value() >= 0)
-      return emitError(fileLoc)
-             << "graph input '" << info.name() << "' has a fixed batch "
-             << "dimension of " << dim.dim_value()
-             << "; splitting it into micro-batches needs a symbolic one "
-                "(export with a dynamic batch axis)";
     if (dim.has_dim_value() && dim.dim_value() >= 0) {
       shape.push_back(dim.dim_value());
       continue;
@@ -341,30 +334,6 @@ GraphImporter::inputTypeOf(const onnx::ValueInfoProto &info) {
       size = bound->second;
     else if (i == 0 && options.batch)
       size = *options.batch;
-    if (size && i == 0 && options.microbatches > 1) {
-      // The program runs one micro-batch: a slice of the batch.
-      if (*size % options.microbatches != 0)
-        return emitError(fileLoc)
-               << "graph input '" << info.name() << "': batch " << *size
-               << " does not divide into " << options.microbatches
-               << " micro-batches";
-      *size /= options.microbatches;
-      if (!symbol.empty() && batchSymbol && *batchSymbol != symbol)
-        return emitError(fileLoc)
-               << "graph input '" << info.name() << "': dimension 0 is '"
-               << symbol << "', but the other inputs' is '" << *batchSymbol
-               << "'; micro-batches split one batch shared by every input";
-      if (microbatchRows && microbatchRows != *size)
-        return emitError(fileLoc)
-               << "graph input '" << info.name() << "': batch "
-               << *size * options.microbatches
-               << " differs from the other inputs' batch of "
-               << microbatchRows * options.microbatches
-               << "; micro-batches split one batch shared by every input";
-      microbatchRows = *size;
-      if (!symbol.empty())
-        batchSymbol = symbol;
-    }
     if (size) {
       shape.push_back(*size);
     } else {
@@ -387,33 +356,6 @@ LogicalResult
 GraphImporter::checkDeclaredOutput(const onnx::ValueInfoProto &info,
                                    Value value) {
   auto type = cast<RankedTensorType>(value.getType());
-  if (options.microbatches > 1) {
-    // The micro-batches' outputs are put back together along dimension 0,
-    // which must therefore be the batch.
-    bool declared = info.type().has_tensor_type() &&
-                    info.type().tensor_type().has_shape() &&
-                    info.type().tensor_type().shape().dim_size() > 0;
-    std::string why;
-    if (type.getRank() == 0 || type.getDimSize(0) != microbatchRows)
-      why = "its dimension 0 is not the micro-batch's " +
-            std::to_string(microbatchRows) + " rows";
-    else if (declared) {
-      const auto &dim0 = info.type().tensor_type().shape().dim(0);
-      if (dim0.has_dim_value() && dim0.dim_value() > 0)
-        why = "it is declared with a fixed dimension 0 of " +
-              std::to_string(dim0.dim_value());
-      else if (dim0.has_dim_param() && batchSymbol &&
-               *batchSymbol != dim0.dim_param())
-        why = "its dimension 0 is '" + dim0.dim_param() +
-              "', not the inputs' batch";
-    }
-    if (!why.empty())
-      return emitError(fileLoc)
-             << "graph output '" << info.name() << "' cannot be split into "
-             << options.microbatches << " micro-batches: " << why
-             << " (the results are put back together along the batch, "
-                "dimension 0)";
-  }
   if (!info.type().has_tensor_type() || !info.type().tensor_type().has_shape())
     return success();
   const auto &dims = info.type().tensor_type().shape().dim();

@@ -7,6 +7,8 @@
 #include "mlir/IR/IRMapping.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <algorithm>
+
 namespace mlir::pcc {
 #define GEN_PASS_DEF_PARTITION
 #include "pcc/Transforms/Passes.h.inc"
@@ -21,10 +23,11 @@ RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
 
 class Partitioner {
 public:
-  Partitioner(func::FuncOp func, const ShardingPlan &plan)
+  Partitioner(func::FuncOp func, const ShardingPlan &plan,
+              bool keepResultLayouts = false)
       : func(func), plan(plan), n(plan.ranks),
         axis(StringAttr::get(func.getContext(), plan.axis)),
-        builder(func.getContext()) {}
+        builder(func.getContext()), keepResultLayouts(keepResultLayouts) {}
 
   LogicalResult run();
 
@@ -65,6 +68,7 @@ private:
   int64_t n;
   StringAttr axis;
   OpBuilder builder;
+  bool keepResultLayouts;
   llvm::DenseMap<Value, Value> local;
   std::map<std::tuple<void *, int, int64_t, int64_t>, Value> converted;
 };
@@ -196,8 +200,11 @@ Value Partitioner::reduceScatter(Value whole, Shard to) {
 
 LogicalResult Partitioner::run() {
   Block &block = func.getBody().front();
-  for (BlockArgument arg : block.getArguments())
+  // Arguments arrive in their planned layouts: this rank's piece.
+  for (BlockArgument arg : block.getArguments()) {
+    arg.setType(localType(typeOf(arg), layoutOf(arg), n));
     local[arg] = arg;
+  }
   SmallVector<Operation *> old;
   for (Operation &op : block)
     old.push_back(&op);
@@ -205,7 +212,12 @@ LogicalResult Partitioner::run() {
     builder.setInsertionPoint(op);
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       for (OpOperand &operand : ret->getOpOperands())
-        operand.set(as(operand.get(), Shard::replicated()));
+        operand.set(keepResultLayouts
+                        ? as(operand.get(), layoutOf(operand.get()))
+                        : as(operand.get(), Shard::replicated()));
+      func.setType(FunctionType::get(func.getContext(),
+                                     block.getArgumentTypes(),
+                                     ret->getOperandTypes()));
       continue;
     }
     auto targets = plan.operandShards.lookup(op);
@@ -253,6 +265,23 @@ LogicalResult Partitioner::run() {
   return success();
 }
 
+} // namespace
+
+FailureOr<PartitionStats>
+mlir::pcc::partitionFunction(func::FuncOp func, const ShardingPlan &plan,
+                             bool keepResultLayouts) {
+  Partitioner partitioner(func, plan, keepResultLayouts);
+  if (failed(partitioner.run()))
+    return failure();
+  PartitionStats stats;
+  std::copy(std::begin(partitioner.counts), std::end(partitioner.counts),
+            stats.counts);
+  stats.bytes = partitioner.bytes;
+  return stats;
+}
+
+namespace {
+
 struct PartitionPass : public mlir::pcc::impl::PartitionBase<PartitionPass> {
   using PartitionBase::PartitionBase;
 
@@ -284,19 +313,19 @@ struct PartitionPass : public mlir::pcc::impl::PartitionBase<PartitionPass> {
       return;
     }
     ShardingPlan plan = propagateShardings(func, axis, *ranks, decisions);
-    Partitioner partitioner(func, plan);
-    if (failed(partitioner.run()))
+    FailureOr<PartitionStats> stats = partitionFunction(func, plan);
+    if (failed(stats))
       return signalPassFailure();
-    numAllReduce = partitioner.counts[0];
-    numAllGather = partitioner.counts[1];
-    numReduceScatter = partitioner.counts[2];
-    commBytes = partitioner.bytes;
+    numAllReduce = stats->counts[0];
+    numAllGather = stats->counts[1];
+    numReduceScatter = stats->counts[2];
+    commBytes = stats->bytes;
     if (emitRemarks)
-      func.emitRemark() << axis << "=" << *ranks << ": "
-                        << partitioner.counts[0] << " all_reduce, "
-                        << partitioner.counts[1] << " all_gather, "
-                        << partitioner.counts[2] << " reduce_scatter; "
-                        << partitioner.bytes << " bytes per run";
+      func.emitRemark() << axis << "=" << *ranks << ": " << stats->counts[0]
+                        << " all_reduce, " << stats->counts[1]
+                        << " all_gather, " << stats->counts[2]
+                        << " reduce_scatter; " << stats->bytes
+                        << " bytes per run";
   }
 };
 

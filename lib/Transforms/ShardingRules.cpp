@@ -71,8 +71,10 @@ using Option = ShardingOption;
 class Propagator {
 public:
   Propagator(func::FuncOp func, StringRef axis, int64_t ranks,
-             const llvm::StringMap<Shard> &decisions, const CostModel &cost)
-      : func(func), ranks(ranks), decisions(decisions), cost(cost) {
+             const llvm::StringMap<Shard> &decisions, const CostModel &cost,
+             ArrayRef<Shard> argLayouts)
+      : func(func), ranks(ranks), decisions(decisions), cost(cost),
+        argLayouts(argLayouts) {
     plan.axis = axis.str();
     plan.ranks = ranks;
   }
@@ -99,6 +101,7 @@ private:
   int64_t ranks;
   const llvm::StringMap<Shard> &decisions;
   CostModel cost;
+  ArrayRef<Shard> argLayouts;
   ShardingPlan plan;
   llvm::StringSet<> seenWeights;
   /// Conversions done already: (value, target layout) pairs.
@@ -139,6 +142,18 @@ static bool slicesBatchOfProduct(Operation *consumer, Shard to) {
   return ra >= 3 && rb >= 3 && to.dim < ra - 2;
 }
 
+/// Whether `v` is a broadcast whose split dimension `to` is one the
+/// broadcast creates (a new leading dimension or one of size 1): each
+/// rank's piece is a smaller broadcast, and no work is thrown away.
+static bool broadcastAlong(Value v, Shard to) {
+  auto b = v.getDefiningOp<BroadcastOp>();
+  if (!b || !to.isSplit())
+    return false;
+  int64_t shift = b.getType().getRank() - b.getInput().getType().getRank();
+  int64_t d = to.dim - shift;
+  return d < 0 || b.getInput().getType().getDimSize(d) == 1;
+}
+
 double Propagator::conversionSeconds(Value v, Shard to,
                                      Operation *consumer) const {
   Shard from = of(v);
@@ -163,7 +178,7 @@ double Propagator::conversionSeconds(Value v, Shard to,
   // what is computed from inputs and constants alone (masks, positions,
   // rotary tables) are: every rank has them whole and takes its part.
   if (from.isReplicated() && !sliceable(v) &&
-      !slicesBatchOfProduct(consumer, to))
+      !slicesBatchOfProduct(consumer, to) && !broadcastAlong(v, to))
     return std::numeric_limits<double>::infinity();
   // To a split: slicing is local; a partial sum scatters; another split is
   // gathered first.
@@ -187,15 +202,15 @@ void Propagator::convert(Value v, Shard to, Operation *consumer) {
   if (to.isReplicated())
     plan.collectives.push_back({from.isPartial() ? CollectiveKind::AllReduce
                                                  : CollectiveKind::AllGather,
-                                v, from, to, bytes});
+                                v, consumer, from, to, bytes});
   else if (from.isPartial())
     plan.collectives.push_back(
-        {CollectiveKind::ReduceScatter, v, from, to, bytes});
+        {CollectiveKind::ReduceScatter, v, consumer, from, to, bytes});
   else if (from.isSplit()) {
     // Gathered whole, then sliced: the partition pass reuses the whole
     // value for any later reader that needs it replicated, so it is done.
-    plan.collectives.push_back(
-        {CollectiveKind::AllGather, v, from, Shard::replicated(), bytes});
+    plan.collectives.push_back({CollectiveKind::AllGather, v, consumer, from,
+                                Shard::replicated(), bytes});
     Shard whole = Shard::replicated();
     done.insert(
         {v, static_cast<int64_t>(whole.kind), whole.dim, whole.stripes});
@@ -256,7 +271,9 @@ ShardingPlan Propagator::run() {
       readsWeights.insert(op.result_begin(), op.result_end());
   }
   for (BlockArgument arg : block.getArguments())
-    plan.shards[arg] = Shard::replicated();
+    plan.shards[arg] = arg.getArgNumber() < argLayouts.size()
+                           ? argLayouts[arg.getArgNumber()]
+                           : Shard::replicated();
   for (Operation &op : block) {
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       SmallVector<Shard> targets(ret.getNumOperands(), Shard::replicated());
@@ -331,6 +348,7 @@ ShardingPlan Propagator::run() {
 ShardingPlan
 mlir::pcc::propagateShardings(func::FuncOp func, StringRef axis, int64_t ranks,
                               const llvm::StringMap<Shard> &decisions,
-                              const CostModel &cost) {
-  return Propagator(func, axis, ranks, decisions, cost).run();
+                              const CostModel &cost,
+                              ArrayRef<Shard> argLayouts) {
+  return Propagator(func, axis, ranks, decisions, cost, argLayouts).run();
 }

@@ -413,7 +413,6 @@ int main(int argc, char **argv) {
   pcc::OnnxImportOptions options;
   options.runChecker = !noOnnxCheck;
   options.remarkSharedWeights = explainPlan;
-  options.microbatches = microbatches;
   if (batch.getNumOccurrences()) {
     if (batch < 1)
       return fail("--batch=" + llvm::Twine(batch.getValue()) +
@@ -558,6 +557,14 @@ int main(int argc, char **argv) {
     if (dumper)
       pm.addInstrumentation(std::move(dumper));
     pcc::buildImportCleanupPipeline(pm);
+    if (microbatches > 1) {
+      // The model is imported at its whole batch; the analysis finds the
+      // rows and rewrites the program to one micro-batch.
+      pcc::SplitBatchOptions split;
+      split.microbatches = microbatches;
+      pm.addNestedPass<func::FuncOp>(pcc::createSplitBatch(split));
+      pm.addPass(createCanonicalizerPass());
+    }
     if (tp > 1) {
       pcc::PlanShardingOptions plan;
       plan.emitRemarks = explainPlan;

@@ -31,10 +31,6 @@ struct OnnxImportOptions {
   /// Binds the leading dimension of every graph input when it is symbolic
   /// or unknown (`pcc --batch=N`). `dimBindings` wins where both apply.
   std::optional<int64_t> batch;
-  /// With m > 1 the program runs one of m micro-batches: the symbolic
-  /// leading dimension of every graph input is bound to its size / m (and
-  /// must divide).
-  int64_t microbatches = 1;
   /// Runs onnx::checker on the model before importing it.
   bool runChecker = true;
   /// Emits a remark for each initializer found to be a transposed copy of

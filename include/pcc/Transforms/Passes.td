@@ -139,6 +139,41 @@ def PlanSharding : Pass<"pcc-plan-sharding", "func::FuncOp"> {
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
+def SplitBatch : Pass<"pcc-split-batch", "func::FuncOp"> {
+  let summary = "rewrites a whole-batch program to one of m micro-batches, "
+                "finding the batch by analysis";
+  let description = [{
+    Micro-batch k of a pipeline is rows `[k b, (k+1) b)` of dimension 0 of
+    every input and output (b = batch / m). Instead of trusting names of
+    symbolic dimensions, the pass proves that those rows are independent:
+    it lays every input out split along dimension 0 over m pieces and
+    propagates the split with the sharding rules (`Sharding.h`). The batch
+    is sound when no op needs rows of another piece (no collective would
+    be needed) and every output comes out split along its dimension 0;
+    then the partition rewrite gives piece 0's program, which is every
+    micro-batch's. So models exported with a fixed batch (Reshape targets
+    and expanded constants with the batch written in) split as well as
+    ones with a symbolic batch. Constants sliced along the batch must be
+    the same for every micro-batch (an expanded position table is).
+
+    Refused, naming the op or the output: an op that combines rows (a
+    batch norm's statistics, a sum over the batch), inputs of different
+    batches, an output whose batch is in another dimension (a
+    sequence-first output: pcc-run puts micro-batches back together along
+    dimension 0), a batch that does not divide.
+
+    ```mlir
+    func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32>   // m = 2 ->
+    func.func @main(%x: tensor<2x8xf32>) -> tensor<2x8xf32>
+    ```
+  }];
+  let options = [
+    Option<"microbatches", "microbatches", "int64_t", /*default=*/"1",
+           "micro-batches to split the batch into">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def Partition : Pass<"pcc-partition", "func::FuncOp"> {
   let summary = "rewrites a function to one rank's local shapes and inserts "
                 "the collectives";

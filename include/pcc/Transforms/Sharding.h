@@ -34,6 +34,7 @@ namespace mlir::pcc {
 struct PlannedCollective {
   CollectiveKind kind;
   Value value;    // the value converted
+  Operation *consumer; // the op that reads it converted (null: the results)
   Shard from, to; // its layouts
   int64_t bytes;  // the whole tensor's bytes (the collective's payload)
 };
@@ -65,11 +66,26 @@ struct ShardingPlan {
 llvm::MapVector<StringRef, RankedTensorType> decisionWeights(func::FuncOp func);
 
 /// Derives the layout of every value from the weight decisions (weights not
-/// listed are replicated).
+/// listed are replicated) and the layouts of the function's arguments
+/// (`argLayouts`, one per argument; replicated when empty).
 ShardingPlan propagateShardings(func::FuncOp func, StringRef axis,
                                 int64_t ranks,
                                 const llvm::StringMap<Shard> &decisions,
-                                const CostModel &cost = {});
+                                const CostModel &cost = {},
+                                ArrayRef<Shard> argLayouts = {});
+
+/// Rewrites `func` to what one rank of `plan`'s axis computes (the
+/// pcc-partition pass's rewrite). With `keepResultLayouts` the results stay
+/// in their planned layouts (the function returns local pieces) instead of
+/// being made whole. Returns the number of each kind of collective
+/// inserted (indexed by CollectiveKind) and their bytes.
+struct PartitionStats {
+  int64_t counts[3] = {0, 0, 0};
+  int64_t bytes = 0;
+};
+FailureOr<PartitionStats> partitionFunction(func::FuncOp func,
+                                            const ShardingPlan &plan,
+                                            bool keepResultLayouts = false);
 
 /// Every layout a weight of `type` can take over `ranks` ranks: replicated,
 /// and each dimension split in each number of stripes that divides.

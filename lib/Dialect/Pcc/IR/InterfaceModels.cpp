@@ -212,6 +212,41 @@ void shardingOptions(ReduceProdOp op, ArrayRef<Shard> in, int64_t,
   reduceOptions(op, in, out);
 }
 
+/// Ops that treat the entries of dimension 0 (the batch of images)
+/// independently and read their other operands whole: convolution,
+/// pooling, inference batch norm. A split of dimension 0 stays local.
+template <typename OpT>
+void batchOnlyOptions(OpT op, ArrayRef<Shard> in, Options &out) {
+  if (!in[0].isSplit() || in[0].dim != 0)
+    return;
+  SmallVector<Shard> operands(op->getNumOperands(), Shard::replicated());
+  operands[0] = in[0];
+  out.push_back({operands, {in[0]}});
+}
+void shardingOptions(ConvOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  batchOnlyOptions(op, in, out);
+}
+void shardingOptions(MaxPoolOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  batchOnlyOptions(op, in, out);
+}
+void shardingOptions(AvgPoolOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  batchOnlyOptions(op, in, out);
+}
+void shardingOptions(BatchNormOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  batchOnlyOptions(op, in, out);
+}
+
+/// ArgMax keeps a split of any dimension it does not reduce.
+void shardingOptions(ArgMaxOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  Shard x = in[0];
+  int64_t axis = op.getAxis();
+  if (!x.isSplit() || x.dim == axis)
+    return;
+  int64_t d = !op.getKeepDims() && x.dim > axis ? x.dim - 1 : x.dim;
+  out.push_back({{x}, {Shard::split(d, x.stripes)}});
+}
+
 /// The dimensions of a matmul's operands: rows of A, contraction in A and
 /// B, columns of B.
 struct MatmulDims {

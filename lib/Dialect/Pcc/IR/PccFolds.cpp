@@ -157,7 +157,124 @@ struct FoldNanGuardIntoSoftmax : OpRewritePattern<SelectOp> {
     return success();
   }
 };
+
+/// A row gather from a table whose rows are B groups of R (a [B, R, ...]
+/// tensor flattened, as exporters index a [batch, seq] mask with computed
+/// positions), where index [t0, t...] picks row t0 * R + g(t...): each
+/// batch entry reads only its own group. Gathering along axis 1 of the
+/// [B, R, ...] view with indices g says so, and lets the sharding rules see
+/// that batch entries stay apart (micro-batches, data parallelism).
+struct GatherWithinGroups : OpRewritePattern<GatherOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(GatherOp op,
+                                PatternRewriter &rewriter) const override {
+    auto indicesType = op.getIndices().getType();
+    auto dataType = op.getData().getType();
+    DenseElementsAttr indices;
+    if (op.getAxis() != 0 || indicesType.getRank() < 1 ||
+        !matchPattern(op.getIndices(), m_Constant(&indices)))
+      return rewriter.notifyMatchFailure(op, "not a row gather by constants");
+    int64_t groups = indicesType.getDimSize(0), rows = dataType.getDimSize(0);
+    if (groups < 2 || rows % groups != 0)
+      return rewriter.notifyMatchFailure(op, "no group structure");
+    int64_t perGroup = rows / groups;
+    int64_t inner = indicesType.getNumElements() / groups;
+    SmallVector<int64_t> values;
+    for (APInt v : indices.getValues<APInt>()) {
+      int64_t x = v.getSExtValue();
+      values.push_back(x < 0 ? x + rows : x);
+    }
+    SmallVector<int64_t> within(values.begin(), values.begin() + inner);
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t i = 0; i < inner; ++i) {
+        int64_t x = values[g * inner + i];
+        if (x / perGroup != g || x % perGroup != within[i])
+          return rewriter.notifyMatchFailure(op, "rows cross groups");
+      }
+    SmallVector<int64_t> viewShape{groups, perGroup};
+    llvm::append_range(viewShape, dataType.getShape().drop_front());
+    Value view = ReshapeOp::create(
+        rewriter, op.getLoc(),
+        RankedTensorType::get(viewShape, dataType.getElementType()),
+        op.getData());
+    auto withinType = RankedTensorType::get(indicesType.getShape().drop_front(),
+                                            indicesType.getElementType());
+    SmallVector<APInt> withinValues;
+    unsigned width = indicesType.getElementTypeBitWidth();
+    for (int64_t x : within)
+      withinValues.push_back(APInt(width, x, /*isSigned=*/true));
+    Value withinIndices = ConstantOp::create(
+        rewriter, op.getLoc(),
+        DenseElementsAttr::get(withinType, withinValues));
+    rewriter.replaceOpWithNewOp<GatherOp>(op, op.getType(), view,
+                                          withinIndices,
+                                          rewriter.getI64IntegerAttr(1));
+    return success();
+  }
+};
+
+/// A gather whose constant indices repeat along some dimension (the same
+/// positions for every batch entry) looks up one copy and broadcasts it:
+/// less work, and the sharding rules see that the lookup does not depend
+/// on that dimension (a piece of it is a smaller broadcast).
+struct GatherOnceAndBroadcast : OpRewritePattern<GatherOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(GatherOp op,
+                                PatternRewriter &rewriter) const override {
+    DenseElementsAttr indices;
+    if (!matchPattern(op.getIndices(), m_Constant(&indices)))
+      return rewriter.notifyMatchFailure(op, "indices are not constant");
+    auto type = op.getIndices().getType();
+    ArrayRef<int64_t> shape = type.getShape();
+    SmallVector<APInt> values(indices.getValues<APInt>());
+    SmallVector<int64_t> reduced(shape);
+    bool any = false;
+    for (int64_t d = 0; d < type.getRank(); ++d) {
+      if (shape[d] < 2)
+        continue;
+      int64_t inner = 1;
+      for (int64_t e = d + 1; e < type.getRank(); ++e)
+        inner *= shape[e];
+      bool uniform = true;
+      for (size_t i = 0; i < values.size() && uniform; ++i)
+        uniform = values[i] == values[i % inner + (i / (inner * shape[d])) *
+                                                       inner * shape[d]];
+      if (!uniform)
+        continue;
+      // Keep only index 0 along d.
+      SmallVector<APInt> kept;
+      for (size_t i = 0; i < values.size(); ++i)
+        if ((i / inner) % shape[d] == 0)
+          kept.push_back(values[i]);
+      values = std::move(kept);
+      reduced[d] = 1;
+      shape = reduced;
+      any = true;
+    }
+    if (!any)
+      return rewriter.notifyMatchFailure(op, "no repeated dimension");
+    auto smallType = RankedTensorType::get(reduced, type.getElementType());
+    Value small = ConstantOp::create(rewriter, op.getLoc(),
+                                     DenseElementsAttr::get(smallType, values));
+    auto dataType = op.getData().getType();
+    int64_t axis = op.getAxis();
+    SmallVector<int64_t> resultShape(dataType.getShape().take_front(axis));
+    llvm::append_range(resultShape, reduced);
+    llvm::append_range(resultShape, dataType.getShape().drop_front(axis + 1));
+    Value once = GatherOp::create(
+        rewriter, op.getLoc(),
+        RankedTensorType::get(resultShape, dataType.getElementType()),
+        op.getData(), small, op.getAxisAttr());
+    rewriter.replaceOpWithNewOp<BroadcastOp>(op, op.getType(), once);
+    return success();
+  }
+};
 } // namespace
+
+void GatherOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                           MLIRContext *context) {
+  patterns.add<GatherWithinGroups, GatherOnceAndBroadcast>(context);
+}
 
 void SelectOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                            MLIRContext *context) {

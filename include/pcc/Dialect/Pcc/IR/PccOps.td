@@ -558,6 +558,7 @@ def Pcc_GatherOp : Pcc_Op<"gather", [Pure, InferTypeOpAdaptor]> {
     $data `[` $indices `]` `axis` `=` $axis attr-dict `:` type($data) `,`
     type($indices) `->` type($result)
   }];
+  let hasCanonicalizer = 1;
 }
 
 //===----------------------------------------------------------------------===//
