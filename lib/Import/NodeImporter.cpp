@@ -250,6 +250,7 @@ const llvm::StringMap<ConverterFn> &onnx_import::getConverters() {
     registerShapeConverters(t);
     registerNeuralConverters(t);
     registerIndexingConverters(t);
+    registerCompositeConverters(t);
     return t;
   }();
   return table;

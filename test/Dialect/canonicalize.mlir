@@ -87,3 +87,49 @@ func.func @params(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
   %1 = pcc.matmul %0, %w2 : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
   return %1 : tensor<4x4xf32>
 }
+
+// -----
+
+// Tests that the exporters' guard Where(IsNaN(Softmax(s)), 0, Softmax(s))
+// becomes one softmax that writes 0 for NaN; a guard with another value
+// stays.
+// CHECK-LABEL: func.func @nan_guard
+// CHECK-NEXT:    %[[S:.*]] = pcc.softmax %arg0 axis = 1 {nan_to_zero} : tensor<2x4xf32>
+// CHECK-NEXT:    return %[[S]]
+func.func @nan_guard(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %s = pcc.softmax %x axis = 1 : tensor<2x4xf32>
+  %n = pcc.is_nan %s : tensor<2x4xf32> -> tensor<2x4xi1>
+  %z = pcc.constant dense<0.0> : tensor<2x4xf32>
+  %y = pcc.select %n, %z, %s : tensor<2x4xi1>, tensor<2x4xf32>
+  return %y : tensor<2x4xf32>
+}
+// CHECK-LABEL: func.func @nan_guard_one
+// CHECK:         pcc.is_nan
+// CHECK:         pcc.select
+func.func @nan_guard_one(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %s = pcc.softmax %x axis = 1 : tensor<2x4xf32>
+  %n = pcc.is_nan %s : tensor<2x4xf32> -> tensor<2x4xi1>
+  %z = pcc.constant dense<1.0> : tensor<2x4xf32>
+  %y = pcc.select %n, %z, %s : tensor<2x4xi1>, tensor<2x4xf32>
+  return %y : tensor<2x4xf32>
+}
+
+// -----
+
+// Tests that a lookup with the same positions for every batch entry looks
+// up once and broadcasts, and that a row gather from a flattened
+// [batch, seq] table gathers within each batch entry.
+// CHECK-LABEL: func.func @gathers
+// CHECK-DAG:     %[[P:.*]] = pcc.constant dense<{{\[\[}}0, 1, 2]]> : tensor<1x3xi64>
+// CHECK-DAG:     %[[W:.*]] = pcc.constant dense<{{\[\[}}1], [2]]> : tensor<2x1xi64>
+// CHECK:         %[[E:.*]] = pcc.gather %arg0[%[[P]]] axis = 0 : tensor<8x4xf32>, tensor<1x3xi64> -> tensor<1x3x4xf32>
+// CHECK:         pcc.broadcast %[[E]] : tensor<1x3x4xf32> -> tensor<2x3x4xf32>
+// CHECK:         %[[V:.*]] = pcc.reshape %arg1 : tensor<6x1xf32> -> tensor<2x3x1xf32>
+// CHECK:         pcc.gather %[[V]][%[[W]]] axis = 1 : tensor<2x3x1xf32>, tensor<2x1xi64> -> tensor<2x2x1x1xf32>
+func.func @gathers(%table: tensor<8x4xf32>, %flat: tensor<6x1xf32>) -> (tensor<2x3x4xf32>, tensor<2x2x1x1xf32>) {
+  %pos = pcc.constant dense<[[0, 1, 2], [0, 1, 2]]> : tensor<2x3xi64>
+  %e = pcc.gather %table[%pos] axis = 0 : tensor<8x4xf32>, tensor<2x3xi64> -> tensor<2x3x4xf32>
+  %rows = pcc.constant dense<[[[1], [2]], [[4], [5]]]> : tensor<2x2x1xi64>
+  %m = pcc.gather %flat[%rows] axis = 0 : tensor<6x1xf32>, tensor<2x2x1xi64> -> tensor<2x2x1x1xf32>
+  return %e, %m : tensor<2x3x4xf32>, tensor<2x2x1x1xf32>
+}

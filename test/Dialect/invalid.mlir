@@ -308,3 +308,30 @@ func.func @fusion_shape(%x: tensor<4xf32>) -> tensor<2x4xf32> {
   }
   return %0 : tensor<2x4xf32>
 }
+
+// -----
+
+// Tests that is_nan takes floats (an integer is never NaN).
+func.func @is_nan_int(%x: tensor<4xi64>) -> tensor<4xi1> {
+  // expected-error @below {{operand #0 must be statically shaped tensor of}}
+  %0 = pcc.is_nan %x : tensor<4xi64> -> tensor<4xi1>
+  return %0 : tensor<4xi1>
+}
+
+// -----
+
+// Tests that is_inf keeps the shape and produces booleans.
+func.func @is_inf_shape(%x: tensor<4xf32>) -> tensor<2xi1> {
+  // expected-error @below {{failed to verify that all of {input, result} have same shape}}
+  %0 = pcc.is_inf %x : tensor<4xf32> -> tensor<2xi1>
+  return %0 : tensor<2xi1>
+}
+
+// -----
+
+// Tests that mod's operands have one type.
+func.func @mod_types(%x: tensor<4xf32>, %y: tensor<4xf64>) -> tensor<4xf32> {
+  // expected-error @below {{requires the same type for all operands and results}}
+  %0 = "pcc.mod"(%x, %y) : (tensor<4xf32>, tensor<4xf64>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}

@@ -153,3 +153,21 @@ func.func @conv_pool(%x: tensor<2x4x32x32xf32>, %w: tensor<8x2x3x3xf32>, %b: ten
   %2 = pcc.avg_pool %1 kernel = [2, 2] strides = [2, 2] pads = [0, 0, 0, 0] dilations = [1, 1] {ceil_mode, count_include_pad} : tensor<2x8x8x8xf32> -> tensor<2x8x4x4xf32>
   return %2 : tensor<2x8x4x4xf32>
 }
+
+// -----
+
+// Tests the float tests, mod and the NaN-guarded softmax.
+// CHECK-LABEL: func.func @float_tests
+// CHECK:         pcc.is_nan %{{.*}} : tensor<2x8xf32> -> tensor<2x8xi1>
+// CHECK:         pcc.is_inf %{{.*}} {detect_negative = false} : tensor<2x8xf32> -> tensor<2x8xi1>
+// CHECK:         pcc.mod %{{.*}}, %{{.*}} {fmod} : tensor<2x8xf32>
+// CHECK:         pcc.mod %{{.*}}, %{{.*}} : tensor<4xi64>
+// CHECK:         pcc.softmax %{{.*}} axis = 1 {nan_to_zero} : tensor<2x8xf32>
+func.func @float_tests(%x: tensor<2x8xf32>, %i: tensor<4xi64>) -> (tensor<2x8xi1>, tensor<2x8xi1>, tensor<2x8xf32>, tensor<4xi64>, tensor<2x8xf32>) {
+  %n = pcc.is_nan %x : tensor<2x8xf32> -> tensor<2x8xi1>
+  %f = pcc.is_inf %x {detect_negative = false} : tensor<2x8xf32> -> tensor<2x8xi1>
+  %m = pcc.mod %x, %x {fmod} : tensor<2x8xf32>
+  %j = pcc.mod %i, %i : tensor<4xi64>
+  %s = pcc.softmax %x axis = 1 {nan_to_zero} : tensor<2x8xf32>
+  return %n, %f, %m, %j, %s : tensor<2x8xi1>, tensor<2x8xi1>, tensor<2x8xf32>, tensor<4xi64>, tensor<2x8xf32>
+}

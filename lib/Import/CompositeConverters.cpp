@@ -1,0 +1,432 @@
+//===- CompositeConverters.cpp - ONNX ops built from other pcc ops -------===//
+//
+// Ops newer exporters write that pcc computes with ops it already has:
+// RMSNormalization (opset 23), CumSum (a log-step scan of adds),
+// Trilu on run-time data (a select with a constant mask), ScatterND with
+// constant indices (one gather from the data and the updates), and Einsum
+// for the contractions exporters write (one batched matmul between
+// transposes and reshapes). Each folds on the host when its inputs do.
+//
+//===----------------------------------------------------------------------===//
+
+#include "GraphImporter.h"
+#include "pcc/Dialect/Pcc/IR/ShapeRules.h"
+
+#include "llvm/ADT/StringExtras.h"
+
+using namespace mlir;
+using namespace mlir::pcc;
+using namespace mlir::pcc::onnx_import;
+
+namespace {
+
+Value transposeTo(NodeImporter &n, Value v, ArrayRef<int64_t> perm) {
+  auto t = cast<RankedTensorType>(v.getType());
+  bool identity = true;
+  SmallVector<int64_t> shape;
+  for (auto [i, p] : llvm::enumerate(perm)) {
+    shape.push_back(t.getDimSize(p));
+    identity &= static_cast<int64_t>(i) == p;
+  }
+  if (identity)
+    return v;
+  return n.create<TransposeOp>(
+      RankedTensorType::get(shape, t.getElementType()), v,
+      n.getBuilder().getDenseI64ArrayAttr(perm));
+}
+
+/// RMSNormalization: x / sqrt(mean(x^2 over [axis, rank)) + epsilon) *
+/// scale, computed in f32 (stash_type 1) as the exporters ask.
+LogicalResult convertRMSNorm(NodeImporter &n) {
+  auto x = n.input(0), scale = n.input(1);
+  if (failed(x) || failed(scale))
+    return failure();
+  auto type = cast<RankedTensorType>(x->getType());
+  if (!type.getElementType().isF32())
+    return n.error() << "RMSNormalization: pcc computes it in f32; the input "
+                        "is "
+                     << type.getElementType();
+  auto a = n.axis(n.intAttr("axis", -1), type.getRank(), "axis");
+  if (failed(a))
+    return failure();
+  ArrayRef<int64_t> normalized = type.getShape().drop_front(*a);
+  auto st = cast<RankedTensorType>(scale->getType());
+  if (!isBroadcastableTo(st.getShape(), normalized))
+    return n.error() << "RMSNormalization: scale of shape "
+                     << shapeToString(st.getShape())
+                     << " does not match the normalised shape "
+                     << shapeToString(normalized);
+  SmallVector<int64_t> axes;
+  for (int64_t d = *a; d < type.getRank(); ++d)
+    axes.push_back(d);
+  Value sq = n.create<MulOp>(*x, *x);
+  auto mean =
+      n.createChecked<ReduceMeanOp>(sq, axes, /*keep_dims=*/true);
+  if (failed(mean))
+    return failure();
+  auto meanType = cast<RankedTensorType>(mean->getType());
+  Value eps = n.splat(meanType, n.floatAttr("epsilon", 1e-5f));
+  Value inv = n.create<ReciprocalOp>(
+      n.create<SqrtOp>(n.create<AddOp>(mean->getResult(), eps)));
+  Value normed =
+      n.create<MulOp>(*x, n.broadcastTo(inv, type.getShape()));
+  n.setOutput(0, n.create<MulOp>(normed, n.broadcastTo(*scale, type.getShape())));
+  return success();
+}
+
+/// CumSum along `axis` (`exclusive` leaves out each position's own value,
+/// `reverse` sums from the end).
+LogicalResult convertCumSum(NodeImporter &n) {
+  auto type = n.inputType(0);
+  if (failed(type))
+    return failure();
+  auto axisT = n.requireConstant(1, "axis");
+  if (failed(axisT))
+    return failure();
+  auto a = n.axis(axisT->getInt(0), type->getRank(), "axis");
+  if (failed(a))
+    return failure();
+  bool exclusive = n.intAttr("exclusive", 0) != 0,
+       reverse = n.intAttr("reverse", 0) != 0;
+  int64_t len = type->getDimSize(*a);
+  auto contributes = [&](int64_t from, int64_t to) {
+    // Whether input position `from` adds into output position `to`.
+    if (reverse)
+      return exclusive ? from > to : from >= to;
+    return exclusive ? from < to : from <= to;
+  };
+  if (const HostTensor *c = n.constant(0)) {
+    HostTensor out(c->getElementType(), c->getShape());
+    SmallVector<int64_t> strides = stridesOf(c->getShape());
+    int64_t stride = strides[*a];
+    for (int64_t i = 0; i < out.size(); ++i) {
+      int64_t pos = i / stride % len, base = i - pos * stride;
+      double sum = 0;
+      int64_t isum = 0;
+      for (int64_t j = 0; j < len; ++j)
+        if (contributes(j, pos)) {
+          sum += c->getDouble(base + j * stride);
+          isum += c->getInt(base + j * stride);
+        }
+      if (out.isFloat())
+        out.setDouble(i, sum);
+      else
+        out.setInt(i, isum);
+    }
+    n.setConstantOutput(0, std::move(out));
+    return success();
+  }
+  auto x = n.input(0);
+  if (failed(x))
+    return failure();
+  // A log-step scan (Hillis-Steele): after the step of width s every
+  // position holds the sum of the s positions ending there; exact for
+  // integers (position ids from an attention mask).
+  auto shifted = [&](Value v, int64_t s) -> FailureOr<Value> {
+    // v moved s places towards the end of the axis (the start for a
+    // reverse sum), zeros coming in.
+    SmallVector<int64_t> starts(type->getRank(), 0),
+        limits(type->getShape()), steps(type->getRank(), 1);
+    if (reverse)
+      starts[*a] = s;
+    else
+      limits[*a] = len - s;
+    auto kept = n.createChecked<SliceOp>(v, starts, limits, steps);
+    if (failed(kept))
+      return failure();
+    SmallVector<int64_t> zeroShape(type->getShape());
+    zeroShape[*a] = s;
+    Value zeros =
+        n.splat(RankedTensorType::get(zeroShape, type->getElementType()), 0);
+    SmallVector<Value> parts = reverse ? SmallVector<Value>{*kept, zeros}
+                                       : SmallVector<Value>{zeros, *kept};
+    auto joined = n.createChecked<ConcatOp>(parts, *a);
+    if (failed(joined))
+      return failure();
+    return joined->getResult();
+  };
+  Value sum = *x;
+  for (int64_t s = 1; s < len; s *= 2) {
+    auto moved = shifted(sum, s);
+    if (failed(moved))
+      return failure();
+    sum = n.create<AddOp>(sum, *moved);
+  }
+  if (exclusive && len > 0) {
+    auto moved = shifted(sum, 1);
+    if (failed(moved))
+      return failure();
+    sum = *moved;
+  }
+  n.setOutput(0, sum);
+  return success();
+}
+
+/// Trilu on run-time data: the entries outside the triangle become 0.
+LogicalResult convertTriluRuntime(NodeImporter &n) {
+  auto type = n.inputType(0);
+  if (failed(type))
+    return failure();
+  if (type->getRank() < 2)
+    return n.error() << "Trilu: input needs rank >= 2";
+  int64_t k = 0;
+  if (n.hasInput(1)) {
+    auto kT = n.requireConstant(1, "k");
+    if (failed(kT))
+      return failure();
+    k = kT->getInt(0);
+  }
+  bool upper = n.intAttr("upper", 1) != 0;
+  int64_t rows = type->getDimSize(type->getRank() - 2),
+          cols = type->getDimSize(type->getRank() - 1);
+  HostTensor keep(n.getBuilder().getI1Type(), {rows, cols});
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      keep.setInt(r * cols + c, upper ? c - r >= k : c - r <= k);
+  auto x = n.input(0);
+  if (failed(x))
+    return failure();
+  Value mask = n.broadcastTo(n.constantValue(keep), type->getShape());
+  Value zero = n.splat(*type, 0);
+  n.setOutput(0, n.create<SelectOp>(mask, *x, zero));
+  return success();
+}
+
+/// ScatterND (reduction none) with constant indices: every output element
+/// comes either from the data or from one update, so the output is one
+/// gather from the data and the updates laid end to end.
+LogicalResult convertScatterND(NodeImporter &n) {
+  std::string reduction = n.stringAttr("reduction", "none");
+  if (reduction != "none")
+    return n.error() << "ScatterND: reduction '" << reduction
+                     << "' is not supported (only 'none')";
+  auto type = n.inputType(0), updatesType = n.inputType(2);
+  if (failed(type) || failed(updatesType))
+    return failure();
+  auto idx = n.requireConstant(1, "indices (ScatterND with run-time indices "
+                                  "is not supported)");
+  if (failed(idx))
+    return failure();
+  int64_t r = type->getRank(), q = idx->getRank();
+  if (q < 1)
+    return n.error() << "ScatterND: indices must have rank >= 1";
+  int64_t k = idx->getShape().back();
+  if (k > r)
+    return n.error() << "ScatterND: index depth " << k
+                     << " exceeds the data's rank " << r;
+  ArrayRef<int64_t> ds = type->getShape();
+  int64_t dataCount = numElements(ds);
+  int64_t slice = numElements(ds.drop_front(k));
+  SmallVector<int64_t> strides = stridesOf(ds);
+  SmallVector<int64_t> source(dataCount);
+  for (int64_t i = 0; i < dataCount; ++i)
+    source[i] = i;
+  int64_t tuples = idx->size() / std::max<int64_t>(k, 1);
+  for (int64_t t = 0; t < tuples; ++t) {
+    int64_t offset = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t v = idx->getInt(t * k + j);
+      if (v < -ds[j] || v >= ds[j])
+        return n.error() << "ScatterND: index " << v
+                         << " is out of range for dimension " << j
+                         << " of size " << ds[j];
+      offset += (v < 0 ? v + ds[j] : v) * strides[j];
+    }
+    for (int64_t e = 0; e < slice; ++e)
+      source[offset + e] = dataCount + t * slice + e;
+  }
+  auto data = n.input(0), updates = n.input(2);
+  if (failed(data) || failed(updates))
+    return failure();
+  Value flatData = n.reshape(*data, {dataCount});
+  Value flatUpdates = n.reshape(*updates, {updatesType->getNumElements()});
+  auto both = n.createChecked<ConcatOp>(ValueRange{flatData, flatUpdates},
+                                        static_cast<int64_t>(0));
+  if (failed(both))
+    return failure();
+  Value map = n.constantValue(
+      HostTensor::ints(n.getBuilder().getI64Type(), {dataCount}, source));
+  auto gathered = n.createChecked<GatherOp>(both->getResult(), map,
+                                            static_cast<int64_t>(0));
+  if (failed(gathered))
+    return failure();
+  n.setOutput(0, n.reshape(gathered->getResult(), ds));
+  return success();
+}
+
+/// Einsum with one or two operands, each label at most once per operand
+/// (no diagonals): labels in both operands and the output are batch
+/// dimensions, in both but not the output are contracted, the rest are
+/// free. Lowers to transposes, reshapes and one batched matmul.
+LogicalResult convertEinsum(NodeImporter &n) {
+  std::string equation = n.stringAttr("equation", "");
+  equation.erase(llvm::remove_if(equation, ::isspace), equation.end());
+  // An ellipsis stands for the same leading dimensions in every operand
+  // and the output: spell them as labels of their own.
+  std::string spelled;
+  {
+    SmallVector<StringRef> parts;
+    StringRef(equation).split(parts, "...");
+    if (parts.size() > 1) {
+      auto t0 = n.inputType(0);
+      if (failed(t0))
+        return failure();
+      StringRef first = StringRef(equation).split(',').first.split("->").first;
+      int64_t explicitLabels = first.size() - 3;
+      int64_t hidden = t0->getRank() - explicitLabels;
+      if (hidden < 0)
+        return n.error() << "Einsum: '" << equation
+                         << "' does not match operand 0's rank";
+      std::string dims;
+      for (int64_t i = 0; i < hidden; ++i)
+        dims += static_cast<char>('A' + i);
+      spelled = llvm::join(parts, dims);
+    } else {
+      spelled = equation;
+    }
+  }
+  StringRef eq(spelled);
+  auto [lhs, explicitOut] = eq.split("->");
+  // Without "->" the output is every label used once, in alphabetical order.
+  std::string implicitOut;
+  if (!eq.contains("->")) {
+    for (char c = 'A'; c <= 'z'; ++c)
+      if (llvm::count(lhs, c) == 1)
+        implicitOut += c;
+  }
+  StringRef out = eq.contains("->") ? explicitOut : StringRef(implicitOut);
+  SmallVector<StringRef> ins;
+  lhs.split(ins, ',');
+  if (ins.size() != n.numInputs() || ins.empty() || ins.size() > 2)
+    return n.error() << "Einsum: '" << equation
+                     << "': pcc supports one or two operands";
+  SmallVector<RankedTensorType> types;
+  SmallVector<Value> values;
+  llvm::StringMap<int64_t> sizes;
+  for (auto [i, labels] : llvm::enumerate(ins)) {
+    auto t = n.inputType(i);
+    auto v = n.input(i);
+    if (failed(t) || failed(v))
+      return failure();
+    if (static_cast<int64_t>(labels.size()) != t->getRank())
+      return n.error() << "Einsum: operand " << i << " '" << labels
+                       << "' does not match its rank " << t->getRank();
+    for (auto [d, c] : llvm::enumerate(labels)) {
+      if (labels.count(c) > 1)
+        return n.error() << "Einsum: '" << equation
+                         << "': repeated labels (diagonals) are not supported";
+      auto [it, fresh] = sizes.try_emplace(StringRef(&labels.data()[d], 1),
+                                           t->getDimSize(d));
+      if (!fresh && it->second != t->getDimSize(d))
+        return n.error() << "Einsum: label '" << c << "' has sizes "
+                         << it->second << " and " << t->getDimSize(d);
+    }
+    types.push_back(*t);
+    values.push_back(*v);
+  }
+  auto sizeOf = [&](char c) { return sizes.lookup(StringRef(&c, 1)); };
+  for (char c : out)
+    if (!sizes.count(StringRef(&c, 1)))
+      return n.error() << "Einsum: output label '" << c
+                       << "' is not in any operand";
+  StringRef a = ins[0], b = ins.size() == 2 ? ins[1] : StringRef();
+  std::string batch, free_a, free_b, contracted;
+  for (char c : a) {
+    bool inB = b.contains(c), inOut = out.contains(c);
+    if (inB && inOut)
+      batch += c;
+    else if (inB)
+      contracted += c;
+    else if (inOut)
+      free_a += c;
+    else
+      contracted += c; // summed away: contracted against ones below
+  }
+  for (char c : b)
+    if (!a.contains(c))
+      (out.contains(c) ? free_b : contracted) += c;
+  auto product = [&](StringRef labels) {
+    int64_t p = 1;
+    for (char c : labels)
+      p *= sizeOf(c);
+    return p;
+  };
+  auto permFor = [&](StringRef labels, StringRef order) {
+    SmallVector<int64_t> perm;
+    for (char c : order)
+      if (labels.contains(c))
+        perm.push_back(labels.find(c));
+    return perm;
+  };
+  Type element = types[0].getElementType();
+  int64_t B = product(batch), M = product(free_a), N = product(free_b),
+          K = product(contracted);
+  // A as [B, M, K]; B as [B, K, N] (a missing operand or label is ones).
+  auto viewA = [&]() -> Value {
+    std::string order = batch + free_a;
+    std::string cA;
+    for (char c : contracted)
+      if (a.contains(c))
+        cA += c;
+    order += cA;
+    Value v = transposeTo(n, values[0], permFor(a, order));
+    v = n.reshape(v, {B, M, product(cA)});
+    if (product(cA) != K) // labels only in b are summed against ones
+      return Value();
+    return v;
+  };
+  Value va = viewA();
+  if (!va)
+    return n.error() << "Einsum: '" << equation
+                     << "': a contracted label missing from the first "
+                        "operand is not supported";
+  Value vb;
+  if (ins.size() == 2) {
+    std::string order = batch;
+    std::string cB;
+    for (char c : contracted)
+      if (b.contains(c))
+        cB += c;
+    if (product(cB) != K)
+      return n.error() << "Einsum: '" << equation
+                       << "': a label summed over in one operand only is not "
+                          "supported with two operands";
+    order += cB + free_b;
+    vb = transposeTo(n, values[1], permFor(b, order));
+    vb = n.reshape(vb, {B, K, N});
+  } else {
+    vb = n.splat(RankedTensorType::get({B, K, 1}, element), 1.0);
+  }
+  auto prod = n.createChecked<MatmulOp>(va, vb, false, false);
+  if (failed(prod))
+    return failure();
+  // [B, M, N] -> batch + free_a + free_b -> the output's order.
+  std::string have = batch + free_a + free_b;
+  SmallVector<int64_t> shape;
+  for (char c : have)
+    shape.push_back(sizeOf(c));
+  Value r = n.reshape(prod->getResult(), shape);
+  SmallVector<int64_t> perm;
+  for (char c : out)
+    perm.push_back(StringRef(have).find(c));
+  n.setOutput(0, transposeTo(n, r, perm));
+  return success();
+}
+
+} // namespace
+
+void onnx_import::registerCompositeConverters(
+    llvm::StringMap<ConverterFn> &table) {
+  table["RMSNormalization"] = convertRMSNorm;
+  table["CumSum"] = convertCumSum;
+  table["ScatterND"] = convertScatterND;
+  table["Einsum"] = convertEinsum;
+  // Trilu on constants keeps its host fold; run-time data gets a select.
+  ConverterFn hostTrilu = table.lookup("Trilu");
+  static ConverterFn foldTrilu = hostTrilu;
+  table["Trilu"] = [](NodeImporter &n) -> LogicalResult {
+    if (n.constant(0) && foldTrilu)
+      return foldTrilu(n);
+    return convertTriluRuntime(n);
+  };
+}
