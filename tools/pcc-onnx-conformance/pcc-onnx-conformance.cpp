@@ -373,7 +373,9 @@ void runTest(Row &row, const std::string &dir, ModuleOp module,
       int64_t count = pccrt::elementCount(ref->shape);
       for (int64_t j = 0; j < count; ++j) {
         double x = valueAt(got, type, j), r = valueAt(want, type, j);
-        if (std::isnan(x) && std::isnan(r))
+        // Equal values (equal infinities included) and NaN where NaN is
+        // expected match.
+        if (x == r || (std::isnan(x) && std::isnan(r)))
           continue;
         double diff = std::fabs(x - r);
         bool ok = isFloat ? diff <= absTol + relTol * std::fabs(r) : x == r;

@@ -425,8 +425,9 @@ bool reportOutputs(const Options &opts, const pcc_model_info &info,
     for (int64_t j = 0; j < count; ++j) {
       double x = valueAt(a.data.data(), a.dtype, j);
       double r = valueAt(ref->data.data(), ref->dtype, j);
-      double diff = std::fabs(x - r);
-      bool nanMatch = std::isnan(x) && std::isnan(r);
+      // Equal values (equal infinities included) and NaN for NaN match.
+      bool nanMatch = x == r || (std::isnan(x) && std::isnan(r));
+      double diff = nanMatch ? 0.0 : std::fabs(x - r);
       if (!nanMatch && !(diff <= opts.atol + opts.rtol * std::fabs(r)))
         ++bad;
       if (!nanMatch) {
