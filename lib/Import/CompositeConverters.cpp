@@ -2,7 +2,7 @@
 //
 // Ops newer exporters write that pcc computes with ops it already has:
 // RMSNormalization (opset 23), CumSum (a log-step scan of adds),
-// Trilu on run-time data (a select with a constant mask), ScatterND with
+// Trilu (a select with a constant mask on run-time data), ScatterND with
 // constant indices (one gather from the data and the updates), and Einsum
 // for the contractions exporters write (one batched matmul between
 // transposes and reshapes). Each folds on the host when its inputs do.
@@ -162,8 +162,9 @@ LogicalResult convertCumSum(NodeImporter &n) {
   return success();
 }
 
-/// Trilu on run-time data: the entries outside the triangle become 0.
-LogicalResult convertTriluRuntime(NodeImporter &n) {
+/// Trilu: the entries outside the triangle become 0 (on the host for a
+/// constant input, else a select with a constant mask).
+LogicalResult convertTrilu(NodeImporter &n) {
   auto type = n.inputType(0);
   if (failed(type))
     return failure();
@@ -179,10 +180,21 @@ LogicalResult convertTriluRuntime(NodeImporter &n) {
   bool upper = n.intAttr("upper", 1) != 0;
   int64_t rows = type->getDimSize(type->getRank() - 2),
           cols = type->getDimSize(type->getRank() - 1);
+  auto inside = [&](int64_t r, int64_t c) {
+    return upper ? c - r >= k : c - r <= k;
+  };
+  if (const HostTensor *c = n.constant(0)) {
+    HostTensor out = *c;
+    for (int64_t i = 0; i < out.size(); ++i)
+      if (!inside((i / cols) % rows, i % cols))
+        out.setDouble(i, 0.0);
+    n.setConstantOutput(0, std::move(out));
+    return success();
+  }
   HostTensor keep(n.getBuilder().getI1Type(), {rows, cols});
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
-      keep.setInt(r * cols + c, upper ? c - r >= k : c - r <= k);
+      keep.setInt(r * cols + c, inside(r, c));
   auto x = n.input(0);
   if (failed(x))
     return failure();
@@ -421,12 +433,5 @@ void onnx_import::registerCompositeConverters(
   table["CumSum"] = convertCumSum;
   table["ScatterND"] = convertScatterND;
   table["Einsum"] = convertEinsum;
-  // Trilu on constants keeps its host fold; run-time data gets a select.
-  ConverterFn hostTrilu = table.lookup("Trilu");
-  static ConverterFn foldTrilu = hostTrilu;
-  table["Trilu"] = [](NodeImporter &n) -> LogicalResult {
-    if (n.constant(0) && foldTrilu)
-      return foldTrilu(n);
-    return convertTriluRuntime(n);
-  };
+  table["Trilu"] = convertTrilu;
 }

@@ -161,7 +161,6 @@ void registerElementwiseConverters(llvm::StringMap<ConverterFn> &table);
 void registerShapeConverters(llvm::StringMap<ConverterFn> &table);
 void registerNeuralConverters(llvm::StringMap<ConverterFn> &table);
 void registerIndexingConverters(llvm::StringMap<ConverterFn> &table);
-/// After the others: it wraps Trilu's host fold.
 void registerCompositeConverters(llvm::StringMap<ConverterFn> &table);
 
 /// Maps an ONNX TensorProto data type to an MLIR element type, or null.

@@ -1,6 +1,6 @@
 //===- ShapeConverters.cpp - ONNX shape and data-movement ops -------------===//
 //
-// Constant, Shape, Size, ConstantOfShape, Range and Trilu only ever produce
+// Constant, Shape, Size, ConstantOfShape and Range only ever produce
 // host constants (pcc's shapes are static). Reshape, Flatten, (Un)Squeeze,
 // Transpose, Concat, Split, Slice, Gather and Expand fold on the host when
 // their data input is a constant and build IR otherwise.
@@ -163,34 +163,6 @@ static LogicalResult convertRange(NodeImporter &n) {
       out.setDouble(i, s + i * d);
     else
       out.setInt(i, start->getInt(0) + i * delta->getInt(0));
-  }
-  n.setConstantOutput(0, std::move(out));
-  return success();
-}
-
-static LogicalResult convertTrilu(NodeImporter &n) {
-  auto in = n.requireConstant(0, "input (Trilu on run-time data is not "
-                                 "supported)");
-  if (failed(in))
-    return failure();
-  int64_t k = 0;
-  if (n.hasInput(1)) {
-    auto kT = n.requireConstant(1, "k");
-    if (failed(kT))
-      return failure();
-    k = kT->getInt(0);
-  }
-  if (in->getRank() < 2)
-    return n.error() << "Trilu: input needs rank >= 2";
-  bool upper = n.intAttr("upper", 1) != 0;
-  HostTensor out = *in;
-  int64_t rows = in->getShape()[in->getRank() - 2];
-  int64_t cols = in->getShape()[in->getRank() - 1];
-  for (int64_t i = 0; i < out.size(); ++i) {
-    int64_t c = i % cols, r = (i / cols) % rows;
-    bool keep = upper ? c - r >= k : c - r <= k;
-    if (!keep)
-      out.setDouble(i, 0.0);
   }
   n.setConstantOutput(0, std::move(out));
   return success();
@@ -647,7 +619,6 @@ void onnx_import::registerShapeConverters(llvm::StringMap<ConverterFn> &t) {
   t["Size"] = convertSize;
   t["ConstantOfShape"] = convertConstantOfShape;
   t["Range"] = convertRange;
-  t["Trilu"] = convertTrilu;
   t["Reshape"] = convertReshape;
   t["Flatten"] = convertFlatten;
   t["Squeeze"] = convertSqueeze;
