@@ -327,14 +327,18 @@ static const llvm::StringMap<UnarySpec> &unarySpecs() {
     s["Ceil"] = {[](double x) { return std::ceil(x); }, buildUnary<CeilOp>()};
     s["Not"] = {[](double x) -> double { return x == 0.0; },
                 buildUnary<NotOp>()};
-    s["Exp"] = {nullptr, buildUnary<ExpOp>()};
-    s["Log"] = {nullptr, buildUnary<LogOp>()};
-    s["Erf"] = {nullptr, buildUnary<ErfOp>()};
-    s["Tanh"] = {nullptr, buildUnary<TanhOp>()};
-    s["Sigmoid"] = {nullptr, buildUnary<SigmoidOp>()};
-    s["Relu"] = {nullptr, buildUnary<ReluOp>()};
-    s["Sin"] = {nullptr, buildUnary<SinOp>()};
-    s["Cos"] = {nullptr, buildUnary<CosOp>()};
+    // Computed from constants alone (a rotary table from a constant
+    // position range), these fold on the host too, in double.
+    s["Exp"] = {[](double x) { return std::exp(x); }, buildUnary<ExpOp>()};
+    s["Log"] = {[](double x) { return std::log(x); }, buildUnary<LogOp>()};
+    s["Erf"] = {[](double x) { return std::erf(x); }, buildUnary<ErfOp>()};
+    s["Tanh"] = {[](double x) { return std::tanh(x); }, buildUnary<TanhOp>()};
+    s["Sigmoid"] = {[](double x) { return 1.0 / (1.0 + std::exp(-x)); },
+                    buildUnary<SigmoidOp>()};
+    s["Relu"] = {[](double x) { return x > 0 ? x : 0.0; },
+                 buildUnary<ReluOp>()};
+    s["Sin"] = {[](double x) { return std::sin(x); }, buildUnary<SinOp>()};
+    s["Cos"] = {[](double x) { return std::cos(x); }, buildUnary<CosOp>()};
     return s;
   }();
   return specs;
