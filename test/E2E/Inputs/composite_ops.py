@@ -106,3 +106,23 @@ gei = np.array([[0, 3, -1], [2, 0, 1], [1, 1, 3]], dtype=np.int64)
 write("gather_elements", """g (float[3,4] d, int64[3,3] i) => (float[3,3] y) {
   y = GatherElements <axis = 1> (d, i)
 }""", [ge, gei], np.take_along_axis(ge, np.where(gei < 0, gei + 4, gei), axis=1))
+# Mod (C's fmod for floats, Python's % for integers, 0 for a zero integer
+# divisor) and IsInf / IsNaN on run-time data.
+mx = (rng.standard_normal((2, 8)) * 5).astype(np.float32)
+mx[0, 0], mx[0, 1] = np.inf, -np.inf
+my = (rng.standard_normal((2, 8)) * 2).astype(np.float32)
+my[1, 1] = np.nan
+with np.errstate(all="ignore"):
+    write("mod_float", """g (float[2,8] x, float[2,8] y) => (float[2,8] r) {
+  r = Mod <fmod = 1> (x, y)
+}""", [mx, my], np.fmod(mx, my).astype(np.float32))
+ia = rng.integers(-20, 20, (2, 8)).astype(np.int64)
+ib = rng.integers(1, 7, (2, 8)).astype(np.int64) * np.where(rng.random((2, 8)) < 0.5, -1, 1)
+ib[0, 3] = 0
+write("mod_int", """g (int64[2,8] a, int64[2,8] b) => (int64[2,8] r) {
+  r = Mod (a, b)
+}""", [ia, ib], np.where(ib == 0, 0, np.mod(ia, np.where(ib == 0, 1, ib))).astype(np.int64))
+write("isinf_isnan", """g (float[2,8] x, float[2,8] y) => (bool[2,8] pos, bool[2,8] nan) {
+  pos = IsInf <detect_negative = 0> (x)
+  nan = IsNaN (y)
+}""", [mx, my], np.isposinf(mx))
