@@ -105,8 +105,10 @@ LogicalResult convertCumSum(NodeImporter &n) {
       int64_t isum = 0;
       for (int64_t j = 0; j < len; ++j)
         if (contributes(j, pos)) {
-          sum += c->getDouble(base + j * stride);
-          isum += c->getInt(base + j * stride);
+          if (out.isFloat())
+            sum += c->getDouble(base + j * stride);
+          else
+            isum += c->getInt(base + j * stride);
         }
       if (out.isFloat())
         out.setDouble(i, sum);
@@ -226,6 +228,9 @@ LogicalResult convertScatterND(NodeImporter &n) {
   if (k > r)
     return n.error() << "ScatterND: index depth " << k
                      << " exceeds the data's rank " << r;
+  if (k < 1)
+    return n.error() << "ScatterND: an index depth of 0 (every update "
+                        "replacing the whole data) is not supported";
   ArrayRef<int64_t> ds = type->getShape();
   int64_t dataCount = numElements(ds);
   int64_t slice = numElements(ds.drop_front(k));
@@ -233,7 +238,12 @@ LogicalResult convertScatterND(NodeImporter &n) {
   SmallVector<int64_t> source(dataCount);
   for (int64_t i = 0; i < dataCount; ++i)
     source[i] = i;
-  int64_t tuples = idx->size() / std::max<int64_t>(k, 1);
+  int64_t tuples = idx->size() / k;
+  if (updatesType->getNumElements() != tuples * slice)
+    return n.error() << "ScatterND: updates have "
+                     << updatesType->getNumElements() << " elements; "
+                     << tuples << " indices of depth " << k << " need "
+                     << tuples * slice;
   for (int64_t t = 0; t < tuples; ++t) {
     int64_t offset = 0;
     for (int64_t j = 0; j < k; ++j) {
@@ -275,7 +285,7 @@ LogicalResult convertEinsum(NodeImporter &n) {
   equation.erase(llvm::remove_if(equation, ::isspace), equation.end());
   // An ellipsis stands for the same leading dimensions in every operand
   // and the output: spell them as labels of their own.
-  std::string spelled;
+  std::string spelled, ellipsisLabels;
   {
     SmallVector<StringRef> parts;
     StringRef(equation).split(parts, "...");
@@ -289,9 +299,16 @@ LogicalResult convertEinsum(NodeImporter &n) {
       if (hidden < 0)
         return n.error() << "Einsum: '" << equation
                          << "' does not match operand 0's rank";
+      // Letters the equation does not use stand for the hidden dimensions.
       std::string dims;
-      for (int64_t i = 0; i < hidden; ++i)
-        dims += static_cast<char>('A' + i);
+      for (char c = 'A'; c <= 'Z' && static_cast<int64_t>(dims.size()) < hidden;
+           ++c)
+        if (!StringRef(equation).contains(c))
+          dims += c;
+      if (static_cast<int64_t>(dims.size()) < hidden)
+        return n.error() << "Einsum: '" << equation
+                         << "': too many dimensions under the ellipsis";
+      ellipsisLabels = dims;
       spelled = llvm::join(parts, dims);
     } else {
       spelled = equation;
@@ -299,11 +316,12 @@ LogicalResult convertEinsum(NodeImporter &n) {
   }
   StringRef eq(spelled);
   auto [lhs, explicitOut] = eq.split("->");
-  // Without "->" the output is every label used once, in alphabetical order.
-  std::string implicitOut;
+  // Without "->" the output is the ellipsis's dimensions, then every other
+  // label used once, in alphabetical order.
+  std::string implicitOut = ellipsisLabels;
   if (!eq.contains("->")) {
     for (char c = 'A'; c <= 'z'; ++c)
-      if (llvm::count(lhs, c) == 1)
+      if (llvm::count(lhs, c) == 1 && !StringRef(ellipsisLabels).contains(c))
         implicitOut += c;
   }
   StringRef out = eq.contains("->") ? explicitOut : StringRef(implicitOut);

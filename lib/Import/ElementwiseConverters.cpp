@@ -219,7 +219,7 @@ static LogicalResult convertMod(NodeImporter &n) {
   BinarySpec spec{
       [](double a, double b) { return std::fmod(a, b); },
       [fmod](int64_t a, int64_t b) -> int64_t {
-        if (b == 0)
+        if (b == 0 || b == -1) // -1: INT64_MIN % -1 traps; the remainder is 0
           return 0;
         int64_t r = a % b;
         return !fmod && r != 0 && ((r < 0) != (b < 0)) ? r + b : r;

@@ -122,6 +122,9 @@ LogicalResult convertGatherND(NodeImporter &n) {
   }
 
   // Run-time indices: row = batch offset + sum_j idx[..., j] * stride_j.
+  if (k < 1)
+    return n.error() << "GatherND: run-time indices of depth 0 are not "
+                        "supported";
   auto idx = n.input(1);
   auto data = n.input(0);
   if (failed(idx) || failed(data))

@@ -254,9 +254,13 @@ static bool preferredVariant(const ShardingPlan &a, const ShardingPlan &b) {
 }
 
 void Search::groupMoves() {
+  // One try per class: a class's group move sets the whole class, so
+  // trying it again from another member would repeat the same trial.
+  llvm::DenseSet<unsigned> tried;
   for (const WeightMatmul &first : matmuls) {
+    unsigned cls = classes.classOf.lookup(first.weight);
     if (!decisions.lookup(first.weight).isReplicated() ||
-        frozen.contains(classes.classOf.lookup(first.weight)))
+        frozen.contains(cls) || !tried.insert(cls).second)
       continue;
     Shard column = Shard::split(first.nB, columnStripes(first));
     if (!fits(first.weight, column))
@@ -301,16 +305,17 @@ void Search::groupMoves() {
     for (auto &w : weights)
       if (trial.lookup(w.first) != decisions.lookup(w.first))
         changedWeights.push_back(w.first);
-    ShardingPlan before = best;
+    int64_t beforeBytes = best.replicatedWeightBytes,
+            beforeComm = best.commBytes();
+    double beforeSeconds = best.seconds();
     if (offer(std::move(trial), &plan)) {
       frozen.insert(keptWhole.begin(), keptWhole.end());
       GroupMove move;
       for (StringRef w : changedWeights)
         move.weights.push_back({w, decisions.lookup(w)});
-      move.replicatedBytesSaved =
-          before.replicatedWeightBytes - best.replicatedWeightBytes;
-      move.commBytesAdded = best.commBytes() - before.commBytes();
-      move.secondsAdded = best.seconds() - before.seconds();
+      move.replicatedBytesSaved = beforeBytes - best.replicatedWeightBytes;
+      move.commBytesAdded = best.commBytes() - beforeComm;
+      move.secondsAdded = best.seconds() - beforeSeconds;
       result.groups.push_back(std::move(move));
     }
   }

@@ -396,8 +396,10 @@ std::optional<std::string> CppEmitter::scalarExpr(Operation *op,
                  " && ((r < " + zero() + ") != (" + a[1] + " < " + zero() +
                  "))) ? r + " + a[1] + " : r; }())";
         }
-        std::string r = "(" + a[1] + " == 0 ? " + zero() + " : static_cast<" +
-                        T + ">(" + a[0] + " % " + a[1] + "))";
+        // A zero divisor gives 0; so does -1 (INT_MIN % -1 traps).
+        std::string r = "((" + a[1] + " == 0 || " + a[1] + " == -1) ? " +
+                        zero() + " : static_cast<" + T + ">(" + a[0] + " % " +
+                        a[1] + "))";
         if (m.getFmod())
           return r;
         return "([&] { " + T + " r = " + r + "; return (r != " + zero() +

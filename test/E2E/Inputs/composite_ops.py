@@ -126,3 +126,10 @@ write("isinf_isnan", """g (float[2,8] x, float[2,8] y) => (bool[2,8] pos, bool[2
   pos = IsInf <detect_negative = 0> (x)
   nan = IsNaN (y)
 }""", [mx, my], np.isposinf(mx))
+# Implicit output with an ellipsis in both operands: the ellipsis's
+# dimensions lead the output (a batched matrix product).
+ea = rng.standard_normal((2, 3, 4)).astype(np.float32)
+eb = rng.standard_normal((2, 4, 5)).astype(np.float32)
+write("einsum_implicit_ellipsis", """g (float[2,3,4] a, float[2,4,5] b) => (float[2,3,5] c) {
+  c = Einsum <equation = "...ij,...jk"> (a, b)
+}""", [ea, eb], np.einsum("...ij,...jk", ea, eb))
