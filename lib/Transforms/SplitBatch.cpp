@@ -60,52 +60,80 @@ struct SplitBatchPass
     : public mlir::pcc::impl::SplitBatchBase<SplitBatchPass> {
   using SplitBatchBase::SplitBatchBase;
 
-  void runOnOperation() override {
-    func::FuncOp func = getOperation();
-    int64_t m = microbatches;
-    if (m <= 1)
-      return;
-    // Every input carries the batch in dimension 0, one batch for all.
+  static ShardingPlan propagate(func::FuncOp func, int64_t dim, int64_t m) {
+    SmallVector<Shard> inputs(func.getNumArguments(), Shard::split(dim, 1));
+    return propagateShardings(func, "microbatch", m, {}, CostModel(), inputs);
+  }
+
+  /// Whether every input has a dimension `dim` of one size that m divides.
+  static bool inputDimFits(func::FuncOp func, int64_t dim, int64_t m) {
+    int64_t size = -1;
+    for (BlockArgument arg : func.getArguments()) {
+      auto type = cast<RankedTensorType>(arg.getType());
+      if (type.getRank() <= dim || (size >= 0 && type.getDimSize(dim) != size))
+        return false;
+      size = type.getDimSize(dim);
+    }
+    return size > 0 && size % m == 0;
+  }
+
+  /// Whether the rows never meet and every output comes out split by rows
+  /// (in one block per micro-batch) along some dimension.
+  static bool sound(func::FuncOp func, const ShardingPlan &plan) {
+    if (llvm::any_of(plan.collectives,
+                     [](const PlannedCollective &c) { return c.consumer; }))
+      return false;
+    auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
+    return llvm::all_of(ret.getOperands(), [&](Value v) {
+      Shard s = plan.shards.lookup(v);
+      return s.isSplit() && s.stripes == 1;
+    });
+  }
+
+  /// Errors for inputs that cannot share a batch in dimension 0.
+  static LogicalResult checkInputs(func::FuncOp func, int64_t m) {
     int64_t batch = -1;
     std::string first;
     for (BlockArgument arg : func.getArguments()) {
       auto type = cast<RankedTensorType>(arg.getType());
       std::string name = nameOf(func, arg.getArgNumber(), false);
-      if (type.getRank() == 0) {
-        func.emitError() << "graph input '" << name
-                         << "' is a scalar; micro-batches split dimension 0 "
-                            "(the batch) of every input";
-        return signalPassFailure();
-      }
+      if (type.getRank() == 0)
+        return func.emitError()
+               << "graph input '" << name
+               << "' is a scalar; micro-batches split the batch of every "
+                  "input";
       if (batch < 0) {
         batch = type.getDimSize(0);
         first = name;
       } else if (type.getDimSize(0) != batch) {
-        func.emitError() << "graph input '" << name << "' has "
-                         << type.getDimSize(0)
-                         << " rows in dimension 0, but input '" << first
-                         << "' has " << batch
-                         << "; micro-batches split one batch shared by "
-                            "every input";
-        return signalPassFailure();
+        return func.emitError()
+               << "graph input '" << name << "' has " << type.getDimSize(0)
+               << " rows in dimension 0, but input '" << first << "' has "
+               << batch
+               << "; micro-batches split one batch shared by every input";
       }
     }
-    if (batch < 0) {
-      func.emitError() << "the model has no inputs to split into micro-batches";
-      return signalPassFailure();
-    }
-    if (batch % m != 0) {
-      func.emitError() << "batch " << batch << " (dimension 0 of input '"
-                       << first << "') does not divide into " << m
-                       << " micro-batches";
-      return signalPassFailure();
-    }
+    if (batch < 0)
+      return func.emitError()
+             << "the model has no inputs to split into micro-batches";
+    if (batch % m != 0)
+      return func.emitError()
+             << "batch " << batch << " (dimension 0 of input '" << first
+             << "') does not divide into " << m << " micro-batches";
+    return success();
+  }
 
-    SmallVector<Shard> inputs(func.getNumArguments(), Shard::split(0, 1));
-    ShardingPlan plan =
-        propagateShardings(func, "microbatch", m, {}, CostModel(), inputs);
+  static std::optional<ShardingPlan> analyze(func::FuncOp func, int64_t dim,
+                                             int64_t m) {
+    ShardingPlan plan = propagate(func, dim, m);
+    if (!sound(func, plan))
+      return std::nullopt;
+    return plan;
+  }
 
-    // Rows must never meet.
+  /// Names the op where rows meet, or the output that is not split by rows.
+  static void reportFailure(func::FuncOp func, const ShardingPlan &plan,
+                            int64_t m) {
     for (const PlannedCollective &c : plan.collectives) {
       if (!c.consumer)
         continue;
@@ -114,30 +142,58 @@ struct SplitBatchPass
              "combines rows of different batch entries (it needs the whole "
           << c.value.getType() << " that is split by rows, "
           << c.from.describe() << ")";
-      return signalPassFailure();
+      return;
     }
-    // Every output comes out split by rows, in order.
     auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
     for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
       Shard s = plan.shards.lookup(v);
-      if (s == Shard::split(0, 1))
+      if (s.isSplit() && s.stripes == 1)
         continue;
       auto diag = func.emitError()
                   << "graph output '" << nameOf(func, i, true)
                   << "' cannot be split into " << m << " micro-batches: ";
-      if (s.isSplit() && s.dim != 0)
-        diag << "it holds the batch in dimension " << s.dim
-             << " (pcc-run puts micro-batches back together along "
-                "dimension 0)";
-      else if (s.isSplit())
+      if (s.isSplit())
         diag << "its rows of one micro-batch are not contiguous ("
              << s.describe() << ")";
       else if (s.isPartial())
         diag << "it sums over the batch";
       else
         diag << "it does not depend on the batch row by row";
+      return;
+    }
+  }
+
+  void runOnOperation() override {
+    func::FuncOp func = getOperation();
+    int64_t m = microbatches;
+    if (m <= 1)
+      return;
+    // The batch is dimension 0 of every input, or dimension 1 of every
+    // input (sequence-first layouts: [seq, batch, ...]) when dimension 0's
+    // rows meet and dimension 1's do not.
+    std::optional<ShardingPlan> found;
+    if (inputDimFits(func, 0, m))
+      found = analyze(func, 0, m);
+    if (!found && inputDimFits(func, 1, m))
+      found = analyze(func, 1, m);
+    if (!found) {
+      // Say why dimension 0 does not hold the batch.
+      if (failed(checkInputs(func, m)))
+        return signalPassFailure();
+      reportFailure(func, propagate(func, 0, m), m);
       return signalPassFailure();
     }
+    ShardingPlan plan = std::move(*found);
+    // Where the batch lies, for the runtime to cut and reassemble
+    // micro-batches (model ABI: input/output batch dimensions).
+    OpBuilder b(func.getContext());
+    for (BlockArgument arg : func.getArguments())
+      func.setArgAttr(arg.getArgNumber(), "pcc.batch_dim",
+                      b.getI64IntegerAttr(plan.shards.lookup(arg).dim));
+    auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
+    for (auto [i, v] : llvm::enumerate(ret.getOperands()))
+      func.setResultAttr(i, "pcc.batch_dim",
+                         b.getI64IntegerAttr(plan.shards.lookup(v).dim));
 
     if (failed(partitionFunction(func, plan, /*keepResultLayouts=*/true)))
       return signalPassFailure();

@@ -237,11 +237,23 @@ std::vector<int32_t> ModelLibrary::stagesOf(int64_t ppRank) const {
   return stages;
 }
 
+int32_t ModelLibrary::batchDimOf(const pcc_tensor_spec &spec) const {
+  const pcc_model_info &info = *modelInfo;
+  if (info.input_batch_dims && &spec >= info.inputs &&
+      &spec < info.inputs + info.num_inputs)
+    return info.input_batch_dims[&spec - info.inputs];
+  if (info.output_batch_dims && &spec >= info.outputs &&
+      &spec < info.outputs + info.num_outputs)
+    return info.output_batch_dims[&spec - info.outputs];
+  return 0;
+}
+
 std::vector<int64_t>
 ModelLibrary::batchShape(const pcc_tensor_spec &spec) const {
   std::vector<int64_t> shape = specShape(spec);
-  if (!shape.empty())
-    shape[0] *= modelInfo->microbatches;
+  int32_t dim = batchDimOf(spec);
+  if (dim >= 0 && dim < static_cast<int32_t>(shape.size()))
+    shape[dim] *= modelInfo->microbatches;
   return shape;
 }
 

@@ -3,11 +3,12 @@
 // Tests the batch analysis: the whole-batch program of a model exported
 // with a fixed batch (the batch written into a reshape and an expanded
 // constant) becomes one micro-batch's program when the rows never meet;
-// ops that combine rows and outputs without the batch in dimension 0 are
-// refused, naming them.
+// the batch may be dimension 0 or (sequence-first) dimension 1 of the
+// inputs and any dimension of an output (recorded as pcc.batch_dim); ops
+// that combine rows in both are refused, naming them.
 
 // CHECK-LABEL: func.func @fixed
-// CHECK-SAME: (%[[X:.*]]: tensor<2x8xf32> {pcc.name = "x"}) -> (tensor<2x2x4xf32> {pcc.name = "y"})
+// CHECK-SAME: (%[[X:.*]]: tensor<2x8xf32> {pcc.batch_dim = 0 : i64, pcc.name = "x"}) -> (tensor<2x2x4xf32> {pcc.batch_dim = 0 : i64, pcc.name = "y"})
 // CHECK: %[[W:.*]] = pcc.param "w" : tensor<8x8xf32>
 // CHECK: %[[H:.*]] = pcc.matmul %[[X]], %[[W]] : tensor<2x8xf32>, tensor<8x8xf32> -> tensor<2x8xf32>
 // The position table is the same for both micro-batches: its piece is
@@ -28,6 +29,8 @@ func.func @fixed(%x: tensor<4x8xf32> {pcc.name = "x"}) -> (tensor<4x2x4xf32> {pc
 // -----
 
 // A constant whose rows differ between micro-batches cannot be shared.
+// (Rows of dimension 1 would be independent too, so the error comes from
+// the attempt the analysis keeps: dimension 0.)
 func.func @rows_differ(%x: tensor<4x2xf32> {pcc.name = "x"}) -> (tensor<4x2xf32> {pcc.name = "y"}) {
   // expected-error @+1 {{this value is sliced along the batch, and its slices differ between micro-batches}}
   %c = pcc.constant dense<[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]]> : tensor<4x2xf32>
@@ -37,33 +40,48 @@ func.func @rows_differ(%x: tensor<4x2xf32> {pcc.name = "x"}) -> (tensor<4x2xf32>
 
 // -----
 
-// A softmax over the batch combines the rows of every batch entry.
-func.func @rows_meet(%x: tensor<4x8xf32> {pcc.name = "x"}) -> (tensor<4x8xf32> {pcc.name = "p"}) {
+// x xT combines the rows of every batch entry (and sums over dimension 1).
+func.func @rows_meet(%x: tensor<4x8xf32> {pcc.name = "x"}) -> (tensor<4x4xf32> {pcc.name = "p"}) {
   // expected-error @+1 {{cannot split the batch into micro-batches here: this op combines rows of different batch entries (it needs the whole 'tensor<4x8xf32>' that is split by rows, dim 0)}}
-  %p = pcc.softmax %x axis = 0 : tensor<4x8xf32>
-  return %p : tensor<4x8xf32>
+  %p = pcc.matmul %x, %x {transpose_b} : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x4xf32>
+  return %p : tensor<4x4xf32>
 }
 
 // -----
 
-// x summed over the batch (as x^T x would be) is one result for all rows.
+// x summed over everything is one result for all rows.
 // expected-error @+1 {{graph output 'total' cannot be split into 2 micro-batches: it sums over the batch}}
-func.func @sum(%x: tensor<4x8xf32> {pcc.name = "x"}) -> (tensor<8xf32> {pcc.name = "total"}) {
-  %s = pcc.reduce_sum %x axes = [0] : tensor<4x8xf32> -> tensor<8xf32>
-  return %s : tensor<8xf32>
+func.func @sum(%x: tensor<4x8xf32> {pcc.name = "x"}) -> (tensor<1x1xf32> {pcc.name = "total"}) {
+  %s = pcc.reduce_sum %x axes = [0, 1] {keep_dims} : tensor<4x8xf32> -> tensor<1x1xf32>
+  return %s : tensor<1x1xf32>
 }
 
 // -----
 
-// expected-error @+1 {{graph output 'y' cannot be split into 2 micro-batches: it holds the batch in dimension 1}}
-func.func @seq_first(%x: tensor<4x3xf32> {pcc.name = "x"}) -> (tensor<3x4xf32> {pcc.name = "y"}) {
+// An output that holds the batch in dimension 1 (sequence-first): the
+// runtime cuts and reassembles micro-batches along the recorded dimension.
+// CHECK-LABEL: func.func @seq_first_out
+// CHECK-SAME: (%{{.*}}: tensor<2x3xf32> {pcc.batch_dim = 0 : i64, pcc.name = "x"}) -> (tensor<3x2xf32> {pcc.batch_dim = 1 : i64, pcc.name = "y"})
+func.func @seq_first_out(%x: tensor<4x3xf32> {pcc.name = "x"}) -> (tensor<3x4xf32> {pcc.name = "y"}) {
   %t = pcc.transpose %x [1, 0] : tensor<4x3xf32> -> tensor<3x4xf32>
   return %t : tensor<3x4xf32>
 }
 
 // -----
 
+// Sequence-first inputs: a softmax over dimension 0 (the sequence) makes
+// rows of dimension 0 meet, so the batch is dimension 1.
+// CHECK-LABEL: func.func @seq_first_in
+// CHECK-SAME: (%{{.*}}: tensor<5x2x8xf32> {pcc.batch_dim = 1 : i64, pcc.name = "x"}) -> (tensor<5x2x8xf32> {pcc.batch_dim = 1 : i64, pcc.name = "y"})
+// CHECK: pcc.softmax %{{.*}} axis = 0 : tensor<5x2x8xf32>
+func.func @seq_first_in(%x: tensor<5x4x8xf32> {pcc.name = "x"}) -> (tensor<5x4x8xf32> {pcc.name = "y"}) {
+  %s = pcc.softmax %x axis = 0 : tensor<5x4x8xf32>
+  return %s : tensor<5x4x8xf32>
+}
+
+// -----
+
 // expected-error @+1 {{graph input 'm' has 3 rows in dimension 0, but input 'x' has 4; micro-batches split one batch shared by every input}}
-func.func @two_batches(%x: tensor<4x8xf32> {pcc.name = "x"}, %m: tensor<3x8xf32> {pcc.name = "m"}) -> (tensor<4x8xf32> {pcc.name = "y"}) {
+func.func @two_batches(%x: tensor<4x8xf32> {pcc.name = "x"}, %m: tensor<3x5xf32> {pcc.name = "m"}) -> (tensor<4x8xf32> {pcc.name = "y"}) {
   return %x : tensor<4x8xf32>
 }

@@ -337,6 +337,31 @@ Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks, Device &device,
   return r;
 }
 
+/// Reorders a whole-batch array whose batch is dimension `dim` between the
+/// user's layout [outer, m x b, inner] and the runtime's, micro-batch after
+/// micro-batch: [m, outer, b, inner] (`toMicrobatches`) or back.
+void reorderMicrobatches(NpyArray &a, int32_t dim, int64_t m,
+                         bool toMicrobatches) {
+  if (m <= 1 || dim <= 0)
+    return; // dimension 0: already micro-batch after micro-batch
+  int64_t outer = 1, inner = dtypeSize(a.dtype);
+  for (int32_t d = 0; d < dim; ++d)
+    outer *= a.shape[d];
+  for (size_t d = dim + 1; d < a.shape.size(); ++d)
+    inner *= a.shape[d];
+  int64_t rows = a.shape[dim] / m; // one micro-batch's
+  std::vector<uint8_t> out(a.data.size());
+  for (int64_t k = 0; k < m; ++k)
+    for (int64_t o = 0; o < outer; ++o) {
+      int64_t user = (o * a.shape[dim] + k * rows) * inner;
+      int64_t runtime = ((k * outer + o) * rows) * inner;
+      const uint8_t *from = a.data.data() + (toMicrobatches ? user : runtime);
+      uint8_t *to = out.data() + (toMicrobatches ? runtime : user);
+      std::memcpy(to, from, rows * inner);
+    }
+  a.data = std::move(out);
+}
+
 /// Reads the --input files and checks them against the model's inputs
 /// (whole batch: every micro-batch's rows).
 std::vector<NpyArray> readInputs(const Options &opts,
@@ -371,6 +396,8 @@ std::vector<NpyArray> readInputs(const Options &opts,
           std::string(dtypeName(array->dtype)) + " " +
           shapeString(array->shape));
     inputs.push_back(array.take());
+    reorderMicrobatches(inputs.back(), library.batchDimOf(spec),
+                        info.microbatches, /*toMicrobatches=*/true);
   }
   return inputs;
 }
@@ -569,6 +596,10 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
         if (!s.ok())
           die("collecting the outputs on rank 0: " + s.error());
       }
+  if (leader)
+    for (int i = 0; i < info.num_outputs; ++i)
+      reorderMicrobatches(outputs[i], library.batchDimOf(info.outputs[i]),
+                          info.microbatches, /*toMicrobatches=*/false);
   bool allMatch = leader ? reportOutputs(opts, info, outputs) : true;
 
   if (opts.bench > 0) {
@@ -729,11 +760,14 @@ int main(int argc, char **argv) {
     if (library->isPipelined()) {
       std::printf(
           "  pipeline: %d stages on %d pipeline ranks, %d "
-          "micro-batches of %lld rows, %s schedule\n",
+          "micro-batches of %lld rows (batch in dimension %d of the first "
+          "input), %s schedule\n",
           info->num_stages, info->num_pipeline_ranks, info->microbatches,
-          static_cast<long long>(info->num_inputs && info->inputs[0].rank
-                                     ? info->inputs[0].shape[0]
-                                     : 1),
+          static_cast<long long>(
+              info->num_inputs && info->inputs[0].rank
+                  ? info->inputs[0].shape[library->batchDimOf(info->inputs[0])]
+                  : 1),
+          info->num_inputs ? library->batchDimOf(info->inputs[0]) : 0,
           info->schedule_policy);
       for (int k = 0; k < info->num_stages; ++k)
         std::printf("    stage %d (pipeline rank %d): %d inputs, %d outputs, "

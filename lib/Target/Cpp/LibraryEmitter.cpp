@@ -417,6 +417,22 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   shardTable += "static const char *const kMeshAxes[] = {" + meshNames +
                 "nullptr};\nstatic const int64_t kMeshSizes[] = {" + meshSizes +
                 "0};\n";
+  // Where each input's and output's batch lies (pcc-split-batch; 0 when
+  // the program is not micro-batched).
+  auto batchDims = [&](StringRef name, unsigned count, bool results) {
+    std::string table = "static const int32_t " + name.str() + "[] = {";
+    for (unsigned i = 0; i < count; ++i) {
+      DictionaryAttr attrs =
+          results ? func.getResultAttrDict(i) : func.getArgAttrDict(i);
+      auto dim = attrs ? attrs.getAs<IntegerAttr>("pcc.batch_dim")
+                       : IntegerAttr();
+      table += std::to_string(dim ? dim.getInt() : 0) + ", ";
+    }
+    return table + "0};\n";
+  };
+  std::string batchTables =
+      batchDims("kInputBatchDims", inputs.size(), false) +
+      batchDims("kOutputBatchDims", outputs.size(), true);
   std::string shapes;
   std::string specs = specArray("kInputs", inputs, shapes);
   specs += specArray("kOutputs", outputs, shapes);
@@ -469,7 +485,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
     os << "} // namespace " << space(k) << "\n\n";
   }
   StringRef targetName = cpu && cuda ? "cpu+cuda" : cpu ? "cpu" : "cuda";
-  os << shapes << specs << shardTable << stageTables << *scheduleTable << "\n"
+  os << shapes << specs << batchTables << shardTable << stageTables
+     << *scheduleTable << "\n"
      << "const pcc_model_info kInfo = {PCC_MODEL_ABI_VERSION, "
      << options.targets << ", " << quoted(targetName) << ", "
      << quoted(options.source) << ", " << quoted(options.weightsFile) << ", "
@@ -478,7 +495,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << meshAxes.size() << ", kMeshAxes, kMeshSizes, kWeightShards, "
      << microbatches << ", " << stages.size() << ", kStages, " << pipelineAxis
      << ", " << pipelineRanks << ", kScheduleLengths, kSchedules, "
-     << quoted(policy) << "};\n\n"
+     << quoted(policy) << ", kInputBatchDims, kOutputBatchDims};\n\n"
      << "} // namespace\n\n";
   writeEntryPoints(os, stages.size(), static_cast<bool>(schedule), cpu, cuda,
                    meshRanks, targetName, space);

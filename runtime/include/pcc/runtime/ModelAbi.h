@@ -28,7 +28,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 4
+#define PCC_MODEL_ABI_VERSION 5
 
 /* Targets, as bits of pcc_model_info.targets. */
 enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
@@ -107,9 +107,12 @@ typedef struct pcc_model_info {
   const char *const *mesh_axes;
   const int64_t *mesh_sizes;
   const pcc_weight_shard *weight_shards; /* one per weight */
-  /* Pipelining. Every input and output carries the batch in dimension 0,
-   * split into `microbatches` equal parts; the specs above and the stages'
-   * are one micro-batch's. */
+  /* Pipelining. Every input and output carries the batch in one dimension
+   * (input_batch_dims / output_batch_dims below, found by pcc's batch
+   * analysis), split into `microbatches` equal parts; the specs above and
+   * the stages' are one micro-batch's. The runtime's whole-batch buffers
+   * hold micro-batch after micro-batch (pcc-run reorders the user's arrays
+   * when the batch is not dimension 0). */
   int32_t microbatches;
   int32_t num_stages;
   const pcc_stage_info *stages;
@@ -118,6 +121,8 @@ typedef struct pcc_model_info {
   const int32_t *schedule_lengths;            /* per pipeline rank */
   const pcc_pipeline_instr *const *schedules; /* per pipeline rank */
   const char *schedule_policy; /* "gpipe", "1f1b", ...; "" unpipelined */
+  const int32_t *input_batch_dims;  /* per input (ABI 5) */
+  const int32_t *output_batch_dims; /* per output (ABI 5) */
 } pcc_model_info;
 
 /* The collectives of one mesh axis, bound by the runtime to MPI or NCCL.

@@ -75,6 +75,9 @@ public:
   }
   /// The stages pipeline rank `ppRank` runs, in order.
   std::vector<int32_t> stagesOf(int64_t ppRank) const;
+  /// The dimension that holds the batch of model input or output `spec`
+  /// (one of info().inputs / info().outputs); 0 for other specs.
+  int32_t batchDimOf(const pcc_tensor_spec &spec) const;
   /// The shape of model input or output `spec` over the whole batch: every
   /// micro-batch's rows.
   std::vector<int64_t> batchShape(const pcc_tensor_spec &spec) const;
