@@ -5,7 +5,8 @@
 // Trilu (a select with a constant mask on run-time data), ScatterND with
 // constant indices (one gather from the data and the updates), and Einsum
 // for the contractions exporters write (one batched matmul between
-// transposes and reshapes). Each folds on the host when its inputs do.
+// transposes and reshapes), Attention (opset 23: matmuls and a softmax)
+// and RotaryEmbedding (slices, products and a concat). Each folds on the host when its inputs do.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,6 +14,9 @@
 #include "pcc/Dialect/Pcc/IR/ShapeRules.h"
 
 #include "llvm/ADT/StringExtras.h"
+
+#include <cmath>
+#include <limits>
 
 using namespace mlir;
 using namespace mlir::pcc;
@@ -443,11 +447,268 @@ LogicalResult convertEinsum(NodeImporter &n) {
   return success();
 }
 
+/// Attention (opset 23): softmax(Q K^T * scale + mask) V per head, with
+/// Q, K, V as [batch, heads, seq, head_dim] or [batch, seq, heads x
+/// head_dim] (q_num_heads / kv_num_heads), fewer K/V heads than Q heads
+/// (grouped-query attention: each K/V head serves a group of Q heads), a
+/// boolean (true: attend) or additive mask, is_causal and softcap. A fully
+/// masked row gives 0 (the exporters' NaN guard at older opsets).
+LogicalResult convertAttention(NodeImporter &n) {
+  for (unsigned i : {4u, 5u, 6u})
+    if (n.hasInput(i))
+      return n.error() << "Attention: past key/value and nonpad_kv_seqlen "
+                          "inputs (KV caches) are not supported";
+  if (failed(n.rejectOutputsFrom(1, "pcc compiles attention without a KV "
+                                    "cache or the raw scores")))
+    return failure();
+  if (n.intAttr("qk_matmul_output_mode", 0) != 0)
+    return n.error() << "Attention: qk_matmul_output_mode other than 0 is "
+                        "not supported";
+  auto q = n.input(0), k = n.input(1), v = n.input(2);
+  if (failed(q) || failed(k) || failed(v))
+    return failure();
+  auto qt = cast<RankedTensorType>(q->getType());
+  Type element = qt.getElementType();
+  if (!isa<FloatType>(element))
+    return n.error() << "Attention: Q must be floating-point";
+  bool threeD = qt.getRank() == 3;
+  // To [batch, heads, seq, head_dim].
+  auto heads4 = [&](Value x, StringRef attr) -> FailureOr<Value> {
+    auto t = cast<RankedTensorType>(x.getType());
+    if (t.getRank() == 4)
+      return x;
+    if (t.getRank() != 3)
+      return n.error() << "Attention: inputs must be 3-D or 4-D, got " << t;
+    int64_t heads = n.intAttr(attr, 0);
+    if (heads <= 0 || t.getDimSize(2) % heads != 0)
+      return n.error() << "Attention: 3-D inputs need " << attr
+                       << " dividing the hidden size " << t.getDimSize(2);
+    Value r = n.reshape(x, {t.getDimSize(0), t.getDimSize(1), heads,
+                            t.getDimSize(2) / heads});
+    return transposeTo(n, r, {0, 2, 1, 3});
+  };
+  auto q4 = heads4(*q, "q_num_heads"), k4 = heads4(*k, "kv_num_heads"),
+       v4 = heads4(*v, "kv_num_heads");
+  if (failed(q4) || failed(k4) || failed(v4))
+    return failure();
+  auto shapeOf = [](Value x) {
+    return cast<RankedTensorType>(x.getType()).getShape();
+  };
+  ArrayRef<int64_t> qs = shapeOf(*q4), ks = shapeOf(*k4), vs = shapeOf(*v4);
+  int64_t batch = qs[0], hq = qs[1], seq = qs[2], d = qs[3];
+  int64_t hkv = ks[1], len = ks[2], dv = vs[3];
+  if (ks[0] != batch || vs[0] != batch || ks[3] != d || vs[1] != hkv ||
+      vs[2] != len || hkv == 0 || hq % hkv != 0)
+    return n.error() << "Attention: Q " << shapeToString(qs) << ", K "
+                     << shapeToString(ks) << " and V " << shapeToString(vs)
+                     << " do not fit together";
+  // Each K/V head serves hq / hkv consecutive Q heads.
+  auto repeatHeads = [&](Value x, int64_t last) {
+    if (hkv == hq)
+      return x;
+    int64_t group = hq / hkv;
+    Value r = n.reshape(x, {batch, hkv, 1, len, last});
+    r = n.broadcastTo(r, {batch, hkv, group, len, last});
+    return n.reshape(r, {batch, hq, len, last});
+  };
+  Value kr = repeatHeads(*k4, d), vr = repeatHeads(*v4, dv);
+  auto scores =
+      n.createChecked<MatmulOp>(*q4, kr, /*transpose_a=*/false,
+                                /*transpose_b=*/true);
+  if (failed(scores))
+    return failure();
+  auto st = RankedTensorType::get({batch, hq, seq, len}, element);
+  double scale = n.floatAttr("scale", 0.0f);
+  if (scale == 0.0)
+    scale = 1.0 / std::sqrt(static_cast<double>(d));
+  Value s = n.create<MulOp>(scores->getResult(), n.splat(st, scale));
+  float softcap = n.floatAttr("softcap", 0.0f);
+  if (softcap > 0)
+    s = n.create<MulOp>(
+        n.create<TanhOp>(n.create<DivOp>(s, n.splat(st, softcap))),
+        n.splat(st, softcap));
+  double negInf = -std::numeric_limits<double>::infinity();
+  if (n.hasInput(3)) {
+    auto mask = n.input(3);
+    if (failed(mask))
+      return failure();
+    auto mt = cast<RankedTensorType>(mask->getType());
+    if (!isBroadcastableTo(mt.getShape(), st.getShape()))
+      return n.error() << "Attention: the mask " << shapeToString(mt.getShape())
+                       << " does not broadcast to the scores "
+                       << shapeToString(st.getShape());
+    Value m = n.broadcastTo(*mask, st.getShape());
+    if (mt.getElementType().isInteger(1))
+      m = n.create<SelectOp>(m, n.splat(st, 0.0), n.splat(st, negInf));
+    else if (mt.getElementType() != element)
+      return n.error() << "Attention: an additive mask must have Q's type";
+    s = n.create<AddOp>(s, m);
+  }
+  if (n.intAttr("is_causal", 0)) {
+    // Query i sees keys j <= i (ONNX aligns the triangle to the upper
+    // left).
+    HostTensor causal(element, {seq, len});
+    for (int64_t i = 0; i < seq; ++i)
+      for (int64_t j = 0; j < len; ++j)
+        causal.setDouble(i * len + j, j <= i ? 0.0 : negInf);
+    s = n.create<AddOp>(s, n.broadcastTo(n.constantValue(causal),
+                                         st.getShape()));
+  }
+  auto p = n.createChecked<SoftmaxOp>(s, static_cast<int64_t>(3),
+                                      /*nan_to_zero=*/true);
+  if (failed(p))
+    return failure();
+  auto y = n.createChecked<MatmulOp>(p->getResult(), vr, false, false);
+  if (failed(y))
+    return failure();
+  Value out = y->getResult();
+  if (threeD)
+    out = n.reshape(transposeTo(n, out, {0, 2, 1, 3}), {batch, seq, hq * dv});
+  n.setOutput(0, out);
+  return success();
+}
+
+/// RotaryEmbedding (opset 23): x rotated pairwise by the position's angle,
+/// x1 * cos - x2 * sin and x2 * cos + x1 * sin, over the first
+/// rotary_embedding_dim entries of each head (all by default), the pairs
+/// being the two halves or (interleaved) neighbours. X is [batch, heads,
+/// seq, head] or [batch, seq, heads x head] (num_heads); cos/sin are
+/// [batch or 1, seq, rot/2], or [max_pos, rot/2] looked up at
+/// position_ids.
+LogicalResult convertRotaryEmbedding(NodeImporter &n) {
+  auto x = n.input(0), cosIn = n.input(1), sinIn = n.input(2);
+  if (failed(x) || failed(cosIn) || failed(sinIn))
+    return failure();
+  auto xt = cast<RankedTensorType>(x->getType());
+  Type element = xt.getElementType();
+  bool threeD = xt.getRank() == 3;
+  if (!threeD && xt.getRank() != 4)
+    return n.error() << "RotaryEmbedding: X must be 3-D or 4-D, got " << xt;
+  // X as [batch, seq, heads, head] (its natural 3-D order) or kept 4-D.
+  Value v = *x;
+  int64_t batch = xt.getDimSize(0), heads, seq, head;
+  if (threeD) {
+    heads = n.intAttr("num_heads", 0);
+    if (heads <= 0 || xt.getDimSize(2) % heads != 0)
+      return n.error() << "RotaryEmbedding: a 3-D input needs num_heads "
+                          "dividing its hidden size "
+                       << xt.getDimSize(2);
+    seq = xt.getDimSize(1);
+    head = xt.getDimSize(2) / heads;
+    v = n.reshape(v, {batch, seq, heads, head});
+  } else {
+    heads = xt.getDimSize(1);
+    seq = xt.getDimSize(2);
+    head = xt.getDimSize(3);
+  }
+  int64_t rot = n.intAttr("rotary_embedding_dim", 0);
+  if (rot == 0)
+    rot = head;
+  if (rot <= 0 || rot > head || rot % 2 != 0)
+    return n.error() << "RotaryEmbedding: rotary_embedding_dim " << rot
+                     << " must be even and at most the head size " << head;
+  bool interleaved = n.intAttr("interleaved", 0) != 0;
+  // cos / sin as [batch, seq, rot/2].
+  Value c = *cosIn, sn = *sinIn;
+  if (n.hasInput(3)) {
+    auto pos = n.input(3);
+    if (failed(pos))
+      return failure();
+    auto gc = n.createChecked<GatherOp>(c, *pos, static_cast<int64_t>(0));
+    auto gs = n.createChecked<GatherOp>(sn, *pos, static_cast<int64_t>(0));
+    if (failed(gc) || failed(gs))
+      return failure();
+    c = gc->getResult();
+    sn = gs->getResult();
+  }
+  auto ct = cast<RankedTensorType>(c.getType());
+  int64_t half = rot / 2;
+  // A batch of 1 broadcasts (the dynamo exporter passes one table for all
+  // batch entries).
+  if (ct.getRank() != 3 ||
+      (ct.getDimSize(0) != batch && ct.getDimSize(0) != 1) ||
+      ct.getDimSize(1) != seq || ct.getDimSize(2) < half)
+    return n.error() << "RotaryEmbedding: cos/sin of shape "
+                     << shapeToString(ct.getShape()) << " do not give ["
+                     << batch << ", " << seq << ", " << half << "]";
+  auto cut = [&](Value t, int64_t dim, int64_t start, int64_t limit,
+                 int64_t step) -> FailureOr<Value> {
+    auto tt = cast<RankedTensorType>(t.getType());
+    SmallVector<int64_t> starts(tt.getRank(), 0), limits(tt.getShape()),
+        steps(tt.getRank(), 1);
+    starts[dim] = start;
+    limits[dim] = limit;
+    steps[dim] = step;
+    auto r = n.createChecked<SliceOp>(t, starts, limits, steps);
+    if (failed(r))
+      return failure();
+    return r->getResult();
+  };
+  if (ct.getDimSize(2) != half) {
+    auto cc = cut(c, 2, 0, half, 1), ss = cut(sn, 2, 0, half, 1);
+    if (failed(cc) || failed(ss))
+      return failure();
+    c = *cc;
+    sn = *ss;
+  }
+  // The angles broadcast over the heads.
+  SmallVector<int64_t> pieceShape =
+      threeD ? SmallVector<int64_t>{batch, seq, heads, half}
+             : SmallVector<int64_t>{batch, heads, seq, half};
+  int64_t angleBatch = ct.getDimSize(0);
+  SmallVector<int64_t> angleShape =
+      threeD ? SmallVector<int64_t>{angleBatch, seq, 1, half}
+             : SmallVector<int64_t>{angleBatch, 1, seq, half};
+  Value cb = n.broadcastTo(n.reshape(c, angleShape), pieceShape);
+  Value sb = n.broadcastTo(n.reshape(sn, angleShape), pieceShape);
+  if (cast<RankedTensorType>(cb.getType()).getElementType() != element)
+    return n.error() << "RotaryEmbedding: cos/sin must have X's type";
+  int64_t last = 3;
+  auto x1 = interleaved ? cut(v, last, 0, rot, 2) : cut(v, last, 0, half, 1);
+  auto x2 = interleaved ? cut(v, last, 1, rot, 2) : cut(v, last, half, rot, 1);
+  if (failed(x1) || failed(x2))
+    return failure();
+  Value r1 = n.create<SubOp>(n.create<MulOp>(*x1, cb), n.create<MulOp>(*x2, sb));
+  Value r2 = n.create<AddOp>(n.create<MulOp>(*x2, cb), n.create<MulOp>(*x1, sb));
+  Value rotated;
+  if (interleaved) {
+    // [.., half, 2] pairs back to [.., rot].
+    SmallVector<int64_t> pairShape(pieceShape);
+    pairShape.push_back(1);
+    auto both = n.createChecked<ConcatOp>(
+        ValueRange{n.reshape(r1, pairShape), n.reshape(r2, pairShape)},
+        static_cast<int64_t>(4));
+    if (failed(both))
+      return failure();
+    SmallVector<int64_t> rotShape(pieceShape);
+    rotShape[3] = rot;
+    rotated = n.reshape(both->getResult(), rotShape);
+  } else {
+    auto both = n.createChecked<ConcatOp>(ValueRange{r1, r2}, last);
+    if (failed(both))
+      return failure();
+    rotated = both->getResult();
+  }
+  if (rot < head) {
+    auto rest = cut(v, last, rot, head, 1);
+    if (failed(rest))
+      return failure();
+    auto all = n.createChecked<ConcatOp>(ValueRange{rotated, *rest}, last);
+    if (failed(all))
+      return failure();
+    rotated = all->getResult();
+  }
+  n.setOutput(0, threeD ? n.reshape(rotated, xt.getShape()) : rotated);
+  return success();
+}
+
 } // namespace
 
 void onnx_import::registerCompositeConverters(
     llvm::StringMap<ConverterFn> &table) {
   table["RMSNormalization"] = convertRMSNorm;
+  table["Attention"] = convertAttention;
+  table["RotaryEmbedding"] = convertRotaryEmbedding;
   table["CumSum"] = convertCumSum;
   table["ScatterND"] = convertScatterND;
   table["Einsum"] = convertEinsum;

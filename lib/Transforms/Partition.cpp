@@ -230,12 +230,17 @@ LogicalResult Partitioner::run() {
                                 param.getNameAttr(), ShardingAttr());
       continue;
     }
-    IRMapping mapping;
+    // Operand by operand: one value read twice may be read in two layouts
+    // (x * x with x a partial sum reads one factor reduced), which a value
+    // mapping cannot express.
+    SmallVector<Value> operands;
     for (auto [i, operand] : llvm::enumerate(op->getOperands())) {
       Shard want = i < targets.size() ? targets[i] : Shard::replicated();
-      mapping.map(operand, as(operand, want));
+      operands.push_back(as(operand, want));
     }
-    Operation *clone = builder.clone(*op, mapping);
+    Operation *clone = builder.clone(*op);
+    for (auto [i, v] : llvm::enumerate(operands))
+      clone->setOperand(i, v);
     clone->removeAttr(PccDialect::kShardingAttrName);
     for (auto [r, nr] : llvm::zip(op->getResults(), clone->getResults())) {
       nr.setType(localType(typeOf(r), layoutOf(r), n));

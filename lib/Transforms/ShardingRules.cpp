@@ -308,8 +308,14 @@ ShardingPlan Propagator::run() {
       if (!fromOperand)
         continue;
       double seconds = computeSeconds(&op, o);
-      for (auto [v, s] : llvm::zip(op.getOperands(), o.operands))
+      // A value read twice in one layout (x * x) is converted once.
+      SmallVector<std::pair<Value, Shard>, 4> counted;
+      for (auto [v, s] : llvm::zip(op.getOperands(), o.operands)) {
+        if (llvm::is_contained(counted, std::make_pair(Value(v), s)))
+          continue;
+        counted.push_back({v, s});
         seconds += conversionSeconds(v, s, &op);
+      }
       if (seconds < bestSeconds) {
         bestSeconds = seconds;
         best = &o;
