@@ -68,9 +68,41 @@ static Value legacyBroadcast(NodeImporter &n, Value a, Value b) {
   return n.reshape(b, shape);
 }
 
+/// Integer arithmetic on host constants wraps around (two's complement), as
+/// ONNX Runtime and numpy do, instead of signed overflow's undefined
+/// behaviour.
+static int64_t wrapAdd(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) +
+                              static_cast<uint64_t>(b));
+}
+static int64_t wrapSub(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) -
+                              static_cast<uint64_t>(b));
+}
+static int64_t wrapMul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) *
+                              static_cast<uint64_t>(b));
+}
+
 /// Integer division and remainder truncate towards zero as in C; a zero
-/// divisor gives 0 rather than undefined behaviour.
-static int64_t truncDiv(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
+/// divisor gives 0 rather than undefined behaviour, and INT64_MIN / -1
+/// (which traps on x86) wraps to INT64_MIN.
+static int64_t truncDiv(int64_t a, int64_t b) {
+  return b == 0 ? 0 : b == -1 ? wrapSub(0, a) : a / b;
+}
+
+/// pow in double, saturated to int64 like HostTensor::setDouble (converting
+/// an out-of-range double is undefined behaviour).
+static int64_t intPow(int64_t a, int64_t b) {
+  double v = std::pow(static_cast<double>(a), static_cast<double>(b));
+  if (std::isnan(v))
+    return 0;
+  if (v >= 9.2e18)
+    return INT64_MAX;
+  if (v <= -9.2e18)
+    return INT64_MIN;
+  return static_cast<int64_t>(v);
+}
 
 static LogicalResult convertBinary(NodeImporter &n, const BinarySpec &spec) {
   const HostTensor *ca = n.constant(0), *cb = n.constant(1);
@@ -112,16 +144,12 @@ static BuildFn buildCompare(ComparePredicate predicate) {
 static const llvm::StringMap<BinarySpec> &binarySpecs() {
   static const llvm::StringMap<BinarySpec> specs = [] {
     llvm::StringMap<BinarySpec> s;
-    s["Add"] = {std::plus<double>(), std::plus<int64_t>(), buildWith<AddOp>()};
-    s["Sub"] = {std::minus<double>(), std::minus<int64_t>(),
-                buildWith<SubOp>()};
-    s["Mul"] = {std::multiplies<double>(), std::multiplies<int64_t>(),
-                buildWith<MulOp>()};
+    s["Add"] = {std::plus<double>(), wrapAdd, buildWith<AddOp>()};
+    s["Sub"] = {std::minus<double>(), wrapSub, buildWith<SubOp>()};
+    s["Mul"] = {std::multiplies<double>(), wrapMul, buildWith<MulOp>()};
     s["Div"] = {std::divides<double>(), truncDiv, buildWith<DivOp>()};
     s["Pow"] = {[](double a, double b) { return std::pow(a, b); },
-                [](int64_t a, int64_t b) {
-                  return static_cast<int64_t>(std::pow(a, b));
-                },
+                intPow,
                 buildWith<PowOp>()};
     s["Max"] = {[](double a, double b) { return std::max(a, b); },
                 [](int64_t a, int64_t b) { return std::max(a, b); },

@@ -32,6 +32,10 @@ FailureOr<std::string> tensorElementBytes(const onnx::TensorProto &tensor,
 LogicalResult checkTensorData(const onnx::TensorProto &tensor,
                               llvm::StringRef baseDir, Location loc);
 
+/// Checks that a tensor's dimensions are non-negative and that its size in
+/// bytes fits in 64 bits (checkTensorData does this first).
+LogicalResult checkTensorShape(const onnx::TensorProto &tensor, Location loc);
+
 class GraphImporter {
 public:
   GraphImporter(MLIRContext *context, const onnx::ModelProto &model,

@@ -309,6 +309,13 @@ static FailureOr<Window> readWindow(NodeImporter &n, RankedTensorType in,
     return n.error() << n.getNode().op_type() << ": kernel, strides, "
                      << "dilations and pads do not match " << spatial
                      << " spatial dimensions";
+  // The ONNX checker does not look at attribute values; a zero stride
+  // divides by zero below (SIGFPE).
+  for (int64_t d = 0; d < spatial; ++d)
+    if (w.strides[d] <= 0 || w.dilations[d] <= 0 || w.kernel[d] <= 0)
+      return n.error() << n.getNode().op_type()
+                       << ": kernel sizes, strides and dilations must be "
+                          "positive";
   std::string autoPad = n.stringAttr("auto_pad", "NOTSET");
   if (autoPad == "VALID") {
     w.pads.assign(2 * spatial, 0);

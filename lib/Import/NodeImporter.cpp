@@ -77,11 +77,14 @@ const HostTensor *NodeImporter::constant(unsigned i) {
     return nullptr;
   if (entry->constant)
     return &*entry->constant;
+  // A splat (ConstantOfShape) may stand for far more elements than the host
+  // folds; such a value stays in IR.
   if (entry->value)
-    if (auto cst = entry->value.getDefiningOp<ConstantOp>()) {
-      entry->constant = HostTensor::fromAttr(cst.getValue());
-      return &*entry->constant;
-    }
+    if (auto cst = entry->value.getDefiningOp<ConstantOp>())
+      if (cst.getValue().getNumElements() <= kMaxFoldElements) {
+        entry->constant = HostTensor::fromAttr(cst.getValue());
+        return &*entry->constant;
+      }
   return nullptr;
 }
 

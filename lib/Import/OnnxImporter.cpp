@@ -13,6 +13,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Verifier.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/MathExtras.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
@@ -101,6 +102,17 @@ static LogicalResult runChecker(const onnx::ModelProto &model, StringRef path,
     return emitError(loc) << "ONNX checker rejected the model: " << message;
   }
   return success();
+}
+
+/// Whether pcc can represent a tensor of `shape`: no negative dimension and
+/// a size in bytes (at most 16 per element) that fits in 64 bits. Shapes
+/// come from the model's data, and products of arbitrary int64s wrap.
+static bool isRepresentableShape(ArrayRef<int64_t> shape) {
+  int64_t bytes = 16;
+  for (int64_t d : shape)
+    if (d < 0 || llvm::MulOverflow(bytes, d, bytes))
+      return false;
+  return true;
 }
 
 //===----------------------------------------------------------------------===//
@@ -207,6 +219,14 @@ FailureOr<const HostTensor *> GraphImporter::constantOf(StringRef name,
   }
   if (entry->value)
     if (auto cst = entry->value.getDefiningOp<ConstantOp>()) {
+      // A splat (ConstantOfShape, Expand of a constant) can be far larger
+      // than its attribute; host tensors store every element.
+      int64_t count = cst.getValue().getNumElements();
+      if (count > kMaxFoldElements)
+        return emitError(loc)
+               << "input '" << name << "' is a constant of " << count
+               << " elements, too large to evaluate while importing (at most "
+               << kMaxFoldElements << ")";
       entry->constant = HostTensor::fromAttr(cst.getValue());
       return &*entry->constant;
     }
@@ -349,6 +369,12 @@ GraphImporter::inputTypeOf(const onnx::ValueInfoProto &info) {
       return failure();
     }
   }
+  if (!isRepresentableShape(shape)) {
+    auto diag = emitError(fileLoc) << "graph input '" << info.name()
+                                   << "' has shape [";
+    llvm::interleave(shape, diag, "x");
+    return diag << "], too large to be a tensor";
+  }
   return RankedTensorType::get(shape, elementType);
 }
 
@@ -389,6 +415,23 @@ LogicalResult GraphImporter::importNode(const onnx::NodeProto &node,
   NodeImporter nodeImporter(*this, node, opset, builder, loc);
   if (failed(it->second(nodeImporter)))
     return failure();
+  // Converters compute shapes from the model's data (Reshape, Expand,
+  // ConstantOfShape, Tile, ...); one whose product wrapped around or went
+  // negative must stop here, before anything sizes buffers by it.
+  for (int i = 0; i < node.output_size(); ++i) {
+    ImportedValue *out =
+        node.output(i).empty() ? nullptr : lookup(node.output(i));
+    if (!out || (!out->value && !out->constant))
+      continue;
+    auto type = out->value ? dyn_cast<RankedTensorType>(out->value.getType())
+                           : out->constant->getType();
+    if (type && !isRepresentableShape(type.getShape())) {
+      auto diag = emitError(loc) << node.op_type() << ": output '"
+                                 << node.output(i) << "' would have shape [";
+      llvm::interleave(type.getShape(), diag, "x");
+      return diag << "], too large to be a tensor";
+    }
+  }
   // Outputs a converter did not produce are an error only if used.
   for (int i = 0; i < node.output_size(); ++i)
     if (!node.output(i).empty() && !lookup(node.output(i))) {
@@ -420,6 +463,8 @@ LogicalResult GraphImporter::importInto(ModuleOp module) {
     ImportedValue value;
     value.initializer = &init;
     Type elementType = convertOnnxElementType(context, init.data_type());
+    if (failed(checkTensorShape(init, fileLoc)))
+      return failure();
     int64_t count = 1;
     for (int64_t d : init.dims())
       count *= d;

@@ -11,6 +11,8 @@
 
 #include "pcc/Dialect/Pcc/IR/ShapeRules.h"
 
+#include "llvm/Support/MathExtras.h"
+
 using namespace mlir;
 using namespace mlir::pcc;
 using namespace mlir::pcc::onnx_import;
@@ -154,9 +156,12 @@ static LogicalResult convertRange(NodeImporter &n) {
          d = delta->getDouble(0);
   if (d == 0)
     return n.error() << "Range: delta is zero";
-  int64_t count = std::max<int64_t>(0, std::ceil((l - s) / d));
-  if (count > kMaxFoldElements)
-    return n.error() << "Range: " << count << " elements is too large";
+  // Compared as a double: converting an out-of-range (or NaN) count to
+  // int64 would be undefined behaviour.
+  double steps = std::ceil((l - s) / d);
+  if (!(steps <= static_cast<double>(kMaxFoldElements)))
+    return n.error() << "Range: " << steps << " elements is too large";
+  int64_t count = std::max<int64_t>(0, static_cast<int64_t>(steps));
   HostTensor out(start->getElementType(), {count});
   for (int64_t i = 0; i < count; ++i) {
     if (out.isFloat())
@@ -221,7 +226,10 @@ static LogicalResult convertReshape(NodeImporter &n) {
     }
     if (d < 0)
       return n.error() << "Reshape: invalid dimension " << d;
-    known *= d;
+    if (llvm::MulOverflow(known, d, known))
+      return n.error() << "Reshape: target shape ["
+                       << llvm::make_range(requested.begin(), requested.end())
+                       << "] has more elements than a tensor can hold";
     shape.push_back(d);
   }
   int64_t total = type->getNumElements();

@@ -10,6 +10,7 @@
 
 #include "llvm/ADT/APFloat.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MathExtras.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
@@ -51,11 +52,28 @@ static std::string describe(const onnx::TensorProto &tensor) {
   return "initializer '" + tensor.name() + "'";
 }
 
+/// The number of elements; only for a shape checkTensorShape accepted.
 static int64_t elementCount(const onnx::TensorProto &tensor) {
   int64_t count = 1;
   for (int64_t d : tensor.dims())
     count *= d;
   return count;
+}
+
+LogicalResult onnx_import::checkTensorShape(const onnx::TensorProto &tensor,
+                                            Location loc) {
+  // The checker accepts any int64 dimensions; the sizes computed from them
+  // must not go negative or wrap around (16 bytes: the widest element).
+  int64_t bytes = 16;
+  for (int64_t d : tensor.dims())
+    if (d < 0 || llvm::MulOverflow(bytes, d, bytes)) {
+      auto diag = emitError(loc) << describe(tensor) << " has shape [";
+      llvm::interleave(tensor.dims(), diag, "x");
+      return diag << "], "
+                  << (d < 0 ? "with a negative dimension"
+                            : "too large to be a tensor");
+    }
+  return success();
 }
 
 namespace {
@@ -152,12 +170,14 @@ static int64_t typedFieldSize(const onnx::TensorProto &t) {
 
 LogicalResult onnx_import::checkTensorData(const onnx::TensorProto &tensor,
                                            StringRef baseDir, Location loc) {
-  int64_t count = elementCount(tensor);
   int64_t elementSize = rawElementSize(tensor.data_type());
   if (elementSize == 0)
     return emitError(loc) << describe(tensor) << " has element type "
                           << onnxElementTypeName(tensor.data_type())
                           << ", which is not supported";
+  if (failed(checkTensorShape(tensor, loc)))
+    return failure();
+  int64_t count = elementCount(tensor);
   if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
     if (failed(resolveExternal(tensor, baseDir, loc, count * elementSize)))
       return failure();
@@ -296,12 +316,18 @@ FailureOr<std::string>
 onnx_import::tensorElementBytes(const onnx::TensorProto &tensor,
                                 StringRef baseDir, Location loc,
                                 ArrayRef<int64_t> indices) {
+  if (failed(checkTensorData(tensor, baseDir, loc)))
+    return failure();
   int64_t elementSize = rawElementSize(tensor.data_type());
+  int64_t count = elementCount(tensor);
+  for (int64_t i : indices)
+    if (i < 0 || i >= count)
+      return emitError(loc) << describe(tensor) << ": element " << i
+                            << " is out of range (" << count << " elements)";
   std::string out;
   out.reserve(indices.size() * elementSize);
   if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
-    auto span = resolveExternal(tensor, baseDir, loc,
-                                elementCount(tensor) * elementSize);
+    auto span = resolveExternal(tensor, baseDir, loc, count * elementSize);
     if (failed(span))
       return failure();
     auto file = llvm::sys::fs::openNativeFileForRead(span->path);
@@ -327,8 +353,6 @@ onnx_import::tensorElementBytes(const onnx::TensorProto &tensor,
     return out;
   }
   if (tensor.has_raw_data()) {
-    if (failed(checkTensorData(tensor, baseDir, loc)))
-      return failure();
     for (int64_t i : indices)
       out.append(tensor.raw_data().data() + i * elementSize, elementSize);
     return out;

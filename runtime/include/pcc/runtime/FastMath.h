@@ -29,7 +29,9 @@ namespace pccrt {
 
 inline float fastExp(float x) {
   const float hi = 88.7228317f, lo = -87.3365479f;
-  float clamped = x > hi ? hi : (x < lo ? lo : x);
+  // NaN clamps to hi (every comparison with it is false): converting a NaN
+  // n to int below would be undefined behaviour. The result is x anyway.
+  float clamped = x < hi ? (x > lo ? x : lo) : hi;
   // n = round(x / ln2) by the 1.5 * 2^23 trick (no call to floorf, which
   // x86-64's baseline cannot inline or vectorise); r = x - n ln2 in two
   // parts for accuracy.
