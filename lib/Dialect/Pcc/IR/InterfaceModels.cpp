@@ -390,6 +390,11 @@ template <typename OpT> constexpr bool writesNothing() {
 // The models
 //===----------------------------------------------------------------------===//
 
+int64_t bytesOf(Value v) {
+  RankedTensorType t = typeOf(v);
+  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
+}
+
 template <typename OpT>
 struct ShardingModel
     : public ShardingOpInterface::ExternalModel<ShardingModel<OpT>, OpT> {
@@ -416,49 +421,32 @@ struct CostModelImpl
     if constexpr (writesNothing<OpT>())
       return 0;
     int64_t bytes = 0;
-    for (Value r : op->getResults()) {
-      RankedTensorType t = typeOf(r);
-      bytes += t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
-    }
+    for (Value r : op->getResults())
+      bytes += bytesOf(r);
     return bytes;
   }
 };
 
-int64_t bytesOf(Value v) {
-  RankedTensorType t = typeOf(v);
-  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
+/// Each collective's kind and the whole tensor it works on: an
+/// all-reduce's and a reduce-scatter's input, an all-gather's result.
+std::pair<CollectiveKind, Value> collectiveOf(AllReduceOp op) {
+  return {CollectiveKind::AllReduce, op.getInput()};
+}
+std::pair<CollectiveKind, Value> collectiveOf(AllGatherOp op) {
+  return {CollectiveKind::AllGather, op.getResult()};
+}
+std::pair<CollectiveKind, Value> collectiveOf(ReduceScatterOp op) {
+  return {CollectiveKind::ReduceScatter, op.getInput()};
 }
 
-struct AllReduceModel
-    : public CollectiveOpInterface::ExternalModel<AllReduceModel,
-                                                  AllReduceOp> {
-  CollectiveKind getCollectiveKind(Operation *) const {
-    return CollectiveKind::AllReduce;
+template <typename OpT>
+struct CollectiveModel
+    : public CollectiveOpInterface::ExternalModel<CollectiveModel<OpT>, OpT> {
+  CollectiveKind getCollectiveKind(Operation *op) const {
+    return collectiveOf(cast<OpT>(op)).first;
   }
   int64_t getPayloadBytes(Operation *op) const {
-    return bytesOf(cast<AllReduceOp>(op).getInput());
-  }
-};
-
-struct AllGatherModel
-    : public CollectiveOpInterface::ExternalModel<AllGatherModel,
-                                                  AllGatherOp> {
-  CollectiveKind getCollectiveKind(Operation *) const {
-    return CollectiveKind::AllGather;
-  }
-  int64_t getPayloadBytes(Operation *op) const {
-    return bytesOf(cast<AllGatherOp>(op).getResult());
-  }
-};
-
-struct ReduceScatterModel
-    : public CollectiveOpInterface::ExternalModel<ReduceScatterModel,
-                                                  ReduceScatterOp> {
-  CollectiveKind getCollectiveKind(Operation *) const {
-    return CollectiveKind::ReduceScatter;
-  }
-  int64_t getPayloadBytes(Operation *op) const {
-    return bytesOf(cast<ReduceScatterOp>(op).getInput());
+    return bytesOf(collectiveOf(cast<OpT>(op)).second);
   }
 };
 
@@ -475,7 +463,7 @@ void mlir::pcc::registerPccInterfaceModels(MLIRContext *context) {
 #define GET_OP_LIST
 #include "pcc/Dialect/Pcc/IR/PccOps.cpp.inc"
       >(context);
-  AllReduceOp::attachInterface<AllReduceModel>(*context);
-  AllGatherOp::attachInterface<AllGatherModel>(*context);
-  ReduceScatterOp::attachInterface<ReduceScatterModel>(*context);
+  AllReduceOp::attachInterface<CollectiveModel<AllReduceOp>>(*context);
+  AllGatherOp::attachInterface<CollectiveModel<AllGatherOp>>(*context);
+  ReduceScatterOp::attachInterface<CollectiveModel<ReduceScatterOp>>(*context);
 }
