@@ -305,4 +305,96 @@ def PipelineSchedule : Pass<"pcc-pipeline-schedule", "ModuleOp"> {
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
+//===----------------------------------------------------------------------===//
+// Training
+//===----------------------------------------------------------------------===//
+
+def Loss : Pass<"pcc-loss", "ModuleOp"> {
+  let summary = "appends the training loss to @main";
+  let description = [{
+    Rewrites `@main` to take the labels as a last input and return the sum
+    of the per-example losses of its first output as a scalar:
+
+    - `cross_entropy`: the first output's last dimension holds the logits
+      of the classes; labels are integers of the other dimensions'
+      shape, and `ignore-index` labels contribute nothing
+      (`pcc.cross_entropy` on the logits viewed as `[N, V]`);
+    - `mse`: labels are a float target of the output's shape; the sum of
+      squared differences;
+    - `none`: the first output already is the loss (a scalar).
+
+    The loss is a sum, not a mean: the runtime scales the gradient by one
+    over the number of labels of the whole batch (over all micro-batches),
+    so gradient accumulation and data parallelism give the mean over the
+    global batch exactly, as `torch.nn.functional.cross_entropy` does. The
+    module's `pcc.training` attribute records the loss.
+
+    ```mlir
+    func.func @main(%x: tensor<4x64xf32>, %labels: tensor<4xi64>) -> tensor<f32> {
+      ...
+      %l = pcc.cross_entropy %logits, %labels ignore_index = -100 : tensor<4x32xf32>, tensor<4xi64> -> tensor<4xf32>
+      %s = pcc.reduce_sum %l axes = [0] : tensor<4xf32> -> tensor<f32>
+      return %s : tensor<f32>
+    }
+    ```
+  }];
+  let options = [
+    Option<"kind", "kind", "std::string", /*default=*/"\"cross_entropy\"",
+           "cross_entropy, mse or none">,
+    Option<"ignoreIndex", "ignore-index", "int64_t", /*default=*/"-100",
+           "cross_entropy: the label value that is ignored">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
+def Autodiff : Pass<"pcc-autodiff", "ModuleOp"> {
+  let summary = "reverse-mode differentiation of the loss into phases";
+  let description = [{
+    Differentiates `@main`'s scalar loss (pcc-loss) with respect to every
+    floating-point weight, with each op's rule from
+    PccAutodiffOpInterface, and splits the result into two phases:
+
+    - `@train_forward` (`pcc.phase = "forward"`): the inputs and labels
+      in, the loss and the saved activations (residuals) out;
+    - `@train_backward` (`pcc.phase = "backward"`): the residuals and the
+      loss gradient (one over the global label count) in; each weight's
+      gradient is added into its state `<weight>@grad` by
+      `pcc.accumulate` as soon as the backward pass produces it (so
+      gradient accumulation over micro-batches needs nothing more, and
+      a tied weight receives both gradients).
+
+    Residuals are exactly the values the rules declare as saved
+    (`getSavedValues`; checked); weights and constants are read again in
+    the backward phase instead of being saved. An op without a rule is an
+    error naming its ONNX node.
+
+    Autodiff runs on global shapes, after the batch is split into
+    micro-batches and before any partitioning, so that the sharding
+    planner sees forward and backward together (docs/design-notes.md,
+    "Training").
+  }];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
+def Optimizer : Pass<"pcc-optimizer", "ModuleOp"> {
+  let summary = "builds the optimizer-step and zero-grad phases";
+  let description = [{
+    For every weight the backward phase accumulates a gradient into, adds
+    its optimizer state (`<weight>@momentum_buffer` for SGD,
+    `<weight>@exp_avg` / `<weight>@exp_avg_sq` for AdamW) and builds:
+
+    - `@train_optimizer` (`pcc.phase = "optimizer"`): the global gradient
+      norm (returned; clipping uses it) and one fused in-place update per
+      weight (`pcc.sgd_update`, `pcc.adamw_update`), whose learning rate
+      and other hyperparameters the runtime passes at each step;
+    - `@train_zero_grad` (`pcc.phase = "zero_grad"`): `pcc.zero` on every
+      gradient.
+  }];
+  let options = [
+    Option<"kind", "kind", "std::string", /*default=*/"\"adamw\"",
+           "sgd or adamw">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 #endif // PCC_TRANSFORMS_PASSES_TD

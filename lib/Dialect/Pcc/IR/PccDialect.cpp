@@ -27,6 +27,7 @@ void PccDialect::initialize() {
 #include "pcc/Dialect/Pcc/IR/PccAttrs.cpp.inc"
       >();
   registerPccInterfaceModels(getContext());
+  registerPccAutodiffModels(getContext());
 }
 
 Operation *PccDialect::materializeConstant(OpBuilder &builder, Attribute value,

@@ -600,3 +600,127 @@ LogicalResult ShardSliceOp::verify() {
            << out;
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// Gradients and training
+//===----------------------------------------------------------------------===//
+
+LogicalResult ScatterAddOp::verify() {
+  RankedTensorType updates = getUpdates().getType(),
+                   indices = getIndices().getType(), table = getType();
+  int64_t axis = static_cast<int64_t>(getAxis());
+  if (axis < 0 || axis >= table.getRank())
+    return emitOpError("axis ") << axis << " is outside the result's rank "
+                                << table.getRank();
+  // updates = table[:axis] + indices + table[axis+1:], as gather's result.
+  SmallVector<int64_t> expected(table.getShape().take_front(axis));
+  llvm::append_range(expected, indices.getShape());
+  llvm::append_range(expected, table.getShape().drop_front(axis + 1));
+  if (ArrayRef<int64_t>(expected) != updates.getShape() ||
+      updates.getElementType() != table.getElementType())
+    return emitOpError("updates ")
+           << updates << " are not what gathering " << indices << " from "
+           << table << " along axis " << axis << " gives";
+  return success();
+}
+
+LogicalResult PadOp::verify() {
+  RankedTensorType in = getInput().getType(), out = getType();
+  ArrayRef<int64_t> starts = getStarts(), steps = getSteps();
+  if (in.getRank() != out.getRank() ||
+      in.getElementType() != out.getElementType() ||
+      static_cast<int64_t>(starts.size()) != in.getRank() ||
+      static_cast<int64_t>(steps.size()) != in.getRank())
+    return emitOpError("needs one start and step per dimension of ")
+           << in << " and a result of the same rank and element type";
+  for (int64_t d = 0; d < in.getRank(); ++d) {
+    int64_t n = in.getDimSize(d);
+    if (steps[d] == 0)
+      return emitOpError("step of dimension ") << d << " is zero";
+    int64_t last = starts[d] + (n - 1) * steps[d];
+    if (n > 0 && (starts[d] < 0 || starts[d] >= out.getDimSize(d) ||
+                  last < 0 || last >= out.getDimSize(d)))
+      return emitOpError("dimension ")
+             << d << ": " << n << " elements from " << starts[d]
+             << " by steps of " << steps[d] << " do not fit in "
+             << out.getDimSize(d);
+  }
+  return success();
+}
+
+/// [N, V] logits, [N] labels: the shapes of the cross-entropy ops.
+static LogicalResult verifyCrossEntropy(Operation *op, RankedTensorType logits,
+                                        RankedTensorType labels) {
+  if (logits.getRank() != 2 || labels.getRank() != 1 ||
+      labels.getDimSize(0) != logits.getDimSize(0))
+    return op->emitOpError("takes [N, V] logits and [N] labels, not ")
+           << logits << " and " << labels;
+  return success();
+}
+
+LogicalResult CrossEntropyOp::verify() {
+  RankedTensorType logits = getLogits().getType();
+  if (failed(verifyCrossEntropy(*this, logits, getLabels().getType())))
+    return failure();
+  if (getType() != RankedTensorType::get({logits.getDimSize(0)},
+                                         logits.getElementType()))
+    return emitOpError("gives one loss per row: ")
+           << logits.getDimSize(0) << " of " << logits.getElementType();
+  return success();
+}
+
+LogicalResult CrossEntropyGradOp::verify() {
+  RankedTensorType logits = getLogits().getType();
+  if (failed(verifyCrossEntropy(*this, logits, getLabels().getType())))
+    return failure();
+  if (getGrad().getType() != RankedTensorType::get({logits.getDimSize(0)},
+                                                   logits.getElementType()) ||
+      getType() != logits)
+    return emitOpError("takes one gradient per row and gives the logits' "
+                       "type ")
+           << logits;
+  return success();
+}
+
+/// In-place ops write model state: their state operands are `pcc.param`s.
+static LogicalResult verifyState(Operation *op, ArrayRef<Value> states) {
+  for (Value state : states)
+    if (!state.getDefiningOp<ParamOp>())
+      return op->emitOpError("writes model state in place: operand ")
+             << "must be a pcc.param, not a computed value";
+  return success();
+}
+
+LogicalResult AccumulateOp::verify() {
+  if (getState().getType() != getValue().getType())
+    return emitOpError("adds a ") << getValue().getType() << " into a "
+                                  << getState().getType();
+  return verifyState(*this, {getState()});
+}
+
+LogicalResult ZeroOp::verify() { return verifyState(*this, {getState()}); }
+
+/// Optimizer updates: every tensor has the weight's type; norm is a scalar.
+static LogicalResult verifyUpdate(Operation *op, ArrayRef<Value> states,
+                                  Value grad, Value norm) {
+  Type type = states.front().getType();
+  SmallVector<Value> all(states);
+  all.push_back(grad);
+  for (Value v : all)
+    if (v.getType() != type)
+      return op->emitOpError("takes tensors of the weight's type ") << type;
+  auto normType = cast<RankedTensorType>(norm.getType());
+  if (normType.getRank() != 0 || !normType.getElementType().isF32())
+    return op->emitOpError("takes the gradient norm as a tensor<f32>");
+  return verifyState(op, states);
+}
+
+LogicalResult SgdUpdateOp::verify() {
+  return verifyUpdate(*this, {getParam(), getMomentumBuffer()}, getGrad(),
+                      getNorm());
+}
+
+LogicalResult AdamwUpdateOp::verify() {
+  return verifyUpdate(*this, {getParam(), getExpAvg(), getExpAvgSq()},
+                      getGrad(), getNorm());
+}

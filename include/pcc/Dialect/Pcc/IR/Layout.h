@@ -92,6 +92,8 @@ void sameShapeShardingOptions(Operation *op, ArrayRef<Shard> operands,
 /// Attaches the external models of the sharding, cost and collective
 /// interfaces to every pcc op (called by the dialect's initialize).
 void registerPccInterfaceModels(MLIRContext *context);
+/// Attaches PccAutodiffOpInterface's rules (AutodiffModels.cpp).
+void registerPccAutodiffModels(MLIRContext *context);
 
 } // namespace mlir::pcc
 

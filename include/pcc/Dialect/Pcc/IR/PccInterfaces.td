@@ -10,6 +10,8 @@
 //   cost model, --explain).
 // - PccCollectiveOpInterface: which collective a communication op is, over
 //   which axis, moving how many bytes.
+// - PccAutodiffOpInterface: the op's vector-Jacobian product (pcc-autodiff)
+//   and the forward values it reads.
 //
 // Every pcc op implements the first two through external models
 // (lib/Dialect/Pcc/IR/InterfaceModels.cpp): a rule per op where the op has
@@ -109,6 +111,41 @@ def Pcc_CollectiveOpInterface : OpInterface<"CollectiveOpInterface"> {
         and a reduce-scatter's input, an all-gather's result): the ring
         formulas price collectives by it.
       }], "int64_t", "getPayloadBytes">,
+  ];
+}
+
+def Pcc_AutodiffOpInterface : OpInterface<"AutodiffOpInterface"> {
+  let cppNamespace = "::mlir::pcc";
+  let description = [{
+    The reverse-mode rule of an op: given the gradients of its results, the
+    gradients of its operands (a vector-Jacobian product), built as pcc ops.
+    Each operand's gradient is a separate value, so a pass can place the
+    gradients of weights apart from those of activations (the zero-bubble
+    pipeline schedules' W and B). Ops without this interface are refused
+    by pcc-autodiff, naming the ONNX node. Rules are attached as external
+    models (lib/Dialect/Pcc/IR/AutodiffModels.cpp); a unit test checks each
+    against finite differences in float64.
+  }];
+  let methods = [
+    InterfaceMethod<[{
+        Appends the forward values (operands or results of this op) that
+        the rule reads: what the forward phase must keep for the backward
+        one (saved activations). The rule reads no other forward value.
+      }], "void", "getSavedValues",
+      (ins "::llvm::SmallVectorImpl<::mlir::Value> &":$saved)>,
+    InterfaceMethod<[{
+        Builds the operand gradients at the builder's insertion point.
+        `resultGrads` has one entry per result, null where the result has
+        no gradient (zero). `needed` says, per operand, whether its gradient
+        is wanted. `operandGrads` receives one entry per operand: null
+        means zero, or an operand that is not differentiable (integers,
+        booleans, indices). Fails, with an error on the op, where the rule
+        does not cover the op's attributes.
+      }], "::mlir::LogicalResult", "buildVjp",
+      (ins "::mlir::OpBuilder &":$builder,
+           "::llvm::ArrayRef<::mlir::Value>":$resultGrads,
+           "::llvm::ArrayRef<bool>":$needed,
+           "::llvm::SmallVectorImpl<::mlir::Value> &":$operandGrads)>,
   ];
 }
 

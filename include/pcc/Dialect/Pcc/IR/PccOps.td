@@ -819,4 +819,185 @@ def Pcc_TransferOp : Pcc_Op<"transfer", [Pure, SameOperandsAndResultType]> {
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// Gradients and training (built by pcc-autodiff, pcc-loss, pcc-optimizer)
+//===----------------------------------------------------------------------===//
+
+def Pcc_ScatterAddOp : Pcc_Op<"scatter_add", [Pure]> {
+  let summary = "adds slices into a zero tensor at the given indices (gather's gradient)";
+  let description = [{
+    The transpose of `pcc.gather` along `axis`: the result (of the table's
+    shape, given by the result type) starts at zero and every slice of
+    `updates` is added at the row its index names. Rows named by several
+    indices receive the sum (a token seen twice in a batch). Negative
+    indices count from the end of the dimension, as in `pcc.gather`.
+
+    ```mlir
+    %dw = pcc.scatter_add %g[%ids] axis = 0
+        : tensor<2x16x64xf32>, tensor<2x16xi64> -> tensor<512x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$updates, Pcc_IndexTensor:$indices,
+                       I64Attr:$axis);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $updates `[` $indices `]` `axis` `=` $axis attr-dict `:` type($updates)
+    `,` type($indices) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_PadOp : Pcc_Op<"pad", [Pure]> {
+  let summary = "places a tensor into zeros at strided positions (slice's gradient)";
+  let description = [{
+    The transpose of `pcc.slice`: the result (of the sliced tensor's shape,
+    given by the result type) is zero except at `starts[d] + i * steps[d]`,
+    which holds element `i` of the input along every dimension `d`.
+
+    ```mlir
+    %dx = pcc.pad %g starts = [0, 64] steps = [1, 1]
+        : tensor<32x64xf32> -> tensor<32x192xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$input, DenseI64ArrayAttr:$starts,
+                       DenseI64ArrayAttr:$steps);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $input `starts` `=` $starts `steps` `=` $steps attr-dict `:`
+    type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_CrossEntropyOp : Pcc_Op<"cross_entropy", [Pure]> {
+  let summary = "per-row cross-entropy of logits against class labels";
+  let description = [{
+    For every row n of `logits` (`[N, V]`): `logsumexp(logits[n]) -
+    logits[n, labels[n]]`, and 0 where `labels[n] == ignore_index`. A label
+    outside `[0, V)` (other than `ignore_index`) is a run-time error that
+    names the op. The sum over accumulation lives in double, as softmax's.
+    Built by `pcc-loss`; its gradient is `pcc.cross_entropy_grad`.
+
+    ```mlir
+    %l = pcc.cross_entropy %logits, %labels ignore_index = -100
+        : tensor<32x512xf32>, tensor<32xi64> -> tensor<32xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$logits, Pcc_IndexTensor:$labels,
+                       I64Attr:$ignore_index);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $logits `,` $labels `ignore_index` `=` $ignore_index attr-dict `:`
+    type($logits) `,` type($labels) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_CrossEntropyGradOp : Pcc_Op<"cross_entropy_grad", [Pure]> {
+  let summary = "gradient of pcc.cross_entropy with respect to the logits";
+  let description = [{
+    Row n of the result is `(softmax(logits[n]) - onehot(labels[n])) *
+    grad[n]`, and zeros where `labels[n] == ignore_index`: one pass over the
+    logits, without materialising the one-hot matrix.
+
+    ```mlir
+    %d = pcc.cross_entropy_grad %logits, %labels, %g ignore_index = -100
+        : tensor<32x512xf32>, tensor<32xi64>, tensor<32xf32> -> tensor<32x512xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$logits, Pcc_IndexTensor:$labels,
+                       Pcc_FloatTensor:$grad, I64Attr:$ignore_index);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $logits `,` $labels `,` $grad `ignore_index` `=` $ignore_index attr-dict
+    `:` type($logits) `,` type($labels) `,` type($grad) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+// The ops below write model state (a `pcc.param` naming a gradient, an
+// optimizer moment or a weight) in place. They have no results; their
+// memory effect keeps them where the pass put them and alive.
+
+def Pcc_AccumulateOp : Pcc_Op<"accumulate", [
+    MemoryEffects<[MemRead, MemWrite]>, AllTypesMatch<["state", "value"]>]> {
+  let summary = "adds a gradient into its state tensor in place";
+  let description = [{
+    `state += value`, where `state` is the `pcc.param` of a gradient
+    (`<weight>@grad`). Gradients of one weight from several uses (a tied
+    embedding and LM head) and from several micro-batches add up here.
+
+    ```mlir
+    %gw = pcc.param "fc1.weight@grad" : tensor<256x64xf32>
+    pcc.accumulate %gw, %dw : tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$state, Pcc_FloatTensor:$value);
+  let assemblyFormat = "$state `,` $value attr-dict `:` type($state)";
+  let hasVerifier = 1;
+}
+
+def Pcc_ZeroOp : Pcc_Op<"zero", [MemoryEffects<[MemWrite]>]> {
+  let summary = "sets a state tensor to zero in place";
+  let description = [{
+    ```mlir
+    pcc.zero %gw : tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$state);
+  let assemblyFormat = "$state attr-dict `:` type($state)";
+  let hasVerifier = 1;
+}
+
+def Pcc_SgdUpdateOp : Pcc_Op<"sgd_update", [
+    MemoryEffects<[MemRead, MemWrite]>,
+    AllTypesMatch<["param", "grad", "momentum_buffer"]>]> {
+  let summary = "one SGD step of a weight, in place (torch.optim.SGD)";
+  let description = [{
+    With `g` the gradient times the clipping coefficient (from `norm`, the
+    global gradient norm, and the run's max norm), PyTorch's update:
+    `g += wd * p`; with momentum, `buf = g` at the first step, else
+    `buf = momentum * buf + (1 - dampening) * g`, and `g = buf` (or
+    `g + momentum * buf` with Nesterov); `p -= lr * g`. The hyperparameters
+    are the run's (pcc_run_context.hyper), so one library trains under any
+    schedule.
+
+    ```mlir
+    pcc.sgd_update %p, %g, %buf, %norm : tensor<256x64xf32>, tensor<f32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$param, Pcc_FloatTensor:$grad,
+                       Pcc_FloatTensor:$momentum_buffer,
+                       Pcc_FloatTensor:$norm);
+  let assemblyFormat = [{
+    $param `,` $grad `,` $momentum_buffer `,` $norm attr-dict `:`
+    type($param) `,` type($norm)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_AdamwUpdateOp : Pcc_Op<"adamw_update", [
+    MemoryEffects<[MemRead, MemWrite]>,
+    AllTypesMatch<["param", "grad", "exp_avg", "exp_avg_sq"]>]> {
+  let summary = "one AdamW step of a weight, in place (torch.optim.AdamW)";
+  let description = [{
+    With `g` the gradient times the clipping coefficient: `p *= 1 - lr * wd`;
+    `m = beta1 * m + (1 - beta1) * g`; `v = beta2 * v + (1 - beta2) * g^2`;
+    `p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)`,
+    in PyTorch's order of operations, t being the run's step.
+
+    ```mlir
+    pcc.adamw_update %p, %g, %m, %v, %norm : tensor<256x64xf32>, tensor<f32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$param, Pcc_FloatTensor:$grad,
+                       Pcc_FloatTensor:$exp_avg, Pcc_FloatTensor:$exp_avg_sq,
+                       Pcc_FloatTensor:$norm);
+  let assemblyFormat = [{
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $norm attr-dict `:`
+    type($param) `,` type($norm)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // PCC_DIALECT_PCC_IR_PCCOPS_TD

@@ -1,0 +1,58 @@
+//===- Training.h - names shared by the training passes and back end -*- C++ -*-===//
+//
+// Model state beyond the weights is named after its weight: `<weight>@grad`,
+// `<weight>@exp_avg`, `<weight>@exp_avg_sq`, `<weight>@momentum_buffer`
+// (PyTorch's optimizer state names). The phases of a training module are
+// functions marked `pcc.phase`; the module's `pcc.training` dictionary
+// records the loss and the optimizer.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_TRANSFORMS_TRAINING_H
+#define PCC_TRANSFORMS_TRAINING_H
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+
+#include <string>
+#include <utility>
+
+namespace mlir::pcc {
+
+inline constexpr llvm::StringLiteral kTrainingAttrName = "pcc.training";
+inline constexpr llvm::StringLiteral kPhaseAttrName = "pcc.phase";
+
+/// The phases, in the order of the model ABI's enum pcc_phase.
+inline constexpr llvm::StringLiteral kPhaseNames[] = {"forward", "backward",
+                                                      "optimizer", "zero_grad"};
+inline constexpr llvm::StringLiteral kPhaseFunctions[] = {
+    "train_forward", "train_backward", "train_optimizer", "train_zero_grad"};
+
+/// `<weight>@<kind>`.
+inline std::string stateName(llvm::StringRef weight, llvm::StringRef kind) {
+  return (weight + "@" + kind).str();
+}
+
+/// (weight, kind) of a state name; kind is empty for a weight itself.
+inline std::pair<llvm::StringRef, llvm::StringRef>
+splitStateName(llvm::StringRef name) {
+  size_t at = name.rfind('@');
+  if (at == llvm::StringRef::npos)
+    return {name, llvm::StringRef()};
+  return {name.take_front(at), name.drop_front(at + 1)};
+}
+
+/// Merges `entries` into the module's pcc.training dictionary.
+inline void setTrainingAttr(ModuleOp module,
+                            llvm::ArrayRef<NamedAttribute> entries) {
+  NamedAttrList list;
+  if (auto old = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName))
+    list.append(old.getValue());
+  for (const NamedAttribute &entry : entries)
+    list.set(entry.getName(), entry.getValue());
+  module->setAttr(kTrainingAttrName, list.getDictionary(module.getContext()));
+}
+
+} // namespace mlir::pcc
+
+#endif // PCC_TRANSFORMS_TRAINING_H

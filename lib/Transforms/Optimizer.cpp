@@ -1,0 +1,110 @@
+//===- Optimizer.cpp - the optimizer-step and zero-grad phases ------------===//
+
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Transforms/Passes.h"
+#include "pcc/Transforms/Training.h"
+
+#include "llvm/ADT/MapVector.h"
+
+namespace mlir::pcc {
+#define GEN_PASS_DEF_OPTIMIZER
+#include "pcc/Transforms/Passes.h.inc"
+} // namespace mlir::pcc
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+namespace {
+
+struct OptimizerPass : public mlir::pcc::impl::OptimizerBase<OptimizerPass> {
+  using OptimizerBase::OptimizerBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto backward = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[1]);
+    if (!backward) {
+      module.emitError("optimizer: no @") << kPhaseFunctions[1]
+                                          << " (run pcc-autodiff first)";
+      return signalPassFailure();
+    }
+    if (kind != "sgd" && kind != "adamw") {
+      module.emitError("optimizer: unknown optimizer '")
+          << kind << "' (sgd or adamw)";
+      return signalPassFailure();
+    }
+    // The weights with gradients, in the order the backward phase first
+    // accumulates them, and their types.
+    llvm::MapVector<StringRef, RankedTensorType> weights;
+    backward.walk([&](AccumulateOp op) {
+      auto state = op.getState().getDefiningOp<ParamOp>();
+      weights.insert({splitStateName(state.getName()).first,
+                      state.getType()});
+    });
+    for (auto &[name, type] : weights)
+      if (!type.getElementType().isF32()) {
+        backward.emitError("optimizer: weight '")
+            << name << "' is " << type
+            << "; the optimizers update float32 weights";
+        return signalPassFailure();
+      }
+
+    MLIRContext *ctx = module.getContext();
+    OpBuilder mb = OpBuilder::atBlockEnd(module.getBody());
+    Location loc = backward.getLoc();
+    auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+    auto state = [&](OpBuilder &b, StringRef weight, StringRef what,
+                     RankedTensorType type) -> Value {
+      std::string name = what.empty() ? weight.str() : stateName(weight, what);
+      return ParamOp::create(b, loc, type, b.getStringAttr(name),
+                             ShardingAttr());
+    };
+
+    // @train_optimizer() -> gradient norm.
+    auto opt = func::FuncOp::create(mb, loc, kPhaseFunctions[2],
+                                    mb.getFunctionType({}, {scalar}));
+    opt->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[2]));
+    opt.setAllResultAttrs(ArrayRef<DictionaryAttr>{DictionaryAttr::get(
+        ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
+                             StringAttr::get(ctx, "grad_norm"))})});
+    OpBuilder b = OpBuilder::atBlockEnd(opt.addEntryBlock());
+    // The global L2 norm of all gradients (torch.nn.utils.clip_grad_norm_).
+    Value total;
+    for (auto &[name, type] : weights) {
+      Value g = state(b, name, "grad", type);
+      Value sq = MulOp::create(b, loc, g, g);
+      SmallVector<int64_t> all;
+      for (int64_t d = 0; d < type.getRank(); ++d)
+        all.push_back(d);
+      Value sum = all.empty() ? sq
+                              : ReduceSumOp::create(b, loc, sq, all,
+                                                    /*keep_dims=*/false)
+                                    .getResult();
+      total = total ? AddOp::create(b, loc, total, sum).getResult() : sum;
+    }
+    Value norm = SqrtOp::create(b, loc, total);
+    for (auto &[name, type] : weights) {
+      Value p = state(b, name, "", type), g = state(b, name, "grad", type);
+      if (kind == "sgd")
+        SgdUpdateOp::create(b, loc, p, g,
+                            state(b, name, "momentum_buffer", type), norm);
+      else
+        AdamwUpdateOp::create(b, loc, p, g, state(b, name, "exp_avg", type),
+                              state(b, name, "exp_avg_sq", type), norm);
+    }
+    func::ReturnOp::create(b, loc, ValueRange{norm});
+
+    // @train_zero_grad().
+    auto zero = func::FuncOp::create(mb, loc, kPhaseFunctions[3],
+                                     mb.getFunctionType({}, {}));
+    zero->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[3]));
+    OpBuilder zb = OpBuilder::atBlockEnd(zero.addEntryBlock());
+    for (auto &[name, type] : weights)
+      ZeroOp::create(zb, loc, state(zb, name, "grad", type));
+    func::ReturnOp::create(zb, loc, ValueRange{});
+
+    setTrainingAttr(module, {NamedAttribute(StringAttr::get(ctx, "optimizer"),
+                                            StringAttr::get(ctx, kind))});
+  }
+};
+
+} // namespace

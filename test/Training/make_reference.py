@@ -1,0 +1,549 @@
+#!/usr/bin/env python3
+"""PyTorch reference runs for pcc's training parity tests.
+
+Run with a Python that has torch, onnx and numpy (see ref/README.md):
+
+    ~/.cache/pcc/zoo-venv/bin/python test/Training/make_reference.py [model ...]
+
+With no names, every model is done. For each bundled example model
+(examples/<model>.onnx) this
+
+  1. rebuilds the PyTorch module with examples/make_examples.py's classes,
+  2. maps every ONNX initializer to a module parameter or buffer (same name,
+     or an exporter-renamed copy equal to a parameter, its transpose or a
+     slice of it; BatchNorm the exporter folded into a convolution makes the
+     convolution's weight and a new bias the parameters) and loads the
+     ONNX's values, so training starts from exactly the ONNX's weights,
+  3. trains 20 steps on fixed data with SGD and with AdamW, from the same
+     start, and
+  4. writes test/Training/ref/<model>/: input.npy, labels.npy, mapping.json,
+     config.json, <opt>.losses.csv and <opt>.final.safetensors (the final
+     weights under the ONNX initializer names, in the ONNX's layout).
+
+Everything is float32 on the CPU, one thread, deterministic algorithms.
+"""
+
+import argparse
+import copy
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import onnx
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from onnx import numpy_helper
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+EXAMPLES = os.path.join(ROOT, "examples")
+REF = os.path.join(HERE, "ref")
+sys.path.insert(0, EXAMPLES)
+import make_examples  # noqa: E402  (the model classes and build())
+
+MODELS = ["mlp", "transformer_postnorm", "transformer_prenorm", "gpt",
+          "resnet18"]
+STEPS = 20
+BATCH = 4
+ROWS = 16
+IGNORE = -100
+
+
+class MappingError(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------
+def make_data(name):
+    """Fixed inputs and labels for `name` (numpy arrays)."""
+    rng = np.random.RandomState(1000 + MODELS.index(name))
+    if name == "mlp":
+        x = rng.standard_normal((ROWS, 64)).astype(np.float32)
+        y = rng.randint(0, 32, size=(ROWS,)).astype(np.int64)
+    elif name.startswith("transformer"):
+        x = rng.standard_normal((ROWS, 16, 64)).astype(np.float32)
+        y = rng.standard_normal((ROWS, 16, 64)).astype(np.float32)
+    elif name == "gpt":
+        x = rng.randint(0, 512, size=(ROWS, 16)).astype(np.int64)
+        y = np.full_like(x, IGNORE)
+        y[:, :-1] = x[:, 1:]                       # next token
+        drop = rng.random_sample((ROWS, 15)) < 0.1  # ~10% more ignored
+        y[:, :-1][drop] = IGNORE
+    elif name == "resnet18":
+        x = rng.standard_normal((ROWS, 3, 32, 32)).astype(np.float32)
+        y = rng.randint(0, 10, size=(ROWS,)).astype(np.int64)
+    else:
+        raise KeyError(name)
+    return x, y
+
+
+def loss_fn(name, out, y):
+    if name.startswith("transformer"):
+        return F.mse_loss(out, y)
+    # Cross-entropy over the last dimension, mean over non-ignored labels.
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1),
+                           ignore_index=IGNORE)
+
+
+def optimizer_config(name, opt):
+    if opt == "sgd":
+        return dict(type="SGD", lr=0.02 if name in ("gpt", "resnet18") else 0.05,
+                    momentum=0.9, dampening=0.0, weight_decay=1e-4,
+                    nesterov=False, clip_grad_norm=None)
+    if opt == "adamw":
+        return dict(type="AdamW", lr=1e-3, betas=[0.9, 0.999], eps=1e-8,
+                    weight_decay=0.01, amsgrad=False,
+                    clip_grad_norm=1.0 if name == "gpt" else None)
+    raise KeyError(opt)
+
+
+def make_optimizer(params, cfg):
+    if cfg["type"] == "SGD":
+        return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"],
+                               dampening=cfg["dampening"],
+                               weight_decay=cfg["weight_decay"],
+                               nesterov=cfg["nesterov"], foreach=False)
+    return torch.optim.AdamW(params, lr=cfg["lr"], betas=tuple(cfg["betas"]),
+                             eps=cfg["eps"], weight_decay=cfg["weight_decay"],
+                             amsgrad=cfg["amsgrad"], foreach=False)
+
+
+# --------------------------------------------------------------------------
+# BatchNorm folded by the exporter
+# --------------------------------------------------------------------------
+def fold_batchnorm(model):
+    """Replace every Conv2d -> BatchNorm2d pair by one Conv2d with a bias
+    holding the eval-mode fold (what torch.onnx does with do_constant_folding
+    in eval mode). Returns {conv param name: bn module name}."""
+    mods = list(model.named_modules())
+    folded = {}
+    for (cname, conv), (bname, bn) in zip(mods, mods[1:]):
+        if not (isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d)):
+            continue
+        with torch.no_grad():
+            scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+            w = conv.weight * scale.reshape(-1, 1, 1, 1)
+            b = conv.bias if conv.bias is not None else torch.zeros_like(bn.bias)
+            b = (b - bn.running_mean) * scale + bn.bias
+        conv.weight = nn.Parameter(w.clone())
+        conv.bias = nn.Parameter(b.clone())
+        parent_name, _, child = bname.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, nn.Identity())
+        folded[cname + ".weight"] = bname
+        folded[cname + ".bias"] = bname
+    return folded
+
+
+# --------------------------------------------------------------------------
+# ONNX initializer -> torch parameter mapping
+# --------------------------------------------------------------------------
+def tensors_of(model):
+    """Trainable parameters (deduplicated: a tied weight once) and float
+    buffers, name -> (tensor, kind)."""
+    out = {}
+    for n, p in model.named_parameters():
+        out[n] = (p, "parameter")
+    for n, b in model.named_buffers():
+        if b.is_floating_point():
+            out[n] = (b, "buffer")
+    return out
+
+
+def views(t):
+    """(array, transposed, slice) views of a torch tensor an initializer may
+    equal: itself, its transpose (2-D) and equal slices along dim 0 (a packed
+    q/k/v projection split by the exporter), each possibly transposed."""
+    a = t.detach().numpy()
+    yield a, False, None
+    if a.ndim == 2:
+        yield a.T, True, None
+    for k in (2, 3, 4):
+        if a.ndim >= 1 and a.shape[0] % k == 0 and a.shape[0] > k:
+            n = a.shape[0] // k
+            for i in range(k):
+                s = a[i * n:(i + 1) * n]
+                sl = {"dim": 0, "start": i * n, "stop": (i + 1) * n}
+                yield s, False, sl
+                if s.ndim == 2:
+                    yield s.T, True, sl
+
+
+def build_mapping(name, model, onnx_model, folded):
+    tensors = tensors_of(model)
+    inits = [(i.name, numpy_helper.to_array(i)) for i in
+             onnx_model.graph.initializer]
+    mapping = {}
+    claimed = set()
+    # 1. Same name and shape.
+    for iname, arr in inits:
+        if iname in tensors:
+            t, kind = tensors[iname]
+            if tuple(t.shape) != arr.shape:
+                raise MappingError(
+                    "%s: initializer '%s' %s has the name of torch %s '%s' "
+                    "but its shape is %s" % (name, iname, arr.shape, kind,
+                                             iname, tuple(t.shape)))
+            mapping[iname] = dict(param=iname, kind=kind, transposed=False,
+                                  slice=None, match="name")
+            claimed.add(iname)
+    # 2. Renamed: equal (exactly) to a parameter, its transpose or a slice;
+    #    for a folded convolution, equal to the fold up to rounding.
+    for iname, arr in inits:
+        if iname in mapping:
+            continue
+        cands = []
+        for tname, (t, kind) in tensors.items():
+            for v, tr, sl in views(t):
+                if v.shape != arr.shape or v.dtype != arr.dtype:
+                    continue
+                if np.array_equal(v, arr):
+                    cands.append((tname, kind, tr, sl, "exact", 0.0))
+                elif tname in folded and np.allclose(v, arr, rtol=1e-5,
+                                                     atol=1e-6):
+                    cands.append((tname, kind, tr, sl, "folded-bn",
+                                  float(np.abs(v - arr).max())))
+        if not cands:
+            raise MappingError(
+                "%s: initializer '%s' %s %s equals no torch parameter or "
+                "buffer (nor a transpose or slice of one)" % (
+                    name, iname, arr.dtype, arr.shape))
+        exact = [c for c in cands if c[4] == "exact"]
+        cands = exact or cands
+        if len(cands) > 1:
+            unclaimed = [c for c in cands if c[0] not in claimed]
+            if len(unclaimed) == 1:
+                cands = unclaimed
+        if len(cands) > 1:
+            raise MappingError(
+                "%s: initializer '%s' %s is ambiguous: it equals %s" % (
+                    name, iname, arr.shape,
+                    ", ".join("%s%s%s" % (c[0], ".T" if c[2] else "",
+                                          "[%d:%d]" % (c[3]["start"],
+                                                       c[3]["stop"])
+                                          if c[3] else "") for c in cands)))
+        tname, kind, tr, sl, how, diff = cands[0]
+        entry = dict(param=tname, kind=kind, transposed=tr, slice=sl,
+                     match=how)
+        if how == "folded-bn":
+            entry["folded_from"] = folded[tname]
+            entry["max_abs_diff_to_torch_fold"] = diff
+        mapping[iname] = entry
+        claimed.add(tname)
+    # 3. Every trainable parameter and float buffer is covered.
+    for tname, (t, kind) in tensors.items():
+        entries = [m for m in mapping.values() if m["param"] == tname]
+        whole = [m for m in entries if m["slice"] is None]
+        if whole:
+            continue
+        covered = np.zeros(t.shape[0] if t.dim() else 1, dtype=bool)
+        for m in entries:
+            covered[m["slice"]["start"]:m["slice"]["stop"]] = True
+        if not entries or not covered.all():
+            raise MappingError(
+                "%s: torch %s '%s' %s has no ONNX initializer%s" % (
+                    name, kind, tname, tuple(t.shape),
+                    " covering all of it" if entries else ""))
+    return mapping, dict(inits)
+
+
+def load_from_onnx(model, mapping, arrays):
+    """Copy the ONNX's values into the module; every initializer that maps
+    to the same torch tensor (a tied weight) must agree."""
+    tensors = tensors_of(model)
+    written = {}
+    with torch.no_grad():
+        for iname, m in mapping.items():
+            t, _ = tensors[m["param"]]
+            a = arrays[iname]
+            if m["transposed"]:
+                a = a.T
+            src = torch.from_numpy(np.array(a, dtype=np.float32))
+            dst = t if m["slice"] is None else \
+                t[m["slice"]["start"]:m["slice"]["stop"]]
+            key = (m["param"], None if m["slice"] is None else
+                   (m["slice"]["start"], m["slice"]["stop"]))
+            if key in written:
+                if not torch.equal(dst, src):
+                    raise MappingError(
+                        "initializers '%s' and '%s' map to the same torch "
+                        "tensor '%s' but hold different values" % (
+                            written[key], iname, m["param"]))
+                continue
+            dst.copy_(src)
+            written[key] = iname
+
+
+def onnx_weights(model, mapping):
+    """The module's current values under the ONNX initializer names, in the
+    ONNX's layout."""
+    tensors = tensors_of(model)
+    out = {}
+    for iname, m in mapping.items():
+        a = tensors[m["param"]][0].detach().numpy()
+        if m["slice"] is not None:
+            a = a[m["slice"]["start"]:m["slice"]["stop"]]
+        if m["transposed"]:
+            a = a.T
+        out[iname] = np.ascontiguousarray(a, dtype=np.float32)
+    return out
+
+
+# --------------------------------------------------------------------------
+# safetensors (written with numpy)
+# --------------------------------------------------------------------------
+def write_safetensors(path, tensors, metadata=None):
+    header, blobs, off = {}, [], 0
+    for k, a in tensors.items():
+        a = np.ascontiguousarray(a, dtype="<f4")
+        b = a.tobytes()
+        header[k] = {"dtype": "F32", "shape": list(a.shape),
+                     "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    header["__metadata__"] = dict({"format": "pt"}, **(metadata or {}))
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+# --------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------
+def check_no_dropout(model):
+    for n, m in model.named_modules():
+        if isinstance(m, nn.Dropout) and m.p != 0:
+            raise RuntimeError("%s has dropout p=%g" % (n, m.p))
+        if isinstance(m, nn.MultiheadAttention) and m.dropout != 0:
+            raise RuntimeError("%s has attention dropout %g" % (n, m.dropout))
+
+
+def prepare(name):
+    """The module with the ONNX's weights, the mapping and the model's
+    structure notes."""
+    model, _, _ = make_examples.build(name)
+    onnx_model = onnx.load(os.path.join(EXAMPLES, name + ".onnx"))
+    ops = {n.op_type for n in onnx_model.graph.node}
+    folded = {}
+    has_bn = any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    if has_bn and "BatchNormalization" not in ops:
+        folded = fold_batchnorm(model)
+    check_no_dropout(model)
+    mapping, arrays = build_mapping(name, model, onnx_model, folded)
+    load_from_onnx(model, mapping, arrays)
+    # The start point reproduces the export's reference output.
+    x = np.load(os.path.join(EXAMPLES, "data", name + ".input.npy"))
+    ref = np.load(os.path.join(EXAMPLES, "data", name + ".output.npy"))
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.from_numpy(x)).numpy()
+    err = float(np.abs(out - ref).max() / max(1e-30, np.abs(ref).max()))
+    if err > 1e-5:
+        raise RuntimeError("%s: the rebuilt module with the ONNX's weights "
+                           "does not reproduce examples/data/%s.output.npy "
+                           "(max diff / max |ref| = %g)" % (name, name, err))
+    notes = dict(onnx="examples/%s.onnx" % name,
+                 eval_output_max_rel_diff=err,
+                 batchnorm_folded_by_exporter=bool(folded))
+    return model, mapping, notes
+
+
+def global_grad_norm(params):
+    grads = [p.grad for p in params if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads, 2.0, foreach=False)
+
+
+def train(name, model0, mapping, opt, x, y, float64=False):
+    """Trains a copy of model0; returns the log rows (step, loss, grad
+    norm), the final weights under the ONNX names, the optimizer config and,
+    per torch parameter, the largest |gradient| each element saw."""
+    model = copy.deepcopy(model0)
+    if float64:
+        model = model.double()
+        x = x.astype(np.float64) if x.dtype == np.float32 else x
+        y = y.astype(np.float64) if y.dtype == np.float32 else y
+    model.train()
+    named = list(model.named_parameters())  # a tied weight once
+    params = [p for _, p in named]
+    cfg = optimizer_config(name, opt)
+    optim = make_optimizer(params, cfg)
+    rows = []
+    max_grad = {n: torch.zeros_like(p) for n, p in named}
+    for step in range(STEPS):
+        lo = (step * BATCH) % ROWS
+        xb = torch.from_numpy(x[lo:lo + BATCH])
+        yb = torch.from_numpy(y[lo:lo + BATCH])
+        optim.zero_grad(set_to_none=True)
+        loss = loss_fn(name, model(xb), yb)
+        loss.backward()
+        for n, p in named:
+            if p.grad is not None:
+                torch.maximum(max_grad[n], p.grad.abs(), out=max_grad[n])
+        if cfg["clip_grad_norm"] is not None:
+            gn = torch.nn.utils.clip_grad_norm_(
+                params, cfg["clip_grad_norm"], foreach=False)
+        else:
+            gn = global_grad_norm(params)
+        optim.step()
+        rows.append((step + 1, float(loss.item()), float(gn.item())))
+    weights = onnx_weights(model, mapping)
+    max_grad = {n: g.detach().numpy() for n, g in max_grad.items()}
+    return rows, weights, cfg, max_grad
+
+
+def noise_gradient_elements(mapping, max_grad32, max_grad64, rel=1e-10):
+    """Elements (flat index ranges in the ONNX layout, per initializer) whose
+    gradient is zero in exact arithmetic but not in float32: in a float64
+    run |g| <= rel * the tensor's largest |g| at every step, while the
+    float32 run saw a nonzero gradient. The key bias of attention is such
+    (softmax ignores a shift of the scores that is the same for every key):
+    its float32 gradient is rounding noise, which Adam normalises into
+    full-size, implementation-dependent updates. (Elements whose float32
+    gradient is exactly zero too, such as taps that only ever see zero
+    padding or a unit behind a dead ReLU, stay compared: any implementation
+    computes those zeros exactly.)"""
+    out = {}
+    for iname, m in mapping.items():
+        if m["kind"] != "parameter":
+            continue
+        g64, g32 = max_grad64[m["param"]], max_grad32[m["param"]]
+        if m["slice"] is not None:
+            g64 = g64[m["slice"]["start"]:m["slice"]["stop"]]
+            g32 = g32[m["slice"]["start"]:m["slice"]["stop"]]
+        if m["transposed"]:
+            g64, g32 = g64.T, g32.T
+        g64 = np.ascontiguousarray(g64).reshape(-1)
+        g32 = np.ascontiguousarray(g32).reshape(-1)
+        top = g64.max() if g64.size else 0.0
+        if top <= 0:
+            continue
+        noise = (g64 <= rel * top) & (g32 > 0)
+        edge = np.concatenate([[False], noise, [False]])
+        edges = np.flatnonzero(edge[1:] != edge[:-1])
+        ranges = [[int(a), int(b)] for a, b in zip(edges[::2], edges[1::2])]
+        if ranges:
+            out[iname] = ranges
+    return out
+
+
+def tied_copies(mapping):
+    """{copy: {"of": first, "transposed": bool}} for initializers that hold
+    the same torch tensor as an earlier one (a tied weight the exporter
+    wrote twice). pcc's importer stores such a copy once (as a transpose of
+    the first), so its weights file may lack the copy."""
+    first, out = {}, {}
+    for iname, m in mapping.items():
+        if m["slice"] is not None:
+            continue
+        if m["param"] in first:
+            f = first[m["param"]]
+            out[iname] = {"of": f, "transposed":
+                          mapping[f]["transposed"] != m["transposed"]}
+        else:
+            first[m["param"]] = iname
+    return out
+
+
+def tied_groups(mapping):
+    by = {}
+    for iname, m in mapping.items():
+        by.setdefault(m["param"], []).append(iname)
+    return {p: v for p, v in by.items() if len(v) > 1}
+
+
+def do_model(name):
+    model, mapping, notes = prepare(name)
+    out_dir = os.path.join(REF, name)
+    os.makedirs(out_dir, exist_ok=True)
+    x, y = make_data(name)
+    np.save(os.path.join(out_dir, "input.npy"), x)
+    np.save(os.path.join(out_dir, "labels.npy"), y)
+    notes["tied"] = tied_groups(mapping)
+    with open(os.path.join(out_dir, "mapping.json"), "w") as f:
+        json.dump(dict(notes, initializers=mapping), f, indent=1)
+        f.write("\n")
+    config = dict(
+        model=name, onnx="examples/%s.onnx" % name, steps=STEPS, batch=BATCH,
+        rows=int(x.shape[0]),
+        schedule="step k (1-based) uses rows [((k-1)*batch) % rows, +batch)",
+        mode="train (no dropout in these models%s)" % (
+            "; BatchNorm folded into the convolutions by the exporter, so "
+            "there is no BatchNorm to train" if notes[
+                "batchnorm_folded_by_exporter"] else ""),
+        loss=("mse (mean)" if name.startswith("transformer") else
+              "cross_entropy over the last dim, mean over labels != %d" %
+              IGNORE),
+        optimizers={}, torch=torch.__version__)
+    summary = []
+    for opt in ("sgd", "adamw"):
+        rows, weights, cfg, grad32 = train(name, model, mapping, opt, x, y)
+        # The same run in float64: a noise floor for the comparisons, and
+        # the elements whose gradient is exactly zero.
+        rows64, _, _, grad64 = train(name, model, mapping, opt, x, y,
+                                     float64=True)
+        cfg = dict(cfg)
+        cfg["float64_max_loss_rel_diff"] = max(
+            abs(a[1] - b[1]) / abs(b[1]) for a, b in zip(rows, rows64))
+        metadata = {}
+        copies = tied_copies(mapping)
+        if copies:
+            metadata["pcc.tied"] = json.dumps(copies, separators=(",", ":"))
+        if cfg["type"] == "AdamW":
+            exclude = noise_gradient_elements(mapping, grad32, grad64)
+            if exclude:
+                cfg["excluded_from_weight_comparison"] = exclude
+                metadata["pcc.exclude"] = json.dumps(exclude,
+                                                     separators=(",", ":"))
+        config["optimizers"][opt] = cfg
+        with open(os.path.join(out_dir, opt + ".losses.csv"), "w") as f:
+            f.write("step,loss,grad_norm\n")
+            for s, l, g in rows:
+                f.write("%d,%r,%r\n" % (s, l, g))
+        write_safetensors(os.path.join(out_dir, opt + ".final.safetensors"),
+                          weights, metadata)
+        summary.append("%s/%s: loss %.6g -> %.6g (grad norm %.4g -> %.4g); "
+                       "float32 vs float64 loss rel diff <= %.2g%s" % (
+                           name, opt, rows[0][1], rows[-1][1], rows[0][2],
+                           rows[-1][2], cfg["float64_max_loss_rel_diff"],
+                           "; rounding-noise gradient elements excluded: %s" %
+                           metadata["pcc.exclude"] if "pcc.exclude" in metadata else ""))
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+        f.write("\n")
+    for s in summary:
+        print(s)
+    for p, v in notes["tied"].items():
+        print("  %s: %s share torch parameter '%s'" % (name, " and ".join(v), p))
+    if notes["batchnorm_folded_by_exporter"]:
+        print("  %s: BatchNorm was folded into the convolutions by the "
+              "exporter; trained as conv+bias" % name)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", help="any of: " + " ".join(MODELS))
+    args = ap.parse_args(argv)
+    for name in args.models:
+        if name not in MODELS:
+            ap.error("unknown model '%s' (one of: %s)" % (name, " ".join(MODELS)))
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.set_default_dtype(torch.float32)
+    for name in args.models or MODELS:
+        try:
+            do_model(name)
+        except MappingError as e:
+            sys.exit("make_reference.py: " + str(e))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
