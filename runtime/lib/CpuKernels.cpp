@@ -9,6 +9,7 @@
 
 #include "pcc/runtime/CastElement.h"
 #include "pcc/runtime/HalfFloat.h"
+#include "pcc/runtime/ModelAbi.h"
 
 #include <cblas.h>
 
@@ -472,6 +473,182 @@ void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
                   int64_t count) {
   for (int64_t i = 0; i < count; ++i)
     pccrt::castElement(x, from_type, y, to_type, i);
+}
+
+
+//===----------------------------------------------------------------------===//
+// Training
+//===----------------------------------------------------------------------===//
+
+namespace {
+int64_t indexAt(const void *indices, int64_t j, int i64) {
+  return i64 ? static_cast<const int64_t *>(indices)[j]
+             : static_cast<const int32_t *>(indices)[j];
+}
+
+/// The factor clipping scales gradients by: max_norm / (norm + 1e-6), at
+/// most 1, in float as torch.nn.utils.clip_grad_norm_ computes it; 1
+/// without clipping.
+float clipCoefficient(const double *hyper, const float *norm) {
+  double maxNorm = hyper[PCC_HYPER_MAX_GRAD_NORM];
+  if (!(maxNorm > 0))
+    return 1.0f;
+  float coef = static_cast<float>(maxNorm) / (*norm + 1e-6f);
+  return std::min(coef, 1.0f);
+}
+} // namespace
+
+int pcc_cpu_scatter_add_f32(const float *updates, const void *indices,
+                            float *y, int64_t outer, int64_t axis_dim,
+                            int64_t inner, int64_t num_indices,
+                            int indices_are_i64) {
+  for (int64_t j = 0; j < num_indices; ++j) {
+    int64_t idx = indexAt(indices, j, indices_are_i64);
+    if (idx < -axis_dim || idx >= axis_dim) {
+      lastError = "index " + std::to_string(idx) +
+                  " is out of range for a dimension of size " +
+                  std::to_string(axis_dim);
+      return 1;
+    }
+  }
+  std::memset(y, 0, static_cast<size_t>(outer * axis_dim * inner) * 4);
+  // Rows are added in index order, each column by one thread: the same
+  // sums in the same order on every run.
+#pragma omp parallel for collapse(2) if (outer * num_indices * inner >         \
+                                         kParallelThreshold)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i)
+      for (int64_t j = 0; j < num_indices; ++j) {
+        int64_t idx = indexAt(indices, j, indices_are_i64);
+        if (idx < 0)
+          idx += axis_dim;
+        y[(o * axis_dim + idx) * inner + i] +=
+            updates[(o * num_indices + j) * inner + i];
+      }
+  return 0;
+}
+
+namespace {
+/// Checks the labels; sets lastError and returns false on a bad one.
+bool checkLabels(const void *labels, int64_t rows, int64_t classes,
+                 int64_t ignore, int i64) {
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t label = indexAt(labels, r, i64);
+    if (label != ignore && (label < 0 || label >= classes)) {
+      lastError = "label " + std::to_string(label) + " (row " +
+                  std::to_string(r) + ") is outside [0, " +
+                  std::to_string(classes) + ") and is not the ignored " +
+                  std::to_string(ignore);
+      return false;
+    }
+  }
+  return true;
+}
+
+/// max and sum(exp(x - max)) of one row, the sum in double.
+std::pair<float, double> rowExpSum(const float *row, int64_t n) {
+  float maxValue = -std::numeric_limits<float>::infinity();
+  for (int64_t c = 0; c < n; ++c)
+    maxValue = std::max(maxValue, row[c]);
+  double sum = 0;
+  for (int64_t c = 0; c < n; ++c)
+    sum += std::exp(static_cast<double>(row[c] - maxValue));
+  return {maxValue, sum};
+}
+} // namespace
+
+int pcc_cpu_cross_entropy_f32(const float *logits, const void *labels,
+                              float *loss, int64_t rows, int64_t classes,
+                              int64_t ignore_index, int labels_are_i64) {
+  if (!checkLabels(labels, rows, classes, ignore_index, labels_are_i64))
+    return 1;
+#pragma omp parallel for if (rows * classes > kParallelThreshold)
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t label = indexAt(labels, r, labels_are_i64);
+    if (label == ignore_index) {
+      loss[r] = 0.0f;
+      continue;
+    }
+    const float *row = logits + r * classes;
+    auto [maxValue, sum] = rowExpSum(row, classes);
+    loss[r] = static_cast<float>(static_cast<double>(maxValue) +
+                                 std::log(sum) - row[label]);
+  }
+  return 0;
+}
+
+int pcc_cpu_cross_entropy_grad_f32(const float *logits, const void *labels,
+                                   const float *grad, float *y, int64_t rows,
+                                   int64_t classes, int64_t ignore_index,
+                                   int labels_are_i64) {
+  if (!checkLabels(labels, rows, classes, ignore_index, labels_are_i64))
+    return 1;
+#pragma omp parallel for if (rows * classes > kParallelThreshold)
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t label = indexAt(labels, r, labels_are_i64);
+    float *out = y + r * classes;
+    if (label == ignore_index) {
+      std::memset(out, 0, static_cast<size_t>(classes) * 4);
+      continue;
+    }
+    const float *row = logits + r * classes;
+    auto [maxValue, sum] = rowExpSum(row, classes);
+    float inv = static_cast<float>(1.0 / sum), g = grad[r];
+    for (int64_t c = 0; c < classes; ++c)
+      out[c] = std::exp(row[c] - maxValue) * inv * g;
+    out[label] -= g;
+  }
+  return 0;
+}
+
+void pcc_cpu_sgd_f32(float *param, const float *grad, float *momentum_buffer,
+                     int64_t n, const double *hyper, const float *norm) {
+  float coef = clipCoefficient(hyper, norm);
+  float lr = static_cast<float>(hyper[PCC_HYPER_LR]);
+  float wd = static_cast<float>(hyper[PCC_HYPER_WEIGHT_DECAY]);
+  float momentum = static_cast<float>(hyper[PCC_HYPER_MOMENTUM]);
+  float keep = static_cast<float>(1.0 - hyper[PCC_HYPER_DAMPENING]);
+  bool nesterov = hyper[PCC_HYPER_NESTEROV] != 0;
+  bool first = hyper[PCC_HYPER_STEP] <= 1;
+#pragma omp parallel for if (n > kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) {
+    float g = grad[i] * coef;
+    if (wd != 0)
+      g = g + wd * param[i];
+    if (momentum != 0) {
+      float buf = first ? g : momentum_buffer[i] * momentum + keep * g;
+      momentum_buffer[i] = buf;
+      g = nesterov ? g + momentum * buf : buf;
+    }
+    param[i] = param[i] + -lr * g;
+  }
+}
+
+void pcc_cpu_adamw_f32(float *param, const float *grad, float *exp_avg,
+                       float *exp_avg_sq, int64_t n, const double *hyper,
+                       const float *norm) {
+  float coef = clipCoefficient(hyper, norm);
+  double lr = hyper[PCC_HYPER_LR], beta1 = hyper[PCC_HYPER_BETA1],
+         beta2 = hyper[PCC_HYPER_BETA2], step = hyper[PCC_HYPER_STEP];
+  // Scalars in double, as PyTorch computes them in Python.
+  float decay = static_cast<float>(1.0 - lr * hyper[PCC_HYPER_WEIGHT_DECAY]);
+  float w1 = static_cast<float>(1.0 - beta1);
+  float b2 = static_cast<float>(beta2), w2 = static_cast<float>(1.0 - beta2);
+  float negStep = static_cast<float>(-(lr / (1.0 - std::pow(beta1, step))));
+  float bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, step)));
+  float eps = static_cast<float>(hyper[PCC_HYPER_EPS]);
+#pragma omp parallel for if (n > kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) {
+    float g = grad[i] * coef;
+    float p = param[i] * decay;
+    float m = exp_avg[i];
+    m = m + w1 * (g - m); // lerp with a weight below 0.5
+    float v = exp_avg_sq[i] * b2 + w2 * g * g;
+    float denom = std::sqrt(v) / bc2Sqrt + eps;
+    param[i] = p + negStep * m / denom;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+  }
 }
 
 } // extern "C"

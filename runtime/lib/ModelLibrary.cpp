@@ -57,6 +57,14 @@ Result<ModelLibrary> ModelLibrary::open(const std::string &path) {
   if (!tables.ok())
     return Error{"'" + path +
                  "' has a broken pipeline table: " + tables.error()};
+  lib.runPhaseFn = reinterpret_cast<pcc_model_run_phase_fn>(
+      dlsym(handle, "pcc_model_run_phase"));
+  if (!lib.runPhaseFn)
+    return Error{"'" + path + "' does not export pcc_model_run_phase"};
+  Status phases = lib.checkPhases();
+  if (!phases.ok())
+    return Error{"'" + path +
+                 "' has a broken training table: " + phases.error()};
   return lib;
 }
 
@@ -71,6 +79,7 @@ ModelLibrary &ModelLibrary::operator=(ModelLibrary &&other) noexcept {
   std::swap(runFn, other.runFn);
   std::swap(lastErrorFn, other.lastErrorFn);
   std::swap(runStageFn, other.runStageFn);
+  std::swap(runPhaseFn, other.runPhaseFn);
   std::swap(shardBuffers, other.shardBuffers);
   return *this;
 }
@@ -225,6 +234,56 @@ Status ModelLibrary::runStage(int32_t stage, const pcc_run_context &context,
   if (runStageFn(stage, &context, inputs, outputs, weights, arena) != 0)
     return Error{"stage " + std::to_string(stage) +
                  " failed: " + lastErrorFn()};
+  return Status::success();
+}
+
+Status ModelLibrary::runPhase(int32_t phase, const pcc_run_context &context,
+                              const void *const *inputs, void *const *outputs,
+                              void *const *state, void *arena) const {
+  static const char *const names[] = {"forward", "backward", "optimizer",
+                                      "zero-grad"};
+  if (runPhaseFn(phase, &context, inputs, outputs, state, arena) != 0)
+    return Error{std::string("the ") +
+                 (phase >= 0 && phase < 4 ? names[phase] : "unknown") +
+                 " phase failed: " + lastErrorFn()};
+  return Status::success();
+}
+
+Status ModelLibrary::checkPhases() const {
+  const pcc_model_info &info = *modelInfo;
+  if (info.num_phases == 0)
+    return Status::success();
+  if (info.num_phases != 4 || !info.phases || !info.weight_kinds ||
+      !info.weight_owners)
+    return Error{"a training library has 4 phases with state tables"};
+  for (int i = 0; i < info.num_weights; ++i)
+    if (info.weight_kinds[i] < PCC_STATE_WEIGHT ||
+        info.weight_kinds[i] > PCC_STATE_OPTIMIZER ||
+        info.weight_owners[i] < 0 || info.weight_owners[i] >= info.num_weights)
+      return Error{"state " + std::to_string(i) + " has a bad kind or owner"};
+  for (int k = 0; k < info.num_phases; ++k) {
+    const pcc_phase_info &phase = info.phases[k];
+    if (phase.phase != k)
+      return Error{"phase " + std::to_string(k) + " is out of order"};
+    for (int s = 0; s < phase.num_state; ++s)
+      if (phase.state[s] < 0 || phase.state[s] >= info.num_weights)
+        return Error{"phase " + std::to_string(k) + " reads state " +
+                     std::to_string(phase.state[s]) + " of " +
+                     std::to_string(info.num_weights)};
+    for (int i = 0; i < phase.num_inputs; ++i) {
+      int32_t source = phase.input_sources[i];
+      bool ok = (k == PCC_PHASE_FORWARD && source < 0 &&
+                 -1 - source < info.num_inputs) ||
+                (k == PCC_PHASE_BACKWARD &&
+                 (source == PCC_SOURCE_LOSS_GRAD ||
+                  (source >= 0 &&
+                   source < info.phases[PCC_PHASE_FORWARD].num_outputs)));
+      if (!ok)
+        return Error{"phase " + std::to_string(k) + " input " +
+                     std::to_string(i) + " has a bad source " +
+                     std::to_string(source)};
+    }
+  }
   return Status::success();
 }
 

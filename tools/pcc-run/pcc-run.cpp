@@ -20,6 +20,7 @@
 #include "pcc/runtime/Safetensors.h"
 
 #include "Trace.h"
+#include "Train.h"
 
 #include <algorithm>
 #include <chrono>
@@ -68,6 +69,27 @@ Options:
                      and print the measured bubble per rank
   --trace-svg FILE   the same timeline as an SVG Gantt chart
 
+Training (a library built by pcc --train):
+  --steps N          train until step N (counted from the start of training,
+                     also after --resume)
+  --input FILE       a .npy per model input with N >= batch rows; step k
+                     uses rows [k*B, (k+1)*B) modulo N, in order
+  --labels FILE      the labels (.npy): int64 classes for cross_entropy, the
+                     float target for mse
+  --shuffle SEED     a seeded permutation of the rows per epoch instead
+  --data FILE --seq S  a token file (uint16, nanoGPT's .bin; --data-dtype
+                     int32) cut into windows of S tokens for language models
+  --lr LR --weight-decay WD --betas B1,B2 --eps E   (AdamW, PyTorch defaults)
+  --momentum M --dampening D --nesterov             (SGD)
+  --clip-grad-norm MAX  clip the global gradient norm
+  --warmup N --schedule-lr constant|cosine|linear   learning-rate schedule
+  --loss-log FILE.csv   step,loss,lr,grad_norm,samples_per_s,step_ms
+  --loss-svg FILE.svg   the loss curve
+  --save-dir DIR --save-every N   checkpoints (DIR/step-N, DIR/LATEST)
+  --resume DIR       continue from a checkpoint (bit-identical to a run
+                     that was never interrupted)
+  --log-every N      print every N-th step (default 1)
+
 Examples:
   pcc examples/mlp.onnx --batch=2 -o mlp.so
   pcc-run mlp.so --input examples/data/mlp.input.npy --output y.npy \
@@ -82,6 +104,10 @@ Examples:
       --microbatches=2 -o gpt-tp2pp2.so
   pcc-run -n 4 gpt-tp2pp2.so --input examples/data/gpt.input.npy \
       --expect examples/data/gpt.output.npy --trace-svg timeline.svg
+  pcc examples/mlp.onnx --train --loss=cross_entropy --batch=8 -o train.so
+  pcc-run train.so --steps 200 --input x.npy --labels y.npy --lr 3e-4 \
+      --loss-log loss.csv --save-dir ckpt --save-every 50
+  pcc-run train.so --steps 400 --input x.npy --labels y.npy --resume ckpt
 )";
 
 /// "rank R of N: " once this process is one rank of several.
@@ -137,6 +163,8 @@ struct Options {
   bool info = false;
   bool listDevices = false;
   bool cudaGraph = false;
+  /// Training libraries (pcc --train).
+  TrainOptions train;
 };
 
 Options parse(int argc, char **argv) {
@@ -198,6 +226,7 @@ Options parse(int argc, char **argv) {
       o.listDevices = true;
     } else if (a == "--cuda-graph") {
       o.cudaGraph = true;
+    } else if (parseTrainOption(a, o.train, [&] { return value(i); })) {
     } else if (!a.empty() && a[0] == '-') {
       die("unknown option '" + a + "' (see --help)");
     } else if (o.library.empty()) {
@@ -738,6 +767,21 @@ int main(int argc, char **argv) {
     die(library.error());
   const pcc_model_info *info = &library->info();
 
+  if (library->isTraining() && !opts.info) {
+    if (!opts.inputs.empty())
+      opts.train.inputs = opts.inputs;
+    if (opts.ranks > 1)
+      die("this version trains on one device; '" + opts.library +
+          "' is a one-device training library");
+    auto device = Device::open(opts.device);
+    if (!device.ok())
+      die(device.error());
+    return runTraining(opts.train, *library, **device, opts.library);
+  }
+  if (opts.train.steps > 0 || !opts.train.labels.empty())
+    die("'" + opts.library +
+        "' is an inference library; compile the model with pcc --train to "
+        "train it");
   if (opts.info) {
     std::printf("model %s (targets %s, compiled from %s)\n",
                 opts.library.c_str(), info->target, info->source);

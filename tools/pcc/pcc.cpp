@@ -13,6 +13,7 @@
 #include "pcc/Target/Cpp.h"
 #include "pcc/Transforms/CostModel.h"
 #include "pcc/Transforms/Passes.h"
+#include "pcc/Transforms/Training.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/AsmState.h"
@@ -135,6 +136,30 @@ static cl::opt<bool> noOnnxCheck("no-onnx-check",
                                  cl::desc("skip onnx::checker before import"),
                                  cl::cat(pccCategory));
 
+static cl::OptionCategory trainCategory("pcc training options");
+static cl::opt<bool>
+    train("train",
+          cl::desc("compile a training step (forward, backward, optimizer, "
+                   "zero-grad phases) instead of inference; pcc-run --steps "
+                   "trains it"),
+          cl::cat(trainCategory));
+static cl::opt<std::string>
+    lossKind("loss",
+             cl::desc("the loss of the first output: cross_entropy (its last "
+                      "dimension against int64 labels, mean over labels, "
+                      "ignore-index ignored), mse (mean squared error against "
+                      "a float target), none (the output is the loss)"),
+             cl::init("cross_entropy"), cl::cat(trainCategory));
+static cl::opt<int64_t> ignoreIndex("ignore-index",
+                                    cl::desc("cross_entropy: the label that "
+                                             "is ignored"),
+                                    cl::init(-100), cl::cat(trainCategory));
+static cl::opt<std::string>
+    optimizerKind("optimizer",
+                  cl::desc("sgd or adamw (hyperparameters are pcc-run's: "
+                           "--lr, --momentum, --betas, --weight-decay, ...)"),
+                  cl::init("adamw"), cl::cat(trainCategory));
+
 static const char *kOverview = R"(pcc: the pcc auto-partitioning compiler
 
 Reads an ONNX model, imports it into the pcc dialect (static shapes, explicit
@@ -157,6 +182,13 @@ Examples:
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --tp=2 --pp=2 --microbatches=4 -o gp.so
   pcc-run -n 4 gp.so --input examples/data/gpt.batch8.input.npy --trace-svg t.svg
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --pp=2 --pp-chunks=2 --microbatches=4 -o il.so
+
+Training (one device):
+  pcc examples/mlp.onnx --train --loss=cross_entropy --optimizer=adamw --batch=8 -o train.so
+  pcc-run train.so --steps 200 --input x.npy --labels y.npy --lr 3e-4 --loss-log loss.csv
+  pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=64 --microbatches=2 -o gpt-train.so
+  pcc examples/mlp.onnx --train --batch=8 --emit=mlir    # the forward, backward,
+                                                         # optimizer and zero-grad phases
 
 Exit status: 0 on success, 1 on any error (the message names the file, the
 ONNX node or the option at fault).
@@ -446,6 +478,20 @@ int main(int argc, char **argv) {
                 "and pipeline parallelism, --tp and --pp, are)");
   if (microbatches < 1)
     return fail("--microbatches must be at least 1");
+  if (train && (tp > 1 || pp > 1))
+    return fail("--train with --tp or --pp above 1 is not in this version "
+                "of pcc yet: training runs on one device (CPU or CUDA)");
+  if (train && lossKind != "cross_entropy" && lossKind != "mse" &&
+      lossKind != "none")
+    return fail("--loss=" + lossKind + " is not a loss (cross_entropy, mse "
+                "or none)");
+  if (train && optimizerKind != "sgd" && optimizerKind != "adamw")
+    return fail("--optimizer=" + optimizerKind +
+                " is not an optimizer (sgd or adamw)");
+  if (!train && (lossKind.getNumOccurrences() ||
+                 optimizerKind.getNumOccurrences() ||
+                 ignoreIndex.getNumOccurrences()))
+    return fail("--loss, --optimizer and --ignore-index go with --train");
   if (ppChunks < 1)
     return fail("--pp-chunks must be at least 1");
   if (ppChunks > 1 && pp == 1)
@@ -565,6 +611,22 @@ int main(int argc, char **argv) {
       pm.addNestedPass<func::FuncOp>(pcc::createSplitBatch(split));
       pm.addPass(createCanonicalizerPass());
     }
+    if (train) {
+      pcc::setTrainingAttr(**module,
+                           {b.getNamedAttr("microbatches",
+                                           b.getI64IntegerAttr(microbatches))});
+      pcc::LossOptions loss;
+      loss.kind = lossKind;
+      loss.ignoreIndex = ignoreIndex;
+      pm.addPass(pcc::createLoss(loss));
+      pm.addPass(createCanonicalizerPass());
+      pm.addPass(pcc::createAutodiff());
+      pcc::OptimizerOptions optimizer;
+      optimizer.kind = optimizerKind;
+      pm.addPass(pcc::createOptimizer(optimizer));
+      pm.addPass(createCanonicalizerPass());
+      pm.addPass(createCSEPass());
+    }
     if (tp > 1) {
       pcc::PlanShardingOptions plan;
       plan.emitRemarks = explainPlan;
@@ -625,9 +687,12 @@ int main(int argc, char **argv) {
       output->keep();
       return 0;
     }
+    // The weights file holds the initializers; gradients and optimizer
+    // state (`<weight>@<kind>`) start at zero in the runtime.
     std::vector<std::string> names;
     for (auto &[name, type] : pcc::getWeightOrder(**module))
-      names.push_back(name);
+      if (pcc::splitStateName(name).second.empty())
+        names.push_back(name);
     // Bytes in the file (whole weights) and bytes one rank reads (its
     // slices of split weights, plus every weight some op reads whole).
     // A pipeline rank reads only its stage's weights.
@@ -638,6 +703,8 @@ int main(int argc, char **argv) {
       int64_t whole = local;
       if (pcc::ShardingAttr shard = param.getShardAttr())
         whole *= *pcc::getMeshAxisSize(param, shard.getAxis());
+      if (!pcc::splitStateName(param.getName()).second.empty())
+        return; // training state, not stored
       wholeBytes[param.getName()] = whole;
       int64_t &read =
           stageBytes[param->getParentOfType<func::FuncOp>()][param.getName()];

@@ -156,6 +156,16 @@ private:
                          ArrayRef<int64_t> outStrides, int64_t outOffset);
   LogicalResult emitConstant(ConstantOp op);
   LogicalResult emitCollective(Operation *op);
+  /// Gradient, loss and optimizer ops (pcc-autodiff, pcc-loss,
+  /// pcc-optimizer).
+  LogicalResult emitTraining(Operation *op);
+  /// A call of a runtime kernel that can fail on data: on the CPU its
+  /// status is checked at once; on CUDA the kernel records `site` and the
+  /// run's end reports `message`.
+  void checkedCall(StringRef kernel, const std::string &args,
+                   const std::string &message, Operation *op);
+  /// Sets `bytes` bytes at `ptr` to zero.
+  void zeroFill(const std::string &ptr, int64_t bytes);
   /// `rc->comms[i]` for mesh axis `axis`.
   std::string comm(StringRef axis) const {
     return "rc->comms[" + std::to_string(meshAxes.lookup(axis)) + "]";
@@ -763,6 +773,121 @@ LogicalResult CppEmitter::emitCollective(Operation *op) {
   return success();
 }
 
+void CppEmitter::checkedCall(StringRef kernel, const std::string &args,
+                             const std::string &message, Operation *op) {
+  if (cuda) {
+    sites.push_back(describeOp(op) + ": " + message);
+    line(call(kernel) + args + ", " + std::to_string(sites.size()) + ");");
+    return;
+  }
+  line("if (" + call(kernel) + args + "))");
+  line("  return fail(" + quoted(describeOp(op)) + ", pcc_cpu_last_error());");
+}
+
+void CppEmitter::zeroFill(const std::string &ptr, int64_t bytes) {
+  if (bytes == 0)
+    return;
+  if (cuda)
+    line(llvm::formatv("cudaMemsetAsync({0}, 0, {1}, stream);", ptr, bytes)
+             .str());
+  else
+    line(llvm::formatv("std::memset({0}, 0, {1});", ptr, bytes).str());
+}
+
+LogicalResult CppEmitter::emitTraining(Operation *op) {
+  auto isI64 = [](Value v) {
+    return tensorTypeOf(v).getElementType().isInteger(64) ? 1 : 0;
+  };
+  if (auto pad = dyn_cast<PadOp>(op)) {
+    // Zeros, then the input copied to strided positions of the result.
+    auto out = pad.getType();
+    auto in = pad.getInput().getType();
+    int64_t size = elementInfo(out.getElementType())->size;
+    zeroFill(nameOf(pad.getResult()), out.getNumElements() * size);
+    if (in.getNumElements() == 0)
+      return success();
+    SmallVector<int64_t> outStrides = stridesOf(out.getShape()), strides;
+    int64_t offset = 0;
+    for (int64_t d = 0; d < in.getRank(); ++d) {
+      strides.push_back(outStrides[d] * pad.getSteps()[d]);
+      offset += pad.getStarts()[d] * outStrides[d];
+    }
+    return emitCopy(pad.getInput(), pad.getResult(), in.getShape(),
+                    stridesOf(in.getShape()), 0, strides, offset);
+  }
+  if (failed(requireF32(op, op->getOperand(0))))
+    return failure();
+  if (auto sa = dyn_cast<ScatterAddOp>(op)) {
+    ArrayRef<int64_t> shape = sa.getType().getShape();
+    int64_t axis = static_cast<int64_t>(sa.getAxis());
+    auto indices = sa.getIndices().getType();
+    std::string args = llvm::formatv(
+        "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}", nameOf(sa.getUpdates()),
+        nameOf(sa.getIndices()), nameOf(sa.getResult()),
+        product(shape.take_front(axis)), shape[axis],
+        product(shape.drop_front(axis + 1)), indices.getNumElements(),
+        isI64(sa.getIndices()));
+    checkedCall("scatter_add_f32", args,
+                llvm::formatv("an index is outside [-{0}, {0})", shape[axis]),
+                op);
+    return success();
+  }
+  if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
+    auto logits = tensorTypeOf(op->getOperand(0));
+    Value labels = op->getOperand(1);
+    int64_t ignore = op->getAttrOfType<IntegerAttr>("ignore_index").getInt();
+    std::string message =
+        llvm::formatv("a label is outside [0, {0}) and is not the ignored {1}",
+                      logits.getDimSize(1), ignore);
+    std::string grad =
+        isa<CrossEntropyGradOp>(op) ? nameOf(op->getOperand(2)) + ", " : "";
+    std::string args = llvm::formatv(
+        "{0}, {1}, {2}{3}, {4}, {5}, {6}LL, {7}", nameOf(op->getOperand(0)),
+        nameOf(labels), grad, nameOf(op->getResult(0)), logits.getDimSize(0),
+        logits.getDimSize(1), ignore, isI64(labels));
+    checkedCall(isa<CrossEntropyOp>(op) ? "cross_entropy_f32"
+                                        : "cross_entropy_grad_f32",
+                args, message, op);
+    return success();
+  }
+  auto state = tensorTypeOf(op->getOperand(0));
+  int64_t count = state.getNumElements();
+  if (auto acc = dyn_cast<AccumulateOp>(op)) {
+    std::string name = kernel(
+        llvm::formatv("(float *__restrict y, const float *__restrict x) {\n"
+                      "  {0}\n    y[i] += x[i];\n}\n",
+                      loop(count))
+            .str());
+    launch(name, count, nameOf(acc.getState()) + ", " + nameOf(acc.getValue()));
+    return success();
+  }
+  if (auto zero = dyn_cast<ZeroOp>(op)) {
+    zeroFill(nameOf(zero.getState()), count * 4);
+    return success();
+  }
+  // Optimizer updates read the hyperparameters from the run context.
+  line("if (!rc->hyper)");
+  line("  return fail(" + quoted(describeOp(op)) +
+       ", \"a training step needs the run's hyperparameters "
+       "(pcc_run_context.hyper)\");");
+  if (auto sgd = dyn_cast<SgdUpdateOp>(op)) {
+    line(llvm::formatv("{0}{1}, {2}, {3}, {4}, rc->hyper, {5});", call("sgd_f32"),
+                       nameOf(sgd.getParam()), nameOf(sgd.getGrad()),
+                       nameOf(sgd.getMomentumBuffer()), count,
+                       nameOf(sgd.getNorm()))
+             .str());
+    return success();
+  }
+  auto adamw = cast<AdamwUpdateOp>(op);
+  line(llvm::formatv("{0}{1}, {2}, {3}, {4}, {5}, rc->hyper, {6});",
+                     call("adamw_f32"), nameOf(adamw.getParam()),
+                     nameOf(adamw.getGrad()), nameOf(adamw.getExpAvg()),
+                     nameOf(adamw.getExpAvgSq()), count,
+                     nameOf(adamw.getNorm()))
+           .str());
+  return success();
+}
+
 LogicalResult CppEmitter::emitOp(Operation *op) {
   if (isa<NegOp, AbsOp, SqrtOp, ReciprocalOp, ExpOp, LogOp, ErfOp, TanhOp,
           SigmoidOp, ReluOp, FloorOp, CeilOp, SinOp, CosOp, NotOp, GeluOp,
@@ -791,11 +916,13 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
       weights.emplace_back(param.getName().str(), param.getType());
       weightShards.push_back(shardInit);
     }
+    // Model state is mutable (training updates it in place); inference
+    // code only reads it.
     return define(param.getResult(), info->cType,
-                  llvm::formatv("static_cast<const {0} *>(w[{1}])", info->cType,
+                  llvm::formatv("static_cast<{0} *>(w[{1}])", info->cType,
                                 it->second)
                       .str(),
-                  /*isConst=*/true);
+                  /*isConst=*/false);
   }
   if (auto cst = dyn_cast<ConstantOp>(op))
     return emitConstant(cst);
@@ -811,6 +938,9 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
 
   if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ShardSliceOp>(op))
     return emitCollective(op);
+  if (isa<ScatterAddOp, PadOp, CrossEntropyOp, CrossEntropyGradOp,
+          AccumulateOp, ZeroOp, SgdUpdateOp, AdamwUpdateOp>(op))
+    return emitTraining(op);
   if (auto cast = dyn_cast<CastOp>(op)) {
     auto from = elementInfo(cast.getInput().getType().getElementType());
     auto to = elementInfo(cast.getType().getElementType());
@@ -1139,7 +1269,7 @@ FailureOr<TargetCode> CppEmitter::emit() {
     fn += "    nullptr};\n\n";
     fn += "int run_cuda(const pcc_run_context *rc, pcc_cuda_context *ctx,\n"
           "             const void *const *in, void *const *out,\n"
-          "             const void *const *w, char *arena) {\n"
+          "             void *const *w, char *arena) {\n"
           "  (void)rc; (void)in; (void)w; (void)arena;\n"
           "  cudaStream_t stream = static_cast<cudaStream_t>("
           "pcc_cuda_stream(ctx));\n"
@@ -1153,7 +1283,7 @@ FailureOr<TargetCode> CppEmitter::emit() {
           "  return 0;\n}\n\n";
   } else {
     fn += "int run_cpu(const pcc_run_context *rc, const void *const *in,\n"
-          "            void *const *out, const void *const *w, "
+          "            void *const *out, void *const *w, "
           "char *arena) {\n"
           "  (void)rc; (void)in; (void)w; (void)arena;\n";
     fn += body;

@@ -600,10 +600,12 @@ template <> struct Rule<PadOp> {
     SmallVector<int64_t> limits;
     for (auto [d, n] : llvm::enumerate(in))
       limits.push_back(starts[d] + n * steps[d]);
-    // A negative step's limit may run below -1; the slice stops at -1.
+    // The last element's successor may lie outside the padded dimension
+    // (below -1 for a negative step): the slice stops at the edge.
+    ArrayRef<int64_t> out = typeOf(op.getResult()).getShape();
     for (size_t d = 0; d < limits.size(); ++d)
-      if (steps[d] < 0)
-        limits[d] = std::max<int64_t>(limits[d], -1);
+      limits[d] = steps[d] < 0 ? std::max<int64_t>(limits[d], -1)
+                               : std::min<int64_t>(limits[d], out[d]);
     grads.push_back(
         SliceOp::create(gb.b, gb.loc, rg[0], starts, limits, steps));
     return success();

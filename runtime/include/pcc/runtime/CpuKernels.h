@@ -136,6 +136,38 @@ void pcc_cpu_avg_pool_f32(const float *x, float *y, int64_t spatial_rank,
                           const int64_t *pads, const int64_t *dilations,
                           int count_include_pad);
 
+/* Training. The gradient of a gather: y (viewed as [outer, axis_dim,
+ * inner]) is zeroed, then every row j of updates ([outer, num_indices,
+ * inner]) is added at row indices[j], in order (deterministic). Returns
+ * non-zero when an index is out of range. */
+int pcc_cpu_scatter_add_f32(const float *updates, const void *indices,
+                            float *y, int64_t outer, int64_t axis_dim,
+                            int64_t inner, int64_t num_indices,
+                            int indices_are_i64);
+
+/* Per-row cross-entropy of logits [rows, classes] against labels (int64 or
+ * int32): logsumexp(row) - row[label], 0 for ignore_index. The gradient
+ * kernel writes (softmax(row) - onehot(label)) * grad[row]. Both return
+ * non-zero when a label is out of range. */
+int pcc_cpu_cross_entropy_f32(const float *logits, const void *labels,
+                              float *loss, int64_t rows, int64_t classes,
+                              int64_t ignore_index, int labels_are_i64);
+int pcc_cpu_cross_entropy_grad_f32(const float *logits, const void *labels,
+                                   const float *grad, float *y, int64_t rows,
+                                   int64_t classes, int64_t ignore_index,
+                                   int labels_are_i64);
+
+/* One optimizer step of n weights in place, in PyTorch's order of
+ * operations (torch.optim.SGD / AdamW, foreach=False). `hyper` holds the
+ * run's hyperparameters (enum pcc_hyper in ModelAbi.h); `norm` points to
+ * the global gradient norm, which scales the gradient when the run clips
+ * (max_norm / (norm + 1e-6), at most 1). */
+void pcc_cpu_sgd_f32(float *param, const float *grad, float *momentum_buffer,
+                     int64_t n, const double *hyper, const float *norm);
+void pcc_cpu_adamw_f32(float *param, const float *grad, float *exp_avg,
+                       float *exp_avg_sq, int64_t n, const double *hyper,
+                       const float *norm);
+
 /* Element type conversion with ONNX Cast semantics. */
 void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
                   int64_t count);

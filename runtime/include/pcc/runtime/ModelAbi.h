@@ -11,6 +11,14 @@
  * stage, the micro-batch and the peer of every compute step, send and
  * receive. A library that is not pipelined has one stage, the whole model.
  *
+ * A training library (`pcc --train`, ABI 6) holds the phases of one
+ * training step (pcc_model_info.phases): forward (inputs and labels in;
+ * the loss sum and the saved activations out), backward (the saved
+ * activations and the loss gradient in; every weight's gradient added into
+ * its state), the optimizer step and zero-grad. The weight table is then
+ * the model state: weights, their gradients and optimizer state, each
+ * with a kind (enum pcc_state_kind), all mutable and owned by the caller.
+ *
  * A library holds code for one or more targets (`pcc --target=cpu|cuda|all`).
  * The run context names the target of a call and carries the backend's
  * state; every pointer passed to a run (inputs, outputs, weights, arena)
@@ -28,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 5
+#define PCC_MODEL_ABI_VERSION 6
 
 /* Targets, as bits of pcc_model_info.targets. */
 enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
@@ -70,6 +78,61 @@ typedef struct pcc_pipeline_instr {
   int32_t peer;  /* sends and receives: the pipeline rank at the
                     other end; -1 otherwise */
 } pcc_pipeline_instr;
+
+/* Training (ABI 6). */
+enum pcc_phase {
+  PCC_PHASE_FORWARD = 0,
+  PCC_PHASE_BACKWARD = 1,
+  PCC_PHASE_OPTIMIZER = 2,
+  PCC_PHASE_ZERO_GRAD = 3
+};
+
+/* What a model-state tensor is. Weights are loaded from the weights file
+ * (or a checkpoint); the others start at zero. */
+enum pcc_state_kind {
+  PCC_STATE_WEIGHT = 0,
+  PCC_STATE_GRAD = 1,
+  PCC_STATE_OPTIMIZER = 2 /* exp_avg, exp_avg_sq, momentum_buffer */
+};
+
+/* The run's hyperparameters, pcc_run_context.hyper[PCC_HYPER_*], with
+ * PyTorch's meaning. STEP counts optimizer steps from 1 (AdamW's bias
+ * correction, SGD's first momentum step); MAX_GRAD_NORM <= 0 disables
+ * clipping; NESTEROV is 0 or 1. */
+enum pcc_hyper {
+  PCC_HYPER_LR = 0,
+  PCC_HYPER_BETA1,
+  PCC_HYPER_BETA2,
+  PCC_HYPER_EPS,
+  PCC_HYPER_WEIGHT_DECAY,
+  PCC_HYPER_MOMENTUM,
+  PCC_HYPER_DAMPENING,
+  PCC_HYPER_NESTEROV,
+  PCC_HYPER_MAX_GRAD_NORM,
+  PCC_HYPER_STEP,
+  PCC_NUM_HYPER
+};
+
+/* A backward input that is not a forward output: the gradient of the loss
+ * sum (one over the number of labels of the whole step's batch). */
+#define PCC_SOURCE_LOSS_GRAD (-1000000)
+
+/* One phase of a training step. */
+typedef struct pcc_phase_info {
+  int32_t phase; /* enum pcc_phase */
+  int32_t num_inputs;
+  const pcc_tensor_spec *inputs;
+  /* Per input: -1 - k is model input k (forward; the labels are the last
+   * model input), s >= 0 is output s of the forward phase (backward: a
+   * saved activation), PCC_SOURCE_LOSS_GRAD the loss gradient. */
+  const int32_t *input_sources;
+  int32_t num_outputs;
+  const pcc_tensor_spec *outputs; /* forward: loss sum first; optimizer:
+                                     the global gradient norm */
+  int32_t num_state;
+  const int32_t *state; /* indices into pcc_model_info.weights */
+  int64_t arena_bytes;
+} pcc_phase_info;
 
 /* One pipeline stage: a program over one micro-batch. */
 typedef struct pcc_stage_info {
@@ -123,6 +186,15 @@ typedef struct pcc_model_info {
   const char *schedule_policy; /* "gpipe", "1f1b", ...; "" unpipelined */
   const int32_t *input_batch_dims;  /* per input (ABI 5) */
   const int32_t *output_batch_dims; /* per output (ABI 5) */
+  /* Training (ABI 6); num_phases is 0 for an inference library. */
+  int32_t num_phases;
+  const pcc_phase_info *phases;     /* indexed by enum pcc_phase */
+  const int32_t *weight_kinds;      /* per weight: enum pcc_state_kind */
+  const int32_t *weight_owners;     /* per weight: the weight it belongs to
+                                       (itself for a weight) */
+  const char *loss;                 /* "cross_entropy", "mse", "none"; "" */
+  const char *optimizer;            /* "sgd", "adamw"; "" */
+  int64_t ignore_index;             /* cross_entropy's ignored label */
 } pcc_model_info;
 
 /* The collectives of one mesh axis, bound by the runtime to MPI or NCCL.
@@ -151,6 +223,9 @@ typedef struct pcc_run_context {
   /* One per mesh axis, in the order of pcc_model_info.mesh_axes; null is
    * allowed when every axis has size 1. */
   const pcc_comm *comms;
+  /* Training: PCC_NUM_HYPER values (enum pcc_hyper) on the host; null for
+   * inference. */
+  const double *hyper;
 } pcc_run_context;
 
 typedef const pcc_model_info *(*pcc_model_get_info_fn)(void);
@@ -162,6 +237,11 @@ typedef int (*pcc_model_run_stage_fn)(int32_t stage,
                                       const void *const *inputs,
                                       void *const *outputs,
                                       const void *const *weights, void *arena);
+typedef int (*pcc_model_run_phase_fn)(int32_t phase,
+                                      const pcc_run_context *context,
+                                      const void *const *inputs,
+                                      void *const *outputs,
+                                      void *const *state, void *arena);
 typedef const char *(*pcc_model_last_error_fn)(void);
 
 /* Exported by every model library. pcc_model_run returns 0 on success, the
@@ -177,6 +257,12 @@ int pcc_model_run(const pcc_run_context *context, const void *const *inputs,
 int pcc_model_run_stage(int32_t stage, const pcc_run_context *context,
                         const void *const *inputs, void *const *outputs,
                         const void *const *weights, void *arena);
+/* Runs one phase of a training step (pcc_phase_info): its inputs,
+ * outputs, model state (indices pcc_phase_info.state into the weight
+ * table; written in place) and an arena of its arena_bytes. */
+int pcc_model_run_phase(int32_t phase, const pcc_run_context *context,
+                        const void *const *inputs, void *const *outputs,
+                        void *const *state, void *arena);
 const char *pcc_model_last_error(void);
 
 #ifdef __cplusplus

@@ -67,6 +67,14 @@ public:
   Status runStage(int32_t stage, const pcc_run_context &context,
                   const void *const *inputs, void *const *outputs,
                   const void *const *weights, void *arena) const;
+  /// Whether the library is a training step (pcc --train): it runs by
+  /// phases (runPhase) and its weight table is the model state.
+  bool isTraining() const { return modelInfo->num_phases > 0; }
+  /// Runs one training phase (enum pcc_phase) on its inputs, outputs, model
+  /// state and arena.
+  Status runPhase(int32_t phase, const pcc_run_context &context,
+                  const void *const *inputs, void *const *outputs,
+                  void *const *state, void *arena) const;
   /// Whether the library is cut into pipeline stages.
   bool isPipelined() const { return modelInfo->num_stages > 1; }
   /// Model chunks per pipeline rank (above 1: interleaved stages).
@@ -87,11 +95,14 @@ private:
   /// Checks the stage and schedule tables against each other, so a broken
   /// library fails on open rather than out of bounds in a run.
   Status checkPipeline() const;
+  /// Checks the phase and state tables of a training library.
+  Status checkPhases() const;
   std::string path;
   void *handle = nullptr;
   const pcc_model_info *modelInfo = nullptr;
   pcc_model_run_fn runFn = nullptr;
   pcc_model_run_stage_fn runStageFn = nullptr;
+  pcc_model_run_phase_fn runPhaseFn = nullptr;
   pcc_model_last_error_fn lastErrorFn = nullptr;
   mutable std::vector<std::unique_ptr<AlignedBuffer>> shardBuffers;
 };

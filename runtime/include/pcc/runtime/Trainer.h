@@ -1,0 +1,83 @@
+//===- Trainer.h - running the phases of a training library -----*- C++ -*-===//
+//
+// A training library (pcc --train) bound to a device: the model state
+// (weights, gradients, optimizer state) in device memory, the saved
+// activations between the forward and backward phases, and one step =
+// zero-grad, forward + backward per micro-batch, optimizer.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_RUNTIME_TRAINER_H
+#define PCC_RUNTIME_TRAINER_H
+
+#include "pcc/runtime/Device.h"
+#include "pcc/runtime/ModelLibrary.h"
+#include "pcc/runtime/Safetensors.h"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pccrt {
+
+/// The run's hyperparameters, PyTorch's names and defaults (AdamW's).
+struct Hyperparameters {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8,
+         weightDecay = 0.01, momentum = 0, dampening = 0, maxGradNorm = 0;
+  bool nesterov = false;
+  /// The table the library reads (enum pcc_hyper) for optimizer step
+  /// `step` (from 1) at learning rate `lr`.
+  std::array<double, PCC_NUM_HYPER> table(int64_t step, double lr) const;
+};
+
+struct StepResult {
+  /// Sum of the per-label losses over the step's micro-batches.
+  double lossSum = 0;
+  /// Global L2 norm of the gradients (before clipping).
+  double gradNorm = 0;
+};
+
+class Trainer {
+public:
+  /// Allocates the model state (zeros), the saved activations and the
+  /// arena on `device`. The weights still have to be loaded.
+  static Result<Trainer> create(const ModelLibrary &library, Device &device);
+
+  /// Copies every tensor of `kind` (enum pcc_state_kind) from `file`, by
+  /// name, checking dtype and shape; a missing one is an error naming it.
+  Status load(const SafetensorsFile &file, const std::string &path,
+              int32_t kind);
+  /// The state tensors of `kind`, read back to the host, as a
+  /// safetensors writer (names as in the library's table).
+  Result<SafetensorsWriter> save(int32_t kind, const std::string &what) const;
+
+  /// One optimizer step. `microbatches[j]` holds micro-batch j's forward
+  /// inputs (host pointers, model inputs then labels); `lossGrad` is the
+  /// gradient of the loss sum (one over the labels of the whole step).
+  Result<StepResult> step(const std::vector<std::vector<const void *>> &microbatches,
+                          double lossGrad,
+                          const std::array<double, PCC_NUM_HYPER> &hyper);
+
+  /// Bytes of model state, saved activations and arena on the device.
+  int64_t stateBytes() const { return stateTotal; }
+  int64_t activationBytes() const { return savedTotal; }
+  int64_t arenaBytes() const { return arenaTotal; }
+
+private:
+  Trainer() = default;
+  Status runPhase(int32_t phase, const std::vector<const void *> &in,
+                  const std::vector<void *> &out, const double *hyper);
+  const ModelLibrary *library = nullptr;
+  Device *device = nullptr;
+  std::vector<DeviceBuffer> state;      // per weight-table entry
+  std::vector<void *> statePtrs;
+  std::vector<DeviceBuffer> forwardIn;  // per forward input
+  std::vector<DeviceBuffer> forwardOut; // loss, saved activations
+  DeviceBuffer seed, norm, arena;
+  int64_t stateTotal = 0, savedTotal = 0, arenaTotal = 0;
+};
+
+} // namespace pccrt
+
+#endif // PCC_RUNTIME_TRAINER_H

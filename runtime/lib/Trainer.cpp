@@ -1,0 +1,210 @@
+//===- Trainer.cpp - running the phases of a training library -------------===//
+
+#include "pcc/runtime/Trainer.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace pccrt {
+
+std::array<double, PCC_NUM_HYPER> Hyperparameters::table(int64_t step,
+                                                         double rate) const {
+  std::array<double, PCC_NUM_HYPER> t{};
+  t[PCC_HYPER_LR] = rate;
+  t[PCC_HYPER_BETA1] = beta1;
+  t[PCC_HYPER_BETA2] = beta2;
+  t[PCC_HYPER_EPS] = eps;
+  t[PCC_HYPER_WEIGHT_DECAY] = weightDecay;
+  t[PCC_HYPER_MOMENTUM] = momentum;
+  t[PCC_HYPER_DAMPENING] = dampening;
+  t[PCC_HYPER_NESTEROV] = nesterov ? 1 : 0;
+  t[PCC_HYPER_MAX_GRAD_NORM] = maxGradNorm;
+  t[PCC_HYPER_STEP] = static_cast<double>(step);
+  return t;
+}
+
+namespace {
+/// A zeroed device buffer of `bytes`.
+Result<DeviceBuffer> zeros(Device &device, int64_t bytes) {
+  auto buffer = DeviceBuffer::allocate(device, bytes);
+  if (!buffer.ok())
+    return Error{buffer.error()};
+  if (bytes > 0) {
+    std::vector<uint8_t> host(static_cast<size_t>(bytes), 0);
+    Status copied = device.copyToDevice(buffer->data(), host.data(), bytes);
+    if (!copied.ok())
+      return Error{copied.error()};
+  }
+  return buffer.take();
+}
+} // namespace
+
+Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
+  const pcc_model_info &info = library.info();
+  if (!library.isTraining())
+    return Error{"this is an inference library; compile the model with pcc "
+                 "--train to train it"};
+  Status target = checkTarget(library, device);
+  if (!target.ok())
+    return Error{target.error()};
+  Trainer t;
+  t.library = &library;
+  t.device = &device;
+  for (int i = 0; i < info.num_weights; ++i) {
+    int64_t bytes = specBytes(info.weights[i]);
+    auto buffer = zeros(device, bytes);
+    if (!buffer.ok())
+      return Error{"model state '" + std::string(info.weights[i].name) +
+                   "': " + buffer.error()};
+    t.statePtrs.push_back(buffer->data());
+    t.state.push_back(buffer.take());
+    t.stateTotal += bytes;
+  }
+  const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];
+  for (int i = 0; i < fwd.num_inputs; ++i) {
+    auto buffer = zeros(device, specBytes(fwd.inputs[i]));
+    if (!buffer.ok())
+      return Error{buffer.error()};
+    t.forwardIn.push_back(buffer.take());
+  }
+  for (int i = 0; i < fwd.num_outputs; ++i) {
+    int64_t bytes = specBytes(fwd.outputs[i]);
+    auto buffer = zeros(device, bytes);
+    if (!buffer.ok())
+      return Error{"saved activations: " + buffer.error()};
+    t.forwardOut.push_back(buffer.take());
+    if (i > 0)
+      t.savedTotal += bytes;
+  }
+  for (int k = 0; k < info.num_phases; ++k)
+    t.arenaTotal = std::max(t.arenaTotal, info.phases[k].arena_bytes);
+  auto seed = zeros(device, 4), norm = zeros(device, 4),
+       arena = zeros(device, t.arenaTotal);
+  if (!seed.ok() || !norm.ok() || !arena.ok())
+    return Error{"cannot allocate the training arena of " +
+                 std::to_string(t.arenaTotal) + " bytes"};
+  t.seed = seed.take();
+  t.norm = norm.take();
+  t.arena = arena.take();
+  return t;
+}
+
+Status Trainer::load(const SafetensorsFile &file, const std::string &path,
+                     int32_t kind) {
+  const pcc_model_info &info = library->info();
+  for (int i = 0; i < info.num_weights; ++i) {
+    if (info.weight_kinds[i] != kind)
+      continue;
+    const pcc_tensor_spec &spec = info.weights[i];
+    const TensorEntry *entry = file.find(spec.name);
+    if (!entry)
+      return Error{"'" + path + "' has no tensor '" + spec.name +
+                   "' (was it written for another model?)"};
+    if (entry->dtype != static_cast<DType>(spec.dtype) ||
+        entry->shape != specShape(spec))
+      return Error{"'" + path + "': tensor '" + spec.name + "' is " +
+                   std::string(dtypeName(entry->dtype)) + " " +
+                   shapeString(entry->shape) + " but the model needs " +
+                   describeSpec(spec)};
+    Status copied = device->copyToDevice(statePtrs[i], file.data(*entry),
+                                         specBytes(spec));
+    if (!copied.ok())
+      return copied;
+  }
+  return Status::success();
+}
+
+Result<SafetensorsWriter> Trainer::save(int32_t kind,
+                                        const std::string &what) const {
+  const pcc_model_info &info = library->info();
+  SafetensorsWriter writer;
+  for (int i = 0; i < info.num_weights; ++i) {
+    if (info.weight_kinds[i] != kind)
+      continue;
+    const pcc_tensor_spec &spec = info.weights[i];
+    std::vector<uint8_t> bytes(static_cast<size_t>(specBytes(spec)));
+    Status read = device->copyToHost(bytes.data(), statePtrs[i], bytes.size());
+    if (!read.ok())
+      return Error{read.error()};
+    Status added = writer.add(spec.name, static_cast<DType>(spec.dtype),
+                              specShape(spec), std::move(bytes));
+    if (!added.ok())
+      return Error{added.error()};
+  }
+  writer.setMetadata("pcc.content", what);
+  return writer;
+}
+
+Status Trainer::runPhase(int32_t phase, const std::vector<const void *> &in,
+                         const std::vector<void *> &out, const double *hyper) {
+  const pcc_phase_info &info = library->info().phases[phase];
+  std::vector<void *> phaseState;
+  for (int s = 0; s < info.num_state; ++s)
+    phaseState.push_back(statePtrs[info.state[s]]);
+  pcc_run_context context = device->runContext();
+  context.hyper = hyper;
+  return library->runPhase(phase, context, in.data(), out.data(),
+                           phaseState.data(), arena.data());
+}
+
+Result<StepResult>
+Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
+              double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper) {
+  const pcc_model_info &info = library->info();
+  const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];
+  const pcc_phase_info &bwd = info.phases[PCC_PHASE_BACKWARD];
+  StepResult result;
+  Status zeroed = runPhase(PCC_PHASE_ZERO_GRAD, {}, {}, hyper.data());
+  if (!zeroed.ok())
+    return Error{zeroed.error()};
+  float seedValue = static_cast<float>(lossGrad);
+  Status seeded = device->copyToDevice(seed.data(), &seedValue, 4);
+  if (!seeded.ok())
+    return Error{seeded.error()};
+  std::vector<const void *> fwdIn;
+  std::vector<void *> fwdOut;
+  for (DeviceBuffer &b : forwardIn)
+    fwdIn.push_back(b.data());
+  for (DeviceBuffer &b : forwardOut)
+    fwdOut.push_back(b.data());
+  std::vector<const void *> bwdIn;
+  for (int i = 0; i < bwd.num_inputs; ++i) {
+    int32_t source = bwd.input_sources[i];
+    bwdIn.push_back(source == PCC_SOURCE_LOSS_GRAD ? seed.data()
+                                                   : forwardOut[source].data());
+  }
+  for (const std::vector<const void *> &inputs : microbatches) {
+    if (static_cast<int>(inputs.size()) != fwd.num_inputs)
+      return Error{"a micro-batch needs " + std::to_string(fwd.num_inputs) +
+                   " inputs"};
+    for (int i = 0; i < fwd.num_inputs; ++i) {
+      Status copied = device->copyToDevice(forwardIn[i].data(), inputs[i],
+                                           specBytes(fwd.inputs[i]));
+      if (!copied.ok())
+        return Error{copied.error()};
+    }
+    Status ran = runPhase(PCC_PHASE_FORWARD, fwdIn, fwdOut, hyper.data());
+    if (!ran.ok())
+      return Error{ran.error()};
+    float loss = 0;
+    Status read = device->copyToHost(&loss, forwardOut[0].data(), 4);
+    if (!read.ok())
+      return Error{read.error()};
+    result.lossSum += loss;
+    ran = runPhase(PCC_PHASE_BACKWARD, bwdIn, {}, hyper.data());
+    if (!ran.ok())
+      return Error{ran.error()};
+  }
+  std::vector<void *> optOut{norm.data()};
+  Status ran = runPhase(PCC_PHASE_OPTIMIZER, {}, optOut, hyper.data());
+  if (!ran.ok())
+    return Error{ran.error()};
+  float gradNorm = 0;
+  Status read = device->copyToHost(&gradNorm, norm.data(), 4);
+  if (!read.ok())
+    return Error{read.error()};
+  result.gradNorm = gradNorm;
+  return result;
+}
+
+} // namespace pccrt

@@ -1,0 +1,708 @@
+//===- Train.cpp - pcc-run's training mode --------------------------------===//
+//
+// Feeds a training library (pcc --train) its batches, step after step: the
+// rows of the user's arrays in order (or a seeded permutation per epoch),
+// or windows of a token file; scales the gradient by one over the labels of
+// the whole step; prints progress, logs the loss, draws the curve and
+// writes checkpoints that resume bit for bit.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Train.h"
+
+#include "pcc/runtime/Checkpoint.h"
+#include "pcc/runtime/Npy.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <sstream>
+
+namespace pccrt {
+
+namespace {
+
+[[noreturn]] void fail(const std::string &message) {
+  std::fprintf(stderr, "pcc-run: error: %s\n", message.c_str());
+  std::fflush(stdout);
+  std::exit(1);
+}
+
+double parseNumber(const std::string &option, const std::string &text) {
+  char *end = nullptr;
+  double d = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(d))
+    fail(option + " needs a number, got '" + text + "'");
+  return d;
+}
+
+int64_t parseCount(const std::string &option, const std::string &text) {
+  double d = parseNumber(option, text);
+  if (d < 0 || d != std::floor(d))
+    fail(option + " needs a non-negative integer, got '" + text + "'");
+  return static_cast<int64_t>(d);
+}
+
+/// splitmix64: the shuffles' generator (simple enough for a reference
+/// framework to replay).
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/// Epoch `epoch`'s permutation of n rows: Fisher-Yates from the last row
+/// down, swapping row i with splitmix64(seed + epoch * 2^32 + i) % (i + 1).
+std::vector<int64_t> permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> perm(n);
+  for (int64_t i = 0; i < n; ++i)
+    perm[i] = i;
+  for (int64_t i = n - 1; i > 0; --i) {
+    uint64_t r = splitmix64(seed + (static_cast<uint64_t>(epoch) << 32) +
+                            static_cast<uint64_t>(i));
+    std::swap(perm[i], perm[r % static_cast<uint64_t>(i + 1)]);
+  }
+  return perm;
+}
+
+/// The step's data: for every micro-batch, every forward input's bytes.
+class DataSource {
+public:
+  virtual ~DataSource() = default;
+  /// Fills micro-batch `j` of step `k` (0-based).
+  virtual void fill(int64_t k, int64_t j, std::vector<std::vector<uint8_t>> &
+                                               buffers) = 0;
+  virtual std::string describe() const = 0;
+  /// Tokens per sample (0: not a token stream).
+  virtual int64_t tokensPerSample() const { return 0; }
+};
+
+/// Rows of .npy arrays, in order or shuffled per epoch.
+class ArraySource final : public DataSource {
+public:
+  ArraySource(std::vector<NpyArray> arrays, std::vector<std::string> names,
+              int64_t rows, int64_t microRows, int64_t batch,
+              std::optional<uint64_t> shuffle)
+      : arrays(std::move(arrays)), names(std::move(names)), rows(rows),
+        microRows(microRows), batch(batch), shuffle(shuffle) {}
+
+  void fill(int64_t k, int64_t j,
+            std::vector<std::vector<uint8_t>> &buffers) override {
+    for (size_t a = 0; a < arrays.size(); ++a) {
+      size_t rowBytes = arrays[a].data.size() / rows;
+      for (int64_t r = 0; r < microRows; ++r) {
+        int64_t g = k * batch + j * microRows + r;
+        int64_t row = rowOf(g);
+        std::memcpy(buffers[a].data() + r * rowBytes,
+                    arrays[a].data.data() + row * rowBytes, rowBytes);
+      }
+    }
+  }
+  std::string describe() const override {
+    std::string s = std::to_string(rows) + " rows of";
+    for (const std::string &n : names)
+      s += " " + n;
+    return s + (shuffle ? ", shuffled per epoch (seed " +
+                              std::to_string(*shuffle) + ")"
+                        : ", in order");
+  }
+
+private:
+  int64_t rowOf(int64_t g) {
+    int64_t epoch = g / rows, pos = g % rows;
+    if (!shuffle)
+      return pos;
+    if (epoch != cachedEpoch) {
+      perm = permutation(rows, *shuffle, epoch);
+      cachedEpoch = epoch;
+    }
+    return perm[pos];
+  }
+  std::vector<NpyArray> arrays;
+  std::vector<std::string> names;
+  int64_t rows, microRows, batch;
+  std::optional<uint64_t> shuffle;
+  std::vector<int64_t> perm;
+  int64_t cachedEpoch = -1;
+};
+
+/// Windows of a token file (nanoGPT's uint16 .bin, or int32): sample g
+/// reads tokens [s, s + seq] with s = g * seq mod (T - seq), or a seeded
+/// random start with --shuffle; the input is the first seq tokens, the
+/// labels the last seq.
+class TokenSource final : public DataSource {
+public:
+  TokenSource(std::vector<int64_t> tokens, int64_t seq, int64_t microRows,
+              int64_t batch, DType idType, DType labelType,
+              std::optional<uint64_t> shuffle)
+      : tokens(std::move(tokens)), seq(seq), microRows(microRows),
+        batch(batch), idType(idType), labelType(labelType), shuffle(shuffle) {}
+
+  void fill(int64_t k, int64_t j,
+            std::vector<std::vector<uint8_t>> &buffers) override {
+    int64_t span = static_cast<int64_t>(tokens.size()) - seq;
+    for (int64_t r = 0; r < microRows; ++r) {
+      int64_t g = k * batch + j * microRows + r;
+      int64_t start =
+          shuffle ? static_cast<int64_t>(
+                        splitmix64(*shuffle ^ (static_cast<uint64_t>(g) *
+                                               0x9e3779b97f4a7c15ull)) %
+                        static_cast<uint64_t>(span))
+                  : (g * seq) % span;
+      for (int64_t t = 0; t < seq; ++t) {
+        put(buffers[0], idType, r * seq + t, tokens[start + t]);
+        put(buffers[1], labelType, r * seq + t, tokens[start + t + 1]);
+      }
+    }
+  }
+  std::string describe() const override {
+    return std::to_string(tokens.size()) + " tokens, windows of " +
+           std::to_string(seq) + (shuffle ? " at seeded random offsets"
+                                          : " one after another");
+  }
+  int64_t tokensPerSample() const override { return seq; }
+
+private:
+  static void put(std::vector<uint8_t> &buffer, DType type, int64_t i,
+                  int64_t v) {
+    if (type == DType::I64)
+      reinterpret_cast<int64_t *>(buffer.data())[i] = v;
+    else
+      reinterpret_cast<int32_t *>(buffer.data())[i] = static_cast<int32_t>(v);
+  }
+  std::vector<int64_t> tokens;
+  int64_t seq, microRows, batch;
+  DType idType, labelType;
+  std::optional<uint64_t> shuffle;
+};
+
+/// Integer .npy arrays of another width are widened or narrowed to the
+/// model's index type; anything else must match exactly.
+NpyArray convertTo(NpyArray a, DType want, const std::string &file) {
+  if (a.dtype == want)
+    return a;
+  bool fromInt = a.dtype == DType::I64 || a.dtype == DType::I32;
+  bool toInt = want == DType::I64 || want == DType::I32;
+  if (!fromInt || !toInt)
+    fail("'" + file + "' holds " + std::string(dtypeName(a.dtype)) +
+         " but the model takes " + std::string(dtypeName(want)));
+  int64_t n = elementCount(a.shape);
+  NpyArray out;
+  out.dtype = want;
+  out.shape = a.shape;
+  out.data.resize(n * dtypeSize(want));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = a.dtype == DType::I64
+                    ? reinterpret_cast<const int64_t *>(a.data.data())[i]
+                    : reinterpret_cast<const int32_t *>(a.data.data())[i];
+    if (want == DType::I64)
+      reinterpret_cast<int64_t *>(out.data.data())[i] = v;
+    else
+      reinterpret_cast<int32_t *>(out.data.data())[i] =
+          static_cast<int32_t>(v);
+  }
+  return out;
+}
+
+/// The learning rate of step s (from 1): linear warmup over `warmup`
+/// steps, then constant, cosine to 0 or linear to 0 at the last step.
+double learningRate(const TrainOptions &o, int64_t s) {
+  double lr = o.hyper.lr;
+  if (o.warmup > 0 && s <= o.warmup)
+    return lr * static_cast<double>(s) / static_cast<double>(o.warmup);
+  if (o.schedule == "constant")
+    return lr;
+  double span = static_cast<double>(std::max<int64_t>(o.steps - o.warmup, 1));
+  double p = std::clamp(static_cast<double>(s - o.warmup) / span, 0.0, 1.0);
+  if (o.schedule == "cosine")
+    return lr * 0.5 * (1.0 + std::cos(M_PI * p));
+  return lr * (1.0 - p);
+}
+
+/// The loss curve as an SVG line chart.
+void writeSvg(const std::string &path,
+              const std::vector<std::pair<int64_t, double>> &points,
+              const std::string &title) {
+  const double w = 640, h = 360, left = 60, right = 20, top = 30, bottom = 40;
+  double lo = INFINITY, hi = -INFINITY;
+  int64_t first = points.front().first, last = points.back().first;
+  for (auto &p : points)
+    if (std::isfinite(p.second)) {
+      lo = std::min(lo, p.second);
+      hi = std::max(hi, p.second);
+    }
+  if (!(hi > lo)) {
+    hi = lo + 1;
+  }
+  double pad = (hi - lo) * 0.05;
+  lo -= pad;
+  hi += pad;
+  auto x = [&](int64_t s) {
+    return left + (w - left - right) *
+                      (last == first ? 0.5
+                                     : static_cast<double>(s - first) /
+                                           static_cast<double>(last - first));
+  };
+  auto y = [&](double v) {
+    return top + (h - top - bottom) * (1.0 - (v - lo) / (hi - lo));
+  };
+  std::ofstream out(path);
+  if (!out)
+    fail("cannot write --loss-svg '" + path + "'");
+  char buf[256];
+  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w
+      << "\" height=\"" << h << "\" font-family=\"sans-serif\" "
+      << "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+      << "fill=\"white\"/>\n";
+  out << "<text x=\"" << left << "\" y=\"18\" font-size=\"14\">" << title
+      << "</text>\n";
+  for (int i = 0; i <= 4; ++i) {
+    double v = lo + (hi - lo) * i / 4.0;
+    std::snprintf(buf, sizeof(buf),
+                  "<line x1=\"%g\" y1=\"%.1f\" x2=\"%g\" y2=\"%.1f\" "
+                  "stroke=\"#ddd\"/><text x=\"%g\" y=\"%.1f\" "
+                  "text-anchor=\"end\">%.3g</text>\n",
+                  left, y(v), w - right, y(v), left - 6, y(v) + 4, v);
+    out << buf;
+  }
+  std::snprintf(buf, sizeof(buf),
+                "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">step</text>"
+                "<text x=\"%g\" y=\"%g\">%lld</text><text x=\"%g\" y=\"%g\" "
+                "text-anchor=\"end\">%lld</text>\n",
+                (left + w - right) / 2, h - 8, left, h - bottom + 16,
+                static_cast<long long>(first), w - right, h - bottom + 16,
+                static_cast<long long>(last));
+  out << buf << "<polyline fill=\"none\" stroke=\"#1f77b4\" "
+      << "stroke-width=\"1.5\" points=\"";
+  for (auto &p : points)
+    if (std::isfinite(p.second)) {
+      std::snprintf(buf, sizeof(buf), "%.1f,%.1f ", x(p.first), y(p.second));
+      out << buf;
+    }
+  out << "\"/>\n</svg>\n";
+}
+
+std::string hyperDescription(const TrainOptions &o, const char *optimizer) {
+  char buf[256];
+  const Hyperparameters &h = o.hyper;
+  if (std::string(optimizer) == "sgd")
+    std::snprintf(buf, sizeof(buf),
+                  "sgd lr %g momentum %g%s weight-decay %g", h.lr, h.momentum,
+                  h.nesterov ? " (nesterov)" : "", h.weightDecay);
+  else
+    std::snprintf(buf, sizeof(buf),
+                  "adamw lr %g betas %g,%g eps %g weight-decay %g", h.lr,
+                  h.beta1, h.beta2, h.eps, h.weightDecay);
+  std::string s = buf;
+  if (h.maxGradNorm > 0)
+    s += ", clip-grad-norm " + std::to_string(h.maxGradNorm);
+  if (o.warmup > 0)
+    s += ", warmup " + std::to_string(o.warmup);
+  if (o.schedule != "constant")
+    s += ", " + o.schedule + " schedule";
+  return s;
+}
+
+} // namespace
+
+bool parseTrainOption(const std::string &a, TrainOptions &o,
+                      const std::function<std::string()> &value) {
+  if (a == "--steps")
+    o.steps = parseCount(a, value());
+  else if (a == "--labels")
+    o.labels = value();
+  else if (a == "--data")
+    o.data = value();
+  else if (a == "--data-dtype")
+    o.dataDtype = value();
+  else if (a == "--seq")
+    o.seq = parseCount(a, value());
+  else if (a == "--lr") {
+    o.hyper.lr = parseNumber(a, value());
+    o.lrGiven = true;
+  } else if (a == "--momentum")
+    o.hyper.momentum = parseNumber(a, value());
+  else if (a == "--dampening")
+    o.hyper.dampening = parseNumber(a, value());
+  else if (a == "--nesterov")
+    o.hyper.nesterov = true;
+  else if (a == "--weight-decay") {
+    o.hyper.weightDecay = parseNumber(a, value());
+    o.weightDecayGiven = true;
+  } else if (a == "--betas") {
+    std::string v = value();
+    size_t comma = v.find(',');
+    if (comma == std::string::npos)
+      fail("--betas needs two numbers, b1,b2 (e.g. 0.9,0.95)");
+    o.hyper.beta1 = parseNumber(a, v.substr(0, comma));
+    o.hyper.beta2 = parseNumber(a, v.substr(comma + 1));
+  } else if (a == "--eps")
+    o.hyper.eps = parseNumber(a, value());
+  else if (a == "--clip-grad-norm")
+    o.hyper.maxGradNorm = parseNumber(a, value());
+  else if (a == "--warmup")
+    o.warmup = parseCount(a, value());
+  else if (a == "--schedule-lr")
+    o.schedule = value();
+  else if (a == "--loss-log")
+    o.lossLog = value();
+  else if (a == "--loss-svg")
+    o.lossSvg = value();
+  else if (a == "--save-dir")
+    o.saveDir = value();
+  else if (a == "--save-every")
+    o.saveEvery = parseCount(a, value());
+  else if (a == "--resume")
+    o.resume = value();
+  else if (a == "--shuffle")
+    o.shuffle = static_cast<uint64_t>(parseCount(a, value()));
+  else if (a == "--seed")
+    o.seed = static_cast<uint64_t>(parseCount(a, value()));
+  else if (a == "--log-every")
+    o.logEvery = std::max<int64_t>(parseCount(a, value()), 1);
+  else
+    return false;
+  return true;
+}
+
+int runTraining(const TrainOptions &given, const ModelLibrary &library,
+                Device &device, const std::string &libraryPath) {
+  TrainOptions o = given;
+  const pcc_model_info &info = library.info();
+  const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];
+  std::string optimizer = info.optimizer, loss = info.loss;
+  if (o.steps < 1)
+    fail("training needs --steps N: the step at which the run ends");
+  if (o.schedule != "constant" && o.schedule != "cosine" &&
+      o.schedule != "linear")
+    fail("--schedule-lr " + o.schedule + " is not a schedule (constant, "
+         "cosine or linear)");
+  if (!(o.hyper.lr > 0))
+    fail("--lr must be positive");
+  if (optimizer == "sgd" && !o.weightDecayGiven)
+    o.hyper.weightDecay = 0; // PyTorch's SGD default
+  if (optimizer != "sgd" && (o.hyper.momentum != 0 || o.hyper.nesterov))
+    fail("--momentum and --nesterov are SGD's; this library was compiled "
+         "with --optimizer=" + optimizer);
+  if (o.hyper.nesterov && o.hyper.momentum <= 0)
+    fail("--nesterov needs --momentum above 0 (as torch.optim.SGD)");
+  if (!o.saveDir.empty() && o.saveEvery < 0)
+    fail("--save-every must be positive");
+
+  // Data: micro-batches of the forward phase's shapes.
+  int nin = fwd.num_inputs;
+  int64_t microRows = fwd.inputs[0].rank ? fwd.inputs[0].shape[0] : 1;
+  int64_t m = std::max<int32_t>(info.microbatches, 1);
+  int64_t batch = microRows * m;
+  std::unique_ptr<DataSource> source;
+  std::vector<NpyArray> labelsHost; // for the loss normaliser
+  if (!o.data.empty()) {
+    if (!o.inputs.empty() || !o.labels.empty())
+      fail("--data gives both the inputs and the labels; drop --input and "
+           "--labels");
+    if (nin != 2 || fwd.inputs[0].rank != 2 || fwd.inputs[1].rank != 2)
+      fail("--data feeds language models with one [batch, seq] input of "
+           "token ids and labels of the same shape; this model takes " +
+           std::to_string(nin - 1) + " input(s)");
+    int64_t seq = fwd.inputs[0].shape[1];
+    if (o.seq && o.seq != seq)
+      fail("--seq " + std::to_string(o.seq) + " does not match the model, "
+           "which was compiled for sequences of " + std::to_string(seq) +
+           " (pcc --dim=seq=" + std::to_string(o.seq) + ")");
+    if (o.dataDtype != "uint16" && o.dataDtype != "int32")
+      fail("--data-dtype " + o.dataDtype + " is not uint16 or int32");
+    auto text = readTextFile(o.data);
+    if (!text.ok())
+      fail("cannot read --data '" + o.data + "'");
+    size_t width = o.dataDtype == "uint16" ? 2 : 4;
+    if (text->size() % width)
+      fail("--data '" + o.data + "' is not a whole number of " +
+           o.dataDtype + " tokens");
+    std::vector<int64_t> tokens(text->size() / width);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (width == 2) {
+        uint16_t t;
+        std::memcpy(&t, text->data() + 2 * i, 2);
+        tokens[i] = t;
+      } else {
+        int32_t t;
+        std::memcpy(&t, text->data() + 4 * i, 4);
+        tokens[i] = t;
+      }
+    }
+    if (static_cast<int64_t>(tokens.size()) <= seq + 1)
+      fail("--data '" + o.data + "' holds " + std::to_string(tokens.size()) +
+           " tokens, fewer than one window of " + std::to_string(seq + 1));
+    source = std::make_unique<TokenSource>(
+        std::move(tokens), seq, microRows, batch,
+        static_cast<DType>(fwd.inputs[0].dtype),
+        static_cast<DType>(fwd.inputs[1].dtype), o.shuffle);
+  } else {
+    if (static_cast<int>(o.inputs.size()) != nin - 1)
+      fail("the model takes " + std::to_string(nin - 1) +
+           " input(s) and labels: give --input for each input and --labels "
+           "(or --data tokens.bin for a language model)");
+    if (o.labels.empty())
+      fail("training needs --labels FILE.npy (" +
+           std::string(loss == "mse" ? "the target of the model's output"
+                                     : "the class of every example") +
+           ")");
+    std::vector<NpyArray> arrays;
+    std::vector<std::string> files(o.inputs);
+    files.push_back(o.labels);
+    int64_t rows = -1;
+    for (int i = 0; i < nin; ++i) {
+      auto a = readNpy(files[i]);
+      if (!a.ok())
+        fail(a.error());
+      NpyArray array =
+          convertTo(a.take(), static_cast<DType>(fwd.inputs[i].dtype), files[i]);
+      std::vector<int64_t> want = specShape(fwd.inputs[i]);
+      std::vector<int64_t> got = array.shape;
+      if (got.empty() || want.empty() ||
+          std::vector<int64_t>(got.begin() + 1, got.end()) !=
+              std::vector<int64_t>(want.begin() + 1, want.end()))
+        fail("'" + files[i] + "' is " + shapeString(got) + " but the model's " +
+             fwd.inputs[i].name + " is [N, ...] with rows of " +
+             shapeString(std::vector<int64_t>(want.begin() + 1, want.end())) +
+             " (the rows are examples)");
+      if (rows >= 0 && got[0] != rows)
+        fail("'" + files[i] + "' holds " + std::to_string(got[0]) +
+             " rows but '" + files[0] + "' holds " + std::to_string(rows) +
+             "; every --input and --labels file needs the same rows");
+      rows = got[0];
+      arrays.push_back(std::move(array));
+    }
+    if (rows < batch)
+      fail("the data holds " + std::to_string(rows) + " rows, fewer than one "
+           "batch of " + std::to_string(batch) + " (pcc --batch)");
+    std::vector<std::string> names;
+    for (int i = 0; i < nin; ++i)
+      names.push_back(fwd.inputs[i].name);
+    source = std::make_unique<ArraySource>(std::move(arrays), names, rows,
+                                           microRows, batch, o.shuffle);
+  }
+
+  auto trainer = Trainer::create(library, device);
+  if (!trainer.ok())
+    fail(trainer.error());
+
+  // Start: the library's weights file, or a checkpoint.
+  int64_t start = 0;
+  if (!o.resume.empty()) {
+    auto dir = openCheckpoint(o.resume);
+    if (!dir.ok())
+      fail(dir.error());
+    auto text = readTextFile(*dir + "/trainer.json");
+    nlohmann::json state =
+        text.ok() ? nlohmann::json::parse(*text, nullptr, false)
+                  : nlohmann::json();
+    if (state.is_discarded() || !state.contains("step"))
+      fail("checkpoint '" + *dir + "': trainer.json is unreadable");
+    if (state.value("optimizer", "") != optimizer)
+      fail("checkpoint '" + *dir + "' holds " +
+           state.value("optimizer", std::string("no")) +
+           " optimizer state; this library trains with " + optimizer);
+    start = state["step"].get<int64_t>();
+    for (auto [file, kind] : {std::pair{"weights.safetensors", PCC_STATE_WEIGHT},
+                              std::pair{"optimizer.safetensors",
+                                        PCC_STATE_OPTIMIZER}}) {
+      std::string path = *dir + "/" + file;
+      auto f = SafetensorsFile::open(path);
+      if (!f.ok())
+        fail(f.error());
+      Status loaded = trainer->load(*f, path, kind);
+      if (!loaded.ok())
+        fail(loaded.error());
+    }
+    std::printf("resumed from %s at step %lld\n", dir->c_str(),
+                static_cast<long long>(start));
+    if (start >= o.steps)
+      fail("checkpoint '" + *dir + "' is at step " + std::to_string(start) +
+           "; --steps " + std::to_string(o.steps) +
+           " is the step the run ends at (counted from the start of "
+           "training), so there is nothing left to do");
+  } else {
+    std::string path = library.defaultWeightsPath();
+    auto f = SafetensorsFile::open(path);
+    if (!f.ok())
+      fail(f.error());
+    Status loaded = trainer->load(*f, path, PCC_STATE_WEIGHT);
+    if (!loaded.ok())
+      fail(loaded.error());
+  }
+
+  std::printf("training %s on %s: %s, batch %lld (%lld micro-batch%s of "
+              "%lld), loss %s, %s\n",
+              libraryPath.c_str(), device.describe().c_str(),
+              source->describe().c_str(), static_cast<long long>(batch),
+              static_cast<long long>(m), m == 1 ? "" : "es",
+              static_cast<long long>(microRows), loss.c_str(),
+              hyperDescription(o, optimizer.c_str()).c_str());
+  std::printf("model state %.2f MiB, saved activations %.2f MiB, arena "
+              "%.2f MiB\n",
+              trainer->stateBytes() / 1048576.0,
+              trainer->activationBytes() / 1048576.0,
+              trainer->arenaBytes() / 1048576.0);
+
+  // The loss log: a resumed run appends, continuing the step numbers.
+  FILE *log = nullptr;
+  if (!o.lossLog.empty()) {
+    std::ifstream existing(o.lossLog);
+    bool append = start > 0 && existing.good();
+    log = std::fopen(o.lossLog.c_str(), append ? "a" : "w");
+    if (!log)
+      fail("cannot write --loss-log '" + o.lossLog + "'");
+    if (!append)
+      std::fprintf(log, "step,loss,lr,grad_norm,samples_per_s,step_ms\n");
+  }
+
+  std::vector<std::vector<uint8_t>> buffers(m * nin);
+  for (int64_t j = 0; j < m; ++j)
+    for (int i = 0; i < nin; ++i)
+      buffers[j * nin + i].resize(specBytes(fwd.inputs[i]));
+  auto save = [&](int64_t step) {
+    auto weights = trainer->save(PCC_STATE_WEIGHT, "weights");
+    auto opt = trainer->save(PCC_STATE_OPTIMIZER, "optimizer state");
+    if (!weights.ok() || !opt.ok())
+      fail(weights.ok() ? opt.error() : weights.error());
+    nlohmann::json state = {{"step", step},
+                            {"model", info.source},
+                            {"library", libraryPath},
+                            {"loss", loss},
+                            {"optimizer", optimizer},
+                            {"batch", batch},
+                            {"microbatches", m},
+                            {"seed", o.seed},
+                            {"samples_seen", step * batch}};
+    if (o.shuffle)
+      state["shuffle"] = *o.shuffle;
+    const char *crash = std::getenv("PCC_TEST_CRASH_IN_SAVE");
+    bool crashNow = crash && std::atoll(crash) == step;
+    auto dir = writeCheckpoint(o.saveDir, step,
+                               {{"weights.safetensors", &*weights},
+                                {"optimizer.safetensors", &*opt}},
+                               state.dump(2) + "\n", crashNow);
+    if (!dir.ok())
+      fail(dir.error());
+    std::printf("saved %s\n", dir->c_str());
+  };
+
+  std::vector<std::pair<int64_t, double>> curve;
+  auto begin = std::chrono::steady_clock::now();
+  double lastLoss = NAN;
+  for (int64_t s = start + 1; s <= o.steps; ++s) {
+    int64_t k = s - 1;
+    std::vector<std::vector<const void *>> microbatches(m);
+    double count = 0;
+    for (int64_t j = 0; j < m; ++j) {
+      std::vector<std::vector<uint8_t>> mb(nin);
+      for (int i = 0; i < nin; ++i)
+        mb[i].swap(buffers[j * nin + i]);
+      source->fill(k, j, mb);
+      for (int i = 0; i < nin; ++i) {
+        mb[i].swap(buffers[j * nin + i]);
+        microbatches[j].push_back(buffers[j * nin + i].data());
+      }
+      // The loss normaliser over the whole step.
+      const pcc_tensor_spec &labels = fwd.inputs[nin - 1];
+      const uint8_t *l = buffers[j * nin + nin - 1].data();
+      int64_t n = elementCount(specShape(labels));
+      if (loss == "cross_entropy") {
+        for (int64_t i = 0; i < n; ++i) {
+          int64_t v = labels.dtype == static_cast<int32_t>(DType::I64)
+                          ? reinterpret_cast<const int64_t *>(l)[i]
+                          : reinterpret_cast<const int32_t *>(l)[i];
+          count += v != info.ignore_index;
+        }
+      } else if (loss == "mse") {
+        count += static_cast<double>(n);
+      } else {
+        count += 1;
+      }
+    }
+    double lr = learningRate(o, s);
+    auto t0 = std::chrono::steady_clock::now();
+    auto result = trainer->step(microbatches, count > 0 ? 1.0 / count : 0.0,
+                                o.hyper.table(s, lr));
+    if (!result.ok())
+      fail("step " + std::to_string(s) + ": " + result.error());
+    double ms = std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count();
+    if (count == 0)
+      std::fprintf(stderr,
+                   "pcc-run: warning: step %lld: every label is the ignored "
+                   "%lld; the step changes nothing but weight decay\n",
+                   static_cast<long long>(s),
+                   static_cast<long long>(info.ignore_index));
+    double stepLoss = count > 0 ? result->lossSum / count : NAN;
+    lastLoss = stepLoss;
+    curve.push_back({s, stepLoss});
+    double samples = batch / (ms / 1000.0);
+    if (!std::isfinite(stepLoss) && count > 0)
+      fail("step " + std::to_string(s) + ": the loss is " +
+           std::to_string(stepLoss) + " (diverged; lower --lr or add "
+           "--clip-grad-norm)");
+    if (log) {
+      std::fprintf(log, "%lld,%.9g,%.9g,%.9g,%.6g,%.4g\n",
+                   static_cast<long long>(s), stepLoss, lr, result->gradNorm,
+                   samples, ms);
+      std::fflush(log);
+    }
+    if (s % o.logEvery == 0 || s == o.steps || s == start + 1) {
+      int64_t tokens = source->tokensPerSample();
+      std::printf("step %lld/%lld  loss %.6f  lr %.3g  grad-norm %.4g  "
+                  "%.0f %s/s  %.2f ms\n",
+                  static_cast<long long>(s), static_cast<long long>(o.steps),
+                  stepLoss, lr, result->gradNorm,
+                  tokens ? samples * tokens : samples,
+                  tokens ? "tokens" : "samples", ms);
+      std::fflush(stdout);
+    }
+    if (!o.saveDir.empty() && o.saveEvery > 0 && s % o.saveEvery == 0)
+      save(s);
+  }
+  if (!o.saveDir.empty() && (o.saveEvery == 0 || o.steps % o.saveEvery != 0))
+    save(o.steps);
+  if (log)
+    std::fclose(log);
+  double seconds = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - begin)
+                       .count();
+  std::printf("trained steps %lld to %lld in %.2f s; last loss %.6f\n",
+              static_cast<long long>(start + 1),
+              static_cast<long long>(o.steps), seconds, lastLoss);
+  if (!o.lossSvg.empty()) {
+    // The whole curve when the log holds earlier steps of a resumed run.
+    std::vector<std::pair<int64_t, double>> points;
+    if (!o.lossLog.empty()) {
+      std::ifstream in(o.lossLog);
+      std::string line;
+      std::getline(in, line);
+      while (std::getline(in, line)) {
+        long long step = 0;
+        double value = 0;
+        if (std::sscanf(line.c_str(), "%lld,%lf", &step, &value) == 2)
+          points.push_back({step, value});
+      }
+    }
+    if (points.empty())
+      points = curve;
+    writeSvg(o.lossSvg, points,
+             "training loss (" + loss + ", " + optimizer + ")");
+    std::printf("wrote %s\n", o.lossSvg.c_str());
+  }
+  return 0;
+}
+
+} // namespace pccrt

@@ -1,0 +1,47 @@
+//===- Train.h - pcc-run's training mode ------------------------*- C++ -*-===//
+
+#ifndef PCC_TOOLS_PCC_RUN_TRAIN_H
+#define PCC_TOOLS_PCC_RUN_TRAIN_H
+
+#include "pcc/runtime/Device.h"
+#include "pcc/runtime/ModelLibrary.h"
+#include "pcc/runtime/Trainer.h"
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pccrt {
+
+struct TrainOptions {
+  int64_t steps = 0;
+  std::vector<std::string> inputs;
+  std::string labels;
+  std::string data;              // --data tokens.bin
+  std::string dataDtype = "uint16";
+  int64_t seq = 0;               // --seq
+  Hyperparameters hyper;
+  bool lrGiven = false, weightDecayGiven = false;
+  int64_t warmup = 0;
+  std::string schedule = "constant";
+  std::string lossLog, lossSvg, saveDir, resume;
+  int64_t saveEvery = 0;
+  std::optional<uint64_t> shuffle; // --shuffle SEED
+  uint64_t seed = 0;               // --seed (dropout)
+  int64_t logEvery = 1;
+};
+
+/// Parses training option `arg` at argv[i] (advancing i past its value);
+/// returns false when `arg` is not a training option. `value` fetches the
+/// next argument, dying with a message when it is missing.
+bool parseTrainOption(const std::string &arg, TrainOptions &o,
+                      const std::function<std::string()> &value);
+
+/// Trains `library` on `device` as `o` says; returns the exit status.
+int runTraining(const TrainOptions &o, const ModelLibrary &library,
+                Device &device, const std::string &libraryPath);
+
+} // namespace pccrt
+
+#endif // PCC_TOOLS_PCC_RUN_TRAIN_H
