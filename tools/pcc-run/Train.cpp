@@ -554,16 +554,26 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
               trainer->activationBytes() / 1048576.0,
               trainer->arenaBytes() / 1048576.0);
 
-  // The loss log: a resumed run appends, continuing the step numbers.
+  // The loss log. A resumed run keeps the rows up to its checkpoint (a
+  // killed run may have logged steps after it, which are done again) and
+  // continues the step numbers.
   FILE *log = nullptr;
   if (!o.lossLog.empty()) {
-    std::ifstream existing(o.lossLog);
-    bool append = start > 0 && existing.good();
-    log = std::fopen(o.lossLog.c_str(), append ? "a" : "w");
+    std::string kept = "step,loss,lr,grad_norm,samples_per_s,step_ms\n";
+    if (start > 0) {
+      std::ifstream existing(o.lossLog);
+      std::string line;
+      if (std::getline(existing, line))
+        while (std::getline(existing, line)) {
+          long long step = 0;
+          if (std::sscanf(line.c_str(), "%lld,", &step) == 1 && step <= start)
+            kept += line + "\n";
+        }
+    }
+    log = std::fopen(o.lossLog.c_str(), "w");
     if (!log)
       fail("cannot write --loss-log '" + o.lossLog + "'");
-    if (!append)
-      std::fprintf(log, "step,loss,lr,grad_norm,samples_per_s,step_ms\n");
+    std::fputs(kept.c_str(), log);
   }
 
   std::vector<std::vector<uint8_t>> buffers(m * nin);

@@ -517,9 +517,10 @@ int main(int argc, char **argv) {
                      : std::string()) +
                 " needs " + std::to_string(numStages - 1) +
                 " names in --pp-cuts, not " + std::to_string(ppCuts.size()));
-  if (microbatches > 1 && pp == 1)
-    return fail("--microbatches splits the batch for a pipeline; it needs "
-                "--pp above 1");
+  if (microbatches > 1 && pp == 1 && !train)
+    return fail("--microbatches splits the batch for a pipeline (or, with "
+                "--train, for gradient accumulation); it needs --pp above 1 "
+                "or --train");
 
   MLIRContext context;
   context.loadDialect<pcc::PccDialect, func::FuncDialect>();

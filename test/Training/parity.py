@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Trains a bundled model with pcc for the steps of a PyTorch reference run
+(test/Training/ref/<model>) and compares the per-step losses and the final
+weights with PyTorch's (compare.py).
+
+  parity.py --model gpt --optimizer adamw --pcc build/bin/pcc \
+      --pcc-run build/bin/pcc-run --work /tmp/gpt-adamw [--microbatches 2]
+
+Exit status 0 when every loss and weight matches within the tolerances of
+the issue (losses relative 1e-5; weights rtol 1e-4, AdamW 1e-3 / 1e-5: see
+ref/README.md for why)."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# How each bundled model is compiled for a batch of 4.
+MODELS = {
+    "mlp": (["--batch=4"], "cross_entropy"),
+    "transformer_postnorm": (["--batch=4"], "mse"),
+    "transformer_prenorm": (["--batch=4"], "mse"),
+    "gpt": (["--dim=batch=4", "--dim=seq=16"], "cross_entropy"),
+    "resnet18": (["--batch=4"], "cross_entropy"),
+}
+
+
+def run(cmd):
+    print("$ " + " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    sys.stdout.write(r.stdout)
+    if r.returncode != 0:
+        sys.exit("parity.py: command failed with status %d" % r.returncode)
+    return r.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, choices=sorted(MODELS))
+    ap.add_argument("--optimizer", required=True, choices=["sgd", "adamw"])
+    ap.add_argument("--pcc", required=True)
+    ap.add_argument("--pcc-run", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--microbatches", type=int, default=1)
+    ap.add_argument("--target", default="cpu")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+
+    ref = os.path.join(HERE, "ref", args.model)
+    config = json.load(open(os.path.join(ref, "config.json")))
+    opt = config["optimizers"][args.optimizer]
+    flags, loss = MODELS[args.model]
+    os.makedirs(args.work, exist_ok=True)
+    lib = os.path.join(args.work, "train.so")
+    run([args.pcc, os.path.join(ROOT, "examples", args.model + ".onnx"),
+         "--train", "--loss=" + loss, "--optimizer=" + args.optimizer,
+         "--microbatches=%d" % args.microbatches, "--target=" + args.target,
+         "-o", lib] + flags)
+
+    hyper = ["--lr", repr(opt["lr"]), "--weight-decay",
+             repr(opt["weight_decay"])]
+    if args.optimizer == "sgd":
+        hyper += ["--momentum", repr(opt["momentum"]), "--dampening",
+                  repr(opt["dampening"])]
+        if opt["nesterov"]:
+            hyper.append("--nesterov")
+    else:
+        hyper += ["--betas", "%r,%r" % tuple(opt["betas"]), "--eps",
+                  repr(opt["eps"])]
+    if opt.get("clip_grad_norm"):
+        hyper += ["--clip-grad-norm", repr(opt["clip_grad_norm"])]
+    log = os.path.join(args.work, "loss.csv")
+    ckpt = os.path.join(args.work, "ckpt")
+    run([args.pcc_run, lib, "--steps", str(config["steps"]),
+         "--device", args.device,
+         "--input", os.path.join(ref, "input.npy"),
+         "--labels", os.path.join(ref, "labels.npy"),
+         "--loss-log", log, "--save-dir", ckpt, "--log-every", "5"] + hyper)
+
+    tolerances = (["--wrtol", "1e-3", "--watol", "1e-5"]
+                  if args.optimizer == "adamw" else [])
+    r = subprocess.run(
+        [sys.executable, os.path.join(HERE, "compare.py"),
+         "--ref-losses", os.path.join(ref, args.optimizer + ".losses.csv"),
+         "--losses", log,
+         "--ref-weights", os.path.join(ref, args.optimizer + ".final.safetensors"),
+         "--weights", os.path.join(ckpt, "step-%08d" % config["steps"],
+                                   "weights.safetensors")] + tolerances)
+    sys.exit(r.returncode)
+
+
+if __name__ == "__main__":
+    main()
