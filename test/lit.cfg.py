@@ -55,3 +55,17 @@ if config.pcc_have_mpi:
         config.available_features.add("mpi")
         config.substitutions.append(
             ("%mpirun", mpirun + " --allow-run-as-root --oversubscribe --bind-to none"))
+
+# onnxruntime, where the zoo's virtual environment (scripts/zoo/setup-venv.sh)
+# has it: tests that check exported models with it say REQUIRES: onnxruntime.
+zoo_python = os.path.expanduser("~/.cache/pcc/zoo-venv/bin/python")
+if os.path.exists(zoo_python):
+    import subprocess
+    try:
+        ok = subprocess.run([zoo_python, "-c", "import onnxruntime"],
+                            capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    if ok:
+        config.available_features.add("onnxruntime")
+        config.substitutions.append(("%ort_python", zoo_python))

@@ -10,6 +10,9 @@
 
 #include "GraphImporter.h"
 
+#include <cstdio>
+#include <fstream>
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Verifier.h"
 #include "llvm/ADT/STLExtras.h"
@@ -666,6 +669,97 @@ LogicalResult mlir::pcc::writeOnnxWeights(StringRef modelPath,
     return emitError(FileLineColLoc::get(context, outputPath, 0, 0))
            << status.error();
   return success();
+}
+
+FailureOr<int64_t> mlir::pcc::exportTrainedOnnx(StringRef modelPath,
+                                                StringRef weightsPath,
+                                                StringRef outputPath,
+                                                MLIRContext *context) {
+  onnx::ModelProto model;
+  if (failed(loadModel(modelPath, context, model)))
+    return failure();
+  std::string baseDir = llvm::sys::path::parent_path(modelPath).str();
+  Location loc = FileLineColLoc::get(context, modelPath, 0, 0);
+  auto file = ::pccrt::SafetensorsFile::open(weightsPath.str());
+  if (!file.ok())
+    return emitError(FileLineColLoc::get(context, weightsPath, 0, 0))
+           << file.error();
+  // The original values, for finding tied copies.
+  llvm::StringMap<std::string> original;
+  onnx::GraphProto *graph = model.mutable_graph();
+  for (const onnx::TensorProto &init : graph->initializer()) {
+    auto bytes = tensorBytes(init, baseDir, loc);
+    if (failed(bytes))
+      return failure();
+    original[init.name()] = std::move(*bytes);
+  }
+  auto setData = [](onnx::TensorProto &init, const uint8_t *data,
+                    size_t size) {
+    init.clear_float_data();
+    init.clear_external_data();
+    init.set_data_location(onnx::TensorProto::DEFAULT);
+    init.set_raw_data(data, size);
+  };
+  int64_t replaced = 0;
+  for (onnx::TensorProto &init : *graph->mutable_initializer()) {
+    std::vector<int64_t> shape(init.dims().begin(), init.dims().end());
+    if (const ::pccrt::TensorEntry *entry = file->find(init.name())) {
+      if (init.data_type() != onnx::TensorProto::FLOAT ||
+          entry->dtype != ::pccrt::DType::F32 || entry->shape != shape)
+        return emitError(loc) << "checkpoint tensor '" << init.name()
+                              << "' does not have the initializer's type "
+                                 "and shape";
+      setData(init, file->data(*entry), entry->end - entry->begin);
+      ++replaced;
+      continue;
+    }
+    // A transposed copy of a trained weight keeps following it.
+    if (init.data_type() != onnx::TensorProto::FLOAT || shape.size() != 2 ||
+        shape[0] == shape[1])
+      continue;
+    const std::string &mine = original[init.name()];
+    for (const ::pccrt::TensorEntry &entry : file->tensors()) {
+      if (entry.dtype != ::pccrt::DType::F32 || entry.shape.size() != 2 ||
+          entry.shape[0] != shape[1] || entry.shape[1] != shape[0] ||
+          !original.count(entry.name))
+        continue;
+      const float *a = reinterpret_cast<const float *>(mine.data());
+      const float *b =
+          reinterpret_cast<const float *>(original[entry.name].data());
+      int64_t rows = shape[0], cols = shape[1];
+      bool same = mine.size() == static_cast<size_t>(rows * cols * 4);
+      for (int64_t i = 0; same && i < rows; ++i)
+        for (int64_t j = 0; same && j < cols; ++j)
+          same = a[i * cols + j] == b[j * rows + i];
+      if (!same)
+        continue;
+      const float *trained =
+          reinterpret_cast<const float *>(file->data(entry));
+      std::vector<float> t(rows * cols);
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j)
+          t[i * cols + j] = trained[j * rows + i];
+      setData(init, reinterpret_cast<const uint8_t *>(t.data()), t.size() * 4);
+      ++replaced;
+      break;
+    }
+  }
+  std::string bytes;
+  if (!model.SerializeToString(&bytes))
+    return emitError(loc) << "cannot serialise the trained model (larger "
+                             "than 2 GiB?)";
+  std::string temp = (outputPath + ".tmp").str();
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out.good())
+      return emitError(FileLineColLoc::get(context, outputPath, 0, 0))
+             << "cannot write the trained model";
+  }
+  if (std::rename(temp.c_str(), outputPath.str().c_str()) != 0)
+    return emitError(FileLineColLoc::get(context, outputPath, 0, 0))
+           << "cannot write the trained model";
+  return replaced;
 }
 
 FailureOr<OnnxTensorFile> mlir::pcc::readOnnxTensorFile(StringRef path,

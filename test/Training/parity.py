@@ -82,6 +82,7 @@ def main():
          "--labels", os.path.join(ref, "labels.npy"),
          "--loss-log", log, "--save-dir", ckpt, "--log-every", "5"] + hyper)
 
+    sys.stdout.flush()
     tolerances = (["--wrtol", "1e-3", "--watol", "1e-5"]
                   if args.optimizer == "adamw" else [])
     r = subprocess.run(

@@ -14,6 +14,7 @@
 #include "pcc/Transforms/CostModel.h"
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Training.h"
+#include "pcc/runtime/Checkpoint.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/AsmState.h"
@@ -184,6 +185,7 @@ Examples:
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --pp=2 --pp-chunks=2 --microbatches=4 -o il.so
 
 Training (one device):
+  pcc export ckpt -o trained.onnx        # the model with a checkpoint's weights
   pcc examples/mlp.onnx --train --loss=cross_entropy --optimizer=adamw --batch=8 -o train.so
   pcc-run train.so --steps 200 --input x.npy --labels y.npy --lr 3e-4 --loss-log loss.csv
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=64 --microbatches=2 -o gpt-train.so
@@ -409,7 +411,74 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
        << ")\n";
 }
 
+/// `pcc export CKPT -o trained.onnx [--model model.onnx]`: the original
+/// ONNX model with a training checkpoint's weights.
+static int exportCheckpoint(int argc, char **argv) {
+  std::string checkpoint, output, model;
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        fail(a + " needs a value");
+        std::exit(1);
+      }
+      return argv[++i];
+    };
+    if (a == "-o")
+      output = value();
+    else if (a == "--model")
+      model = value();
+    else if (a == "--help" || a == "-h") {
+      llvm::outs() << "usage: pcc export CHECKPOINT -o trained.onnx "
+                      "[--model model.onnx]\n\n"
+                      "Writes the ONNX model the checkpoint was trained from "
+                      "(or --model) with the trained weights: a save "
+                      "directory (its LATEST) or one step-N directory of "
+                      "pcc-run --save-dir.\n";
+      return 0;
+    } else if (!a.empty() && a[0] == '-')
+      return fail("pcc export: unknown option '" + a + "' (see --help)");
+    else if (checkpoint.empty())
+      checkpoint = a;
+    else
+      return fail("pcc export: unexpected argument '" + a + "'");
+  }
+  if (checkpoint.empty() || output.empty())
+    return fail("usage: pcc export CHECKPOINT -o trained.onnx [--model "
+                "model.onnx]");
+  auto dir = pccrt::openCheckpoint(checkpoint);
+  if (!dir.ok())
+    return fail(dir.error());
+  if (model.empty()) {
+    auto text = pccrt::readTextFile(*dir + "/trainer.json");
+    StringRef json = text.ok() ? StringRef(*text) : StringRef();
+    // trainer.json's "model": the path pcc compiled the library from.
+    size_t at = json.find("\"model\": \"");
+    if (at != StringRef::npos) {
+      StringRef rest = json.drop_front(at + 10);
+      model = rest.take_until([](char c) { return c == '"'; }).str();
+    }
+    if (model.empty() || !llvm::sys::fs::exists(model))
+      return fail("pcc export: the checkpoint names its model as '" + model +
+                  "', which is not here; give it with --model model.onnx");
+  }
+  MLIRContext context;
+  ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diag) {
+    llvm::errs() << "pcc: error: " << diag.str() << "\n";
+    return success();
+  });
+  auto replaced = pcc::exportTrainedOnnx(
+      model, *dir + "/weights.safetensors", output, &context);
+  if (failed(replaced))
+    return 1;
+  llvm::errs() << "pcc: wrote " << output << " (" << model << " with "
+               << *replaced << " trained initializers from " << *dir << ")\n";
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc >= 2 && StringRef(argv[1]) == "export")
+    return exportCheckpoint(argc, argv);
   llvm::InitLLVM init(argc, argv);
   registerAsmPrinterCLOptions();
   registerMLIRContextCLOptions();

@@ -66,6 +66,19 @@ LogicalResult writeOnnxWeights(llvm::StringRef modelPath,
                                llvm::StringRef outputPath,
                                MLIRContext *context);
 
+/// Writes the model at `modelPath` with the weights of a training
+/// checkpoint (`weightsPath`, a safetensors file named after the ONNX
+/// initializers) to `outputPath`, a self-contained ONNX file. An
+/// initializer the checkpoint lacks but whose original value is the
+/// transpose of one it holds (a tied weight the exporter wrote twice, which
+/// pcc trains as one) gets that weight's trained value, transposed; other
+/// initializers (constants) are kept. Returns the number of initializers
+/// replaced.
+FailureOr<int64_t> exportTrainedOnnx(llvm::StringRef modelPath,
+                                     llvm::StringRef weightsPath,
+                                     llvm::StringRef outputPath,
+                                     MLIRContext *context);
+
 /// A tensor stored in its own file (ONNX test data: input_0.pb, ...).
 struct OnnxTensorFile {
   std::string name;
