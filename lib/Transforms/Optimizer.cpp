@@ -83,13 +83,18 @@ struct OptimizerPass : public mlir::pcc::impl::OptimizerBase<OptimizerPass> {
     }
     Value norm = SqrtOp::create(b, loc, total);
     for (auto &[name, type] : weights) {
-      Value p = state(b, name, "", type), g = state(b, name, "grad", type);
-      if (kind == "sgd")
-        SgdUpdateOp::create(b, loc, p, g,
-                            state(b, name, "momentum_buffer", type), norm);
-      else
-        AdamwUpdateOp::create(b, loc, p, g, state(b, name, "exp_avg", type),
-                              state(b, name, "exp_avg_sq", type), norm);
+      // One statement per state: the IR's order does not depend on the
+      // compiler's order of evaluating arguments.
+      Value p = state(b, name, "", type);
+      Value g = state(b, name, "grad", type);
+      if (kind == "sgd") {
+        Value buf = state(b, name, "momentum_buffer", type);
+        SgdUpdateOp::create(b, loc, p, g, buf, norm);
+      } else {
+        Value m = state(b, name, "exp_avg", type);
+        Value v = state(b, name, "exp_avg_sq", type);
+        AdamwUpdateOp::create(b, loc, p, g, m, v, norm);
+      }
     }
     func::ReturnOp::create(b, loc, ValueRange{norm});
 
