@@ -159,6 +159,38 @@ void pcc_cuda_avg_pool_f32(pcc_cuda_context *ctx, const float *x, float *y,
                            const int64_t *strides, const int64_t *pads,
                            const int64_t *dilations, int count_include_pad);
 
+/* Training (see CpuKernels.h). Scatter-add zeroes y, then adds the rows of
+ * updates in index order, one thread per column: deterministic, no
+ * atomics. An index outside [-axis_dim, axis_dim) records `site` and adds
+ * nothing. */
+void pcc_cuda_scatter_add_f32(pcc_cuda_context *ctx, const float *updates,
+                              const void *indices, float *y, int64_t outer,
+                              int64_t axis_dim, int64_t inner,
+                              int64_t num_indices, int indices_are_i64,
+                              int site);
+
+/* A label outside [0, classes) that is not ignore_index records `site`;
+ * its row gets a zero loss (gradient). */
+void pcc_cuda_cross_entropy_f32(pcc_cuda_context *ctx, const float *logits,
+                                const void *labels, float *loss, int64_t rows,
+                                int64_t classes, int64_t ignore_index,
+                                int labels_are_i64, int site);
+void pcc_cuda_cross_entropy_grad_f32(pcc_cuda_context *ctx, const float *logits,
+                                     const void *labels, const float *grad,
+                                     float *y, int64_t rows, int64_t classes,
+                                     int64_t ignore_index, int labels_are_i64,
+                                     int site);
+
+/* `hyper` is a host array (PCC_NUM_HYPER values, enum pcc_hyper), read
+ * when the call is made; `norm` is a device pointer to the global gradient
+ * norm, read by the kernel. */
+void pcc_cuda_sgd_f32(pcc_cuda_context *ctx, float *param, const float *grad,
+                      float *momentum_buffer, int64_t n, const double *hyper,
+                      const float *norm);
+void pcc_cuda_adamw_f32(pcc_cuda_context *ctx, float *param, const float *grad,
+                        float *exp_avg, float *exp_avg_sq, int64_t n,
+                        const double *hyper, const float *norm);
+
 void pcc_cuda_cast(pcc_cuda_context *ctx, const void *x, int from_type, void *y,
                    int to_type, int64_t count);
 
