@@ -224,8 +224,8 @@ double learningRate(const TrainOptions &o, int64_t s) {
   double span = static_cast<double>(std::max<int64_t>(o.steps - o.warmup, 1));
   double p = std::clamp(static_cast<double>(s - o.warmup) / span, 0.0, 1.0);
   if (o.schedule == "cosine")
-    return lr * 0.5 * (1.0 + std::cos(M_PI * p));
-  return lr * (1.0 - p);
+    return o.minLr + (lr - o.minLr) * 0.5 * (1.0 + std::cos(M_PI * p));
+  return o.minLr + (lr - o.minLr) * (1.0 - p);
 }
 
 /// The loss curve as an SVG line chart.
@@ -303,12 +303,17 @@ std::string hyperDescription(const TrainOptions &o, const char *optimizer) {
                   "adamw lr %g betas %g,%g eps %g weight-decay %g", h.lr,
                   h.beta1, h.beta2, h.eps, h.weightDecay);
   std::string s = buf;
-  if (h.maxGradNorm > 0)
-    s += ", clip-grad-norm " + std::to_string(h.maxGradNorm);
+  if (h.maxGradNorm > 0) {
+    std::snprintf(buf, sizeof(buf), ", clip-grad-norm %g", h.maxGradNorm);
+    s += buf;
+  }
   if (o.warmup > 0)
     s += ", warmup " + std::to_string(o.warmup);
-  if (o.schedule != "constant")
-    s += ", " + o.schedule + " schedule";
+  if (o.schedule != "constant") {
+    std::snprintf(buf, sizeof(buf), ", %s schedule to %g", o.schedule.c_str(),
+                  o.minLr);
+    s += buf;
+  }
   return s;
 }
 
@@ -353,6 +358,8 @@ bool parseTrainOption(const std::string &a, TrainOptions &o,
     o.warmup = parseCount(a, value());
   else if (a == "--schedule-lr")
     o.schedule = value();
+  else if (a == "--min-lr")
+    o.minLr = parseNumber(a, value());
   else if (a == "--loss-log")
     o.lossLog = value();
   else if (a == "--loss-svg")
@@ -388,6 +395,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
          "cosine or linear)");
   if (!(o.hyper.lr > 0))
     fail("--lr must be positive");
+  if (o.minLr < 0 || o.minLr > o.hyper.lr)
+    fail("--min-lr must lie between 0 and --lr");
   if (optimizer == "sgd" && !o.weightDecayGiven)
     o.hyper.weightDecay = 0; // PyTorch's SGD default
   if (optimizer != "sgd" && (o.hyper.momentum != 0 || o.hyper.nesterov))

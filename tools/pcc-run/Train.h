@@ -25,6 +25,7 @@ struct TrainOptions {
   bool lrGiven = false, weightDecayGiven = false;
   int64_t warmup = 0;
   std::string schedule = "constant";
+  double minLr = 0; // where cosine and linear schedules end
   std::string lossLog, lossSvg, saveDir, resume;
   int64_t saveEvery = 0;
   std::optional<uint64_t> shuffle; // --shuffle SEED

@@ -77,12 +77,17 @@ Training (a library built by pcc --train):
   --labels FILE      the labels (.npy): int64 classes for cross_entropy, the
                      float target for mse
   --shuffle SEED     a seeded permutation of the rows per epoch instead
+                     (with --data: windows at seeded random offsets)
   --data FILE --seq S  a token file (uint16, nanoGPT's .bin; --data-dtype
-                     int32) cut into windows of S tokens for language models
+                     int32) cut into windows of S + 1 tokens, one after
+                     another, for language models (input: the first S,
+                     labels: the last S)
   --lr LR --weight-decay WD --betas B1,B2 --eps E   (AdamW, PyTorch defaults)
   --momentum M --dampening D --nesterov             (SGD)
   --clip-grad-norm MAX  clip the global gradient norm
-  --warmup N --schedule-lr constant|cosine|linear   learning-rate schedule
+  --warmup N --schedule-lr constant|cosine|linear [--min-lr LR]
+                     linear warmup, then the schedule down to --min-lr
+                     (0 by default) at the last step
   --loss-log FILE.csv   step,loss,lr,grad_norm,samples_per_s,step_ms
   --loss-svg FILE.svg   the loss curve
   --save-dir DIR --save-every N   checkpoints (DIR/step-N, DIR/LATEST)

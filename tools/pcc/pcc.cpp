@@ -487,7 +487,7 @@ int main(int argc, char **argv) {
       [](llvm::raw_ostream &os) { os << "pcc 0.1.0 (MLIR 22)\n"; });
   // --help shows pcc's options and the IR-inspection options of MLIR, not
   // the hundreds of LLVM internals linked in (--help-hidden lists all).
-  cl::HideUnrelatedOptions(pccCategory);
+  cl::HideUnrelatedOptions({&pccCategory, &trainCategory});
   auto &registered = cl::getRegisteredOptions();
   for (const char *name :
        {"mlir-print-ir-after-all", "mlir-print-ir-before-all",
