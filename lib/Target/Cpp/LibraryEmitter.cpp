@@ -352,6 +352,10 @@ void writeStageSwitch(raw_ostream &os, size_t numStages, bool cpu, bool cuda,
                       int64_t meshRanks, StringRef targetName,
                       llvm::function_ref<std::string(size_t)> space);
 
+void writeSwitch(raw_ostream &os, StringRef what, size_t cases, bool cpu,
+                 bool cuda, StringRef targetName,
+                 llvm::function_ref<std::string(size_t)> space);
+
 void writeEntryPoints(raw_ostream &os, size_t numStages, bool pipelined,
                       bool training, bool cpu, bool cuda, int64_t meshRanks,
                       StringRef targetName,
@@ -407,28 +411,7 @@ void writeEntryPoints(raw_ostream &os, size_t numStages, bool pipelined,
           "  return fail(\"pcc_model_run_phase\", \"this is an inference "
           "library (compile with pcc --train to train)\");\n}\n\n";
   } else {
-    os << "  switch (phase) {\n";
-    for (size_t k = 0; k < numStages; ++k) {
-      os << "  case " << k << ":\n";
-      if (cpu)
-        os << "    if (context->target == PCC_TARGET_CPU)\n"
-              "      return "
-           << space(k) << "::run_cpu(context, in, out, state, bytes);\n";
-      if (cuda)
-        os << "    if (context->target == PCC_TARGET_CUDA)\n"
-              "      return "
-           << space(k)
-           << "::run_cuda(context, static_cast<pcc_cuda_context *>("
-              "context->backend), in, out, state, bytes);\n";
-      os << "    break;\n";
-    }
-    os << "  default:\n"
-          "    return fail(\"pcc_model_run_phase\", \"no such phase\");\n"
-          "  }\n"
-          "  (void)in; (void)out; (void)state; (void)bytes;\n"
-          "  return fail(\"pcc_model_run_phase\", \"this library has no code "
-          "for the requested target (it was compiled for "
-       << targetName << ")\");\n}\n\n";
+    writeSwitch(os, "phase", numStages, cpu, cuda, targetName, space);
   }
   os << "} // extern \"C\"\n";
 }
@@ -445,8 +428,17 @@ void writeStageSwitch(raw_ostream &os, size_t numStages, bool cpu, bool cuda,
           "for a mesh of "
        << meshRanks << " ranks; run it with pcc-run -n " << meshRanks
        << "\");\n";
-  os << "  switch (stage) {\n";
-  for (size_t k = 0; k < numStages; ++k) {
+  writeSwitch(os, "stage", numStages, cpu, cuda, targetName, space);
+}
+
+/// The end of an entry point's body: a switch over `what` ("stage" or
+/// "phase"), dispatching case k to space(k)'s run function for the
+/// context's target, and the errors for no such case or target.
+void writeSwitch(raw_ostream &os, StringRef what, size_t cases, bool cpu,
+                 bool cuda, StringRef targetName,
+                 llvm::function_ref<std::string(size_t)> space) {
+  os << "  switch (" << what << ") {\n";
+  for (size_t k = 0; k < cases; ++k) {
     os << "  case " << k << ":\n";
     if (cpu)
       os << "    if (context->target == PCC_TARGET_CPU)\n"
@@ -461,11 +453,12 @@ void writeStageSwitch(raw_ostream &os, size_t numStages, bool cpu, bool cuda,
     os << "    break;\n";
   }
   os << "  default:\n"
-        "    return fail(\"pcc_model_run_stage\", \"no such stage\");\n"
+        "    return fail(\"pcc_model_run_" << what << "\", \"no such " << what
+     << "\");\n"
         "  }\n"
         "  (void)in; (void)out; (void)state; (void)bytes;\n"
-        "  return fail(\"pcc_model_run\", \"this library has no code for the "
-        "requested target (it was compiled for "
+        "  return fail(\"pcc_model_run_" << what << "\", \"this library has "
+        "no code for the requested target (it was compiled for "
      << targetName << ")\");\n}\n\n";
 }
 
