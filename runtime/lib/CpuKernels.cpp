@@ -238,6 +238,54 @@ void reduce(const T *x, T *y, int64_t rank, const int64_t *shape,
   else if (kind == PCC_REDUCE_PROD)
     init = 1;
   std::vector<double> acc(outCount, static_cast<double>(init));
+  auto combine = [kind](double a, double v) {
+    switch (kind) {
+    case PCC_REDUCE_MAX:
+      return std::max(a, v);
+    case PCC_REDUCE_MIN:
+      return std::min(a, v);
+    case PCC_REDUCE_PROD:
+      return a * v;
+    default:
+      return a + v;
+    }
+  };
+  // Fast path: the dimensions merge into [outer, reduced, inner] (the
+  // common row sums, column sums and middle reductions). Every output still
+  // combines its inputs in increasing index order, in double, so the result
+  // is the generic loop's to the bit.
+  int64_t outer = 1, middle = 1, inner = 1;
+  int phase = 0; // 0: before the reduced run, 1: in it, 2: after it
+  bool simple = true;
+  for (int64_t d = 0; d < rank && simple; ++d) {
+    if (shape[d] == 1)
+      continue;
+    if (reduced[d]) {
+      if (phase == 2)
+        simple = false;
+      phase = 1;
+      middle *= shape[d];
+    } else if (phase == 0) {
+      outer *= shape[d];
+    } else {
+      phase = 2;
+      inner *= shape[d];
+    }
+  }
+  if (simple && total > 0) {
+#pragma omp parallel for if (total > kParallelThreshold && outer > 1)
+    for (int64_t o = 0; o < outer; ++o) {
+      double *a = acc.data() + o * inner;
+      const T *row = x + o * middle * inner;
+      for (int64_t r = 0; r < middle; ++r)
+        for (int64_t i = 0; i < inner; ++i)
+          a[i] = combine(a[i], static_cast<double>(row[r * inner + i]));
+    }
+    for (int64_t o = 0; o < outCount; ++o)
+      y[o] = static_cast<T>(kind == PCC_REDUCE_MEAN ? acc[o] / reducedCount
+                                                    : acc[o]);
+    return;
+  }
   std::vector<int64_t> coords(rank, 0);
   int64_t out = 0;
   for (int64_t i = 0; i < total; ++i) {
