@@ -190,13 +190,7 @@ Value NodeImporter::constantValue(const HostTensor &t) {
 }
 
 Value NodeImporter::splat(RankedTensorType type, double value) {
-  Attribute element;
-  if (auto floatType = dyn_cast<FloatType>(type.getElementType()))
-    element = FloatAttr::get(floatType, value);
-  else
-    element =
-        IntegerAttr::get(type.getElementType(), static_cast<int64_t>(value));
-  return create<ConstantOp>(DenseElementsAttr::get(type, element));
+  return create<ConstantOp>(getSplatAttr(type, value));
 }
 
 Value NodeImporter::reshape(Value v, ArrayRef<int64_t> shape) {

@@ -36,6 +36,21 @@ mlir::pcc::getWeightOrder(ModuleOp module) {
 
 namespace {
 
+/// The initialiser of a static int32_t table (C++ has no empty arrays: an
+/// unused 0 stands in for none).
+std::string list(ArrayRef<int32_t> values) {
+  std::string s;
+  for (int32_t v : values)
+    s += (s.empty() ? "" : ", ") + std::to_string(v);
+  return s.empty() ? std::string("0") : s;
+}
+
+/// An argument's or result's `pcc.name`, or `fallback`.
+std::string nameOf(DictionaryAttr attrs, StringRef fallback) {
+  auto name = attrs ? attrs.getAs<StringAttr>("pcc.name") : StringAttr();
+  return name ? name.str() : fallback.str();
+}
+
 /// One entry point of the library: @main when the model is not pipelined,
 /// else each @stage<k> that @main calls.
 struct StageProgram {
@@ -195,13 +210,6 @@ FailureOr<std::string> scheduleSource(func::FuncOp main,
 /// (shapes appended to `shapes`), input sources, weight indices and arena.
 std::string stageSource(ArrayRef<StageProgram> stages, const Specs &inputs,
                         const Specs &outputs, std::string &shapes) {
-  // C++ has no empty arrays: an unused 0 stands in for none.
-  auto list = [](ArrayRef<int32_t> values) {
-    std::string s;
-    for (int32_t v : values)
-      s += (s.empty() ? "" : ", ") + std::to_string(v);
-    return s.empty() ? std::string("0") : s;
-  };
   std::string source, info;
   for (auto [k, stage] : llvm::enumerate(stages)) {
     std::string prefix = "kStage" + std::to_string(k);
@@ -272,16 +280,6 @@ FailureOr<std::vector<StageProgram>> collectPhases(ModuleOp module) {
 
 /// The phase tables of a training library (kPhases).
 std::string phaseSource(ArrayRef<StageProgram> phases, std::string &shapes) {
-  auto list = [](ArrayRef<int32_t> values) {
-    std::string s;
-    for (int32_t v : values)
-      s += (s.empty() ? "" : ", ") + std::to_string(v);
-    return s.empty() ? std::string("0") : s;
-  };
-  auto nameOf = [](DictionaryAttr attrs, StringRef fallback) {
-    auto name = attrs ? attrs.getAs<StringAttr>("pcc.name") : StringAttr();
-    return name ? name.str() : fallback.str();
-  };
   std::string source, info;
   for (auto [k, phase] : llvm::enumerate(phases)) {
     std::string prefix = "kPhase" + std::to_string(k);
@@ -543,9 +541,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
 
   Block &block = func.getBody().front();
   auto ret = cast<func::ReturnOp>(block.getTerminator());
-  auto nameAttr = [&](DictionaryAttr attrs, unsigned i) {
-    auto name = attrs ? attrs.getAs<StringAttr>("pcc.name") : StringAttr();
-    return name ? name.str() : "value" + std::to_string(i);
+  auto nameAttr = [](DictionaryAttr attrs, unsigned i) {
+    return nameOf(attrs, "value" + std::to_string(i));
   };
   Specs inputs, outputs;
   for (BlockArgument arg : block.getArguments())

@@ -38,13 +38,7 @@ struct GradBuilder {
   Location loc;
 
   Value splat(RankedTensorType type, double value) {
-    Attribute element;
-    if (auto floatType = dyn_cast<FloatType>(type.getElementType()))
-      element = FloatAttr::get(floatType, value);
-    else
-      element =
-          IntegerAttr::get(type.getElementType(), static_cast<int64_t>(value));
-    return ConstantOp::create(b, loc, DenseElementsAttr::get(type, element));
+    return ConstantOp::create(b, loc, getSplatAttr(type, value));
   }
   Value like(Value v, double value) { return splat(typeOf(v), value); }
   Value add(Value x, Value y) { return AddOp::create(b, loc, x, y); }

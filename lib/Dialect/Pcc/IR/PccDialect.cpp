@@ -109,6 +109,17 @@ FailureOr<int64_t> mlir::pcc::getMeshAxisSize(Operation *op, StringRef axis) {
   return size.getInt();
 }
 
+DenseElementsAttr mlir::pcc::getSplatAttr(RankedTensorType type,
+                                          double value) {
+  Attribute element;
+  if (auto floatType = dyn_cast<FloatType>(type.getElementType()))
+    element = FloatAttr::get(floatType, value);
+  else
+    element =
+        IntegerAttr::get(type.getElementType(), static_cast<int64_t>(value));
+  return DenseElementsAttr::get(type, element);
+}
+
 int64_t mlir::pcc::getPipelineChunks(Operation *op) {
   auto module =
       isa<ModuleOp>(op) ? cast<ModuleOp>(op) : op->getParentOfType<ModuleOp>();

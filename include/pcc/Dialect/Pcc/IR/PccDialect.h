@@ -4,6 +4,7 @@
 #define PCC_DIALECT_PCC_IR_PCCDIALECT_H
 
 #include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Dialect.h"
 #include "mlir/IR/OpDefinition.h"
@@ -30,6 +31,9 @@ FailureOr<int64_t> getPipelineStageCount(Operation *op);
 /// its op type as metadata) back into ONNX op type and node name; both
 /// empty when `loc` does not come from a node.
 std::pair<std::string, std::string> getOnnxNodeOfLocation(Location loc);
+/// A splat of `value` with `type` (integers truncate): what a
+/// `pcc.constant` holds for a filled tensor.
+DenseElementsAttr getSplatAttr(RankedTensorType type, double value);
 } // namespace mlir::pcc
 
 #define GET_OP_CLASSES
