@@ -335,3 +335,106 @@ func.func @mod_types(%x: tensor<4xf32>, %y: tensor<4xf64>) -> tensor<4xf32> {
   %0 = "pcc.mod"(%x, %y) : (tensor<4xf32>, tensor<4xf64>) -> tensor<4xf32>
   return %0 : tensor<4xf32>
 }
+
+// -----
+
+// Tests that scatter_add's updates are what gathering from its result gives.
+func.func @scatter_add_shape(%g: tensor<2x4x7xf32>, %ids: tensor<2x4xi64>) -> tensor<16x8xf32> {
+  // expected-error @below {{updates 'tensor<2x4x7xf32>' are not what gathering 'tensor<2x4xi64>' from 'tensor<16x8xf32>' along axis 0 gives}}
+  %0 = pcc.scatter_add %g[%ids] axis = 0 : tensor<2x4x7xf32>, tensor<2x4xi64> -> tensor<16x8xf32>
+  return %0 : tensor<16x8xf32>
+}
+
+// -----
+
+// Tests that scatter_add's axis lies in its result.
+func.func @scatter_add_axis(%g: tensor<2x4x8xf32>, %ids: tensor<2x4xi64>) -> tensor<16x8xf32> {
+  // expected-error @below {{axis 2 is outside the result's rank 2}}
+  %0 = pcc.scatter_add %g[%ids] axis = 2 : tensor<2x4x8xf32>, tensor<2x4xi64> -> tensor<16x8xf32>
+  return %0 : tensor<16x8xf32>
+}
+
+// -----
+
+// Tests that a pad's elements fit in its result.
+func.func @pad_fit(%x: tensor<3x8xf32>) -> tensor<4x8xf32> {
+  // expected-error @below {{dimension 0: 3 elements from 1 by steps of 2 do not fit in 4}}
+  %0 = pcc.pad %x starts = [1, 0] steps = [2, 1] : tensor<3x8xf32> -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// Tests that a pad has a step per dimension.
+func.func @pad_rank(%x: tensor<2x8xf32>) -> tensor<4x8xf32> {
+  // expected-error @below {{needs one start and step per dimension of 'tensor<2x8xf32>' and a result of the same rank and element type}}
+  %0 = pcc.pad %x starts = [1] steps = [2] : tensor<2x8xf32> -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// Tests that cross_entropy takes [N, V] logits and [N] labels.
+func.func @cross_entropy_shape(%x: tensor<8x16xf32>, %l: tensor<4xi64>) -> tensor<8xf32> {
+  // expected-error @below {{takes [N, V] logits and [N] labels, not 'tensor<8x16xf32>' and 'tensor<4xi64>'}}
+  %0 = pcc.cross_entropy %x, %l ignore_index = -100 : tensor<8x16xf32>, tensor<4xi64> -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+// Tests that cross_entropy gives one loss per row.
+func.func @cross_entropy_result(%x: tensor<8x16xf32>, %l: tensor<8xi64>) -> tensor<16xf32> {
+  // expected-error @below {{gives one loss per row: 8 of 'f32'}}
+  %0 = pcc.cross_entropy %x, %l ignore_index = -100 : tensor<8x16xf32>, tensor<8xi64> -> tensor<16xf32>
+  return %0 : tensor<16xf32>
+}
+
+// -----
+
+// Tests that cross_entropy_grad takes one gradient per row.
+func.func @cross_entropy_grad_rows(%x: tensor<8x16xf32>, %l: tensor<8xi64>, %g: tensor<4xf32>) -> tensor<8x16xf32> {
+  // expected-error @below {{takes one gradient per row and gives the logits' type 'tensor<8x16xf32>'}}
+  %0 = pcc.cross_entropy_grad %x, %l, %g ignore_index = -100 : tensor<8x16xf32>, tensor<8xi64>, tensor<4xf32> -> tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
+}
+
+// -----
+
+// Tests that in-place ops write model state, not computed values.
+func.func @accumulate_state(%x: tensor<4xf32>, %g: tensor<4xf32>) {
+  // expected-error @below {{writes model state in place: operand must be a pcc.param, not a computed value}}
+  pcc.accumulate %x, %g : tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @zero_state(%x: tensor<4xf32>) {
+  // expected-error @below {{writes model state in place: operand must be a pcc.param, not a computed value}}
+  pcc.zero %x : tensor<4xf32>
+  return
+}
+
+// -----
+
+// Tests that an optimizer update takes the norm as a float32 scalar.
+func.func @adamw_norm(%n: tensor<1xf32>) {
+  %w = pcc.param "w" : tensor<4xf32>
+  %g = pcc.param "w@grad" : tensor<4xf32>
+  %m = pcc.param "w@exp_avg" : tensor<4xf32>
+  %v = pcc.param "w@exp_avg_sq" : tensor<4xf32>
+  // expected-error @below {{takes the gradient norm as a tensor<f32>}}
+  pcc.adamw_update %w, %g, %m, %v, %n : tensor<4xf32>, tensor<1xf32>
+  return
+}
+
+// -----
+
+func.func @sgd_state(%b: tensor<4xf32>, %n: tensor<f32>) {
+  %w = pcc.param "w" : tensor<4xf32>
+  %g = pcc.param "w@grad" : tensor<4xf32>
+  // expected-error @below {{writes model state in place: operand must be a pcc.param, not a computed value}}
+  pcc.sgd_update %w, %g, %b, %n : tensor<4xf32>, tensor<f32>
+  return
+}

@@ -171,3 +171,32 @@ func.func @float_tests(%x: tensor<2x8xf32>, %i: tensor<4xi64>) -> (tensor<2x8xi1
   %s = pcc.softmax %x axis = 1 {nan_to_zero} : tensor<2x8xf32>
   return %n, %f, %m, %j, %s : tensor<2x8xi1>, tensor<2x8xi1>, tensor<2x8xf32>, tensor<4xi64>, tensor<2x8xf32>
 }
+
+// -----
+
+// Tests that the gradient, loss and optimizer ops round-trip.
+// CHECK-LABEL: func.func @training
+// CHECK: pcc.scatter_add %{{.*}}[%{{.*}}] axis = 0 : tensor<2x4x8xf32>, tensor<2x4xi64> -> tensor<16x8xf32>
+// CHECK: pcc.pad %{{.*}} starts = [1, 0] steps = [2, 1] : tensor<2x8xf32> -> tensor<4x8xf32>
+// CHECK: pcc.cross_entropy %{{.*}}, %{{.*}} ignore_index = -100 : tensor<8x16xf32>, tensor<8xi64> -> tensor<8xf32>
+// CHECK: pcc.cross_entropy_grad %{{.*}}, %{{.*}}, %{{.*}} ignore_index = -100 : tensor<8x16xf32>, tensor<8xi64>, tensor<8xf32> -> tensor<8x16xf32>
+// CHECK: pcc.accumulate %{{.*}}, %{{.*}} : tensor<16x8xf32>
+// CHECK: pcc.zero %{{.*}} : tensor<16x8xf32>
+// CHECK: pcc.sgd_update %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : tensor<16x8xf32>, tensor<f32>
+// CHECK: pcc.adamw_update %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : tensor<16x8xf32>, tensor<f32>
+func.func @training(%g: tensor<2x4x8xf32>, %ids: tensor<2x4xi64>, %s: tensor<2x8xf32>,
+                    %logits: tensor<8x16xf32>, %labels: tensor<8xi64>, %n: tensor<f32>) {
+  %t = pcc.scatter_add %g[%ids] axis = 0 : tensor<2x4x8xf32>, tensor<2x4xi64> -> tensor<16x8xf32>
+  %p = pcc.pad %s starts = [1, 0] steps = [2, 1] : tensor<2x8xf32> -> tensor<4x8xf32>
+  %l = pcc.cross_entropy %logits, %labels ignore_index = -100 : tensor<8x16xf32>, tensor<8xi64> -> tensor<8xf32>
+  %d = pcc.cross_entropy_grad %logits, %labels, %l ignore_index = -100 : tensor<8x16xf32>, tensor<8xi64>, tensor<8xf32> -> tensor<8x16xf32>
+  %w = pcc.param "w" : tensor<16x8xf32>
+  %gw = pcc.param "w@grad" : tensor<16x8xf32>
+  %m = pcc.param "w@exp_avg" : tensor<16x8xf32>
+  %v = pcc.param "w@exp_avg_sq" : tensor<16x8xf32>
+  pcc.accumulate %gw, %t : tensor<16x8xf32>
+  pcc.zero %m : tensor<16x8xf32>
+  pcc.sgd_update %w, %gw, %m, %n : tensor<16x8xf32>, tensor<f32>
+  pcc.adamw_update %w, %gw, %m, %v, %n : tensor<16x8xf32>, tensor<f32>
+  return
+}
