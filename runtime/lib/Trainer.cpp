@@ -67,14 +67,15 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
       return Error{buffer.error()};
     t.forwardIn.push_back(buffer.take());
   }
-  for (int i = 0; i < fwd.num_outputs; ++i) {
+  // Output 0, the loss sum, goes to a per-micro-batch slot (step()).
+  t.forwardOut.emplace_back();
+  for (int i = 1; i < fwd.num_outputs; ++i) {
     int64_t bytes = specBytes(fwd.outputs[i]);
     auto buffer = zeros(device, bytes);
     if (!buffer.ok())
       return Error{"saved activations: " + buffer.error()};
     t.forwardOut.push_back(buffer.take());
-    if (i > 0)
-      t.savedTotal += bytes;
+    t.savedTotal += bytes;
   }
   for (int k = 0; k < info.num_phases; ++k)
     t.arenaTotal = std::max(t.arenaTotal, info.phases[k].arena_bytes);
@@ -173,7 +174,15 @@ Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
     bwdIn.push_back(source == PCC_SOURCE_LOSS_GRAD ? seed.data()
                                                    : forwardOut[source].data());
   }
-  for (const std::vector<const void *> &inputs : microbatches) {
+  if (microbatches.size() > lossSlots) {
+    auto slots = zeros(*device, 4 * static_cast<int64_t>(microbatches.size()));
+    if (!slots.ok())
+      return Error{slots.error()};
+    losses = slots.take();
+    lossSlots = microbatches.size();
+  }
+  for (size_t j = 0; j < microbatches.size(); ++j) {
+    const std::vector<const void *> &inputs = microbatches[j];
     if (static_cast<int>(inputs.size()) != fwd.num_inputs)
       return Error{"a micro-batch needs " + std::to_string(fwd.num_inputs) +
                    " inputs"};
@@ -183,14 +192,10 @@ Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
       if (!copied.ok())
         return Error{copied.error()};
     }
+    fwdOut[0] = static_cast<char *>(losses.data()) + 4 * j;
     Status ran = runPhase(PCC_PHASE_FORWARD, fwdIn, fwdOut, hyper.data());
     if (!ran.ok())
       return Error{ran.error()};
-    float loss = 0;
-    Status read = device->copyToHost(&loss, forwardOut[0].data(), 4);
-    if (!read.ok())
-      return Error{read.error()};
-    result.lossSum += loss;
     ran = runPhase(PCC_PHASE_BACKWARD, bwdIn, {}, hyper.data());
     if (!ran.ok())
       return Error{ran.error()};
@@ -199,8 +204,15 @@ Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
   Status ran = runPhase(PCC_PHASE_OPTIMIZER, {}, optOut, hyper.data());
   if (!ran.ok())
     return Error{ran.error()};
+  std::vector<float> loss(microbatches.size());
+  Status read = device->copyToHost(loss.data(), losses.data(),
+                                   4 * static_cast<int64_t>(loss.size()));
+  if (!read.ok())
+    return Error{read.error()};
+  for (float l : loss)
+    result.lossSum += l;
   float gradNorm = 0;
-  Status read = device->copyToHost(&gradNorm, norm.data(), 4);
+  read = device->copyToHost(&gradNorm, norm.data(), 4);
   if (!read.ok())
     return Error{read.error()};
   result.gradNorm = gradNorm;

@@ -372,8 +372,6 @@ bool parseTrainOption(const std::string &a, TrainOptions &o,
     o.resume = value();
   else if (a == "--shuffle")
     o.shuffle = static_cast<uint64_t>(parseCount(a, value()));
-  else if (a == "--seed")
-    o.seed = static_cast<uint64_t>(parseCount(a, value()));
   else if (a == "--log-every")
     o.logEvery = std::max<int64_t>(parseCount(a, value()), 1);
   else
@@ -601,7 +599,6 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                             {"optimizer", optimizer},
                             {"batch", batch},
                             {"microbatches", m},
-                            {"seed", o.seed},
                             {"samples_seen", step * batch}};
     if (o.shuffle)
       state["shuffle"] = *o.shuffle;

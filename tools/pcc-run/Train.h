@@ -29,7 +29,6 @@ struct TrainOptions {
   std::string lossLog, lossSvg, saveDir, resume;
   int64_t saveEvery = 0;
   std::optional<uint64_t> shuffle; // --shuffle SEED
-  uint64_t seed = 0;               // --seed (dropout)
   int64_t logEvery = 1;
 };
 

@@ -212,6 +212,8 @@ private:
   std::vector<std::string> weightShards;
   llvm::StringMap<unsigned> weightIndex; // name and shard -> index
   const llvm::StringMap<int> &meshAxes;  // mesh axis -> index
+  /// Whether the run context's hyperparameters have been checked.
+  bool hyperChecked = false;
 };
 
 LogicalResult CppEmitter::define(Value v, StringRef cType, StringRef init,
@@ -865,11 +867,15 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
     zeroFill(nameOf(zero.getState()), count * 4);
     return success();
   }
-  // Optimizer updates read the hyperparameters from the run context.
-  line("if (!rc->hyper)");
-  line("  return fail(" + quoted(describeOp(op)) +
-       ", \"a training step needs the run's hyperparameters "
-       "(pcc_run_context.hyper)\");");
+  // Optimizer updates read the hyperparameters from the run context,
+  // checked once per function.
+  if (!hyperChecked) {
+    line("if (!rc->hyper)");
+    line("  return fail(" + quoted(describeOp(op)) +
+         ", \"a training step needs the run's hyperparameters "
+         "(pcc_run_context.hyper)\");");
+    hyperChecked = true;
+  }
   if (auto sgd = dyn_cast<SgdUpdateOp>(op)) {
     line(llvm::formatv("{0}{1}, {2}, {3}, {4}, rc->hyper, {5});", call("sgd_f32"),
                        nameOf(sgd.getParam()), nameOf(sgd.getGrad()),

@@ -75,6 +75,10 @@ private:
   std::vector<DeviceBuffer> forwardIn;  // per forward input
   std::vector<DeviceBuffer> forwardOut; // loss, saved activations
   DeviceBuffer seed, norm, arena;
+  /// The forward phase writes micro-batch j's loss sum into slot j; they
+  /// are read once per step, not after every micro-batch.
+  DeviceBuffer losses;
+  size_t lossSlots = 0;
   int64_t stateTotal = 0, savedTotal = 0, arenaTotal = 0;
 };
 
