@@ -497,6 +497,97 @@ TEST(GradCheck, CrossEntropy_PositiveIgnoreIndex) {
 }
 
 //===----------------------------------------------------------------------===//
+// Convolution and pooling
+//===----------------------------------------------------------------------===//
+
+/// @f(%x, %w[, %b]) -> conv, with `attrs` the window attributes.
+GradCase conv(const std::string &x, const std::string &w, const std::string &b,
+              const std::string &out, const std::string &attrs, Rng &r,
+              int64_t xCount, int64_t wCount, int64_t bCount) {
+  GradCase c;
+  std::string bias = b.empty() ? "" : ", %b: " + b;
+  c.ir = "func.func @f(%x: " + x + ", %w: " + w + bias + ") -> " + out +
+         " {\n  %y = pcc.conv %x, %w" + (b.empty() ? "" : ", %b") + " " +
+         attrs + " : " + x + ", " + w + (b.empty() ? "" : ", " + b) + " -> " +
+         out + "\n  return %y : " + out + "\n}\n";
+  c.args = {r.uniform(xCount, -2, 2), r.uniform(wCount, -1, 1)};
+  if (!b.empty())
+    c.args.push_back(r.uniform(bCount, -1, 1));
+  return c;
+}
+
+TEST(GradCheck, Conv_PadsStridesBias) {
+  Rng r;
+  gradCheck(conv("tensor<2x2x5x4xf64>", "tensor<3x2x3x2xf64>", "tensor<3xf64>",
+                 "tensor<2x3x3x4xf64>",
+                 "strides = [2, 1] pads = [1, 0, 1, 1] dilations = [1, 1] "
+                 "groups = 1",
+                 r, 80, 36, 3));
+}
+
+TEST(GradCheck, Conv_GroupsDilations) {
+  Rng r;
+  gradCheck(conv("tensor<1x4x6x5xf64>", "tensor<4x2x2x2xf64>", "",
+                 "tensor<1x4x5x3xf64>",
+                 "strides = [1, 2] pads = [0, 1, 1, 0] dilations = [2, 1] "
+                 "groups = 2",
+                 r, 120, 32, 0));
+}
+
+TEST(GradCheck, Conv_1d) {
+  Rng r;
+  gradCheck(conv("tensor<2x3x7xf64>", "tensor<2x3x3xf64>", "tensor<2xf64>",
+                 "tensor<2x2x4xf64>",
+                 "strides = [2] pads = [1, 1] dilations = [1] groups = 1", r,
+                 42, 18, 2));
+}
+
+TEST(GradCheck, MaxPool) {
+  Rng r;
+  gradCheck(movement("pcc.max_pool %x kernel = [3, 3] strides = [2, 2] pads = "
+                     "[1, 1, 1, 1] dilations = [1, 1]",
+                     "tensor<2x2x5x5xf64>", "tensor<2x2x3x3xf64>",
+                     r.distinct(100, -2, 2)));
+}
+
+TEST(GradCheck, MaxPool_CeilModeDilations) {
+  Rng r;
+  gradCheck(movement("pcc.max_pool %x kernel = [3, 2] strides = [2, 2] pads = "
+                     "[1, 0, 1, 1] dilations = [1, 2] {ceil_mode}",
+                     "tensor<1x2x7x6xf64>", "tensor<1x2x4x3xf64>",
+                     r.distinct(84, -2, 2)));
+}
+
+// A tie goes to the window's first maximum, as PyTorch's indices.
+TEST(GradCheck, MaxPool_TieGoesToTheFirst) {
+  GradCase c;
+  c.ir = movement("pcc.max_pool %x kernel = [2, 2] strides = [1, 1] pads = "
+                  "[0, 0, 0, 0] dilations = [1, 1]",
+                  "tensor<1x1x2x2xf64>", "tensor<1x1x1x1xf64>", {})
+             .ir;
+  c.args = {{1, 3, 3, 2}};
+  c.gy = {{5}};
+  expectGradients(c, {{0, 5, 0, 0}});
+}
+
+TEST(GradCheck, AvgPool_CountIncludePadCeilMode) {
+  Rng r;
+  gradCheck(movement("pcc.avg_pool %x kernel = [3, 2] strides = [2, 2] pads = "
+                     "[1, 0, 1, 1] dilations = [1, 2] {ceil_mode, "
+                     "count_include_pad}",
+                     "tensor<1x2x7x6xf64>", "tensor<1x2x4x3xf64>",
+                     r.uniform(84, -2, 2)));
+}
+
+TEST(GradCheck, AvgPool_RealPositionsOnly) {
+  Rng r;
+  gradCheck(movement("pcc.avg_pool %x kernel = [3, 3] strides = [2, 2] pads = "
+                     "[1, 1, 1, 1] dilations = [1, 1]",
+                     "tensor<2x2x5x5xf64>", "tensor<2x2x3x3xf64>",
+                     r.uniform(100, -2, 2)));
+}
+
+//===----------------------------------------------------------------------===//
 // No gradient
 //===----------------------------------------------------------------------===//
 
@@ -580,16 +671,17 @@ TEST(GradCheck, NoGradient_IntegerOperands) {
 // Ops without a rule: pcc-autodiff refuses them
 //===----------------------------------------------------------------------===//
 
+// Gradient ops (no second derivatives yet), collectives and state updates.
 const char *const kRefused[] = {
-    "pcc.conv",         "pcc.max_pool",     "pcc.avg_pool",
-    "pcc.all_reduce",   "pcc.all_gather",   "pcc.reduce_scatter",
-    "pcc.shard_slice",  "pcc.shard_gather", "pcc.transfer",
-    "pcc.fusion",       "pcc.yield",        "pcc.cross_entropy_grad",
-    "pcc.accumulate",   "pcc.zero",         "pcc.sgd_update",
-    "pcc.adamw_update",
+    "pcc.conv_grad_input",  "pcc.conv_grad_weight", "pcc.max_pool_grad",
+    "pcc.avg_pool_grad",    "pcc.all_reduce",       "pcc.all_gather",
+    "pcc.reduce_scatter",   "pcc.shard_slice",      "pcc.shard_gather",
+    "pcc.transfer",         "pcc.fusion",           "pcc.yield",
+    "pcc.cross_entropy_grad", "pcc.accumulate",     "pcc.zero",
+    "pcc.ema_update",       "pcc.sgd_update",       "pcc.adamw_update",
 };
 
-TEST(GradCheck, NoRule_ConvPoolCollectives) {
+TEST(GradCheck, NoRule_GradientsCollectivesState) {
   for (const char *name : kRefused) {
     auto op = RegisteredOperationName::lookup(name, &context());
     ASSERT_TRUE(op.has_value()) << name << " is not registered";
@@ -598,12 +690,12 @@ TEST(GradCheck, NoRule_ConvPoolCollectives) {
   }
 }
 
-TEST(GradCheck, NoRule_OnAParsedConv) {
+TEST(GradCheck, NoRule_OnAParsedConvGradient) {
   OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
-    func.func @f(%x: tensor<1x1x3x3xf64>, %w: tensor<1x1x2x2xf64>) -> tensor<1x1x2x2xf64> {
-      %y = pcc.conv %x, %w strides = [1, 1] pads = [0, 0, 0, 0] dilations = [1, 1] groups = 1
-          : tensor<1x1x3x3xf64>, tensor<1x1x2x2xf64> -> tensor<1x1x2x2xf64>
-      return %y : tensor<1x1x2x2xf64>
+    func.func @f(%g: tensor<1x1x2x2xf64>, %w: tensor<1x1x2x2xf64>) -> tensor<1x1x3x3xf64> {
+      %y = pcc.conv_grad_input %g, %w strides = [1, 1] pads = [0, 0, 0, 0] dilations = [1, 1] groups = 1
+          : tensor<1x1x2x2xf64>, tensor<1x1x2x2xf64> -> tensor<1x1x3x3xf64>
+      return %y : tensor<1x1x3x3xf64>
     }
   )mlir",
                                                              &context());
@@ -635,7 +727,8 @@ TEST(GradCheck, EveryOpIsClassified) {
       "pcc.split",       "pcc.slice",       "pcc.pad",
       "pcc.gather",      "pcc.scatter_add", "pcc.reduce_sum",
       "pcc.reduce_mean", "pcc.reduce_max",  "pcc.reduce_min",
-      "pcc.reduce_prod", "pcc.matmul",      "pcc.cross_entropy"};
+      "pcc.reduce_prod", "pcc.matmul",      "pcc.cross_entropy",
+      "pcc.conv",        "pcc.max_pool",    "pcc.avg_pool"};
   llvm::DenseSet<StringRef> refused(std::begin(kRefused), std::end(kRefused));
   int count = 0;
   for (RegisteredOperationName name : context().getRegisteredOperations()) {

@@ -937,6 +937,99 @@ Result evalPool(Operation *op, ArrayRef<Tensor> in, std::string &) {
   return std::vector<Tensor>{std::move(out)};
 }
 
+/// pcc.conv_grad_input %dy, %w and pcc.conv_grad_weight %x, %dy: the
+/// convolution's sums run backwards, accumulating into the input's or the
+/// weight's positions.
+Result evalConvGrad(Operation *op, ArrayRef<Tensor> in, std::string &) {
+  bool wantInput = llvm::isa<P::ConvGradInputOp>(op);
+  auto attr = [&](StringRef name) {
+    return op->getAttrOfType<mlir::DenseI64ArrayAttr>(name).asArrayRef();
+  };
+  RankedTensorType xType = wantInput ? typeOf(op->getResult(0))
+                                     : typeOf(op->getOperand(0));
+  RankedTensorType wType = wantInput ? typeOf(op->getOperand(1))
+                                     : typeOf(op->getResult(0));
+  RankedTensorType gType = typeOf(op->getOperand(wantInput ? 0 : 1));
+  const std::vector<double> &dy = in[wantInput ? 0 : 1].data;
+  const std::vector<double> &other = in[wantInput ? 1 : 0].data;
+  Tensor out = zerosFor(op);
+  ArrayRef<int64_t> wShape = wType.getShape();
+  Window win(xType.getShape(), gType.getShape(), wShape.drop_front(2),
+             attr("strides"), attr("pads"), attr("dilations"));
+  int64_t n = xType.getDimSize(0), c = xType.getDimSize(1), m = wShape[0];
+  int64_t groups = *i64Attr(op, "groups");
+  int64_t cg = c / groups, mg = m / groups;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t oc = 0; oc < m; ++oc) {
+      int64_t g = oc / mg;
+      for (int64_t o = 0; o < win.outCount; ++o) {
+        double grad = dy[(b * m + oc) * win.outCount + o];
+        for (int64_t ch = 0; ch < cg; ++ch) {
+          int64_t plane = (b * c + g * cg + ch) * win.inCount;
+          int64_t kernel = (oc * cg + ch) * win.kernelCount;
+          for (int64_t k = 0; k < win.kernelCount; ++k) {
+            int64_t s = win.source(o, k);
+            if (s < 0)
+              continue;
+            if (wantInput)
+              out.data[plane + s] += grad * other[kernel + k];
+            else
+              out.data[kernel + k] += grad * other[plane + s];
+          }
+        }
+      }
+    }
+  return std::vector<Tensor>{std::move(out)};
+}
+
+/// pcc.max_pool_grad %x, %dy: each gradient goes to its window's first
+/// maximum. pcc.avg_pool_grad %dy: shared out as the pooling divided.
+Result evalPoolGrad(Operation *op, ArrayRef<Tensor> in, std::string &) {
+  bool isMax = llvm::isa<P::MaxPoolGradOp>(op);
+  auto attr = [&](StringRef name) {
+    return op->getAttrOfType<mlir::DenseI64ArrayAttr>(name).asArrayRef();
+  };
+  RankedTensorType xType = typeOf(op->getResult(0));
+  const std::vector<double> &dy = in[isMax ? 1 : 0].data;
+  Tensor out = zerosFor(op);
+  Window win(xType.getShape(), typeOf(op->getOperand(isMax ? 1 : 0)).getShape(),
+             attr("kernel_shape"), attr("strides"), attr("pads"),
+             attr("dilations"));
+  int64_t planes = xType.getDimSize(0) * xType.getDimSize(1);
+  bool countIncludePad = op->hasAttr("count_include_pad");
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t o = 0; o < win.outCount; ++o) {
+      double g = dy[p * win.outCount + o];
+      double *dx = out.data.data() + p * win.inCount;
+      if (isMax) {
+        const double *x = in[0].data.data() + p * win.inCount;
+        int64_t winner = -1;
+        for (int64_t k = 0; k < win.kernelCount; ++k) {
+          int64_t s = win.source(o, k);
+          if (s >= 0 && (winner < 0 || x[s] > x[winner]))
+            winner = s;
+        }
+        if (winner >= 0)
+          dx[winner] += g;
+        continue;
+      }
+      int64_t count = 0, padded = 0;
+      for (int64_t k = 0; k < win.kernelCount; ++k) {
+        if (win.source(o, k) >= 0)
+          ++count;
+        else if (countIncludePad && win.insidePadded(o, k))
+          ++padded;
+      }
+      int64_t divisor = countIncludePad ? count + padded : count;
+      for (int64_t k = 0; k < win.kernelCount; ++k) {
+        int64_t s = win.source(o, k);
+        if (s >= 0)
+          dx[s] += g / divisor;
+      }
+    }
+  return std::vector<Tensor>{std::move(out)};
+}
+
 //===----------------------------------------------------------------------===//
 // Losses (matched by name)
 //===----------------------------------------------------------------------===//
@@ -1027,6 +1120,10 @@ Result dispatch(Operation *op, ArrayRef<Tensor> in, std::string &error) {
     return evalConv(c, in, error);
   if (llvm::isa<P::MaxPoolOp, P::AvgPoolOp>(op))
     return evalPool(op, in, error);
+  if (llvm::isa<P::ConvGradInputOp, P::ConvGradWeightOp>(op))
+    return evalConvGrad(op, in, error);
+  if (llvm::isa<P::MaxPoolGradOp, P::AvgPoolGradOp>(op))
+    return evalPoolGrad(op, in, error);
 
   // Ops matched by name (added to the dialect after this file).
   StringRef name = op->getName().getStringRef();

@@ -565,6 +565,87 @@ TEST(Interpreter, WindowOpsMatchCpuKernels) {
   compare((*avgPool)[0], y);
 }
 
+// The gradient kernels of conv and pooling against the interpreter, on the
+// geometry above (groups, strides, dilations, asymmetric pads, ceil mode).
+TEST(Interpreter, WindowGradientsMatchCpuKernels) {
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
+    func.func @f(%x: tensor<2x4x7x6xf32>, %w: tensor<6x2x3x2xf32>, %dc: tensor<2x6x4x5xf32>,
+                 %dp: tensor<2x4x4x3xf32>)
+        -> (tensor<2x4x7x6xf32>, tensor<6x2x3x2xf32>, tensor<2x4x7x6xf32>, tensor<2x4x7x6xf32>) {
+      %gi = pcc.conv_grad_input %dc, %w strides = [2, 1] pads = [1, 0, 2, 1] dilations = [1, 2] groups = 2
+          : tensor<2x6x4x5xf32>, tensor<6x2x3x2xf32> -> tensor<2x4x7x6xf32>
+      %gw = pcc.conv_grad_weight %x, %dc strides = [2, 1] pads = [1, 0, 2, 1] dilations = [1, 2] groups = 2
+          : tensor<2x4x7x6xf32>, tensor<2x6x4x5xf32> -> tensor<6x2x3x2xf32>
+      %m = pcc.max_pool_grad %x, %dp kernel = [3, 2] strides = [2, 2] pads = [1, 0, 1, 1] dilations = [1, 2] {ceil_mode}
+          : tensor<2x4x7x6xf32>, tensor<2x4x4x3xf32> -> tensor<2x4x7x6xf32>
+      %a = pcc.avg_pool_grad %dp kernel = [3, 2] strides = [2, 2] pads = [1, 0, 1, 1] dilations = [1, 2] {ceil_mode, count_include_pad}
+          : tensor<2x4x4x3xf32> -> tensor<2x4x7x6xf32>
+      return %gi, %gw, %m, %a : tensor<2x4x7x6xf32>, tensor<6x2x3x2xf32>, tensor<2x4x7x6xf32>, tensor<2x4x7x6xf32>
+    }
+  )mlir",
+                                                             &context());
+  ASSERT_TRUE(module);
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float &x : v)
+      x = dist(gen);
+    return v;
+  };
+  std::vector<float> x = random(2 * 4 * 7 * 6), w = random(6 * 2 * 3 * 2),
+                     dc = random(2 * 6 * 4 * 5), dp = random(2 * 4 * 4 * 3);
+  auto asTensor = [](const std::vector<float> &v) {
+    return Tensor{{}, std::vector<double>(v.begin(), v.end())};
+  };
+  std::vector<Operation *> ops;
+  module->walk([&](Operation *op) {
+    if (op->getDialect() && op->getDialect()->getNamespace() == "pcc")
+      ops.push_back(op);
+  });
+  ASSERT_EQ(ops.size(), 4u);
+  const int64_t in[] = {2, 4, 7, 6}, wShape[] = {6, 2, 3, 2},
+                convOut[] = {2, 6, 4, 5}, poolOut[] = {2, 4, 4, 3};
+  const int64_t convStrides[] = {2, 1}, convPads[] = {1, 0, 2, 1},
+                convDilations[] = {1, 2};
+  const int64_t kernel[] = {3, 2}, poolStrides[] = {2, 2},
+                poolPads[] = {1, 0, 1, 1}, poolDilations[] = {1, 2};
+  auto compare = [](const Tensor &t, const std::vector<float> &expected) {
+    ASSERT_EQ(t.data.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i)
+      ASSERT_NEAR(t.data[i], expected[i], 1e-5) << "element " << i;
+  };
+  // Garbage in the outputs: the kernels must overwrite, not accumulate.
+  std::vector<float> dx(x.size(), 7.0f), dw(w.size(), 7.0f);
+
+  auto gi = evaluateOp(ops[0], {asTensor(dc), asTensor(w)});
+  ASSERT_TRUE(succeeded(gi));
+  pcc_cpu_conv_grad_input_f32(dc.data(), w.data(), dx.data(), 2, in, wShape,
+                              convOut, convStrides, convPads, convDilations, 2);
+  compare((*gi)[0], dx);
+
+  auto gw = evaluateOp(ops[1], {asTensor(x), asTensor(dc)});
+  ASSERT_TRUE(succeeded(gw));
+  pcc_cpu_conv_grad_weight_f32(x.data(), dc.data(), dw.data(), 2, in, wShape,
+                               convOut, convStrides, convPads, convDilations,
+                               2);
+  compare((*gw)[0], dw);
+
+  auto m = evaluateOp(ops[2], {asTensor(x), asTensor(dp)});
+  ASSERT_TRUE(succeeded(m));
+  dx.assign(x.size(), 7.0f);
+  pcc_cpu_max_pool_grad_f32(x.data(), dp.data(), dx.data(), 2, in, poolOut,
+                            kernel, poolStrides, poolPads, poolDilations);
+  compare((*m)[0], dx);
+
+  auto a = evaluateOp(ops[3], {asTensor(dp)});
+  ASSERT_TRUE(succeeded(a));
+  dx.assign(x.size(), 7.0f);
+  pcc_cpu_avg_pool_grad_f32(dp.data(), dx.data(), 2, in, poolOut, kernel,
+                            poolStrides, poolPads, poolDilations, 1);
+  compare((*a)[0], dx);
+}
+
 //===----------------------------------------------------------------------===//
 // The training ops (skipped while the dialect does not have them)
 //===----------------------------------------------------------------------===//

@@ -517,6 +517,153 @@ void pcc_cpu_avg_pool_f32(const float *x, float *y, int64_t spatial_rank,
     }
 }
 
+void pcc_cpu_conv_grad_input_f32(const float *dy, const float *w, float *dx,
+                                 int64_t spatial_rank, const int64_t *in_shape,
+                                 const int64_t *w_shape,
+                                 const int64_t *out_shape,
+                                 const int64_t *strides, const int64_t *pads,
+                                 const int64_t *dilations, int64_t groups) {
+  Window win(spatial_rank, in_shape, out_shape, w_shape + 2, strides, pads,
+             dilations);
+  int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
+  int64_t cg = c / groups, mg = m / groups;
+  int64_t rows = cg * win.kernelCount;
+  std::vector<int64_t> sourceOf(win.kernelCount * win.outCount);
+  for (int64_t k = 0; k < win.kernelCount; ++k)
+    for (int64_t o = 0; o < win.outCount; ++o)
+      sourceOf[k * win.outCount + o] = win.source(o, k);
+  std::vector<float> cols(rows * win.outCount);
+  std::memset(dx, 0, sizeof(float) * n * c * win.inCount);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t g = 0; g < groups; ++g) {
+      // cols = W_g^T dY_g, then every column entry is added back to the
+      // input position it was read from (col2im), a channel per thread.
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, win.outCount,
+                  mg, 1.0f, w + g * mg * rows, rows,
+                  dy + (b * m + g * mg) * win.outCount, win.outCount, 0.0f,
+                  cols.data(), win.outCount);
+      float *in = dx + (b * c + g * cg) * win.inCount;
+#pragma omp parallel for if (rows * win.outCount > kParallelThreshold)
+      for (int64_t ch = 0; ch < cg; ++ch) {
+        float *plane = in + ch * win.inCount;
+        for (int64_t k = 0; k < win.kernelCount; ++k) {
+          const int64_t *src = &sourceOf[k * win.outCount];
+          const float *col = &cols[(ch * win.kernelCount + k) * win.outCount];
+          for (int64_t o = 0; o < win.outCount; ++o)
+            if (src[o] >= 0)
+              plane[src[o]] += col[o];
+        }
+      }
+    }
+}
+
+void pcc_cpu_conv_grad_weight_f32(const float *x, const float *dy, float *dw,
+                                  int64_t spatial_rank,
+                                  const int64_t *in_shape,
+                                  const int64_t *w_shape,
+                                  const int64_t *out_shape,
+                                  const int64_t *strides, const int64_t *pads,
+                                  const int64_t *dilations, int64_t groups) {
+  Window win(spatial_rank, in_shape, out_shape, w_shape + 2, strides, pads,
+             dilations);
+  int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
+  int64_t cg = c / groups, mg = m / groups;
+  int64_t rows = cg * win.kernelCount;
+  std::vector<int64_t> sourceOf(win.kernelCount * win.outCount);
+  for (int64_t k = 0; k < win.kernelCount; ++k)
+    for (int64_t o = 0; o < win.outCount; ++o)
+      sourceOf[k * win.outCount + o] = win.source(o, k);
+  std::vector<float> cols(rows * win.outCount);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float *in = x + (b * c + g * cg) * win.inCount;
+#pragma omp parallel for if (rows * win.outCount > kParallelThreshold)
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t ch = r / win.kernelCount, k = r % win.kernelCount;
+        const int64_t *src = &sourceOf[k * win.outCount];
+        float *dst = &cols[r * win.outCount];
+        const float *plane = in + ch * win.inCount;
+        for (int64_t o = 0; o < win.outCount; ++o)
+          dst[o] = src[o] < 0 ? 0.0f : plane[src[o]];
+      }
+      // dW_g (+)= dY_g cols^T, images in order.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mg, rows,
+                  win.outCount, 1.0f, dy + (b * m + g * mg) * win.outCount,
+                  win.outCount, cols.data(), win.outCount, b ? 1.0f : 0.0f,
+                  dw + g * mg * rows, rows);
+    }
+}
+
+void pcc_cpu_max_pool_grad_f32(const float *x, const float *dy, float *dx,
+                               int64_t spatial_rank, const int64_t *in_shape,
+                               const int64_t *out_shape, const int64_t *kernel,
+                               const int64_t *strides, const int64_t *pads,
+                               const int64_t *dilations) {
+  Window win(spatial_rank, in_shape, out_shape, kernel, strides, pads,
+             dilations);
+  int64_t planes = in_shape[0] * in_shape[1];
+#pragma omp parallel for if (planes * win.outCount > kParallelThreshold)
+  for (int64_t p = 0; p < planes; ++p) {
+    const float *in = x + p * win.inCount;
+    float *out = dx + p * win.inCount;
+    std::fill(out, out + win.inCount, 0.0f);
+    for (int64_t o = 0; o < win.outCount; ++o) {
+      int64_t winner = -1;
+      float best = 0.0f;
+      for (int64_t k = 0; k < win.kernelCount; ++k) {
+        int64_t s = win.source(o, k);
+        if (s >= 0 && (winner < 0 || in[s] > best || std::isnan(in[s]))) {
+          winner = s;
+          best = in[s];
+        }
+      }
+      if (winner >= 0)
+        out[winner] += dy[p * win.outCount + o];
+    }
+  }
+}
+
+void pcc_cpu_avg_pool_grad_f32(const float *dy, float *dx,
+                               int64_t spatial_rank, const int64_t *in_shape,
+                               const int64_t *out_shape, const int64_t *kernel,
+                               const int64_t *strides, const int64_t *pads,
+                               const int64_t *dilations,
+                               int count_include_pad) {
+  Window win(spatial_rank, in_shape, out_shape, kernel, strides, pads,
+             dilations);
+  int64_t planes = in_shape[0] * in_shape[1];
+#pragma omp parallel for if (planes * win.outCount > kParallelThreshold)
+  for (int64_t p = 0; p < planes; ++p) {
+    float *out = dx + p * win.inCount;
+    std::fill(out, out + win.inCount, 0.0f);
+    for (int64_t o = 0; o < win.outCount; ++o) {
+      int64_t count = 0, padded = 0;
+      for (int64_t k = 0; k < win.kernelCount; ++k) {
+        if (win.source(o, k) >= 0)
+          ++count;
+        else if (count_include_pad && win.insidePadded(o, k))
+          ++padded;
+      }
+      int64_t divisor = count_include_pad ? count + padded : count;
+      if (divisor == 0)
+        continue;
+      float share = dy[p * win.outCount + o] / static_cast<float>(divisor);
+      for (int64_t k = 0; k < win.kernelCount; ++k) {
+        int64_t s = win.source(o, k);
+        if (s >= 0)
+          out[s] += share;
+      }
+    }
+  }
+}
+
+void pcc_cpu_ema_update_f32(float *state, const float *value, int64_t n,
+                            double momentum, double scale) {
+  for (int64_t i = 0; i < n; ++i)
+    state[i] = static_cast<float>(momentum * state[i] +
+                                  (1.0 - momentum) * (scale * value[i]));
+}
+
 void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
                   int64_t count) {
   for (int64_t i = 0; i < count; ++i)

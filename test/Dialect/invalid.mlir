@@ -438,3 +438,43 @@ func.func @sgd_state(%b: tensor<4xf32>, %n: tensor<f32>) {
   pcc.sgd_update %w, %g, %b, %n : tensor<4xf32>, tensor<f32>
   return
 }
+
+// -----
+
+// Tests that a convolution gradient is shaped like the convolution's result.
+func.func @conv_grad_input_shape(%g: tensor<2x6x4x4xf32>, %w: tensor<6x2x3x2xf32>) -> tensor<2x4x7x6xf32> {
+  // expected-error @below {{gradient 'tensor<2x6x4x4xf32>' is not shaped like the convolution's result of 'tensor<2x4x7x6xf32>' by 'tensor<6x2x3x2xf32>'}}
+  %0 = pcc.conv_grad_input %g, %w strides = [2, 1] pads = [1, 0, 2, 1] dilations = [1, 2] groups = 2
+      : tensor<2x6x4x4xf32>, tensor<6x2x3x2xf32> -> tensor<2x4x7x6xf32>
+  return %0 : tensor<2x4x7x6xf32>
+}
+
+// -----
+
+// Tests that a convolution gradient's groups fit its channels.
+func.func @conv_grad_weight_groups(%x: tensor<2x4x7x6xf32>, %g: tensor<2x6x4x5xf32>) -> tensor<6x2x3x2xf32> {
+  // expected-error @below {{groups 3 do not fit input 'tensor<2x4x7x6xf32>' and weight 'tensor<6x2x3x2xf32>'}}
+  %0 = pcc.conv_grad_weight %x, %g strides = [2, 1] pads = [1, 0, 2, 1] dilations = [1, 2] groups = 3
+      : tensor<2x4x7x6xf32>, tensor<2x6x4x5xf32> -> tensor<6x2x3x2xf32>
+  return %0 : tensor<6x2x3x2xf32>
+}
+
+// -----
+
+// Tests that a pooling gradient is shaped like the pooling's result.
+func.func @avg_pool_grad_shape(%g: tensor<2x4x3x3xf32>) -> tensor<2x4x7x6xf32> {
+  // expected-error @below {{gradient 'tensor<2x4x3x3xf32>' is not shaped like the pooling's result of 'tensor<2x4x7x6xf32>'}}
+  %0 = pcc.avg_pool_grad %g kernel = [3, 2] strides = [2, 2] pads = [1, 0, 1, 1] dilations = [1, 2] {ceil_mode}
+      : tensor<2x4x3x3xf32> -> tensor<2x4x7x6xf32>
+  return %0 : tensor<2x4x7x6xf32>
+}
+
+// -----
+
+// Tests that a moving average's momentum lies in [0, 1].
+func.func @ema_momentum(%v: tensor<8xf32>) {
+  %s = pcc.param "bn.running_mean" : tensor<8xf32>
+  // expected-error @below {{momentum 1.500000e+00 is outside [0, 1]}}
+  pcc.ema_update %s, %v momentum = 1.5 scale = 1.0 : tensor<8xf32>
+  return
+}

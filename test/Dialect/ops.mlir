@@ -184,6 +184,7 @@ func.func @float_tests(%x: tensor<2x8xf32>, %i: tensor<4xi64>) -> (tensor<2x8xi1
 // CHECK: pcc.zero %{{.*}} : tensor<16x8xf32>
 // CHECK: pcc.sgd_update %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : tensor<16x8xf32>, tensor<f32>
 // CHECK: pcc.adamw_update %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : tensor<16x8xf32>, tensor<f32>
+// CHECK: pcc.ema_update %{{.*}}, %{{.*}} momentum = 9.000000e-01 scale = 1.500000e+00 : tensor<16x8xf32>
 func.func @training(%g: tensor<2x4x8xf32>, %ids: tensor<2x4xi64>, %s: tensor<2x8xf32>,
                     %logits: tensor<8x16xf32>, %labels: tensor<8xi64>, %n: tensor<f32>) {
   %t = pcc.scatter_add %g[%ids] axis = 0 : tensor<2x4x8xf32>, tensor<2x4xi64> -> tensor<16x8xf32>
@@ -198,5 +199,25 @@ func.func @training(%g: tensor<2x4x8xf32>, %ids: tensor<2x4xi64>, %s: tensor<2x8
   pcc.zero %m : tensor<16x8xf32>
   pcc.sgd_update %w, %gw, %m, %n : tensor<16x8xf32>, tensor<f32>
   pcc.adamw_update %w, %gw, %m, %v, %n : tensor<16x8xf32>, tensor<f32>
+  pcc.ema_update %v, %t momentum = 0.9 scale = 1.5 : tensor<16x8xf32>
+  return
+}
+
+// Tests that the gradient ops of convolution and pooling round-trip.
+// CHECK-LABEL: func.func @window_gradients
+// CHECK: pcc.conv_grad_input %{{.*}}, %{{.*}} strides = [2, 1] pads = [1, 0, 2, 1] dilations = [1, 2] groups = 2 : tensor<2x6x4x5xf32>, tensor<6x2x3x2xf32> -> tensor<2x4x7x6xf32>
+// CHECK: pcc.conv_grad_weight %{{.*}}, %{{.*}} strides = [2, 1] pads = [1, 0, 2, 1] dilations = [1, 2] groups = 2 : tensor<2x4x7x6xf32>, tensor<2x6x4x5xf32> -> tensor<6x2x3x2xf32>
+// CHECK: pcc.max_pool_grad %{{.*}}, %{{.*}} kernel = [3, 2] strides = [2, 2] pads = [1, 0, 1, 1] dilations = [1, 2] {ceil_mode} : tensor<2x4x7x6xf32>, tensor<2x4x4x3xf32> -> tensor<2x4x7x6xf32>
+// CHECK: pcc.avg_pool_grad %{{.*}} kernel = [3, 2] strides = [2, 2] pads = [1, 0, 1, 1] dilations = [1, 2] {ceil_mode, count_include_pad} : tensor<2x4x4x3xf32> -> tensor<2x4x7x6xf32>
+func.func @window_gradients(%x: tensor<2x4x7x6xf32>, %w: tensor<6x2x3x2xf32>, %dc: tensor<2x6x4x5xf32>,
+                            %dp: tensor<2x4x4x3xf32>) {
+  %gi = pcc.conv_grad_input %dc, %w strides = [2, 1] pads = [1, 0, 2, 1] dilations = [1, 2] groups = 2
+      : tensor<2x6x4x5xf32>, tensor<6x2x3x2xf32> -> tensor<2x4x7x6xf32>
+  %gw = pcc.conv_grad_weight %x, %dc strides = [2, 1] pads = [1, 0, 2, 1] dilations = [1, 2] groups = 2
+      : tensor<2x4x7x6xf32>, tensor<2x6x4x5xf32> -> tensor<6x2x3x2xf32>
+  %m = pcc.max_pool_grad %x, %dp kernel = [3, 2] strides = [2, 2] pads = [1, 0, 1, 1] dilations = [1, 2] {ceil_mode}
+      : tensor<2x4x7x6xf32>, tensor<2x4x4x3xf32> -> tensor<2x4x7x6xf32>
+  %a = pcc.avg_pool_grad %dp kernel = [3, 2] strides = [2, 2] pads = [1, 0, 1, 1] dilations = [1, 2] {ceil_mode, count_include_pad}
+      : tensor<2x4x4x3xf32> -> tensor<2x4x7x6xf32>
   return
 }

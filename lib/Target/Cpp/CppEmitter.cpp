@@ -867,6 +867,16 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
     zeroFill(nameOf(zero.getState()), count * 4);
     return success();
   }
+  if (auto ema = dyn_cast<EmaUpdateOp>(op)) {
+    line(llvm::formatv("{0}{1}, {2}, {3}, {4}, {5});", call("ema_update_f32"),
+                       nameOf(ema.getState()), nameOf(ema.getValue()), count,
+                       literal(ema.getMomentum().convertToDouble(),
+                               Float64Type::get(op->getContext())),
+                       literal(ema.getScale().convertToDouble(),
+                               Float64Type::get(op->getContext())))
+             .str());
+    return success();
+  }
   // Optimizer updates read the hyperparameters from the run context,
   // checked once per function.
   if (!hyperChecked) {
@@ -945,7 +955,7 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
   if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ShardSliceOp>(op))
     return emitCollective(op);
   if (isa<ScatterAddOp, PadOp, CrossEntropyOp, CrossEntropyGradOp,
-          AccumulateOp, ZeroOp, SgdUpdateOp, AdamwUpdateOp>(op))
+          AccumulateOp, ZeroOp, EmaUpdateOp, SgdUpdateOp, AdamwUpdateOp>(op))
     return emitTraining(op);
   if (auto cast = dyn_cast<CastOp>(op)) {
     auto from = elementInfo(cast.getInput().getType().getElementType());
@@ -1214,6 +1224,65 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
                          call(("max_pool_" + suffix).str()),
                          nameOf(op->getOperand(0)), nameOf(op->getResult(0)),
                          in.getRank() - 2)
+               .str());
+    return success();
+  }
+  if (isa<ConvGradInputOp, ConvGradWeightOp>(op)) {
+    // (gradient, weight) -> input, or (input, gradient) -> weight; the
+    // kernels take the convolution's three shapes.
+    bool wantInput = isa<ConvGradInputOp>(op);
+    if (failed(requireF32(op, op->getOperand(0))))
+      return failure();
+    auto in = tensorTypeOf(wantInput ? op->getResult(0) : op->getOperand(0));
+    auto w = tensorTypeOf(wantInput ? op->getOperand(1) : op->getResult(0));
+    auto out = tensorTypeOf(op->getOperand(wantInput ? 0 : 1));
+    auto attr = [&](StringRef name) {
+      return intList(cast<DenseI64ArrayAttr>(op->getAttr(name)).asArrayRef());
+    };
+    line(llvm::formatv(
+             "{ static const int64_t in[] = {{{0}}, w[] = {{{1}}, out[] = "
+             "{{{2}}, st[] = {{{3}}, pd[] = {{{4}}, dl[] = {{{5}};",
+             intList(in.getShape()), intList(w.getShape()),
+             intList(out.getShape()), attr("strides"), attr("pads"),
+             attr("dilations"))
+             .str());
+    line(llvm::formatv("  {0}{1}, {2}, {3}, {4}, in, w, out, st, pd, dl, "
+                       "{5}); }",
+                       call(wantInput ? "conv_grad_input_f32"
+                                      : "conv_grad_weight_f32"),
+                       nameOf(op->getOperand(0)), nameOf(op->getOperand(1)),
+                       nameOf(op->getResult(0)), in.getRank() - 2,
+                       op->getAttrOfType<IntegerAttr>("groups").getInt())
+             .str());
+    return success();
+  }
+  if (isa<MaxPoolGradOp, AvgPoolGradOp>(op)) {
+    bool isMax = isa<MaxPoolGradOp>(op);
+    if (failed(requireF32(op, op->getOperand(0))))
+      return failure();
+    auto in = tensorTypeOf(op->getResult(0));
+    auto out = tensorTypeOf(op->getOperand(isMax ? 1 : 0));
+    auto attr = [&](StringRef name) {
+      return intList(cast<DenseI64ArrayAttr>(op->getAttr(name)).asArrayRef());
+    };
+    line(llvm::formatv("{ static const int64_t in[] = {{{0}}, out[] = {{{1}}, "
+                       "k[] = {{{2}}, st[] = {{{3}}, pd[] = {{{4}}, dl[] = "
+                       "{{{5}};",
+                       intList(in.getShape()), intList(out.getShape()),
+                       attr("kernel_shape"), attr("strides"), attr("pads"),
+                       attr("dilations"))
+             .str());
+    if (isMax)
+      line(llvm::formatv("  {0}{1}, {2}, {3}, {4}, in, out, k, st, pd, dl); }",
+                         call("max_pool_grad_f32"), nameOf(op->getOperand(0)),
+                         nameOf(op->getOperand(1)), nameOf(op->getResult(0)),
+                         in.getRank() - 2)
+               .str());
+    else
+      line(llvm::formatv("  {0}{1}, {2}, {3}, in, out, k, st, pd, dl, {4}); }",
+                         call("avg_pool_grad_f32"), nameOf(op->getOperand(0)),
+                         nameOf(op->getResult(0)), in.getRank() - 2,
+                         op->hasAttr("count_include_pad") ? 1 : 0)
                .str());
     return success();
   }

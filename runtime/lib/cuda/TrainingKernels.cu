@@ -294,3 +294,398 @@ void pcc_cuda_adamw_f32(pcc_cuda_context *ctx, float *param, const float *grad,
 
 } // extern "C"
 
+
+//===----------------------------------------------------------------------===//
+// Training: gradients of conv and pooling, running statistics
+//===----------------------------------------------------------------------===//
+//
+// Every gradient is a gather: one thread (conv's weight gradient: one warp
+// or block) per element it writes, summing its terms in a fixed order, so
+// each run gives the same bits (no atomics). The pooling gradients add
+// their terms in pcc_cpu_*_pool_grad_f32's order (output positions
+// ascending) and match the CPU bit for bit; the conv gradients, which the
+// CPU forms with SGEMM, accumulate with explicit single-rounding FMAs.
+
+namespace {
+/// The sliding-window geometry of CudaKernels.cu (which keeps its copy
+/// private): always three spatial dimensions, the missing trailing ones of
+/// size 1 with kernel 1, stride 1, dilation 1 and no padding.
+struct Window {
+  int64_t in[3], out[3], kernel[3], stride[3], padBegin[3], padEnd[3],
+      dilation[3];
+  int64_t inCount, outCount, kernelCount;
+};
+
+/// False when the spatial rank is not 1 to 3. pads holds the leading pads,
+/// then the trailing ones.
+bool makeWindow(Window &w, int64_t rank, const int64_t *inShape,
+                const int64_t *outShape, const int64_t *kernel,
+                const int64_t *strides, const int64_t *pads,
+                const int64_t *dilations) {
+  if (rank < 1 || rank > 3)
+    return false;
+  for (int64_t d = 0; d < 3; ++d) {
+    bool real = d < rank;
+    w.in[d] = real ? inShape[2 + d] : 1;
+    w.out[d] = real ? outShape[2 + d] : 1;
+    w.kernel[d] = real ? kernel[d] : 1;
+    w.stride[d] = real ? strides[d] : 1;
+    w.padBegin[d] = real ? pads[d] : 0;
+    w.padEnd[d] = real ? pads[rank + d] : 0;
+    w.dilation[d] = real ? dilations[d] : 1;
+  }
+  w.inCount = product(w.in, 3);
+  w.outCount = product(w.out, 3);
+  w.kernelCount = product(w.kernel, 3);
+  return true;
+}
+
+/// Checks the rank (recording a failure for `what`); false when the call
+/// must not go on.
+bool windowFor(pcc_cuda_context *ctx, const char *what, Window &w,
+               int64_t rank, const int64_t *inShape, const int64_t *outShape,
+               const int64_t *kernel, const int64_t *strides,
+               const int64_t *pads, const int64_t *dilations) {
+  if (makeWindow(w, rank, inShape, outShape, kernel, strides, pads,
+                 dilations))
+    return true;
+  setPending(ctx, std::string(what) + ": " + std::to_string(rank) +
+                      " spatial dimensions are not supported (1 to 3 are)");
+  return false;
+}
+
+/// Checks that `groups` divides both channel counts.
+bool groupsFit(pcc_cuda_context *ctx, const char *what, int64_t groups,
+               int64_t c, int64_t m) {
+  if (groups >= 1 && c % groups == 0 && m % groups == 0)
+    return true;
+  setPending(ctx, std::string(what) + ": " + std::to_string(groups) +
+                      " groups do not divide " + std::to_string(c) +
+                      " input and " + std::to_string(m) + " output channels");
+  return false;
+}
+
+/// The coordinates of offset `i` within a [n0, n1, n2] block.
+__device__ inline void unflatten(int64_t i, const int64_t n[3], int64_t c[3]) {
+  c[2] = i % n[2];
+  i /= n[2];
+  c[1] = i % n[1];
+  c[0] = i / n[1];
+}
+
+/// The output coordinate along dimension d whose kernel tap kd reads input
+/// coordinate i (od * stride - padBegin + kd * dilation == i), or -1.
+__device__ inline int64_t coveringOutput(const Window &w, int d, int64_t i,
+                                         int64_t kd) {
+  int64_t num = i + w.padBegin[d] - kd * w.dilation[d];
+  if (num < 0 || num % w.stride[d] != 0)
+    return -1;
+  int64_t od = num / w.stride[d];
+  return od < w.out[d] ? od : -1;
+}
+
+/// Input offset of output position `o` and kernel position `k` within one
+/// plane, or -1 in the padding (the CPU's Window::source).
+__device__ int64_t windowSource(const Window &w, int64_t o, int64_t k) {
+  int64_t offset = 0, scale = 1;
+  bool inside = true;
+#pragma unroll
+  for (int d = 2; d >= 0; --d) {
+    int64_t od = o % w.out[d], kd = k % w.kernel[d];
+    o /= w.out[d];
+    k /= w.kernel[d];
+    int64_t pos = od * w.stride[d] - w.padBegin[d] + kd * w.dilation[d];
+    if (pos < 0 || pos >= w.in[d])
+      inside = false;
+    offset += pos * scale;
+    scale *= w.in[d];
+  }
+  return inside ? offset : -1;
+}
+
+/// Calls f(o) for every output position o whose window covers input
+/// coordinates `id`, in ascending order of o (the CPU's order of
+/// accumulation): each dimension's taps run backwards, so its output
+/// coordinates run forwards. Also passes the kernel position.
+template <typename F>
+__device__ inline void forCoveringOutputs(const Window &w, const int64_t id[3],
+                                          F f) {
+  for (int64_t k0 = w.kernel[0] - 1; k0 >= 0; --k0) {
+    int64_t o0 = coveringOutput(w, 0, id[0], k0);
+    if (o0 < 0)
+      continue;
+    for (int64_t k1 = w.kernel[1] - 1; k1 >= 0; --k1) {
+      int64_t o1 = coveringOutput(w, 1, id[1], k1);
+      if (o1 < 0)
+        continue;
+      for (int64_t k2 = w.kernel[2] - 1; k2 >= 0; --k2) {
+        int64_t o2 = coveringOutput(w, 2, id[2], k2);
+        if (o2 < 0)
+          continue;
+        f((o0 * w.out[1] + o1) * w.out[2] + o2,
+          (k0 * w.kernel[1] + k1) * w.kernel[2] + k2);
+      }
+    }
+  }
+}
+
+/// dx[b, ch, i] = sum over the output channels j of ch's group and the
+/// taps k whose output position o reads i of w[j, ch % cg, k] * dy[b, j, o].
+/// One thread per dx element.
+__global__ void convGradInputKernel(const float *dy, const float *w, float *dx,
+                                    Window win, int64_t c, int64_t m,
+                                    int64_t cg, int64_t mg, int64_t count) {
+  for (int64_t t = threadIndex(); t < count; t += threadCount()) {
+    int64_t i = t % win.inCount, plane = t / win.inCount;
+    int64_t ch = plane % c, b = plane / c;
+    int64_t g = ch / cg, cl = ch % cg;
+    int64_t id[3];
+    unflatten(i, win.in, id);
+    const float *dyGroup = dy + (b * m + g * mg) * win.outCount;
+    const float *wGroup = w + (g * mg * cg + cl) * win.kernelCount;
+    int64_t wStep = cg * win.kernelCount; // one output channel further
+    float acc = 0.0f;
+    forCoveringOutputs(win, id, [&](int64_t o, int64_t k) {
+      for (int64_t j = 0; j < mg; ++j)
+        acc = __fmaf_rn(wGroup[j * wStep + k], dyGroup[j * win.outCount + o],
+                        acc);
+    });
+    dx[t] = acc;
+  }
+}
+
+struct FloatSumOp {
+  __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+};
+
+/// dw[j, cl, k] = sum over images b and output positions o of
+/// dy[b, j, o] * x[b, g * cg + cl, source(o, k)], g = j / mg. One warp or
+/// block per dw element; the lanes take (b, o) pairs in turn, then a
+/// fixed-shape tree reduction adds their sums.
+template <bool kWarp>
+__global__ void convGradWeightKernel(const float *x, const float *dy, float *dw,
+                                     Window win, int64_t n, int64_t c,
+                                     int64_t m, int64_t cg, int64_t mg,
+                                     int64_t count) {
+  using Team = RowTeam<kWarp>;
+  __shared__ float shared[32];
+  int64_t len = n * win.outCount;
+  for (int64_t e = Team::firstRow(); e < count; e += Team::rowStep()) {
+    int64_t k = e % win.kernelCount, t = e / win.kernelCount;
+    int64_t cl = t % cg, j = t / cg;
+    int64_t g = j / mg;
+    int64_t kd[3];
+    unflatten(k, win.kernel, kd);
+    const float *xPlane = x + (g * cg + cl) * win.inCount;
+    const float *dyPlane = dy + j * win.outCount;
+    float acc = 0.0f;
+    for (int64_t r = Team::lane(); r < len; r += Team::size()) {
+      int64_t o = r % win.outCount, b = r / win.outCount;
+      int64_t od[3];
+      unflatten(o, win.out, od);
+      int64_t s = 0;
+      bool inside = true;
+#pragma unroll
+      for (int d = 0; d < 3; ++d) {
+        int64_t pos = od[d] * win.stride[d] - win.padBegin[d] +
+                      kd[d] * win.dilation[d];
+        inside = inside && pos >= 0 && pos < win.in[d];
+        s = s * win.in[d] + pos;
+      }
+      if (inside)
+        acc = __fmaf_rn(dyPlane[b * m * win.outCount + o],
+                        xPlane[b * c * win.inCount + s], acc);
+    }
+    acc = Team::reduce(acc, FloatSumOp(), shared);
+    if (Team::lane() == 0)
+      dw[e] = acc;
+  }
+}
+
+/// The input offset that wins window o in pcc_cpu_max_pool_grad_f32: the
+/// first maximum in window order, or the last NaN; -1 for an empty window.
+__device__ int64_t maxPoolWinner(const Window &w, const float *in, int64_t o) {
+  int64_t winner = -1;
+  float best = 0.0f;
+  for (int64_t k = 0; k < w.kernelCount; ++k) {
+    int64_t s = windowSource(w, o, k);
+    if (s >= 0 && (winner < 0 || in[s] > best || isnan(in[s]))) {
+      winner = s;
+      best = in[s];
+    }
+  }
+  return winner;
+}
+
+/// dx[plane, i] = the sum, over the windows that i wins, of their dy, in
+/// ascending window order as on the CPU. One thread per dx element.
+__global__ void maxPoolGradKernel(const float *x, const float *dy, float *dx,
+                                  Window w, int64_t count) {
+  for (int64_t t = threadIndex(); t < count; t += threadCount()) {
+    int64_t i = t % w.inCount, plane = t / w.inCount;
+    const float *in = x + plane * w.inCount;
+    const float *grad = dy + plane * w.outCount;
+    int64_t id[3];
+    unflatten(i, w.in, id);
+    float acc = 0.0f;
+    forCoveringOutputs(w, id, [&](int64_t o, int64_t) {
+      if (maxPoolWinner(w, in, o) == i)
+        acc = __fadd_rn(acc, grad[o]);
+    });
+    dx[t] = acc;
+  }
+}
+
+/// The divisor of average pooling's window o: its taps inside the input,
+/// or (count_include_pad) those inside the padded input, not past the
+/// trailing pads (ceil mode). Both sets are products over the dimensions.
+__device__ int64_t avgPoolDivisor(const Window &w, int64_t o,
+                                  int countIncludePad) {
+  int64_t od[3];
+  unflatten(o, w.out, od);
+  int64_t divisor = 1;
+#pragma unroll
+  for (int d = 0; d < 3; ++d) {
+    int64_t taps = 0;
+    for (int64_t kd = 0; kd < w.kernel[d]; ++kd) {
+      int64_t pos = od[d] * w.stride[d] - w.padBegin[d] + kd * w.dilation[d];
+      taps += countIncludePad ? pos < w.in[d] + w.padEnd[d]
+                              : pos >= 0 && pos < w.in[d];
+    }
+    divisor *= taps;
+  }
+  return divisor;
+}
+
+/// dx[plane, i] = the sum of dy[o] / divisor(o) over the windows o that
+/// read i, in ascending order as on the CPU. One thread per dx element.
+__global__ void avgPoolGradKernel(const float *dy, float *dx, Window w,
+                                  int countIncludePad, int64_t count) {
+  for (int64_t t = threadIndex(); t < count; t += threadCount()) {
+    int64_t i = t % w.inCount, plane = t / w.inCount;
+    const float *grad = dy + plane * w.outCount;
+    int64_t id[3];
+    unflatten(i, w.in, id);
+    float acc = 0.0f;
+    forCoveringOutputs(w, id, [&](int64_t o, int64_t) {
+      // A window that reads i has at least one tap inside: divisor >= 1.
+      int64_t divisor = avgPoolDivisor(w, o, countIncludePad);
+      acc = __fadd_rn(acc, __fdiv_rn(grad[o], static_cast<float>(divisor)));
+    });
+    dx[t] = acc;
+  }
+}
+
+/// state = momentum * state + keep * (scale * value) in double, keep = 1 -
+/// momentum computed on the host, each operation rounded as on the CPU.
+__global__ void emaUpdateKernel(float *state, const float *value, int64_t n,
+                                double momentum, double keep, double scale) {
+  for (int64_t i = threadIndex(); i < n; i += threadCount())
+    state[i] = static_cast<float>(
+        __dadd_rn(__dmul_rn(momentum, static_cast<double>(state[i])),
+                  __dmul_rn(keep, __dmul_rn(scale,
+                                            static_cast<double>(value[i])))));
+}
+} // namespace
+
+extern "C" {
+
+void pcc_cuda_conv_grad_input_f32(pcc_cuda_context *ctx, const float *dy,
+                                  const float *w, float *dx,
+                                  int64_t spatial_rank, const int64_t *in_shape,
+                                  const int64_t *w_shape,
+                                  const int64_t *out_shape,
+                                  const int64_t *strides, const int64_t *pads,
+                                  const int64_t *dilations, int64_t groups) {
+  const char *what = "pcc_cuda_conv_grad_input_f32";
+  Window win;
+  if (!windowFor(ctx, what, win, spatial_rank, in_shape, out_shape,
+                 w_shape + 2, strides, pads, dilations))
+    return;
+  int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
+  if (!groupsFit(ctx, what, groups, c, m))
+    return;
+  int64_t count = n * c * win.inCount;
+  if (count == 0)
+    return;
+  convGradInputKernel<<<gridFor(count), kThreads, 0, ctx->stream>>>(
+      dy, w, dx, win, c, m, c / groups, m / groups, count);
+}
+
+void pcc_cuda_conv_grad_weight_f32(pcc_cuda_context *ctx, const float *x,
+                                   const float *dy, float *dw,
+                                   int64_t spatial_rank,
+                                   const int64_t *in_shape,
+                                   const int64_t *w_shape,
+                                   const int64_t *out_shape,
+                                   const int64_t *strides, const int64_t *pads,
+                                   const int64_t *dilations, int64_t groups) {
+  const char *what = "pcc_cuda_conv_grad_weight_f32";
+  Window win;
+  if (!windowFor(ctx, what, win, spatial_rank, in_shape, out_shape,
+                 w_shape + 2, strides, pads, dilations))
+    return;
+  int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
+  if (!groupsFit(ctx, what, groups, c, m))
+    return;
+  int64_t cg = c / groups, mg = m / groups;
+  int64_t count = m * cg * win.kernelCount; // dw elements
+  if (count == 0)
+    return;
+  // Sums of up to kWarpRowLimit terms get a warp each, longer ones a block.
+  // An empty batch gives zeros.
+  if (n * win.outCount <= kWarpRowLimit)
+    convGradWeightKernel<true>
+        <<<rowGrid(count, true), kThreads, 0, ctx->stream>>>(
+            x, dy, dw, win, n, c, m, cg, mg, count);
+  else
+    convGradWeightKernel<false>
+        <<<rowGrid(count, false), kThreads, 0, ctx->stream>>>(
+            x, dy, dw, win, n, c, m, cg, mg, count);
+}
+
+void pcc_cuda_max_pool_grad_f32(pcc_cuda_context *ctx, const float *x,
+                                const float *dy, float *dx,
+                                int64_t spatial_rank, const int64_t *in_shape,
+                                const int64_t *out_shape, const int64_t *kernel,
+                                const int64_t *strides, const int64_t *pads,
+                                const int64_t *dilations) {
+  Window w;
+  if (!windowFor(ctx, "pcc_cuda_max_pool_grad_f32", w, spatial_rank, in_shape,
+                 out_shape, kernel, strides, pads, dilations))
+    return;
+  int64_t count = in_shape[0] * in_shape[1] * w.inCount;
+  if (count == 0)
+    return;
+  maxPoolGradKernel<<<gridFor(count), kThreads, 0, ctx->stream>>>(x, dy, dx, w,
+                                                                  count);
+}
+
+void pcc_cuda_avg_pool_grad_f32(pcc_cuda_context *ctx, const float *dy,
+                                float *dx, int64_t spatial_rank,
+                                const int64_t *in_shape,
+                                const int64_t *out_shape, const int64_t *kernel,
+                                const int64_t *strides, const int64_t *pads,
+                                const int64_t *dilations,
+                                int count_include_pad) {
+  Window w;
+  if (!windowFor(ctx, "pcc_cuda_avg_pool_grad_f32", w, spatial_rank, in_shape,
+                 out_shape, kernel, strides, pads, dilations))
+    return;
+  int64_t count = in_shape[0] * in_shape[1] * w.inCount;
+  if (count == 0)
+    return;
+  avgPoolGradKernel<<<gridFor(count), kThreads, 0, ctx->stream>>>(
+      dy, dx, w, count_include_pad, count);
+}
+
+void pcc_cuda_ema_update_f32(pcc_cuda_context *ctx, float *state,
+                             const float *value, int64_t n, double momentum,
+                             double scale) {
+  if (n <= 0)
+    return;
+  emaUpdateKernel<<<gridFor(n), kThreads, 0, ctx->stream>>>(
+      state, value, n, momentum, 1.0 - momentum, scale);
+}
+
+} // extern "C"

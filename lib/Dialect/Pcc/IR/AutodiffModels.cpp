@@ -788,6 +788,67 @@ template <> struct Rule<CrossEntropyOp> {
   }
 };
 
+// Convolution and pooling.
+template <> struct Rule<ConvOp> {
+  static void saved(ConvOp op, SmallVectorImpl<Value> &s) {
+    s.append({op.getInput(), op.getWeight()});
+  }
+  static LogicalResult vjp(ConvOp op, GradBuilder &gb, ArrayRef<Value> rg,
+                           ArrayRef<bool> needed,
+                           SmallVectorImpl<Value> &grads) {
+    Value g = rg[0];
+    grads.push_back(needed[0] ? ConvGradInputOp::create(
+                                    gb.b, gb.loc, op.getInput().getType(), g,
+                                    op.getWeight(), op.getStrides(),
+                                    op.getPads(), op.getDilations(),
+                                    op.getGroups())
+                                    .getResult()
+                              : Value());
+    grads.push_back(needed[1] ? ConvGradWeightOp::create(
+                                    gb.b, gb.loc, op.getWeight().getType(),
+                                    op.getInput(), g, op.getStrides(),
+                                    op.getPads(), op.getDilations(),
+                                    op.getGroups())
+                                    .getResult()
+                              : Value());
+    if (Value bias = op.getBias()) {
+      // The bias is added at every position of every image.
+      SmallVector<int64_t> others{0};
+      llvm::append_range(others, axesFrom(2, typeOf(g).getRank()));
+      grads.push_back(needed[2] ? gb.reshape(gb.sumKeep(g, others),
+                                             typeOf(bias).getShape())
+                                : Value());
+    }
+    return success();
+  }
+};
+
+template <> struct Rule<MaxPoolOp> {
+  static void saved(MaxPoolOp op, SmallVectorImpl<Value> &s) {
+    s.push_back(op.getInput());
+  }
+  static LogicalResult vjp(MaxPoolOp op, GradBuilder &gb, ArrayRef<Value> rg,
+                           ArrayRef<bool>, SmallVectorImpl<Value> &grads) {
+    grads.push_back(MaxPoolGradOp::create(
+        gb.b, gb.loc, op.getInput().getType(), op.getInput(), rg[0],
+        op.getKernelShape(), op.getStrides(), op.getPads(),
+        op.getDilations(), op.getCeilMode()));
+    return success();
+  }
+};
+
+template <> struct Rule<AvgPoolOp> {
+  static void saved(AvgPoolOp, SmallVectorImpl<Value> &) {}
+  static LogicalResult vjp(AvgPoolOp op, GradBuilder &gb, ArrayRef<Value> rg,
+                           ArrayRef<bool>, SmallVectorImpl<Value> &grads) {
+    grads.push_back(AvgPoolGradOp::create(
+        gb.b, gb.loc, op.getInput().getType(), rg[0], op.getKernelShape(),
+        op.getStrides(), op.getPads(), op.getDilations(), op.getCeilMode(),
+        op.getCountIncludePad()));
+    return success();
+  }
+};
+
 /// The interface model over Rule<OpT>.
 template <typename OpT>
 struct AutodiffModel
@@ -840,8 +901,8 @@ void mlir::pcc::registerPccAutodiffModels(MLIRContext *context) {
               CastOp, SoftmaxOp, LogSoftmaxOp, LayerNormOp, BatchNormOp,
               ReshapeOp, TransposeOp, BroadcastOp, ConcatOp, SplitOp, SliceOp,
               PadOp, GatherOp, ScatterAddOp, ReduceSumOp, ReduceMeanOp,
-              ReduceMaxOp, ReduceMinOp, ReduceProdOp, MatmulOp,
-              CrossEntropyOp>(context);
+              ReduceMaxOp, ReduceMinOp, ReduceProdOp, MatmulOp, ConvOp,
+              MaxPoolOp, AvgPoolOp, CrossEntropyOp>(context);
   // Piecewise-constant or non-float results: no gradient flows through.
   attachNoGradient<FloorOp, CeilOp, NotOp, AndOp, OrOp, XorOp, IsNaNOp,
                    IsInfOp, CompareOp, ArgMaxOp, ParamOp, ConstantOp>(context);

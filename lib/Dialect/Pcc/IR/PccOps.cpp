@@ -624,6 +624,70 @@ LogicalResult ScatterAddOp::verify() {
   return success();
 }
 
+/// Gradient ops of a convolution of `in` by `w` giving `out`: the shapes
+/// must be the convolution's.
+static LogicalResult verifyConvGrad(Operation *op, RankedTensorType in,
+                                    RankedTensorType w, RankedTensorType out,
+                                    ArrayRef<int64_t> strides,
+                                    ArrayRef<int64_t> pads,
+                                    ArrayRef<int64_t> dilations,
+                                    int64_t groups) {
+  if (w.getRank() != in.getRank() || out.getRank() != in.getRank())
+    return op->emitOpError("input, weight and gradient need the same rank");
+  if (groups < 1 || in.getDimSize(1) % groups || w.getDimSize(0) % groups ||
+      w.getDimSize(1) * groups != in.getDimSize(1))
+    return op->emitOpError("groups ")
+           << groups << " do not fit input " << in << " and weight " << w;
+  auto spatial = windowShape(op->getLoc(), in, w.getShape().drop_front(2),
+                             strides, pads, dilations, /*ceilMode=*/false);
+  if (failed(spatial))
+    return failure();
+  SmallVector<int64_t> shape{in.getDimSize(0), w.getDimSize(0)};
+  llvm::append_range(shape, *spatial);
+  if (ArrayRef<int64_t>(shape) != out.getShape())
+    return op->emitOpError("gradient ")
+           << out << " is not shaped like the convolution's result of "
+           << in << " by " << w;
+  return success();
+}
+
+LogicalResult ConvGradInputOp::verify() {
+  return verifyConvGrad(*this, getType(), getWeight().getType(),
+                        getGrad().getType(), getStrides(), getPads(),
+                        getDilations(), getGroups());
+}
+
+LogicalResult ConvGradWeightOp::verify() {
+  return verifyConvGrad(*this, getInput().getType(), getType(),
+                        getGrad().getType(), getStrides(), getPads(),
+                        getDilations(), getGroups());
+}
+
+/// Gradient ops of a pooling of `in`: `grad` must be shaped like its result.
+template <typename OpTy>
+static LogicalResult verifyPoolGrad(OpTy op, RankedTensorType in,
+                                    RankedTensorType grad) {
+  auto spatial = windowShape(op.getLoc(), in, op.getKernelShape(),
+                             op.getStrides(), op.getPads(), op.getDilations(),
+                             op.getCeilMode());
+  if (failed(spatial))
+    return failure();
+  SmallVector<int64_t> shape{in.getDimSize(0), in.getDimSize(1)};
+  llvm::append_range(shape, *spatial);
+  if (ArrayRef<int64_t>(shape) != grad.getShape())
+    return op.emitOpError("gradient ")
+           << grad << " is not shaped like the pooling's result of " << in;
+  return success();
+}
+
+LogicalResult MaxPoolGradOp::verify() {
+  return verifyPoolGrad(*this, getInput().getType(), getGrad().getType());
+}
+
+LogicalResult AvgPoolGradOp::verify() {
+  return verifyPoolGrad(*this, getType(), getGrad().getType());
+}
+
 LogicalResult PadOp::verify() {
   RankedTensorType in = getInput().getType(), out = getType();
   ArrayRef<int64_t> starts = getStarts(), steps = getSteps();
@@ -695,6 +759,13 @@ LogicalResult AccumulateOp::verify() {
   if (getState().getType() != getValue().getType())
     return emitOpError("adds a ") << getValue().getType() << " into a "
                                   << getState().getType();
+  return verifyState(*this, {getState()});
+}
+
+LogicalResult EmaUpdateOp::verify() {
+  double m = getMomentum().convertToDouble();
+  if (!(m >= 0.0 && m <= 1.0))
+    return emitOpError("momentum ") << m << " is outside [0, 1]";
   return verifyState(*this, {getState()});
 }
 

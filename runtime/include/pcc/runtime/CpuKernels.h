@@ -168,6 +168,44 @@ void pcc_cpu_adamw_f32(float *param, const float *grad, float *exp_avg,
                        float *exp_avg_sq, int64_t n, const double *hyper,
                        const float *norm);
 
+/* Gradients of conv: shapes and attributes as for pcc_cpu_conv_f32.
+ * grad_input writes dx (in_shape) from dy (out_shape) and w; grad_weight
+ * writes dw (w_shape) from x and dy, summed over the batch. Both are
+ * deterministic (no atomics, a fixed order). */
+void pcc_cpu_conv_grad_input_f32(const float *dy, const float *w, float *dx,
+                                 int64_t spatial_rank, const int64_t *in_shape,
+                                 const int64_t *w_shape,
+                                 const int64_t *out_shape,
+                                 const int64_t *strides, const int64_t *pads,
+                                 const int64_t *dilations, int64_t groups);
+void pcc_cpu_conv_grad_weight_f32(const float *x, const float *dy, float *dw,
+                                  int64_t spatial_rank,
+                                  const int64_t *in_shape,
+                                  const int64_t *w_shape,
+                                  const int64_t *out_shape,
+                                  const int64_t *strides, const int64_t *pads,
+                                  const int64_t *dilations, int64_t groups);
+
+/* Gradients of pooling: dx (in_shape) from dy (out_shape). Max pooling
+ * sends each gradient to its window's first maximum in x (NaN wins, as
+ * PyTorch); average pooling shares it out as the forward divided. */
+void pcc_cpu_max_pool_grad_f32(const float *x, const float *dy, float *dx,
+                               int64_t spatial_rank, const int64_t *in_shape,
+                               const int64_t *out_shape, const int64_t *kernel,
+                               const int64_t *strides, const int64_t *pads,
+                               const int64_t *dilations);
+void pcc_cpu_avg_pool_grad_f32(const float *dy, float *dx,
+                               int64_t spatial_rank, const int64_t *in_shape,
+                               const int64_t *out_shape, const int64_t *kernel,
+                               const int64_t *strides, const int64_t *pads,
+                               const int64_t *dilations,
+                               int count_include_pad);
+
+/* state = momentum * state + (1 - momentum) * scale * value, in double
+ * (batch normalisation's running statistics). */
+void pcc_cpu_ema_update_f32(float *state, const float *value, int64_t n,
+                            double momentum, double scale);
+
 /* Element type conversion with ONNX Cast semantics. */
 void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
                   int64_t count);

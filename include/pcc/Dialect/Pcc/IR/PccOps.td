@@ -915,6 +915,113 @@ def Pcc_CrossEntropyGradOp : Pcc_Op<"cross_entropy_grad", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Pcc_ConvGradInputOp : Pcc_Op<"conv_grad_input", [Pure,
+    SameOperandsElementType]> {
+  let summary = "gradient of pcc.conv with respect to its input";
+  let description = [{
+    The transpose of `pcc.conv` in its input: `grad` is the gradient of the
+    convolution's result (`N x M x O1 ... Ok`) and the result, of the
+    convolution's input type, is what the weight spreads it back to. The
+    window attributes are the convolution's.
+
+    ```mlir
+    %dx = pcc.conv_grad_input %dy, %w strides = [1, 1] pads = [1, 1, 1, 1]
+        dilations = [1, 1] groups = 1
+        : tensor<2x8x32x32xf32>, tensor<8x3x3x3xf32> -> tensor<2x3x32x32xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$grad, Pcc_FloatTensor:$weight,
+                       DenseI64ArrayAttr:$strides, DenseI64ArrayAttr:$pads,
+                       DenseI64ArrayAttr:$dilations, I64Attr:$groups);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $grad `,` $weight `strides` `=` $strides `pads` `=` $pads
+    `dilations` `=` $dilations `groups` `=` $groups attr-dict `:`
+    type($grad) `,` type($weight) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_ConvGradWeightOp : Pcc_Op<"conv_grad_weight", [Pure,
+    SameOperandsElementType]> {
+  let summary = "gradient of pcc.conv with respect to its weight";
+  let description = [{
+    The correlation of the convolution's `input` with the gradient of its
+    result, summed over the batch; the result has the weight's type.
+
+    ```mlir
+    %dw = pcc.conv_grad_weight %x, %dy strides = [1, 1] pads = [1, 1, 1, 1]
+        dilations = [1, 1] groups = 1
+        : tensor<2x3x32x32xf32>, tensor<2x8x32x32xf32> -> tensor<8x3x3x3xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, Pcc_FloatTensor:$grad,
+                       DenseI64ArrayAttr:$strides, DenseI64ArrayAttr:$pads,
+                       DenseI64ArrayAttr:$dilations, I64Attr:$groups);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $grad `strides` `=` $strides `pads` `=` $pads
+    `dilations` `=` $dilations `groups` `=` $groups attr-dict `:`
+    type($input) `,` type($grad) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_MaxPoolGradOp : Pcc_Op<"max_pool_grad", [Pure,
+    SameOperandsElementType, AllTypesMatch<["input", "result"]>]> {
+  let summary = "gradient of pcc.max_pool with respect to its input";
+  let description = [{
+    Every element of `grad` (shaped like the pooling's result) goes to the
+    position that won its window: the first maximum in window order, as
+    PyTorch's `max_pool2d_with_indices` picks it. The winner is found again
+    from the saved `input` instead of storing indices, which would take
+    twice the result's memory in int64.
+
+    ```mlir
+    %dx = pcc.max_pool_grad %x, %dy kernel = [3, 3] strides = [2, 2]
+        pads = [1, 1, 1, 1] dilations = [1, 1]
+        : tensor<2x8x32x32xf32>, tensor<2x8x16x16xf32> -> tensor<2x8x32x32xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, Pcc_FloatTensor:$grad,
+                       DenseI64ArrayAttr:$kernel_shape,
+                       DenseI64ArrayAttr:$strides, DenseI64ArrayAttr:$pads,
+                       DenseI64ArrayAttr:$dilations, UnitAttr:$ceil_mode);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $grad `kernel` `=` $kernel_shape `strides` `=` $strides
+    `pads` `=` $pads `dilations` `=` $dilations attr-dict `:` type($input)
+    `,` type($grad) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_AvgPoolGradOp : Pcc_Op<"avg_pool_grad", [Pure,
+    SameOperandsAndResultElementType]> {
+  let summary = "gradient of pcc.avg_pool with respect to its input";
+  let description = [{
+    Every element of `grad` is shared out over its window's real positions,
+    divided as the pooling divided. The result has the pooling's input
+    type.
+
+    ```mlir
+    %dx = pcc.avg_pool_grad %dy kernel = [2, 2] strides = [2, 2]
+        pads = [0, 0, 0, 0] dilations = [1, 1]
+        : tensor<2x8x16x16xf32> -> tensor<2x8x32x32xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$grad, DenseI64ArrayAttr:$kernel_shape,
+                       DenseI64ArrayAttr:$strides, DenseI64ArrayAttr:$pads,
+                       DenseI64ArrayAttr:$dilations, UnitAttr:$ceil_mode,
+                       UnitAttr:$count_include_pad);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $grad `kernel` `=` $kernel_shape `strides` `=` $strides `pads` `=` $pads
+    `dilations` `=` $dilations attr-dict `:` type($grad) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 // The ops below write model state (a `pcc.param` naming a gradient, an
 // optimizer moment or a weight) in place. They have no results; their
 // memory effect keeps them where the pass put them and alive.
@@ -934,6 +1041,29 @@ def Pcc_AccumulateOp : Pcc_Op<"accumulate", [
   }];
   let arguments = (ins Pcc_FloatTensor:$state, Pcc_FloatTensor:$value);
   let assemblyFormat = "$state `,` $value attr-dict `:` type($state)";
+  let hasVerifier = 1;
+}
+
+def Pcc_EmaUpdateOp : Pcc_Op<"ema_update", [
+    MemoryEffects<[MemRead, MemWrite]>, AllTypesMatch<["state", "value"]>]> {
+  let summary = "moving average of a state tensor, in place (running statistics)";
+  let description = [{
+    `state = momentum * state + (1 - momentum) * scale * value`, computed in
+    double: batch normalisation's running mean (`scale` 1) and running
+    variance (`scale` n / (n - 1), the unbiased correction) in training
+    mode. `momentum` is ONNX's (PyTorch's `1 - momentum`).
+
+    ```mlir
+    %rm = pcc.param "bn1.running_mean" : tensor<8xf32>
+    pcc.ema_update %rm, %mean momentum = 0.9 scale = 1.0 : tensor<8xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$state, Pcc_FloatTensor:$value,
+                       F64Attr:$momentum, F64Attr:$scale);
+  let assemblyFormat = [{
+    $state `,` $value `momentum` `=` $momentum `scale` `=` $scale attr-dict
+    `:` type($state)
+  }];
   let hasVerifier = 1;
 }
 
