@@ -3,12 +3,16 @@
 
 Run with a Python that has torch, onnx and numpy (see ref/README.md):
 
-    ~/.cache/pcc/zoo-venv/bin/python test/Training/make_reference.py [model ...]
+    ~/.cache/pcc/zoo-venv/bin/python test/Training/make_reference.py [--export] [model ...]
 
 With no names, every model is done. For each bundled example model
-(examples/<model>.onnx) this
+(examples/<model>.onnx) and each zoo model (zoo-gpt2, zoo-llama: the model
+zoo's tiny Hugging Face GPT-2 and Llama, scripts/zoo/export.py's configs and
+seed, exported for training to test/Training/zoo/<family>/model.onnx when
+that file is missing or with --export) this
 
-  1. rebuilds the PyTorch module with examples/make_examples.py's classes,
+  1. rebuilds the PyTorch module with examples/make_examples.py's classes
+     (or scripts/zoo/export.py's config and seed, dropout probabilities 0),
   2. maps every ONNX initializer to a module parameter or buffer (same name,
      or an exporter-renamed copy equal to a parameter, its transpose or a
      slice of it; BatchNorm the exporter folded into a convolution makes the
@@ -45,11 +49,24 @@ sys.path.insert(0, EXAMPLES)
 import make_examples  # noqa: E402  (the model classes and build())
 
 MODELS = ["mlp", "transformer_postnorm", "transformer_prenorm", "gpt",
-          "resnet18"]
+          "resnet18", "zoo-gpt2", "zoo-llama"]
 STEPS = 20
 BATCH = 4
 ROWS = 16
 IGNORE = -100
+
+# The model zoo's tiny Hugging Face models (scripts/zoo/export.py), exported
+# for training into test/Training/zoo/<family>/model.onnx.
+ZOO = {"zoo-gpt2": "gpt2", "zoo-llama": "llama"}
+ZOO_TRAIN_DIR = os.path.join(HERE, "zoo")
+ZOO_SEQ = 16
+# Graph inputs of the zoo exports, in order, and the reference file of each.
+ZOO_INPUTS = [("input_ids", "input.npy"),
+              ("attention_mask", "input.attention_mask.npy")]
+
+
+def is_zoo(name):
+    return name in ZOO
 
 
 class MappingError(RuntimeError):
@@ -77,6 +94,28 @@ def make_data(name):
     elif name == "resnet18":
         x = rng.standard_normal((ROWS, 3, 32, 32)).astype(np.float32)
         y = rng.randint(0, 10, size=(ROWS,)).astype(np.int64)
+    elif is_zoo(name):
+        # Token ids and an attention mask (one input each, graph order).
+        # In every batch, row 4j+1 is right-padded by 1..5 positions (which
+        # changes no label's loss: with causal attention no unmasked query
+        # sees a padded key) and row 4j+2 has a hole of 1..3 masked
+        # positions inside (later queries must not see those keys: this is
+        # what tests the mask). Position 0 is never masked, so every query
+        # sees a key. A position has a label only if it and the next one
+        # are unmasked.
+        vocab = zoo_config(name).vocab_size
+        ids = rng.randint(0, vocab, size=(ROWS, ZOO_SEQ)).astype(np.int64)
+        mask = np.ones_like(ids)
+        for r in range(1, ROWS, BATCH):
+            mask[r, ZOO_SEQ - rng.randint(1, 6):] = 0
+            lo = rng.randint(1, ZOO_SEQ - 4)
+            mask[r + 1, lo:lo + rng.randint(1, 4)] = 0
+        y = np.full_like(ids, IGNORE)
+        keep = (mask[:, :-1] == 1) & (mask[:, 1:] == 1)
+        y[:, :-1] = np.where(keep, ids[:, 1:], IGNORE)  # next token
+        drop = rng.random_sample((ROWS, ZOO_SEQ - 1)) < 0.1  # ~10% more ignored
+        y[:, :-1][drop] = IGNORE
+        x = (ids, mask)
     else:
         raise KeyError(name)
     return x, y
@@ -91,14 +130,16 @@ def loss_fn(name, out, y):
 
 
 def optimizer_config(name, opt):
+    # The zoo's language models train as the bundled gpt does.
+    gpt_like = name == "gpt" or is_zoo(name)
     if opt == "sgd":
-        return dict(type="SGD", lr=0.02 if name in ("gpt", "resnet18") else 0.05,
+        return dict(type="SGD", lr=0.02 if gpt_like or name == "resnet18" else 0.05,
                     momentum=0.9, dampening=0.0, weight_decay=1e-4,
                     nesterov=False, clip_grad_norm=None)
     if opt == "adamw":
         return dict(type="AdamW", lr=1e-3, betas=[0.9, 0.999], eps=1e-8,
                     weight_decay=0.01, amsgrad=False,
-                    clip_grad_norm=1.0 if name == "gpt" else None)
+                    clip_grad_norm=1.0 if gpt_like else None)
     raise KeyError(opt)
 
 
@@ -174,7 +215,9 @@ def views(t):
                     yield s.T, True, sl
 
 
-def build_mapping(name, model, onnx_model, folded):
+def build_mapping(name, model, onnx_model, folded, constant_buffers=()):
+    """constant_buffers: torch buffers the ONNX may hold as Constant nodes
+    rather than initializers (they need no initializer)."""
     tensors = tensors_of(model)
     inits = [(i.name, numpy_helper.to_array(i)) for i in
              onnx_model.graph.initializer]
@@ -238,6 +281,8 @@ def build_mapping(name, model, onnx_model, folded):
     # 3. Every trainable parameter and float buffer is covered.
     for tname, (t, kind) in tensors.items():
         entries = [m for m in mapping.values() if m["param"] == tname]
+        if not entries and kind == "buffer" and tname in constant_buffers:
+            continue
         whole = [m for m in entries if m["slice"] is None]
         if whole:
             continue
@@ -327,9 +372,189 @@ def check_no_dropout(model):
             raise RuntimeError("%s has attention dropout %g" % (n, m.dropout))
 
 
-def prepare(name):
+def zoo_export_module():
+    """scripts/zoo/export.py (the zoo's configs, seed and wrappers)."""
+    if "pcc_zoo_export" not in sys.modules:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "pcc_zoo_export", os.path.join(ROOT, "scripts", "zoo", "export.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["pcc_zoo_export"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["pcc_zoo_export"]
+
+
+# Dropout probabilities of the zoo configs, set to 0 for training parity.
+ZOO_DROPOUT_FIELDS = ("embd_pdrop", "resid_pdrop", "attn_pdrop",
+                      "attention_dropout", "hidden_dropout",
+                      "summary_first_dropout")
+
+
+def zoo_config(name):
+    Z = zoo_export_module()
+    cfg_fn, _, _ = Z.FAMILIES[ZOO[name]]
+    config = cfg_fn()
+    zeroed = []
+    for k in ZOO_DROPOUT_FIELDS:
+        if getattr(config, k, None) is not None:
+            setattr(config, k, 0.0)
+            zeroed.append(k)
+    config.pcc_zeroed_dropout_fields = zeroed
+    return config
+
+
+def build_zoo(name):
+    """The zoo family's module (same config and seed as scripts/zoo/export.py,
+    dropout probabilities 0) wrapped as (input_ids, attention_mask) ->
+    logits. Its nn.Dropout modules (p=0) are made identities, so that the
+    training-mode export writes no Dropout node (pcc's importer refuses
+    Dropout in training mode, even with ratio 0); with p=0 that changes no
+    value."""
+    import transformers
+    Z = zoo_export_module()
+    _, cls_name, kind = Z.FAMILIES[ZOO[name]]
+    assert kind == "text", kind
+    torch.manual_seed(0)  # as export.py's build()
+    config = zoo_config(name)
+    model = getattr(transformers, cls_name)(config)
+    for n, m in model.named_modules():
+        if isinstance(m, nn.Dropout):
+            if m.p != 0:
+                raise RuntimeError("%s: %s has dropout p=%g" % (name, n, m.p))
+            m.forward = _identity
+    return Z.TextLM(model), config
+
+
+def _identity(x):
+    return x
+
+
+def check_zoo_build(name, wrapper):
+    """The rebuilt module is the zoo's: it reproduces the zoo's PyTorch
+    output (test/Zoo/models/<family>/dynamo) in eval mode."""
+    d = os.path.join(ROOT, "test", "Zoo", "models", ZOO[name], "dynamo")
+    feeds = [torch.from_numpy(np.load(os.path.join(d, "input.%s.npy" % n)))
+             for n, _ in ZOO_INPUTS]
+    ref = np.load(os.path.join(d, "output.logits.npy"))
+    wrapper.eval()
+    with torch.no_grad():
+        out = wrapper(*feeds).numpy()
+    err = float(np.abs(out - ref).max() / np.abs(ref).max())
+    if err > 1e-6:
+        raise RuntimeError("%s: the rebuilt module does not reproduce the "
+                           "zoo's %s/output.logits.npy (max diff / max |ref| "
+                           "= %g)" % (name, os.path.relpath(d, ROOT), err))
+    return err
+
+
+def export_zoo(name, wrapper, path):
+    """Exports the zoo module for training: the TorchScript exporter with
+    training=TRAINING and no constant folding, so that no two parameters are
+    merged because they are equal at init (in eval mode the exporter
+    deduplicates initializers by value: every LayerNorm/RMSNorm weight is
+    ones, every bias zero). Dims batch and seq are symbolic. The example
+    inputs right-pad two rows (as the zoo's), so the trace keeps the
+    attention-mask path."""
+    Z = zoo_export_module()
+    inputs = Z.make_inputs("text", BATCH, ZOO_SEQ)
+    names = [n for n, _ in ZOO_INPUTS]
+    assert list(inputs) == names, list(inputs)
+    dyn = {n: {0: "batch", 1: "seq"} for n in names + ["logits"]}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    wrapper.train()
+    import contextlib
+    import io
+    import warnings
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(wrapper, tuple(inputs[n] for n in names), path,
+                          dynamo=False, opset_version=17,
+                          training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, input_names=names,
+                          output_names=["logits"], dynamic_axes=dyn)
+    m = onnx.load(path)
+    ops = sorted({n.op_type for n in m.graph.node})
+    if "Dropout" in ops:
+        raise RuntimeError("%s: the export has Dropout nodes" % path)
+    print("  %s: exported %s (%d nodes, %d initializers, %d bytes)" % (
+        name, os.path.relpath(path, ROOT), len(m.graph.node),
+        len(m.graph.initializer), os.path.getsize(path)))
+
+
+def check_zoo_onnx(name, wrapper, path, x):
+    """The ONNX (onnxruntime) and the module (eval mode) agree on the
+    reference's 16 rows."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    feeds = {n: a for (n, _), a in zip(ZOO_INPUTS, x)}
+    got = sess.run(None, feeds)[0]
+    wrapper.eval()
+    with torch.no_grad():
+        out = wrapper(*[torch.from_numpy(a) for a in x]).numpy()
+    err = float(np.abs(out - got).max() / np.abs(out).max())
+    if err > 1e-5:
+        raise RuntimeError("%s: onnxruntime's output of %s differs from the "
+                           "module's (max diff / max |out| = %g)" % (
+                               name, os.path.relpath(path, ROOT), err))
+    return err
+
+
+def tied_parameters(model):
+    """{parameter: [other names of the same tensor]} (GPT-2's lm_head.weight
+    is its wte.weight)."""
+    out = {}
+    first = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            out.setdefault(first[id(p)], []).append(n)
+        else:
+            first[id(p)] = n
+    return out
+
+
+def prepare_zoo(name, export=False):
+    wrapper, config = build_zoo(name)
+    build_err = check_zoo_build(name, wrapper)
+    path = os.path.join(ZOO_TRAIN_DIR, ZOO[name], "model.onnx")
+    if export or not os.path.exists(path):
+        export_zoo(name, copy.deepcopy(wrapper), path)
+    onnx_model = onnx.load(path)
+    ops = {n.op_type for n in onnx_model.graph.node}
+    if "Dropout" in ops:
+        raise RuntimeError("%s has Dropout nodes" % path)
+    check_no_dropout(wrapper)
+    # Non-persistent buffers (the rotary inverse frequencies) are Constant
+    # nodes in the export, not initializers.
+    persistent = set(wrapper.state_dict().keys())
+    constant_buffers = {n for n, _ in wrapper.named_buffers()
+                        if n not in persistent}
+    mapping, arrays = build_mapping(name, wrapper, onnx_model, {},
+                                    constant_buffers)
+    load_from_onnx(wrapper, mapping, arrays)
+    x, _ = make_data(name)
+    onnx_err = check_zoo_onnx(name, wrapper, path, x)
+    rel = os.path.relpath(path, ROOT)
+    notes = dict(onnx=rel,
+                 zoo_family=ZOO[name],
+                 model_class=type(wrapper.model).__name__,
+                 zoo_output_max_rel_diff=build_err,
+                 onnxruntime_vs_torch_max_rel_diff=onnx_err,
+                 dropout_fields_set_to_0=config.pcc_zeroed_dropout_fields,
+                 constant_buffers_not_initializers=sorted(constant_buffers),
+                 tied_in_torch=tied_parameters(wrapper),
+                 batchnorm_folded_by_exporter=False)
+    return wrapper, mapping, notes
+
+
+def prepare(name, export=False):
     """The module with the ONNX's weights, the mapping and the model's
     structure notes."""
+    if is_zoo(name):
+        return prepare_zoo(name, export)
     model, _, _ = make_examples.build(name)
     onnx_model = onnx.load(os.path.join(EXAMPLES, name + ".onnx"))
     ops = {n.op_type for n in onnx_model.graph.node}
@@ -367,9 +592,11 @@ def train(name, model0, mapping, opt, x, y, float64=False):
     norm), the final weights under the ONNX names, the optimizer config and,
     per torch parameter, the largest |gradient| each element saw."""
     model = copy.deepcopy(model0)
+    xs = x if isinstance(x, tuple) else (x,)  # one array per model input
     if float64:
         model = model.double()
-        x = x.astype(np.float64) if x.dtype == np.float32 else x
+        xs = tuple(a.astype(np.float64) if a.dtype == np.float32 else a
+                   for a in xs)
         y = y.astype(np.float64) if y.dtype == np.float32 else y
     model.train()
     named = list(model.named_parameters())  # a tied weight once
@@ -380,10 +607,10 @@ def train(name, model0, mapping, opt, x, y, float64=False):
     max_grad = {n: torch.zeros_like(p) for n, p in named}
     for step in range(STEPS):
         lo = (step * BATCH) % ROWS
-        xb = torch.from_numpy(x[lo:lo + BATCH])
+        xb = [torch.from_numpy(a[lo:lo + BATCH]) for a in xs]
         yb = torch.from_numpy(y[lo:lo + BATCH])
         optim.zero_grad(set_to_none=True)
-        loss = loss_fn(name, model(xb), yb)
+        loss = loss_fn(name, model(*xb), yb)
         loss.backward()
         for n, p in named:
             if p.grad is not None:
@@ -460,22 +687,30 @@ def tied_groups(mapping):
     return {p: v for p, v in by.items() if len(v) > 1}
 
 
-def do_model(name):
-    model, mapping, notes = prepare(name)
+def do_model(name, export=False):
+    model, mapping, notes = prepare(name, export)
     out_dir = os.path.join(REF, name)
     os.makedirs(out_dir, exist_ok=True)
     x, y = make_data(name)
-    np.save(os.path.join(out_dir, "input.npy"), x)
+    if is_zoo(name):
+        inputs = [f for _, f in ZOO_INPUTS]
+        for a, f in zip(x, inputs):
+            np.save(os.path.join(out_dir, f), a)
+    else:
+        inputs = ["input.npy"]
+        np.save(os.path.join(out_dir, "input.npy"), x)
     np.save(os.path.join(out_dir, "labels.npy"), y)
     notes["tied"] = tied_groups(mapping)
     with open(os.path.join(out_dir, "mapping.json"), "w") as f:
         json.dump(dict(notes, initializers=mapping), f, indent=1)
         f.write("\n")
     config = dict(
-        model=name, onnx="examples/%s.onnx" % name, steps=STEPS, batch=BATCH,
-        rows=int(x.shape[0]),
+        model=name, onnx=notes["onnx"], steps=STEPS, batch=BATCH,
+        rows=int(y.shape[0]),
         schedule="step k (1-based) uses rows [((k-1)*batch) % rows, +batch)",
-        mode="train (no dropout in these models%s)" % (
+        mode="train (%s%s)" % (
+            "dropout probabilities set to 0" if is_zoo(name) else
+            "no dropout in these models",
             "; BatchNorm folded into the convolutions by the exporter, so "
             "there is no BatchNorm to train" if notes[
                 "batchnorm_folded_by_exporter"] else ""),
@@ -483,6 +718,10 @@ def do_model(name):
               "cross_entropy over the last dim, mean over labels != %d" %
               IGNORE),
         optimizers={}, torch=torch.__version__)
+    if is_zoo(name):
+        import transformers
+        config["transformers"] = transformers.__version__
+        config["inputs"] = inputs  # one file per model input, graph order
     summary = []
     for opt in ("sgd", "adamw"):
         rows, weights, cfg, grad32 = train(name, model, mapping, opt, x, y)
@@ -531,6 +770,9 @@ def do_model(name):
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="any of: " + " ".join(MODELS))
+    ap.add_argument("--export", action="store_true",
+                    help="re-export the zoo models' training ONNX files "
+                    "(test/Training/zoo/<family>/model.onnx) even if present")
     args = ap.parse_args(argv)
     for name in args.models:
         if name not in MODELS:
@@ -540,7 +782,7 @@ def main(argv):
     torch.set_default_dtype(torch.float32)
     for name in args.models or MODELS:
         try:
-            do_model(name)
+            do_model(name, args.export)
         except MappingError as e:
             sys.exit("make_reference.py: " + str(e))
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Trains a bundled model with pcc for the steps of a PyTorch reference run
-(test/Training/ref/<model>) and compares the per-step losses and the final
-weights with PyTorch's (compare.py).
+"""Trains a bundled model (or a zoo model: zoo-gpt2, zoo-llama, exported
+for training in test/Training/zoo/<family>/model.onnx) with pcc for the
+steps of a PyTorch reference run (test/Training/ref/<model>) and compares
+the per-step losses and the final weights with PyTorch's (compare.py).
 
   parity.py --model gpt --optimizer adamw --pcc build/bin/pcc \
       --pcc-run build/bin/pcc-run --work /tmp/gpt-adamw [--microbatches 2]
@@ -19,14 +20,23 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# How each bundled model is compiled for a batch of 4.
+# How each model is compiled for a batch of 4.
 MODELS = {
     "mlp": (["--batch=4"], "cross_entropy"),
     "transformer_postnorm": (["--batch=4"], "mse"),
     "transformer_prenorm": (["--batch=4"], "mse"),
     "gpt": (["--dim=batch=4", "--dim=seq=16"], "cross_entropy"),
     "resnet18": (["--batch=4"], "cross_entropy"),
+    # The zoo's tiny Hugging Face models; inputs input_ids and attention_mask.
+    "zoo-gpt2": (["--dim=batch=4", "--dim=seq=16"], "cross_entropy"),
+    "zoo-llama": (["--dim=batch=4", "--dim=seq=16"], "cross_entropy"),
 }
+
+
+def onnx_path(model):
+    if model.startswith("zoo-"):
+        return os.path.join(HERE, "zoo", model[len("zoo-"):], "model.onnx")
+    return os.path.join(ROOT, "examples", model + ".onnx")
 
 
 def run(cmd):
@@ -57,7 +67,7 @@ def main():
     flags, loss = MODELS[args.model]
     os.makedirs(args.work, exist_ok=True)
     lib = os.path.join(args.work, "train.so")
-    run([args.pcc, os.path.join(ROOT, "examples", args.model + ".onnx"),
+    run([args.pcc, onnx_path(args.model),
          "--train", "--loss=" + loss, "--optimizer=" + args.optimizer,
          "--microbatches=%d" % args.microbatches, "--target=" + args.target,
          "-o", lib] + flags)
@@ -76,9 +86,12 @@ def main():
         hyper += ["--clip-grad-norm", repr(opt["clip_grad_norm"])]
     log = os.path.join(args.work, "loss.csv")
     ckpt = os.path.join(args.work, "ckpt")
+    # One --input per model input, in the model's order (config "inputs").
+    inputs = []
+    for f in config.get("inputs", ["input.npy"]):
+        inputs += ["--input", os.path.join(ref, f)]
     run([args.pcc_run, lib, "--steps", str(config["steps"]),
-         "--device", args.device,
-         "--input", os.path.join(ref, "input.npy"),
+         "--device", args.device] + inputs + [
          "--labels", os.path.join(ref, "labels.npy"),
          "--loss-log", log, "--save-dir", ckpt, "--log-every", "5"] + hyper)
 
