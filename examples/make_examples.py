@@ -12,6 +12,10 @@ Writes, next to this script:
     data/<name>.input.npy     reference input at batch 2
     data/<name>.output.npy    PyTorch's output for that input (float32)
     data/gpt.batch8.*.npy     gpt at batch 8, for the pipeline example
+    resnet18_train.onnx is resnet18 exported in training mode (its
+                              BatchNorms kept, with training_mode=1) for
+                              pcc --train; it needs torch >= 1.13's
+                              TrainingMode.TRAINING
                               (`make_examples.py gpt.batch8` writes only
                               these, without exporting gpt again)
 
@@ -244,7 +248,7 @@ class ResNet18(nn.Module):
 # Export driver
 # --------------------------------------------------------------------------
 def export(name, model, example, input_name, output_name, dyn_in, dyn_out,
-           no_grad=True):
+           no_grad=True, training=False):
     model.eval()
     path = os.path.join(HERE, name + ".onnx")
     kwargs = dict(
@@ -254,7 +258,23 @@ def export(name, model, example, input_name, output_name, dyn_in, dyn_out,
         dynamic_axes={input_name: dyn_in, output_name: dyn_out},
         do_constant_folding=True,
     )
-    if no_grad:
+    if training:
+        # The graph of model.train(): BatchNormalization with
+        # training_mode=1 (batch statistics; its running statistics are
+        # initializers, updated by pcc --train), nothing folded. The
+        # reference output is still eval mode's, which is what an
+        # inference run of the model computes (pcc export writes it back
+        # as an eval-mode graph).
+        model.train()
+        kwargs.update(training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False)
+        if "dynamo" in torch.onnx.export.__code__.co_varnames:
+            kwargs["dynamo"] = False
+        torch.onnx.export(model, (example,), path, **kwargs)
+        model.eval()
+        with torch.no_grad():
+            ref = model(example)
+    elif no_grad:
         with torch.no_grad():
             torch.onnx.export(model, (example,), path, **kwargs)
             ref = model(example)
@@ -320,17 +340,18 @@ def build(name):
         return model, ids, dict(input_name="input_ids", output_name="logits",
                                 dyn_in={0: "batch", 1: "seq"},
                                 dyn_out={0: "batch", 1: "seq"})
-    if name == "resnet18":
+    if name in ("resnet18", "resnet18_train"):
         seed(4)
         model = ResNet18()
         x = torch.randn(2, 3, 32, 32)
         return model, x, dict(input_name="input", output_name="output",
-                              dyn_in={0: "batch"}, dyn_out={0: "batch"})
+                              dyn_in={0: "batch"}, dyn_out={0: "batch"},
+                              training=name == "resnet18_train")
     raise KeyError(name)
 
 
 NAMES = ["mlp", "transformer_postnorm", "transformer_prenorm", "gpt",
-         "resnet18"]
+         "resnet18", "resnet18_train"]
 
 
 def gpt_batch8():

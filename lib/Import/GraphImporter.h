@@ -8,6 +8,7 @@
 #include "pcc/Import/OnnxImporter.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/StringSet.h"
 
 namespace mlir::pcc::onnx_import {
 
@@ -50,6 +51,10 @@ public:
   FailureOr<const HostTensor *> constantOf(llvm::StringRef name, Location loc);
   void define(llvm::StringRef name, ImportedValue value);
   llvm::StringRef getBaseDir() const { return baseDir; }
+  /// Whether a node of the main graph reads `name` or the graph returns it.
+  bool isConsumed(llvm::StringRef name) const {
+    return consumed.contains(name);
+  }
 
 private:
   FailureOr<RankedTensorType> inputTypeOf(const onnx::ValueInfoProto &info);
@@ -68,6 +73,7 @@ private:
   OpBuilder builder;
   Location fileLoc;
   llvm::StringMap<ImportedValue> values;
+  llvm::StringSet<> consumed;
 };
 
 } // namespace mlir::pcc::onnx_import

@@ -185,14 +185,25 @@ static LogicalResult convertLayerNorm(NodeImporter &n) {
 }
 
 static LogicalResult convertBatchNorm(NodeImporter &n) {
-  if (n.intAttr("training_mode", 0) != 0)
-    return n.error() << "BatchNormalization in training mode is not "
-                        "supported; pcc compiles inference graphs";
+  // A graph exported in training mode (training_mode = 1) is imported as
+  // the same model in eval mode, with its running statistics; pcc --train
+  // gives it batch statistics again (pcc-train-mode), as
+  // torch.nn.Module.train() does.
+  bool training = n.intAttr("training_mode", 0) != 0;
   if (n.getOpset() < 9 && n.intAttr("spatial", 1) != 1)
     return n.error() << "BatchNormalization with spatial = 0 is not supported";
-  if (failed(n.rejectOutputsFrom(1, "running statistics are only produced "
-                                    "in training mode")))
+  if (training) {
+    for (unsigned i = 1; i < 3; ++i)
+      if (n.outputConsumed(i))
+        return n.error() << "BatchNormalization output " << i << " ('"
+                         << n.getNode().output(i)
+                         << "', the updated running statistics) is read by "
+                            "the graph; pcc keeps running statistics as "
+                            "model state (pcc --train), not as graph values";
+  } else if (failed(n.rejectOutputsFrom(1, "running statistics are only "
+                                           "produced in training mode"))) {
     return failure();
+  }
   SmallVector<Value> operands;
   for (unsigned i = 0; i < 5; ++i) {
     auto v = n.input(i);
@@ -201,10 +212,13 @@ static LogicalResult convertBatchNorm(NodeImporter &n) {
     operands.push_back(*v);
   }
   auto &b = n.getBuilder();
+  float momentum = n.floatAttr("momentum", 0.9f);
   n.setOutput(0, n.create<BatchNormOp>(
                      operands[0].getType(), operands[0], operands[1],
                      operands[2], operands[3], operands[4],
-                     b.getF32FloatAttr(n.floatAttr("epsilon", 1e-5f))));
+                     b.getF32FloatAttr(n.floatAttr("epsilon", 1e-5f)),
+                     momentum == 0.9f ? FloatAttr()
+                                      : b.getF32FloatAttr(momentum)));
   return success();
 }
 

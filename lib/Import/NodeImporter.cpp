@@ -173,6 +173,10 @@ void NodeImporter::alias(unsigned output, unsigned input) {
     graph.define(node.output(output), *entry);
 }
 
+bool NodeImporter::outputConsumed(unsigned i) const {
+  return outputUsed(i) && graph.isConsumed(node.output(i));
+}
+
 LogicalResult NodeImporter::rejectOutputsFrom(unsigned first, StringRef why) {
   for (unsigned i = first; i < numOutputs(); ++i)
     if (outputUsed(i))

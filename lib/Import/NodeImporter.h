@@ -90,6 +90,8 @@ public:
   bool outputUsed(unsigned i) const {
     return static_cast<int>(i) < node.output_size() && !node.output(i).empty();
   }
+  /// Whether output `i` is read by a node or returned by the graph.
+  bool outputConsumed(unsigned i) const;
   void setOutput(unsigned i, Value value);
   void setConstantOutput(unsigned i, HostTensor value);
   /// Output `output` is input `input` (Identity, Dropout in inference).

@@ -460,6 +460,12 @@ LogicalResult GraphImporter::importInto(ModuleOp module) {
                               << " is not supported (pcc reads opsets 6 and "
                                  "later; convert the model first)";
 
+  for (const onnx::NodeProto &node : graph.node())
+    for (const std::string &input : node.input())
+      consumed.insert(input);
+  for (const onnx::ValueInfoProto &output : graph.output())
+    consumed.insert(output.name());
+
   // Initializers first: graph inputs with the same name are overridable
   // defaults in ONNX, and pcc treats them as weights.
   for (const onnx::TensorProto &init : graph.initializer()) {

@@ -574,6 +574,10 @@ void pcc_cpu_conv_grad_weight_f32(const float *x, const float *dy, float *dw,
     for (int64_t o = 0; o < win.outCount; ++o)
       sourceOf[k * win.outCount + o] = win.source(o, k);
   std::vector<float> cols(rows * win.outCount);
+  if (n == 0)
+    std::memset(dw, 0, sizeof(float) * m * rows);
+  if (n == 0)
+    std::memset(dw, 0, sizeof(float) * m * rows);
   for (int64_t b = 0; b < n; ++b)
     for (int64_t g = 0; g < groups; ++g) {
       const float *in = x + (b * c + g * cg) * win.inCount;

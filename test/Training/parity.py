@@ -20,13 +20,14 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# How each model is compiled for a batch of 4.
+# How each model is compiled for its reference's batch (config.json).
 MODELS = {
     "mlp": (["--batch=4"], "cross_entropy"),
     "transformer_postnorm": (["--batch=4"], "mse"),
     "transformer_prenorm": (["--batch=4"], "mse"),
     "gpt": (["--dim=batch=4", "--dim=seq=16"], "cross_entropy"),
     "resnet18": (["--batch=4"], "cross_entropy"),
+    "resnet18_train": (["--batch=8"], "cross_entropy"),
     # The zoo's tiny Hugging Face models; inputs input_ids and attention_mask.
     "zoo-gpt2": (["--dim=batch=4", "--dim=seq=16"], "cross_entropy"),
     "zoo-llama": (["--dim=batch=4", "--dim=seq=16"], "cross_entropy"),

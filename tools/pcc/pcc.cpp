@@ -682,6 +682,7 @@ int main(int argc, char **argv) {
       pm.addPass(createCanonicalizerPass());
     }
     if (train) {
+      pm.addNestedPass<func::FuncOp>(pcc::createTrainMode());
       pcc::setTrainingAttr(**module,
                            {b.getNamedAttr("microbatches",
                                            b.getI64IntegerAttr(microbatches))});

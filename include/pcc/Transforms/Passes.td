@@ -309,6 +309,32 @@ def PipelineSchedule : Pass<"pcc-pipeline-schedule", "ModuleOp"> {
 // Training
 //===----------------------------------------------------------------------===//
 
+def TrainMode : Pass<"pcc-train-mode", "func::FuncOp"> {
+  let summary = "gives the program the semantics of torch.nn.Module.train()";
+  let description = [{
+    Runs first when pcc trains (after `pcc-split-batch`, so statistics are
+    a micro-batch's, as in PyTorch's gradient accumulation). Every
+    `pcc.batch_norm` whose running statistics are weights normalises with
+    its batch's statistics instead, written as reductions and elementwise
+    ops (so pcc-autodiff differentiates through them with their rules),
+    and updates the running statistics in place with `pcc.ema_update`:
+    the mean, and the variance with the unbiased correction n / (n - 1),
+    weighted by ONNX's momentum (PyTorch's `1 - momentum`).
+
+    ```mlir
+    %y = pcc.batch_norm %x, %s, %b, %rm, %rv epsilon = 1.0E-5 : tensor<4x8x16x16xf32>, tensor<8xf32>
+    // becomes
+    %mean = pcc.reduce_mean %x axes = [0, 2, 3] {keep_dims} : ...
+    %d = pcc.sub %x, (broadcast %mean)
+    %var = pcc.reduce_mean (%d * %d) axes = [0, 2, 3] {keep_dims} : ...
+    %y = %d * broadcast(1 / sqrt(%var + eps)) * broadcast(%s) + broadcast(%b)
+    pcc.ema_update %rm, %mean momentum = 0.9 scale = 1.0 : tensor<8xf32>
+    pcc.ema_update %rv, %var momentum = 0.9 scale = 1.0009775171065494 : tensor<8xf32>
+    ```
+  }];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def Loss : Pass<"pcc-loss", "ModuleOp"> {
   let summary = "appends the training loss to @main";
   let description = [{

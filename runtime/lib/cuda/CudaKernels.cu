@@ -947,39 +947,6 @@ void pcc_cuda_argmax_f32(pcc_cuda_context *ctx, const float *x, int64_t *y,
 //===----------------------------------------------------------------------===//
 
 namespace {
-/// Sliding-window geometry shared by conv and pooling, always with three
-/// spatial dimensions: the missing trailing ones have size 1 (and kernel 1,
-/// stride 1, no padding), which leaves every offset unchanged.
-struct Window {
-  int64_t in[3], out[3], kernel[3], stride[3], padBegin[3], padEnd[3],
-      dilation[3];
-  int64_t inCount, outCount, kernelCount;
-};
-
-/// False when the spatial rank is not 1 to 3. pads holds the leading pads,
-/// then the trailing ones.
-bool makeWindow(Window &w, int64_t rank, const int64_t *inShape,
-                const int64_t *outShape, const int64_t *kernel,
-                const int64_t *strides, const int64_t *pads,
-                const int64_t *dilations) {
-  if (rank < 1 || rank > 3)
-    return false;
-  for (int64_t d = 0; d < 3; ++d) {
-    bool real = d < rank;
-    w.in[d] = real ? inShape[2 + d] : 1;
-    w.out[d] = real ? outShape[2 + d] : 1;
-    w.kernel[d] = real ? kernel[d] : 1;
-    w.stride[d] = real ? strides[d] : 1;
-    w.padBegin[d] = real ? pads[d] : 0;
-    w.padEnd[d] = real ? pads[rank + d] : 0;
-    w.dilation[d] = real ? dilations[d] : 1;
-  }
-  w.inCount = product(w.in, 3);
-  w.outCount = product(w.out, 3);
-  w.kernelCount = product(w.kernel, 3);
-  return true;
-}
-
 std::string badWindow(const char *what, int64_t rank) {
   return std::string(what) + ": " + std::to_string(rank) +
          " spatial dimensions are not supported (1 to 3 are)";

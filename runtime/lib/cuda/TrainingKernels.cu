@@ -1,9 +1,9 @@
 //===- TrainingKernels.cu - CUDA kernels of the training ops ---------------===//
 //
 // The CUDA twins of CpuKernels.cpp's training section (gradient of a
-// gather, cross-entropy and its gradient, SGD and AdamW steps), with the
-// same numerics, asynchronously on the context's stream; errors as in
-// CudaKernels.cu.
+// gather, cross-entropy and its gradient, SGD and AdamW steps, gradients of
+// conv and pooling, running statistics), with the same numerics,
+// asynchronously on the context's stream; errors as in CudaKernels.cu.
 //
 //===----------------------------------------------------------------------===//
 
@@ -307,39 +307,6 @@ void pcc_cuda_adamw_f32(pcc_cuda_context *ctx, float *param, const float *grad,
 // CPU forms with SGEMM, accumulate with explicit single-rounding FMAs.
 
 namespace {
-/// The sliding-window geometry of CudaKernels.cu (which keeps its copy
-/// private): always three spatial dimensions, the missing trailing ones of
-/// size 1 with kernel 1, stride 1, dilation 1 and no padding.
-struct Window {
-  int64_t in[3], out[3], kernel[3], stride[3], padBegin[3], padEnd[3],
-      dilation[3];
-  int64_t inCount, outCount, kernelCount;
-};
-
-/// False when the spatial rank is not 1 to 3. pads holds the leading pads,
-/// then the trailing ones.
-bool makeWindow(Window &w, int64_t rank, const int64_t *inShape,
-                const int64_t *outShape, const int64_t *kernel,
-                const int64_t *strides, const int64_t *pads,
-                const int64_t *dilations) {
-  if (rank < 1 || rank > 3)
-    return false;
-  for (int64_t d = 0; d < 3; ++d) {
-    bool real = d < rank;
-    w.in[d] = real ? inShape[2 + d] : 1;
-    w.out[d] = real ? outShape[2 + d] : 1;
-    w.kernel[d] = real ? kernel[d] : 1;
-    w.stride[d] = real ? strides[d] : 1;
-    w.padBegin[d] = real ? pads[d] : 0;
-    w.padEnd[d] = real ? pads[rank + d] : 0;
-    w.dilation[d] = real ? dilations[d] : 1;
-  }
-  w.inCount = product(w.in, 3);
-  w.outCount = product(w.out, 3);
-  w.kernelCount = product(w.kernel, 3);
-  return true;
-}
-
 /// Checks the rank (recording a failure for `what`); false when the call
 /// must not go on.
 bool windowFor(pcc_cuda_context *ctx, const char *what, Window &w,

@@ -191,6 +191,44 @@ void pcc_cuda_adamw_f32(pcc_cuda_context *ctx, float *param, const float *grad,
                         float *exp_avg, float *exp_avg_sq, int64_t n,
                         const double *hyper, const float *norm);
 
+/* Gradients of conv and pooling (see CpuKernels.h), deterministic: one
+ * thread (conv's weight gradient: one warp or block) per gradient element,
+ * summing in a fixed order, no atomics. The pooling gradients sum in the
+ * CPU's order and give its bits. */
+void pcc_cuda_conv_grad_input_f32(pcc_cuda_context *ctx, const float *dy,
+                                  const float *w, float *dx,
+                                  int64_t spatial_rank, const int64_t *in_shape,
+                                  const int64_t *w_shape,
+                                  const int64_t *out_shape,
+                                  const int64_t *strides, const int64_t *pads,
+                                  const int64_t *dilations, int64_t groups);
+void pcc_cuda_conv_grad_weight_f32(pcc_cuda_context *ctx, const float *x,
+                                   const float *dy, float *dw,
+                                   int64_t spatial_rank,
+                                   const int64_t *in_shape,
+                                   const int64_t *w_shape,
+                                   const int64_t *out_shape,
+                                   const int64_t *strides, const int64_t *pads,
+                                   const int64_t *dilations, int64_t groups);
+void pcc_cuda_max_pool_grad_f32(pcc_cuda_context *ctx, const float *x,
+                                const float *dy, float *dx,
+                                int64_t spatial_rank, const int64_t *in_shape,
+                                const int64_t *out_shape, const int64_t *kernel,
+                                const int64_t *strides, const int64_t *pads,
+                                const int64_t *dilations);
+void pcc_cuda_avg_pool_grad_f32(pcc_cuda_context *ctx, const float *dy,
+                                float *dx, int64_t spatial_rank,
+                                const int64_t *in_shape,
+                                const int64_t *out_shape, const int64_t *kernel,
+                                const int64_t *strides, const int64_t *pads,
+                                const int64_t *dilations,
+                                int count_include_pad);
+
+/* state = momentum * state + (1 - momentum) * scale * value, in double. */
+void pcc_cuda_ema_update_f32(pcc_cuda_context *ctx, float *state,
+                             const float *value, int64_t n, double momentum,
+                             double scale);
+
 void pcc_cuda_cast(pcc_cuda_context *ctx, const void *x, int from_type, void *y,
                    int to_type, int64_t count);
 

@@ -406,7 +406,10 @@ def Pcc_BatchNormOp : Pcc_Op<"batch_norm", [Pure,
   let summary = "batch normalisation in inference mode";
   let description = [{
     `(x - mean) / sqrt(variance + epsilon) * scale + bias` over the channel
-    dimension 1; the four vectors have one entry per channel.
+    dimension 1; the four vectors have one entry per channel. `momentum`
+    (ONNX's, 0.9 when absent) only matters when pcc trains the model:
+    `pcc-train-mode` rewrites the op to batch statistics and updates the
+    running ones with it.
 
     ```mlir
     %y = pcc.batch_norm %x, %s, %b, %m, %v epsilon = 9.99999974E-6
@@ -415,7 +418,8 @@ def Pcc_BatchNormOp : Pcc_Op<"batch_norm", [Pure,
   }];
   let arguments = (ins Pcc_FloatTensor:$input, Pcc_FloatTensor:$scale,
                        Pcc_FloatTensor:$bias, Pcc_FloatTensor:$mean,
-                       Pcc_FloatTensor:$variance, F32Attr:$epsilon);
+                       Pcc_FloatTensor:$variance, F32Attr:$epsilon,
+                       OptionalAttr<F32Attr>:$momentum);
   let results = (outs Pcc_FloatTensor:$result);
   let assemblyFormat = [{
     $input `,` $scale `,` $bias `,` $mean `,` $variance `epsilon` `=` $epsilon
