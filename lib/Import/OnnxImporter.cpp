@@ -750,6 +750,23 @@ FailureOr<int64_t> mlir::pcc::exportTrainedOnnx(StringRef modelPath,
       break;
     }
   }
+  // The trained model is written in eval mode (torch.nn.Module.eval()):
+  // batch normalisation with its running statistics, dropout off. A model
+  // exported in training mode would otherwise make an inference runtime
+  // use batch statistics.
+  for (onnx::NodeProto &node : *graph->mutable_node()) {
+    if (node.op_type() == "BatchNormalization") {
+      auto *attrs = node.mutable_attribute();
+      for (int i = attrs->size() - 1; i >= 0; --i)
+        if (attrs->Get(i).name() == "training_mode")
+          attrs->DeleteSubrange(i, 1);
+      while (node.output_size() > 1)
+        node.mutable_output()->RemoveLast();
+    } else if (node.op_type() == "Dropout") {
+      while (node.input_size() > 2)
+        node.mutable_input()->RemoveLast(); // training_mode: false
+    }
+  }
   std::string bytes;
   if (!model.SerializeToString(&bytes))
     return emitError(loc) << "cannot serialise the trained model (larger "

@@ -72,8 +72,10 @@ LogicalResult writeOnnxWeights(llvm::StringRef modelPath,
 /// initializer the checkpoint lacks but whose original value is the
 /// transpose of one it holds (a tied weight the exporter wrote twice, which
 /// pcc trains as one) gets that weight's trained value, transposed; other
-/// initializers (constants) are kept. Returns the number of initializers
-/// replaced.
+/// initializers (constants) are kept. The graph is written in eval mode:
+/// BatchNormalization without training_mode (its running statistics, which
+/// training updated), Dropout without its training_mode input. Returns the
+/// number of initializers replaced.
 FailureOr<int64_t> exportTrainedOnnx(llvm::StringRef modelPath,
                                      llvm::StringRef weightsPath,
                                      llvm::StringRef outputPath,
