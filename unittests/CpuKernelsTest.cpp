@@ -2,6 +2,8 @@
 
 #include "pcc/runtime/CpuKernels.h"
 #include "pcc/runtime/HalfFloat.h"
+#include "pcc/runtime/ModelAbi.h"
+#include "pcc/runtime/Philox.h"
 
 #include <gtest/gtest.h>
 
@@ -287,6 +289,59 @@ TEST(CpuKernels, Cast) {
   EXPECT_EQ(pccrt::halfToFloat(pccrt::floatToHalf(1e6f)), INFINITY);
   EXPECT_EQ(pccrt::bf16ToFloat(pccrt::floatToBf16(1.0f)), 1.0f);
   EXPECT_NEAR(pccrt::halfToFloat(pccrt::floatToHalf(3e-6f)), 3e-6f, 6e-8f);
+}
+
+// Philox-4x32-10 reproduces the known-answer vectors of Random123 (the
+// reference implementation of Salmon et al.).
+TEST(Philox, KnownAnswers) {
+  auto check = [](pccrt::Philox4 counter, uint32_t k0, uint32_t k1,
+                  pccrt::Philox4 want) {
+    pccrt::Philox4 got = pccrt::philox4x32(counter, k0, k1);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(got.v[i], want.v[i]) << "word " << i;
+  };
+  check({{0, 0, 0, 0}}, 0, 0,
+        {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}});
+  check({{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu,
+        0xffffffffu, {{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}});
+  check({{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u,
+        0x299f31d0u, {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}});
+}
+
+// Dropout keeps about 1 - ratio of the elements, scaled by 1 / (1 - ratio);
+// the same (seed, step, micro-batch, stream) gives the same mask and any
+// other gives another.
+TEST(CpuKernels, Dropout) {
+  const int64_t n = 200003; // not a multiple of 4
+  std::vector<float> x(n, 2.0f), y(n), z(n);
+  double hyper[PCC_NUM_HYPER] = {};
+  hyper[PCC_HYPER_SEED] = 1234;
+  hyper[PCC_HYPER_STEP] = 7;
+  hyper[PCC_HYPER_MICROBATCH] = 1;
+  const double ratio = 0.3;
+  pcc_cpu_dropout_f32(x.data(), y.data(), n, ratio, 2, hyper);
+  int64_t kept = 0;
+  for (float v : y) {
+    ASSERT_TRUE(v == 0.0f || v == static_cast<float>(2.0f / (1.0 - ratio)))
+        << v;
+    kept += v != 0.0f;
+  }
+  // Binomial(n, 0.7): the standard deviation is about 205 elements.
+  EXPECT_NEAR(static_cast<double>(kept) / n, 1 - ratio, 0.005);
+  pcc_cpu_dropout_f32(x.data(), z.data(), n, ratio, 2, hyper);
+  EXPECT_EQ(y, z);
+  auto differs = [&](int which, double value) {
+    double h[PCC_NUM_HYPER];
+    std::copy(hyper, hyper + PCC_NUM_HYPER, h);
+    if (which >= 0)
+      h[which] = value;
+    pcc_cpu_dropout_f32(x.data(), z.data(), n, ratio, which < 0 ? 3 : 2, h);
+    return y != z;
+  };
+  EXPECT_TRUE(differs(PCC_HYPER_SEED, 1235));
+  EXPECT_TRUE(differs(PCC_HYPER_STEP, 8));
+  EXPECT_TRUE(differs(PCC_HYPER_MICROBATCH, 0));
+  EXPECT_TRUE(differs(-1, 0)); // another stream
 }
 
 } // namespace

@@ -587,6 +587,21 @@ TEST(GradCheck, AvgPool_RealPositionsOnly) {
                      r.uniform(100, -2, 2)));
 }
 
+// Dropout: the VJP draws the forward's mask again (same stream, same
+// counters), so it is exactly the derivative of the masked scaling.
+TEST(GradCheck, Dropout) {
+  Rng r;
+  GradCase c;
+  c.ir = R"mlir(
+    func.func @f(%x: tensor<4x9xf64>) -> tensor<4x9xf64> {
+      %y = pcc.dropout %x ratio = 3.000000e-01 stream = 5 : tensor<4x9xf64>
+      return %y : tensor<4x9xf64>
+    }
+  )mlir";
+  c.args = {r.uniform(36, -2, 2)};
+  gradCheck(c);
+}
+
 //===----------------------------------------------------------------------===//
 // No gradient
 //===----------------------------------------------------------------------===//
@@ -728,7 +743,8 @@ TEST(GradCheck, EveryOpIsClassified) {
       "pcc.gather",      "pcc.scatter_add", "pcc.reduce_sum",
       "pcc.reduce_mean", "pcc.reduce_max",  "pcc.reduce_min",
       "pcc.reduce_prod", "pcc.matmul",      "pcc.cross_entropy",
-      "pcc.conv",        "pcc.max_pool",    "pcc.avg_pool"};
+      "pcc.conv",        "pcc.max_pool",    "pcc.avg_pool",
+      "pcc.dropout"};
   llvm::DenseSet<StringRef> refused(std::begin(kRefused), std::end(kRefused));
   int count = 0;
   for (RegisteredOperationName name : context().getRegisteredOperations()) {

@@ -21,6 +21,7 @@
 #include "Interpreter.h"
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/runtime/Philox.h"
 
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/BuiltinTypes.h"
@@ -937,6 +938,22 @@ Result evalPool(Operation *op, ArrayRef<Tensor> in, std::string &) {
   return std::vector<Tensor>{std::move(out)};
 }
 
+/// pcc.dropout with the interpreter's run context: seed 0, step 1,
+/// micro-batch 0 (the kernels' numbers, runtime/include/pcc/runtime/Philox.h).
+Result evalDropout(P::DropoutOp op, ArrayRef<Tensor> in, std::string &) {
+  Tensor out = zerosFor(op);
+  double ratio = op.getRatio().convertToDouble();
+  double scale = 1.0 / (1.0 - ratio);
+  for (size_t i = 0; i < out.data.size(); ++i) {
+    pccrt::Philox4 bits = pccrt::dropoutBits(
+        kInterpreterSeed, i / 4, /*microbatch=*/0,
+        static_cast<uint32_t>(op.getStream()), kInterpreterStep);
+    bool keep = pccrt::uniformFromBits(bits.v[i % 4]) >= ratio;
+    out.data[i] = keep ? in[0].data[i] * scale : 0.0;
+  }
+  return std::vector<Tensor>{std::move(out)};
+}
+
 /// pcc.conv_grad_input %dy, %w and pcc.conv_grad_weight %x, %dy: the
 /// convolution's sums run backwards, accumulating into the input's or the
 /// weight's positions.
@@ -1120,6 +1137,8 @@ Result dispatch(Operation *op, ArrayRef<Tensor> in, std::string &error) {
     return evalConv(c, in, error);
   if (llvm::isa<P::MaxPoolOp, P::AvgPoolOp>(op))
     return evalPool(op, in, error);
+  if (auto d = llvm::dyn_cast<P::DropoutOp>(op))
+    return evalDropout(d, in, error);
   if (llvm::isa<P::ConvGradInputOp, P::ConvGradWeightOp>(op))
     return evalConvGrad(op, in, error);
   if (llvm::isa<P::MaxPoolGradOp, P::AvgPoolGradOp>(op))

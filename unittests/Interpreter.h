@@ -30,6 +30,11 @@
 
 namespace pcc::testing {
 
+/// The run context pcc.dropout sees in the interpreter: seed 0, step 1,
+/// micro-batch 0.
+inline constexpr uint64_t kInterpreterSeed = 0;
+inline constexpr uint32_t kInterpreterStep = 1;
+
 /// A row-major host tensor. Integers and booleans are stored as doubles.
 struct Tensor {
   std::vector<int64_t> shape;

@@ -6,9 +6,12 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "GraphImporter.h"
 #include "NodeImporter.h"
 
 #include "pcc/Dialect/Pcc/IR/ShapeRules.h"
+
+#include "pcc/Transforms/Training.h"
 
 #include <cmath>
 #include <functional>
@@ -464,17 +467,55 @@ static LogicalResult convertCast(NodeImporter &n) {
   return success();
 }
 
-/// Identity, and Dropout in inference (its mask output is unsupported).
+/// Identity.
 static LogicalResult convertIdentity(NodeImporter &n) {
-  if (n.getNode().op_type() == "Dropout" && n.hasInput(2)) {
-    const HostTensor *training = n.constant(2);
-    if (!training || training->getInt(0) != 0)
-      return n.error() << "Dropout in training mode is not supported; pcc "
-                          "compiles inference graphs";
-  }
   if (!n.hasInput(0))
     return n.error() << n.getNode().op_type() << " needs an input";
   n.alias(0, 0);
+  return success();
+}
+
+/// Dropout: an identity in eval mode; with training_mode set and pcc
+/// training, pcc.dropout with a stream of its own.
+static LogicalResult convertDropout(NodeImporter &n) {
+  if (!n.hasInput(0))
+    return n.error() << "Dropout needs an input";
+  if (n.outputConsumed(1))
+    return n.error() << "Dropout's mask output ('" << n.getNode().output(1)
+                     << "') is not supported";
+  bool trainingMode = false;
+  if (n.hasInput(2)) {
+    const HostTensor *training = n.constant(2);
+    if (!training)
+      return n.error() << "Dropout's training_mode must be a constant";
+    trainingMode = training->getInt(0) != 0;
+  }
+  double ratio = 0.5;
+  if (n.getOpset() < 12) {
+    ratio = n.floatAttr("ratio", 0.5f);
+  } else if (n.hasInput(1)) {
+    const HostTensor *r = n.constant(1);
+    if (!r)
+      return n.error() << "Dropout's ratio must be a constant";
+    ratio = r->getDouble(0);
+  }
+  if (!trainingMode || !n.getGraph().getOptions().training || ratio == 0.0) {
+    n.alias(0, 0);
+    return success();
+  }
+  if (!(ratio > 0.0 && ratio < 1.0))
+    return n.error() << "Dropout's ratio " << ratio << " is outside [0, 1)";
+  auto x = n.input(0);
+  if (failed(x))
+    return failure();
+  if (!isa<FloatType>(cast<RankedTensorType>(x->getType()).getElementType()))
+    return n.error() << "Dropout needs a float input";
+  // The decimal the exporter's float came from (0.1f gives 0.1).
+  double exact = shortestDecimal(static_cast<float>(ratio));
+  auto &b = n.getBuilder();
+  n.setOutput(0, n.create<DropoutOp>(*x, b.getF64FloatAttr(exact),
+                                     b.getI64IntegerAttr(
+                                         n.getGraph().nextRandomStream())));
   return success();
 }
 
@@ -495,5 +536,5 @@ void onnx_import::registerElementwiseConverters(
   table["Clip"] = convertClip;
   table["Cast"] = convertCast;
   table["Identity"] = convertIdentity;
-  table["Dropout"] = convertIdentity;
+  table["Dropout"] = convertDropout;
 }

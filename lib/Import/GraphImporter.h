@@ -55,6 +55,10 @@ public:
   bool isConsumed(llvm::StringRef name) const {
     return consumed.contains(name);
   }
+  const OnnxImportOptions &getOptions() const { return options; }
+  /// A new random stream for a dropout (pcc.dropout's `stream`), in node
+  /// order.
+  int64_t nextRandomStream() { return randomStreams++; }
 
 private:
   FailureOr<RankedTensorType> inputTypeOf(const onnx::ValueInfoProto &info);
@@ -74,6 +78,7 @@ private:
   Location fileLoc;
   llvm::StringMap<ImportedValue> values;
   llvm::StringSet<> consumed;
+  int64_t randomStreams = 0;
 };
 
 } // namespace mlir::pcc::onnx_import

@@ -92,6 +92,7 @@ public:
   }
   /// Whether output `i` is read by a node or returned by the graph.
   bool outputConsumed(unsigned i) const;
+  GraphImporter &getGraph() { return graph; }
   void setOutput(unsigned i, Value value);
   void setConstantOutput(unsigned i, HostTensor value);
   /// Output `output` is input `input` (Identity, Dropout in inference).

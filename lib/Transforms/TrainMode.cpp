@@ -10,10 +10,8 @@
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
+#include "pcc/Transforms/Training.h"
 
-#include "llvm/ADT/SmallString.h"
-
-#include <cstdlib>
 
 namespace mlir::pcc {
 #define GEN_PASS_DEF_TRAINMODE
@@ -24,14 +22,6 @@ using namespace mlir;
 using namespace mlir::pcc;
 
 namespace {
-
-/// The decimal a float attribute was written from (0.9f gives 0.9, not
-/// 0.899999976), so that 1 - momentum is PyTorch's momentum exactly.
-double shortestDecimal(FloatAttr attr) {
-  llvm::SmallString<32> text;
-  attr.getValue().toString(text);
-  return std::strtod(text.c_str(), nullptr);
-}
 
 LogicalResult toTrainingMode(BatchNormOp bn) {
   auto mean = bn.getMean().getDefiningOp<ParamOp>();
@@ -85,8 +75,9 @@ LogicalResult toTrainingMode(BatchNormOp bn) {
   y = MulOp::create(b, loc, y, perChannel(bn.getScale()));
   y = AddOp::create(b, loc, y, perChannel(bn.getBias()));
 
-  double momentum = bn.getMomentumAttr() ? shortestDecimal(bn.getMomentumAttr())
-                                         : 0.9;
+  double momentum = bn.getMomentumAttr()
+                        ? shortestDecimal(bn.getMomentumAttr().getValueAsDouble())
+                        : 0.9;
   auto vecType = cast<RankedTensorType>(mean.getType());
   EmaUpdateOp::create(b, loc, mean,
                       ReshapeOp::create(b, loc, vecType, batchMean),

@@ -10,6 +10,7 @@
 #include "pcc/runtime/CastElement.h"
 #include "pcc/runtime/HalfFloat.h"
 #include "pcc/runtime/ModelAbi.h"
+#include "pcc/runtime/Philox.h"
 
 #include <cblas.h>
 
@@ -666,6 +667,25 @@ void pcc_cpu_ema_update_f32(float *state, const float *value, int64_t n,
   for (int64_t i = 0; i < n; ++i)
     state[i] = static_cast<float>(momentum * state[i] +
                                   (1.0 - momentum) * (scale * value[i]));
+}
+
+void pcc_cpu_dropout_f32(const float *x, float *y, int64_t n, double ratio,
+                         int64_t stream, const double *hyper) {
+  uint64_t seed = static_cast<uint64_t>(hyper[PCC_HYPER_SEED]);
+  uint32_t step = static_cast<uint32_t>(hyper[PCC_HYPER_STEP]);
+  uint32_t microbatch = static_cast<uint32_t>(hyper[PCC_HYPER_MICROBATCH]);
+  float scale = static_cast<float>(1.0 / (1.0 - ratio));
+  int64_t groups = (n + 3) / 4;
+#pragma omp parallel for if (n > kParallelThreshold)
+  for (int64_t g = 0; g < groups; ++g) {
+    pccrt::Philox4 bits =
+        pccrt::dropoutBits(seed, static_cast<uint64_t>(g), microbatch,
+                           static_cast<uint32_t>(stream), step);
+    for (int64_t lane = 0; lane < 4 && 4 * g + lane < n; ++lane) {
+      bool keep = pccrt::uniformFromBits(bits.v[lane]) >= ratio;
+      y[4 * g + lane] = x[4 * g + lane] * (keep ? scale : 0.0f);
+    }
+  }
 }
 
 void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,

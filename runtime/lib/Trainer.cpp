@@ -20,6 +20,8 @@ std::array<double, PCC_NUM_HYPER> Hyperparameters::table(int64_t step,
   t[PCC_HYPER_NESTEROV] = nesterov ? 1 : 0;
   t[PCC_HYPER_MAX_GRAD_NORM] = maxGradNorm;
   t[PCC_HYPER_STEP] = static_cast<double>(step);
+  t[PCC_HYPER_SEED] = static_cast<double>(seed);
+  t[PCC_HYPER_MICROBATCH] = 0;
   return t;
 }
 
@@ -193,10 +195,13 @@ Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
         return Error{copied.error()};
     }
     fwdOut[0] = static_cast<char *>(losses.data()) + 4 * j;
-    Status ran = runPhase(PCC_PHASE_FORWARD, fwdIn, fwdOut, hyper.data());
+    // Both phases of a micro-batch see its index (dropout's masks).
+    std::array<double, PCC_NUM_HYPER> mbHyper = hyper;
+    mbHyper[PCC_HYPER_MICROBATCH] = static_cast<double>(j);
+    Status ran = runPhase(PCC_PHASE_FORWARD, fwdIn, fwdOut, mbHyper.data());
     if (!ran.ok())
       return Error{ran.error()};
-    ran = runPhase(PCC_PHASE_BACKWARD, bwdIn, {}, hyper.data());
+    ran = runPhase(PCC_PHASE_BACKWARD, bwdIn, {}, mbHyper.data());
     if (!ran.ok())
       return Error{ran.error()};
   }

@@ -372,6 +372,12 @@ bool parseTrainOption(const std::string &a, TrainOptions &o,
     o.resume = value();
   else if (a == "--shuffle")
     o.shuffle = static_cast<uint64_t>(parseCount(a, value()));
+  else if (a == "--seed") {
+    int64_t seed = parseCount(a, value());
+    if (seed >= (int64_t(1) << 53))
+      fail("--seed " + std::to_string(seed) + " must be below 2^53");
+    o.seed = static_cast<uint64_t>(seed);
+  }
   else if (a == "--log-every")
     o.logEvery = std::max<int64_t>(parseCount(a, value()), 1);
   else
@@ -503,6 +509,11 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   if (!trainer.ok())
     fail(trainer.error());
 
+  // The run's hyperparameters; a resumed run takes the checkpoint's seed.
+  Hyperparameters hyper = o.hyper;
+  if (o.seed)
+    hyper.seed = *o.seed;
+
   // Start: the library's weights file, or a checkpoint.
   int64_t start = 0;
   if (!o.resume.empty()) {
@@ -520,6 +531,13 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
            state.value("optimizer", std::string("no")) +
            " optimizer state; this library trains with " + optimizer);
     start = state["step"].get<int64_t>();
+    // Dropout's masks depend on the seed: a resumed run keeps it.
+    uint64_t saved = state.value("seed", uint64_t(0));
+    if (o.seed && *o.seed != saved)
+      fail("checkpoint '" + *dir + "' was trained with --seed " +
+           std::to_string(saved) + "; resuming with --seed " +
+           std::to_string(*o.seed) + " would not continue the same run");
+    hyper.seed = saved;
     for (auto [file, kind] : {std::pair{"weights.safetensors", PCC_STATE_WEIGHT},
                               std::pair{"optimizer.safetensors",
                                         PCC_STATE_OPTIMIZER}}) {
@@ -602,6 +620,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                             {"samples_seen", step * batch}};
     if (o.shuffle)
       state["shuffle"] = *o.shuffle;
+    state["seed"] = hyper.seed;
     const char *crash = std::getenv("PCC_TEST_CRASH_IN_SAVE");
     bool crashNow = crash && std::atoll(crash) == step;
     auto dir = writeCheckpoint(o.saveDir, step,
@@ -649,7 +668,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     double lr = learningRate(o, s);
     auto t0 = std::chrono::steady_clock::now();
     auto result = trainer->step(microbatches, count > 0 ? 1.0 / count : 0.0,
-                                o.hyper.table(s, lr));
+                                hyper.table(s, lr));
     if (!result.ok())
       fail("step " + std::to_string(s) + ": " + result.error());
     double ms = std::chrono::duration<double, std::milli>(

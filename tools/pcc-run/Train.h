@@ -29,6 +29,7 @@ struct TrainOptions {
   std::string lossLog, lossSvg, saveDir, resume;
   int64_t saveEvery = 0;
   std::optional<uint64_t> shuffle; // --shuffle SEED
+  std::optional<uint64_t> seed;    // --seed N (dropout)
   int64_t logEvery = 1;
 };
 

@@ -78,6 +78,8 @@ Training (a library built by pcc --train):
                      float target for mse
   --shuffle SEED     a seeded permutation of the rows per epoch instead
                      (with --data: windows at seeded random offsets)
+  --seed N           keys dropout's masks (default 0): the same seed gives
+                     the same run; a checkpoint keeps it
   --data FILE --seq S  a token file (uint16, nanoGPT's .bin; --data-dtype
                      int32) cut into windows of S + 1 tokens, one after
                      another, for language models (input: the first S,

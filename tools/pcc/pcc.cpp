@@ -514,6 +514,7 @@ int main(int argc, char **argv) {
   pcc::OnnxImportOptions options;
   options.runChecker = !noOnnxCheck;
   options.remarkSharedWeights = explainPlan;
+  options.training = train;
   if (batch.getNumOccurrences()) {
     if (batch < 1)
       return fail("--batch=" + llvm::Twine(batch.getValue()) +

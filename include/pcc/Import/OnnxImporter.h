@@ -36,6 +36,10 @@ struct OnnxImportOptions {
   /// Emits a remark for each initializer found to be a transposed copy of
   /// another (stored once either way); `pcc --explain` lists them.
   bool remarkSharedWeights = false;
+  /// Imports the graph for training (`pcc --train`): Dropout in training
+  /// mode becomes pcc.dropout. Otherwise it is imported in eval mode, as
+  /// torch.nn.Module.eval() runs it (an identity), like batch norm.
+  bool training = false;
 };
 
 /// Imports the model at `path`. On failure the error has been reported

@@ -14,6 +14,8 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -40,6 +42,20 @@ splitStateName(llvm::StringRef name) {
   if (at == llvm::StringRef::npos)
     return {name, llvm::StringRef()};
   return {name.take_front(at), name.drop_front(at + 1)};
+}
+
+/// The shortest decimal that rounds to `f` (0.1f gives 0.1, not
+/// 0.100000001): a float32 ONNX attribute holding a probability or a
+/// momentum back as the value the user wrote, so that 1 - p is PyTorch's.
+inline double shortestDecimal(float f) {
+  char text[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, static_cast<double>(f));
+    double value = std::strtod(text, nullptr);
+    if (static_cast<float>(value) == f)
+      return value;
+  }
+  return f;
 }
 
 /// Merges `entries` into the module's pcc.training dictionary.

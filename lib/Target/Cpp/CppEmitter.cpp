@@ -877,14 +877,24 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
              .str());
     return success();
   }
-  // Optimizer updates read the hyperparameters from the run context,
-  // checked once per function.
+  // Dropout and the optimizer updates read the hyperparameters from the
+  // run context, checked once per function.
   if (!hyperChecked) {
     line("if (!rc->hyper)");
     line("  return fail(" + quoted(describeOp(op)) +
          ", \"a training step needs the run's hyperparameters "
          "(pcc_run_context.hyper)\");");
     hyperChecked = true;
+  }
+  if (auto dropout = dyn_cast<DropoutOp>(op)) {
+    line(llvm::formatv("{0}{1}, {2}, {3}, {4}, {5}LL, rc->hyper);",
+                       call("dropout_f32"), nameOf(dropout.getInput()),
+                       nameOf(dropout.getResult()), count,
+                       literal(dropout.getRatio().convertToDouble(),
+                               Float64Type::get(op->getContext())),
+                       dropout.getStream())
+             .str());
+    return success();
   }
   if (auto sgd = dyn_cast<SgdUpdateOp>(op)) {
     line(llvm::formatv("{0}{1}, {2}, {3}, {4}, rc->hyper, {5});", call("sgd_f32"),
@@ -955,7 +965,8 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
   if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ShardSliceOp>(op))
     return emitCollective(op);
   if (isa<ScatterAddOp, PadOp, CrossEntropyOp, CrossEntropyGradOp,
-          AccumulateOp, ZeroOp, EmaUpdateOp, SgdUpdateOp, AdamwUpdateOp>(op))
+          AccumulateOp, ZeroOp, EmaUpdateOp, DropoutOp, SgdUpdateOp,
+          AdamwUpdateOp>(op))
     return emitTraining(op);
   if (auto cast = dyn_cast<CastOp>(op)) {
     auto from = elementInfo(cast.getInput().getType().getElementType());

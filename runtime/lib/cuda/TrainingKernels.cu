@@ -10,6 +10,7 @@
 #include "CudaCommon.cuh"
 
 #include "pcc/runtime/ModelAbi.h"
+#include "pcc/runtime/Philox.h"
 
 #include <cmath>
 
@@ -553,9 +554,38 @@ __global__ void emaUpdateKernel(float *state, const float *value, int64_t n,
                   __dmul_rn(keep, __dmul_rn(scale,
                                             static_cast<double>(value[i])))));
 }
+/// Dropout: a thread per group of four elements (one Philox call).
+__global__ void dropoutKernel(const float *x, float *y, int64_t n,
+                              double ratio, float scale, uint32_t stream,
+                              uint64_t seed, uint32_t step,
+                              uint32_t microbatch) {
+  int64_t groups = (n + 3) / 4;
+  for (int64_t g = threadIndex(); g < groups; g += threadCount()) {
+    pccrt::Philox4 bits = pccrt::dropoutBits(
+        seed, static_cast<uint64_t>(g), microbatch, stream, step);
+    for (int64_t lane = 0; lane < 4 && 4 * g + lane < n; ++lane) {
+      bool keep = pccrt::uniformFromBits(bits.v[lane]) >= ratio;
+      y[4 * g + lane] = __fmul_rn(x[4 * g + lane], keep ? scale : 0.0f);
+    }
+  }
+}
 } // namespace
 
 extern "C" {
+
+void pcc_cuda_dropout_f32(pcc_cuda_context *ctx, const float *x, float *y,
+                          int64_t n, double ratio, int64_t stream,
+                          const double *hyper) {
+  if (n <= 0)
+    return;
+  // hyper is host memory: the kernel gets its values.
+  dropoutKernel<<<gridFor((n + 3) / 4), kThreads, 0, ctx->stream>>>(
+      x, y, n, ratio, static_cast<float>(1.0 / (1.0 - ratio)),
+      static_cast<uint32_t>(stream),
+      static_cast<uint64_t>(hyper[PCC_HYPER_SEED]),
+      static_cast<uint32_t>(hyper[PCC_HYPER_STEP]),
+      static_cast<uint32_t>(hyper[PCC_HYPER_MICROBATCH]));
+}
 
 void pcc_cuda_conv_grad_input_f32(pcc_cuda_context *ctx, const float *dy,
                                   const float *w, float *dx,

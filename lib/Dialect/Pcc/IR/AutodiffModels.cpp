@@ -788,6 +788,17 @@ template <> struct Rule<CrossEntropyOp> {
   }
 };
 
+// Dropout: the same mask again (the op draws it from its counter).
+template <> struct Rule<DropoutOp> {
+  static void saved(DropoutOp, SmallVectorImpl<Value> &) {}
+  static LogicalResult vjp(DropoutOp op, GradBuilder &gb, ArrayRef<Value> rg,
+                           ArrayRef<bool>, SmallVectorImpl<Value> &grads) {
+    grads.push_back(DropoutOp::create(gb.b, gb.loc, rg[0], op.getRatio(),
+                                      op.getStream()));
+    return success();
+  }
+};
+
 // Convolution and pooling.
 template <> struct Rule<ConvOp> {
   static void saved(ConvOp op, SmallVectorImpl<Value> &s) {
@@ -902,7 +913,7 @@ void mlir::pcc::registerPccAutodiffModels(MLIRContext *context) {
               ReshapeOp, TransposeOp, BroadcastOp, ConcatOp, SplitOp, SliceOp,
               PadOp, GatherOp, ScatterAddOp, ReduceSumOp, ReduceMeanOp,
               ReduceMaxOp, ReduceMinOp, ReduceProdOp, MatmulOp, ConvOp,
-              MaxPoolOp, AvgPoolOp, CrossEntropyOp>(context);
+              MaxPoolOp, AvgPoolOp, CrossEntropyOp, DropoutOp>(context);
   // Piecewise-constant or non-float results: no gradient flows through.
   attachNoGradient<FloorOp, CeilOp, NotOp, AndOp, OrOp, XorOp, IsNaNOp,
                    IsInfOp, CompareOp, ArgMaxOp, ParamOp, ConstantOp>(context);

@@ -624,6 +624,16 @@ LogicalResult ScatterAddOp::verify() {
   return success();
 }
 
+LogicalResult DropoutOp::verify() {
+  double ratio = getRatio().convertToDouble();
+  if (!(ratio >= 0.0 && ratio < 1.0))
+    return emitOpError("ratio ") << ratio << " is outside [0, 1)";
+  if (getStream() < 0 || getStream() > 0xFFFFFFFFll)
+    return emitOpError("stream ") << getStream()
+                                  << " is outside [0, 2^32)";
+  return success();
+}
+
 /// Gradient ops of a convolution of `in` by `w` giving `out`: the shapes
 /// must be the convolution's.
 static LogicalResult verifyConvGrad(Operation *op, RankedTensorType in,

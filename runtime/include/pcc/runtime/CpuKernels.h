@@ -206,6 +206,12 @@ void pcc_cpu_avg_pool_grad_f32(const float *dy, float *dx,
 void pcc_cpu_ema_update_f32(float *state, const float *value, int64_t n,
                             double momentum, double scale);
 
+/* y = x * mask / (1 - ratio) over n elements, the mask drawn from
+ * Philox.h's numbers of (hyper[PCC_HYPER_SEED], element, micro-batch,
+ * stream, step): an element is kept when its number is >= ratio. */
+void pcc_cpu_dropout_f32(const float *x, float *y, int64_t n, double ratio,
+                         int64_t stream, const double *hyper);
+
 /* Element type conversion with ONNX Cast semantics. */
 void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
                   int64_t count);

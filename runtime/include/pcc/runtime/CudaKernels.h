@@ -229,6 +229,11 @@ void pcc_cuda_ema_update_f32(pcc_cuda_context *ctx, float *state,
                              const float *value, int64_t n, double momentum,
                              double scale);
 
+/* Dropout as pcc_cpu_dropout_f32 (the same mask); hyper is host memory. */
+void pcc_cuda_dropout_f32(pcc_cuda_context *ctx, const float *x, float *y,
+                          int64_t n, double ratio, int64_t stream,
+                          const double *hyper);
+
 void pcc_cuda_cast(pcc_cuda_context *ctx, const void *x, int from_type, void *y,
                    int to_type, int64_t count);
 

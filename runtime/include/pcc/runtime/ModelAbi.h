@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 6
+#define PCC_MODEL_ABI_VERSION 7
 
 /* Targets, as bits of pcc_model_info.targets. */
 enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
@@ -98,7 +98,10 @@ enum pcc_state_kind {
 /* The run's hyperparameters, pcc_run_context.hyper[PCC_HYPER_*], with
  * PyTorch's meaning. STEP counts optimizer steps from 1 (AdamW's bias
  * correction, SGD's first momentum step); MAX_GRAD_NORM <= 0 disables
- * clipping; NESTEROV is 0 or 1. */
+ * clipping; NESTEROV is 0 or 1. SEED (an integer below 2^53) keys
+ * dropout's random numbers, which also depend on STEP and MICROBATCH (the
+ * index of the step's micro-batch that the forward and backward phases
+ * run), so that a backward phase draws its forward phase's masks again. */
 enum pcc_hyper {
   PCC_HYPER_LR = 0,
   PCC_HYPER_BETA1,
@@ -110,6 +113,8 @@ enum pcc_hyper {
   PCC_HYPER_NESTEROV,
   PCC_HYPER_MAX_GRAD_NORM,
   PCC_HYPER_STEP,
+  PCC_HYPER_SEED,
+  PCC_HYPER_MICROBATCH,
   PCC_NUM_HYPER
 };
 

@@ -26,6 +26,8 @@ struct Hyperparameters {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8,
          weightDecay = 0.01, momentum = 0, dampening = 0, maxGradNorm = 0;
   bool nesterov = false;
+  /// Keys dropout's random numbers (below 2^53).
+  uint64_t seed = 0;
   /// The table the library reads (enum pcc_hyper) for optimizer step
   /// `step` (from 1) at learning rate `lr`.
   std::array<double, PCC_NUM_HYPER> table(int64_t step, double lr) const;

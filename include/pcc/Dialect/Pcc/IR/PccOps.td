@@ -919,6 +919,32 @@ def Pcc_CrossEntropyGradOp : Pcc_Op<"cross_entropy_grad", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Pcc_DropoutOp : Pcc_Op<"dropout", [Pure,
+    AllTypesMatch<["input", "result"]>]> {
+  let summary = "training-mode dropout with counter-based random numbers";
+  let description = [{
+    `y = x * mask / (1 - ratio)`, the mask keeping an element when its
+    uniform random number in [0, 1) is at least `ratio`. The number of
+    element i is Philox-4x32-10 keyed by the run's seed at counter
+    (i / 4, micro-batch, `stream`, step) (runtime/include/pcc/runtime/
+    Philox.h), so it is the same wherever and whenever it is computed: the
+    gradient is the same dropout applied to the result's gradient, drawing
+    the forward pass's mask again instead of saving it. `stream` tells the
+    dropouts of a model apart. The op is pure within one run of a phase.
+
+    ```mlir
+    %y = pcc.dropout %x ratio = 1.000000e-01 stream = 0 : tensor<4x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, F64Attr:$ratio,
+                       I64Attr:$stream);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `ratio` `=` $ratio `stream` `=` $stream attr-dict `:` type($input)
+  }];
+  let hasVerifier = 1;
+}
+
 def Pcc_ConvGradInputOp : Pcc_Op<"conv_grad_input", [Pure,
     SameOperandsElementType]> {
   let summary = "gradient of pcc.conv with respect to its input";
