@@ -487,8 +487,14 @@ static LogicalResult convertDropout(NodeImporter &n) {
   if (n.hasInput(2)) {
     const HostTensor *training = n.constant(2);
     if (!training)
-      return n.error() << "Dropout's training_mode must be a constant";
+      return n.error() << "Dropout with a training_mode computed in the "
+                          "graph is not supported (it must be a constant)";
     trainingMode = training->getInt(0) != 0;
+  }
+  // Eval mode (module.eval()): an identity, whatever the ratio.
+  if (!trainingMode || !n.getGraph().getOptions().training) {
+    n.alias(0, 0);
+    return success();
   }
   double ratio = 0.5;
   if (n.getOpset() < 12) {
@@ -496,10 +502,11 @@ static LogicalResult convertDropout(NodeImporter &n) {
   } else if (n.hasInput(1)) {
     const HostTensor *r = n.constant(1);
     if (!r)
-      return n.error() << "Dropout's ratio must be a constant";
+      return n.error() << "Dropout with a ratio computed in the graph is not "
+                          "supported (it must be a constant)";
     ratio = r->getDouble(0);
   }
-  if (!trainingMode || !n.getGraph().getOptions().training || ratio == 0.0) {
+  if (ratio == 0.0) {
     n.alias(0, 0);
     return success();
   }

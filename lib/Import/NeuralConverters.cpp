@@ -198,8 +198,8 @@ static LogicalResult convertBatchNorm(NodeImporter &n) {
         return n.error() << "BatchNormalization output " << i << " ('"
                          << n.getNode().output(i)
                          << "', the updated running statistics) is read by "
-                            "the graph; pcc keeps running statistics as "
-                            "model state (pcc --train), not as graph values";
+                            "the graph, which is not supported: pcc keeps "
+                            "running statistics as model state (pcc --train)";
   } else if (failed(n.rejectOutputsFrom(1, "running statistics are only "
                                            "produced in training mode"))) {
     return failure();

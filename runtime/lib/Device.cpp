@@ -2,6 +2,8 @@
 
 #include "pcc/runtime/Device.h"
 
+#include <algorithm>
+
 #include "pcc/runtime/CudaKernels.h"
 #include "pcc/runtime/DType.h"
 
@@ -235,18 +237,24 @@ Result<DeviceBuffer> DeviceBuffer::allocate(Device &device, int64_t bytes) {
   DeviceBuffer buffer;
   buffer.device = &device;
   buffer.ptr = *ptr;
+  buffer.bytes = bytes;
+  device.inUse += bytes;
+  device.peak = std::max(device.peak, device.inUse);
   return buffer;
 }
 
 DeviceBuffer &DeviceBuffer::operator=(DeviceBuffer &&other) noexcept {
   std::swap(device, other.device);
   std::swap(ptr, other.ptr);
+  std::swap(bytes, other.bytes);
   return *this;
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (device && ptr)
+  if (device && ptr) {
     device->release(ptr);
+    device->inUse -= bytes;
+  }
 }
 
 Status checkTarget(const ModelLibrary &library, const Device &device) {

@@ -717,6 +717,16 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   std::printf("trained steps %lld to %lld in %.2f s; last loss %.6f\n",
               static_cast<long long>(start + 1),
               static_cast<long long>(o.steps), seconds, lastLoss);
+  // What the runtime held on the device at most (pcc --explain predicts it).
+  std::printf("memory high-water %.3f MiB on %s (model state %.3f, saved "
+              "activations %.3f, arena %.3f, inputs and the rest %.3f)\n",
+              device.peakBytes() / 1048576.0, device.describe().c_str(),
+              trainer->stateBytes() / 1048576.0,
+              trainer->activationBytes() / 1048576.0,
+              trainer->arenaBytes() / 1048576.0,
+              (device.peakBytes() - trainer->stateBytes() -
+               trainer->activationBytes() - trainer->arenaBytes()) /
+                  1048576.0);
   if (!o.lossSvg.empty()) {
     // The whole curve when the log holds earlier steps of a resumed run.
     std::vector<std::pair<int64_t, double>> points;

@@ -299,6 +299,46 @@ enum class NoteKind { Import, Sharding, Pipeline };
 static std::vector<std::pair<NoteKind, std::string>> explainNotes;
 static bool imported = false;
 
+/// The memory a training library needs on one device, by pool, as the
+/// runtime allocates it (pccrt::Trainer): every state tensor, the forward
+/// phase's inputs and saved activations, and one arena for the largest
+/// phase. pcc-run prints the measured high-water mark to compare.
+static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
+  llvm::StringMap<int64_t> stateBytes;
+  int64_t weights = 0, grads = 0, optimizer = 0, inputs = 0, saved = 0,
+          arena = 0;
+  module.walk([&](pcc::ParamOp param) {
+    if (!stateBytes.insert({param.getName(), bytesOf(param.getType())}).second)
+      return;
+    StringRef kind = pcc::splitStateName(param.getName()).second;
+    (kind.empty() ? weights : kind == "grad" ? grads : optimizer) +=
+        bytesOf(param.getType());
+  });
+  for (func::FuncOp f : module.getOps<func::FuncOp>()) {
+    if (auto bytes = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
+      arena = std::max(arena, bytes.getInt());
+    if (f.getSymName() != pcc::kPhaseFunctions[0])
+      continue;
+    for (Type t : f.getArgumentTypes())
+      inputs += bytesOf(t);
+    for (Type t : f.getResultTypes().drop_front())
+      saved += bytesOf(t);
+  }
+  auto mib = [](int64_t bytes) {
+    return llvm::format("%10.3f MiB", bytes / 1048576.0);
+  };
+  os << "  training memory on one device (predicted; pcc-run prints the "
+        "measured high-water mark):\n";
+  os << "    weights            " << mib(weights) << "\n";
+  os << "    gradients          " << mib(grads) << "\n";
+  os << "    optimizer state    " << mib(optimizer) << "\n";
+  os << "    inputs and labels  " << mib(inputs) << "  (one micro-batch)\n";
+  os << "    saved activations  " << mib(saved) << "  (one micro-batch)\n";
+  os << "    scratch (arena)    " << mib(arena) << "  (the largest phase)\n";
+  os << "    total              "
+     << mib(weights + grads + optimizer + inputs + saved + arena) << "\n";
+}
+
 /// `pcc --explain`: what the lowering pipeline made of the model.
 static void explain(ModuleOp module, llvm::raw_ostream &os) {
   auto main = module.lookupSymbol<func::FuncOp>("main");
@@ -325,7 +365,8 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
       os << "    " << note << "\n";
     }
   }
-  if (auto schedule = main->getAttrOfType<DictionaryAttr>("pcc.schedule")) {
+  if (auto schedule = main ? main->getAttrOfType<DictionaryAttr>("pcc.schedule")
+                           : DictionaryAttr()) {
     os << "  schedule: " << cast<StringAttr>(schedule.get("policy")).getValue()
        << ", " << cast<IntegerAttr>(schedule.get("microbatches")).getInt()
        << " micro-batches of the batch";
@@ -393,16 +434,20 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
   if (arena > 0)
     os << llvm::format(" (%.1fx reuse)", double(intermediate) / double(arena));
   os << "\n";
-  int64_t inBytes = 0, outBytes = 0;
-  for (BlockArgument arg : main.getArguments())
-    inBytes += bytesOf(arg.getType());
-  for (Type t : main.getResultTypes())
-    outBytes += bytesOf(t);
-  os << "  weights: " << weightNames.size() << " tensors, "
-     << grouped(weightBytes) << " bytes; inputs " << grouped(inBytes)
-     << " bytes, outputs " << grouped(outBytes) << " bytes\n";
-  os << "  device memory for one run: "
-     << grouped(arena + weightBytes + inBytes + outBytes) << " bytes\n";
+  if (main) {
+    int64_t inBytes = 0, outBytes = 0;
+    for (BlockArgument arg : main.getArguments())
+      inBytes += bytesOf(arg.getType());
+    for (Type t : main.getResultTypes())
+      outBytes += bytesOf(t);
+    os << "  weights: " << weightNames.size() << " tensors, "
+       << grouped(weightBytes) << " bytes; inputs " << grouped(inBytes)
+       << " bytes, outputs " << grouped(outBytes) << " bytes\n";
+    os << "  device memory for one run: "
+       << grouped(arena + weightBytes + inBytes + outBytes) << " bytes\n";
+  } else {
+    explainTrainingMemory(module, os);
+  }
   llvm::sort(largest, [](auto &a, auto &b) { return a.first > b.first; });
   os << "  largest intermediate tensors:\n";
   for (auto &[bytes, op] : llvm::ArrayRef(largest).take_front(3))

@@ -54,6 +54,15 @@ public:
   virtual Status beginCapture();
   virtual Status endCapture();
   virtual Status replay();
+
+  /// Bytes held in DeviceBuffers now, and the most ever held at once: the
+  /// runtime's measured memory high-water mark on this device.
+  int64_t bytesInUse() const { return inUse; }
+  int64_t peakBytes() const { return peak; }
+
+private:
+  friend class DeviceBuffer;
+  int64_t inUse = 0, peak = 0;
 };
 
 /// Device memory owned by its device.
@@ -71,6 +80,7 @@ public:
 private:
   Device *device = nullptr;
   void *ptr = nullptr;
+  int64_t bytes = 0;
 };
 
 /// Fails, naming the fix, when `library` has no code for `device`.
