@@ -7,7 +7,9 @@ compiles a training step with pcc (`--train`, AdamW), times `pcc-run
 step (zero_grad, forward, loss, backward, AdamW step; foreach=False) of the
 same module from the same ONNX weights, with the same number of threads.
 Prints both and the ratio (PyTorch time / pcc time: above 1 means pcc is
-faster), and pcc's model-state, saved-activation and arena bytes.
+faster), pcc's model-state, saved-activation and arena bytes, and `pcc
+--explain`'s predicted training memory against the high-water mark pcc-run
+measures.
 
     ~/.cache/pcc/zoo-venv/bin/python bench/train_step.py [--threads 2] [--steps 60]
 """
@@ -35,6 +37,7 @@ CASES = [
     ("mlp", ["--batch={b}"], "cross_entropy", 64),
     ("transformer_postnorm", ["--batch={b}"], "mse", 16),
     ("gpt", ["--dim=batch={b}", "--dim=seq=64"], "cross_entropy", 16),
+    ("resnet18_train", ["--batch={b}"], "cross_entropy", 16),
 ]
 
 
@@ -45,17 +48,23 @@ def data(name, batch, rng):
     if name.startswith("transformer"):
         return (rng.standard_normal((batch, 16, 64)).astype(np.float32),
                 rng.standard_normal((batch, 16, 64)).astype(np.float32))
+    if name.startswith("resnet18"):
+        return (rng.standard_normal((batch, 3, 32, 32)).astype(np.float32),
+                rng.integers(0, 10, batch).astype(np.int64))
     ids = rng.integers(0, 512, (batch, 64)).astype(np.int64)
     return ids, np.roll(ids, -1, axis=1)
 
 
 def time_pcc(name, flags, loss, batch, x, y, steps, threads, tmp):
     lib = os.path.join(tmp, name + ".so")
-    subprocess.run([os.path.join(ROOT, "build", "bin", "pcc"),
-                    os.path.join(ROOT, "examples", name + ".onnx"), "--train",
-                    "--loss=" + loss, "--optimizer=adamw", "-o", lib] +
-                   [f.format(b=batch) for f in flags], check=True,
-                   capture_output=True)
+    compile_cmd = [os.path.join(ROOT, "build", "bin", "pcc"),
+                   os.path.join(ROOT, "examples", name + ".onnx"), "--train",
+                   "--loss=" + loss, "--optimizer=adamw"] + \
+        [f.format(b=batch) for f in flags]
+    subprocess.run(compile_cmd + ["-o", lib], check=True, capture_output=True)
+    report = subprocess.run(compile_cmd + ["--explain"], check=True,
+                            capture_output=True, text=True).stdout
+    predicted = float(re.search(r"total\s+([\d.]+) MiB", report).group(1))
     np.save(os.path.join(tmp, "x.npy"), x)
     np.save(os.path.join(tmp, "y.npy"), y)
     log = os.path.join(tmp, name + ".csv")
@@ -70,7 +79,9 @@ def time_pcc(name, flags, loss, batch, x, y, steps, threads, tmp):
     ms = [float(r["step_ms"]) for r in csv.DictReader(open(log))]
     memory = re.search(r"model state ([\d.]+) MiB, saved activations "
                        r"([\d.]+) MiB, arena ([\d.]+) MiB", out.stdout)
-    return statistics.median(ms[5:]), memory.groups()
+    measured = float(re.search(r"memory high-water ([\d.]+) MiB",
+                               out.stdout).group(1))
+    return statistics.median(ms[5:]), memory.groups(), predicted, measured
 
 
 def time_torch(name, loss, x, y, steps, threads):
@@ -103,16 +114,20 @@ def main():
     print("training step, AdamW, %d threads, median of %d steps"
           % (args.threads, args.steps - 5))
     print("| model | batch | pcc ms | PyTorch eager ms | PyTorch / pcc | "
-          "pcc state / saved activations / arena MiB |")
-    print("|---|---|---|---|---|---|")
+          "pcc state / saved activations / arena MiB | predicted (--explain) "
+          "/ measured high-water MiB | error |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name, flags, loss, batch in CASES:
             x, y = data(name, batch, rng)
-            pcc_ms, mem = time_pcc(name, flags, loss, batch, x, y,
-                                   args.steps, args.threads, tmp)
+            pcc_ms, mem, predicted, measured = time_pcc(
+                name, flags, loss, batch, x, y, args.steps, args.threads, tmp)
             torch_ms = time_torch(name, loss, x, y, args.steps, args.threads)
-            print("| %s | %d | %.2f | %.2f | %.2fx | %s / %s / %s |"
-                  % (name, batch, pcc_ms, torch_ms, torch_ms / pcc_ms, *mem),
+            print("| %s | %d | %.2f | %.2f | %.2fx | %s / %s / %s | %.3f / "
+                  "%.3f | %.2f%% |"
+                  % (name, batch, pcc_ms, torch_ms, torch_ms / pcc_ms, *mem,
+                     predicted, measured,
+                     100 * abs(predicted - measured) / measured),
                   flush=True)
 
 

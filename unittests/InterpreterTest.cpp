@@ -496,6 +496,43 @@ TEST(Interpreter, EvaluateOpAndUnevaluableOps) {
   EXPECT_NE(error.find("not evaluable"), std::string::npos) << error;
 }
 
+/// Uniform floats in [-1, 1) from `gen`.
+std::vector<float> randomFloats(std::mt19937 &gen, size_t n) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = dist(gen);
+  return v;
+}
+
+Tensor asTensor(const std::vector<float> &v) {
+  return Tensor{{}, std::vector<double>(v.begin(), v.end())};
+}
+
+/// The pcc ops of `module`, in order.
+std::vector<Operation *> pccOps(ModuleOp module) {
+  std::vector<Operation *> ops;
+  module->walk([&](Operation *op) {
+    if (op->getDialect() && op->getDialect()->getNamespace() == "pcc")
+      ops.push_back(op);
+  });
+  return ops;
+}
+
+void expectClose(const Tensor &t, const std::vector<float> &expected) {
+  ASSERT_EQ(t.data.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i)
+    ASSERT_NEAR(t.data[i], expected[i], 1e-5) << "element " << i;
+}
+
+// The window geometry of both tests below.
+const int64_t kIn[] = {2, 4, 7, 6}, kWShape[] = {6, 2, 3, 2},
+              kConvOut[] = {2, 6, 4, 5}, kPoolOut[] = {2, 4, 4, 3};
+const int64_t kConvStrides[] = {2, 1}, kConvPads[] = {1, 0, 2, 1},
+              kConvDilations[] = {1, 2};
+const int64_t kKernel[] = {3, 2}, kPoolStrides[] = {2, 2},
+              kPoolPads[] = {1, 0, 1, 1}, kPoolDilations[] = {1, 2};
+
 // The window ops on awkward geometry (groups, strides, asymmetric pads,
 // dilations, ceil mode) against the CPU kernels themselves, on f32 data.
 TEST(Interpreter, WindowOpsMatchCpuKernels) {
@@ -514,55 +551,31 @@ TEST(Interpreter, WindowOpsMatchCpuKernels) {
                                                              &context());
   ASSERT_TRUE(module);
   std::mt19937 gen(7);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  auto random = [&](size_t n) {
-    std::vector<float> v(n);
-    for (float &x : v)
-      x = dist(gen);
-    return v;
-  };
-  std::vector<float> x = random(2 * 4 * 7 * 6), w = random(6 * 2 * 3 * 2),
-                     b = random(6);
-  auto asTensor = [](const std::vector<float> &v) {
-    return Tensor{{}, std::vector<double>(v.begin(), v.end())};
-  };
-  std::vector<Operation *> ops;
-  module->walk([&](Operation *op) {
-    if (op->getDialect() && op->getDialect()->getNamespace() == "pcc")
-      ops.push_back(op);
-  });
+  std::vector<float> x = randomFloats(gen, 2 * 4 * 7 * 6),
+                     w = randomFloats(gen, 6 * 2 * 3 * 2),
+                     b = randomFloats(gen, 6);
+  std::vector<Operation *> ops = pccOps(*module);
   ASSERT_EQ(ops.size(), 3u);
-  const int64_t in[] = {2, 4, 7, 6}, wShape[] = {6, 2, 3, 2},
-                convOut[] = {2, 6, 4, 5}, poolOut[] = {2, 4, 4, 3};
-  const int64_t convStrides[] = {2, 1}, convPads[] = {1, 0, 2, 1},
-                convDilations[] = {1, 2};
-  const int64_t kernel[] = {3, 2}, poolStrides[] = {2, 2},
-                poolPads[] = {1, 0, 1, 1}, poolDilations[] = {1, 2};
-  auto compare = [](const Tensor &t, const std::vector<float> &expected) {
-    ASSERT_EQ(t.data.size(), expected.size());
-    for (size_t i = 0; i < expected.size(); ++i)
-      ASSERT_NEAR(t.data[i], expected[i], 1e-5) << "element " << i;
-  };
 
   auto conv = evaluateOp(ops[0], {asTensor(x), asTensor(w), asTensor(b)});
   ASSERT_TRUE(succeeded(conv));
   std::vector<float> y(2 * 6 * 4 * 5);
-  pcc_cpu_conv_f32(x.data(), w.data(), b.data(), y.data(), 2, in, wShape,
-                   convOut, convStrides, convPads, convDilations, 2);
-  compare((*conv)[0], y);
+  pcc_cpu_conv_f32(x.data(), w.data(), b.data(), y.data(), 2, kIn, kWShape,
+                   kConvOut, kConvStrides, kConvPads, kConvDilations, 2);
+  expectClose((*conv)[0], y);
 
   auto maxPool = evaluateOp(ops[1], {asTensor(x)});
   ASSERT_TRUE(succeeded(maxPool));
   y.assign(2 * 4 * 4 * 3, 0.0f);
-  pcc_cpu_max_pool_f32(x.data(), y.data(), 2, in, poolOut, kernel, poolStrides,
-                       poolPads, poolDilations);
-  compare((*maxPool)[0], y);
+  pcc_cpu_max_pool_f32(x.data(), y.data(), 2, kIn, kPoolOut, kKernel, kPoolStrides,
+                       kPoolPads, kPoolDilations);
+  expectClose((*maxPool)[0], y);
 
   auto avgPool = evaluateOp(ops[2], {asTensor(x)});
   ASSERT_TRUE(succeeded(avgPool));
-  pcc_cpu_avg_pool_f32(x.data(), y.data(), 2, in, poolOut, kernel, poolStrides,
-                       poolPads, poolDilations, 1);
-  compare((*avgPool)[0], y);
+  pcc_cpu_avg_pool_f32(x.data(), y.data(), 2, kIn, kPoolOut, kKernel, kPoolStrides,
+                       kPoolPads, kPoolDilations, 1);
+  expectClose((*avgPool)[0], y);
 }
 
 // The gradient kernels of conv and pooling against the interpreter, on the
@@ -586,64 +599,41 @@ TEST(Interpreter, WindowGradientsMatchCpuKernels) {
                                                              &context());
   ASSERT_TRUE(module);
   std::mt19937 gen(11);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  auto random = [&](size_t n) {
-    std::vector<float> v(n);
-    for (float &x : v)
-      x = dist(gen);
-    return v;
-  };
-  std::vector<float> x = random(2 * 4 * 7 * 6), w = random(6 * 2 * 3 * 2),
-                     dc = random(2 * 6 * 4 * 5), dp = random(2 * 4 * 4 * 3);
-  auto asTensor = [](const std::vector<float> &v) {
-    return Tensor{{}, std::vector<double>(v.begin(), v.end())};
-  };
-  std::vector<Operation *> ops;
-  module->walk([&](Operation *op) {
-    if (op->getDialect() && op->getDialect()->getNamespace() == "pcc")
-      ops.push_back(op);
-  });
+  std::vector<float> x = randomFloats(gen, 2 * 4 * 7 * 6),
+                     w = randomFloats(gen, 6 * 2 * 3 * 2),
+                     dc = randomFloats(gen, 2 * 6 * 4 * 5),
+                     dp = randomFloats(gen, 2 * 4 * 4 * 3);
+  std::vector<Operation *> ops = pccOps(*module);
   ASSERT_EQ(ops.size(), 4u);
-  const int64_t in[] = {2, 4, 7, 6}, wShape[] = {6, 2, 3, 2},
-                convOut[] = {2, 6, 4, 5}, poolOut[] = {2, 4, 4, 3};
-  const int64_t convStrides[] = {2, 1}, convPads[] = {1, 0, 2, 1},
-                convDilations[] = {1, 2};
-  const int64_t kernel[] = {3, 2}, poolStrides[] = {2, 2},
-                poolPads[] = {1, 0, 1, 1}, poolDilations[] = {1, 2};
-  auto compare = [](const Tensor &t, const std::vector<float> &expected) {
-    ASSERT_EQ(t.data.size(), expected.size());
-    for (size_t i = 0; i < expected.size(); ++i)
-      ASSERT_NEAR(t.data[i], expected[i], 1e-5) << "element " << i;
-  };
   // Garbage in the outputs: the kernels must overwrite, not accumulate.
   std::vector<float> dx(x.size(), 7.0f), dw(w.size(), 7.0f);
 
   auto gi = evaluateOp(ops[0], {asTensor(dc), asTensor(w)});
   ASSERT_TRUE(succeeded(gi));
-  pcc_cpu_conv_grad_input_f32(dc.data(), w.data(), dx.data(), 2, in, wShape,
-                              convOut, convStrides, convPads, convDilations, 2);
-  compare((*gi)[0], dx);
+  pcc_cpu_conv_grad_input_f32(dc.data(), w.data(), dx.data(), 2, kIn, kWShape,
+                              kConvOut, kConvStrides, kConvPads, kConvDilations, 2);
+  expectClose((*gi)[0], dx);
 
   auto gw = evaluateOp(ops[1], {asTensor(x), asTensor(dc)});
   ASSERT_TRUE(succeeded(gw));
-  pcc_cpu_conv_grad_weight_f32(x.data(), dc.data(), dw.data(), 2, in, wShape,
-                               convOut, convStrides, convPads, convDilations,
+  pcc_cpu_conv_grad_weight_f32(x.data(), dc.data(), dw.data(), 2, kIn, kWShape,
+                               kConvOut, kConvStrides, kConvPads, kConvDilations,
                                2);
-  compare((*gw)[0], dw);
+  expectClose((*gw)[0], dw);
 
   auto m = evaluateOp(ops[2], {asTensor(x), asTensor(dp)});
   ASSERT_TRUE(succeeded(m));
   dx.assign(x.size(), 7.0f);
-  pcc_cpu_max_pool_grad_f32(x.data(), dp.data(), dx.data(), 2, in, poolOut,
-                            kernel, poolStrides, poolPads, poolDilations);
-  compare((*m)[0], dx);
+  pcc_cpu_max_pool_grad_f32(x.data(), dp.data(), dx.data(), 2, kIn, kPoolOut,
+                            kKernel, kPoolStrides, kPoolPads, kPoolDilations);
+  expectClose((*m)[0], dx);
 
   auto a = evaluateOp(ops[3], {asTensor(dp)});
   ASSERT_TRUE(succeeded(a));
   dx.assign(x.size(), 7.0f);
-  pcc_cpu_avg_pool_grad_f32(dp.data(), dx.data(), 2, in, poolOut, kernel,
-                            poolStrides, poolPads, poolDilations, 1);
-  compare((*a)[0], dx);
+  pcc_cpu_avg_pool_grad_f32(dp.data(), dx.data(), 2, kIn, kPoolOut, kKernel,
+                            kPoolStrides, kPoolPads, kPoolDilations, 1);
+  expectClose((*a)[0], dx);
 }
 
 //===----------------------------------------------------------------------===//

@@ -399,6 +399,32 @@ struct Window {
   }
 };
 
+/// The input offset of every (kernel position, output position) pair of
+/// one channel plane, -1 in the padding: computed once per call.
+std::vector<int64_t> sourceTable(const Window &win) {
+  std::vector<int64_t> sourceOf(win.kernelCount * win.outCount);
+  for (int64_t k = 0; k < win.kernelCount; ++k)
+    for (int64_t o = 0; o < win.outCount; ++o)
+      sourceOf[k * win.outCount + o] = win.source(o, k);
+  return sourceOf;
+}
+
+/// im2col of `channels` planes at `in`: row (channel, kernel position) of
+/// `cols` holds what that tap reads at every output position.
+void im2col(const float *in, int64_t channels, const Window &win,
+            const std::vector<int64_t> &sourceOf, float *cols) {
+  int64_t rows = channels * win.kernelCount;
+#pragma omp parallel for if (rows * win.outCount > kParallelThreshold)
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t ch = r / win.kernelCount, k = r % win.kernelCount;
+    const int64_t *src = &sourceOf[k * win.outCount];
+    float *dst = &cols[r * win.outCount];
+    const float *plane = in + ch * win.inCount;
+    for (int64_t o = 0; o < win.outCount; ++o)
+      dst[o] = src[o] < 0 ? 0.0f : plane[src[o]];
+  }
+}
+
 /// Max pooling for any element type; padded positions never win.
 template <typename T>
 void maxPool(const T *x, T *y, int64_t spatialRank, const int64_t *inShape,
@@ -435,24 +461,12 @@ void pcc_cpu_conv_f32(const float *x, const float *w, const float *bias,
   int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
   int64_t cg = c / groups, mg = m / groups;
   int64_t rows = cg * win.kernelCount; // im2col rows per group
-  // Precompute the source offset of each (kernel position, output position).
-  std::vector<int64_t> sourceOf(win.kernelCount * win.outCount);
-  for (int64_t k = 0; k < win.kernelCount; ++k)
-    for (int64_t o = 0; o < win.outCount; ++o)
-      sourceOf[k * win.outCount + o] = win.source(o, k);
+  std::vector<int64_t> sourceOf = sourceTable(win);
   std::vector<float> cols(rows * win.outCount);
   for (int64_t b = 0; b < n; ++b)
     for (int64_t g = 0; g < groups; ++g) {
-      const float *in = x + (b * c + g * cg) * win.inCount;
-#pragma omp parallel for if (rows * win.outCount > kParallelThreshold)
-      for (int64_t r = 0; r < rows; ++r) {
-        int64_t ch = r / win.kernelCount, k = r % win.kernelCount;
-        const int64_t *src = &sourceOf[k * win.outCount];
-        float *dst = &cols[r * win.outCount];
-        const float *plane = in + ch * win.inCount;
-        for (int64_t o = 0; o < win.outCount; ++o)
-          dst[o] = src[o] < 0 ? 0.0f : plane[src[o]];
-      }
+      im2col(x + (b * c + g * cg) * win.inCount, cg, win, sourceOf,
+             cols.data());
       float *out = y + (b * m + g * mg) * win.outCount;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mg, win.outCount,
                   rows, 1.0f, w + g * mg * rows, rows, cols.data(),
@@ -529,10 +543,7 @@ void pcc_cpu_conv_grad_input_f32(const float *dy, const float *w, float *dx,
   int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
   int64_t cg = c / groups, mg = m / groups;
   int64_t rows = cg * win.kernelCount;
-  std::vector<int64_t> sourceOf(win.kernelCount * win.outCount);
-  for (int64_t k = 0; k < win.kernelCount; ++k)
-    for (int64_t o = 0; o < win.outCount; ++o)
-      sourceOf[k * win.outCount + o] = win.source(o, k);
+  std::vector<int64_t> sourceOf = sourceTable(win);
   std::vector<float> cols(rows * win.outCount);
   std::memset(dx, 0, sizeof(float) * n * c * win.inCount);
   for (int64_t b = 0; b < n; ++b)
@@ -570,27 +581,14 @@ void pcc_cpu_conv_grad_weight_f32(const float *x, const float *dy, float *dw,
   int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
   int64_t cg = c / groups, mg = m / groups;
   int64_t rows = cg * win.kernelCount;
-  std::vector<int64_t> sourceOf(win.kernelCount * win.outCount);
-  for (int64_t k = 0; k < win.kernelCount; ++k)
-    for (int64_t o = 0; o < win.outCount; ++o)
-      sourceOf[k * win.outCount + o] = win.source(o, k);
+  std::vector<int64_t> sourceOf = sourceTable(win);
   std::vector<float> cols(rows * win.outCount);
-  if (n == 0)
-    std::memset(dw, 0, sizeof(float) * m * rows);
   if (n == 0)
     std::memset(dw, 0, sizeof(float) * m * rows);
   for (int64_t b = 0; b < n; ++b)
     for (int64_t g = 0; g < groups; ++g) {
-      const float *in = x + (b * c + g * cg) * win.inCount;
-#pragma omp parallel for if (rows * win.outCount > kParallelThreshold)
-      for (int64_t r = 0; r < rows; ++r) {
-        int64_t ch = r / win.kernelCount, k = r % win.kernelCount;
-        const int64_t *src = &sourceOf[k * win.outCount];
-        float *dst = &cols[r * win.outCount];
-        const float *plane = in + ch * win.inCount;
-        for (int64_t o = 0; o < win.outCount; ++o)
-          dst[o] = src[o] < 0 ? 0.0f : plane[src[o]];
-      }
+      im2col(x + (b * c + g * cg) * win.inCount, cg, win, sourceOf,
+             cols.data());
       // dW_g (+)= dY_g cols^T, images in order.
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mg, rows,
                   win.outCount, 1.0f, dy + (b * m + g * mg) * win.outCount,
