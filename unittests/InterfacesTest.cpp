@@ -100,6 +100,29 @@ TEST(Interfaces, MatmulOptionsAndCost) {
             0);
 }
 
+// The gradients of a convolution cost its multiply-adds, as it does.
+TEST(Interfaces, ConvolutionGradientsCostTheConvolution) {
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
+    func.func @f(%x: tensor<2x4x7x6xf32>, %w: tensor<6x2x3x2xf32>, %dy: tensor<2x6x4x5xf32>) {
+      %y = pcc.conv %x, %w strides = [2, 1] pads = [1, 0, 2, 1] dilations = [1, 2] groups = 2
+          : tensor<2x4x7x6xf32>, tensor<6x2x3x2xf32> -> tensor<2x6x4x5xf32>
+      %dx = pcc.conv_grad_input %dy, %w strides = [2, 1] pads = [1, 0, 2, 1] dilations = [1, 2] groups = 2
+          : tensor<2x6x4x5xf32>, tensor<6x2x3x2xf32> -> tensor<2x4x7x6xf32>
+      %dw = pcc.conv_grad_weight %x, %dy strides = [2, 1] pads = [1, 0, 2, 1] dilations = [1, 2] groups = 2
+          : tensor<2x4x7x6xf32>, tensor<2x6x4x5xf32> -> tensor<6x2x3x2xf32>
+      return
+    }
+  )mlir",
+                                                             &context());
+  ASSERT_TRUE(module);
+  // 240 outputs, each reading 2 channels x 3 x 2 taps.
+  const int64_t flops = 2 * (2 * 6 * 4 * 5) * (2 * 3 * 2);
+  for (const char *name :
+       {"pcc.conv", "pcc.conv_grad_input", "pcc.conv_grad_weight"})
+    EXPECT_EQ(cast<CostOpInterface>(firstOp(module, name)).getFlops(), flops)
+        << name;
+}
+
 TEST(Interfaces, ElementwisePartialSums) {
   OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
     func.func @f(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) {

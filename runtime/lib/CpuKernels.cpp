@@ -425,6 +425,25 @@ void im2col(const float *in, int64_t channels, const Window &win,
   }
 }
 
+/// A grouped convolution's sizes, its source table and an im2col buffer
+/// for one group: what the convolution and its two gradients share.
+struct ConvGeometry {
+  Window win;
+  int64_t n, c, m, cg, mg, rows; // rows: im2col rows per group
+  std::vector<int64_t> sourceOf;
+  std::vector<float> cols;
+
+  ConvGeometry(int64_t spatialRank, const int64_t *inShape,
+               const int64_t *wShape, const int64_t *outShape,
+               const int64_t *strides, const int64_t *pads,
+               const int64_t *dilations, int64_t groups)
+      : win(spatialRank, inShape, outShape, wShape + 2, strides, pads,
+            dilations),
+        n(inShape[0]), c(inShape[1]), m(wShape[0]), cg(c / groups),
+        mg(m / groups), rows(cg * win.kernelCount), sourceOf(sourceTable(win)),
+        cols(rows * win.outCount) {}
+};
+
 /// Max pooling for any element type; padded positions never win.
 template <typename T>
 void maxPool(const T *x, T *y, int64_t spatialRank, const int64_t *inShape,
@@ -456,13 +475,13 @@ void pcc_cpu_conv_f32(const float *x, const float *w, const float *bias,
                       const int64_t *w_shape, const int64_t *out_shape,
                       const int64_t *strides, const int64_t *pads,
                       const int64_t *dilations, int64_t groups) {
-  Window win(spatial_rank, in_shape, out_shape, w_shape + 2, strides, pads,
-             dilations);
-  int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
-  int64_t cg = c / groups, mg = m / groups;
-  int64_t rows = cg * win.kernelCount; // im2col rows per group
-  std::vector<int64_t> sourceOf = sourceTable(win);
-  std::vector<float> cols(rows * win.outCount);
+  ConvGeometry geo(spatial_rank, in_shape, w_shape, out_shape, strides, pads,
+                   dilations, groups);
+  const Window &win = geo.win;
+  int64_t n = geo.n, c = geo.c, m = geo.m, cg = geo.cg, mg = geo.mg,
+          rows = geo.rows;
+  const std::vector<int64_t> &sourceOf = geo.sourceOf;
+  std::vector<float> &cols = geo.cols;
   for (int64_t b = 0; b < n; ++b)
     for (int64_t g = 0; g < groups; ++g) {
       im2col(x + (b * c + g * cg) * win.inCount, cg, win, sourceOf,
@@ -538,13 +557,13 @@ void pcc_cpu_conv_grad_input_f32(const float *dy, const float *w, float *dx,
                                  const int64_t *out_shape,
                                  const int64_t *strides, const int64_t *pads,
                                  const int64_t *dilations, int64_t groups) {
-  Window win(spatial_rank, in_shape, out_shape, w_shape + 2, strides, pads,
-             dilations);
-  int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
-  int64_t cg = c / groups, mg = m / groups;
-  int64_t rows = cg * win.kernelCount;
-  std::vector<int64_t> sourceOf = sourceTable(win);
-  std::vector<float> cols(rows * win.outCount);
+  ConvGeometry geo(spatial_rank, in_shape, w_shape, out_shape, strides, pads,
+                   dilations, groups);
+  const Window &win = geo.win;
+  int64_t n = geo.n, c = geo.c, m = geo.m, cg = geo.cg, mg = geo.mg,
+          rows = geo.rows;
+  const std::vector<int64_t> &sourceOf = geo.sourceOf;
+  std::vector<float> &cols = geo.cols;
   std::memset(dx, 0, sizeof(float) * n * c * win.inCount);
   for (int64_t b = 0; b < n; ++b)
     for (int64_t g = 0; g < groups; ++g) {
@@ -576,13 +595,13 @@ void pcc_cpu_conv_grad_weight_f32(const float *x, const float *dy, float *dw,
                                   const int64_t *out_shape,
                                   const int64_t *strides, const int64_t *pads,
                                   const int64_t *dilations, int64_t groups) {
-  Window win(spatial_rank, in_shape, out_shape, w_shape + 2, strides, pads,
-             dilations);
-  int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
-  int64_t cg = c / groups, mg = m / groups;
-  int64_t rows = cg * win.kernelCount;
-  std::vector<int64_t> sourceOf = sourceTable(win);
-  std::vector<float> cols(rows * win.outCount);
+  ConvGeometry geo(spatial_rank, in_shape, w_shape, out_shape, strides, pads,
+                   dilations, groups);
+  const Window &win = geo.win;
+  int64_t n = geo.n, c = geo.c, m = geo.m, cg = geo.cg, mg = geo.mg,
+          rows = geo.rows;
+  const std::vector<int64_t> &sourceOf = geo.sourceOf;
+  std::vector<float> &cols = geo.cols;
   if (n == 0)
     std::memset(dw, 0, sizeof(float) * m * rows);
   for (int64_t b = 0; b < n; ++b)

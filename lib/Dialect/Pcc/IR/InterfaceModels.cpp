@@ -373,11 +373,23 @@ int64_t flopsOf(MatmulOp op) {
   return 2 * op.getType().getNumElements() * k;
 }
 
+/// A convolution with result (or result gradient) `out` and weight `w`:
+/// each output element reads C/groups x K1 x ... x Kk inputs. Its two
+/// gradients do the same multiply-adds, transposed.
+int64_t convFlops(RankedTensorType out, RankedTensorType w) {
+  return 2 * out.getNumElements() * (w.getNumElements() / w.getDimSize(0));
+}
+
 int64_t flopsOf(ConvOp op) {
-  auto w = op.getWeight().getType();
-  // Each output element reads C/groups x K1 x ... x Kk inputs.
-  return 2 * op.getType().getNumElements() *
-         (w.getNumElements() / w.getDimSize(0));
+  return convFlops(op.getType(), op.getWeight().getType());
+}
+
+int64_t flopsOf(ConvGradInputOp op) {
+  return convFlops(op.getGrad().getType(), op.getWeight().getType());
+}
+
+int64_t flopsOf(ConvGradWeightOp op) {
+  return convFlops(op.getGrad().getType(), op.getType());
 }
 
 /// Views, weights and constants write nothing at run time.
