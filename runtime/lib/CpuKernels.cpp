@@ -8,6 +8,7 @@
 #include "pcc/runtime/CpuKernels.h"
 
 #include "pcc/runtime/CastElement.h"
+#include "pcc/runtime/FastMath.h"
 #include "pcc/runtime/HalfFloat.h"
 #include "pcc/runtime/ModelAbi.h"
 #include "pcc/runtime/Philox.h"
@@ -33,7 +34,22 @@ int64_t product(const int64_t *dims, int64_t n) {
 
 /// Work below this many elements is not worth waking OpenMP threads.
 constexpr int64_t kParallelThreshold = 1 << 15;
+
+/// Sums n floats in double, in four interleaved partial sums so that the
+/// loop vectorises (a single double accumulator is a chain of dependent
+/// adds); the order is fixed, so the result is deterministic.
+double sumDouble(const float *x, int64_t n) {
+  double acc[4] = {0, 0, 0, 0};
+  int64_t c = 0;
+  for (; c + 4 <= n; c += 4)
+    for (int j = 0; j < 4; ++j)
+      acc[j] += static_cast<double>(x[c + j]);
+  for (; c < n; ++c)
+    acc[0] += static_cast<double>(x[c]);
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
 } // namespace
+
 
 extern "C" {
 
@@ -155,17 +171,30 @@ void pcc_cpu_softmax_f32(const float *x, float *y, int64_t outer, int64_t len,
       float maxValue = -std::numeric_limits<float>::infinity();
       for (int64_t l = 0; l < len; ++l)
         maxValue = std::max(maxValue, in[l * inner]);
-      double sum = 0;
-      for (int64_t l = 0; l < len; ++l)
-        sum += std::exp(static_cast<double>(in[l * inner] - maxValue));
+      double sum;
+      if (inner == 1) {
+        // Contiguous rows: the exponentials vectorise into the output,
+        // which then holds the numerators.
+        for (int64_t l = 0; l < len; ++l)
+          out[l] = pccrt::fastExp(in[l] - maxValue);
+        sum = sumDouble(out, len);
+      } else {
+        sum = 0;
+        for (int64_t l = 0; l < len; ++l)
+          sum += static_cast<double>(pccrt::fastExp(in[l * inner] - maxValue));
+      }
       if (flags & PCC_SOFTMAX_LOG) {
         float logSum = static_cast<float>(std::log(sum));
         for (int64_t l = 0; l < len; ++l)
           out[l * inner] = in[l * inner] - maxValue - logSum;
+      } else if (inner == 1) {
+        float inv = static_cast<float>(1.0 / sum);
+        for (int64_t l = 0; l < len; ++l)
+          out[l] *= inv;
       } else {
         float inv = static_cast<float>(1.0 / sum);
         for (int64_t l = 0; l < len; ++l)
-          out[l * inner] = std::exp(in[l * inner] - maxValue) * inv;
+          out[l * inner] = pccrt::fastExp(in[l * inner] - maxValue) * inv;
       }
       // A fully masked row (all -inf) or a NaN input gives NaN; the
       // exporters' Where(IsNaN(softmax), 0, softmax) wants 0 there.
@@ -216,6 +245,41 @@ void pcc_cpu_batch_norm_f32(const float *x, const float *scale,
 } // extern "C"
 
 namespace {
+/// Reduces x viewed as [outer, middle, inner] over `middle` into acc
+/// ([outer, inner], holding the initial values), combining each output's
+/// inputs in increasing index order. The combine is a template argument so
+/// that the inner loops vectorise; the work splits over rows, or over
+/// column blocks when there is one row (a bias gradient's column sums).
+template <typename T, typename Combine>
+void reduceRuns(const T *x, double *acc, int64_t outer, int64_t middle,
+                int64_t inner, Combine combine) {
+  int64_t total = outer * middle * inner;
+  if (inner == 1) {
+#pragma omp parallel for if (total > kParallelThreshold && outer > 1)
+    for (int64_t o = 0; o < outer; ++o) {
+      const T *row = x + o * middle;
+      double a = acc[o];
+      for (int64_t r = 0; r < middle; ++r)
+        a = combine(a, static_cast<double>(row[r]));
+      acc[o] = a;
+    }
+    return;
+  }
+  constexpr int64_t kBlock = 512;
+  int64_t blocks = (inner + kBlock - 1) / kBlock;
+#pragma omp parallel for collapse(2) if (total > kParallelThreshold &&        \
+                                             outer * blocks > 1)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t b = 0; b < blocks; ++b) {
+      int64_t begin = b * kBlock, end = std::min(inner, begin + kBlock);
+      double *a = acc + o * inner;
+      const T *rows = x + o * middle * inner;
+      for (int64_t r = 0; r < middle; ++r)
+        for (int64_t i = begin; i < end; ++i)
+          a[i] = combine(a[i], static_cast<double>(rows[r * inner + i]));
+    }
+}
+
 template <typename T>
 void reduce(const T *x, T *y, int64_t rank, const int64_t *shape,
             const int64_t *reduced, int kind) {
@@ -239,18 +303,6 @@ void reduce(const T *x, T *y, int64_t rank, const int64_t *shape,
   else if (kind == PCC_REDUCE_PROD)
     init = 1;
   std::vector<double> acc(outCount, static_cast<double>(init));
-  auto combine = [kind](double a, double v) {
-    switch (kind) {
-    case PCC_REDUCE_MAX:
-      return std::max(a, v);
-    case PCC_REDUCE_MIN:
-      return std::min(a, v);
-    case PCC_REDUCE_PROD:
-      return a * v;
-    default:
-      return a + v;
-    }
-  };
   // Fast path: the dimensions merge into [outer, reduced, inner] (the
   // common row sums, column sums and middle reductions). Every output still
   // combines its inputs in increasing index order, in double, so the result
@@ -274,13 +326,22 @@ void reduce(const T *x, T *y, int64_t rank, const int64_t *shape,
     }
   }
   if (simple && total > 0) {
-#pragma omp parallel for if (total > kParallelThreshold && outer > 1)
-    for (int64_t o = 0; o < outer; ++o) {
-      double *a = acc.data() + o * inner;
-      const T *row = x + o * middle * inner;
-      for (int64_t r = 0; r < middle; ++r)
-        for (int64_t i = 0; i < inner; ++i)
-          a[i] = combine(a[i], static_cast<double>(row[r * inner + i]));
+    switch (kind) {
+    case PCC_REDUCE_MAX:
+      reduceRuns(x, acc.data(), outer, middle, inner,
+                 [](double a, double v) { return std::max(a, v); });
+      break;
+    case PCC_REDUCE_MIN:
+      reduceRuns(x, acc.data(), outer, middle, inner,
+                 [](double a, double v) { return std::min(a, v); });
+      break;
+    case PCC_REDUCE_PROD:
+      reduceRuns(x, acc.data(), outer, middle, inner,
+                 [](double a, double v) { return a * v; });
+      break;
+    default:
+      reduceRuns(x, acc.data(), outer, middle, inner,
+                 [](double a, double v) { return a + v; });
     }
     for (int64_t o = 0; o < outCount; ++o)
       y[o] = static_cast<T>(kind == PCC_REDUCE_MEAN ? acc[o] / reducedCount
@@ -781,15 +842,19 @@ bool checkLabels(const void *labels, int64_t rows, int64_t classes,
   return true;
 }
 
-/// max and sum(exp(x - max)) of one row, the sum in double.
-std::pair<float, double> rowExpSum(const float *row, int64_t n) {
+/// The maximum of one row.
+float rowMax(const float *row, int64_t n) {
   float maxValue = -std::numeric_limits<float>::infinity();
   for (int64_t c = 0; c < n; ++c)
     maxValue = std::max(maxValue, row[c]);
-  double sum = 0;
+  return maxValue;
+}
+
+/// Writes exp(x - max) of one row to `e` and returns their sum, in double.
+double rowExp(const float *row, float maxValue, float *e, int64_t n) {
   for (int64_t c = 0; c < n; ++c)
-    sum += std::exp(static_cast<double>(row[c] - maxValue));
-  return {maxValue, sum};
+    e[c] = pccrt::fastExp(row[c] - maxValue);
+  return sumDouble(e, n);
 }
 } // namespace
 
@@ -798,17 +863,22 @@ int pcc_cpu_cross_entropy_f32(const float *logits, const void *labels,
                               int64_t ignore_index, int labels_are_i64) {
   if (!checkLabels(labels, rows, classes, ignore_index, labels_are_i64))
     return 1;
-#pragma omp parallel for if (rows * classes > kParallelThreshold)
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t label = indexAt(labels, r, labels_are_i64);
-    if (label == ignore_index) {
-      loss[r] = 0.0f;
-      continue;
+#pragma omp parallel if (rows * classes > kParallelThreshold)
+  {
+    std::vector<float> e(static_cast<size_t>(classes));
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t label = indexAt(labels, r, labels_are_i64);
+      if (label == ignore_index) {
+        loss[r] = 0.0f;
+        continue;
+      }
+      const float *row = logits + r * classes;
+      float maxValue = rowMax(row, classes);
+      double sum = rowExp(row, maxValue, e.data(), classes);
+      loss[r] = static_cast<float>(static_cast<double>(maxValue) +
+                                   std::log(sum) - row[label]);
     }
-    const float *row = logits + r * classes;
-    auto [maxValue, sum] = rowExpSum(row, classes);
-    loss[r] = static_cast<float>(static_cast<double>(maxValue) +
-                                 std::log(sum) - row[label]);
   }
   return 0;
 }
@@ -828,11 +898,11 @@ int pcc_cpu_cross_entropy_grad_f32(const float *logits, const void *labels,
       continue;
     }
     const float *row = logits + r * classes;
-    auto [maxValue, sum] = rowExpSum(row, classes);
-    float inv = static_cast<float>(1.0 / sum), g = grad[r];
+    double sum = rowExp(row, rowMax(row, classes), out, classes);
+    float scale = static_cast<float>(1.0 / sum) * grad[r];
     for (int64_t c = 0; c < classes; ++c)
-      out[c] = std::exp(row[c] - maxValue) * inv * g;
-    out[label] -= g;
+      out[c] *= scale;
+    out[label] -= grad[r];
   }
   return 0;
 }
