@@ -10,6 +10,7 @@
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 
+#include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 
 #include <gtest/gtest.h>
@@ -689,7 +690,7 @@ TEST(GradCheck, NoGradient_IntegerOperands) {
 // Gradient ops (no second derivatives yet), collectives and state updates.
 const char *const kRefused[] = {
     "pcc.conv_grad_input",  "pcc.conv_grad_weight", "pcc.max_pool_grad",
-    "pcc.avg_pool_grad",    "pcc.all_reduce",       "pcc.all_gather",
+    "pcc.avg_pool_grad",    "pcc.all_gather",
     "pcc.reduce_scatter",   "pcc.shard_slice",      "pcc.shard_gather",
     "pcc.transfer",         "pcc.fusion",           "pcc.yield",
     "pcc.cross_entropy_grad", "pcc.accumulate",     "pcc.zero",
@@ -720,6 +721,41 @@ TEST(GradCheck, NoRule_OnAParsedConvGradient) {
   EXPECT_FALSE(isa<AutodiffOpInterface>(op));
 }
 
+// all_reduce over a mesh axis: the interpreter runs one rank, so the rule
+// is checked by its structure here (the VJP is the same all-reduce of the
+// cotangent) and by its numbers in test/Training/dp-*.test, where data
+// parallelism with synchronised batch statistics trains what one device
+// trains.
+TEST(GradCheck, AllReduce_IsAllReduceOfTheCotangent) {
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
+    module attributes {pcc.mesh = {dp = 2}} {
+      func.func @f(%x: tensor<2x3xf32>) -> tensor<2x3xf32> {
+        %y = pcc.all_reduce %x axis = "dp" : tensor<2x3xf32>
+        return %y : tensor<2x3xf32>
+      }
+    }
+  )mlir",
+                                                             &context());
+  ASSERT_TRUE(module);
+  Operation *op = opUnderTest(module);
+  ASSERT_TRUE(op);
+  auto rule = dyn_cast<AutodiffOpInterface>(op);
+  ASSERT_TRUE(rule);
+  SmallVector<Value> saved;
+  rule.getSavedValues(saved);
+  EXPECT_TRUE(saved.empty());
+  OpBuilder b(op->getBlock()->getTerminator());
+  Value seed = op->getBlock()->getArgument(0);
+  SmallVector<Value> grads;
+  ASSERT_TRUE(succeeded(rule.buildVjp(b, {seed}, {true}, grads)));
+  ASSERT_EQ(grads.size(), 1u);
+  auto reduce = grads[0].getDefiningOp<AllReduceOp>();
+  ASSERT_TRUE(reduce);
+  EXPECT_EQ(reduce.getInput(), seed);
+  EXPECT_EQ(reduce.getAxis(), "dp");
+  EXPECT_TRUE(succeeded(verify(*module)));
+}
+
 // Every registered pcc op is covered above: a rule (checked by a GradCheck
 // case), a no-gradient rule, or none (refused). A new op must be sorted.
 TEST(GradCheck, EveryOpIsClassified) {
@@ -744,7 +780,7 @@ TEST(GradCheck, EveryOpIsClassified) {
       "pcc.reduce_mean", "pcc.reduce_max",  "pcc.reduce_min",
       "pcc.reduce_prod", "pcc.matmul",      "pcc.cross_entropy",
       "pcc.conv",        "pcc.max_pool",    "pcc.avg_pool",
-      "pcc.dropout"};
+      "pcc.dropout",     "pcc.all_reduce"};
   llvm::DenseSet<StringRef> refused(std::begin(kRefused), std::end(kRefused));
   int count = 0;
   for (RegisteredOperationName name : context().getRegisteredOperations()) {

@@ -91,7 +91,7 @@ struct SplitBatchPass
   }
 
   /// Errors for inputs that cannot share a batch in dimension 0.
-  static LogicalResult checkInputs(func::FuncOp func, int64_t m) {
+  LogicalResult checkInputs(func::FuncOp func, int64_t m) {
     int64_t batch = -1;
     std::string first;
     for (BlockArgument arg : func.getArguments()) {
@@ -119,7 +119,13 @@ struct SplitBatchPass
     if (batch % m != 0)
       return func.emitError()
              << "batch " << batch << " (dimension 0 of input '" << first
-             << "') does not divide into " << m << " micro-batches";
+             << "') does not divide into " << m
+             << (dataParallel > 1
+                     ? " pieces (" + std::to_string(microbatches) +
+                           " micro-batch(es) on each of " +
+                           std::to_string(dataParallel) +
+                           " data-parallel ranks, --dp)"
+                     : std::string(" micro-batches"));
     return success();
   }
 
@@ -165,7 +171,7 @@ struct SplitBatchPass
 
   void runOnOperation() override {
     func::FuncOp func = getOperation();
-    int64_t m = microbatches;
+    int64_t m = microbatches * dataParallel;
     if (m <= 1)
       return;
     // The batch is dimension 0 of every input, or dimension 1 of every

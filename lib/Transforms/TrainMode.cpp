@@ -23,7 +23,7 @@ using namespace mlir::pcc;
 
 namespace {
 
-LogicalResult toTrainingMode(BatchNormOp bn) {
+LogicalResult toTrainingMode(BatchNormOp bn, int64_t dp) {
   auto mean = bn.getMean().getDefiningOp<ParamOp>();
   auto var = bn.getVariance().getDefiningOp<ParamOp>();
   if (!mean || !var)
@@ -36,14 +36,16 @@ LogicalResult toTrainingMode(BatchNormOp bn) {
   if (rank < 2)
     return bn.emitError("train mode: batch normalisation needs N x C x ...");
   SmallVector<int64_t> axes{0}, statShape(rank, 1);
-  int64_t count = type.getDimSize(0);
+  // Values per channel over the global batch (every dp rank's rows).
+  int64_t count = type.getDimSize(0) * dp;
   for (int64_t d = 2; d < rank; ++d) {
     axes.push_back(d);
     count *= type.getDimSize(d);
   }
   if (count < 2)
     return bn.emitError("train mode: batch normalisation over ")
-           << count << " value per channel (a batch of " << type.getDimSize(0)
+           << count << " value per channel (a batch of "
+           << type.getDimSize(0) * dp
            << "); training needs more than 1, as PyTorch";
   statShape[1] = type.getDimSize(1);
 
@@ -60,11 +62,19 @@ LogicalResult toTrainingMode(BatchNormOp bn) {
     return ConstantOp::create(b, loc, getSplatAttr(t, value));
   };
 
-  Value batchMean = ReduceMeanOp::create(b, loc, x, axes, /*keep_dims=*/true);
+  // The mean over the batch: this program's rows alone, or with data
+  // parallelism every rank's (a local sum, summed over dp, over the global
+  // count).
+  auto batchAverage = [&](Value v) -> Value {
+    if (dp == 1)
+      return ReduceMeanOp::create(b, loc, v, axes, /*keep_dims=*/true);
+    Value sum = ReduceSumOp::create(b, loc, v, axes, /*keep_dims=*/true);
+    sum = AllReduceOp::create(b, loc, sum, b.getStringAttr("dp"));
+    return MulOp::create(b, loc, sum, splat(statType, 1.0 / count));
+  };
+  Value batchMean = batchAverage(x);
   Value centred = SubOp::create(b, loc, x, full(batchMean));
-  Value batchVar = ReduceMeanOp::create(
-      b, loc, MulOp::create(b, loc, centred, centred), axes,
-      /*keep_dims=*/true);
+  Value batchVar = batchAverage(MulOp::create(b, loc, centred, centred));
   Value rstd = ReciprocalOp::create(
       b, loc,
       SqrtOp::create(
@@ -98,7 +108,7 @@ struct TrainModePass : public mlir::pcc::impl::TrainModeBase<TrainModePass> {
     SmallVector<BatchNormOp> norms;
     getOperation().walk([&](BatchNormOp bn) { norms.push_back(bn); });
     for (BatchNormOp bn : norms)
-      if (failed(toTrainingMode(bn)))
+      if (failed(toTrainingMode(bn, dataParallel)))
         return signalPassFailure();
   }
 };

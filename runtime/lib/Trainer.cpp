@@ -145,6 +145,7 @@ Status Trainer::runPhase(int32_t phase, const std::vector<const void *> &in,
   for (int s = 0; s < info.num_state; ++s)
     phaseState.push_back(statePtrs[info.state[s]]);
   pcc_run_context context = device->runContext();
+  context.comms = comms;
   context.hyper = hyper;
   return library->runPhase(phase, context, in.data(), out.data(),
                            phaseState.data(), arena.data());
@@ -197,7 +198,8 @@ Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
     fwdOut[0] = static_cast<char *>(losses.data()) + 4 * j;
     // Both phases of a micro-batch see its index (dropout's masks).
     std::array<double, PCC_NUM_HYPER> mbHyper = hyper;
-    mbHyper[PCC_HYPER_MICROBATCH] = static_cast<double>(j);
+    mbHyper[PCC_HYPER_MICROBATCH] =
+        static_cast<double>(static_cast<int64_t>(j) * dpSize + dpRank);
     Status ran = runPhase(PCC_PHASE_FORWARD, fwdIn, fwdOut, mbHyper.data());
     if (!ran.ok())
       return Error{ran.error()};

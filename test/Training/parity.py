@@ -5,7 +5,12 @@ steps of a PyTorch reference run (test/Training/ref/<model>) and compares
 the per-step losses and the final weights with PyTorch's (compare.py).
 
   parity.py --model gpt --optimizer adamw --pcc build/bin/pcc \
-      --pcc-run build/bin/pcc-run --work /tmp/gpt-adamw [--microbatches 2]
+      --pcc-run build/bin/pcc-run --work /tmp/gpt-adamw [--microbatches 2] \
+      [--dp 2]
+
+With --dp N the library is compiled for N data-parallel ranks (pcc --dp)
+and trained with pcc-run -n N: the same references, since data parallelism
+must train what one device trains.
 
 Exit status 0 when every loss and weight matches within the tolerances of
 the issue (losses relative 1e-5; weights rtol 1e-4, AdamW 1e-3 / 1e-5: see
@@ -58,6 +63,7 @@ def main():
     ap.add_argument("--pcc-run", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--microbatches", type=int, default=1)
+    ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
@@ -71,7 +77,7 @@ def main():
     run([args.pcc, onnx_path(args.model),
          "--train", "--loss=" + loss, "--optimizer=" + args.optimizer,
          "--microbatches=%d" % args.microbatches, "--target=" + args.target,
-         "-o", lib] + flags)
+         "--dp=%d" % args.dp, "-o", lib] + flags)
 
     hyper = ["--lr", repr(opt["lr"]), "--weight-decay",
              repr(opt["weight_decay"])]
@@ -91,7 +97,8 @@ def main():
     inputs = []
     for f in config.get("inputs", ["input.npy"]):
         inputs += ["--input", os.path.join(ref, f)]
-    run([args.pcc_run, lib, "--steps", str(config["steps"]),
+    ranks = ["-n", str(args.dp)] if args.dp > 1 else []
+    run([args.pcc_run] + ranks + [lib, "--steps", str(config["steps"]),
          "--device", args.device] + inputs + [
          "--labels", os.path.join(ref, "labels.npy"),
          "--loss-log", log, "--save-dir", ckpt, "--log-every", "5"] + hyper)

@@ -386,8 +386,26 @@ bool parseTrainOption(const std::string &a, TrainOptions &o,
 }
 
 int runTraining(const TrainOptions &given, const ModelLibrary &library,
-                Device &device, const std::string &libraryPath) {
+                Device &device, const std::string &libraryPath,
+                const TrainRanks &ranks) {
   TrainOptions o = given;
+  // Data parallelism: every rank trains on its rows; rank 0 speaks.
+  int64_t dp = ranks.dataParallel ? ranks.dataParallel->size() : 1;
+  int64_t dpRank = ranks.dataParallel ? ranks.dataParallel->rank() : 0;
+  if (!ranks.leader)
+    (void)!std::freopen("/dev/null", "w", stdout);
+  // The sum of `value` over the dp ranks (exact for counts; the loss sums
+  // of the ranks in rank order).
+  auto sumOverRanks = [&](double value) {
+    if (!ranks.dataParallel)
+      return value;
+    double total = 0;
+    Status summed = ranks.dataParallel->allReduce(&value, &total, 1,
+                                                  DType::F64, ReduceOp::Sum);
+    if (!summed.ok())
+      fail(summed.error());
+    return total;
+  };
   const pcc_model_info &info = library.info();
   const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];
   std::string optimizer = info.optimizer, loss = info.loss;
@@ -413,9 +431,14 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
 
   // Data: micro-batches of the forward phase's shapes.
   int nin = fwd.num_inputs;
+  // One rank's micro-batch has microRows rows; the step's global batch is
+  // m micro-batches on each of the dp ranks. Rank r's micro-batch j is the
+  // global micro-batch j * dp + r: rows [(j dp + r) microRows, ...) of the
+  // step's batch, so the rows of micro-batch j on one device are split
+  // over the ranks.
   int64_t microRows = fwd.inputs[0].rank ? fwd.inputs[0].shape[0] : 1;
   int64_t m = std::max<int32_t>(info.microbatches, 1);
-  int64_t batch = microRows * m;
+  int64_t batch = microRows * m * dp;
   std::unique_ptr<DataSource> source;
   std::vector<NpyArray> labelsHost; // for the loss normaliser
   if (!o.data.empty()) {
@@ -508,6 +531,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   auto trainer = Trainer::create(library, device);
   if (!trainer.ok())
     fail(trainer.error());
+  trainer->setCommunicators(ranks.comms);
+  trainer->setDataParallelRank(dpRank, dp);
 
   // The run's hyperparameters; a resumed run takes the checkpoint's seed.
   Hyperparameters hyper = o.hyper;
@@ -566,13 +591,16 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
       fail(loaded.error());
   }
 
+  std::string ranksText =
+      dp > 1 ? " on each of " + std::to_string(dp) + " data-parallel ranks"
+             : "";
   std::printf("training %s on %s: %s, batch %lld (%lld micro-batch%s of "
-              "%lld), loss %s, %s\n",
+              "%lld%s), loss %s, %s\n",
               libraryPath.c_str(), device.describe().c_str(),
               source->describe().c_str(), static_cast<long long>(batch),
               static_cast<long long>(m), m == 1 ? "" : "es",
-              static_cast<long long>(microRows), loss.c_str(),
-              hyperDescription(o, optimizer.c_str()).c_str());
+              static_cast<long long>(microRows), ranksText.c_str(),
+              loss.c_str(), hyperDescription(o, optimizer.c_str()).c_str());
   std::printf("model state %.2f MiB, saved activations %.2f MiB, arena "
               "%.2f MiB\n",
               trainer->stateBytes() / 1048576.0,
@@ -583,7 +611,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   // killed run may have logged steps after it, which are done again) and
   // continues the step numbers.
   FILE *log = nullptr;
-  if (!o.lossLog.empty()) {
+  if (!o.lossLog.empty() && ranks.leader) {
     std::string kept = "step,loss,lr,grad_norm,samples_per_s,step_ms\n";
     if (start > 0) {
       std::ifstream existing(o.lossLog);
@@ -617,6 +645,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                             {"optimizer", optimizer},
                             {"batch", batch},
                             {"microbatches", m},
+                            {"dp", dp},
                             {"samples_seen", step * batch}};
     if (o.shuffle)
       state["shuffle"] = *o.shuffle;
@@ -643,7 +672,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
       std::vector<std::vector<uint8_t>> mb(nin);
       for (int i = 0; i < nin; ++i)
         mb[i].swap(buffers[j * nin + i]);
-      source->fill(k, j, mb);
+      source->fill(k, j * dp + dpRank, mb);
       for (int i = 0; i < nin; ++i) {
         mb[i].swap(buffers[j * nin + i]);
         microbatches[j].push_back(buffers[j * nin + i].data());
@@ -665,6 +694,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
         count += 1;
       }
     }
+    // The normaliser counts the labels of every rank's rows.
+    count = sumOverRanks(count);
     double lr = learningRate(o, s);
     auto t0 = std::chrono::steady_clock::now();
     auto result = trainer->step(microbatches, count > 0 ? 1.0 / count : 0.0,
@@ -680,7 +711,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                    "%lld; the step changes nothing but weight decay\n",
                    static_cast<long long>(s),
                    static_cast<long long>(info.ignore_index));
-    double stepLoss = count > 0 ? result->lossSum / count : NAN;
+    double stepLoss = count > 0 ? sumOverRanks(result->lossSum) / count : NAN;
     lastLoss = stepLoss;
     curve.push_back({s, stepLoss});
     double samples = batch / (ms / 1000.0);
@@ -704,10 +735,14 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                   tokens ? "tokens" : "samples", ms);
       std::fflush(stdout);
     }
-    if (!o.saveDir.empty() && o.saveEvery > 0 && s % o.saveEvery == 0)
+    // Every rank holds the same weights and optimizer state (the updates
+    // read the summed gradients): rank 0 writes the checkpoint.
+    if (!o.saveDir.empty() && o.saveEvery > 0 && s % o.saveEvery == 0 &&
+        ranks.leader)
       save(s);
   }
-  if (!o.saveDir.empty() && (o.saveEvery == 0 || o.steps % o.saveEvery != 0))
+  if (!o.saveDir.empty() && (o.saveEvery == 0 || o.steps % o.saveEvery != 0) &&
+      ranks.leader)
     save(o.steps);
   if (log)
     std::fclose(log);
@@ -727,7 +762,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
               (device.peakBytes() - trainer->stateBytes() -
                trainer->activationBytes() - trainer->arenaBytes()) /
                   1048576.0);
-  if (!o.lossSvg.empty()) {
+  if (!o.lossSvg.empty() && ranks.leader) {
     // The whole curve when the log holds earlier steps of a resumed run.
     std::vector<std::pair<int64_t, double>> points;
     if (!o.lossLog.empty()) {

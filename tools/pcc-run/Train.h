@@ -3,6 +3,7 @@
 #ifndef PCC_TOOLS_PCC_RUN_TRAIN_H
 #define PCC_TOOLS_PCC_RUN_TRAIN_H
 
+#include "pcc/runtime/Communicator.h"
 #include "pcc/runtime/Device.h"
 #include "pcc/runtime/ModelLibrary.h"
 #include "pcc/runtime/Trainer.h"
@@ -39,9 +40,21 @@ struct TrainOptions {
 bool parseTrainOption(const std::string &arg, TrainOptions &o,
                       const std::function<std::string()> &value);
 
+/// Where this process trains: one device, or one rank of a data-parallel
+/// job.
+struct TrainRanks {
+  /// The library's communicators, one per mesh axis (null: one rank).
+  const pcc_comm *comms = nullptr;
+  /// The dp axis's group, for the loss and the label count (null: one rank).
+  Communicator *dataParallel = nullptr;
+  /// Rank 0 prints, logs and writes checkpoints.
+  bool leader = true;
+};
+
 /// Trains `library` on `device` as `o` says; returns the exit status.
 int runTraining(const TrainOptions &o, const ModelLibrary &library,
-                Device &device, const std::string &libraryPath);
+                Device &device, const std::string &libraryPath,
+                const TrainRanks &ranks = {});
 
 } // namespace pccrt
 

@@ -777,13 +777,44 @@ int main(int argc, char **argv) {
   if (library->isTraining() && !opts.info) {
     if (!opts.inputs.empty())
       opts.train.inputs = opts.inputs;
-    if (opts.ranks > 1)
-      die("this version trains on one device; '" + opts.library +
-          "' is a one-device training library");
-    auto device = Device::open(opts.device);
+    // A data-parallel library (pcc --train --dp=N) runs one rank per dp
+    // position, started here under mpirun like a partitioned one.
+    bool underMpi = Communicator::launchedByMpi();
+    int64_t meshRanks = library->meshRanks();
+    if (opts.ranks > 0 && opts.ranks != meshRanks)
+      die("'" + opts.library + "' was compiled for " +
+          library->describeMesh() + ", which takes " +
+          std::to_string(meshRanks) + " rank(s), not -n " +
+          std::to_string(opts.ranks));
+    if (opts.ranks > 1 && !underMpi)
+      launch(opts);
+    if (meshRanks > 1 && !underMpi)
+      die("'" + opts.library + "' was compiled for " +
+          library->describeMesh() + "; run it with pcc-run -n " +
+          std::to_string(meshRanks));
+    std::string deviceName = opts.device;
+    if (underMpi && deviceName == "cuda")
+      if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
+        auto count = Device::cudaDeviceCount();
+        if (count.ok() && *count > 0)
+          deviceName = "cuda:" + std::to_string(std::atoi(local) % *count);
+      }
+    auto device = Device::open(deviceName);
     if (!device.ok())
       die(device.error());
-    return runTraining(opts.train, *library, **device, opts.library);
+    Ranks ranks;
+    TrainRanks trainRanks;
+    if (underMpi) {
+      ranks = joinRanks(*info, meshRanks, **device, library->describeMesh());
+      trainRanks.comms = ranks.tables.data();
+      // Data parallelism is the only axis a training library has today, so
+      // the world is the dp group; the host-side sums (loss, label count)
+      // go over it with MPI whatever engine the library's collectives use.
+      trainRanks.dataParallel = ranks.world.get();
+      trainRanks.leader = ranks.world->rank() == 0;
+    }
+    return runTraining(opts.train, *library, **device, opts.library,
+                       trainRanks);
   }
   if (opts.train.steps > 0 || !opts.train.labels.empty())
     die("'" + opts.library +

@@ -588,9 +588,13 @@ int main(int argc, char **argv) {
                 "--emit=mlir-imported or --emit=weights");
   if (what == Emit::SharedLibrary && outputFile == "-")
     return fail("building a model library needs -o <file>.so");
-  if (dp > 1)
-    return fail("--dp above 1 is not in this version of pcc yet (tensor "
-                "and pipeline parallelism, --tp and --pp, are)");
+  if (dp > 1 && !train)
+    return fail("--dp splits a training step's batch over data-parallel "
+                "ranks; it goes with --train (for inference, run one copy "
+                "of the model per device)");
+  if (train && dp > 1 && (tp > 1 || pp > 1))
+    return fail("--dp with --tp or --pp is not in this version of pcc yet: "
+                "data parallelism trains the whole model on every rank");
   if (microbatches < 1)
     return fail("--microbatches must be at least 1");
   if (train && (tp > 1 || pp > 1))
@@ -719,16 +723,20 @@ int main(int argc, char **argv) {
     if (dumper)
       pm.addInstrumentation(std::move(dumper));
     pcc::buildImportCleanupPipeline(pm);
-    if (microbatches > 1) {
+    if (microbatches * dp > 1) {
       // The model is imported at its whole batch; the analysis finds the
-      // rows and rewrites the program to one micro-batch.
+      // rows and rewrites the program to one micro-batch of one data-
+      // parallel rank (micro-batch j of rank r: rows [(j dp + r) b, ...)).
       pcc::SplitBatchOptions split;
       split.microbatches = microbatches;
+      split.dataParallel = dp;
       pm.addNestedPass<func::FuncOp>(pcc::createSplitBatch(split));
       pm.addPass(createCanonicalizerPass());
     }
     if (train) {
-      pm.addNestedPass<func::FuncOp>(pcc::createTrainMode());
+      pcc::TrainModeOptions trainMode;
+      trainMode.dataParallel = dp;
+      pm.addNestedPass<func::FuncOp>(pcc::createTrainMode(trainMode));
       pcc::setTrainingAttr(**module,
                            {b.getNamedAttr("microbatches",
                                            b.getI64IntegerAttr(microbatches))});
@@ -743,6 +751,11 @@ int main(int argc, char **argv) {
       pm.addPass(pcc::createOptimizer(optimizer));
       pm.addPass(createCanonicalizerPass());
       pm.addPass(createCSEPass());
+      if (dp > 1) {
+        pcc::DataParallelOptions data;
+        data.dataParallel = dp;
+        pm.addPass(pcc::createDataParallel(data));
+      }
     }
     if (tp > 1) {
       pcc::PlanShardingOptions plan;

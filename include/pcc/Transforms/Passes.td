@@ -169,7 +169,10 @@ def SplitBatch : Pass<"pcc-split-batch", "func::FuncOp"> {
   }];
   let options = [
     Option<"microbatches", "microbatches", "int64_t", /*default=*/"1",
-           "micro-batches to split the batch into">
+           "micro-batches to split the batch into">,
+    Option<"dataParallel", "dp", "int64_t", /*default=*/"1",
+           "data-parallel ranks, each of which runs its share of every "
+           "micro-batch (the program becomes one rank's micro-batch)">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
@@ -331,7 +334,18 @@ def TrainMode : Pass<"pcc-train-mode", "func::FuncOp"> {
     pcc.ema_update %rm, %mean momentum = 0.9 scale = 1.0 : tensor<8xf32>
     pcc.ema_update %rv, %var momentum = 0.9 scale = 1.0009775171065494 : tensor<8xf32>
     ```
+
+    With `dp` above 1 (data parallelism: this program holds one rank's
+    rows), the statistics are the global batch's, as PyTorch's
+    SyncBatchNorm: each mean is a `pcc.reduce_sum`, a `pcc.all_reduce`
+    over `dp` and a division by the global count, so a CNN trains the same
+    at any dp. pcc-autodiff differentiates the all-reduce (its VJP is the
+    all-reduce of the cotangent).
   }];
+  let options = [
+    Option<"dataParallel", "dp", "int64_t", /*default=*/"1",
+           "ranks of the dp mesh axis the batch is split over">
+  ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
@@ -419,6 +433,32 @@ def Optimizer : Pass<"pcc-optimizer", "ModuleOp"> {
   let options = [
     Option<"kind", "kind", "std::string", /*default=*/"\"adamw\"",
            "sgd or adamw">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
+def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
+  let summary = "sums the gradients over the dp mesh axis";
+  let description = [{
+    Runs after pcc-optimizer on a training program compiled for one data-
+    parallel rank's rows (pcc-split-batch split the batch over dp x the
+    micro-batches). Every rank accumulates its own gradients over its
+    micro-batches (no communication during the backward passes, as DDP's
+    `no_sync`); `@train_optimizer` then reads each gradient through a
+    `pcc.all_reduce` over `dp`, in the order the backward phase produces
+    them, before the global norm and the updates. The loss-gradient seed is
+    one over the global batch's labels, so the sum is the global mean's
+    gradient and every rank applies the same update.
+
+    ```mlir
+    %g = pcc.param "fc1.weight@grad" : tensor<256x64xf32>
+    %r = pcc.all_reduce %g axis = "dp" : tensor<256x64xf32>
+    pcc.adamw_update %p, %r, %m, %v, %norm : tensor<256x64xf32>, tensor<f32>
+    ```
+  }];
+  let options = [
+    Option<"dataParallel", "dp", "int64_t", /*default=*/"1",
+           "ranks of the dp mesh axis">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }

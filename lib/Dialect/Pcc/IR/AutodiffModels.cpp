@@ -799,6 +799,20 @@ template <> struct Rule<DropoutOp> {
   }
 };
 
+// A sum over the ranks of a mesh axis, read by every rank: the objective is
+// the sum of the ranks' losses, so d(x_r) = sum over ranks s of d(y_s), the
+// same all-reduce of the cotangents. (Data parallelism's synchronised batch
+// statistics: pcc-train-mode inserts these before autodiff.)
+template <> struct Rule<AllReduceOp> {
+  static void saved(AllReduceOp, SmallVectorImpl<Value> &) {}
+  static LogicalResult vjp(AllReduceOp op, GradBuilder &gb, ArrayRef<Value> rg,
+                           ArrayRef<bool>, SmallVectorImpl<Value> &grads) {
+    grads.push_back(
+        AllReduceOp::create(gb.b, gb.loc, rg[0], op.getAxisAttr()));
+    return success();
+  }
+};
+
 // Convolution and pooling.
 template <> struct Rule<ConvOp> {
   static void saved(ConvOp op, SmallVectorImpl<Value> &s) {
@@ -913,7 +927,7 @@ void mlir::pcc::registerPccAutodiffModels(MLIRContext *context) {
               ReshapeOp, TransposeOp, BroadcastOp, ConcatOp, SplitOp, SliceOp,
               PadOp, GatherOp, ScatterAddOp, ReduceSumOp, ReduceMeanOp,
               ReduceMaxOp, ReduceMinOp, ReduceProdOp, MatmulOp, ConvOp,
-              MaxPoolOp, AvgPoolOp, CrossEntropyOp, DropoutOp>(context);
+              MaxPoolOp, AvgPoolOp, CrossEntropyOp, DropoutOp, AllReduceOp>(context);
   // Piecewise-constant or non-float results: no gradient flows through.
   attachNoGradient<FloorOp, CeilOp, NotOp, AndOp, OrOp, XorOp, IsNaNOp,
                    IsInfOp, CompareOp, ArgMaxOp, ParamOp, ConstantOp>(context);

@@ -61,6 +61,16 @@ public:
                           double lossGrad,
                           const std::array<double, PCC_NUM_HYPER> &hyper);
 
+  /// Data parallelism: the library's communicators (one per mesh axis,
+  /// kept by the caller) and this rank's place on the dp axis. Micro-batch
+  /// j of this rank is the step's global micro-batch j * dpSize + dpRank,
+  /// the index dropout's masks are keyed by.
+  void setCommunicators(const pcc_comm *tables) { comms = tables; }
+  void setDataParallelRank(int64_t rank, int64_t size) {
+    dpRank = rank;
+    dpSize = size;
+  }
+
   /// Bytes of model state, saved activations and arena on the device.
   int64_t stateBytes() const { return stateTotal; }
   int64_t activationBytes() const { return savedTotal; }
@@ -82,6 +92,8 @@ private:
   DeviceBuffer losses;
   size_t lossSlots = 0;
   int64_t stateTotal = 0, savedTotal = 0, arenaTotal = 0;
+  const pcc_comm *comms = nullptr;
+  int64_t dpRank = 0, dpSize = 1;
 };
 
 } // namespace pccrt
