@@ -6,8 +6,13 @@
 
 #include "Loader.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 namespace pccrt {
@@ -43,6 +48,71 @@ bool Communicator::launchedByMpi() {
 }
 
 namespace {
+
+//===----------------------------------------------------------------------===//
+// The watchdog
+//===----------------------------------------------------------------------===//
+
+/// One thread per process that watches the collective in flight (this
+/// process issues them from one thread, so there is at most one).
+class Watchdog {
+public:
+  static Watchdog &get() {
+    static Watchdog *w = new Watchdog(); // never destroyed: the thread runs
+    return *w;                           // until the process ends
+  }
+  void setTimeout(double seconds) {
+    std::lock_guard<std::mutex> lock(mutex);
+    timeout = seconds;
+    if (seconds > 0 && !started) {
+      started = true;
+      std::thread([this] { run(); }).detach();
+    }
+  }
+  bool enabled() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return timeout > 0;
+  }
+  void begin(std::string description) {
+    std::lock_guard<std::mutex> lock(mutex);
+    what = std::move(description);
+    since = std::chrono::steady_clock::now();
+    active = true;
+  }
+  void end() {
+    std::lock_guard<std::mutex> lock(mutex);
+    active = false;
+  }
+
+private:
+  void run() {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!active || timeout <= 0)
+        continue;
+      double waited = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - since)
+                          .count();
+      if (waited <= timeout)
+        continue;
+      std::fprintf(stderr,
+                   "pcc-run: error: %s after %.1f s, longer than the "
+                   "collective timeout (--collective-timeout %g): a peer "
+                   "rank is stalled or has died; ending the job\n",
+                   what.c_str(), waited, timeout);
+      std::fflush(stderr);
+      // Not exit(): MPI_Finalize would wait for the stalled peer. mpirun
+      // ends the other ranks when this one exits without finalising.
+      std::_Exit(3);
+    }
+  }
+  std::mutex mutex;
+  double timeout = 0;
+  bool started = false, active = false;
+  std::string what;
+  std::chrono::steady_clock::time_point since;
+};
 
 //===----------------------------------------------------------------------===//
 // A world of one
@@ -107,34 +177,63 @@ public:
 
   Status allReduce(const void *send, void *recv, int64_t count, DType type,
                    ReduceOp op) override {
+    Watched w(*this, "all_reduce", count, type);
     return check(api.allReduce(comm, send, recv, count, int(type), int(op)),
                  "all_reduce", count, type);
   }
   Status allGather(const void *send, void *recv, int64_t count,
                    DType type) override {
+    Watched w(*this, "all_gather", count, type);
     return check(api.allGather(comm, send, recv, count, int(type)),
                  "all_gather", count, type);
   }
   Status reduceScatter(const void *send, void *recv, int64_t count, DType type,
                        ReduceOp op) override {
+    Watched w(*this, "reduce_scatter", count, type);
     return check(api.reduceScatter(comm, send, recv, count, int(type), int(op)),
                  "reduce_scatter", count, type);
   }
   Status broadcast(void *buffer, int64_t count, DType type, int root) override {
+    Watched w(*this, "broadcast", count, type);
     return check(api.broadcast(comm, buffer, count, int(type), root),
                  "broadcast", count, type);
   }
   Status send(const void *buffer, int64_t count, DType type,
               int peer) override {
+    Watched w(*this, "send to rank " + std::to_string(peer), count, type);
     return check(api.send(comm, buffer, count, int(type), peer),
                  "send to rank " + std::to_string(peer), count, type);
   }
   Status recv(void *buffer, int64_t count, DType type, int peer) override {
+    Watched w(*this, "recv from rank " + std::to_string(peer), count, type);
     return check(api.recv(comm, buffer, count, int(type), peer),
                  "recv from rank " + std::to_string(peer), count, type);
   }
 
 protected:
+  /// Tells the watchdog (when it is on) which call this rank waits in,
+  /// numbered by its place among this group's calls.
+  class Watched {
+  public:
+    Watched(EngineCommunicator &c, const std::string &what, int64_t count,
+            DType type) {
+      int64_t seq = ++c.calls;
+      on = Watchdog::get().enabled();
+      if (on)
+        Watchdog::get().begin(c.failure(what + " #" + std::to_string(seq),
+                                        count, type, "still waiting")
+                                  .message);
+    }
+    ~Watched() {
+      if (on)
+        Watchdog::get().end();
+    }
+
+  private:
+    bool on = false;
+  };
+  int64_t calls = 0;
+
   Status check(int rc, const std::string &what, int64_t count, DType type) {
     if (rc == 0)
       return Status::success();
@@ -404,6 +503,10 @@ int CommBinding::reduceScatter(void *group, const void *send, void *recv,
 
 const char *CommBinding::lastError(void *group) {
   return static_cast<CommBinding *>(group)->error.c_str();
+}
+
+void Communicator::setCollectiveTimeout(double seconds) {
+  Watchdog::get().setTimeout(seconds);
 }
 
 } // namespace pccrt

@@ -25,6 +25,7 @@
 #include <functional>
 #include <random>
 #include <sstream>
+#include <thread>
 
 namespace pccrt {
 
@@ -697,6 +698,14 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     // The normaliser counts the labels of every rank's rows.
     count = sumOverRanks(count);
     double lr = learningRate(o, s);
+    // Fault injection for the watchdog's test: "RANK:STEP" stalls that
+    // rank before that step's compute, as a hung device or host would.
+    if (const char *stall = std::getenv("PCC_TEST_STALL_RANK")) {
+      long long r = -1, at = -1;
+      if (std::sscanf(stall, "%lld:%lld", &r, &at) == 2 && r == dpRank &&
+          at == s)
+        std::this_thread::sleep_for(std::chrono::hours(1));
+    }
     auto t0 = std::chrono::steady_clock::now();
     auto result = trainer->step(microbatches, count > 0 ? 1.0 / count : 0.0,
                                 hyper.table(s, lr));

@@ -63,6 +63,12 @@ Options:
                      weights; rank 0 writes and checks the outputs. If a
                      rank dies, mpirun ends the others and the run fails.
   --hostfile FILE    passed to mpirun for runs over several hosts
+  --collective-timeout SECONDS
+                     with several ranks: a collective or transfer that
+                     waits longer than this (a peer stalled or died) ends
+                     the job, naming the rank, its mesh coordinates, the
+                     group, the collective and its sequence number
+                     (default 300; 0 waits for ever)
   --trace FILE       pipelined libraries (pcc --pp): write every rank's
                      compute, send, receive and idle intervals of the last
                      run as Chrome-trace JSON (chrome://tracing, Perfetto)
@@ -170,6 +176,7 @@ struct Options {
   bool info = false;
   bool listDevices = false;
   bool cudaGraph = false;
+  double collectiveTimeout = 300;
   /// Training libraries (pcc --train).
   TrainOptions train;
 };
@@ -233,6 +240,8 @@ Options parse(int argc, char **argv) {
       o.listDevices = true;
     } else if (a == "--cuda-graph") {
       o.cudaGraph = true;
+    } else if (a == "--collective-timeout") {
+      o.collectiveTimeout = number(i);
     } else if (parseTrainOption(a, o.train, [&] { return value(i); })) {
     } else if (!a.empty() && a[0] == '-') {
       die("unknown option '" + a + "' (see --help)");
@@ -321,8 +330,9 @@ std::vector<int64_t> meshCoordinates(const pcc_model_info &info, int64_t rank) {
 /// differ only in their coordinate on that axis (the last axis varies
 /// fastest).
 Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks, Device &device,
-                const std::string &mesh) {
+                const std::string &mesh, double collectiveTimeout) {
   Ranks r;
+  Communicator::setCollectiveTimeout(collectiveTimeout);
   auto world = Communicator::mpiWorld();
   if (!world.ok())
     die(world.error());
@@ -805,7 +815,8 @@ int main(int argc, char **argv) {
     Ranks ranks;
     TrainRanks trainRanks;
     if (underMpi) {
-      ranks = joinRanks(*info, meshRanks, **device, library->describeMesh());
+      ranks = joinRanks(*info, meshRanks, **device, library->describeMesh(),
+                      opts.collectiveTimeout);
       trainRanks.comms = ranks.tables.data();
       // Data parallelism is the only axis a training library has today, so
       // the world is the dp group; the host-side sums (loss, label count)
@@ -900,7 +911,8 @@ int main(int argc, char **argv) {
     die(device.error());
   Ranks ranks;
   if (multiRank)
-    ranks = joinRanks(*info, meshRanks, **device, library->describeMesh());
+    ranks = joinRanks(*info, meshRanks, **device, library->describeMesh(),
+                      opts.collectiveTimeout);
   bool leader = !multiRank || ranks.world->rank() == 0;
   if (library->isPipelined())
     return runPipelined(opts, *library, **device, ranks, inputs);

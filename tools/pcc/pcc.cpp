@@ -79,6 +79,12 @@ static cl::opt<int64_t> pp("pp", cl::desc("pipeline-parallel degree"),
                            cl::init(1), cl::cat(pccCategory));
 static cl::opt<int64_t> dp("dp", cl::desc("data-parallel degree"), cl::init(1),
                            cl::cat(pccCategory));
+static cl::opt<int64_t>
+    zero("zero",
+         cl::desc("ZeRO stage with --dp: 0 replicates the optimizer state "
+                  "(the stages 1 to 3 that shard it are not in this version "
+                  "yet)"),
+         cl::init(0), cl::cat(pccCategory));
 static cl::list<std::string>
     ppCuts("pp-cuts",
            cl::desc("cut the pipeline after these ONNX nodes (pp x v - 1 "
@@ -592,6 +598,19 @@ int main(int argc, char **argv) {
     return fail("--dp splits a training step's batch over data-parallel "
                 "ranks; it goes with --train (for inference, run one copy "
                 "of the model per device)");
+  if (zero < 0 || zero > 3)
+    return fail("--zero=" + std::to_string(zero) +
+                " is not a ZeRO stage (0, 1, 2 or 3)");
+  if (zero > 0)
+    return fail("--zero=" + std::to_string(zero) +
+                " (sharding " +
+                (zero == 1   ? std::string("the optimizer state")
+                 : zero == 2 ? std::string("the optimizer state and the "
+                                           "gradients")
+                             : std::string("the optimizer state, the "
+                                           "gradients and the weights")) +
+                " over dp) is not in this version of pcc yet; --dp with "
+                "--zero=0 replicates them on every rank");
   if (train && dp > 1 && (tp > 1 || pp > 1))
     return fail("--dp with --tp or --pp is not in this version of pcc yet: "
                 "data parallelism trains the whole model on every rank");

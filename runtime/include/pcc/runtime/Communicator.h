@@ -46,6 +46,13 @@ public:
                                                     Device &device);
   /// Whether mpirun, srun or another MPI launcher started this process.
   static bool launchedByMpi();
+  /// The watchdog: when a collective or transfer of an MPI or NCCL group in
+  /// this process has waited more than `seconds` (a peer stalled or died),
+  /// a thread prints which one (rank, mesh coordinates, group, collective,
+  /// its sequence number in the group, count and type) to stderr and ends
+  /// this process with status 3, and mpirun then ends the job. 0 (the
+  /// default) watches nothing.
+  static void setCollectiveTimeout(double seconds);
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
