@@ -333,8 +333,13 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
   auto mib = [](int64_t bytes) {
     return llvm::format("%10.3f MiB", bytes / 1048576.0);
   };
-  os << "  training memory on one device (predicted; pcc-run prints the "
-        "measured high-water mark):\n";
+  if (dp > 1)
+    os << "  training memory on each of the " << dp.getValue()
+       << " data-parallel ranks (predicted; pcc-run prints rank 0's "
+          "measured high-water mark):\n";
+  else
+    os << "  training memory on one device (predicted; pcc-run prints the "
+          "measured high-water mark):\n";
   os << "    weights            " << mib(weights) << "\n";
   os << "    gradients          " << mib(grads) << "\n";
   os << "    optimizer state    " << mib(optimizer) << "\n";
@@ -343,6 +348,20 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
   os << "    scratch (arena)    " << mib(arena) << "  (the largest phase)\n";
   os << "    total              "
      << mib(weights + grads + optimizer + inputs + saved + arena) << "\n";
+  // The ZeRO paper's accounting of model state, in float32: Psi trainable
+  // parameters (those with a gradient), 4 bytes each for the weights and
+  // the gradients, K for the optimizer (AdamW 8, SGD 4); other weights
+  // (running statistics) on top. Without ZeRO every rank holds all of it.
+  if (grads > 0) {
+    int64_t psi = grads / 4;
+    os << "    model state: " << weights + grads + optimizer << " bytes = "
+       << (4 + 4 + optimizer / psi) << " bytes x " << psi
+       << " trainable parameters";
+    if (weights > 4 * psi)
+      os << " + " << weights - 4 * psi << " bytes of other weights";
+    os << " (ZeRO stage 0: (4 + 4 + " << optimizer / psi
+       << ") x Psi on every rank)\n";
+  }
 }
 
 /// `pcc --explain`: what the lowering pipeline made of the model.
