@@ -297,6 +297,22 @@ Options parse(int argc, char **argv) {
       " (install openmpi-bin, or start pcc-run under your own mpirun/srun)");
 }
 
+/// Opens `name`; a rank of a job asking for "cuda" gets one of its host's
+/// GPUs, round-robin by its local rank.
+std::unique_ptr<Device> openRankDevice(const std::string &name, bool rank) {
+  std::string deviceName = name;
+  if (rank && deviceName == "cuda")
+    if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
+      auto count = Device::cudaDeviceCount();
+      if (count.ok() && *count > 0)
+        deviceName = "cuda:" + std::to_string(std::atoi(local) % *count);
+    }
+  auto device = Device::open(deviceName);
+  if (!device.ok())
+    die(device.error());
+  return device.take();
+}
+
 /// The communicators of one rank: the world, and a group per mesh axis
 /// bound to the model ABI.
 struct Ranks {
@@ -802,20 +818,11 @@ int main(int argc, char **argv) {
       die("'" + opts.library + "' was compiled for " +
           library->describeMesh() + "; run it with pcc-run -n " +
           std::to_string(meshRanks));
-    std::string deviceName = opts.device;
-    if (underMpi && deviceName == "cuda")
-      if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
-        auto count = Device::cudaDeviceCount();
-        if (count.ok() && *count > 0)
-          deviceName = "cuda:" + std::to_string(std::atoi(local) % *count);
-      }
-    auto device = Device::open(deviceName);
-    if (!device.ok())
-      die(device.error());
+    std::unique_ptr<Device> device = openRankDevice(opts.device, underMpi);
     Ranks ranks;
     TrainRanks trainRanks;
     if (underMpi) {
-      ranks = joinRanks(*info, meshRanks, **device, library->describeMesh(),
+      ranks = joinRanks(*info, meshRanks, *device, library->describeMesh(),
                       opts.collectiveTimeout);
       trainRanks.comms = ranks.tables.data();
       // Data parallelism is the only axis a training library has today, so
@@ -824,7 +831,7 @@ int main(int argc, char **argv) {
       trainRanks.dataParallel = ranks.world.get();
       trainRanks.leader = ranks.world->rank() == 0;
     }
-    return runTraining(opts.train, *library, **device, opts.library,
+    return runTraining(opts.train, *library, *device, opts.library,
                        trainRanks);
   }
   if (opts.train.steps > 0 || !opts.train.labels.empty())
@@ -898,24 +905,14 @@ int main(int argc, char **argv) {
         "' is not pipelined (pcc --pp)");
 
   // The device: weights, inputs, outputs and the arena live in its memory.
-  // Ranks on one host share its GPUs round-robin.
-  std::string deviceName = opts.device;
-  if (multiRank && deviceName == "cuda")
-    if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
-      auto count = Device::cudaDeviceCount();
-      if (count.ok() && *count > 0)
-        deviceName = "cuda:" + std::to_string(std::atoi(local) % *count);
-    }
-  auto device = Device::open(deviceName);
-  if (!device.ok())
-    die(device.error());
+  std::unique_ptr<Device> device = openRankDevice(opts.device, multiRank);
   Ranks ranks;
   if (multiRank)
-    ranks = joinRanks(*info, meshRanks, **device, library->describeMesh(),
+    ranks = joinRanks(*info, meshRanks, *device, library->describeMesh(),
                       opts.collectiveTimeout);
   bool leader = !multiRank || ranks.world->rank() == 0;
   if (library->isPipelined())
-    return runPipelined(opts, *library, **device, ranks, inputs);
+    return runPipelined(opts, *library, *device, ranks, inputs);
 
   // Weights: map the file and bind each weight by name, checking its type.
   std::string weightsPath =
@@ -935,7 +932,7 @@ int main(int argc, char **argv) {
   for (NpyArray &a : outputs)
     outputPtrs.push_back(a.data.data());
 
-  auto runner = ModelRunner::create(*library, **device, *weights);
+  auto runner = ModelRunner::create(*library, *device, *weights);
   if (!runner.ok())
     die(runner.error());
   if (multiRank)
@@ -944,8 +941,8 @@ int main(int argc, char **argv) {
     std::printf("ranks: %d (%s), %s\n", ranks.world->size(),
                 library->describeMesh().c_str(),
                 ranks.groups.empty() ? "mpi" : ranks.groups.back()->engine());
-  if (!(*device)->isHost() && leader)
-    std::printf("device %s\n", (*device)->describe().c_str());
+  if (!device->isHost() && leader)
+    std::printf("device %s\n", device->describe().c_str());
   Status first = runner->run(inputPtrs, outputPtrs);
   if (!first.ok())
     die(first.error());
@@ -992,7 +989,7 @@ int main(int argc, char **argv) {
         info->num_inputs && info->inputs[0].rank ? info->inputs[0].shape[0] : 1;
     if (leader)
       printBench(ms,
-                 (*device)->describe() +
+                 device->describe() +
                      (multiRank ? " x " + std::to_string(ranks.world->size()) +
                                       " ranks"
                                 : ""),
