@@ -721,11 +721,20 @@ TEST(GradCheck, NoRule_OnAParsedConvGradient) {
   EXPECT_FALSE(isa<AutodiffOpInterface>(op));
 }
 
-// all_reduce over a mesh axis: the interpreter runs one rank, so the rule
-// is checked by its structure here (the VJP is the same all-reduce of the
-// cotangent) and by its numbers in test/Training/dp-*.test, where data
-// parallelism with synchronised batch statistics trains what one device
-// trains.
+// all_reduce over a mesh axis: the interpreter runs one rank, so finite
+// differences check the rule on an axis of one rank (where the sum is the
+// identity), its structure is checked on two (the VJP is the same
+// all-reduce of the cotangent), and its numbers over several ranks in
+// test/Training/dp-*.test, where data parallelism with synchronised batch
+// statistics trains what one device trains.
+TEST(GradCheck, AllReduce_OneRank) {
+  GradCase c;
+  c.ir = "module attributes {pcc.mesh = {dp = 1}} {\n" +
+         unary("pcc.all_reduce %x axis = \"dp\"") + "}\n";
+  c.args = {{0.5, -1.25, 2.0, 0.0, 3.5, -0.75}};
+  gradCheck(c);
+}
+
 TEST(GradCheck, AllReduce_IsAllReduceOfTheCotangent) {
   OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
     module attributes {pcc.mesh = {dp = 2}} {

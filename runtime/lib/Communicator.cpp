@@ -200,14 +200,16 @@ public:
   }
   Status send(const void *buffer, int64_t count, DType type,
               int peer) override {
-    Watched w(*this, "send to rank " + std::to_string(peer), count, type);
-    return check(api.send(comm, buffer, count, int(type), peer),
-                 "send to rank " + std::to_string(peer), count, type);
+    std::string what = "send to rank " + std::to_string(peer);
+    Watched w(*this, what, count, type);
+    return check(api.send(comm, buffer, count, int(type), peer), what, count,
+                 type);
   }
   Status recv(void *buffer, int64_t count, DType type, int peer) override {
-    Watched w(*this, "recv from rank " + std::to_string(peer), count, type);
-    return check(api.recv(comm, buffer, count, int(type), peer),
-                 "recv from rank " + std::to_string(peer), count, type);
+    std::string what = "recv from rank " + std::to_string(peer);
+    Watched w(*this, what, count, type);
+    return check(api.recv(comm, buffer, count, int(type), peer), what, count,
+                 type);
   }
 
 protected:
