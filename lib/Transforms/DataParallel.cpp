@@ -1,7 +1,11 @@
-//===- DataParallel.cpp - gradients summed over the dp mesh axis ----------===//
+//===- DataParallel.cpp - gradients over the dp axis, ZeRO sharding -------===//
 //
-// pcc-data-parallel (see Passes.td): the optimizer phase reads every
-// gradient through an all-reduce over dp, in backward order.
+// pcc-data-parallel (see Passes.td). ZeRO 0: the optimizer phase reads every
+// gradient through an all-reduce over dp, in backward order. ZeRO 1-3 shard
+// model state flat over dp (#pcc.shard<dp, flat>): each weight's tensors
+// are flattened and padded to dp x s elements, and rank r keeps elements
+// [r s, (r + 1) s) of its optimizer state (1), also of its gradient (2),
+// also of the weight itself (3).
 //
 //===----------------------------------------------------------------------===//
 
@@ -9,6 +13,7 @@
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Training.h"
 
+#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringSet.h"
 
 namespace mlir::pcc {
@@ -21,6 +26,73 @@ using namespace mlir::pcc;
 
 namespace {
 
+constexpr llvm::StringLiteral kAxis = "dp";
+
+/// Builds the flat-shard views of the tensors of one weight over dp ranks.
+struct FlatShards {
+  MLIRContext *ctx;
+  int64_t ranks;
+
+  static int64_t elements(RankedTensorType type) {
+    return type.getNumElements();
+  }
+  int64_t piece(RankedTensorType type) const {
+    return (elements(type) + ranks - 1) / ranks;
+  }
+  RankedTensorType pieceType(RankedTensorType type) const {
+    return RankedTensorType::get({piece(type)}, type.getElementType());
+  }
+
+  /// `pcc.param "<name>" shard(#pcc.shard<dp, flat>) of <whole>`.
+  Value param(OpBuilder &b, Location loc, StringRef name,
+              RankedTensorType whole) const {
+    return ParamOp::create(b, loc, pieceType(whole), b.getStringAttr(name),
+                           ShardingAttr::flat(ctx, kAxis),
+                           b.getDenseI64ArrayAttr(whole.getShape()));
+  }
+
+  /// A whole tensor as [ranks, s]: flattened, padded with zeros.
+  Value stack(OpBuilder &b, Location loc, Value whole) const {
+    auto type = cast<RankedTensorType>(whole.getType());
+    Type element = type.getElementType();
+    int64_t n = elements(type), s = piece(type);
+    Value flat = ReshapeOp::create(b, loc, RankedTensorType::get({n}, element),
+                                   whole);
+    if (n != ranks * s)
+      flat = PadOp::create(b, loc, RankedTensorType::get({ranks * s}, element),
+                           flat, b.getDenseI64ArrayAttr({0}),
+                           b.getDenseI64ArrayAttr({1}));
+    return ReshapeOp::create(b, loc,
+                             RankedTensorType::get({ranks, s}, element), flat);
+  }
+
+  /// This rank's piece of the sum over the ranks of a whole tensor.
+  Value reduceScatter(OpBuilder &b, Location loc, Value whole) const {
+    auto type = cast<RankedTensorType>(whole.getType());
+    return ReduceScatterOp::create(b, loc, pieceType(type),
+                                   stack(b, loc, whole),
+                                   b.getStringAttr(kAxis));
+  }
+
+  /// The whole tensor of `type` from every rank's piece.
+  Value allGather(OpBuilder &b, Location loc, Value piece,
+                  RankedTensorType type) const {
+    Type element = type.getElementType();
+    int64_t n = elements(type), s = this->piece(type);
+    Value stacked = AllGatherOp::create(
+        b, loc, RankedTensorType::get({ranks, s}, element), piece,
+        b.getStringAttr(kAxis));
+    Value flat = ReshapeOp::create(
+        b, loc, RankedTensorType::get({ranks * s}, element), stacked);
+    if (n != ranks * s)
+      flat = SliceOp::create(b, loc, RankedTensorType::get({n}, element), flat,
+                             b.getDenseI64ArrayAttr({0}),
+                             b.getDenseI64ArrayAttr({n}),
+                             b.getDenseI64ArrayAttr({1}));
+    return ReshapeOp::create(b, loc, type, flat);
+  }
+};
+
 struct DataParallelPass
     : public mlir::pcc::impl::DataParallelBase<DataParallelPass> {
   using DataParallelBase::DataParallelBase;
@@ -29,12 +101,31 @@ struct DataParallelPass
     ModuleOp module = getOperation();
     if (dataParallel <= 1)
       return;
-    auto opt = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[2]);
-    if (!opt) {
-      module.emitError("data parallel: no @")
-          << kPhaseFunctions[2] << " (run pcc-optimizer first)";
+    if (zero < 0 || zero > 3) {
+      module.emitError("data parallel: ZeRO stage ") << zero << " (0 to 3)";
       return signalPassFailure();
     }
+    func::FuncOp phases[4];
+    for (int k = 0; k < 4; ++k) {
+      phases[k] = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[k]);
+      if (!phases[k]) {
+        module.emitError("data parallel: no @")
+            << kPhaseFunctions[k] << " (run pcc-optimizer first)";
+        return signalPassFailure();
+      }
+    }
+    if (failed(zero == 0 ? allReduceGradients(phases[2])
+                         : shard(phases, module)))
+      return signalPassFailure();
+    setTrainingAttr(module,
+                    {NamedAttribute(StringAttr::get(module.getContext(), "zero"),
+                                    IntegerAttr::get(IntegerType::get(
+                                                         module.getContext(), 64),
+                                                     zero))});
+  }
+
+  /// ZeRO 0: each gradient the optimizer reads, all-reduced.
+  LogicalResult allReduceGradients(func::FuncOp opt) {
     // pcc-optimizer reads the gradients first in backward order (the global
     // norm); after CSE each gradient is one pcc.param.
     SmallVector<ParamOp> grads;
@@ -44,17 +135,153 @@ struct DataParallelPass
         grads.push_back(p);
     });
     for (ParamOp g : grads) {
-      if (!seen.insert(g.getName()).second) {
-        g.emitError("data parallel: gradient '")
-            << g.getName() << "' is read by two pcc.param ops (run CSE first)";
-        return signalPassFailure();
-      }
+      if (!seen.insert(g.getName()).second)
+        return g.emitError("data parallel: gradient '")
+               << g.getName() << "' is read by two pcc.param ops (run CSE first)";
       OpBuilder b(g->getContext());
       b.setInsertionPointAfter(g);
       auto sum = AllReduceOp::create(b, g.getLoc(), g.getResult(),
-                                     b.getStringAttr("dp"));
+                                     b.getStringAttr(kAxis));
       g.getResult().replaceAllUsesExcept(sum.getResult(), sum);
     }
+    return success();
+  }
+
+  /// ZeRO 1-3.
+  LogicalResult shard(func::FuncOp (&phases)[4], ModuleOp module) {
+    MLIRContext *ctx = module.getContext();
+    FlatShards flat{ctx, dataParallel};
+    func::FuncOp opt = phases[2];
+    // The trained weights, in the order the optimizer updates them (the
+    // order the backward phase produces their gradients), and whether the
+    // optimizer is SGD.
+    llvm::MapVector<StringRef, RankedTensorType> weights;
+    bool sgd = false;
+    for (Operation &op : opt.getBody().front()) {
+      if (!isa<SgdUpdateOp, AdamwUpdateOp>(op))
+        continue;
+      sgd = isa<SgdUpdateOp>(op);
+      auto p = op.getOperand(0).getDefiningOp<ParamOp>();
+      weights.insert({p.getName(), p.getType()});
+    }
+    if (weights.empty())
+      return opt.emitError("data parallel: the optimizer updates no weight");
+    llvm::StringSet<> gradNames;
+    for (auto &entry : weights)
+      gradNames.insert(stateName(entry.first, "grad"));
+    auto wholeType = [&](StringRef stateOrWeight) {
+      return weights.lookup(splitStateName(stateOrWeight).first);
+    };
+
+    // ZeRO 2 and 3: each gradient of a micro-batch is reduce-scattered as
+    // the backward phase produces it, into this rank's piece of the
+    // gradient state.
+    if (zero >= 2) {
+      SmallVector<AccumulateOp> accs;
+      phases[1].walk([&](AccumulateOp acc) {
+        auto state = acc.getState().getDefiningOp<ParamOp>();
+        if (state && gradNames.contains(state.getName()))
+          accs.push_back(acc);
+      });
+      for (AccumulateOp acc : accs) {
+        auto state = acc.getState().getDefiningOp<ParamOp>();
+        OpBuilder b(acc);
+        Location loc = acc.getLoc();
+        Value piece = flat.reduceScatter(b, loc, acc.getValue());
+        Value sharded =
+            flat.param(b, loc, state.getName(), wholeType(state.getName()));
+        AccumulateOp::create(b, loc, sharded, piece);
+        acc.erase();
+        if (state->use_empty())
+          state.erase();
+      }
+      SmallVector<ZeroOp> zeros;
+      phases[3].walk([&](ZeroOp z) { zeros.push_back(z); });
+      for (ZeroOp z : zeros) {
+        auto state = z.getState().getDefiningOp<ParamOp>();
+        if (!state || !gradNames.contains(state.getName()))
+          continue;
+        OpBuilder b(z);
+        Value sharded = flat.param(b, z.getLoc(), state.getName(),
+                                   wholeType(state.getName()));
+        ZeroOp::create(b, z.getLoc(), sharded);
+        z.erase();
+        if (state->use_empty())
+          state.erase();
+      }
+    }
+
+    // ZeRO 3: the forward and backward phases gather each weight where
+    // they read it (FSDP's reshard after forward: the backward phase
+    // gathers it again) and release it after its last use.
+    if (zero == 3)
+      for (func::FuncOp phase : {phases[0], phases[1]}) {
+        SmallVector<ParamOp> reads;
+        phase.walk([&](ParamOp p) {
+          if (!p.getShardAttr() && weights.count(p.getName()))
+            reads.push_back(p);
+        });
+        for (ParamOp p : reads) {
+          OpBuilder b(p);
+          Value piece = flat.param(b, p.getLoc(), p.getName(), p.getType());
+          Value whole = flat.allGather(b, p.getLoc(), piece, p.getType());
+          p.getResult().replaceAllUsesWith(whole);
+          p.erase();
+        }
+      }
+
+    // The optimizer phase, rebuilt over the pieces: the global norm from
+    // each rank's pieces (every element counted once), the updates, and
+    // for ZeRO 1 and 2 the all-gather of the updated pieces into the
+    // weights every rank keeps whole.
+    Block &body = opt.getBody().front();
+    Location loc = opt.getLoc();
+    body.clear();
+    OpBuilder b = OpBuilder::atBlockEnd(&body);
+    auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+    SmallVector<Value> grads;
+    Value total;
+    for (auto &[name, type] : weights) {
+      std::string gradName = stateName(name, "grad");
+      Value g;
+      if (zero == 1) {
+        Value whole = ParamOp::create(b, loc, type, b.getStringAttr(gradName),
+                                      ShardingAttr());
+        g = flat.reduceScatter(b, loc, whole);
+      } else {
+        g = flat.param(b, loc, gradName, type);
+      }
+      grads.push_back(g);
+      Value sq = MulOp::create(b, loc, g, g);
+      Value sum = ReduceSumOp::create(b, loc, sq, ArrayRef<int64_t>{0},
+                                      /*keep_dims=*/false);
+      total = total ? AddOp::create(b, loc, total, sum).getResult() : sum;
+    }
+    total = AllReduceOp::create(b, loc, scalar, total, b.getStringAttr(kAxis));
+    Value norm = SqrtOp::create(b, loc, total);
+    for (auto [i, entry] : llvm::enumerate(weights)) {
+      auto &[name, type] = entry;
+      Value p = flat.param(b, loc,
+                           zero == 3 ? name.str()
+                                     : stateName(name, kMasterState),
+                           type);
+      if (sgd) {
+        Value buf = flat.param(b, loc, stateName(name, "momentum_buffer"), type);
+        SgdUpdateOp::create(b, loc, p, grads[i], buf, norm);
+      } else {
+        Value m = flat.param(b, loc, stateName(name, "exp_avg"), type);
+        Value v = flat.param(b, loc, stateName(name, "exp_avg_sq"), type);
+        AdamwUpdateOp::create(b, loc, p, grads[i], m, v, norm);
+      }
+      if (zero < 3) {
+        Value whole = flat.allGather(b, loc, p, type);
+        Value weight = ParamOp::create(b, loc, type, b.getStringAttr(name),
+                                       ShardingAttr());
+        AssignOp::create(b, loc, weight, whole);
+      }
+    }
+    func::ReturnOp::create(b, loc, ValueRange{norm});
+    return success();
   }
 };
 

@@ -122,6 +122,10 @@ Result<std::vector<const void *>> ModelLibrary::bindWeights(
     }
     const pcc_tensor_spec &spec = modelInfo->weights[i];
     const pcc_weight_shard &shard = modelInfo->weight_shards[i];
+    if (shard.axis >= 0 && shard.dim < 0)
+      return Error{std::string("weight '") + spec.name +
+                   "' is a ZeRO shard of training state; only a training "
+                   "run (pcc-run --steps) loads it"};
     const TensorEntry *entry = file.find(spec.name);
     if (!entry)
       return Error{"weights file '" + weightsPath + "' has no tensor '" +
@@ -258,7 +262,7 @@ Status ModelLibrary::checkPhases() const {
     return Error{"a training library has 4 phases with state tables"};
   for (int i = 0; i < info.num_weights; ++i)
     if (info.weight_kinds[i] < PCC_STATE_WEIGHT ||
-        info.weight_kinds[i] > PCC_STATE_OPTIMIZER ||
+        info.weight_kinds[i] > PCC_STATE_MASTER ||
         info.weight_owners[i] < 0 || info.weight_owners[i] >= info.num_weights)
       return Error{"state " + std::to_string(i) + " has a bad kind or owner"};
   for (int k = 0; k < info.num_phases; ++k) {

@@ -2,6 +2,7 @@
 
 #include "pcc/runtime/Trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -92,25 +93,54 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
   return t;
 }
 
+int64_t Trainer::shardRank(int32_t axis) const {
+  return axis >= 0 && comms ? comms[axis].rank : 0;
+}
+
 Status Trainer::load(const SafetensorsFile &file, const std::string &path,
                      int32_t kind) {
   const pcc_model_info &info = library->info();
   for (int i = 0; i < info.num_weights; ++i) {
-    if (info.weight_kinds[i] != kind)
+    // A ZeRO master piece is loaded from its weight.
+    bool master = kind == PCC_STATE_WEIGHT &&
+                  info.weight_kinds[i] == PCC_STATE_MASTER;
+    if (info.weight_kinds[i] != kind && !master)
       continue;
     const pcc_tensor_spec &spec = info.weights[i];
-    const TensorEntry *entry = file.find(spec.name);
+    const pcc_tensor_spec &whole =
+        info.whole_weights[master ? info.weight_owners[i] : i];
+    const TensorEntry *entry = file.find(whole.name);
     if (!entry)
-      return Error{"'" + path + "' has no tensor '" + spec.name +
+      return Error{"'" + path + "' has no tensor '" + whole.name +
                    "' (was it written for another model?)"};
-    if (entry->dtype != static_cast<DType>(spec.dtype) ||
-        entry->shape != specShape(spec))
-      return Error{"'" + path + "': tensor '" + spec.name + "' is " +
+    if (entry->dtype != static_cast<DType>(whole.dtype) ||
+        entry->shape != specShape(whole))
+      return Error{"'" + path + "': tensor '" + whole.name + "' is " +
                    std::string(dtypeName(entry->dtype)) + " " +
                    shapeString(entry->shape) + " but the model needs " +
-                   describeSpec(spec)};
-    Status copied = device->copyToDevice(statePtrs[i], file.data(*entry),
-                                         specBytes(spec));
+                   describeSpec(whole)};
+    const pcc_weight_shard &shard = info.weight_shards[i];
+    const uint8_t *data = static_cast<const uint8_t *>(file.data(*entry));
+    int64_t bytes = specBytes(spec);
+    if (shard.axis < 0) {
+      Status copied = device->copyToDevice(statePtrs[i], data, bytes);
+      if (!copied.ok())
+        return copied;
+      continue;
+    }
+    if (shard.dim >= 0)
+      return Error{std::string("state '") + spec.name +
+                   "' is split over a tensor-parallel axis, which training "
+                   "does not load yet"};
+    // A flat piece: elements [r s, (r + 1) s) of the whole, zero-padded.
+    int64_t size = dtypeSize(entry->dtype);
+    int64_t total = specBytes(whole);
+    int64_t begin = std::min(total, shardRank(shard.axis) * bytes);
+    int64_t end = std::min(total, begin + bytes);
+    std::vector<uint8_t> piece(static_cast<size_t>(bytes), 0);
+    std::memcpy(piece.data(), data + begin, static_cast<size_t>(end - begin));
+    (void)size;
+    Status copied = device->copyToDevice(statePtrs[i], piece.data(), bytes);
     if (!copied.ok())
       return copied;
   }
@@ -125,12 +155,38 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
     if (info.weight_kinds[i] != kind)
       continue;
     const pcc_tensor_spec &spec = info.weights[i];
-    std::vector<uint8_t> bytes(static_cast<size_t>(specBytes(spec)));
-    Status read = device->copyToHost(bytes.data(), statePtrs[i], bytes.size());
-    if (!read.ok())
-      return Error{read.error()};
-    Status added = writer.add(spec.name, static_cast<DType>(spec.dtype),
-                              specShape(spec), std::move(bytes));
+    const pcc_tensor_spec &whole = info.whole_weights[i];
+    const pcc_weight_shard &shard = info.weight_shards[i];
+    std::vector<uint8_t> bytes(static_cast<size_t>(specBytes(whole)));
+    if (shard.axis < 0) {
+      Status read =
+          device->copyToHost(bytes.data(), statePtrs[i], bytes.size());
+      if (!read.ok())
+        return Error{read.error()};
+    } else if (shard.dim < 0) {
+      // Every rank's piece, gathered (a collective: every rank saves).
+      const pcc_comm &comm = comms[shard.axis];
+      int64_t piece = specBytes(spec);
+      auto gathered = DeviceBuffer::allocate(*device, piece * comm.size);
+      if (!gathered.ok())
+        return Error{gathered.error()};
+      if (comm.all_gather(comm.group, statePtrs[i], gathered->data(),
+                          elementCount(specShape(spec)), spec.dtype) != 0)
+        return Error{std::string("gathering '") + spec.name +
+                     "' for a checkpoint: " + comm.last_error(comm.group)};
+      std::vector<uint8_t> all(static_cast<size_t>(piece * comm.size));
+      Status read = device->copyToHost(all.data(), gathered->data(),
+                                       static_cast<int64_t>(all.size()));
+      if (!read.ok())
+        return Error{read.error()};
+      std::memcpy(bytes.data(), all.data(), bytes.size());
+    } else {
+      return Error{std::string("state '") + spec.name +
+                   "' is split over a tensor-parallel axis, which training "
+                   "does not save yet"};
+    }
+    Status added = writer.add(whole.name, static_cast<DType>(whole.dtype),
+                              specShape(whole), std::move(bytes));
     if (!added.ok())
       return Error{added.error()};
   }

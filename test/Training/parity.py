@@ -64,6 +64,7 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--microbatches", type=int, default=1)
     ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--zero", type=int, default=0)
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
@@ -77,7 +78,7 @@ def main():
     run([args.pcc, onnx_path(args.model),
          "--train", "--loss=" + loss, "--optimizer=" + args.optimizer,
          "--microbatches=%d" % args.microbatches, "--target=" + args.target,
-         "--dp=%d" % args.dp, "-o", lib] + flags)
+         "--dp=%d" % args.dp, "--zero=%d" % args.zero, "-o", lib] + flags)
 
     hyper = ["--lr", repr(opt["lr"]), "--weight-decay",
              repr(opt["weight_decay"])]

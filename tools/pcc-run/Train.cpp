@@ -634,11 +634,17 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   for (int64_t j = 0; j < m; ++j)
     for (int i = 0; i < nin; ++i)
       buffers[j * nin + i].resize(specBytes(fwd.inputs[i]));
+  // Every rank gathers the whole state (ZeRO-sharded tensors are
+  // all-gathered over dp; replicated ones are the same on every rank), and
+  // rank 0 writes the checkpoint in the one-device format, which any
+  // layout loads.
   auto save = [&](int64_t step) {
     auto weights = trainer->save(PCC_STATE_WEIGHT, "weights");
     auto opt = trainer->save(PCC_STATE_OPTIMIZER, "optimizer state");
     if (!weights.ok() || !opt.ok())
       fail(weights.ok() ? opt.error() : weights.error());
+    if (!ranks.leader)
+      return;
     nlohmann::json state = {{"step", step},
                             {"model", info.source},
                             {"library", libraryPath},
@@ -744,14 +750,10 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                   tokens ? "tokens" : "samples", ms);
       std::fflush(stdout);
     }
-    // Every rank holds the same weights and optimizer state (the updates
-    // read the summed gradients): rank 0 writes the checkpoint.
-    if (!o.saveDir.empty() && o.saveEvery > 0 && s % o.saveEvery == 0 &&
-        ranks.leader)
+    if (!o.saveDir.empty() && o.saveEvery > 0 && s % o.saveEvery == 0)
       save(s);
   }
-  if (!o.saveDir.empty() && (o.saveEvery == 0 || o.steps % o.saveEvery != 0) &&
-      ranks.leader)
+  if (!o.saveDir.empty() && (o.saveEvery == 0 || o.steps % o.saveEvery != 0))
     save(o.steps);
   if (log)
     std::fclose(log);

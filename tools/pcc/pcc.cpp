@@ -81,9 +81,9 @@ static cl::opt<int64_t> dp("dp", cl::desc("data-parallel degree"), cl::init(1),
                            cl::cat(pccCategory));
 static cl::opt<int64_t>
     zero("zero",
-         cl::desc("ZeRO stage with --dp: 0 replicates the optimizer state "
-                  "(the stages 1 to 3 that shard it are not in this version "
-                  "yet)"),
+         cl::desc("ZeRO stage with --dp: 0 replicates the model state on "
+                  "every rank, 1 shards the optimizer state over dp, 2 also "
+                  "the gradients, 3 also the weights"),
          cl::init(0), cl::cat(pccCategory));
 static cl::list<std::string>
     ppCuts("pp-cuts",
@@ -620,16 +620,10 @@ int main(int argc, char **argv) {
   if (zero < 0 || zero > 3)
     return fail("--zero=" + std::to_string(zero) +
                 " is not a ZeRO stage (0, 1, 2 or 3)");
-  if (zero > 0)
+  if (zero > 0 && dp <= 1)
     return fail("--zero=" + std::to_string(zero) +
-                " (sharding " +
-                (zero == 1   ? std::string("the optimizer state")
-                 : zero == 2 ? std::string("the optimizer state and the "
-                                           "gradients")
-                             : std::string("the optimizer state, the "
-                                           "gradients and the weights")) +
-                " over dp) is not in this version of pcc yet; --dp with "
-                "--zero=0 replicates them on every rank");
+                " shards model state over data-parallel ranks; it needs "
+                "--dp above 1");
   if (train && dp > 1 && (tp > 1 || pp > 1))
     return fail("--dp with --tp or --pp is not in this version of pcc yet: "
                 "data parallelism trains the whole model on every rank");
@@ -792,7 +786,9 @@ int main(int argc, char **argv) {
       if (dp > 1) {
         pcc::DataParallelOptions data;
         data.dataParallel = dp;
+        data.zero = zero;
         pm.addPass(pcc::createDataParallel(data));
+        pm.addPass(createCanonicalizerPass());
       }
     }
     if (tp > 1) {
@@ -870,7 +866,10 @@ int main(int argc, char **argv) {
       int64_t local = bytesOf(param.getType());
       int64_t whole = local;
       if (pcc::ShardingAttr shard = param.getShardAttr())
-        whole *= *pcc::getMeshAxisSize(param, shard.getAxis());
+        whole = shard.isFlat()
+                    ? bytesOf(RankedTensorType::get(
+                          *param.getWhole(), param.getType().getElementType()))
+                    : whole * *pcc::getMeshAxisSize(param, shard.getAxis());
       if (!pcc::splitStateName(param.getName()).second.empty())
         return; // training state, not stored
       wholeBytes[param.getName()] = whole;

@@ -455,10 +455,36 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
     %r = pcc.all_reduce %g axis = "dp" : tensor<256x64xf32>
     pcc.adamw_update %p, %r, %m, %v, %norm : tensor<256x64xf32>, tensor<f32>
     ```
+
+    With `zero` 1 to 3 (ZeRO, Rajbhandari et al. 2020) the model state of
+    each trained weight is sharded flat over dp (`#pcc.shard<dp, flat>`):
+    flattened, padded with zeros to dp x s elements, rank r keeping
+    elements `[r s, (r + 1) s)`. Stage 1 shards the optimizer state: the
+    optimizer reduce-scatters each gradient, updates this rank's piece of
+    the weight (`<weight>@master`), and all-gathers the pieces into the
+    whole weight with `pcc.assign`. Stage 2 also shards the gradients: the
+    backward phase reduce-scatters each weight gradient as it produces it
+    and accumulates the piece. Stage 3 also shards the weights: the forward
+    and backward phases all-gather a weight where they read it, and the
+    optimizer updates the pieces in place. The global gradient norm sums
+    each rank's pieces and all-reduces the scalar, so every element counts
+    once.
+
+    ```mlir
+    %g = pcc.param "fc1.weight@grad" : tensor<256x64xf32>
+    %f = pcc.reshape %g : tensor<256x64xf32> -> tensor<2x8192xf32>
+    %s = pcc.reduce_scatter %f axis = "dp" : tensor<2x8192xf32> -> tensor<8192xf32>
+    %p = pcc.param "fc1.weight@master" shard(#pcc.shard<dp, flat>) of [256, 64] : tensor<8192xf32>
+    pcc.adamw_update %p, %s, %m, %v, %norm : tensor<8192xf32>, tensor<f32>
+    %w = pcc.all_gather %p axis = "dp" : tensor<8192xf32> -> tensor<2x8192xf32>
+    ```
   }];
   let options = [
     Option<"dataParallel", "dp", "int64_t", /*default=*/"1",
-           "ranks of the dp mesh axis">
+           "ranks of the dp mesh axis">,
+    Option<"zero", "zero", "int64_t", /*default=*/"0",
+           "ZeRO stage: 0 replicates the model state, 1 shards the "
+           "optimizer state, 2 also the gradients, 3 also the weights">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }

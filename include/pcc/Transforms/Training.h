@@ -30,6 +30,11 @@ inline constexpr llvm::StringLiteral kPhaseNames[] = {"forward", "backward",
 inline constexpr llvm::StringLiteral kPhaseFunctions[] = {
     "train_forward", "train_backward", "train_optimizer", "train_zero_grad"};
 
+/// ZeRO-1 and -2: the shard of a weight that a rank's optimizer updates
+/// (`<weight>@master`, the fp32 master partition of DeepSpeed), all-gathered
+/// into the whole weight after the step. Loaded from the weight, not saved.
+inline constexpr llvm::StringLiteral kMasterState = "master";
+
 /// `<weight>@<kind>`.
 inline std::string stateName(llvm::StringRef weight, llvm::StringRef kind) {
   return (weight + "@" + kind).str();

@@ -166,6 +166,7 @@ private:
                    const std::string &message, Operation *op);
   /// Sets `bytes` bytes at `ptr` to zero.
   void zeroFill(const std::string &ptr, int64_t bytes);
+  void copyBytes(const std::string &to, const std::string &from, int64_t bytes);
   /// `rc->comms[i]` for mesh axis `axis`.
   std::string comm(StringRef axis) const {
     return "rc->comms[" + std::to_string(meshAxes.lookup(axis)) + "]";
@@ -210,6 +211,7 @@ private:
   llvm::StringMap<std::string> kernelNames; // kernel text -> name
   std::vector<std::pair<std::string, RankedTensorType>> weights;
   std::vector<std::string> weightShards;
+  std::vector<std::vector<int64_t>> weightWholes;
   llvm::StringMap<unsigned> weightIndex; // name and shard -> index
   const llvm::StringMap<int> &meshAxes;  // mesh axis -> index
   /// Whether the run context's hyperparameters have been checked.
@@ -796,6 +798,19 @@ void CppEmitter::zeroFill(const std::string &ptr, int64_t bytes) {
     line(llvm::formatv("std::memset({0}, 0, {1});", ptr, bytes).str());
 }
 
+void CppEmitter::copyBytes(const std::string &to, const std::string &from,
+                           int64_t bytes) {
+  if (bytes == 0)
+    return;
+  if (cuda)
+    line(llvm::formatv("cudaMemcpyAsync({0}, {1}, {2}, "
+                       "cudaMemcpyDeviceToDevice, stream);",
+                       to, from, bytes)
+             .str());
+  else
+    line(llvm::formatv("std::memcpy({0}, {1}, {2});", to, from, bytes).str());
+}
+
 LogicalResult CppEmitter::emitTraining(Operation *op) {
   auto isI64 = [](Value v) {
     return tensorTypeOf(v).getElementType().isInteger(64) ? 1 : 0;
@@ -861,6 +876,10 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
                       loop(count))
             .str());
     launch(name, count, nameOf(acc.getState()) + ", " + nameOf(acc.getValue()));
+    return success();
+  }
+  if (auto assign = dyn_cast<AssignOp>(op)) {
+    copyBytes(nameOf(assign.getState()), nameOf(assign.getValue()), count * 4);
     return success();
   }
   if (auto zero = dyn_cast<ZeroOp>(op)) {
@@ -930,17 +949,24 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
       return op->emitError("code generation: unsupported weight type ")
              << param.getType();
     ShardingAttr shard = param.getShardAttr();
+    // A flat (ZeRO) shard is dim -1; its whole shape is the op's `of`.
     std::string shardInit =
         shard ? llvm::formatv("{{{0}, {1}, {2}}",
                               meshAxes.lookup(shard.getAxis()), shard.getDim(),
                               shard.getStripes())
                     .str()
               : "{-1, 0, 0}";
+    std::vector<int64_t> whole(param.getType().getShape());
+    if (shard && shard.isFlat())
+      whole.assign(param.getWhole()->begin(), param.getWhole()->end());
+    else if (shard)
+      whole[shard.getDim()] *= *getMeshAxisSize(param, shard.getAxis());
     auto [it, inserted] = weightIndex.try_emplace(
         (param.getName() + "|" + shardInit).str(), weights.size());
     if (inserted) {
       weights.emplace_back(param.getName().str(), param.getType());
       weightShards.push_back(shardInit);
+      weightWholes.push_back(std::move(whole));
     }
     // Model state is mutable (training updates it in place); inference
     // code only reads it.
@@ -965,7 +991,7 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
   if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ShardSliceOp>(op))
     return emitCollective(op);
   if (isa<ScatterAddOp, PadOp, CrossEntropyOp, CrossEntropyGradOp,
-          AccumulateOp, ZeroOp, EmaUpdateOp, DropoutOp, SgdUpdateOp,
+          AccumulateOp, AssignOp, ZeroOp, EmaUpdateOp, DropoutOp, SgdUpdateOp,
           AdamwUpdateOp>(op))
     return emitTraining(op);
   if (auto cast = dyn_cast<CastOp>(op)) {
@@ -1347,6 +1373,7 @@ FailureOr<TargetCode> CppEmitter::emit() {
   code.kernels = std::move(kernels);
   code.weights = std::move(weights);
   code.weightShards = std::move(weightShards);
+  code.weightWholes = std::move(weightWholes);
   std::string &fn = code.function;
   if (cuda) {
     fn += "const char *const kCudaSites[] = {\n";

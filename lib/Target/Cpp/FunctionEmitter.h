@@ -28,6 +28,8 @@ struct TargetCode {
   std::vector<std::pair<std::string, RankedTensorType>> weights;
   /// Per weight: its pcc_weight_shard initialiser.
   std::vector<std::string> weightShards;
+  /// Per weight: the whole tensor's shape (the stored or checkpointed one).
+  std::vector<std::vector<int64_t>> weightWholes;
 };
 
 /// Emits `func` (planned by pcc-plan-memory) for the CPU or CUDA;

@@ -524,6 +524,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   // The library's weight table: every stage's weights, each (name, shard)
   // once.
   Specs weights;
+  Specs wholeWeights;
   std::vector<std::string> weightShards;
   llvm::StringMap<int32_t> weightIndex;
   for (StageProgram &stage : stages) {
@@ -534,6 +535,10 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
       if (inserted) {
         weights.push_back(weight);
         weightShards.push_back(code.weightShards[i]);
+        wholeWeights.emplace_back(
+            weight.first,
+            RankedTensorType::get(code.weightWholes[i],
+                                  weight.second.getElementType()));
       }
       stage.weightIndices.push_back(it->second);
     }
@@ -579,6 +584,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   std::string specs = specArray("kInputs", inputs, shapes);
   specs += specArray("kOutputs", outputs, shapes);
   specs += specArray("kWeights", weights, shapes);
+  specs += specArray("kWholeWeights", wholeWeights, shapes);
   std::string stageTables =
       stageSource(training ? ArrayRef<StageProgram>(stages).take_front(1)
                            : ArrayRef<StageProgram>(stages),
@@ -597,7 +603,10 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
         weightIndex.try_emplace(w.first, i);
     for (auto [i, w] : llvm::enumerate(weights)) {
       auto [owner, kind] = splitStateName(w.first);
-      int code = kind.empty() ? 0 : kind == "grad" ? 1 : 2;
+      int code = kind.empty()          ? 0
+                 : kind == "grad"        ? 1
+                 : kind == kMasterState  ? 3
+                                         : 2;
       auto it = weightIndex.find(owner);
       if (it == weightIndex.end())
         return module.emitError("code generation: state '")
@@ -680,7 +689,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << quoted(policy) << ", kInputBatchDims, kOutputBatchDims, "
      << (training ? stages.size() : 0) << ", kPhases, kWeightKinds, "
      << "kWeightOwners, " << trainingString("loss") << ", "
-     << trainingString("optimizer") << ", " << ignoreIndex << "LL};\n\n"
+     << trainingString("optimizer") << ", " << ignoreIndex
+     << "LL, kWholeWeights};\n\n"
      << "} // namespace\n\n";
   writeEntryPoints(os, stages.size(), static_cast<bool>(schedule),
                    static_cast<bool>(training), cpu, cuda,

@@ -61,6 +61,11 @@ Attribute ShardingAttr::parse(AsmParser &parser, Type) {
       return {};
     return ShardingAttr::partial(context, axis);
   }
+  if (succeeded(parser.parseOptionalKeyword("flat"))) {
+    if (parser.parseGreater())
+      return {};
+    return ShardingAttr::flat(context, axis);
+  }
   int64_t dim = 0, stripes = 1;
   if (parser.parseKeyword("dim") || parser.parseEqual() ||
       parser.parseInteger(dim))
@@ -88,6 +93,10 @@ void ShardingAttr::print(AsmPrinter &printer) const {
   printer.printKeywordOrString(getAxis());
   if (isPartial()) {
     printer << ", partial>";
+    return;
+  }
+  if (isFlat()) {
+    printer << ", flat>";
     return;
   }
   printer << ", dim = " << getDim();

@@ -501,8 +501,31 @@ LogicalResult AvgPoolOp::inferReturnTypes(MLIRContext *,
 
 LogicalResult ParamOp::verify() {
   ShardingAttr shard = getShardAttr();
-  if (!shard)
+  if (!shard) {
+    if (getWhole())
+      return emitOpError("has a whole shape (`of`) but no flat shard");
     return success();
+  }
+  if (shard.isFlat()) {
+    FailureOr<int64_t> size = getMeshAxisSize(*this, shard.getAxis());
+    if (failed(size))
+      return failure();
+    if (!getWhole())
+      return emitOpError("shard: a flat shard needs the whole shape (`of`)");
+    int64_t elements = 1;
+    ArrayRef<int64_t> whole = *getWhole();
+    for (int64_t d : whole)
+      elements *= d;
+    int64_t piece = (elements + *size - 1) / *size;
+    if (getType() != RankedTensorType::get({piece}, getType().getElementType()))
+      return emitOpError("shard: a flat shard of ")
+             << elements << " elements over " << *size << " ranks is a "
+             << RankedTensorType::get({piece}, getType().getElementType())
+             << ", not " << getType();
+    return success();
+  }
+  if (getWhole())
+    return emitOpError("has a whole shape (`of`) but no flat shard");
   if (!shard.isSplit())
     return emitOpError("shard: a stored weight can only be split, got ")
            << shard;
@@ -780,6 +803,8 @@ LogicalResult EmaUpdateOp::verify() {
 }
 
 LogicalResult ZeroOp::verify() { return verifyState(*this, {getState()}); }
+
+LogicalResult AssignOp::verify() { return verifyState(*this, {getState()}); }
 
 /// Optimizer updates: every tensor has the weight's type; norm is a scalar.
 static LogicalResult verifyUpdate(Operation *op, ArrayRef<Value> states,

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 7
+#define PCC_MODEL_ABI_VERSION 8
 
 /* Targets, as bits of pcc_model_info.targets. */
 enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
@@ -51,7 +51,9 @@ typedef struct pcc_tensor_spec {
 /* Which slice of a stored weight this library reads (see #pcc.shard):
  * dimension `dim` viewed as [stripes, n, chunk] over the n ranks of mesh
  * axis `axis`, rank r reading chunk r of every stripe. axis -1: the whole
- * weight. */
+ * weight. dim -1 (ABI 8): ZeRO's flat shard, elements [r * s, (r + 1) * s)
+ * of the whole tensor flattened and padded with zeros to n * s elements
+ * (s = ceil(elements / n)); the local spec is 1-D [s]. */
 typedef struct pcc_weight_shard {
   int32_t axis;
   int32_t dim;
@@ -92,7 +94,10 @@ enum pcc_phase {
 enum pcc_state_kind {
   PCC_STATE_WEIGHT = 0,
   PCC_STATE_GRAD = 1,
-  PCC_STATE_OPTIMIZER = 2 /* exp_avg, exp_avg_sq, momentum_buffer */
+  PCC_STATE_OPTIMIZER = 2, /* exp_avg, exp_avg_sq, momentum_buffer */
+  PCC_STATE_MASTER = 3     /* ZeRO-1/2: this rank's flat shard of a weight,
+                              updated by the optimizer and all-gathered into
+                              the weight; loaded from the weight, not saved */
 };
 
 /* The run's hyperparameters, pcc_run_context.hyper[PCC_HYPER_*], with
@@ -200,6 +205,9 @@ typedef struct pcc_model_info {
   const char *loss;                 /* "cross_entropy", "mse", "none"; "" */
   const char *optimizer;            /* "sgd", "adamw"; "" */
   int64_t ignore_index;             /* cross_entropy's ignored label */
+  /* Per weight (ABI 8): the whole tensor, as stored in the weights file and
+   * in checkpoints (the weights' specs above are this rank's pieces). */
+  const pcc_tensor_spec *whole_weights;
 } pcc_model_info;
 
 /* The collectives of one mesh axis, bound by the runtime to MPI or NCCL.

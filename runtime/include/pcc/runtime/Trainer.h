@@ -47,11 +47,15 @@ public:
   static Result<Trainer> create(const ModelLibrary &library, Device &device);
 
   /// Copies every tensor of `kind` (enum pcc_state_kind) from `file`, by
-  /// name, checking dtype and shape; a missing one is an error naming it.
+  /// name, checking dtype and whole shape; a missing one is an error naming
+  /// it. A ZeRO-sharded tensor takes this rank's piece; loading the weights
+  /// also loads the ZeRO master pieces.
   Status load(const SafetensorsFile &file, const std::string &path,
               int32_t kind);
-  /// The state tensors of `kind`, read back to the host, as a
-  /// safetensors writer (names as in the library's table).
+  /// The state tensors of `kind`, read back to the host whole, as a
+  /// safetensors writer (names as in the library's table). With ZeRO-
+  /// sharded state this is a collective: every rank of the dp axis calls
+  /// it, and each gets the whole tensors.
   Result<SafetensorsWriter> save(int32_t kind, const std::string &what) const;
 
   /// One optimizer step. `microbatches[j]` holds micro-batch j's forward
@@ -78,6 +82,8 @@ public:
 
 private:
   Trainer() = default;
+  /// This rank's coordinate on mesh axis `axis` (0 without communicators).
+  int64_t shardRank(int32_t axis) const;
   Status runPhase(int32_t phase, const std::vector<const void *> &in,
                   const std::vector<void *> &out, const double *hyper);
   const ModelLibrary *library = nullptr;

@@ -15,7 +15,8 @@ def Pcc_ShardKind : I64EnumAttr<"ShardKind", "how a tensor lies on a mesh axis",
     [
       I64EnumAttrCase<"replicated", 0>,
       I64EnumAttrCase<"split", 1>,
-      I64EnumAttrCase<"partial", 2>
+      I64EnumAttrCase<"partial", 2>,
+      I64EnumAttrCase<"flat", 3>
     ]> {
   let cppNamespace = "::mlir::pcc";
 }
@@ -36,6 +37,13 @@ def Pcc_ShardingAttr : AttrDef<Pcc_Dialect, "Sharding"> {
     - `#pcc.shard<tp, partial>`: every rank holds a full-shape addend; the
       tensor is their sum (the output of a matmul whose contraction is
       split), made whole by an all-reduce.
+    - `#pcc.shard<dp, flat>`: ZeRO's layout of model state. The tensor is
+      flattened (row-major), padded with zeros to `n * s` elements (n the
+      size of mesh axis `dp`, `s = ceil(elements / n)`), and rank r holds
+      elements `[r * s, (r + 1) * s)` as a 1-D tensor. Any tensor shards
+      this way whatever its shape (a 50,257-row vocabulary over dp = 8), and
+      an all-gather of the shards, sliced to the element count, is the
+      whole tensor again.
   }];
   let parameters = (ins "::mlir::pcc::ShardKind":$kind,
                         StringRefParameter<"mesh axis">:$axis,
@@ -57,6 +65,11 @@ def Pcc_ShardingAttr : AttrDef<Pcc_Dialect, "Sharding"> {
     bool isReplicated() const { return getKind() == ShardKind::replicated; }
     bool isSplit() const { return getKind() == ShardKind::split; }
     bool isPartial() const { return getKind() == ShardKind::partial; }
+    static ShardingAttr flat(::mlir::MLIRContext *context,
+                             ::llvm::StringRef axis) {
+      return get(context, ShardKind::flat, axis, -1, 0);
+    }
+    bool isFlat() const { return getKind() == ShardKind::flat; }
   }];
 }
 

@@ -39,10 +39,29 @@ def Pcc_ParamOp : Pcc_Op<"param", [Pure]> {
     %w = pcc.param "h.0.attn.c_attn.weight" shard(#pcc.shard<tp, dim = 1, stripes = 3>)
         : tensor<64x96xf32>
     ```
+
+    ZeRO shards model state flat over `dp` (`#pcc.shard<dp, flat>`); `of`
+    then gives the whole tensor's shape, and the type is the rank's 1-D
+    piece of the padded flattened tensor:
+
+    ```mlir
+    %m = pcc.param "fc1.weight@exp_avg" shard(#pcc.shard<dp, flat>) of [256, 64]
+        : tensor<8192xf32>
+    ```
   }];
-  let arguments = (ins StrAttr:$name, OptionalAttr<Pcc_ShardingAttr>:$shard);
+  let arguments = (ins StrAttr:$name, OptionalAttr<Pcc_ShardingAttr>:$shard,
+                       OptionalAttr<DenseI64ArrayAttr>:$whole);
   let results = (outs Pcc_Tensor:$result);
-  let assemblyFormat = "$name (`shard` `(` qualified($shard)^ `)`)? attr-dict `:` type($result)";
+  let assemblyFormat = [{
+    $name (`shard` `(` qualified($shard)^ `)`)? (`of` $whole^)? attr-dict `:`
+    type($result)
+  }];
+  let builders = [
+    OpBuilder<(ins "::mlir::Type":$type, "::mlir::StringAttr":$name,
+                   "::mlir::pcc::ShardingAttr":$shard), [{
+      build($_builder, $_state, type, name, shard, ::mlir::DenseI64ArrayAttr());
+    }]>
+  ];
   let hasVerifier = 1;
 }
 
@@ -1106,6 +1125,23 @@ def Pcc_ZeroOp : Pcc_Op<"zero", [MemoryEffects<[MemWrite]>]> {
   }];
   let arguments = (ins Pcc_FloatTensor:$state);
   let assemblyFormat = "$state attr-dict `:` type($state)";
+  let hasVerifier = 1;
+}
+
+def Pcc_AssignOp : Pcc_Op<"assign", [
+    MemoryEffects<[MemWrite]>, AllTypesMatch<["state", "value"]>]> {
+  let summary = "overwrites a state tensor in place";
+  let description = [{
+    `state = value`. ZeRO-1 and -2 write the all-gathered shards of the
+    updated weights back into each rank's whole copy of the weight.
+
+    ```mlir
+    %w = pcc.param "fc1.weight" : tensor<256x64xf32>
+    pcc.assign %w, %gathered : tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$state, Pcc_FloatTensor:$value);
+  let assemblyFormat = "$state `,` $value attr-dict `:` type($state)";
   let hasVerifier = 1;
 }
 
