@@ -165,20 +165,28 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
         return Error{read.error()};
     } else if (shard.dim < 0) {
       // Every rank's piece, gathered (a collective: every rank saves).
+      // On the CPU straight into host memory; a GPU gathers on the device.
       const pcc_comm &comm = comms[shard.axis];
       int64_t piece = specBytes(spec);
-      auto gathered = DeviceBuffer::allocate(*device, piece * comm.size);
-      if (!gathered.ok())
-        return Error{gathered.error()};
-      if (comm.all_gather(comm.group, statePtrs[i], gathered->data(),
+      std::vector<uint8_t> all(static_cast<size_t>(piece * comm.size));
+      DeviceBuffer gathered;
+      if (!device->isHost()) {
+        auto buffer = DeviceBuffer::allocate(*device, piece * comm.size);
+        if (!buffer.ok())
+          return Error{buffer.error()};
+        gathered = buffer.take();
+      }
+      void *into = device->isHost() ? all.data() : gathered.data();
+      if (comm.all_gather(comm.group, statePtrs[i], into,
                           elementCount(specShape(spec)), spec.dtype) != 0)
         return Error{std::string("gathering '") + spec.name +
                      "' for a checkpoint: " + comm.last_error(comm.group)};
-      std::vector<uint8_t> all(static_cast<size_t>(piece * comm.size));
-      Status read = device->copyToHost(all.data(), gathered->data(),
-                                       static_cast<int64_t>(all.size()));
-      if (!read.ok())
-        return Error{read.error()};
+      if (!device->isHost()) {
+        Status read = device->copyToHost(all.data(), gathered.data(),
+                                         static_cast<int64_t>(all.size()));
+        if (!read.ok())
+          return Error{read.error()};
+      }
       std::memcpy(bytes.data(), all.data(), bytes.size());
     } else {
       return Error{std::string("state '") + spec.name +

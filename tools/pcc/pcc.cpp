@@ -350,17 +350,60 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
      << mib(weights + grads + optimizer + inputs + saved + arena) << "\n";
   // The ZeRO paper's accounting of model state, in float32: Psi trainable
   // parameters (those with a gradient), 4 bytes each for the weights and
-  // the gradients, K for the optimizer (AdamW 8, SGD 4); other weights
-  // (running statistics) on top. Without ZeRO every rank holds all of it.
+  // the gradients, K for the optimizer state (AdamW 8, SGD 4; ZeRO 1 and 2
+  // add the 4-byte master piece of each weight, as DeepSpeed's fp32
+  // partition: K + 4); other weights (running statistics) on top. A
+  // sharded tensor is padded to a multiple of dp elements.
   if (grads > 0) {
-    int64_t psi = grads / 4;
-    os << "    model state: " << weights + grads + optimizer << " bytes = "
-       << (4 + 4 + optimizer / psi) << " bytes x " << psi
-       << " trainable parameters";
-    if (weights > 4 * psi)
-      os << " + " << weights - 4 * psi << " bytes of other weights";
-    os << " (ZeRO stage 0: (4 + 4 + " << optimizer / psi
-       << ") x Psi on every rank)\n";
+    int64_t stage = 0;
+    if (auto training =
+            module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
+      if (auto z = training.getAs<IntegerAttr>("zero"))
+        stage = z.getInt();
+    int64_t ranks = dp > 1 ? dp.getValue() : 1;
+    // Psi and the elements of one rank's pieces, from the gradients.
+    int64_t psi = 0, pieces = 0;
+    llvm::StringSet<> counted;
+    module.walk([&](pcc::ParamOp param) {
+      if (pcc::splitStateName(param.getName()).second != "grad" ||
+          !counted.insert(param.getName()).second)
+        return;
+      int64_t n = param.getWhole()
+                      ? RankedTensorType::get(*param.getWhole(),
+                                              param.getType().getElementType())
+                            .getNumElements()
+                      : param.getType().getNumElements();
+      psi += n;
+      pieces += (n + ranks - 1) / ranks;
+    });
+    int64_t master = stage == 1 || stage == 2 ? 4 * pieces : 0;
+    int64_t optK = (optimizer - master) / (stage == 0 ? psi : pieces);
+    int64_t whole = stage == 0 ? 8 + optK : stage == 1 ? 8 : stage == 2 ? 4 : 0;
+    int64_t sharded = stage == 0 ? 0 : stage == 1 ? 4 + optK : 8 + optK;
+    int64_t others = weights + grads + optimizer - whole * psi - sharded * pieces;
+    int64_t padding = sharded * pieces * ranks - sharded * psi;
+    os << "    model state: " << weights + grads + optimizer << " bytes = ";
+    if (whole)
+      os << whole << " x Psi";
+    if (whole && sharded)
+      os << " + ";
+    if (sharded)
+      os << sharded << " x Psi / " << ranks;
+    os << " for Psi = " << psi << " trainable parameters";
+    if (padding > 0)
+      os << " (+ " << llvm::format("%.1f", padding / double(ranks))
+         << " bytes of padding: each sharded tensor is padded to a multiple of "
+         << ranks << " elements)";
+    if (others > 0)
+      os << " + " << others << " bytes of other weights";
+    static const char *const kStages[] = {
+        "ZeRO stage 0: weights, gradients and optimizer state on every rank",
+        "ZeRO stage 1: the optimizer state (and a master piece of each "
+        "weight) sharded over dp",
+        "ZeRO stage 2: the optimizer state and the gradients sharded over dp",
+        "ZeRO stage 3: the optimizer state, the gradients and the weights "
+        "sharded over dp"};
+    os << "\n      (" << kStages[stage] << ")\n";
   }
 }
 
