@@ -485,6 +485,8 @@ int CommBinding::check(Status status) {
 int CommBinding::allReduce(void *group, const void *send, void *recv,
                            int64_t count, int32_t dtype) {
   auto *self = static_cast<CommBinding *>(group);
+  self->moved.allReduce += 2 * count * dtypeSize(static_cast<DType>(dtype));
+  ++self->moved.calls;
   return self->check(self->comm->allReduce(
       send, recv, count, static_cast<DType>(dtype), ReduceOp::Sum));
 }
@@ -492,6 +494,9 @@ int CommBinding::allReduce(void *group, const void *send, void *recv,
 int CommBinding::allGather(void *group, const void *send, void *recv,
                            int64_t count, int32_t dtype) {
   auto *self = static_cast<CommBinding *>(group);
+  self->moved.allGather += count * self->abi.size *
+                           dtypeSize(static_cast<DType>(dtype));
+  ++self->moved.calls;
   return self->check(
       self->comm->allGather(send, recv, count, static_cast<DType>(dtype)));
 }
@@ -499,6 +504,9 @@ int CommBinding::allGather(void *group, const void *send, void *recv,
 int CommBinding::reduceScatter(void *group, const void *send, void *recv,
                                int64_t count, int32_t dtype) {
   auto *self = static_cast<CommBinding *>(group);
+  self->moved.reduceScatter += count * self->abi.size *
+                               dtypeSize(static_cast<DType>(dtype));
+  ++self->moved.calls;
   return self->check(self->comm->reduceScatter(
       send, recv, count, static_cast<DType>(dtype), ReduceOp::Sum));
 }

@@ -602,9 +602,10 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
               static_cast<long long>(m), m == 1 ? "" : "es",
               static_cast<long long>(microRows), ranksText.c_str(),
               loss.c_str(), hyperDescription(o, optimizer.c_str()).c_str());
-  std::printf("model state %.2f MiB, saved activations %.2f MiB, arena "
-              "%.2f MiB\n",
+  std::printf("model state %.2f MiB (%lld bytes), saved activations %.2f "
+              "MiB, arena %.2f MiB\n",
               trainer->stateBytes() / 1048576.0,
+              static_cast<long long>(trainer->stateBytes()),
               trainer->activationBytes() / 1048576.0,
               trainer->arenaBytes() / 1048576.0);
 
@@ -668,6 +669,23 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     std::printf("saved %s\n", dir->c_str());
   };
 
+  // The bytes the library's collectives move during the steps (not the
+  // checkpoints' gathers), over every mesh axis.
+  auto traffic = [&]() {
+    CommBinding::Traffic t;
+    for (int a = 0; ranks.comms && a < info.num_mesh_axes; ++a) {
+      const auto &m =
+          static_cast<const CommBinding *>(ranks.comms[a].group)->traffic();
+      t.allReduce += m.allReduce;
+      t.allGather += m.allGather;
+      t.reduceScatter += m.reduceScatter;
+      t.calls += m.calls;
+    }
+    return t;
+  };
+  CommBinding::Traffic stepTraffic;
+  int64_t trafficSteps = 0;
+
   std::vector<std::pair<int64_t, double>> curve;
   auto begin = std::chrono::steady_clock::now();
   double lastLoss = NAN;
@@ -713,10 +731,17 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
         std::this_thread::sleep_for(std::chrono::hours(1));
     }
     auto t0 = std::chrono::steady_clock::now();
+    CommBinding::Traffic before = traffic();
     auto result = trainer->step(microbatches, count > 0 ? 1.0 / count : 0.0,
                                 hyper.table(s, lr));
     if (!result.ok())
       fail("step " + std::to_string(s) + ": " + result.error());
+    CommBinding::Traffic after = traffic();
+    stepTraffic.allReduce += after.allReduce - before.allReduce;
+    stepTraffic.allGather += after.allGather - before.allGather;
+    stepTraffic.reduceScatter += after.reduceScatter - before.reduceScatter;
+    stepTraffic.calls += after.calls - before.calls;
+    ++trafficSteps;
     double ms = std::chrono::duration<double, std::milli>(
                     std::chrono::steady_clock::now() - t0)
                     .count();
@@ -773,6 +798,25 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
               (device.peakBytes() - trainer->stateBytes() -
                trainer->activationBytes() - trainer->arenaBytes()) /
                   1048576.0);
+  if (ranks.comms && trafficSteps > 0) {
+    // In the ZeRO paper's units: Psi trainable parameters of 4 bytes.
+    int64_t psi = 0;
+    for (int i = 0; i < info.num_weights; ++i)
+      if (info.weight_kinds[i] == PCC_STATE_GRAD)
+        psi += elementCount(specShape(info.whole_weights[i]));
+    double n = static_cast<double>(trafficSteps);
+    double unit = 4.0 * static_cast<double>(std::max<int64_t>(psi, 1));
+    std::printf("communication per step on each rank: %.3f Psi = %.3f MiB "
+                "(all-reduce %.3f, reduce-scatter %.3f, all-gather %.3f "
+                "MiB; %.0f collectives; Psi = %lld trainable parameters x 4 "
+                "bytes; a ring sends (n - 1) / n of it)\n",
+                stepTraffic.total() / n / unit,
+                stepTraffic.total() / n / 1048576.0,
+                stepTraffic.allReduce / n / 1048576.0,
+                stepTraffic.reduceScatter / n / 1048576.0,
+                stepTraffic.allGather / n / 1048576.0, stepTraffic.calls / n,
+                static_cast<long long>(psi));
+  }
   if (!o.lossSvg.empty() && ranks.leader) {
     // The whole curve when the log holds earlier steps of a resumed run.
     std::vector<std::pair<int64_t, double>> points;

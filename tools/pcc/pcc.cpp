@@ -404,6 +404,37 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
         "ZeRO stage 3: the optimizer state, the gradients and the weights "
         "sharded over dp"};
     os << "\n      (" << kStages[stage] << ")\n";
+    // The collectives' bytes per step, in the units pcc-run measures them
+    // (an all-reduce of B bytes counts 2B, a gather or scatter its whole
+    // tensor): the forward and backward phases run once per micro-batch.
+    int64_t microbatches = 1;
+    if (auto training =
+            module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
+      if (auto m = training.getAs<IntegerAttr>("microbatches"))
+        microbatches = m.getInt();
+    int64_t moved = 0;
+    for (func::FuncOp f : module.getOps<func::FuncOp>()) {
+      auto phase = f->getAttrOfType<StringAttr>(pcc::kPhaseAttrName);
+      if (!phase)
+        continue;
+      int64_t times = phase.getValue() == pcc::kPhaseNames[0] ||
+                              phase.getValue() == pcc::kPhaseNames[1]
+                          ? microbatches
+                          : 1;
+      f.walk([&](Operation *op) {
+        if (isa<pcc::AllReduceOp>(op))
+          moved += times * 2 * bytesOf(op->getResult(0).getType());
+        else if (isa<pcc::AllGatherOp>(op))
+          moved += times * bytesOf(op->getResult(0).getType());
+        else if (isa<pcc::ReduceScatterOp>(op))
+          moved += times * bytesOf(op->getOperand(0).getType());
+      });
+    }
+    if (moved > 0)
+      os << "    communication per step on each rank: "
+         << llvm::format("%.3f", moved / (4.0 * psi)) << " Psi = "
+         << llvm::format("%.3f", moved / 1048576.0)
+         << " MiB (pcc-run measures it)\n";
   }
 }
 

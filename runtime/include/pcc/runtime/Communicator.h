@@ -142,6 +142,17 @@ public:
   CommBinding &operator=(const CommBinding &) = delete;
   const pcc_comm &table() const { return abi; }
 
+  /// The bytes the library's collectives have moved through this group, in
+  /// the ZeRO paper's units: an all-reduce of B bytes counts 2B (a
+  /// reduce-scatter and an all-gather), an all-gather or a reduce-scatter
+  /// whose whole tensor has B bytes counts B. A rank sends (n - 1) / n of
+  /// that over a ring.
+  struct Traffic {
+    int64_t allReduce = 0, allGather = 0, reduceScatter = 0, calls = 0;
+    int64_t total() const { return allReduce + allGather + reduceScatter; }
+  };
+  const Traffic &traffic() const { return moved; }
+
 private:
   static int allReduce(void *group, const void *send, void *recv, int64_t count,
                        int32_t dtype);
@@ -155,6 +166,7 @@ private:
   Communicator *comm;
   std::string error;
   pcc_comm abi;
+  Traffic moved;
 };
 
 } // namespace pccrt
