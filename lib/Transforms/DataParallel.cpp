@@ -177,17 +177,30 @@ struct DataParallelPass
     // the backward phase produces it, into this rank's piece of the
     // gradient state.
     if (zero >= 2) {
-      SmallVector<AccumulateOp> accs;
+      // A tied weight (an embedding and an LM head) gets several gradients
+      // in one backward phase: they are added up where the last is
+      // accumulated, so its gradient is reduce-scattered once.
+      llvm::MapVector<StringRef, SmallVector<AccumulateOp>> byState;
       phases[1].walk([&](AccumulateOp acc) {
         auto state = acc.getState().getDefiningOp<ParamOp>();
         if (state && gradNames.contains(state.getName()))
-          accs.push_back(acc);
+          byState[state.getName()].push_back(acc);
       });
-      for (AccumulateOp acc : accs) {
+      for (auto &[name, group] : byState) {
+        AccumulateOp acc = group.back();
         auto state = acc.getState().getDefiningOp<ParamOp>();
         OpBuilder b(acc);
         Location loc = acc.getLoc();
-        Value piece = flat.reduceScatter(b, loc, acc.getValue());
+        Value sum = group.front().getValue();
+        for (AccumulateOp other : ArrayRef(group).drop_front())
+          sum = AddOp::create(b, loc, sum, other.getValue());
+        for (AccumulateOp other : ArrayRef(group).drop_back()) {
+          auto otherState = other.getState().getDefiningOp<ParamOp>();
+          other.erase();
+          if (otherState->use_empty())
+            otherState.erase();
+        }
+        Value piece = flat.reduceScatter(b, loc, sum);
         Value sharded =
             flat.param(b, loc, state.getName(), wholeType(state.getName()));
         AccumulateOp::create(b, loc, sharded, piece);
