@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Ckpt.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Import/OnnxImporter.h"
 #include "pcc/Target/Cpp.h"
@@ -557,7 +558,7 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
 
 /// `pcc export CKPT -o trained.onnx [--model model.onnx]`: the original
 /// ONNX model with a training checkpoint's weights.
-static int exportCheckpoint(int argc, char **argv) {
+int exportCheckpoint(int argc, char **argv) {
   std::string checkpoint, output, model;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
@@ -623,6 +624,8 @@ static int exportCheckpoint(int argc, char **argv) {
 int main(int argc, char **argv) {
   if (argc >= 2 && StringRef(argv[1]) == "export")
     return exportCheckpoint(argc, argv);
+  if (argc >= 2 && StringRef(argv[1]) == "ckpt")
+    return runCkpt(argc, argv);
   llvm::InitLLVM init(argc, argv);
   registerAsmPrinterCLOptions();
   registerMLIRContextCLOptions();
