@@ -133,13 +133,11 @@ Status Trainer::load(const SafetensorsFile &file, const std::string &path,
                    "' is split over a tensor-parallel axis, which training "
                    "does not load yet"};
     // A flat piece: elements [r s, (r + 1) s) of the whole, zero-padded.
-    int64_t size = dtypeSize(entry->dtype);
     int64_t total = specBytes(whole);
     int64_t begin = std::min(total, shardRank(shard.axis) * bytes);
     int64_t end = std::min(total, begin + bytes);
     std::vector<uint8_t> piece(static_cast<size_t>(bytes), 0);
     std::memcpy(piece.data(), data + begin, static_cast<size_t>(end - begin));
-    (void)size;
     Status copied = device->copyToDevice(statePtrs[i], piece.data(), bytes);
     if (!copied.ok())
       return copied;

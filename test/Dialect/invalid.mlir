@@ -478,3 +478,41 @@ func.func @ema_momentum(%v: tensor<8xf32>) {
   pcc.ema_update %s, %v momentum = 1.5 scale = 1.0 : tensor<8xf32>
   return
 }
+
+// -----
+
+func.func @assign_state(%x: tensor<4xf32>, %y: tensor<4xf32>) {
+  // expected-error @below {{writes model state in place: operand must be a pcc.param, not a computed value}}
+  pcc.assign %x, %y : tensor<4xf32>
+  return
+}
+
+// -----
+
+// Tests that a flat (ZeRO) shard is ceil(elements / ranks) long: 10
+// elements over 3 ranks are pieces of 4.
+module attributes {pcc.mesh = {dp = 3 : i64}} {
+  func.func @flat_piece() -> tensor<3xf32> {
+    // expected-error @below {{shard: a flat shard of 10 elements over 3 ranks is a 'tensor<4xf32>', not 'tensor<3xf32>'}}
+    %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [5, 2] : tensor<3xf32>
+    return %m : tensor<3xf32>
+  }
+}
+
+// -----
+
+module attributes {pcc.mesh = {dp = 3 : i64}} {
+  func.func @flat_needs_whole() -> tensor<4xf32> {
+    // expected-error @below {{shard: a flat shard needs the whole shape (`of`)}}
+    %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) : tensor<4xf32>
+    return %m : tensor<4xf32>
+  }
+}
+
+// -----
+
+func.func @whole_needs_flat() -> tensor<5x2xf32> {
+  // expected-error @below {{has a whole shape (`of`) but no flat shard}}
+  %w = pcc.param "w" of [5, 2] : tensor<5x2xf32>
+  return %w : tensor<5x2xf32>
+}

@@ -221,3 +221,18 @@ func.func @window_gradients(%x: tensor<2x4x7x6xf32>, %w: tensor<6x2x3x2xf32>, %d
       : tensor<2x4x4x3xf32> -> tensor<2x4x7x6xf32>
   return
 }
+
+// -----
+
+// Tests that ZeRO's flat shards of model state and pcc.assign round-trip.
+// CHECK-LABEL: func.func @zero_state
+// CHECK: pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [5, 2] : tensor<4xf32>
+// CHECK: pcc.assign %{{.*}}, %{{.*}} : tensor<5x2xf32>
+module attributes {pcc.mesh = {dp = 3 : i64}} {
+  func.func @zero_state(%x: tensor<5x2xf32>) -> tensor<4xf32> {
+    %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [5, 2] : tensor<4xf32>
+    %w = pcc.param "w" : tensor<5x2xf32>
+    pcc.assign %w, %x : tensor<5x2xf32>
+    return %m : tensor<4xf32>
+  }
+}

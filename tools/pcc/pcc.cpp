@@ -373,9 +373,7 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
           !counted.insert(param.getName()).second)
         return;
       int64_t n = param.getWhole()
-                      ? RankedTensorType::get(*param.getWhole(),
-                                              param.getType().getElementType())
-                            .getNumElements()
+                      ? ShapedType::getNumElements(*param.getWhole())
                       : param.getType().getNumElements();
       psi += n;
       pieces += (n + ranks - 1) / ranks;
