@@ -2,6 +2,7 @@
 
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Sharding.h"
+#include "pcc/Transforms/Training.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
@@ -11,6 +12,7 @@
 
 namespace mlir::pcc {
 #define GEN_PASS_DEF_PARTITION
+#define GEN_PASS_DEF_PARTITIONTRAINING
 #include "pcc/Transforms/Passes.h.inc"
 } // namespace mlir::pcc
 
@@ -24,10 +26,11 @@ RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
 class Partitioner {
 public:
   Partitioner(func::FuncOp func, const ShardingPlan &plan,
-              bool keepResultLayouts = false)
+              bool keepResultLayouts = false, bool stateWeights = false)
       : func(func), plan(plan), n(plan.ranks),
         axis(StringAttr::get(func.getContext(), plan.axis)),
-        builder(func.getContext()), keepResultLayouts(keepResultLayouts) {}
+        builder(func.getContext()), keepResultLayouts(keepResultLayouts),
+        stateWeights(stateWeights) {}
 
   LogicalResult run();
 
@@ -58,9 +61,15 @@ private:
                                RankedTensorType::get(shape, t.getElementType()),
                                v, builder.getDenseI64ArrayAttr(perm));
   }
-  void count(CollectiveKind kind, Value global) {
+  void count(CollectiveKind kind, Value v) {
     ++counts[static_cast<int>(kind)];
-    bytes += tensorBytes(global);
+    RankedTensorType t = globalOf(v);
+    bytes += t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
+  }
+  /// The global type of `v` (an argument's type is its local one by now).
+  RankedTensorType globalOf(Value v) const {
+    auto it = argGlobals.find(v);
+    return it == argGlobals.end() ? typeOf(v) : it->second;
   }
 
   func::FuncOp func;
@@ -69,7 +78,11 @@ private:
   StringAttr axis;
   OpBuilder builder;
   bool keepResultLayouts;
+  /// Weights are training state, one buffer each: only a weight's own
+  /// layout is a `pcc.param` of its piece; other slices are taken locally.
+  bool stateWeights;
   llvm::DenseMap<Value, Value> local;
+  llvm::DenseMap<Value, RankedTensorType> argGlobals;
   std::map<std::tuple<void *, int, int64_t, int64_t>, Value> converted;
 };
 
@@ -90,7 +103,7 @@ Value Partitioner::as(Value v, Shard to) {
       result = AllReduceOp::create(builder, loc, lv, axis);
       count(CollectiveKind::AllReduce, v);
     } else {
-      result = gather(lv, typeOf(v), from);
+      result = gather(lv, globalOf(v), from);
       count(CollectiveKind::AllGather, v);
     }
   } else if (from.isReplicated()) {
@@ -101,7 +114,7 @@ Value Partitioner::as(Value v, Shard to) {
   } else {
     Value whole = as(v, Shard::replicated());
     result =
-        ShardSliceOp::create(builder, loc, localType(typeOf(v), to, n), whole,
+        ShardSliceOp::create(builder, loc, localType(globalOf(v), to, n), whole,
                              axis, builder.getI64IntegerAttr(to.dim),
                              builder.getI64IntegerAttr(to.stripes));
   }
@@ -110,10 +123,11 @@ Value Partitioner::as(Value v, Shard to) {
 }
 
 Value Partitioner::sliceOf(Value v, Shard to) {
-  RankedTensorType type = localType(typeOf(v), to, n);
+  RankedTensorType type = localType(globalOf(v), to, n);
   Operation *def = v.getDefiningOp();
   MLIRContext *context = func.getContext();
-  if (auto param = dyn_cast_or_null<ParamOp>(def))
+  if (auto param = dyn_cast_or_null<ParamOp>(def);
+      param && (!stateWeights || layoutOf(v) == to))
     return ParamOp::create(builder, param.getLoc(), type, param.getNameAttr(),
                            to.toAttr(context, axis.getValue()));
   if (auto cst = dyn_cast_or_null<ConstantOp>(def)) {
@@ -202,6 +216,7 @@ LogicalResult Partitioner::run() {
   Block &block = func.getBody().front();
   // Arguments arrive in their planned layouts: this rank's piece.
   for (BlockArgument arg : block.getArguments()) {
+    argGlobals[arg] = typeOf(arg);
     arg.setType(localType(typeOf(arg), layoutOf(arg), n));
     local[arg] = arg;
   }
@@ -211,10 +226,17 @@ LogicalResult Partitioner::run() {
   for (Operation *op : old) {
     builder.setInsertionPoint(op);
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
-      for (OpOperand &operand : ret->getOpOperands())
-        operand.set(keepResultLayouts
-                        ? as(operand.get(), layoutOf(operand.get()))
-                        : as(operand.get(), Shard::replicated()));
+      // The planned layouts (whole, or a training forward phase's saved
+      // activations as they are); with keepResultLayouts every result as
+      // it is, partial sums reduced.
+      auto targets = plan.operandShards.lookup(op);
+      for (OpOperand &operand : ret->getOpOperands()) {
+        unsigned i = operand.getOperandNumber();
+        Shard to = i < targets.size() ? targets[i] : Shard::replicated();
+        if (keepResultLayouts && !layoutOf(operand.get()).isPartial())
+          to = layoutOf(operand.get());
+        operand.set(as(operand.get(), to));
+      }
       func.setType(FunctionType::get(func.getContext(),
                                      block.getArgumentTypes(),
                                      ret->getOperandTypes()));
@@ -274,8 +296,8 @@ LogicalResult Partitioner::run() {
 
 FailureOr<PartitionStats>
 mlir::pcc::partitionFunction(func::FuncOp func, const ShardingPlan &plan,
-                             bool keepResultLayouts) {
-  Partitioner partitioner(func, plan, keepResultLayouts);
+                             bool keepResultLayouts, bool stateWeights) {
+  Partitioner partitioner(func, plan, keepResultLayouts, stateWeights);
   if (failed(partitioner.run()))
     return failure();
   PartitionStats stats;
@@ -287,30 +309,42 @@ mlir::pcc::partitionFunction(func::FuncOp func, const ShardingPlan &plan,
 
 namespace {
 
+/// The weights' layouts recorded in `func`'s `pcc.sharding` attributes.
+LogicalResult recordedDecisions(func::FuncOp func,
+                                llvm::StringMap<Shard> &decisions) {
+  bool bad = false;
+  func.walk([&](ParamOp param) {
+    auto attr = param->getAttrOfType<ArrayAttr>(PccDialect::kShardingAttrName);
+    if (!attr || param.getType().getRank() < 2)
+      return;
+    Shard s = Shard::fromAttr(cast<ShardingAttr>(attr[0]));
+    auto [it, inserted] = decisions.try_emplace(param.getName(), s);
+    if (!inserted && it->second != s) {
+      param.emitOpError("weight '")
+          << param.getName() << "' has two different layouts";
+      bad = true;
+    }
+  });
+  return failure(bad);
+}
+
 struct PartitionPass : public mlir::pcc::impl::PartitionBase<PartitionPass> {
   using PartitionBase::PartitionBase;
 
   void runOnOperation() override {
     func::FuncOp func = getOperation();
+    if (func->hasAttr(kPhaseAttrName)) {
+      func.emitError("pcc-partition: @")
+          << func.getSymName()
+          << " is a phase of a training step; the phases are partitioned "
+             "together by pcc-partition-training";
+      return signalPassFailure();
+    }
     FailureOr<int64_t> ranks = getMeshAxisSize(func, axis);
     if (failed(ranks))
       return signalPassFailure();
     llvm::StringMap<Shard> decisions;
-    bool bad = false;
-    func.walk([&](ParamOp param) {
-      auto attr =
-          param->getAttrOfType<ArrayAttr>(PccDialect::kShardingAttrName);
-      if (!attr || param.getType().getRank() < 2)
-        return;
-      Shard s = Shard::fromAttr(cast<ShardingAttr>(attr[0]));
-      auto [it, inserted] = decisions.try_emplace(param.getName(), s);
-      if (!inserted && it->second != s) {
-        param.emitOpError("weight '")
-            << param.getName() << "' has two different layouts";
-        bad = true;
-      }
-    });
-    if (bad)
+    if (failed(recordedDecisions(func, decisions)))
       return signalPassFailure();
     if (*ranks == 1) {
       func.walk(
@@ -331,6 +365,104 @@ struct PartitionPass : public mlir::pcc::impl::PartitionBase<PartitionPass> {
                         << " all_gather, " << stats->counts[2]
                         << " reduce_scatter; " << stats->bytes
                         << " bytes per run";
+  }
+};
+
+} // namespace
+
+namespace {
+
+struct PartitionTrainingPass
+    : public mlir::pcc::impl::PartitionTrainingBase<PartitionTrainingPass> {
+  using PartitionTrainingBase::PartitionTrainingBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    SmallVector<func::FuncOp> phases;
+    for (StringRef name : kPhaseFunctions) {
+      auto phase = module.lookupSymbol<func::FuncOp>(name);
+      if (!phase) {
+        module.emitError("pcc-partition-training: the module has no @")
+            << name << " (run pcc-autodiff and pcc-optimizer first)";
+        return signalPassFailure();
+      }
+      phases.push_back(phase);
+    }
+    func::FuncOp forward = phases[0], backward = phases[1];
+    FailureOr<int64_t> ranks = getMeshAxisSize(forward, axis);
+    if (failed(ranks))
+      return signalPassFailure();
+    llvm::StringMap<Shard> decisions;
+    if (failed(recordedDecisions(forward, decisions)))
+      return signalPassFailure();
+    if (*ranks == 1) {
+      module.walk(
+          [](Operation *op) { op->removeAttr(PccDialect::kShardingAttrName); });
+      return;
+    }
+    // A gradient or moment lies where its weight does.
+    module.walk([&](ParamOp param) {
+      auto [weight, kind] = splitStateName(param.getName());
+      auto it = decisions.find(weight);
+      if (kind.empty() || it == decisions.end())
+        return;
+      Shard s = it->second; // before an insertion moves the entries
+      decisions[param.getName()] = s;
+    });
+
+    PartitionStats total;
+    auto partition = [&](func::FuncOp func, const ShardingPlan &plan) {
+      FailureOr<PartitionStats> stats =
+          partitionFunction(func, plan, /*keepResultLayouts=*/false,
+                            /*stateWeights=*/true);
+      if (failed(stats))
+        return failure();
+      for (int k = 0; k < 3; ++k)
+        total.counts[k] += stats->counts[k];
+      total.bytes += stats->bytes;
+      if (emitRemarks)
+        func.emitRemark() << axis << "=" << *ranks << " @"
+                          << func.getSymName() << ": " << stats->counts[0]
+                          << " all_reduce, " << stats->counts[1]
+                          << " all_gather, " << stats->counts[2]
+                          << " reduce_scatter; " << stats->bytes
+                          << " bytes per run";
+      return success();
+    };
+    // The forward phase first: its saved activations' layouts are the
+    // backward phase's argument layouts (matched by name).
+    ShardingPlan forwardPlan = propagateShardings(forward, axis, *ranks,
+                                                  decisions);
+    llvm::StringMap<Shard> saved;
+    auto ret = cast<func::ReturnOp>(forward.getBody().front().getTerminator());
+    SmallVector<Shard> returned = forwardPlan.operandShards.lookup(ret);
+    for (unsigned i = 0; i < forward.getNumResults(); ++i)
+      if (auto name = forward.getResultAttrOfType<StringAttr>(i, "pcc.name"))
+        saved[name.getValue()] =
+            i < returned.size() ? returned[i] : Shard::replicated();
+    if (failed(partition(forward, forwardPlan)))
+      return signalPassFailure();
+    SmallVector<Shard> argLayouts;
+    for (unsigned i = 0; i < backward.getNumArguments(); ++i) {
+      auto name = backward.getArgAttrOfType<StringAttr>(i, "pcc.name");
+      argLayouts.push_back(name ? saved.lookup(name.getValue())
+                                : Shard::replicated());
+    }
+    if (failed(partition(backward,
+                         propagateShardings(backward, axis, *ranks, decisions,
+                                            {}, argLayouts))))
+      return signalPassFailure();
+    for (func::FuncOp func : ArrayRef(phases).drop_front(2))
+      if (failed(partition(func, propagateShardings(func, axis, *ranks,
+                                                    decisions))))
+        return signalPassFailure();
+    if (emitRemarks)
+      module.emitRemark() << axis << "=" << *ranks
+                          << " training step: " << total.counts[0]
+                          << " all_reduce, " << total.counts[1]
+                          << " all_gather, " << total.counts[2]
+                          << " reduce_scatter; " << total.bytes
+                          << " bytes per micro-batch and step";
   }
 };
 

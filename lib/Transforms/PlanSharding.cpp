@@ -2,6 +2,7 @@
 
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Sharding.h"
+#include "pcc/Transforms/Training.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/StringExtras.h"
@@ -52,6 +53,11 @@ struct PlanShardingPass
 
   void runOnOperation() override {
     func::FuncOp func = getOperation();
+    // A training step is planned on its forward phase; pcc-partition-
+    // training gives the other phases the same weight layouts.
+    if (auto phase = func->getAttrOfType<StringAttr>(kPhaseAttrName);
+        phase && phase.getValue() != kPhaseNames[0])
+      return;
     FailureOr<int64_t> ranks = getMeshAxisSize(func, axis);
     if (failed(ranks))
       return signalPassFailure();

@@ -274,12 +274,41 @@ ShardingPlan Propagator::run() {
     plan.shards[arg] = arg.getArgNumber() < argLayouts.size()
                            ? argLayouts[arg.getArgNumber()]
                            : Shard::replicated();
+  // A training forward phase returns the loss, then the activations its
+  // backward phase reads (pcc-autodiff): those stay in their layouts (a
+  // partial sum reduced), since the backward phase reads them partitioned.
+  auto phase = func->getAttrOfType<StringAttr>("pcc.phase");
+  bool keepSaved = phase && phase.getValue() == "forward";
   for (Operation &op : block) {
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
-      SmallVector<Shard> targets(ret.getNumOperands(), Shard::replicated());
-      for (Value v : ret.getOperands())
-        convert(v, Shard::replicated(), nullptr);
+      SmallVector<Shard> targets;
+      for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+        Shard to = keepSaved && i > 0 && of(v).isSplit() ? of(v)
+                                                         : Shard::replicated();
+        convert(v, to, nullptr);
+        targets.push_back(to);
+      }
       plan.operandShards[&op] = targets;
+      continue;
+    }
+    // An op that writes model state in place (a gradient accumulated, an
+    // optimizer update) works on the state where it lives: it reads the
+    // state in its own layout, every operand of the state's shape in the
+    // same layout, and the others (the gradient norm) whole.
+    if (auto effects = dyn_cast<MemoryEffectOpInterface>(op);
+        effects && effects.hasEffect<MemoryEffects::Write>() &&
+        op.getNumOperands() > 0 && op.getNumResults() == 0) {
+      Value state = op.getOperand(0);
+      Shard s = of(state);
+      SmallVector<Shard> reads;
+      for (Value v : op.getOperands())
+        reads.push_back(v.getType() == state.getType() ? s
+                                                       : Shard::replicated());
+      Option inPlace{reads, {}};
+      for (auto [v, to] : llvm::zip(op.getOperands(), reads))
+        convert(v, to, &op);
+      plan.computeSeconds += computeSeconds(&op, inPlace);
+      plan.operandShards[&op] = reads;
       continue;
     }
     if (auto param = dyn_cast<ParamOp>(op)) {

@@ -97,6 +97,31 @@ int64_t Trainer::shardRank(int32_t axis) const {
   return axis >= 0 && comms ? comms[axis].rank : 0;
 }
 
+namespace {
+/// A split of dimension `dim` in `stripes` over `ranks` ranks: the
+/// dimension viewed as [stripes, ranks, chunk], rank r holding chunk r of
+/// every stripe. Copies rank `rank`'s piece out of the whole tensor
+/// (`toPiece`) or back into it.
+void copyPiece(const pcc_tensor_spec &whole, const pcc_weight_shard &shard,
+               int64_t ranks, int64_t rank, uint8_t *wholeData,
+               uint8_t *pieceData, bool toPiece) {
+  std::vector<int64_t> shape = specShape(whole);
+  int64_t element = dtypeSize(static_cast<DType>(whole.dtype));
+  int64_t pre = 1, post = 1;
+  for (int64_t d = 0; d < shard.dim; ++d)
+    pre *= shape[d];
+  for (size_t d = shard.dim + 1; d < shape.size(); ++d)
+    post *= shape[d];
+  int64_t chunk = shape[shard.dim] / (shard.stripes * ranks);
+  int64_t piece = chunk * post * element;
+  for (int64_t p = 0; p < pre * shard.stripes; ++p) {
+    uint8_t *w = wholeData + (p * ranks + rank) * piece;
+    uint8_t *l = pieceData + p * piece;
+    std::memcpy(toPiece ? l : w, toPiece ? w : l, static_cast<size_t>(piece));
+  }
+}
+} // namespace
+
 Status Trainer::load(const SafetensorsFile &file, const std::string &path,
                      int32_t kind) {
   const pcc_model_info &info = library->info();
@@ -128,10 +153,17 @@ Status Trainer::load(const SafetensorsFile &file, const std::string &path,
         return copied;
       continue;
     }
-    if (shard.dim >= 0)
-      return Error{std::string("state '") + spec.name +
-                   "' is split over a tensor-parallel axis, which training "
-                   "does not load yet"};
+    if (shard.dim >= 0) {
+      // This rank's slice of a tensor-parallel split.
+      std::vector<uint8_t> piece(static_cast<size_t>(bytes));
+      copyPiece(whole, shard, info.mesh_sizes[shard.axis],
+                shardRank(shard.axis), const_cast<uint8_t *>(data),
+                piece.data(), /*toPiece=*/true);
+      Status copied = device->copyToDevice(statePtrs[i], piece.data(), bytes);
+      if (!copied.ok())
+        return copied;
+      continue;
+    }
     // A flat piece: elements [r s, (r + 1) s) of the whole, zero-padded.
     int64_t total = specBytes(whole);
     int64_t begin = std::min(total, shardRank(shard.axis) * bytes);
@@ -161,7 +193,7 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
           device->copyToHost(bytes.data(), statePtrs[i], bytes.size());
       if (!read.ok())
         return Error{read.error()};
-    } else if (shard.dim < 0) {
+    } else {
       // Every rank's piece, gathered (a collective: every rank saves).
       // On the CPU straight into host memory; a GPU gathers on the device.
       const pcc_comm &comm = comms[shard.axis];
@@ -185,11 +217,12 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
         if (!read.ok())
           return Error{read.error()};
       }
-      std::memcpy(bytes.data(), all.data(), bytes.size());
-    } else {
-      return Error{std::string("state '") + spec.name +
-                   "' is split over a tensor-parallel axis, which training "
-                   "does not save yet"};
+      if (shard.dim < 0) // flat pieces in rank order, padding dropped
+        std::memcpy(bytes.data(), all.data(), bytes.size());
+      else
+        for (int64_t r = 0; r < comm.size; ++r)
+          copyPiece(whole, shard, comm.size, r, bytes.data(),
+                    all.data() + r * piece, /*toPiece=*/false);
     }
     Status added = writer.add(whole.name, static_cast<DType>(whole.dtype),
                               specShape(whole), std::move(bytes));

@@ -6,11 +6,12 @@ the per-step losses and the final weights with PyTorch's (compare.py).
 
   parity.py --model gpt --optimizer adamw --pcc build/bin/pcc \
       --pcc-run build/bin/pcc-run --work /tmp/gpt-adamw [--microbatches 2] \
-      [--dp 2]
+      [--dp 2] [--tp 2]
 
 With --dp N the library is compiled for N data-parallel ranks (pcc --dp)
 and trained with pcc-run -n N: the same references, since data parallelism
-must train what one device trains.
+must train what one device trains. --tp M splits the model over M
+tensor-parallel ranks as well (pcc-run -n N*M).
 
 Exit status 0 when every loss and weight matches within the tolerances of
 the issue (losses relative 1e-5; weights rtol 1e-4, AdamW 1e-3 / 1e-5: see
@@ -65,6 +66,7 @@ def main():
     ap.add_argument("--microbatches", type=int, default=1)
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--zero", type=int, default=0)
+    ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
@@ -78,7 +80,8 @@ def main():
     run([args.pcc, onnx_path(args.model),
          "--train", "--loss=" + loss, "--optimizer=" + args.optimizer,
          "--microbatches=%d" % args.microbatches, "--target=" + args.target,
-         "--dp=%d" % args.dp, "--zero=%d" % args.zero, "-o", lib] + flags)
+         "--dp=%d" % args.dp, "--tp=%d" % args.tp, "--zero=%d" % args.zero,
+         "-o", lib] + flags)
 
     hyper = ["--lr", repr(opt["lr"]), "--weight-decay",
              repr(opt["weight_decay"])]
@@ -98,7 +101,8 @@ def main():
     inputs = []
     for f in config.get("inputs", ["input.npy"]):
         inputs += ["--input", os.path.join(ref, f)]
-    ranks = ["-n", str(args.dp)] if args.dp > 1 else []
+    n = args.dp * args.tp
+    ranks = ["-n", str(n)] if n > 1 else []
     run([args.pcc_run] + ranks + [lib, "--steps", str(config["steps"]),
          "--device", args.device] + inputs + [
          "--labels", os.path.join(ref, "labels.npy"),

@@ -318,6 +318,9 @@ std::unique_ptr<Device> openRankDevice(const std::string &name, bool rank) {
 struct Ranks {
   std::unique_ptr<Communicator> world;
   std::vector<std::unique_ptr<Communicator>> groups;
+  /// The same groups over MPI, for host-side sums (on GPUs `groups` are
+  /// NCCL communicators).
+  std::vector<std::unique_ptr<Communicator>> hostGroups;
   std::vector<std::unique_ptr<CommBinding>> bindings;
   std::vector<pcc_comm> tables;
   std::vector<int64_t> coords;
@@ -377,8 +380,11 @@ Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks, Device &device,
       auto nccl = Communicator::nccl(*g, device);
       if (!nccl.ok())
         die(nccl.error());
+      r.hostGroups.push_back(std::move(g));
       g = nccl.take();
       g->setName(info.mesh_axes[a]);
+    } else {
+      r.hostGroups.push_back(nullptr);
     }
     r.groups.push_back(std::move(g));
   }
@@ -825,10 +831,14 @@ int main(int argc, char **argv) {
       ranks = joinRanks(*info, meshRanks, *device, library->describeMesh(),
                       opts.collectiveTimeout);
       trainRanks.comms = ranks.tables.data();
-      // Data parallelism is the only axis a training library has today, so
-      // the world is the dp group; the host-side sums (loss, label count)
-      // go over it with MPI whatever engine the library's collectives use.
-      trainRanks.dataParallel = ranks.world.get();
+      // The host-side sums (loss, label count) go over the dp group with
+      // MPI whatever engine the library's collectives use; tensor-parallel
+      // ranks of one dp position compute the same loss.
+      for (int a = 0; a < info->num_mesh_axes; ++a)
+        if (std::string(info->mesh_axes[a]) == "dp" && info->mesh_sizes[a] > 1)
+          trainRanks.dataParallel = ranks.hostGroups[a]
+                                        ? ranks.hostGroups[a].get()
+                                        : ranks.groups[a].get();
       trainRanks.leader = ranks.world->rank() == 0;
     }
     return runTraining(opts.train, *library, *device, opts.library,

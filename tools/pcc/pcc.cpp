@@ -702,14 +702,18 @@ int main(int argc, char **argv) {
     return fail("--zero=" + std::to_string(zero) +
                 " shards model state over data-parallel ranks; it needs "
                 "--dp above 1");
-  if (train && dp > 1 && (tp > 1 || pp > 1))
-    return fail("--dp with --tp or --pp is not in this version of pcc yet: "
-                "data parallelism trains the whole model on every rank");
   if (microbatches < 1)
     return fail("--microbatches must be at least 1");
-  if (train && (tp > 1 || pp > 1))
-    return fail("--train with --tp or --pp above 1 is not in this version "
-                "of pcc yet: training runs on one device (CPU or CUDA)");
+  if (train && pp > 1)
+    return fail("--train with --pp above 1 is not in this version of pcc "
+                "yet: pipelines run inference; training runs on one device "
+                "or over --tp and --dp ranks");
+  if (zero > 0 && tp > 1)
+    return fail("--zero=" + std::to_string(zero) + " with --tp=" +
+                std::to_string(tp) +
+                " is not in this version of pcc yet: ZeRO shards whole "
+                "weights over dp; tensor-parallel pieces sharded again over "
+                "dp need layouts over two mesh axes (use --zero=0 with --tp)");
   if (train && lossKind != "cross_entropy" && lossKind != "mse" &&
       lossKind != "none")
     return fail("--loss=" + lossKind + " is not a loss (cross_entropy, mse "
@@ -861,6 +865,17 @@ int main(int argc, char **argv) {
       pm.addPass(pcc::createOptimizer(optimizer));
       pm.addPass(createCanonicalizerPass());
       pm.addPass(createCSEPass());
+      if (tp > 1) {
+        // One plan for the whole step, made on the forward phase.
+        pcc::PlanShardingOptions plan;
+        plan.emitRemarks = explainPlan;
+        pm.addNestedPass<func::FuncOp>(pcc::createPlanSharding(plan));
+        pcc::PartitionTrainingOptions partition;
+        partition.emitRemarks = explainPlan;
+        pm.addPass(pcc::createPartitionTraining(partition));
+        pm.addPass(createCanonicalizerPass());
+        pm.addPass(createCSEPass());
+      }
       if (dp > 1) {
         pcc::DataParallelOptions data;
         data.dataParallel = dp;
@@ -869,7 +884,7 @@ int main(int argc, char **argv) {
         pm.addPass(createCanonicalizerPass());
       }
     }
-    if (tp > 1) {
+    if (tp > 1 && !train) {
       pcc::PlanShardingOptions plan;
       plan.emitRemarks = explainPlan;
       pm.addNestedPass<func::FuncOp>(pcc::createPlanSharding(plan));

@@ -177,6 +177,38 @@ def SplitBatch : Pass<"pcc-split-batch", "func::FuncOp"> {
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
+def PartitionTraining : Pass<"pcc-partition-training", "ModuleOp"> {
+  let summary = "rewrites every phase of a training module to one rank's "
+                "local shapes";
+  let description = [{
+    Tensor parallelism for training: the autodiff, loss and optimizer passes
+    have written the whole step (`@train_forward`, `@train_backward`,
+    `@train_optimizer`, `@train_zero_grad`) for one device; this pass
+    partitions all of it over mesh axis `axis` with one plan, as XLA's SPMD
+    partitioner does after differentiation. The gradient flows need no
+    rules of their own: where the backward phase reads a split activation
+    against a split weight it computes a partial sum, and the all-reduce of
+    Megatron's `f` operator is where that partial sum is read whole.
+
+    - The weights' layouts are those `pcc-plan-sharding` recorded on
+      `@train_forward`; every state tensor `<weight>@<kind>` (gradient,
+      moments) takes its weight's layout.
+    - The forward phase returns the loss whole and its saved activations
+      in their layouts (partial sums reduced); the backward phase reads
+      them in those layouts.
+    - An op that writes state in place (`pcc.accumulate`, the optimizer
+      updates, `pcc.zero`) works on the state's local piece: its other
+      operands are brought to the state's layout.
+  }];
+  let options = [
+    Option<"axis", "axis", "std::string", /*default=*/"\"tp\"",
+           "the mesh axis to partition over">,
+    Option<"emitRemarks", "emit-remarks", "bool", /*default=*/"false",
+           "report each phase's collectives and their bytes as remarks">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def Partition : Pass<"pcc-partition", "func::FuncOp"> {
   let summary = "rewrites a function to one rank's local shapes and inserts "
                 "the collectives";

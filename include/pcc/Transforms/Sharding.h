@@ -77,7 +77,10 @@ ShardingPlan propagateShardings(func::FuncOp func, StringRef axis,
 /// Rewrites `func` to what one rank of `plan`'s axis computes (the
 /// pcc-partition pass's rewrite). With `keepResultLayouts` the results stay
 /// in their planned layouts (the function returns local pieces) instead of
-/// being made whole. Returns the number of each kind of collective
+/// being made whole. With `stateWeights` (training: a weight is one state
+/// buffer that the optimizer updates) a weight is a `pcc.param` of a piece
+/// only in its own layout; other slices of it are taken locally from it.
+/// Returns the number of each kind of collective
 /// inserted (indexed by CollectiveKind) and their bytes.
 struct PartitionStats {
   int64_t counts[3] = {0, 0, 0};
@@ -85,7 +88,8 @@ struct PartitionStats {
 };
 FailureOr<PartitionStats> partitionFunction(func::FuncOp func,
                                             const ShardingPlan &plan,
-                                            bool keepResultLayouts = false);
+                                            bool keepResultLayouts = false,
+                                            bool stateWeights = false);
 
 /// Every layout a weight of `type` can take over `ranks` ranks: replicated,
 /// and each dimension split in each number of stripes that divides.
