@@ -43,12 +43,34 @@ struct FlatShards {
     return RankedTensorType::get({piece(type)}, type.getElementType());
   }
 
-  /// `pcc.param "<name>" shard(#pcc.shard<dp, flat>) of <whole>`.
+  /// Tensor parallelism: the split of each weight (by name) whose
+  /// rank-local piece is what gets sharded flat, and the ranks of its axis.
+  llvm::StringMap<ShardingAttr> splits;
+  int64_t splitRanks = 1;
+
+  /// The split of the weight of state or weight `name` (null: whole).
+  ShardingAttr splitOf(StringRef name) const {
+    return splits.lookup(splitStateName(name).first);
+  }
+
+  /// `pcc.param "<name>" shard(#pcc.shard<dp, flat>) of <whole>`, with
+  /// tensor parallelism `of <global> within(<split>)` (`whole` is then the
+  /// rank's tensor-parallel piece).
   Value param(OpBuilder &b, Location loc, StringRef name,
               RankedTensorType whole) const {
+    SmallVector<int64_t> global(whole.getShape());
+    ShardingAttr split = splitOf(name);
+    if (split)
+      global[split.getDim()] *= splitRanks;
     return ParamOp::create(b, loc, pieceType(whole), b.getStringAttr(name),
                            ShardingAttr::flat(ctx, kAxis),
-                           b.getDenseI64ArrayAttr(whole.getShape()));
+                           b.getDenseI64ArrayAttr(global), split);
+  }
+
+  /// `pcc.param "<name>"` of the rank's tensor-parallel piece (or whole).
+  Value local(OpBuilder &b, Location loc, StringRef name,
+              RankedTensorType type) const {
+    return ParamOp::create(b, loc, type, b.getStringAttr(name), splitOf(name));
   }
 
   /// A whole tensor as [ranks, s]: flattened, padded with zeros.
@@ -163,6 +185,17 @@ struct DataParallelPass
       sgd = isa<SgdUpdateOp>(op);
       auto p = op.getOperand(0).getDefiningOp<ParamOp>();
       weights.insert({p.getName(), p.getType()});
+      // A tensor-parallel piece (pcc-partition-training ran first).
+      if (ShardingAttr split = p.getShardAttr()) {
+        if (!split.isSplit())
+          return p.emitError("data parallel: weight '")
+                 << p.getName() << "' is already sharded as " << split;
+        FailureOr<int64_t> ranks = getMeshAxisSize(p, split.getAxis());
+        if (failed(ranks))
+          return failure();
+        flat.splits[p.getName()] = split;
+        flat.splitRanks = *ranks;
+      }
     }
     if (weights.empty())
       return opt.emitError("data parallel: the optimizer updates no weight");
@@ -231,7 +264,8 @@ struct DataParallelPass
       for (func::FuncOp phase : {phases[0], phases[1]}) {
         SmallVector<ParamOp> reads;
         phase.walk([&](ParamOp p) {
-          if (!p.getShardAttr() && weights.count(p.getName()))
+          if (p.getShardAttr() == flat.splitOf(p.getName()) &&
+              weights.count(p.getName()))
             reads.push_back(p);
         });
         for (ParamOp p : reads) {
@@ -253,13 +287,14 @@ struct DataParallelPass
     OpBuilder b = OpBuilder::atBlockEnd(&body);
     auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
     SmallVector<Value> grads;
-    Value total;
+    // Sums of squares of the pieces of tensor-parallel splits (distinct on
+    // every tp rank) and of the rest (the same on every tp rank).
+    Value splitTotal, total;
     for (auto &[name, type] : weights) {
       std::string gradName = stateName(name, "grad");
       Value g;
       if (zero == 1) {
-        Value whole = ParamOp::create(b, loc, type, b.getStringAttr(gradName),
-                                      ShardingAttr());
+        Value whole = flat.local(b, loc, gradName, type);
         g = flat.reduceScatter(b, loc, whole);
       } else {
         g = flat.param(b, loc, gradName, type);
@@ -268,7 +303,15 @@ struct DataParallelPass
       Value sq = MulOp::create(b, loc, g, g);
       Value sum = ReduceSumOp::create(b, loc, sq, ArrayRef<int64_t>{0},
                                       /*keep_dims=*/false);
-      total = total ? AddOp::create(b, loc, total, sum).getResult() : sum;
+      Value &into = flat.splitOf(name) ? splitTotal : total;
+      into = into ? AddOp::create(b, loc, into, sum).getResult() : sum;
+    }
+    if (splitTotal) {
+      splitTotal = AllReduceOp::create(
+          b, loc, scalar, splitTotal,
+          b.getStringAttr(flat.splits.begin()->second.getAxis()));
+      total = total ? AddOp::create(b, loc, total, splitTotal).getResult()
+                    : splitTotal;
     }
     total = AllReduceOp::create(b, loc, scalar, total, b.getStringAttr(kAxis));
     Value norm = SqrtOp::create(b, loc, total);
@@ -288,9 +331,7 @@ struct DataParallelPass
       }
       if (zero < 3) {
         Value whole = flat.allGather(b, loc, p, type);
-        Value weight = ParamOp::create(b, loc, type, b.getStringAttr(name),
-                                       ShardingAttr());
-        AssignOp::create(b, loc, weight, whole);
+        AssignOp::create(b, loc, flat.local(b, loc, name, type), whole);
       }
     }
     func::ReturnOp::create(b, loc, ValueRange{norm});

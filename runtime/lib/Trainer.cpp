@@ -100,21 +100,19 @@ int64_t Trainer::shardRank(int32_t axis) const {
 namespace {
 /// A split of dimension `dim` in `stripes` over `ranks` ranks: the
 /// dimension viewed as [stripes, ranks, chunk], rank r holding chunk r of
-/// every stripe. Copies rank `rank`'s piece out of the whole tensor
-/// (`toPiece`) or back into it.
-void copyPiece(const pcc_tensor_spec &whole, const pcc_weight_shard &shard,
-               int64_t ranks, int64_t rank, uint8_t *wholeData,
-               uint8_t *pieceData, bool toPiece) {
-  std::vector<int64_t> shape = specShape(whole);
-  int64_t element = dtypeSize(static_cast<DType>(whole.dtype));
+/// every stripe. Copies rank `rank`'s piece out of the whole tensor of
+/// `shape` (`toPiece`) or back into it.
+void copySplit(const std::vector<int64_t> &shape, int64_t element, int64_t dim,
+               int64_t stripes, int64_t ranks, int64_t rank,
+               uint8_t *wholeData, uint8_t *pieceData, bool toPiece) {
   int64_t pre = 1, post = 1;
-  for (int64_t d = 0; d < shard.dim; ++d)
+  for (int64_t d = 0; d < dim; ++d)
     pre *= shape[d];
-  for (size_t d = shard.dim + 1; d < shape.size(); ++d)
+  for (size_t d = dim + 1; d < shape.size(); ++d)
     post *= shape[d];
-  int64_t chunk = shape[shard.dim] / (shard.stripes * ranks);
+  int64_t chunk = shape[dim] / (stripes * ranks);
   int64_t piece = chunk * post * element;
-  for (int64_t p = 0; p < pre * shard.stripes; ++p) {
+  for (int64_t p = 0; p < pre * stripes; ++p) {
     uint8_t *w = wholeData + (p * ranks + rank) * piece;
     uint8_t *l = pieceData + p * piece;
     std::memcpy(toPiece ? l : w, toPiece ? w : l, static_cast<size_t>(piece));
@@ -145,27 +143,34 @@ Status Trainer::load(const SafetensorsFile &file, const std::string &path,
                    shapeString(entry->shape) + " but the model needs " +
                    describeSpec(whole)};
     const pcc_weight_shard &shard = info.weight_shards[i];
-    const uint8_t *data = static_cast<const uint8_t *>(file.data(*entry));
+    auto *data = const_cast<uint8_t *>(
+        static_cast<const uint8_t *>(file.data(*entry)));
     int64_t bytes = specBytes(spec);
-    if (shard.axis < 0) {
+    int64_t element = dtypeSize(static_cast<DType>(whole.dtype));
+    std::vector<int64_t> shape = specShape(whole);
+    // The tensor-parallel piece first: the rank's slice, or what its
+    // ZeRO shard is a flat piece of.
+    std::vector<uint8_t> split;
+    int32_t splitAxis = shard.dim >= 0 ? shard.axis : shard.within_axis;
+    if (splitAxis >= 0) {
+      int64_t dim = shard.dim >= 0 ? shard.dim : shard.within_dim;
+      int64_t stripes = shard.dim >= 0 ? shard.stripes : shard.within_stripes;
+      int64_t ranks = info.mesh_sizes[splitAxis];
+      split.resize(static_cast<size_t>(specBytes(whole) / ranks));
+      copySplit(shape, element, dim, stripes, ranks, shardRank(splitAxis),
+                data, split.data(), /*toPiece=*/true);
+      data = split.data();
+    }
+    if (shard.axis < 0 || shard.dim >= 0) {
       Status copied = device->copyToDevice(statePtrs[i], data, bytes);
       if (!copied.ok())
         return copied;
       continue;
     }
-    if (shard.dim >= 0) {
-      // This rank's slice of a tensor-parallel split.
-      std::vector<uint8_t> piece(static_cast<size_t>(bytes));
-      copyPiece(whole, shard, info.mesh_sizes[shard.axis],
-                shardRank(shard.axis), const_cast<uint8_t *>(data),
-                piece.data(), /*toPiece=*/true);
-      Status copied = device->copyToDevice(statePtrs[i], piece.data(), bytes);
-      if (!copied.ok())
-        return copied;
-      continue;
-    }
-    // A flat piece: elements [r s, (r + 1) s) of the whole, zero-padded.
-    int64_t total = specBytes(whole);
+    // A flat piece: elements [r s, (r + 1) s) of the whole (or of the
+    // tensor-parallel piece), zero-padded.
+    int64_t total = split.empty() ? specBytes(whole)
+                                  : static_cast<int64_t>(split.size());
     int64_t begin = std::min(total, shardRank(shard.axis) * bytes);
     int64_t end = std::min(total, begin + bytes);
     std::vector<uint8_t> piece(static_cast<size_t>(bytes), 0);
@@ -175,6 +180,42 @@ Status Trainer::load(const SafetensorsFile &file, const std::string &path,
       return copied;
   }
   return Status::success();
+}
+
+Result<std::vector<uint8_t>> Trainer::gather(int32_t axis, const void *piece,
+                                             bool onDevice, int64_t count,
+                                             int32_t dtype,
+                                             const std::string &name) const {
+  const pcc_comm &comm = comms[axis];
+  int64_t bytes = count * dtypeSize(static_cast<DType>(dtype));
+  std::vector<uint8_t> all(static_cast<size_t>(bytes * comm.size));
+  // On the CPU straight into host memory; a GPU gathers on the device.
+  DeviceBuffer from, gathered;
+  if (!device->isHost()) {
+    auto in = DeviceBuffer::allocate(*device, bytes);
+    auto out = DeviceBuffer::allocate(*device, bytes * comm.size);
+    if (!in.ok() || !out.ok())
+      return Error{in.ok() ? out.error() : in.error()};
+    from = in.take();
+    gathered = out.take();
+    if (!onDevice) {
+      Status copied = device->copyToDevice(from.data(), piece, bytes);
+      if (!copied.ok())
+        return Error{copied.error()};
+      piece = from.data();
+    }
+  }
+  void *into = device->isHost() ? all.data() : gathered.data();
+  if (comm.all_gather(comm.group, piece, into, count, dtype) != 0)
+    return Error{"gathering '" + name +
+                 "' for a checkpoint: " + comm.last_error(comm.group)};
+  if (!device->isHost()) {
+    Status read = device->copyToHost(all.data(), gathered.data(),
+                                     static_cast<int64_t>(all.size()));
+    if (!read.ok())
+      return Error{read.error()};
+  }
+  return all;
 }
 
 Result<SafetensorsWriter> Trainer::save(int32_t kind,
@@ -187,6 +228,8 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
     const pcc_tensor_spec &spec = info.weights[i];
     const pcc_tensor_spec &whole = info.whole_weights[i];
     const pcc_weight_shard &shard = info.weight_shards[i];
+    std::vector<int64_t> shape = specShape(whole);
+    int64_t element = dtypeSize(static_cast<DType>(whole.dtype));
     std::vector<uint8_t> bytes(static_cast<size_t>(specBytes(whole)));
     if (shard.axis < 0) {
       Status read =
@@ -195,37 +238,40 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
         return Error{read.error()};
     } else {
       // Every rank's piece, gathered (a collective: every rank saves).
-      // On the CPU straight into host memory; a GPU gathers on the device.
-      const pcc_comm &comm = comms[shard.axis];
-      int64_t piece = specBytes(spec);
-      std::vector<uint8_t> all(static_cast<size_t>(piece * comm.size));
-      DeviceBuffer gathered;
-      if (!device->isHost()) {
-        auto buffer = DeviceBuffer::allocate(*device, piece * comm.size);
-        if (!buffer.ok())
-          return Error{buffer.error()};
-        gathered = buffer.take();
+      auto all = gather(shard.axis, statePtrs[i], /*onDevice=*/true,
+                        elementCount(specShape(spec)), spec.dtype, spec.name);
+      if (!all.ok())
+        return Error{all.error()};
+      int32_t splitAxis = shard.dim >= 0 ? shard.axis : shard.within_axis;
+      if (shard.dim < 0) {
+        // Flat pieces in rank order, padding dropped: the whole, or this
+        // rank's tensor-parallel piece, gathered over that axis next.
+        int64_t total = splitAxis >= 0
+                            ? specBytes(whole) / info.mesh_sizes[splitAxis]
+                            : specBytes(whole);
+        all->resize(static_cast<size_t>(total));
+        if (splitAxis >= 0) {
+          all = gather(splitAxis, all->data(), /*onDevice=*/false,
+                       total / element, spec.dtype, spec.name);
+          if (!all.ok())
+            return Error{all.error()};
+        } else {
+          bytes = std::move(*all);
+        }
       }
-      void *into = device->isHost() ? all.data() : gathered.data();
-      if (comm.all_gather(comm.group, statePtrs[i], into,
-                          elementCount(specShape(spec)), spec.dtype) != 0)
-        return Error{std::string("gathering '") + spec.name +
-                     "' for a checkpoint: " + comm.last_error(comm.group)};
-      if (!device->isHost()) {
-        Status read = device->copyToHost(all.data(), gathered.data(),
-                                         static_cast<int64_t>(all.size()));
-        if (!read.ok())
-          return Error{read.error()};
+      if (splitAxis >= 0) {
+        int64_t dim = shard.dim >= 0 ? shard.dim : shard.within_dim;
+        int64_t stripes =
+            shard.dim >= 0 ? shard.stripes : shard.within_stripes;
+        int64_t ranks = info.mesh_sizes[splitAxis];
+        int64_t piece = specBytes(whole) / ranks;
+        for (int64_t r = 0; r < ranks; ++r)
+          copySplit(shape, element, dim, stripes, ranks, r, bytes.data(),
+                    all->data() + r * piece, /*toPiece=*/false);
       }
-      if (shard.dim < 0) // flat pieces in rank order, padding dropped
-        std::memcpy(bytes.data(), all.data(), bytes.size());
-      else
-        for (int64_t r = 0; r < comm.size; ++r)
-          copyPiece(whole, shard, comm.size, r, bytes.data(),
-                    all.data() + r * piece, /*toPiece=*/false);
     }
     Status added = writer.add(whole.name, static_cast<DType>(whole.dtype),
-                              specShape(whole), std::move(bytes));
+                              shape, std::move(bytes));
     if (!added.ok())
       return Error{added.error()};
   }

@@ -708,12 +708,7 @@ int main(int argc, char **argv) {
     return fail("--train with --pp above 1 is not in this version of pcc "
                 "yet: pipelines run inference; training runs on one device "
                 "or over --tp and --dp ranks");
-  if (zero > 0 && tp > 1)
-    return fail("--zero=" + std::to_string(zero) + " with --tp=" +
-                std::to_string(tp) +
-                " is not in this version of pcc yet: ZeRO shards whole "
-                "weights over dp; tensor-parallel pieces sharded again over "
-                "dp need layouts over two mesh axes (use --zero=0 with --tp)");
+
   if (train && lossKind != "cross_entropy" && lossKind != "mse" &&
       lossKind != "none")
     return fail("--loss=" + lossKind + " is not a loss (cross_entropy, mse "

@@ -948,14 +948,16 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     if (!info)
       return op->emitError("code generation: unsupported weight type ")
              << param.getType();
-    ShardingAttr shard = param.getShardAttr();
-    // A flat (ZeRO) shard is dim -1; its whole shape is the op's `of`.
-    std::string shardInit =
-        shard ? llvm::formatv("{{{0}, {1}, {2}}",
-                              meshAxes.lookup(shard.getAxis()), shard.getDim(),
-                              shard.getStripes())
-                    .str()
-              : "{-1, 0, 0}";
+    ShardingAttr shard = param.getShardAttr(), within = param.getWithinAttr();
+    // A flat (ZeRO) shard is dim -1; its whole shape is the op's `of`, and
+    // `within` the split of that whole it is a flat shard of.
+    auto triple = [&](ShardingAttr s) {
+      return s ? llvm::formatv("{0}, {1}, {2}", meshAxes.lookup(s.getAxis()),
+                               s.getDim(), s.getStripes())
+                     .str()
+               : std::string("-1, 0, 0");
+    };
+    std::string shardInit = "{" + triple(shard) + ", " + triple(within) + "}";
     std::vector<int64_t> whole(param.getType().getShape());
     if (shard && shard.isFlat())
       whole.assign(param.getWhole()->begin(), param.getWhole()->end());

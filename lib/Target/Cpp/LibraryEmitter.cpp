@@ -560,7 +560,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   std::string shardTable = "static const pcc_weight_shard kWeightShards[] = {";
   for (const std::string &shard : weightShards)
     shardTable += shard + ", ";
-  shardTable += weightShards.empty() ? "{-1, 0, 0}};\n" : "};\n";
+  shardTable += weightShards.empty() ? "{-1, 0, 0, -1, 0, 0}};\n" : "};\n";
   shardTable += "static const char *const kMeshAxes[] = {" + meshNames +
                 "nullptr};\nstatic const int64_t kMeshSizes[] = {" + meshSizes +
                 "0};\n";

@@ -501,6 +501,9 @@ LogicalResult AvgPoolOp::inferReturnTypes(MLIRContext *,
 
 LogicalResult ParamOp::verify() {
   ShardingAttr shard = getShardAttr();
+  ShardingAttr within = getWithinAttr();
+  if (within && (!shard || !shard.isFlat()))
+    return emitOpError("within: only a flat shard is taken within a split");
   if (!shard) {
     if (getWhole())
       return emitOpError("has a whole shape (`of`) but no flat shard");
@@ -512,10 +515,25 @@ LogicalResult ParamOp::verify() {
       return failure();
     if (!getWhole())
       return emitOpError("shard: a flat shard needs the whole shape (`of`)");
-    int64_t elements = 1;
-    ArrayRef<int64_t> whole = *getWhole();
-    for (int64_t d : whole)
-      elements *= d;
+    SmallVector<int64_t> whole(*getWhole());
+    if (within) {
+      // The flat shard is of this rank's piece of the split `within`.
+      FailureOr<int64_t> ranks = getMeshAxisSize(*this, within.getAxis());
+      if (failed(ranks))
+        return failure();
+      if (!within.isSplit() || within.getDim() >= static_cast<int64_t>(
+                                                      whole.size()) ||
+          whole[within.getDim()] % (*ranks * within.getStripes()) != 0)
+        return emitOpError("within: ")
+               << within << " does not split a tensor of shape ["
+               << ArrayRef<int64_t>(whole) << "]";
+      if (within.getAxis() == shard.getAxis())
+        return emitOpError("within: the split and the flat shard are over "
+                           "the same mesh axis '")
+               << shard.getAxis() << "'";
+      whole[within.getDim()] /= *ranks;
+    }
+    int64_t elements = ShapedType::getNumElements(whole);
     int64_t piece = (elements + *size - 1) / *size;
     if (getType() != RankedTensorType::get({piece}, getType().getElementType()))
       return emitOpError("shard: a flat shard of ")

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 8
+#define PCC_MODEL_ABI_VERSION 9
 
 /* Targets, as bits of pcc_model_info.targets. */
 enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
@@ -53,11 +53,17 @@ typedef struct pcc_tensor_spec {
  * axis `axis`, rank r reading chunk r of every stripe. axis -1: the whole
  * weight. dim -1 (ABI 8): ZeRO's flat shard, elements [r * s, (r + 1) * s)
  * of the whole tensor flattened and padded with zeros to n * s elements
- * (s = ceil(elements / n)); the local spec is 1-D [s]. */
+ * (s = ceil(elements / n)); the local spec is 1-D [s]. within_axis >= 0
+ * (ABI 9, ZeRO with tensor parallelism): the flat shard is of this rank's
+ * piece of the split (within_axis, within_dim, within_stripes) of the
+ * whole tensor, as above; -1: of the whole tensor. */
 typedef struct pcc_weight_shard {
   int32_t axis;
   int32_t dim;
   int64_t stripes;
+  int32_t within_axis;
+  int32_t within_dim;
+  int64_t within_stripes;
 } pcc_weight_shard;
 
 /* One step of a pipeline rank's schedule. Forward-only runs use the first

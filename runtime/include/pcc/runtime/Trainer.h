@@ -84,6 +84,12 @@ private:
   Trainer() = default;
   /// This rank's coordinate on mesh axis `axis` (0 without communicators).
   int64_t shardRank(int32_t axis) const;
+  /// Every rank of mesh axis `axis`'s `count` elements at `piece` (device
+  /// memory when `onDevice`, else host), in rank order, on the host.
+  Result<std::vector<uint8_t>> gather(int32_t axis, const void *piece,
+                                      bool onDevice, int64_t count,
+                                      int32_t dtype,
+                                      const std::string &name) const;
   Status runPhase(int32_t phase, const std::vector<const void *> &in,
                   const std::vector<void *> &out, const double *hyper);
   const ModelLibrary *library = nullptr;

@@ -48,18 +48,36 @@ def Pcc_ParamOp : Pcc_Op<"param", [Pure]> {
     %m = pcc.param "fc1.weight@exp_avg" shard(#pcc.shard<dp, flat>) of [256, 64]
         : tensor<8192xf32>
     ```
+
+    With tensor parallelism as well, the flat shard is of the rank's
+    tensor-parallel piece: `within` is that split of the whole tensor
+    (here rows [r * 128, (r + 1) * 128) on tp rank r, 8192 elements, a
+    quarter of them on each of 4 dp ranks):
+
+    ```mlir
+    %m = pcc.param "fc1.weight@exp_avg" shard(#pcc.shard<dp, flat>) of [256, 64]
+        within(#pcc.shard<tp, dim = 0>) : tensor<2048xf32>
+    ```
   }];
   let arguments = (ins StrAttr:$name, OptionalAttr<Pcc_ShardingAttr>:$shard,
-                       OptionalAttr<DenseI64ArrayAttr>:$whole);
+                       OptionalAttr<DenseI64ArrayAttr>:$whole,
+                       OptionalAttr<Pcc_ShardingAttr>:$within);
   let results = (outs Pcc_Tensor:$result);
   let assemblyFormat = [{
-    $name (`shard` `(` qualified($shard)^ `)`)? (`of` $whole^)? attr-dict `:`
-    type($result)
+    $name (`shard` `(` qualified($shard)^ `)`)? (`of` $whole^)?
+    (`within` `(` qualified($within)^ `)`)? attr-dict `:` type($result)
   }];
   let builders = [
     OpBuilder<(ins "::mlir::Type":$type, "::mlir::StringAttr":$name,
                    "::mlir::pcc::ShardingAttr":$shard), [{
-      build($_builder, $_state, type, name, shard, ::mlir::DenseI64ArrayAttr());
+      build($_builder, $_state, type, name, shard, ::mlir::DenseI64ArrayAttr(),
+            ::mlir::pcc::ShardingAttr());
+    }]>,
+    OpBuilder<(ins "::mlir::Type":$type, "::mlir::StringAttr":$name,
+                   "::mlir::pcc::ShardingAttr":$shard,
+                   "::mlir::DenseI64ArrayAttr":$whole), [{
+      build($_builder, $_state, type, name, shard, whole,
+            ::mlir::pcc::ShardingAttr());
     }]>
   ];
   let hasVerifier = 1;
