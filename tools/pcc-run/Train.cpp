@@ -608,9 +608,16 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
       fail(loaded.error());
   }
 
+  int64_t tp = 1;
+  for (int a = 0; a < info.num_mesh_axes; ++a)
+    if (std::string(info.mesh_axes[a]) == "tp")
+      tp = info.mesh_sizes[a];
   std::string ranksText =
       dp > 1 ? " on each of " + std::to_string(dp) + " data-parallel ranks"
              : "";
+  if (tp > 1)
+    ranksText += std::string(dp > 1 ? "," : "") + " split over " +
+                 std::to_string(tp) + " tensor-parallel ranks";
   std::printf("training %s on %s: %s, batch %lld (%lld micro-batch%s of "
               "%lld%s), loss %s, %s\n",
               libraryPath.c_str(), device.describe().c_str(),
@@ -670,6 +677,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                             {"batch", batch},
                             {"microbatches", m},
                             {"dp", dp},
+                            {"tp", tp},
                             {"zero", zeroStage(info)},
                             {"samples_seen", step * batch}};
     if (o.shuffle)

@@ -94,11 +94,13 @@ int inspect(const std::string &dir) {
               state.value("model", std::string("?")).c_str(),
               state.value("library", std::string("?")).c_str());
   std::printf("  loss %s, optimizer %s, batch %lld, %lld micro-batch(es), "
-              "saved at dp=%lld (ZeRO %lld); loads into any layout\n",
+              "saved at tp=%lld x dp=%lld (ZeRO %lld); loads into any "
+              "layout\n",
               state.value("loss", std::string("?")).c_str(),
               state.value("optimizer", std::string("?")).c_str(),
               static_cast<long long>(state.value("batch", int64_t(0))),
               static_cast<long long>(state.value("microbatches", int64_t(1))),
+              static_cast<long long>(state.value("tp", int64_t(1))),
               static_cast<long long>(state.value("dp", int64_t(1))),
               static_cast<long long>(state.value("zero", int64_t(0))));
   for (const char *name : kFiles) {
