@@ -67,6 +67,8 @@ def main():
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--zero", type=int, default=0)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--compare-args", default="",
+                    help="extra compare.py options (tolerances), one string")
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
@@ -117,7 +119,8 @@ def main():
          "--losses", log,
          "--ref-weights", os.path.join(ref, args.optimizer + ".final.safetensors"),
          "--weights", os.path.join(ckpt, "step-%08d" % config["steps"],
-                                   "weights.safetensors")] + tolerances)
+                                   "weights.safetensors")] + tolerances +
+        args.compare_args.split())
     sys.exit(r.returncode)
 
 
