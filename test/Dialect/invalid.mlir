@@ -516,3 +516,45 @@ func.func @whole_needs_flat() -> tensor<5x2xf32> {
   %w = pcc.param "w" of [5, 2] : tensor<5x2xf32>
   return %w : tensor<5x2xf32>
 }
+
+// -----
+
+// Tests the flat shard within a tensor-parallel split: its length counts
+// the tp piece's elements (12 of [8, 3] at tp=2, pieces of 4 over dp=3).
+module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
+  func.func @within_piece() -> tensor<8xf32> {
+    // expected-error @below {{shard: a flat shard of 12 elements over 3 ranks is a 'tensor<4xf32>', not 'tensor<8xf32>'}}
+    %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [8, 3] within(#pcc.shard<tp, dim = 0>) : tensor<8xf32>
+    return %m : tensor<8xf32>
+  }
+}
+
+// -----
+
+module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
+  func.func @within_divides() -> tensor<5xf32> {
+    // expected-error @below {{within: #pcc.shard<tp, dim = 1> does not split a tensor of shape [8, 3]}}
+    %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [8, 3] within(#pcc.shard<tp, dim = 1>) : tensor<5xf32>
+    return %m : tensor<5xf32>
+  }
+}
+
+// -----
+
+module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
+  func.func @within_needs_flat() -> tensor<4x3xf32> {
+    // expected-error @below {{within: only a flat shard is taken within a split}}
+    %m = pcc.param "w" shard(#pcc.shard<tp, dim = 0>) within(#pcc.shard<tp, dim = 0>) : tensor<4x3xf32>
+    return %m : tensor<4x3xf32>
+  }
+}
+
+// -----
+
+module attributes {pcc.mesh = {dp = 2 : i64}} {
+  func.func @within_other_axis() -> tensor<2xf32> {
+    // expected-error @below {{within: the split and the flat shard are over the same mesh axis 'dp'}}
+    %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [8] within(#pcc.shard<dp, dim = 0>) : tensor<2xf32>
+    return %m : tensor<2xf32>
+  }
+}

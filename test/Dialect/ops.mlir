@@ -236,3 +236,17 @@ module attributes {pcc.mesh = {dp = 3 : i64}} {
     return %m : tensor<4xf32>
   }
 }
+
+// -----
+
+// Tests that a flat shard within a tensor-parallel split round-trips: rows
+// [r * 4, (r + 1) * 4) of a [8, 3] tensor on tp rank r, 12 elements in
+// pieces of 4 over 3 dp ranks.
+// CHECK-LABEL: func.func @zero_within_tp
+// CHECK: pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [8, 3] within(#pcc.shard<tp, dim = 0>) : tensor<4xf32>
+module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
+  func.func @zero_within_tp() -> tensor<4xf32> {
+    %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [8, 3] within(#pcc.shard<tp, dim = 0>) : tensor<4xf32>
+    return %m : tensor<4xf32>
+  }
+}

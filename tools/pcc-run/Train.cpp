@@ -695,10 +695,13 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   };
 
   // The bytes the library's collectives move during the steps (not the
-  // checkpoints' gathers), over every mesh axis.
-  auto traffic = [&]() {
+  // checkpoints' gathers): over the dp axis (gradients, ZeRO's gathers) and
+  // over the tp axis (activations and their gradients), apart.
+  auto traffic = [&](bool overTp) {
     CommBinding::Traffic t;
     for (int a = 0; ranks.comms && a < info.num_mesh_axes; ++a) {
+      if ((std::string(info.mesh_axes[a]) == "tp") != overTp)
+        continue;
       const auto &m =
           static_cast<const CommBinding *>(ranks.comms[a].group)->traffic();
       t.allReduce += m.allReduce;
@@ -708,7 +711,15 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     }
     return t;
   };
-  CommBinding::Traffic stepTraffic;
+  CommBinding::Traffic stepTraffic, tpTraffic;
+  auto addTraffic = [](CommBinding::Traffic &into,
+                       const CommBinding::Traffic &before,
+                       const CommBinding::Traffic &after) {
+    into.allReduce += after.allReduce - before.allReduce;
+    into.allGather += after.allGather - before.allGather;
+    into.reduceScatter += after.reduceScatter - before.reduceScatter;
+    into.calls += after.calls - before.calls;
+  };
   int64_t trafficSteps = 0;
 
   std::vector<std::pair<int64_t, double>> curve;
@@ -756,16 +767,13 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
         std::this_thread::sleep_for(std::chrono::hours(1));
     }
     auto t0 = std::chrono::steady_clock::now();
-    CommBinding::Traffic before = traffic();
+    CommBinding::Traffic before = traffic(false), tpBefore = traffic(true);
     auto result = trainer->step(microbatches, count > 0 ? 1.0 / count : 0.0,
                                 hyper.table(s, lr));
     if (!result.ok())
       fail("step " + std::to_string(s) + ": " + result.error());
-    CommBinding::Traffic after = traffic();
-    stepTraffic.allReduce += after.allReduce - before.allReduce;
-    stepTraffic.allGather += after.allGather - before.allGather;
-    stepTraffic.reduceScatter += after.reduceScatter - before.reduceScatter;
-    stepTraffic.calls += after.calls - before.calls;
+    addTraffic(stepTraffic, before, traffic(false));
+    addTraffic(tpTraffic, tpBefore, traffic(true));
     ++trafficSteps;
     double ms = std::chrono::duration<double, std::milli>(
                     std::chrono::steady_clock::now() - t0)
@@ -823,12 +831,29 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
               (device.peakBytes() - trainer->stateBytes() -
                trainer->activationBytes() - trainer->arenaBytes()) /
                   1048576.0);
-  if (ranks.comms && trafficSteps > 0) {
-    // In the ZeRO paper's units: Psi trainable parameters of 4 bytes.
+  if (ranks.comms && trafficSteps > 0 && tpTraffic.calls > 0) {
+    double n = static_cast<double>(trafficSteps);
+    std::printf("tensor-parallel communication per step on each rank: %.3f "
+                "MiB (all-reduce %.3f, reduce-scatter %.3f, all-gather %.3f "
+                "MiB; %.0f collectives: activations, their gradients and the "
+                "gradient norm)\n",
+                tpTraffic.total() / n / 1048576.0,
+                tpTraffic.allReduce / n / 1048576.0,
+                tpTraffic.reduceScatter / n / 1048576.0,
+                tpTraffic.allGather / n / 1048576.0, tpTraffic.calls / n);
+  }
+  if (ranks.comms && trafficSteps > 0 && stepTraffic.calls > 0) {
+    // In the ZeRO paper's units: Psi trainable parameters of 4 bytes, of
+    // this rank's tensor-parallel piece of the model.
     int64_t psi = 0;
-    for (int i = 0; i < info.num_weights; ++i)
-      if (info.weight_kinds[i] == PCC_STATE_GRAD)
-        psi += elementCount(specShape(info.whole_weights[i]));
+    for (int i = 0; i < info.num_weights; ++i) {
+      if (info.weight_kinds[i] != PCC_STATE_GRAD)
+        continue;
+      const pcc_weight_shard &shard = info.weight_shards[i];
+      int32_t split = shard.dim >= 0 ? shard.axis : shard.within_axis;
+      psi += elementCount(specShape(info.whole_weights[i])) /
+             (split >= 0 ? info.mesh_sizes[split] : 1);
+    }
     double n = static_cast<double>(trafficSteps);
     double unit = 4.0 * static_cast<double>(std::max<int64_t>(psi, 1));
     std::printf("communication per step on each rank: %.3f Psi = %.3f MiB "

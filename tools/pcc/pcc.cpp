@@ -10,6 +10,7 @@
 
 #include "Ckpt.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 #include "pcc/Import/OnnxImporter.h"
 #include "pcc/Target/Cpp.h"
 #include "pcc/Transforms/CostModel.h"
@@ -337,10 +338,13 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
   auto mib = [](int64_t bytes) {
     return llvm::format("%10.3f MiB", bytes / 1048576.0);
   };
-  if (dp > 1)
-    os << "  training memory on each of the " << dp.getValue()
-       << " data-parallel ranks (predicted; pcc-run prints rank 0's "
-          "measured high-water mark):\n";
+  if (dp * tp > 1)
+    os << "  training memory on each of the " << dp * tp << " ranks ("
+       << (tp > 1 ? "tp=" + std::to_string(tp) : std::string())
+       << (tp > 1 && dp > 1 ? " x " : "")
+       << (dp > 1 ? "dp=" + std::to_string(dp) : std::string())
+       << "; predicted; pcc-run prints rank 0's measured high-water "
+          "mark):\n";
   else
     os << "  training memory on one device (predicted; pcc-run prints the "
           "measured high-water mark):\n";
@@ -372,9 +376,13 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
       if (pcc::splitStateName(param.getName()).second != "grad" ||
           !counted.insert(param.getName()).second)
         return;
+      // The rank's tensor-parallel piece (the ZeRO paper's Psi is per
+      // model-parallel partition).
       int64_t n = param.getWhole()
                       ? ShapedType::getNumElements(*param.getWhole())
                       : param.getType().getNumElements();
+      if (pcc::ShardingAttr within = param.getWithinAttr())
+        n /= *pcc::getMeshAxisSize(param, within.getAxis());
       psi += n;
       pieces += (n + ranks - 1) / ranks;
     });
@@ -414,7 +422,7 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
             module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
       if (auto m = training.getAs<IntegerAttr>("microbatches"))
         microbatches = m.getInt();
-    int64_t moved = 0;
+    int64_t moved = 0, tpMoved = 0;
     for (func::FuncOp f : module.getOps<func::FuncOp>()) {
       auto phase = f->getAttrOfType<StringAttr>(pcc::kPhaseAttrName);
       if (!phase)
@@ -424,14 +432,23 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
                           ? microbatches
                           : 1;
       f.walk([&](Operation *op) {
+        auto collective = dyn_cast<pcc::CollectiveOpInterface>(op);
+        if (!collective)
+          return;
+        int64_t &into = collective.getMeshAxis() == "tp" ? tpMoved : moved;
         if (isa<pcc::AllReduceOp>(op))
-          moved += times * 2 * bytesOf(op->getResult(0).getType());
+          into += times * 2 * bytesOf(op->getResult(0).getType());
         else if (isa<pcc::AllGatherOp>(op))
-          moved += times * bytesOf(op->getResult(0).getType());
+          into += times * bytesOf(op->getResult(0).getType());
         else if (isa<pcc::ReduceScatterOp>(op))
-          moved += times * bytesOf(op->getOperand(0).getType());
+          into += times * bytesOf(op->getOperand(0).getType());
       });
     }
+    if (tpMoved > 0)
+      os << "    tensor-parallel communication per step on each rank: "
+         << llvm::format("%.3f", tpMoved / 1048576.0)
+         << " MiB (activations, their gradients and the gradient norm; "
+            "pcc-run measures it)\n";
     if (moved > 0)
       os << "    communication per step on each rank: "
          << llvm::format("%.3f", moved / (4.0 * psi)) << " Psi = "
