@@ -16,10 +16,14 @@ weight at stages 1 and 2, DeepSpeed's fp32 partition):
   bytes moved per step   0, 1, 2: 2 Psi x 4 bytes   3: 3 Psi x 4 bytes
 
 (pieces are padded to a multiple of N elements; ZeRO-3 gathers in the
-backward phase only the weights it reads there).
+backward phase only the weights it reads there). With --tp T the model is
+split over T tensor-parallel ranks as well (pcc-run -n T*N): Psi is then
+the parameters of one tensor-parallel piece, as in the paper's accounting
+per model-parallel partition, and the tp traffic (activations and their
+gradients) is reported apart.
 
 usage: bench/zero_state.py [--models mlp gpt resnet18_train] [--dp 2 4]
-                           [--steps 5]
+                           [--tp 1 2] [--steps 5]
 """
 import argparse
 import os
@@ -66,42 +70,48 @@ def main():
     ap.add_argument("--pcc-run", default=os.path.join(ROOT, "build", "bin", "pcc-run"))
     ap.add_argument("--models", nargs="+", default=["mlp", "gpt", "resnet18_train"])
     ap.add_argument("--dp", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--tp", type=int, nargs="+", default=[1])
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
-    print("| model | dp | ZeRO | Psi | model state / rank (measured) | formula "
-          "| ratio | high-water predicted / measured MiB | bytes moved / step "
-          "(measured) | formula | ratio | step ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | tp | dp | ZeRO | Psi | model state / rank (measured) | formula "
+          "| ratio | high-water predicted / measured MiB | bytes moved over dp / step "
+          "(measured) | formula | ratio | tp MiB / step predicted / measured | step ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             flags, ref = MODELS[model]
             loss = ["--loss=" + LOSS.get(model, "cross_entropy")]
-            for n in args.dp:
-                for stage in range(4):
-                    lib = os.path.join(tmp, f"{model}.{n}.{stage}.so")
-                    onnx = os.path.join(ROOT, "examples", model + ".onnx")
-                    common = [args.pcc, onnx, "--train", *loss, *flags,
-                              f"--dp={n}", f"--zero={stage}"]
-                    explain = subprocess.run(common + ["--explain"], check=True,
-                                             capture_output=True, text=True).stdout
-                    predicted = float(re.search(r"total\s+([0-9.]+) MiB", explain).group(1))
-                    subprocess.run(common + ["-o", lib], check=True, capture_output=True)
-                    out = subprocess.run(
-                        [args.pcc_run, "-n", str(n), lib, "--steps", str(args.steps),
-                         "--log-every", str(args.steps)] + data_flags(ref),
-                        check=True, capture_output=True, text=True).stdout
-                    high = float(re.search(r"memory high-water ([0-9.]+) MiB", out).group(1))
-                    psi = int(re.search(r"for Psi = (\d+)", explain).group(1))
-                    state = int(re.search(r"model state [0-9.]+ MiB \((\d+) bytes\)", out).group(1))
-                    other = re.search(r"\+ (\d+) bytes of other weights", explain)
-                    state -= int(other.group(1)) if other else 0
-                    moved = float(re.search(r"communication per step on each rank: [0-9.]+ Psi = "
-                                            r"([0-9.]+) MiB", out).group(1)) * 1048576
-                    ms = float(re.findall(r"([0-9.]+) ms\n", out)[-1])
-                    fs, fm = formula_state(stage, psi, n), formula_moved(stage, psi)
-                    print(f"| {model} | {n} | {stage} | {psi} | {state} | {fs:.0f} | "
-                          f"{state / fs:.4f} | {predicted:.3f} / {high:.3f} | {moved:.0f} | "
-                          f"{fm:.0f} | {moved / fm:.3f} | {ms:.2f} |", flush=True)
+            for t, n, stage in [(t, n, z) for t in args.tp for n in args.dp
+                                for z in range(4)]:
+                lib = os.path.join(tmp, f"{model}.{t}.{n}.{stage}.so")
+                onnx = os.path.join(ROOT, "examples", model + ".onnx")
+                common = [args.pcc, onnx, "--train", *loss, *flags,
+                          f"--tp={t}", f"--dp={n}", f"--zero={stage}"]
+                explain = subprocess.run(common + ["--explain"], check=True,
+                                         capture_output=True, text=True).stdout
+                predicted = float(re.search(r"total\s+([0-9.]+) MiB", explain).group(1))
+                subprocess.run(common + ["-o", lib], check=True, capture_output=True)
+                out = subprocess.run(
+                    [args.pcc_run, "-n", str(n * t), lib, "--steps", str(args.steps),
+                     "--log-every", str(args.steps)] + data_flags(ref),
+                    check=True, capture_output=True, text=True).stdout
+                high = float(re.search(r"memory high-water ([0-9.]+) MiB", out).group(1))
+                psi = int(re.search(r"for Psi = (\d+)", explain).group(1))
+                state = int(re.search(r"model state [0-9.]+ MiB \((\d+) bytes\)", out).group(1))
+                other = re.search(r"\+ (\d+) bytes of other weights", explain)
+                state -= int(other.group(1)) if other else 0
+                moved = float(re.search(r"communication per step on each rank: [0-9.]+ Psi = "
+                                        r"([0-9.]+) MiB", out).group(1)) * 1048576
+                tp_pattern = r"tensor-parallel communication per step on each rank: ([0-9.]+) MiB"
+                tp_predicted = re.search(tp_pattern, explain)
+                tp_measured = re.search(tp_pattern, out)
+                tp_text = (f"{tp_predicted.group(1)} / {tp_measured.group(1)}"
+                           if tp_predicted and tp_measured else "-")
+                ms = float(re.findall(r"([0-9.]+) ms\n", out)[-1])
+                fs, fm = formula_state(stage, psi, n), formula_moved(stage, psi)
+                print(f"| {model} | {t} | {n} | {stage} | {psi} | {state} | {fs:.0f} | "
+                      f"{state / fs:.4f} | {predicted:.3f} / {high:.3f} | {moved:.0f} | "
+                      f"{fm:.0f} | {moved / fm:.3f} | {tp_text} | {ms:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
