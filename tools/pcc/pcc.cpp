@@ -916,6 +916,8 @@ int main(int argc, char **argv) {
       sched.microbatches = microbatches;
       pm.addPass(pcc::createPipelineSchedule(sched));
     }
+    if (tp * pp * dp > 1)
+      pm.addPass(pcc::createCheckCollectives());
     if (generate || explainPlan) {
       pm.addNestedPass<func::FuncOp>(pcc::createFuseElementwise());
       pm.addNestedPass<func::FuncOp>(pcc::createPlanMemory());

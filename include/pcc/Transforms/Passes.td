@@ -209,6 +209,28 @@ def PartitionTraining : Pass<"pcc-partition-training", "ModuleOp"> {
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
+def CheckCollectives : Pass<"pcc-check-collectives", "ModuleOp"> {
+  let summary = "proves that the ranks of every mesh group issue the same "
+                "collectives";
+  let description = [{
+    pcc knows every rank's program: the training phases or `@main` (the
+    same on every rank), or, in a pipeline, the stages each pipeline rank
+    runs (stage k on rank k mod pp). For every mesh axis, the ranks of one
+    group along it must issue the same collectives over that axis, in the
+    same order, on the same types; a mismatch would hang the job or
+    exchange the wrong data at run time. Along every axis but `pp` the
+    members run one program, so this holds by construction; along `pp`
+    the pass compares the pipeline ranks' stages, collective by
+    collective, and refuses the first mismatch, naming both ranks, the
+    collectives and their ONNX nodes.
+
+    Communicators are created by the runtime in mesh-axis order on every
+    rank, and pipeline transfers are matched by the schedule generator
+    (`checkGroupedTransfers`), so they need no check here.
+  }];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def Partition : Pass<"pcc-partition", "func::FuncOp"> {
   let summary = "rewrites a function to one rank's local shapes and inserts "
                 "the collectives";
