@@ -162,8 +162,11 @@ struct DataParallelPass
                << g.getName() << "' is read by two pcc.param ops (run CSE first)";
       OpBuilder b(g->getContext());
       b.setInsertionPointAfter(g);
-      auto sum = AllReduceOp::create(b, g.getLoc(), g.getResult(),
-                                     b.getStringAttr(kAxis));
+      auto sum = AllReduceOp::create(
+          b, NameLoc::get(b.getStringAttr("the gradient of '" +
+                                          splitStateName(g.getName()).first +
+                                          "'")),
+          g.getResult(), b.getStringAttr(kAxis));
       g.getResult().replaceAllUsesExcept(sum.getResult(), sum);
     }
     return success();
@@ -292,6 +295,8 @@ struct DataParallelPass
     Value splitTotal, total;
     for (auto &[name, type] : weights) {
       std::string gradName = stateName(name, "grad");
+      Location loc = NameLoc::get(
+          b.getStringAttr("the gradient of '" + name.str() + "'"));
       Value g;
       if (zero == 1) {
         Value whole = flat.local(b, loc, gradName, type);
@@ -317,6 +322,8 @@ struct DataParallelPass
     Value norm = SqrtOp::create(b, loc, total);
     for (auto [i, entry] : llvm::enumerate(weights)) {
       auto &[name, type] = entry;
+      Location loc =
+          NameLoc::get(b.getStringAttr("the update of '" + name.str() + "'"));
       Value p = flat.param(b, loc,
                            zero == 3 ? name.str()
                                      : stateName(name, kMasterState),

@@ -36,7 +36,9 @@ Error Communicator::failure(const std::string &collective, int64_t count,
                ")" +
                (meshCoords.empty() ? "" : " at mesh [" + meshCoords + "]") +
                ": " + collective + " of " + std::to_string(count) + " x " +
-               std::string(dtypeName(type)) + ": " + why};
+               std::string(dtypeName(type)) +
+               (*label ? std::string(" for ") + label : std::string()) +
+               ": " + why};
 }
 
 bool Communicator::launchedByMpi() {
@@ -473,9 +475,17 @@ CommBinding::CommBinding(Communicator &comm) : comm(&comm) {
   abi.all_gather = &CommBinding::allGather;
   abi.reduce_scatter = &CommBinding::reduceScatter;
   abi.last_error = &CommBinding::lastError;
+  abi.set_label = &CommBinding::setLabel;
+}
+
+void CommBinding::setLabel(void *group, const char *label) {
+  static_cast<CommBinding *>(group)->comm->setLabel(label);
 }
 
 int CommBinding::check(Status status) {
+  // The label named this call only; later calls (a checkpoint's gathers,
+  // a pipeline's transfers) set their own or none.
+  comm->setLabel(nullptr);
   if (status.ok())
     return 0;
   error = status.error();

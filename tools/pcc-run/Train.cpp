@@ -762,8 +762,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     // rank before that step's compute, as a hung device or host would.
     if (const char *stall = std::getenv("PCC_TEST_STALL_RANK")) {
       long long r = -1, at = -1;
-      if (std::sscanf(stall, "%lld:%lld", &r, &at) == 2 && r == dpRank &&
-          at == s)
+      if (std::sscanf(stall, "%lld:%lld", &r, &at) == 2 &&
+          r == ranks.worldRank && at == s)
         std::this_thread::sleep_for(std::chrono::hours(1));
     }
     auto t0 = std::chrono::steady_clock::now();

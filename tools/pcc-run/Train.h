@@ -49,6 +49,8 @@ struct TrainRanks {
   Communicator *dataParallel = nullptr;
   /// Rank 0 prints, logs and writes checkpoints.
   bool leader = true;
+  /// This process's rank in the job.
+  int64_t worldRank = 0;
 };
 
 /// Trains `library` on `device` as `o` says; returns the exit status.

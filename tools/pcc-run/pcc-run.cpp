@@ -840,6 +840,7 @@ int main(int argc, char **argv) {
                                         ? ranks.hostGroups[a].get()
                                         : ranks.groups[a].get();
       trainRanks.leader = ranks.world->rank() == 0;
+      trainRanks.worldRank = ranks.world->rank();
     }
     return runTraining(opts.train, *library, *device, opts.library,
                        trainRanks);

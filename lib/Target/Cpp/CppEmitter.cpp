@@ -114,6 +114,10 @@ std::string describeOp(Operation *op) {
   auto [opType, node] = getOnnxNodeOfLocation(op->getLoc());
   if (!opType.empty())
     return "node '" + node + "' (" + opType + ")";
+  // What a pass named it ("the gradient of 'fc1.weight'").
+  if (auto name = dyn_cast<NameLoc>(op->getLoc()))
+    return name.getName().str() + " (" + op->getName().getStringRef().str() +
+           ")";
   return op->getName().getStringRef().str();
 }
 
@@ -769,6 +773,8 @@ LogicalResult CppEmitter::emitCollective(Operation *op) {
     count = tensorTypeOf(out).getNumElements();
   }
   line("{ const pcc_comm &c = " + comm(axis) + ";");
+  line("  if (c.set_label) c.set_label(c.group, " + quoted(describeOp(op)) +
+       ");");
   line(llvm::formatv("  if (c.{0}(c.group, {1}, {2}, {3}, {4}))", fn,
                      nameOf(in), nameOf(out), count, info->code)
            .str());

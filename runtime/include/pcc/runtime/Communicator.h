@@ -66,6 +66,9 @@ public:
   void setMeshCoordinates(std::string coords) {
     meshCoords = std::move(coords);
   }
+  /// What the next collective computes (the ONNX node a model library's
+  /// collective belongs to); messages name it. Null or empty: nothing.
+  void setLabel(const char *text) { label = text ? text : ""; }
 
   /// send == recv is in place. Counts are elements of `type`; gathers and
   /// reduce-scatters take the count per rank.
@@ -130,6 +133,7 @@ protected:
 private:
   std::string groupName = "world";
   std::string meshCoords;
+  const char *label = "";
 };
 
 /// A communicator as the model ABI's table of collectives (pcc_comm), which
@@ -161,6 +165,7 @@ private:
   static int reduceScatter(void *group, const void *send, void *recv,
                            int64_t count, int32_t dtype);
   static const char *lastError(void *group);
+  static void setLabel(void *group, const char *label);
   int check(Status status);
 
   Communicator *comm;

@@ -232,6 +232,10 @@ typedef struct pcc_comm {
   int (*reduce_scatter)(void *group, const void *send, void *recv,
                         int64_t count_per_rank, int32_t dtype);
   const char *(*last_error)(void *group);
+  /* ABI 9: what the next collective computes, for the watchdog's and the
+   * errors' messages ("node '/blocks.0/attn/proj/MatMul' (MatMul)"); the
+   * string outlives the call. May be null. */
+  void (*set_label)(void *group, const char *label);
 } pcc_comm;
 
 /* What one run executes on. */
