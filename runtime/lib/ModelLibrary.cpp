@@ -150,28 +150,36 @@ Result<std::vector<const void *>> ModelLibrary::bindWeights(
       pointers.push_back(data);
       continue;
     }
-    // View dimension `dim` as [stripes, ranks, chunk]; copy chunk `rank` of
-    // every stripe.
     int64_t element = dtypeSize(entry->dtype);
-    int64_t pre = 1, post = 1;
-    for (int d = 0; d < shard.dim; ++d)
-      pre *= whole[d];
-    for (size_t d = shard.dim + 1; d < whole.size(); ++d)
-      post *= whole[d];
-    int64_t chunk = whole[shard.dim] / (shard.stripes * ranks);
-    int64_t piece = chunk * post * element;
     auto buffer = std::make_unique<AlignedBuffer>(
         elementCount(specShape(spec)) * element);
     if (!buffer->ok())
       return Error{"out of memory for the slice of weight '" +
                    std::string(spec.name) + "'"};
-    char *out = static_cast<char *>(buffer->data());
-    for (int64_t p = 0; p < pre * shard.stripes; ++p)
-      std::memcpy(out + p * piece, data + (p * ranks + rank) * piece, piece);
-    pointers.push_back(out);
+    copySplitPiece(whole, element, shard.dim, shard.stripes, ranks, rank,
+                   reinterpret_cast<uint8_t *>(const_cast<char *>(data)),
+                   static_cast<uint8_t *>(buffer->data()), /*toPiece=*/true);
+    pointers.push_back(buffer->data());
     shardBuffers.push_back(std::move(buffer));
   }
   return pointers;
+}
+
+void copySplitPiece(const std::vector<int64_t> &shape, int64_t elementBytes,
+                    int64_t dim, int64_t stripes, int64_t ranks, int64_t rank,
+                    uint8_t *whole, uint8_t *piece, bool toPiece) {
+  int64_t pre = 1, post = 1;
+  for (int64_t d = 0; d < dim; ++d)
+    pre *= shape[d];
+  for (size_t d = dim + 1; d < shape.size(); ++d)
+    post *= shape[d];
+  int64_t chunk = shape[dim] / (stripes * ranks);
+  int64_t bytes = chunk * post * elementBytes;
+  for (int64_t p = 0; p < pre * stripes; ++p) {
+    uint8_t *w = whole + (p * ranks + rank) * bytes;
+    uint8_t *l = piece + p * bytes;
+    std::memcpy(toPiece ? l : w, toPiece ? w : l, static_cast<size_t>(bytes));
+  }
 }
 
 Status ModelLibrary::run(const pcc_run_context &context,

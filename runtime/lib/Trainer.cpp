@@ -97,29 +97,6 @@ int64_t Trainer::shardRank(int32_t axis) const {
   return axis >= 0 && comms ? comms[axis].rank : 0;
 }
 
-namespace {
-/// A split of dimension `dim` in `stripes` over `ranks` ranks: the
-/// dimension viewed as [stripes, ranks, chunk], rank r holding chunk r of
-/// every stripe. Copies rank `rank`'s piece out of the whole tensor of
-/// `shape` (`toPiece`) or back into it.
-void copySplit(const std::vector<int64_t> &shape, int64_t element, int64_t dim,
-               int64_t stripes, int64_t ranks, int64_t rank,
-               uint8_t *wholeData, uint8_t *pieceData, bool toPiece) {
-  int64_t pre = 1, post = 1;
-  for (int64_t d = 0; d < dim; ++d)
-    pre *= shape[d];
-  for (size_t d = dim + 1; d < shape.size(); ++d)
-    post *= shape[d];
-  int64_t chunk = shape[dim] / (stripes * ranks);
-  int64_t piece = chunk * post * element;
-  for (int64_t p = 0; p < pre * stripes; ++p) {
-    uint8_t *w = wholeData + (p * ranks + rank) * piece;
-    uint8_t *l = pieceData + p * piece;
-    std::memcpy(toPiece ? l : w, toPiece ? w : l, static_cast<size_t>(piece));
-  }
-}
-} // namespace
-
 Status Trainer::load(const SafetensorsFile &file, const std::string &path,
                      int32_t kind) {
   const pcc_model_info &info = library->info();
@@ -157,7 +134,7 @@ Status Trainer::load(const SafetensorsFile &file, const std::string &path,
       int64_t stripes = shard.dim >= 0 ? shard.stripes : shard.within_stripes;
       int64_t ranks = info.mesh_sizes[splitAxis];
       split.resize(static_cast<size_t>(specBytes(whole) / ranks));
-      copySplit(shape, element, dim, stripes, ranks, shardRank(splitAxis),
+      copySplitPiece(shape, element, dim, stripes, ranks, shardRank(splitAxis),
                 data, split.data(), /*toPiece=*/true);
       data = split.data();
     }
@@ -266,7 +243,7 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
         int64_t ranks = info.mesh_sizes[splitAxis];
         int64_t piece = specBytes(whole) / ranks;
         for (int64_t r = 0; r < ranks; ++r)
-          copySplit(shape, element, dim, stripes, ranks, r, bytes.data(),
+          copySplitPiece(shape, element, dim, stripes, ranks, r, bytes.data(),
                     all->data() + r * piece, /*toPiece=*/false);
       }
     }

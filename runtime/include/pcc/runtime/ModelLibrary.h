@@ -107,6 +107,14 @@ private:
   mutable std::vector<std::unique_ptr<AlignedBuffer>> shardBuffers;
 };
 
+/// A split of dimension `dim` of a tensor of `shape` in `stripes` over
+/// `ranks` ranks (#pcc.shard): the dimension viewed as [stripes, ranks,
+/// chunk], rank `rank` holding chunk `rank` of every stripe. Copies that
+/// rank's piece out of the whole tensor (`toPiece`) or back into it.
+void copySplitPiece(const std::vector<int64_t> &shape, int64_t elementBytes,
+                    int64_t dim, int64_t stripes, int64_t ranks, int64_t rank,
+                    uint8_t *whole, uint8_t *piece, bool toPiece);
+
 /// 64-byte aligned scratch memory (the arena, output buffers).
 struct AlignedBuffer {
   explicit AlignedBuffer(int64_t bytes);
