@@ -400,6 +400,9 @@ struct PartitionTrainingPass
           [](Operation *op) { op->removeAttr(PccDialect::kShardingAttrName); });
       return;
     }
+    // --sp changes how layouts flow, not the weights' plan.
+    if (sequenceParallel)
+      module->setAttr(kSequenceParallelAttrName, UnitAttr::get(&getContext()));
     // A gradient or moment lies where its weight does.
     module.walk([&](ParamOp param) {
       auto [weight, kind] = splitStateName(param.getName());

@@ -77,6 +77,9 @@ public:
         argLayouts(argLayouts) {
     plan.axis = axis.str();
     plan.ranks = ranks;
+    if (auto module = func->getParentOfType<ModuleOp>())
+      sequenceParallel = axis == "tp" &&
+                         module->hasAttr(kSequenceParallelAttrName);
   }
 
   ShardingPlan run();
@@ -102,6 +105,16 @@ private:
   const llvm::StringMap<Shard> &decisions;
   CostModel cost;
   ArrayRef<Shard> argLayouts;
+  /// --sp: activations [batch, sequence, hidden] may be split along the
+  /// sequence (Megatron's sequence parallelism).
+  bool sequenceParallel = false;
+  /// Whether `to` splits `v` along a token dimension (any but the last,
+  /// the hidden one: [batch, sequence, hidden], or [batch x sequence,
+  /// hidden] as exporters flatten it for a Gemm).
+  static bool alongTokens(Value v, Shard to) {
+    int64_t rank = typeOf(v).getRank();
+    return to.isSplit() && to.stripes == 1 && rank >= 2 && to.dim < rank - 1;
+  }
   ShardingPlan plan;
   llvm::StringSet<> seenWeights;
   /// Conversions done already: (value, target layout) pairs.
@@ -177,7 +190,12 @@ double Propagator::conversionSeconds(Value v, Shard to,
   // downstream (e.g. the residual stream). Inputs, weights, constants and
   // what is computed from inputs and constants alone (masks, positions,
   // rotary tables) are: every rank has them whole and takes its part.
-  if (from.isReplicated() && !sliceable(v) &&
+  // Sequence parallelism splits the residual stream along the sequence:
+  // the norms and elementwise ops between the tensor-parallel blocks run
+  // on a part of the sequence, and a block's partial sum is
+  // reduce-scattered into that split instead of all-reduced.
+  bool alongSequence = sequenceParallel && alongTokens(v, to);
+  if (from.isReplicated() && !sliceable(v) && !alongSequence &&
       !slicesBatchOfProduct(consumer, to) && !broadcastAlong(v, to))
     return std::numeric_limits<double>::infinity();
   // To a split: slicing is local; a partial sum scatters; another split is
@@ -246,6 +264,32 @@ std::vector<Option> Propagator::options(Operation *op) {
     in.push_back(of(v));
   SmallVector<Option> candidates;
   sharding.getShardingOptions(in, ranks, candidates);
+  // --sp: an op that reads a partial sum may also run split along a token
+  // dimension of its result, on the operands of the result's shape split
+  // the same way (the op's own rule for such operands), so that the
+  // partial sum is reduce-scattered there instead of all-reduced.
+  if (sequenceParallel && op->getNumResults() == 1 &&
+      llvm::any_of(op->getOperands(),
+                   [&](Value v) { return of(v).isPartial(); })) {
+    Value result = op->getResult(0);
+    for (int64_t d = 0; d + 1 < typeOf(result).getRank(); ++d) {
+      Shard tokens = Shard::split(d, 1);
+      SmallVector<Shard> split;
+      for (Value v : op->getOperands())
+        split.push_back(v.getType() == result.getType() ? tokens : of(v));
+      SmallVector<Option> more;
+      sharding.getShardingOptions(split, ranks, more);
+      for (Option &o : more)
+        if (o.results.size() == 1 && o.results[0] == tokens &&
+            llvm::all_of(llvm::zip(op->getOperands(), o.operands),
+                         [&](auto p) {
+                           return std::get<0>(p).getType() !=
+                                      result.getType() ||
+                                  std::get<1>(p) == tokens;
+                         }))
+          candidates.push_back(std::move(o));
+    }
+  }
   for (Option &o : candidates) {
     auto fitsAll = [&](ValueRange values, ArrayRef<Shard> shards) {
       return values.size() == shards.size() &&
@@ -332,7 +376,11 @@ ShardingPlan Propagator::run() {
                        [](const Shard &s) { return s.isReplicated(); }) ||
           llvm::any_of(llvm::zip(op.getOperands(), o.operands), [&](auto p) {
             Shard s = std::get<1>(p);
-            return !s.isReplicated() && of(std::get<0>(p)) == s;
+            Value v = std::get<0>(p);
+            // --sp: a partial sum may be reduce-scattered along the tokens.
+            return (!s.isReplicated() && of(v) == s) ||
+                   (sequenceParallel && of(v).isPartial() &&
+                    alongTokens(v, s));
           });
       if (!fromOperand)
         continue;

@@ -67,6 +67,8 @@ def main():
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--zero", type=int, default=0)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--sp", action="store_true",
+                    help="sequence parallelism over the tp ranks (pcc --sp)")
     ap.add_argument("--compare-args", default="",
                     help="extra compare.py options (tolerances), one string")
     ap.add_argument("--target", default="cpu")
@@ -83,7 +85,7 @@ def main():
          "--train", "--loss=" + loss, "--optimizer=" + args.optimizer,
          "--microbatches=%d" % args.microbatches, "--target=" + args.target,
          "--dp=%d" % args.dp, "--tp=%d" % args.tp, "--zero=%d" % args.zero,
-         "-o", lib] + flags)
+         "-o", lib] + (["--sp"] if args.sp else []) + flags)
 
     hyper = ["--lr", repr(opt["lr"]), "--weight-decay",
              repr(opt["weight_decay"])]

@@ -15,6 +15,7 @@
 #include "pcc/Target/Cpp.h"
 #include "pcc/Transforms/CostModel.h"
 #include "pcc/Transforms/Passes.h"
+#include "pcc/Transforms/Sharding.h"
 #include "pcc/Transforms/Training.h"
 #include "pcc/runtime/Checkpoint.h"
 
@@ -77,6 +78,13 @@ static cl::list<std::string>
          cl::value_desc("name=N"), cl::cat(pccCategory));
 static cl::opt<int64_t> tp("tp", cl::desc("tensor-parallel degree"),
                            cl::init(1), cl::cat(pccCategory));
+static cl::opt<bool> sequenceParallel(
+    "sp",
+    cl::desc("sequence parallelism with --tp (Megatron's): the norms and "
+             "elementwise ops between tensor-parallel blocks run on a part "
+             "of the sequence; reduce-scatter and all-gather replace each "
+             "block's all-reduce"),
+    cl::init(false), cl::cat(pccCategory));
 static cl::opt<int64_t> pp("pp", cl::desc("pipeline-parallel degree"),
                            cl::init(1), cl::cat(pccCategory));
 static cl::opt<int64_t> dp("dp", cl::desc("data-parallel degree"), cl::init(1),
@@ -721,6 +729,9 @@ int main(int argc, char **argv) {
                 "--dp above 1");
   if (microbatches < 1)
     return fail("--microbatches must be at least 1");
+  if (sequenceParallel && (tp <= 1 || !train))
+    return fail("--sp splits the sequence over the tensor-parallel ranks of "
+                "a training step; it needs --train and --tp above 1");
   if (train && pp > 1)
     return fail("--train with --pp above 1 is not in this version of pcc "
                 "yet: pipelines run inference; training runs on one device "
@@ -832,6 +843,7 @@ int main(int argc, char **argv) {
                           b.getNamedAttr("tp", b.getI64IntegerAttr(tp)),
                       }));
 
+
   std::unique_ptr<DumpIrInstrumentation> dumper;
   if (!dumpIr.empty()) {
     if (std::error_code ec = llvm::sys::fs::create_directories(dumpIr))
@@ -884,6 +896,7 @@ int main(int argc, char **argv) {
         pm.addNestedPass<func::FuncOp>(pcc::createPlanSharding(plan));
         pcc::PartitionTrainingOptions partition;
         partition.emitRemarks = explainPlan;
+        partition.sequenceParallel = sequenceParallel;
         pm.addPass(pcc::createPartitionTraining(partition));
         pm.addPass(createCanonicalizerPass());
         pm.addPass(createCSEPass());

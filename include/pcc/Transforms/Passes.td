@@ -204,7 +204,14 @@ def PartitionTraining : Pass<"pcc-partition-training", "ModuleOp"> {
     Option<"axis", "axis", "std::string", /*default=*/"\"tp\"",
            "the mesh axis to partition over">,
     Option<"emitRemarks", "emit-remarks", "bool", /*default=*/"false",
-           "report each phase's collectives and their bytes as remarks">
+           "report each phase's collectives and their bytes as remarks">,
+    Option<"sequenceParallel", "sequence-parallel", "bool",
+           /*default=*/"false",
+           "Megatron's sequence parallelism: with the weights' layouts "
+           "as planned, a partial sum read by an elementwise op or a norm "
+           "may be reduce-scattered along a token dimension, and the "
+           "residual stream split there (the module gets "
+           "`pcc.sequence_parallel`)">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }

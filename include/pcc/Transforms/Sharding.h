@@ -30,6 +30,11 @@
 
 namespace mlir::pcc {
 
+/// A unit attribute on the module (pcc --sp): the planner may split
+/// [batch, sequence, hidden] activations along the sequence over tp.
+inline constexpr llvm::StringLiteral kSequenceParallelAttrName =
+    "pcc.sequence_parallel";
+
 /// One collective the plan inserts.
 struct PlannedCollective {
   CollectiveKind kind;
