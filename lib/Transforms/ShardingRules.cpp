@@ -272,7 +272,9 @@ std::vector<Option> Propagator::options(Operation *op) {
       llvm::any_of(op->getOperands(),
                    [&](Value v) { return of(v).isPartial(); })) {
     Value result = op->getResult(0);
-    for (int64_t d = 0; d + 1 < typeOf(result).getRank(); ++d) {
+    // The innermost token dimension first (the sequence of [batch,
+    // sequence, hidden]): on a tie it is the one the residual stream keeps.
+    for (int64_t d = typeOf(result).getRank() - 2; d >= 0; --d) {
       Shard tokens = Shard::split(d, 1);
       SmallVector<Shard> split;
       for (Value v : op->getOperands())
