@@ -101,6 +101,26 @@ void shardingOptions(SliceOp op, ArrayRef<Shard> in, int64_t, Options &out) {
     out.push_back({{x}, {x}});
 }
 
+/// The inverse of a slice (a slice's gradient): a piece split along the
+/// padded dimension lands in whole stripes of the result, so the result is
+/// split there with stripes of the piece's stripe size (the fused QKV's
+/// gradient: each of q, k and v padded into its third).
+void shardingOptions(PadOp op, ArrayRef<Shard> in, int64_t, Options &out) {
+  Shard x = in[0];
+  if (x.isSplit()) {
+    int64_t d = x.dim, size = op.getInput().getType().getDimSize(d),
+            whole = op.getType().getDimSize(d);
+    int64_t stripe = size / x.stripes;
+    int64_t start = op.getStarts()[d], step = op.getSteps()[d];
+    if (start == 0 && size == whole && step == 1)
+      out.push_back({{x}, {x}});
+    else if (step == 1 && start % stripe == 0 && whole % stripe == 0)
+      out.push_back({{x}, {Shard::split(d, whole / stripe)}});
+  }
+  if (x.isPartial())
+    out.push_back({{x}, {x}});
+}
+
 void shardingOptions(SplitOp op, ArrayRef<Shard> in, int64_t, Options &out) {
   Shard x = in[0];
   unsigned numResults = op->getNumResults();
@@ -328,6 +348,17 @@ SmallVector<Value> partitionLocal(SliceOp op, OpBuilder &, ArrayRef<Shard> in,
     limits[in[0].dim] /= ranks;
     op.setStarts(starts);
     op.setLimits(limits);
+  }
+  return {op.getResult()};
+}
+
+/// The start along a split dimension counts local entries.
+SmallVector<Value> partitionLocal(PadOp op, OpBuilder &, ArrayRef<Shard> in,
+                                  int64_t ranks, StringRef) {
+  if (in[0].isSplit()) {
+    SmallVector<int64_t> starts(op.getStarts());
+    starts[in[0].dim] /= ranks;
+    op.setStarts(starts);
   }
   return {op.getResult()};
 }
