@@ -12,6 +12,7 @@
 
 #include "llvm/ADT/STLExtras.h"
 
+#include <numeric>
 #include <type_traits>
 
 using namespace mlir;
@@ -146,6 +147,33 @@ void shardingOptions(ConcatOp op, ArrayRef<Shard> in, int64_t, Options &out) {
   for (Shard s : in)
     if (s.isSplit() && s.dim != axis)
       out.push_back({SmallVector<Shard>(numOperands, s), {s}});
+  // The inverse of a split (a split's gradient, the fused QKV's): pieces
+  // split along the axis in stripes of one size are consecutive stripes
+  // of the result, and each rank concatenates its own chunks.
+  if (llvm::any_of(in, [&](Shard s) { return s.isSplit() && s.dim == axis; })) {
+    int64_t stripe = 0, stripes = 0;
+    SmallVector<Shard> reads;
+    for (Value input : op.getInputs()) {
+      int64_t size = cast<RankedTensorType>(input.getType()).getDimSize(axis);
+      if (!stripe)
+        stripe = size;
+      for (Value other : op.getInputs())
+        stripe = std::gcd(
+            stripe, cast<RankedTensorType>(other.getType()).getDimSize(axis));
+    }
+    for (Value input : op.getInputs()) {
+      int64_t size = cast<RankedTensorType>(input.getType()).getDimSize(axis);
+      reads.push_back(Shard::split(axis, size / stripe));
+      stripes += size / stripe;
+    }
+    // Only when each input is one piece split as it is (whole stripes).
+    bool matches = llvm::all_of(llvm::zip(in, reads), [](auto p) {
+      Shard have = std::get<0>(p);
+      return !have.isSplit() || have == std::get<1>(p);
+    });
+    if (matches)
+      out.push_back({reads, {Shard::split(axis, stripes)}});
+  }
   if (llvm::all_of(in, [](Shard s) { return s.isPartial(); }))
     out.push_back({SmallVector<Shard>(in), {Shard::partial()}});
 }
