@@ -445,6 +445,11 @@ struct PartitionTrainingPass
             i < returned.size() ? returned[i] : Shard::replicated();
     if (failed(partition(forward, forwardPlan)))
       return signalPassFailure();
+    // The backward phase reads the weights the forward phase read: it
+    // works on their pieces (Megatron's input gradients) rather than
+    // gathering a weight to keep an activation's split.
+    CostModel keepWeightsSplit;
+    keepWeightsSplit.weightGatherFactor = 1e3;
     SmallVector<Shard> argLayouts;
     for (unsigned i = 0; i < backward.getNumArguments(); ++i) {
       auto name = backward.getArgAttrOfType<StringAttr>(i, "pcc.name");
@@ -453,7 +458,7 @@ struct PartitionTrainingPass
     }
     if (failed(partition(backward,
                          propagateShardings(backward, axis, *ranks, decisions,
-                                            {}, argLayouts))))
+                                            keepWeightsSplit, argLayouts))))
       return signalPassFailure();
     for (func::FuncOp func : ArrayRef(phases).drop_front(2))
       if (failed(partition(func, propagateShardings(func, axis, *ranks,

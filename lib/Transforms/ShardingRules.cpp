@@ -176,10 +176,15 @@ double Propagator::conversionSeconds(Value v, Shard to,
   int64_t bytes = tensorBytes(v);
   if (to.isPartial())
     return std::numeric_limits<double>::infinity();
-  if (to.isReplicated())
-    return collectiveSeconds(from.isPartial() ? CollectiveKind::AllReduce
-                                              : CollectiveKind::AllGather,
-                             bytes);
+  if (to.isReplicated()) {
+    double seconds = collectiveSeconds(
+        from.isPartial() ? CollectiveKind::AllReduce : CollectiveKind::AllGather,
+        bytes);
+    if (auto param = v.getDefiningOp<ParamOp>();
+        param && param.getType().getRank() >= 2)
+      seconds *= cost.weightGatherFactor;
+    return seconds;
+  }
   // A weight of rank >= 2 has the layout the plan decided: it is not sliced
   // on demand (that would be another decision).
   if (auto param = v.getDefiningOp<ParamOp>())

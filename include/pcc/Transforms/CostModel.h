@@ -24,6 +24,11 @@ struct CostModel {
   double bytesPerSecond = 2.0e12;    // memory bandwidth, for non-GEMM ops
   double linkBytesPerSecond = 150e9; // per-rank collective bandwidth
   double collectiveLatency = 10e-6;  // seconds per collective
+  /// How much dearer gathering a split weight of rank >= 2 is than its
+  /// collective. The search prices whole weights by memory instead (1);
+  /// the training step's other phases, whose weights are decided, keep
+  /// them split where the forward phase does (pcc-partition-training).
+  double weightGatherFactor = 1;
 
   /// Seconds of one op from its CostOpInterface: its FLOPs at the GEMM rate
   /// when it has any, else the bytes it writes at memory bandwidth;
