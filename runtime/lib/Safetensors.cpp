@@ -71,6 +71,22 @@ void SafetensorsWriter::setMetadata(std::string key, std::string value) {
 }
 
 Status SafetensorsWriter::write(const std::string &path) const {
+  std::vector<uint8_t> bytes = serialize();
+  std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out)
+    return fail(path, std::string("cannot create: ") + std::strerror(errno));
+  out.write(reinterpret_cast<const char *>(bytes.data()), bytes.size());
+  out.close();
+  if (!out)
+    return fail(path, "write failed (disk full?)");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return fail(path, std::string("cannot rename into place: ") +
+                          std::strerror(errno));
+  return Status::success();
+}
+
+std::vector<uint8_t> SafetensorsWriter::serialize() const {
   uint64_t checksum = kFnv1a64Basis;
   for (const auto &payload : payloads)
     checksum = fnv1a64(payload.data(), payload.size(), checksum);
@@ -91,25 +107,14 @@ Status SafetensorsWriter::write(const std::string &path) const {
   while ((8 + text.size()) % 8)
     text.push_back(' ');
 
-  std::string tmp = path + ".tmp";
-  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  if (!out)
-    return fail(path, std::string("cannot create: ") + std::strerror(errno));
+  std::vector<uint8_t> bytes;
   uint64_t length = text.size();
-  unsigned char lengthBytes[8];
   for (int i = 0; i < 8; ++i)
-    lengthBytes[i] = static_cast<unsigned char>(length >> (8 * i));
-  out.write(reinterpret_cast<const char *>(lengthBytes), 8);
-  out.write(text.data(), text.size());
+    bytes.push_back(static_cast<uint8_t>(length >> (8 * i)));
+  bytes.insert(bytes.end(), text.begin(), text.end());
   for (const auto &payload : payloads)
-    out.write(reinterpret_cast<const char *>(payload.data()), payload.size());
-  out.close();
-  if (!out)
-    return fail(path, "write failed (disk full?)");
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return fail(path, std::string("cannot rename into place: ") +
-                          std::strerror(errno));
-  return Status::success();
+    bytes.insert(bytes.end(), payload.begin(), payload.end());
+  return bytes;
 }
 
 //===----------------------------------------------------------------------===//
@@ -127,6 +132,7 @@ SafetensorsFile &SafetensorsFile::operator=(SafetensorsFile &&other) noexcept {
   std::swap(dataStart, other.dataStart);
   std::swap(entries, other.entries);
   std::swap(metadata, other.metadata);
+  std::swap(owned, other.owned);
   return *this;
 }
 
@@ -167,7 +173,28 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string &path,
   file.path = path;
   file.mapping = mapping;
   file.mappedSize = size;
-  const auto *bytes = static_cast<const uint8_t *>(mapping);
+  return parse(std::move(file), static_cast<const uint8_t *>(mapping), size,
+               verifyChecksum);
+}
+
+Result<SafetensorsFile> SafetensorsFile::fromBytes(std::vector<uint8_t> bytes,
+                                                   const std::string &name) {
+  if (bytes.size() < 8)
+    return fail(name, "is " + std::to_string(bytes.size()) +
+                          " bytes long, too short for a safetensors file");
+  SafetensorsFile file;
+  file.path = name;
+  file.owned = std::move(bytes);
+  const uint8_t *data = file.owned.data();
+  size_t size = file.owned.size();
+  return parse(std::move(file), data, size, /*verifyChecksum=*/true);
+}
+
+Result<SafetensorsFile> SafetensorsFile::parse(SafetensorsFile file,
+                                               const uint8_t *bytes,
+                                               size_t size,
+                                               bool verifyChecksum) {
+  const std::string path = file.path;
   uint64_t headerLength = 0;
   for (int i = 0; i < 8; ++i)
     headerLength |= uint64_t(bytes[i]) << (8 * i);

@@ -2,6 +2,8 @@
 
 #include "pcc/runtime/Trainer.h"
 
+#include "pcc/runtime/Checkpoint.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -253,6 +255,72 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
       return Error{added.error()};
   }
   writer.setMetadata("pcc.content", what);
+  return writer;
+}
+
+namespace {
+std::string jsonArray(const std::vector<int64_t> &values) {
+  std::string s = "[";
+  for (size_t i = 0; i < values.size(); ++i)
+    s += (i ? "," : "") + std::to_string(values[i]);
+  return s + "]";
+}
+} // namespace
+
+Result<SafetensorsWriter> Trainer::saveShard(int64_t *tensors) const {
+  const pcc_model_info &info = library->info();
+  SafetensorsWriter writer;
+  std::string table = "{";
+  *tensors = 0;
+  for (int i = 0; i < info.num_weights; ++i) {
+    int32_t kind = info.weight_kinds[i];
+    if (kind != PCC_STATE_WEIGHT && kind != PCC_STATE_OPTIMIZER)
+      continue;
+    const pcc_tensor_spec &spec = info.weights[i];
+    const pcc_tensor_spec &whole = info.whole_weights[i];
+    const pcc_weight_shard &shard = info.weight_shards[i];
+    int32_t splitAxis = shard.dim >= 0 ? shard.axis : shard.within_axis;
+    int32_t flatAxis = shard.dim < 0 ? shard.axis : -1;
+    // A piece other ranks hold as well is written by the first of them.
+    bool mine = true;
+    for (int a = 0; a < info.num_mesh_axes; ++a)
+      if (a != splitAxis && a != flatAxis && info.mesh_sizes[a] > 1 &&
+          shardRank(a) != 0)
+        mine = false;
+    if (!mine)
+      continue;
+    std::vector<uint8_t> bytes(static_cast<size_t>(specBytes(spec)));
+    Status read = device->copyToHost(bytes.data(), statePtrs[i],
+                                     static_cast<int64_t>(bytes.size()));
+    if (!read.ok())
+      return Error{read.error()};
+    Status added = writer.add(whole.name, static_cast<DType>(spec.dtype),
+                              specShape(spec), std::move(bytes));
+    if (!added.ok())
+      return Error{added.error()};
+    std::string entry = std::string(*tensors ? "," : "") + "\"" + whole.name +
+                        "\":{\"kind\":\"" +
+                        (kind == PCC_STATE_WEIGHT ? "weight" : "optimizer") +
+                        "\",\"shape\":" + jsonArray(specShape(whole));
+    if (splitAxis >= 0)
+      entry += ",\"split\":{\"ranks\":" +
+               std::to_string(info.mesh_sizes[splitAxis]) +
+               ",\"rank\":" + std::to_string(shardRank(splitAxis)) +
+               ",\"dim\":" +
+               std::to_string(shard.dim >= 0 ? shard.dim : shard.within_dim) +
+               ",\"stripes\":" +
+               std::to_string(shard.dim >= 0 ? shard.stripes
+                                             : shard.within_stripes) +
+               "}";
+    if (flatAxis >= 0)
+      entry += ",\"flat\":{\"ranks\":" +
+               std::to_string(info.mesh_sizes[flatAxis]) +
+               ",\"rank\":" + std::to_string(shardRank(flatAxis)) + "}";
+    table += entry + "}";
+    ++*tensors;
+  }
+  writer.setMetadata(kPiecesKey, table + "}");
+  writer.setMetadata("pcc.content", "shard");
   return writer;
 }
 

@@ -367,6 +367,8 @@ bool parseTrainOption(const std::string &a, TrainOptions &o,
     o.lossSvg = value();
   else if (a == "--save-dir")
     o.saveDir = value();
+  else if (a == "--save-sharded")
+    o.saveSharded = true;
   else if (a == "--save-every")
     o.saveEvery = parseCount(a, value());
   else if (a == "--resume")
@@ -580,14 +582,15 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
            std::to_string(saved) + "; resuming with --seed " +
            std::to_string(*o.seed) + " would not continue the same run");
     hyper.seed = saved;
-    for (auto [file, kind] : {std::pair{"weights.safetensors", PCC_STATE_WEIGHT},
-                              std::pair{"optimizer.safetensors",
-                                        PCC_STATE_OPTIMIZER}}) {
-      std::string path = *dir + "/" + file;
-      auto f = SafetensorsFile::open(path);
-      if (!f.ok())
-        fail(f.error());
-      Status loaded = trainer->load(*f, path, kind);
+    // Whole tensors: the two files, or the shards put together; each
+    // rank takes its own slices, whatever layout saved them.
+    auto saved_state = readCheckpointState(*dir);
+    if (!saved_state.ok())
+      fail(saved_state.error());
+    for (auto [file, kind] :
+         {std::pair{&*saved_state->weights, PCC_STATE_WEIGHT},
+          std::pair{&*saved_state->optimizer, PCC_STATE_OPTIMIZER}}) {
+      Status loaded = trainer->load(*file, *dir, kind);
       if (!loaded.ok())
         fail(loaded.error());
     }
@@ -663,11 +666,23 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   // rank 0 writes the checkpoint in the one-device format, which any
   // layout loads.
   auto save = [&](int64_t step) {
-    auto weights = trainer->save(PCC_STATE_WEIGHT, "weights");
-    auto opt = trainer->save(PCC_STATE_OPTIMIZER, "optimizer state");
-    if (!weights.ok() || !opt.ok())
-      fail(weights.ok() ? opt.error() : weights.error());
-    if (!ranks.leader)
+    std::optional<SafetensorsWriter> weights, opt, shard;
+    if (o.saveSharded) {
+      int64_t held = 0;
+      auto mine = trainer->saveShard(&held);
+      if (!mine.ok())
+        fail(mine.error());
+      if (held > 0)
+        shard.emplace(mine.take());
+    } else {
+      auto w = trainer->save(PCC_STATE_WEIGHT, "weights");
+      auto p = trainer->save(PCC_STATE_OPTIMIZER, "optimizer state");
+      if (!w.ok() || !p.ok())
+        fail(w.ok() ? p.error() : w.error());
+      weights.emplace(w.take());
+      opt.emplace(p.take());
+    }
+    if (!ranks.leader && !o.saveSharded)
       return;
     nlohmann::json state = {{"step", step},
                             {"model", info.source},
@@ -685,13 +700,23 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     state["seed"] = hyper.seed;
     const char *crash = std::getenv("PCC_TEST_CRASH_IN_SAVE");
     bool crashNow = crash && std::atoll(crash) == step;
-    auto dir = writeCheckpoint(o.saveDir, step,
-                               {{"weights.safetensors", &*weights},
-                                {"optimizer.safetensors", &*opt}},
-                               state.dump(2) + "\n", crashNow);
+    state["sharded"] = o.saveSharded;
+    Result<std::string> dir = std::string();
+    if (o.saveSharded)
+      dir = writeShardedCheckpoint(
+          o.saveDir, step, static_cast<int>(ranks.worldRank),
+          shard ? &*shard : nullptr, state.dump(2) + "\n", [&]() {
+            return ranks.world ? ranks.world->barrier() : Status::success();
+          });
+    else
+      dir = writeCheckpoint(o.saveDir, step,
+                            {{"weights.safetensors", &*weights},
+                             {"optimizer.safetensors", &*opt}},
+                            state.dump(2) + "\n", crashNow);
     if (!dir.ok())
       fail(dir.error());
-    std::printf("saved %s\n", dir->c_str());
+    std::printf("saved %s%s\n", dir->c_str(),
+                o.saveSharded ? " (sharded: each rank wrote its pieces)" : "");
   };
 
   // The bytes the library's collectives move during the steps (not the

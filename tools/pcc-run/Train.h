@@ -29,6 +29,8 @@ struct TrainOptions {
   double minLr = 0; // where cosine and linear schedules end
   std::string lossLog, lossSvg, saveDir, resume;
   int64_t saveEvery = 0;
+  /// --save-sharded: every rank writes its own pieces (Checkpoint.h).
+  bool saveSharded = false;
   std::optional<uint64_t> shuffle; // --shuffle SEED
   std::optional<uint64_t> seed;    // --seed N (dropout)
   int64_t logEvery = 1;
@@ -49,8 +51,9 @@ struct TrainRanks {
   Communicator *dataParallel = nullptr;
   /// Rank 0 prints, logs and writes checkpoints.
   bool leader = true;
-  /// This process's rank in the job.
+  /// This process's rank in the job, and the job (null: one process).
   int64_t worldRank = 0;
+  Communicator *world = nullptr;
 };
 
 /// Trains `library` on `device` as `o` says; returns the exit status.

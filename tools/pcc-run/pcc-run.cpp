@@ -99,8 +99,10 @@ Training (a library built by pcc --train):
   --loss-log FILE.csv   step,loss,lr,grad_norm,samples_per_s,step_ms
   --loss-svg FILE.svg   the loss curve
   --save-dir DIR --save-every N   checkpoints (DIR/step-N, DIR/LATEST)
+  --save-sharded     every rank writes its own pieces (rank-R.safetensors)
+                     instead of rank 0 writing the gathered state
   --resume DIR       continue from a checkpoint (bit-identical to a run
-                     that was never interrupted)
+                     that was never interrupted), saved in any layout
   --log-every N      print every N-th step (default 1)
 
 Examples:
@@ -841,6 +843,7 @@ int main(int argc, char **argv) {
                                         : ranks.groups[a].get();
       trainRanks.leader = ranks.world->rank() == 0;
       trainRanks.worldRank = ranks.world->rank();
+      trainRanks.world = ranks.world.get();
     }
     return runTraining(opts.train, *library, *device, opts.library,
                        trainRanks);

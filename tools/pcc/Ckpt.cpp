@@ -103,10 +103,16 @@ int inspect(const std::string &dir) {
               static_cast<long long>(state.value("tp", int64_t(1))),
               static_cast<long long>(state.value("dp", int64_t(1))),
               static_cast<long long>(state.value("zero", int64_t(0))));
+  auto saved = readCheckpointState(dir);
+  if (!saved.ok())
+    return fail(saved.error());
+  if (saved->sharded)
+    std::printf("  sharded: %lld rank files, put together below\n",
+                static_cast<long long>(saved->files));
   for (const char *name : kFiles) {
-    auto file = SafetensorsFile::open(dir + "/" + name);
-    if (!file.ok())
-      return fail(file.error());
+    const SafetensorsFile *file = name == std::string(kFiles[0])
+                                      ? &*saved->weights
+                                      : &*saved->optimizer;
     int64_t bytes = 0;
     for (const TensorEntry &e : file->tensors())
       bytes += static_cast<int64_t>(e.end - e.begin);
@@ -131,11 +137,13 @@ int inspect(const std::string &dir) {
 int verify(const std::string &dir) {
   int64_t tensors = 0, elements = 0;
   std::map<std::string, std::vector<int64_t>> weights;
+  auto saved = readCheckpointState(dir);
+  if (!saved.ok())
+    return fail(saved.error());
   for (const char *name : kFiles) {
-    std::string path = dir + "/" + name;
-    auto file = SafetensorsFile::open(path);
-    if (!file.ok())
-      return fail(file.error());
+    const SafetensorsFile *file = name == std::string(kFiles[0])
+                                      ? &*saved->weights
+                                      : &*saved->optimizer;
     for (const TensorEntry &e : file->tensors()) {
       Stats s = statsOf(*file, e);
       if (s.nonFinite)
@@ -175,10 +183,10 @@ int verify(const std::string &dir) {
 /// Copies weights.safetensors to `output` (through a temporary file and a
 /// rename, so a failed export leaves no half-written file).
 int exportSafetensors(const std::string &dir, const std::string &output) {
-  std::string from = dir + "/weights.safetensors";
-  auto file = SafetensorsFile::open(from);
-  if (!file.ok())
-    return fail(file.error());
+  auto saved = readCheckpointState(dir);
+  if (!saved.ok())
+    return fail(saved.error());
+  const SafetensorsFile *file = &*saved->weights;
   SafetensorsWriter writer;
   for (const TensorEntry &e : file->tensors()) {
     const uint8_t *data = file->data(e);

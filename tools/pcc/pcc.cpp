@@ -638,8 +638,32 @@ int exportCheckpoint(int argc, char **argv) {
     llvm::errs() << "pcc: error: " << diag.str() << "\n";
     return success();
   });
-  auto replaced = pcc::exportTrainedOnnx(
-      model, *dir + "/weights.safetensors", output, &context);
+  // A sharded checkpoint's weights are put together into a temporary file.
+  std::string weightsPath = *dir + "/weights.safetensors";
+  std::string temporary;
+  if (!llvm::sys::fs::exists(weightsPath)) {
+    auto saved = pccrt::readCheckpointState(*dir);
+    if (!saved.ok())
+      return fail(saved.error());
+    temporary = output + ".weights.tmp.safetensors";
+    pccrt::SafetensorsWriter writer;
+    for (const pccrt::TensorEntry &e : saved->weights->tensors()) {
+      const uint8_t *data = saved->weights->data(e);
+      if (!writer
+               .add(e.name, e.dtype, e.shape,
+                    std::vector<uint8_t>(data, data + (e.end - e.begin)))
+               .ok())
+        return fail("pcc export: cannot put '" + e.name + "' together");
+    }
+    pccrt::Status written = writer.write(temporary);
+    if (!written.ok())
+      return fail(written.error());
+    weightsPath = temporary;
+  }
+  auto replaced =
+      pcc::exportTrainedOnnx(model, weightsPath, output, &context);
+  if (!temporary.empty())
+    llvm::sys::fs::remove(temporary);
   if (failed(replaced))
     return 1;
   llvm::errs() << "pcc: wrote " << output << " (" << model << " with "

@@ -10,6 +10,14 @@
 // renames the directory into place and then replaces LATEST by rename: a
 // process killed at any moment leaves the previous checkpoint loadable.
 //
+// A sharded checkpoint (pcc-run --save-sharded) holds, instead of the two
+// safetensors files, `rank-<R>.safetensors` from each rank that holds a
+// piece of the state no other rank holds: the pieces as they lie on the
+// rank, and in the file's metadata ("pcc.pieces") each piece's tensor, its
+// whole shape, and which slice it is (a tensor-parallel split, a ZeRO flat
+// piece, or both). Every rank writes its file; after a barrier rank 0
+// writes trainer.json and the manifest over all files, last.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef PCC_RUNTIME_CHECKPOINT_H
@@ -19,6 +27,8 @@
 #include "pcc/runtime/Safetensors.h"
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +53,30 @@ Result<std::string> openCheckpoint(const std::string &path);
 
 /// The contents of a small file (trainer.json).
 Result<std::string> readTextFile(const std::string &path);
+
+/// Writes a sharded checkpoint: `shard` as this rank's file (none when
+/// null), and on rank 0 trainer.json, the manifest and LATEST. `barrier`
+/// returns once every rank of the job has called it. Returns the
+/// checkpoint's directory.
+Result<std::string>
+writeShardedCheckpoint(const std::string &saveDir, int64_t step, int rank,
+                       const SafetensorsWriter *shard,
+                       const std::string &trainerJson,
+                       const std::function<Status()> &barrier);
+
+/// The state of checkpoint `dir` (as openCheckpoint returns it) as whole
+/// tensors: its weights and optimizer files, or its shards put together
+/// (every piece of every tensor must be there; the message names the
+/// missing one).
+struct CheckpointState {
+  std::optional<SafetensorsFile> weights, optimizer;
+  bool sharded = false;
+  int64_t files = 0; // the files the state was read from
+};
+Result<CheckpointState> readCheckpointState(const std::string &dir);
+
+/// The metadata key of a shard file's piece table.
+inline constexpr const char *kPiecesKey = "pcc.pieces";
 
 } // namespace pccrt
 

@@ -46,6 +46,8 @@ public:
   void setMetadata(std::string key, std::string value);
   /// Writes the file (tensors in the order added).
   Status write(const std::string &path) const;
+  /// The file's bytes, as write() would store them.
+  std::vector<uint8_t> serialize() const;
 
 private:
   std::vector<TensorEntry> entries;
@@ -61,6 +63,10 @@ public:
   /// `verifyChecksum` is set and the file carries "pcc.fnv1a64", the data.
   static Result<SafetensorsFile> open(const std::string &path,
                                       bool verifyChecksum = true);
+  /// The same checks on a file's bytes held in memory (a checkpoint's
+  /// shards put together); `name` stands for the path in messages.
+  static Result<SafetensorsFile> fromBytes(std::vector<uint8_t> bytes,
+                                           const std::string &name);
 
   SafetensorsFile(SafetensorsFile &&other) noexcept;
   SafetensorsFile &operator=(SafetensorsFile &&other) noexcept;
@@ -79,7 +85,11 @@ public:
 
 private:
   SafetensorsFile() = default;
+  static Result<SafetensorsFile> parse(SafetensorsFile file,
+                                       const uint8_t *bytes, size_t size,
+                                       bool verifyChecksum);
   std::string path;
+  std::vector<uint8_t> owned; // fromBytes: the bytes themselves
   void *mapping = nullptr;
   size_t mappedSize = 0;
   const uint8_t *dataStart = nullptr;

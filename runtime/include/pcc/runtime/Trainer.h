@@ -57,6 +57,12 @@ public:
   /// sharded state this is a collective: every rank of the dp axis calls
   /// it, and each gets the whole tensors.
   Result<SafetensorsWriter> save(int32_t kind, const std::string &what) const;
+  /// This rank's file of a sharded checkpoint: its pieces of the weights
+  /// and the optimizer state that no other rank holds as well (a piece
+  /// replicated over an axis is written by that axis's rank 0), and the
+  /// piece table in the metadata (Checkpoint.h). Empty (no tensors) when
+  /// the rank holds nothing of its own. Not a collective.
+  Result<SafetensorsWriter> saveShard(int64_t *tensors) const;
 
   /// One optimizer step. `microbatches[j]` holds micro-batch j's forward
   /// inputs (host pointers, model inputs then labels); `lossGrad` is the
