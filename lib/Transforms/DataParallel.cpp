@@ -136,8 +136,9 @@ struct DataParallelPass
         return signalPassFailure();
       }
     }
-    if (failed(zero == 0 ? allReduceGradients(phases[2])
-                         : shard(phases, module)))
+    if (failed(zero > 0           ? shard(phases, module)
+               : bucketBytes != 0 ? bucketGradients(phases, module)
+                                  : allReduceGradients(phases[2])))
       return signalPassFailure();
     setTrainingAttr(module,
                     {NamedAttribute(StringAttr::get(module.getContext(), "zero"),
@@ -169,6 +170,103 @@ struct DataParallelPass
           g.getResult(), b.getStringAttr(kAxis));
       g.getResult().replaceAllUsesExcept(sum.getResult(), sum);
     }
+    return success();
+  }
+
+  /// ZeRO 0 with buckets (DDP's): the gradients, in the order the
+  /// backward phase completes them, are laid out in buckets of about
+  /// `bucketBytes` (each gradient a view of its bucket, 64-byte aligned);
+  /// the backward phase starts a bucket's all-reduce right after its last
+  /// gradient is accumulated (in the step's last micro-batch), and the
+  /// optimizer phase waits for them before it reads any gradient.
+  LogicalResult bucketGradients(func::FuncOp (&phases)[4], ModuleOp module) {
+    MLIRContext *ctx = module.getContext();
+    // Each gradient's last accumulation, in program order.
+    llvm::MapVector<StringRef, AccumulateOp> last;
+    phases[1].walk([&](AccumulateOp acc) {
+      auto state = acc.getState().getDefiningOp<ParamOp>();
+      if (state && splitStateName(state.getName()).second == "grad")
+        last[state.getName()] = acc;
+    });
+    SmallVector<std::pair<StringRef, AccumulateOp>> order(last.begin(),
+                                                          last.end());
+    llvm::stable_sort(order, [](auto &a, auto &b) {
+      return a.second->isBeforeInBlock(b.second);
+    });
+    if (order.empty())
+      return phases[1].emitError("data parallel: no gradient to bucket");
+    auto typeOf = [&](StringRef name) {
+      return cast<RankedTensorType>(
+          last.lookup(name).getState().getType());
+    };
+    int64_t total = 0;
+    for (auto &[name, acc] : order)
+      total += typeOf(name).getNumElements() * 4;
+    // Chosen from the model: a quarter of the gradients (so that three
+    // buckets' traffic can overlap the backward pass), within PyTorch
+    // DDP's 25 MiB and at least 64 KiB.
+    int64_t target =
+        bucketBytes > 0
+            ? bucketBytes
+            : std::clamp<int64_t>(total / 4, 64 << 10, 25 << 20);
+    struct Bucket {
+      SmallVector<StringRef> grads;
+      SmallVector<int64_t> offsets;
+      int64_t elements = 0;
+      Type element;
+    };
+    SmallVector<Bucket> buckets;
+    for (auto &[name, acc] : order) {
+      RankedTensorType type = typeOf(name);
+      if (buckets.empty() ||
+          buckets.back().elements * 4 >= target ||
+          buckets.back().element != type.getElementType())
+        buckets.push_back({{}, {}, 0, type.getElementType()});
+      Bucket &b = buckets.back();
+      b.grads.push_back(name);
+      b.offsets.push_back(b.elements);
+      // 16 elements (64 bytes) aligned, as the kernels' vectors like it.
+      b.elements += (type.getNumElements() + 15) / 16 * 16;
+    }
+    // The buckets in the module (the library lays the gradients in them),
+    // their starts in the backward phase, the waits in the optimizer's.
+    Builder attrs(ctx);
+    SmallVector<Attribute> table;
+    OpBuilder wait = OpBuilder::atBlockBegin(&phases[2].getBody().front());
+    for (Bucket &b : buckets) {
+      std::string name =
+          stateName(splitStateName(b.grads.front()).first, "bucket");
+      auto type = RankedTensorType::get({b.elements}, b.element);
+      SmallVector<Attribute> grads;
+      for (StringRef g : b.grads)
+        grads.push_back(attrs.getStringAttr(g));
+      table.push_back(attrs.getDictionaryAttr({
+          attrs.getNamedAttr("state", attrs.getStringAttr(name)),
+          attrs.getNamedAttr("grads", attrs.getArrayAttr(grads)),
+          attrs.getNamedAttr("offsets", attrs.getDenseI64ArrayAttr(b.offsets)),
+      }));
+      // After the last accumulation into any of its gradients.
+      AccumulateOp latest = last.lookup(b.grads.front());
+      for (StringRef g : b.grads)
+        if (latest->isBeforeInBlock(last.lookup(g)))
+          latest = last.lookup(g);
+      OpBuilder start(latest->getContext());
+      start.setInsertionPointAfter(latest);
+      Location loc = NameLoc::get(attrs.getStringAttr(
+          "the gradient bucket of '" + b.grads.front().str() + "' ...'" +
+          b.grads.back().str() + "'"));
+      Value bucket = ParamOp::create(start, loc, type,
+                                     attrs.getStringAttr(name), ShardingAttr());
+      BucketStartOp::create(start, loc, bucket, attrs.getStringAttr(kAxis));
+      // One wait completes every bucket (before any gradient is read).
+      if (table.size() == 1) {
+        Value waited = ParamOp::create(
+            wait, loc, type, attrs.getStringAttr(name), ShardingAttr());
+        BucketWaitOp::create(wait, loc, waited, attrs.getStringAttr(kAxis));
+      }
+    }
+    setTrainingAttr(module, {attrs.getNamedAttr("buckets",
+                                                attrs.getArrayAttr(table))});
     return success();
   }
 

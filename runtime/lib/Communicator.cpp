@@ -269,6 +269,9 @@ struct MpiApi {
   decltype(&pcc_mpi_recv) recv;
   decltype(&pcc_mpi_isend) isend;
   decltype(&pcc_mpi_wait_sends) waitSends;
+  decltype(&pcc_mpi_iall_reduce) iallReduce;
+  decltype(&pcc_mpi_wait_collectives) waitCollectives;
+  decltype(&pcc_mpi_test_collectives) testCollectives;
   decltype(&pcc_mpi_barrier) barrier;
   decltype(&pcc_mpi_abort) abort;
 };
@@ -295,6 +298,11 @@ Result<MpiApi> loadMpiApi() {
             bindSymbol(*handle, api.recv, "pcc_mpi_recv") &&
             bindSymbol(*handle, api.isend, "pcc_mpi_isend") &&
             bindSymbol(*handle, api.waitSends, "pcc_mpi_wait_sends") &&
+            bindSymbol(*handle, api.iallReduce, "pcc_mpi_iall_reduce") &&
+            bindSymbol(*handle, api.waitCollectives,
+                       "pcc_mpi_wait_collectives") &&
+            bindSymbol(*handle, api.testCollectives,
+                       "pcc_mpi_test_collectives") &&
             bindSymbol(*handle, api.barrier, "pcc_mpi_barrier") &&
             bindSymbol(*handle, api.abort, "pcc_mpi_abort");
   if (!ok)
@@ -316,6 +324,16 @@ public:
   Status completeSends() override {
     return check(api.waitSends(comm), "completing sends", 0, DType::U8);
   }
+  Status allReduceStart(void *buffer, int64_t count, DType type) override {
+    return check(api.iallReduce(comm, buffer, count, int(type)),
+                 "all_reduce (started)", count, type);
+  }
+  Status waitCollectives() override {
+    Watched w(*this, "waiting for started all_reduces", 0, DType::U8);
+    return check(api.waitCollectives(comm), "waiting for started all_reduces",
+                 0, DType::U8);
+  }
+  void progressCollectives() override { api.testCollectives(comm); }
   Status barrier() override {
     return check(api.barrier(comm), "barrier", 0, DType::U8);
   }
@@ -476,6 +494,46 @@ CommBinding::CommBinding(Communicator &comm) : comm(&comm) {
   abi.reduce_scatter = &CommBinding::reduceScatter;
   abi.last_error = &CommBinding::lastError;
   abi.set_label = &CommBinding::setLabel;
+  abi.all_reduce_start = &CommBinding::allReduceStart;
+  abi.wait_all = &CommBinding::waitAll;
+  abi.progress = &CommBinding::progress;
+}
+
+namespace {
+/// Adds the seconds the enclosing scope takes to `into`.
+struct Timed {
+  explicit Timed(double &into)
+      : into(into), begin(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    into += std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                          begin)
+                .count();
+  }
+  double &into;
+  std::chrono::steady_clock::time_point begin;
+};
+} // namespace
+
+int CommBinding::allReduceStart(void *group, void *buffer, int64_t count,
+                                int32_t dtype) {
+  auto *self = static_cast<CommBinding *>(group);
+  Timed t(self->moved.seconds);
+  self->moved.allReduce += 2 * count * dtypeSize(static_cast<DType>(dtype));
+  ++self->moved.calls;
+  return self->check(
+      self->comm->allReduceStart(buffer, count, static_cast<DType>(dtype)));
+}
+
+int CommBinding::waitAll(void *group) {
+  auto *self = static_cast<CommBinding *>(group);
+  Timed t(self->moved.seconds);
+  return self->check(self->comm->waitCollectives());
+}
+
+void CommBinding::progress(void *group) {
+  auto *self = static_cast<CommBinding *>(group);
+  Timed t(self->moved.seconds);
+  self->comm->progressCollectives();
 }
 
 void CommBinding::setLabel(void *group, const char *label) {
@@ -495,6 +553,7 @@ int CommBinding::check(Status status) {
 int CommBinding::allReduce(void *group, const void *send, void *recv,
                            int64_t count, int32_t dtype) {
   auto *self = static_cast<CommBinding *>(group);
+  Timed t(self->moved.seconds);
   self->moved.allReduce += 2 * count * dtypeSize(static_cast<DType>(dtype));
   ++self->moved.calls;
   return self->check(self->comm->allReduce(
@@ -504,6 +563,7 @@ int CommBinding::allReduce(void *group, const void *send, void *recv,
 int CommBinding::allGather(void *group, const void *send, void *recv,
                            int64_t count, int32_t dtype) {
   auto *self = static_cast<CommBinding *>(group);
+  Timed t(self->moved.seconds);
   self->moved.allGather += count * self->abi.size *
                            dtypeSize(static_cast<DType>(dtype));
   ++self->moved.calls;
@@ -514,6 +574,7 @@ int CommBinding::allGather(void *group, const void *send, void *recv,
 int CommBinding::reduceScatter(void *group, const void *send, void *recv,
                                int64_t count, int32_t dtype) {
   auto *self = static_cast<CommBinding *>(group);
+  Timed t(self->moved.seconds);
   self->moved.reduceScatter += count * self->abi.size *
                                dtypeSize(static_cast<DType>(dtype));
   ++self->moved.calls;

@@ -270,7 +270,7 @@ Status ModelLibrary::checkPhases() const {
     return Error{"a training library has 4 phases with state tables"};
   for (int i = 0; i < info.num_weights; ++i)
     if (info.weight_kinds[i] < PCC_STATE_WEIGHT ||
-        info.weight_kinds[i] > PCC_STATE_MASTER ||
+        info.weight_kinds[i] > PCC_STATE_BUCKET ||
         info.weight_owners[i] < 0 || info.weight_owners[i] >= info.num_weights)
       return Error{"state " + std::to_string(i) + " has a bad kind or owner"};
   for (int k = 0; k < info.num_phases; ++k) {

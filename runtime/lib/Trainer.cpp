@@ -25,6 +25,7 @@ std::array<double, PCC_NUM_HYPER> Hyperparameters::table(int64_t step,
   t[PCC_HYPER_STEP] = static_cast<double>(step);
   t[PCC_HYPER_SEED] = static_cast<double>(seed);
   t[PCC_HYPER_MICROBATCH] = 0;
+  t[PCC_HYPER_LAST_MICROBATCH] = 1;
   return t;
 }
 
@@ -56,6 +57,12 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
   t.library = &library;
   t.device = &device;
   for (int i = 0; i < info.num_weights; ++i) {
+    // A gradient inside a bucket is a view of it (set below).
+    if (info.weight_aliases && info.weight_aliases[i].state >= 0) {
+      t.statePtrs.push_back(nullptr);
+      t.state.emplace_back();
+      continue;
+    }
     int64_t bytes = specBytes(info.weights[i]);
     auto buffer = zeros(device, bytes);
     if (!buffer.ok())
@@ -64,6 +71,20 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
     t.statePtrs.push_back(buffer->data());
     t.state.push_back(buffer.take());
     t.stateTotal += bytes;
+  }
+  for (int i = 0; info.weight_aliases && i < info.num_weights; ++i) {
+    const pcc_weight_alias &alias = info.weight_aliases[i];
+    if (alias.state < 0)
+      continue;
+    const pcc_tensor_spec &bucket = info.weights[alias.state];
+    int64_t element = dtypeSize(static_cast<DType>(bucket.dtype));
+    if (alias.state >= info.num_weights || !t.statePtrs[alias.state] ||
+        (alias.offset * element + specBytes(info.weights[i])) >
+            specBytes(bucket))
+      return Error{"state '" + std::string(info.weights[i].name) +
+                   "' does not fit in its bucket"};
+    t.statePtrs[i] =
+        static_cast<char *>(t.statePtrs[alias.state]) + alias.offset * element;
   }
   const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];
   for (int i = 0; i < fwd.num_inputs; ++i) {
@@ -386,6 +407,8 @@ Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
     std::array<double, PCC_NUM_HYPER> mbHyper = hyper;
     mbHyper[PCC_HYPER_MICROBATCH] =
         static_cast<double>(static_cast<int64_t>(j) * dpSize + dpRank);
+    // Gradient buckets start their all-reduce in the last one only.
+    mbHyper[PCC_HYPER_LAST_MICROBATCH] = j + 1 == microbatches.size() ? 1 : 0;
     Status ran = runPhase(PCC_PHASE_FORWARD, fwdIn, fwdOut, mbHyper.data());
     if (!ran.ok())
       return Error{ran.error()};

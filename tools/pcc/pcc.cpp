@@ -154,6 +154,13 @@ static cl::opt<bool> noOnnxCheck("no-onnx-check",
                                  cl::cat(pccCategory));
 
 static cl::OptionCategory trainCategory("pcc training options");
+static cl::opt<double> bucketMb(
+    "bucket-mb",
+    cl::desc("with --dp and --zero=0: gradient buckets of about this many "
+             "MiB, each all-reduced while the backward pass goes on (0: all "
+             "gradients in the optimizer phase; default: chosen from the "
+             "model, a quarter of the gradients within 64 KiB to 25 MiB)"),
+    cl::init(-1), cl::cat(trainCategory));
 static cl::opt<bool>
     train("train",
           cl::desc("compile a training step (forward, backward, optimizer, "
@@ -929,6 +936,9 @@ int main(int argc, char **argv) {
         pcc::DataParallelOptions data;
         data.dataParallel = dp;
         data.zero = zero;
+        data.bucketBytes = bucketMb < 0 ? -1
+                                        : static_cast<int64_t>(
+                                              bucketMb * 1048576.0);
         pm.addPass(pcc::createDataParallel(data));
         pm.addPass(createCanonicalizerPass());
       }

@@ -545,7 +545,12 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
            "ranks of the dp mesh axis">,
     Option<"zero", "zero", "int64_t", /*default=*/"0",
            "ZeRO stage: 0 replicates the model state, 1 shards the "
-           "optimizer state, 2 also the gradients, 3 also the weights">
+           "optimizer state, 2 also the gradients, 3 also the weights">,
+    Option<"bucketBytes", "bucket-bytes", "int64_t", /*default=*/"0",
+           "ZeRO 0: gradient buckets of about this many bytes (-1: chosen "
+           "from the model), each all-reduced as soon as the last "
+           "micro-batch's backward pass has produced it (0: every "
+           "gradient all-reduced in the optimizer phase)">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }

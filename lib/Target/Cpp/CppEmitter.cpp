@@ -998,6 +998,28 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
 
   if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ShardSliceOp>(op))
     return emitCollective(op);
+  if (auto start = dyn_cast<BucketStartOp>(op)) {
+    // Earlier micro-batches only accumulate into the bucket.
+    auto type = tensorTypeOf(start.getBucket());
+    line("if (rc->hyper && rc->hyper[PCC_HYPER_LAST_MICROBATCH] != 0) {");
+    line("  const pcc_comm &c = " + comm(start.getAxis()) + ";");
+    line("  if (c.set_label) c.set_label(c.group, " +
+         quoted(describeOp(op)) + ");");
+    line(llvm::formatv("  if (c.all_reduce_start(c.group, {0}, {1}, {2}))",
+                       nameOf(start.getBucket()), type.getNumElements(),
+                       elementInfo(type.getElementType())->code)
+             .str());
+    line("    return fail(" + quoted(describeOp(op)) +
+         ", c.last_error(c.group));");
+    line("}");
+    return success();
+  }
+  if (auto wait = dyn_cast<BucketWaitOp>(op)) {
+    line("{ const pcc_comm &c = " + comm(wait.getAxis()) + ";");
+    line("  if (c.wait_all(c.group)) return fail(" + quoted(describeOp(op)) +
+         ", c.last_error(c.group)); }");
+    return success();
+  }
   if (isa<ScatterAddOp, PadOp, CrossEntropyOp, CrossEntropyGradOp,
           AccumulateOp, AssignOp, ZeroOp, EmaUpdateOp, DropoutOp, SgdUpdateOp,
           AdamwUpdateOp>(op))
@@ -1357,9 +1379,18 @@ FailureOr<TargetCode> CppEmitter::emit() {
                       /*isConst=*/true)))
       return failure();
   }
-  for (Operation &op : block.without_terminator())
+  // After a gradient bucket's all-reduce has started, each later op lets
+  // it advance (MPI moves data only inside its calls).
+  std::optional<std::string> started;
+  for (Operation &op : block.without_terminator()) {
     if (failed(emitOp(&op)))
       return failure();
+    if (auto start = dyn_cast<BucketStartOp>(op))
+      started = comm(start.getAxis());
+    else if (started && !isa<ParamOp, ReshapeOp, ConstantOp>(op))
+      line("if (" + *started + ".progress) " + *started + ".progress(" +
+           *started + ".group);");
+  }
   auto ret = cast<func::ReturnOp>(block.getTerminator());
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     auto type = tensorTypeOf(v);

@@ -606,6 +606,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
       int code = kind.empty()          ? 0
                  : kind == "grad"        ? 1
                  : kind == kMasterState  ? 3
+                 : kind == "bucket"      ? 4
                                          : 2;
       auto it = weightIndex.find(owner);
       if (it == weightIndex.end())
@@ -616,6 +617,41 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
     }
     kinds += "0};\n";
     owners += "0};\n";
+  }
+  // Gradients that live in a bucket (pcc-data-parallel's buckets).
+  std::string aliases = "static const pcc_weight_alias kWeightAliases[] = {";
+  {
+    llvm::StringMap<std::pair<std::string, int64_t>> inBucket;
+    if (auto table = training ? training.getAs<ArrayAttr>("buckets")
+                              : ArrayAttr())
+      for (auto bucket : table.getAsRange<DictionaryAttr>()) {
+        auto state = bucket.getAs<StringAttr>("state");
+        auto grads = bucket.getAs<ArrayAttr>("grads");
+        auto offsets = bucket.getAs<DenseI64ArrayAttr>("offsets");
+        if (!state || !grads || !offsets ||
+            grads.size() != offsets.asArrayRef().size())
+          return module.emitError("code generation: a malformed gradient "
+                                  "bucket in pcc.training");
+        for (auto [g, offset] :
+             llvm::zip(grads.getAsValueRange<StringAttr>(),
+                       offsets.asArrayRef()))
+          inBucket[g] = {state.getValue().str(), offset};
+      }
+    for (auto &w : weights) {
+      auto it = inBucket.find(w.first);
+      int32_t index = -1;
+      if (it != inBucket.end())
+        for (auto [j, other] : llvm::enumerate(weights))
+          if (other.first == it->second.first)
+            index = static_cast<int32_t>(j);
+      if (it != inBucket.end() && index < 0)
+        return module.emitError("code generation: the bucket of '")
+               << w.first << "' is not model state of the library";
+      aliases += llvm::formatv("{{{0}, {1}}, ", index,
+                               index < 0 ? 0 : it->second.second)
+                     .str();
+    }
+    aliases += "{-1, 0}};\n";
   }
   auto trainingString = [&](StringRef key) {
     auto value = training ? training.getAs<StringAttr>(key) : StringAttr();
@@ -677,7 +713,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   }
   StringRef targetName = cpu && cuda ? "cpu+cuda" : cpu ? "cpu" : "cuda";
   os << shapes << specs << batchTables << shardTable << stageTables
-     << phaseTables << kinds << owners << *scheduleTable << "\n"
+     << phaseTables << kinds << owners << aliases << *scheduleTable << "\n"
      << "const pcc_model_info kInfo = {PCC_MODEL_ABI_VERSION, "
      << options.targets << ", " << quoted(targetName) << ", "
      << quoted(options.source) << ", " << quoted(options.weightsFile) << ", "
@@ -690,7 +726,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << (training ? stages.size() : 0) << ", kPhases, kWeightKinds, "
      << "kWeightOwners, " << trainingString("loss") << ", "
      << trainingString("optimizer") << ", " << ignoreIndex
-     << "LL, kWholeWeights};\n\n"
+     << "LL, kWholeWeights, kWeightAliases};\n\n"
      << "} // namespace\n\n";
   writeEntryPoints(os, stages.size(), static_cast<bool>(schedule),
                    static_cast<bool>(training), cpu, cuda,

@@ -21,6 +21,8 @@ struct pcc_mpi_comm {
   MPI_Comm comm;
   /// Sends started by pcc_mpi_isend and not yet waited for.
   std::vector<MPI_Request> pending;
+  /// Sums started by pcc_mpi_iall_reduce and not yet waited for.
+  std::vector<MPI_Request> collectives;
 };
 
 namespace {
@@ -255,6 +257,40 @@ int pcc_mpi_wait_sends(pcc_mpi_comm *comm) {
   if (rc)
     return fail("MPI_Waitall (sends)", rc);
   return 0;
+}
+
+int pcc_mpi_iall_reduce(pcc_mpi_comm *comm, void *buffer, int64_t count,
+                        int dtype) {
+  MPI_Datatype type;
+  if (prepare(count, dtype, type))
+    return 1;
+  if (dtype != PCC_F32 && dtype != PCC_F64 && dtype != PCC_I64 &&
+      dtype != PCC_I32)
+    return failWith("a started all-reduce sums f32, f64, i64 or i32");
+  MPI_Request request;
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, buffer, static_cast<int>(count), type,
+                          MPI_SUM, comm->comm, &request);
+  if (rc != MPI_SUCCESS)
+    return fail("MPI_Iallreduce", rc);
+  comm->collectives.push_back(request);
+  return 0;
+}
+
+int pcc_mpi_wait_collectives(pcc_mpi_comm *comm) {
+  if (comm->collectives.empty())
+    return 0;
+  int rc = MPI_Waitall(static_cast<int>(comm->collectives.size()),
+                       comm->collectives.data(), MPI_STATUSES_IGNORE);
+  comm->collectives.clear();
+  return rc == MPI_SUCCESS ? 0 : fail("MPI_Waitall", rc);
+}
+
+void pcc_mpi_test_collectives(pcc_mpi_comm *comm) {
+  if (comm->collectives.empty())
+    return;
+  int done = 0;
+  MPI_Testall(static_cast<int>(comm->collectives.size()),
+              comm->collectives.data(), &done, MPI_STATUSES_IGNORE);
 }
 
 void pcc_mpi_abort(int code) {

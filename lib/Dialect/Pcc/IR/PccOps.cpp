@@ -561,6 +561,20 @@ LogicalResult ParamOp::verify() {
   return success();
 }
 
+LogicalResult BucketStartOp::verify() {
+  if (getBucket().getType().getRank() != 1)
+    return emitOpError("bucket: a gradient bucket is 1-D, not ")
+           << getBucket().getType();
+  return getMeshAxisSize(*this, getAxis());
+}
+
+LogicalResult BucketWaitOp::verify() {
+  if (getBucket().getType().getRank() != 1)
+    return emitOpError("bucket: a gradient bucket is 1-D, not ")
+           << getBucket().getType();
+  return getMeshAxisSize(*this, getAxis());
+}
+
 LogicalResult AllReduceOp::verify() {
   return getMeshAxisSize(*this, getAxis());
 }

@@ -76,6 +76,15 @@ public:
                            DType type, ReduceOp op) = 0;
   virtual Status allGather(const void *send, void *recv, int64_t countPerRank,
                            DType type) = 0;
+  /// An in-place sum that may still run when the call returns (a gradient
+  /// bucket); waitCollectives completes every one started, and
+  /// progressCollectives lets them advance. By default the sum is done
+  /// before the call returns.
+  virtual Status allReduceStart(void *buffer, int64_t count, DType type) {
+    return allReduce(buffer, buffer, count, type, ReduceOp::Sum);
+  }
+  virtual Status waitCollectives() { return Status::success(); }
+  virtual void progressCollectives() {}
   virtual Status reduceScatter(const void *send, void *recv,
                                int64_t countPerRank, DType type,
                                ReduceOp op) = 0;
@@ -153,6 +162,9 @@ public:
   /// that over a ring.
   struct Traffic {
     int64_t allReduce = 0, allGather = 0, reduceScatter = 0, calls = 0;
+    /// Seconds the calls kept this rank waiting: blocking collectives
+    /// whole, started ones in their start, progress and wait calls only.
+    double seconds = 0;
     int64_t total() const { return allReduce + allGather + reduceScatter; }
   };
   const Traffic &traffic() const { return moved; }
@@ -166,6 +178,10 @@ private:
                            int64_t count, int32_t dtype);
   static const char *lastError(void *group);
   static void setLabel(void *group, const char *label);
+  static int allReduceStart(void *group, void *buffer, int64_t count,
+                            int32_t dtype);
+  static int waitAll(void *group);
+  static void progress(void *group);
   int check(Status status);
 
   Communicator *comm;

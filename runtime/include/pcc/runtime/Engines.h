@@ -52,6 +52,13 @@ int pcc_mpi_barrier(pcc_mpi_comm *comm);
 int pcc_mpi_isend(pcc_mpi_comm *comm, const void *buffer, int64_t count,
                   int dtype, int peer);
 int pcc_mpi_wait_sends(pcc_mpi_comm *comm);
+/* A started in-place sum (MPI_Iallreduce), completed by
+ * pcc_mpi_wait_collectives with every other one started on `comm`;
+ * pcc_mpi_test_collectives lets them advance (MPI_Testall). */
+int pcc_mpi_iall_reduce(pcc_mpi_comm *comm, void *buffer, int64_t count,
+                        int dtype);
+int pcc_mpi_wait_collectives(pcc_mpi_comm *comm);
+void pcc_mpi_test_collectives(pcc_mpi_comm *comm);
 /* Ends the whole job (MPI_Abort on the world): for a failure on one rank
  * while the others wait in a receive or a barrier. Does not return. */
 void pcc_mpi_abort(int code);

@@ -101,10 +101,21 @@ enum pcc_state_kind {
   PCC_STATE_WEIGHT = 0,
   PCC_STATE_GRAD = 1,
   PCC_STATE_OPTIMIZER = 2, /* exp_avg, exp_avg_sq, momentum_buffer */
-  PCC_STATE_MASTER = 3     /* ZeRO-1/2: this rank's flat shard of a weight,
+  PCC_STATE_MASTER = 3,    /* ZeRO-1/2: this rank's flat shard of a weight,
                               updated by the optimizer and all-gathered into
                               the weight; loaded from the weight, not saved */
+  PCC_STATE_BUCKET = 4     /* ABI 9: a gradient bucket, the buffer that the
+                              gradients of weight_aliases live in and whose
+                              all-reduce starts during the backward pass;
+                              zeroed at the start, never saved */
 };
+
+/* ABI 9: state that lives inside another state tensor: gradient i is
+ * elements [offset, offset + its size) of bucket `state` (-1: its own). */
+typedef struct pcc_weight_alias {
+  int32_t state;
+  int64_t offset;
+} pcc_weight_alias;
 
 /* The run's hyperparameters, pcc_run_context.hyper[PCC_HYPER_*], with
  * PyTorch's meaning. STEP counts optimizer steps from 1 (AdamW's bias
@@ -126,6 +137,7 @@ enum pcc_hyper {
   PCC_HYPER_STEP,
   PCC_HYPER_SEED,
   PCC_HYPER_MICROBATCH,
+  PCC_HYPER_LAST_MICROBATCH, /* ABI 9: 1 in the step's last micro-batch */
   PCC_NUM_HYPER
 };
 
@@ -214,6 +226,8 @@ typedef struct pcc_model_info {
   /* Per weight (ABI 8): the whole tensor, as stored in the weights file and
    * in checkpoints (the weights' specs above are this rank's pieces). */
   const pcc_tensor_spec *whole_weights;
+  /* Per weight (ABI 9): where it lives when inside a gradient bucket. */
+  const pcc_weight_alias *weight_aliases;
 } pcc_model_info;
 
 /* The collectives of one mesh axis, bound by the runtime to MPI or NCCL.
@@ -236,6 +250,14 @@ typedef struct pcc_comm {
    * errors' messages ("node '/blocks.0/attn/proj/MatMul' (MatMul)"); the
    * string outlives the call. May be null. */
   void (*set_label)(void *group, const char *label);
+  /* ABI 9: an in-place sum of `buffer` over the group that may still run
+   * when the call returns (a gradient bucket during the backward pass);
+   * wait_all completes every one started on the group, and progress lets
+   * them advance (MPI moves data only inside its calls). */
+  int (*all_reduce_start)(void *group, void *buffer, int64_t count,
+                          int32_t dtype);
+  int (*wait_all)(void *group);
+  void (*progress)(void *group);
 } pcc_comm;
 
 /* What one run executes on. */

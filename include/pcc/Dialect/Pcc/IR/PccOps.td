@@ -1163,6 +1163,43 @@ def Pcc_AssignOp : Pcc_Op<"assign", [
   let hasVerifier = 1;
 }
 
+def Pcc_BucketStartOp : Pcc_Op<"bucket_start", [
+    MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "starts the all-reduce of a gradient bucket";
+  let description = [{
+    In the step's last micro-batch (`pcc_run_context.hyper`'s
+    LAST_MICROBATCH; earlier micro-batches only accumulate), starts the
+    in-place sum of `bucket` over mesh axis `axis` and returns before it
+    completes, so that it overlaps the rest of the backward pass. The
+    gradients that live in the bucket (the module's `pcc.training`
+    `buckets`) are complete when it starts; `pcc.bucket_wait` completes it.
+
+    ```mlir
+    %b = pcc.param "fc3.bias@bucket" : tensor<8224xf32>
+    pcc.bucket_start %b axis = "dp" : tensor<8224xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$bucket, StrAttr:$axis);
+  let assemblyFormat = "$bucket `axis` `=` $axis attr-dict `:` type($bucket)";
+  let hasVerifier = 1;
+}
+
+def Pcc_BucketWaitOp : Pcc_Op<"bucket_wait", [
+    MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "completes the all-reduces started over an axis";
+  let description = [{
+    Waits until every bucket all-reduce started over `axis` is done; the
+    gradients in `bucket` are then the sums over the axis.
+
+    ```mlir
+    pcc.bucket_wait %b axis = "dp" : tensor<8224xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$bucket, StrAttr:$axis);
+  let assemblyFormat = "$bucket `axis` `=` $axis attr-dict `:` type($bucket)";
+  let hasVerifier = 1;
+}
+
 def Pcc_SgdUpdateOp : Pcc_Op<"sgd_update", [
     MemoryEffects<[MemRead, MemWrite]>,
     AllTypesMatch<["param", "grad", "momentum_buffer"]>]> {
