@@ -325,15 +325,28 @@ public:
     return check(api.waitSends(comm), "completing sends", 0, DType::U8);
   }
   Status allReduceStart(void *buffer, int64_t count, DType type) override {
+    startedCount += count;
+    startedType = type;
+    ++startedCalls;
     return check(api.iallReduce(comm, buffer, count, int(type)),
                  "all_reduce (started)", count, type);
   }
   Status waitCollectives() override {
-    Watched w(*this, "waiting for started all_reduces", 0, DType::U8);
-    return check(api.waitCollectives(comm), "waiting for started all_reduces",
-                 0, DType::U8);
+    std::string what = "wait for " + std::to_string(startedCalls) +
+                       " started all_reduce(s)";
+    int64_t count = startedCount;
+    startedCount = 0;
+    startedCalls = 0;
+    Watched w(*this, what, count, startedType);
+    return check(api.waitCollectives(comm), what, count, startedType);
   }
   void progressCollectives() override { api.testCollectives(comm); }
+
+private:
+  int64_t startedCount = 0, startedCalls = 0;
+  DType startedType = DType::F32;
+
+public:
   Status barrier() override {
     return check(api.barrier(comm), "barrier", 0, DType::U8);
   }

@@ -333,12 +333,31 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
   llvm::StringMap<int64_t> stateBytes;
   int64_t weights = 0, grads = 0, optimizer = 0, inputs = 0, saved = 0,
           arena = 0;
+  // Gradients in a bucket are views of it: the bucket counts, with the
+  // gaps that align each gradient.
+  llvm::StringSet<> inBucket;
+  if (auto training =
+          module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
+    if (auto buckets = training.getAs<ArrayAttr>("buckets"))
+      for (auto bucket : buckets.getAsRange<DictionaryAttr>())
+        for (StringRef g : bucket.getAs<ArrayAttr>("grads")
+                               .getAsValueRange<StringAttr>())
+          inBucket.insert(g);
+  int64_t bucketGaps = 0;
   module.walk([&](pcc::ParamOp param) {
     if (!stateBytes.insert({param.getName(), bytesOf(param.getType())}).second)
       return;
     StringRef kind = pcc::splitStateName(param.getName()).second;
-    (kind.empty() ? weights : kind == "grad" ? grads : optimizer) +=
-        bytesOf(param.getType());
+    int64_t bytes = bytesOf(param.getType());
+    if (inBucket.contains(param.getName())) {
+      bucketGaps -= bytes;
+      return;
+    }
+    if (kind == "bucket")
+      bucketGaps += bytes;
+    (kind.empty() ? weights
+     : kind == "grad" || kind == "bucket" ? grads
+                                          : optimizer) += bytes;
   });
   for (func::FuncOp f : module.getOps<func::FuncOp>()) {
     if (auto bytes = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
@@ -405,7 +424,8 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
     int64_t optK = (optimizer - master) / (stage == 0 ? psi : pieces);
     int64_t whole = stage == 0 ? 8 + optK : stage == 1 ? 8 : stage == 2 ? 4 : 0;
     int64_t sharded = stage == 0 ? 0 : stage == 1 ? 4 + optK : 8 + optK;
-    int64_t others = weights + grads + optimizer - whole * psi - sharded * pieces;
+    int64_t others = weights + grads + optimizer - whole * psi -
+                     sharded * pieces - bucketGaps;
     int64_t padding = sharded * pieces * ranks - sharded * psi;
     os << "    model state: " << weights + grads + optimizer << " bytes = ";
     if (whole)
@@ -419,6 +439,9 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
       os << " (+ " << llvm::format("%.1f", padding / double(ranks))
          << " bytes of padding: each sharded tensor is padded to a multiple of "
          << ranks << " elements)";
+    if (bucketGaps > 0)
+      os << " (+ " << bucketGaps
+         << " bytes of gaps that align the gradients in their buckets)";
     if (others > 0)
       os << " + " << others << " bytes of other weights";
     static const char *const kStages[] = {
@@ -447,6 +470,11 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
                           ? microbatches
                           : 1;
       f.walk([&](Operation *op) {
+        // A bucket's all-reduce runs once per step (the last micro-batch).
+        if (auto start = dyn_cast<pcc::BucketStartOp>(op)) {
+          moved += 2 * bytesOf(start.getBucket().getType());
+          return;
+        }
         auto collective = dyn_cast<pcc::CollectiveOpInterface>(op);
         if (!collective)
           return;

@@ -1016,6 +1016,7 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
   }
   if (auto wait = dyn_cast<BucketWaitOp>(op)) {
     line("{ const pcc_comm &c = " + comm(wait.getAxis()) + ";");
+    line("  if (c.set_label) c.set_label(c.group, \"the gradient buckets\");");
     line("  if (c.wait_all(c.group)) return fail(" + quoted(describeOp(op)) +
          ", c.last_error(c.group)); }");
     return success();
