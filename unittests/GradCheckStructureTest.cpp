@@ -694,7 +694,7 @@ const char *const kRefused[] = {
     "pcc.reduce_scatter",   "pcc.shard_slice",      "pcc.shard_gather",
     "pcc.transfer",         "pcc.fusion",           "pcc.yield",
     "pcc.cross_entropy_grad", "pcc.accumulate",     "pcc.zero",
-    "pcc.assign",
+    "pcc.assign",           "pcc.bucket_start",     "pcc.bucket_wait",
     "pcc.ema_update",       "pcc.sgd_update",       "pcc.adamw_update",
 };
 

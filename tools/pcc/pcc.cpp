@@ -27,6 +27,7 @@
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Transforms/Passes.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -85,6 +86,12 @@ static cl::opt<bool> sequenceParallel(
              "of the sequence; reduce-scatter and all-gather replace each "
              "block's all-reduce"),
     cl::init(false), cl::cat(pccCategory));
+static cl::opt<std::string> meshOrder(
+    "mesh-order",
+    cl::desc("the order of the mesh axes in the rank grid, slowest first: "
+             "the last varies fastest, so its groups are neighbouring ranks "
+             "(put tp last to keep it within a node)"),
+    cl::value_desc("dp,pp,tp"), cl::init("dp,pp,tp"), cl::cat(pccCategory));
 static cl::opt<int64_t> pp("pp", cl::desc("pipeline-parallel degree"),
                            cl::init(1), cl::cat(pccCategory));
 static cl::opt<int64_t> dp("dp", cl::desc("data-parallel degree"), cl::init(1),
@@ -788,6 +795,15 @@ int main(int argc, char **argv) {
                 "--dp above 1");
   if (microbatches < 1)
     return fail("--microbatches must be at least 1");
+  {
+    llvm::StringSet<> seen;
+    bool valid = true;
+    for (StringRef a : llvm::split(StringRef(meshOrder), ','))
+      valid &= (a == "dp" || a == "pp" || a == "tp") && seen.insert(a).second;
+    if (!valid || seen.size() != 3)
+      return fail("--mesh-order=" + meshOrder +
+                  " must name dp, pp and tp once each, slowest first");
+  }
   if (sequenceParallel && (tp <= 1 || !train))
     return fail("--sp splits the sequence over the tensor-parallel ranks of "
                 "a training step; it needs --train and --tp above 1");
@@ -901,7 +917,14 @@ int main(int argc, char **argv) {
                           b.getNamedAttr("pp", b.getI64IntegerAttr(pp)),
                           b.getNamedAttr("tp", b.getI64IntegerAttr(tp)),
                       }));
-
+  // The rank grid's order, when not the default (dp, pp, tp).
+  if (meshOrder != "dp,pp,tp") {
+    SmallVector<Attribute> order;
+    for (StringRef a : llvm::split(StringRef(meshOrder), ','))
+      order.push_back(b.getStringAttr(a));
+    (**module)->setAttr(pcc::PccDialect::kMeshOrderAttrName,
+                        b.getArrayAttr(order));
+  }
 
   std::unique_ptr<DumpIrInstrumentation> dumper;
   if (!dumpIr.empty()) {

@@ -481,14 +481,24 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   std::string meshNames, meshSizes;
   int64_t meshRanks = 1;
   if (auto mesh =
-          module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName))
-    for (NamedAttribute axis : mesh) {
-      meshAxes[axis.getName().getValue()] = meshAxes.size();
-      int64_t size = cast<IntegerAttr>(axis.getValue()).getInt();
+          module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName)) {
+    // In the rank grid's order (pcc.mesh_order), else the dictionary's.
+    SmallVector<StringRef> order;
+    if (auto given =
+            module->getAttrOfType<ArrayAttr>(PccDialect::kMeshOrderAttrName))
+      for (StringRef name : given.getAsValueRange<StringAttr>())
+        order.push_back(name);
+    else
+      for (NamedAttribute axis : mesh)
+        order.push_back(axis.getName().getValue());
+    for (StringRef name : order) {
+      meshAxes[name] = meshAxes.size();
+      int64_t size = cast<IntegerAttr>(mesh.get(name)).getInt();
       meshRanks *= size;
-      meshNames += quoted(axis.getName().getValue()) + ", ";
+      meshNames += quoted(name) + ", ";
       meshSizes += std::to_string(size) + ", ";
     }
+  }
 
   // The entry points: @main, or the pipeline stages it calls.
   auto schedule = func->getAttrOfType<DictionaryAttr>("pcc.schedule");

@@ -1,6 +1,8 @@
 //===- PccDialect.cpp - pcc dialect registration, attributes ------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+
+#include "llvm/ADT/StringSet.h"
 #include "pcc/Dialect/Pcc/IR/Layout.h"
 
 #include "mlir/IR/Builders.h"
@@ -191,6 +193,27 @@ LogicalResult PccDialect::verifyOperationAttribute(Operation *op,
         return op->emitError("pcc.mesh axis '")
                << axis.getName().getValue() << "' needs a size >= 1";
     }
+    return success();
+  }
+  if (attr.getName() == kMeshOrderAttrName) {
+    // The rank grid's order of the mesh's axes, slowest first: every axis
+    // of pcc.mesh once.
+    auto order = dyn_cast<ArrayAttr>(attr.getValue());
+    auto mesh = op->getAttrOfType<DictionaryAttr>(kMeshAttrName);
+    if (!isa<ModuleOp>(op) || !order || !mesh)
+      return op->emitError("pcc.mesh_order must be an array of axis names "
+                           "on a module with a pcc.mesh");
+    llvm::StringSet<> seen;
+    for (Attribute a : order) {
+      auto name = dyn_cast<StringAttr>(a);
+      if (!name || !mesh.get(name.getValue()) ||
+          !seen.insert(name.getValue()).second)
+        return op->emitError("pcc.mesh_order must name every axis of "
+                             "pcc.mesh once");
+    }
+    if (seen.size() != mesh.size())
+      return op->emitError("pcc.mesh_order must name every axis of pcc.mesh "
+                           "once");
     return success();
   }
   if (attr.getName() == kPipelineChunksAttrName) {

@@ -31,6 +31,10 @@ def Pcc_Dialect : Dialect {
   let extraClassDeclaration = [{
     /// The module's mesh: named axes and their sizes (`pcc.mesh`).
     static constexpr ::llvm::StringLiteral kMeshAttrName = "pcc.mesh";
+    /// The order of the mesh's axes in the rank grid, slowest first (the
+    /// last varies fastest); `pcc.mesh`'s (alphabetical) when absent.
+    static constexpr ::llvm::StringLiteral kMeshOrderAttrName =
+        "pcc.mesh_order";
     /// Per-result shardings chosen by the planner (`pcc.sharding`).
     static constexpr ::llvm::StringLiteral kShardingAttrName = "pcc.sharding";
     /// Model chunks per pipeline rank of a cut module (`pcc.pp_chunks`;
