@@ -361,7 +361,12 @@ struct DataParallelPass
     // ZeRO 3: the forward and backward phases gather each weight where
     // they read it (FSDP's reshard after forward: the backward phase
     // gathers it again) and release it after its last use.
-    if (zero == 3)
+    // Without resharding after forward (FSDP's reshard_after_forward=False)
+    // the forward phase returns each weight it gathered as a saved value,
+    // and the backward phase reads that instead of gathering again.
+    if (zero == 3) {
+      llvm::MapVector<StringRef, Value> gathered;
+      llvm::StringMap<Value> savedArgs;
       for (func::FuncOp phase : {phases[0], phases[1]}) {
         SmallVector<ParamOp> reads;
         phase.walk([&](ParamOp p) {
@@ -371,12 +376,50 @@ struct DataParallelPass
         });
         for (ParamOp p : reads) {
           OpBuilder b(p);
-          Value piece = flat.param(b, p.getLoc(), p.getName(), p.getType());
-          Value whole = flat.allGather(b, p.getLoc(), piece, p.getType());
+          Value whole;
+          if (phase == phases[1] && savedArgs.count(p.getName())) {
+            whole = savedArgs.lookup(p.getName());
+          } else {
+            Value piece = flat.param(b, p.getLoc(), p.getName(), p.getType());
+            whole = flat.allGather(b, p.getLoc(), piece, p.getType());
+            if (phase == phases[0] && !gathered.count(p.getName()))
+              gathered[p.getName()] = whole;
+          }
           p.getResult().replaceAllUsesWith(whole);
           p.erase();
         }
+        if (phase != phases[0] || reshardAfterForward)
+          continue;
+        // Every gathered weight the backward phase will read is returned.
+        llvm::StringSet<> readBack;
+        phases[1].walk([&](ParamOp p) {
+          if (p.getShardAttr() == flat.splitOf(p.getName()))
+            readBack.insert(p.getName());
+        });
+        // In one order: forward result k + 1 is backward argument k, and
+        // the loss gradient stays last.
+        auto ret = cast<func::ReturnOp>(
+            phases[0].getBody().front().getTerminator());
+        func::FuncOp backward = phases[1];
+        for (auto &[name, value] : gathered) {
+          if (!readBack.contains(name))
+            continue;
+          auto attrs = DictionaryAttr::get(
+              ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
+                                   StringAttr::get(ctx, "gathered:" +
+                                                            name.str()))});
+          if (failed(phases[0].insertResult(phases[0].getNumResults(),
+                                            value.getType(), attrs)))
+            return failure();
+          ret->insertOperands(ret.getNumOperands(), value);
+          unsigned at = backward.getNumArguments() - 1;
+          if (failed(backward.insertArgument(at, value.getType(), attrs,
+                                             value.getLoc())))
+            return failure();
+          savedArgs[name] = backward.getArgument(at);
+        }
       }
+    }
 
     // The optimizer phase, rebuilt over the pieces: the global norm from
     // each rank's pieces (every element counted once), the updates, and

@@ -69,6 +69,8 @@ def main():
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--sp", action="store_true",
                     help="sequence parallelism over the tp ranks (pcc --sp)")
+    ap.add_argument("--pcc-args", default="",
+                    help="extra pcc options, one string")
     ap.add_argument("--compare-args", default="",
                     help="extra compare.py options (tolerances), one string")
     ap.add_argument("--target", default="cpu")
@@ -85,7 +87,8 @@ def main():
          "--train", "--loss=" + loss, "--optimizer=" + args.optimizer,
          "--microbatches=%d" % args.microbatches, "--target=" + args.target,
          "--dp=%d" % args.dp, "--tp=%d" % args.tp, "--zero=%d" % args.zero,
-         "-o", lib] + (["--sp"] if args.sp else []) + flags)
+         "-o", lib] + (["--sp"] if args.sp else []) + args.pcc_args.split() +
+        flags)
 
     hyper = ["--lr", repr(opt["lr"]), "--weight-decay",
              repr(opt["weight_decay"])]

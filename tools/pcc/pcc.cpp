@@ -86,6 +86,13 @@ static cl::opt<bool> sequenceParallel(
              "of the sequence; reduce-scatter and all-gather replace each "
              "block's all-reduce"),
     cl::init(false), cl::cat(pccCategory));
+static cl::opt<bool> reshardAfterForward(
+    "zero-reshard-after-forward",
+    cl::desc("with --zero=3: gather each weight again in the backward pass "
+             "(FSDP's default, true); false keeps the forward pass's "
+             "gathered weights until the backward pass (more memory, fewer "
+             "bytes moved)"),
+    cl::init(true), cl::cat(pccCategory));
 static cl::opt<std::string> meshOrder(
     "mesh-order",
     cl::desc("the order of the mesh axes in the rank grid, slowest first: "
@@ -806,6 +813,9 @@ int main(int argc, char **argv) {
       return fail("--mesh-order=" + meshOrder +
                   " must name dp, pp and tp once each, slowest first");
   }
+  if (reshardAfterForward.getNumOccurrences() && zero != 3)
+    return fail("--zero-reshard-after-forward chooses when ZeRO-3 gathers "
+                "the weights again; it goes with --zero=3");
   if (sequenceParallel && (tp <= 1 || !train))
     return fail("--sp splits the sequence over the tensor-parallel ranks of "
                 "a training step; it needs --train and --tp above 1");
@@ -989,6 +999,7 @@ int main(int argc, char **argv) {
         pcc::DataParallelOptions data;
         data.dataParallel = dp;
         data.zero = zero;
+        data.reshardAfterForward = reshardAfterForward;
         data.bucketBytes = bucketMb < 0 ? -1
                                         : static_cast<int64_t>(
                                               bucketMb * 1048576.0);

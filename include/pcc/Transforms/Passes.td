@@ -546,6 +546,12 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
     Option<"zero", "zero", "int64_t", /*default=*/"0",
            "ZeRO stage: 0 replicates the model state, 1 shards the "
            "optimizer state, 2 also the gradients, 3 also the weights">,
+    Option<"reshardAfterForward", "reshard-after-forward", "bool",
+           /*default=*/"true",
+           "ZeRO 3: gather each weight again in the backward phase "
+           "(FSDP's default); false keeps the forward phase's gathered "
+           "weights as saved values until the backward phase (more "
+           "memory, one gather per weight and micro-batch)">,
     Option<"bucketBytes", "bucket-bytes", "int64_t", /*default=*/"0",
            "ZeRO 0: gradient buckets of about this many bytes (-1: chosen "
            "from the model), each all-reduced as soon as the last "
