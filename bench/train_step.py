@@ -77,8 +77,9 @@ def time_pcc(name, flags, loss, batch, x, y, steps, threads, tmp):
                           "--loss-log", log, "--log-every", str(steps)],
                          check=True, capture_output=True, text=True, env=env)
     ms = [float(r["step_ms"]) for r in csv.DictReader(open(log))]
-    memory = re.search(r"model state ([\d.]+) MiB, saved activations "
-                       r"([\d.]+) MiB, arena ([\d.]+) MiB", out.stdout)
+    memory = re.search(r"model state ([\d.]+) MiB \(\d+ bytes\), saved "
+                       r"activations ([\d.]+) MiB, arena ([\d.]+) MiB",
+                       out.stdout)
     measured = float(re.search(r"memory high-water ([\d.]+) MiB",
                                out.stdout).group(1))
     return statistics.median(ms[5:]), memory.groups(), predicted, measured
