@@ -1136,8 +1136,11 @@ int main(int argc, char **argv) {
                                               : "cpu+cuda")
                  << ", arena " << arena << " bytes) and " << weightsPath << " ("
                  << names.size() << " weights, " << weightBytes << " bytes";
-    if (tp > 1 && pp == 1)
+    if (tp > 1 && pp == 1 && dp == 1)
       llvm::errs() << "; each of the " << tp << " tp ranks reads "
+                   << bytesPerRank;
+    else if (pp == 1 && bytesPerRank < weightBytes)
+      llvm::errs() << "; each of the " << tp * dp << " ranks reads "
                    << bytesPerRank;
     else if (pp > 1)
       llvm::errs() << "; each of the " << tp * pp << " ranks reads at most "
