@@ -90,6 +90,13 @@ private:
     return it == plan.shards.end() ? Shard::replicated() : it->second;
   }
   std::vector<Option> options(Operation *op);
+  /// The op's own options for operand layouts `in` (not the current ones),
+  /// those that divide the shapes.
+  SmallVector<Option> optionsFor(Operation *op, ArrayRef<Shard> in);
+  /// Values an in-place state update reads (a weight's gradient) and the
+  /// layout of the state it updates: the op that makes one, read by nothing
+  /// else, may run split so that it computes only this rank's piece.
+  llvm::DenseMap<Value, Shard> demanded;
   /// Seconds to bring `v` from its layout to `to`; infinity if impossible.
   /// `consumer` is the op that reads `v` in layout `to` (null for the
   /// function's results).
@@ -312,6 +319,29 @@ std::vector<Option> Propagator::options(Operation *op) {
   return out;
 }
 
+SmallVector<Option> Propagator::optionsFor(Operation *op,
+                                           ArrayRef<Shard> in) {
+  SmallVector<Option> out;
+  auto sharding = dyn_cast<ShardingOpInterface>(op);
+  if (!sharding)
+    return out;
+  SmallVector<Option> candidates;
+  sharding.getShardingOptions(in, ranks, candidates);
+  for (Option &o : candidates) {
+    auto fitsAll = [&](ValueRange values, ArrayRef<Shard> shards) {
+      return values.size() == shards.size() &&
+             llvm::all_of(llvm::zip(values, shards), [&](auto p) {
+               return layoutFits(std::get<1>(p), typeOf(std::get<0>(p)),
+                                 ranks);
+             });
+    };
+    if (fitsAll(op->getOperands(), o.operands) &&
+        fitsAll(op->getResults(), o.results))
+      out.push_back(std::move(o));
+  }
+  return out;
+}
+
 ShardingPlan Propagator::run() {
   Block &block = func.getBody().front();
   for (Operation &op : block) {
@@ -320,6 +350,19 @@ ShardingPlan Propagator::run() {
         llvm::any_of(op.getOperands(),
                      [&](Value v) { return readsWeights.contains(v); }))
       readsWeights.insert(op.result_begin(), op.result_end());
+  }
+  for (Operation &op : block) {
+    auto effects = dyn_cast<MemoryEffectOpInterface>(&op);
+    if (!effects || !effects.hasEffect<MemoryEffects::Write>() ||
+        op.getNumOperands() == 0 || op.getNumResults() != 0)
+      continue;
+    auto state = op.getOperand(0).getDefiningOp<ParamOp>();
+    auto it = state ? decisions.find(state.getName()) : decisions.end();
+    if (it == decisions.end() || !it->second.isSplit())
+      continue;
+    for (Value v : op.getOperands().drop_front())
+      if (v.getType() == state.getType() && v.hasOneUse())
+        demanded[v] = it->second;
   }
   for (BlockArgument arg : block.getArguments())
     plan.shards[arg] = arg.getArgNumber() < argLayouts.size()
@@ -375,10 +418,32 @@ ShardingPlan Propagator::run() {
     // Pick the cheapest option among those that keep a split or partial
     // sum some operand already has (splits start at weights).
     std::vector<Option> candidates = options(&op);
+    // A gradient a split state wants: also the ways to compute only this
+    // rank's piece by slicing a whole operand (the slice is local).
+    size_t ownOptions = candidates.size();
+    if (op.getNumResults() == 1 && demanded.count(op.getResult(0))) {
+      Shard want = demanded.lookup(op.getResult(0));
+      SmallVector<Shard> now;
+      for (Value v : op.getOperands())
+        now.push_back(of(v));
+      for (auto [j, v] : llvm::enumerate(op.getOperands())) {
+        if (!now[j].isReplicated())
+          continue;
+        for (int64_t d = 0; d < typeOf(v).getRank(); ++d) {
+          SmallVector<Shard> in(now);
+          in[j] = Shard::split(d, want.stripes);
+          for (Option &o : optionsFor(&op, in))
+            if (o.results.size() == 1 && o.results[0] == want &&
+                o.operands[j] == in[j])
+              candidates.push_back(std::move(o));
+        }
+      }
+    }
     const Option *best = nullptr;
     double bestSeconds = std::numeric_limits<double>::infinity();
-    for (const Option &o : candidates) {
+    for (auto [index, o] : llvm::enumerate(candidates)) {
       bool fromOperand =
+          index >= ownOptions ||
           llvm::all_of(o.results,
                        [](const Shard &s) { return s.isReplicated(); }) ||
           llvm::any_of(llvm::zip(op.getOperands(), o.operands), [&](auto p) {
