@@ -35,10 +35,19 @@ int64_t product(const int64_t *dims, int64_t n) {
 /// Work below this many elements is not worth waking OpenMP threads.
 constexpr int64_t kParallelThreshold = 1 << 15;
 
+// Row helpers of the normalising kernels get an AVX2+FMA clone beside the
+// baseline one (picked when the runtime loads), as the generated kernels
+// do; their OpenMP loops call them per row.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PCC_ROW_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define PCC_ROW_KERNEL
+#endif
+
 /// Sums n floats in double, in four interleaved partial sums so that the
 /// loop vectorises (a single double accumulator is a chain of dependent
 /// adds); the order is fixed, so the result is deterministic.
-double sumDouble(const float *x, int64_t n) {
+PCC_ROW_KERNEL double sumDouble(const float *x, int64_t n) {
   double acc[4] = {0, 0, 0, 0};
   int64_t c = 0;
   for (; c + 4 <= n; c += 4)
@@ -47,6 +56,38 @@ double sumDouble(const float *x, int64_t n) {
   for (; c < n; ++c)
     acc[0] += static_cast<double>(x[c]);
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+/// The largest element of a row, in eight interleaved lanes so that the
+/// loop vectorises. (A NaN in the row makes the exponentials NaN anyway.)
+PCC_ROW_KERNEL float rowMax(const float *row, int64_t n) {
+  float lanes[8];
+  for (float &l : lanes)
+    l = -std::numeric_limits<float>::infinity();
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    for (int j = 0; j < 8; ++j)
+      lanes[j] = lanes[j] > row[c + j] ? lanes[j] : row[c + j];
+  float maxValue = -std::numeric_limits<float>::infinity();
+  for (float l : lanes)
+    maxValue = std::max(maxValue, l);
+  for (; c < n; ++c)
+    maxValue = std::max(maxValue, row[c]);
+  return maxValue;
+}
+
+/// Writes exp(x - max) of one row to `e` and returns their sum, in double.
+PCC_ROW_KERNEL double rowExp(const float *row, float maxValue, float *e,
+                             int64_t n) {
+  for (int64_t c = 0; c < n; ++c)
+    e[c] = pccrt::fastExp(row[c] - maxValue);
+  return sumDouble(e, n);
+}
+
+/// y[c] *= scale over a row.
+PCC_ROW_KERNEL void rowScale(float *y, float scale, int64_t n) {
+  for (int64_t c = 0; c < n; ++c)
+    y[c] *= scale;
 }
 } // namespace
 
@@ -169,15 +210,16 @@ void pcc_cpu_softmax_f32(const float *x, float *y, int64_t outer, int64_t len,
       const float *in = x + o * len * inner + i;
       float *out = y + o * len * inner + i;
       float maxValue = -std::numeric_limits<float>::infinity();
-      for (int64_t l = 0; l < len; ++l)
-        maxValue = std::max(maxValue, in[l * inner]);
+      if (inner == 1)
+        maxValue = rowMax(in, len);
+      else
+        for (int64_t l = 0; l < len; ++l)
+          maxValue = std::max(maxValue, in[l * inner]);
       double sum;
       if (inner == 1) {
         // Contiguous rows: the exponentials vectorise into the output,
         // which then holds the numerators.
-        for (int64_t l = 0; l < len; ++l)
-          out[l] = pccrt::fastExp(in[l] - maxValue);
-        sum = sumDouble(out, len);
+        sum = rowExp(in, maxValue, out, len);
       } else {
         sum = 0;
         for (int64_t l = 0; l < len; ++l)
@@ -188,9 +230,7 @@ void pcc_cpu_softmax_f32(const float *x, float *y, int64_t outer, int64_t len,
         for (int64_t l = 0; l < len; ++l)
           out[l * inner] = in[l * inner] - maxValue - logSum;
       } else if (inner == 1) {
-        float inv = static_cast<float>(1.0 / sum);
-        for (int64_t l = 0; l < len; ++l)
-          out[l] *= inv;
+        rowScale(out, static_cast<float>(1.0 / sum), len);
       } else {
         float inv = static_cast<float>(1.0 / sum);
         for (int64_t l = 0; l < len; ++l)
@@ -843,19 +883,6 @@ bool checkLabels(const void *labels, int64_t rows, int64_t classes,
 }
 
 /// The maximum of one row.
-float rowMax(const float *row, int64_t n) {
-  float maxValue = -std::numeric_limits<float>::infinity();
-  for (int64_t c = 0; c < n; ++c)
-    maxValue = std::max(maxValue, row[c]);
-  return maxValue;
-}
-
-/// Writes exp(x - max) of one row to `e` and returns their sum, in double.
-double rowExp(const float *row, float maxValue, float *e, int64_t n) {
-  for (int64_t c = 0; c < n; ++c)
-    e[c] = pccrt::fastExp(row[c] - maxValue);
-  return sumDouble(e, n);
-}
 } // namespace
 
 int pcc_cpu_cross_entropy_f32(const float *logits, const void *labels,
@@ -899,9 +926,7 @@ int pcc_cpu_cross_entropy_grad_f32(const float *logits, const void *labels,
     }
     const float *row = logits + r * classes;
     double sum = rowExp(row, rowMax(row, classes), out, classes);
-    float scale = static_cast<float>(1.0 / sum) * grad[r];
-    for (int64_t c = 0; c < classes; ++c)
-      out[c] *= scale;
+    rowScale(out, static_cast<float>(1.0 / sum) * grad[r], classes);
     out[label] -= grad[r];
   }
   return 0;
