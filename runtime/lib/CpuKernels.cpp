@@ -388,6 +388,45 @@ void reduce(const T *x, T *y, int64_t rank, const int64_t *shape,
                                                     : acc[o]);
     return;
   }
+  // [reduced A, kept C, reduced B] (a batch norm's statistics over N, H,
+  // W): each output over its A x B inputs in increasing index order, the
+  // outputs split over the threads; the generic loop's result to the bit.
+  {
+    int64_t groups[3] = {1, 1, 1};
+    int group = -1;
+    bool lastReduced = false, fits = total > 0;
+    for (int64_t d = 0; d < rank && fits; ++d) {
+      if (shape[d] == 1)
+        continue;
+      bool r = reduced[d] != 0;
+      if (group < 0 || r != lastReduced) {
+        ++group;
+        lastReduced = r;
+        // reduced, kept, reduced: groups 0 and 2 reduced, 1 kept.
+        fits = group < 3 && r == (group != 1);
+      }
+      if (fits)
+        groups[group] *= shape[d];
+    }
+    if (fits && group == 2 &&
+        (kind == PCC_REDUCE_SUM || kind == PCC_REDUCE_MEAN)) {
+      int64_t a = groups[0], c = groups[1], b = groups[2];
+#pragma omp parallel for if (total > kParallelThreshold && c > 1)
+      for (int64_t k = 0; k < c; ++k) {
+        double sum = acc[k];
+        for (int64_t n = 0; n < a; ++n) {
+          const T *run = x + (n * c + k) * b;
+          for (int64_t j = 0; j < b; ++j)
+            sum += static_cast<double>(run[j]);
+        }
+        acc[k] = sum;
+      }
+      for (int64_t o = 0; o < outCount; ++o)
+        y[o] = static_cast<T>(kind == PCC_REDUCE_MEAN ? acc[o] / reducedCount
+                                                      : acc[o]);
+      return;
+    }
+  }
   std::vector<int64_t> coords(rank, 0);
   int64_t out = 0;
   for (int64_t i = 0; i < total; ++i) {
