@@ -68,6 +68,17 @@ struct PlanShardingPass
     llvm::StringMap<Shard> &decisions = search.decisions;
     ShardingPlan &best = search.plan;
 
+    // Nothing split: every rank would hold and compute the whole model.
+    if (!weights.empty() &&
+        llvm::none_of(decisions, [](const auto &d) {
+          return d.getValue().isSplit();
+        }))
+      func.emitWarning() << axis << "=" << *ranks
+                         << ": no weight is split (none of their dimensions "
+                            "divides into "
+                         << *ranks
+                         << " or splitting costs more than it saves), so "
+                            "every rank holds and computes the whole model";
     // Record the layouts.
     Block &block = func.getBody().front();
     for (Operation &op : block) {
