@@ -93,6 +93,18 @@ private:
   /// The op's own options for operand layouts `in` (not the current ones),
   /// those that divide the shapes.
   SmallVector<Option> optionsFor(Operation *op, ArrayRef<Shard> in);
+  /// Whether option `o`'s layouts divide the shapes of `op`'s values.
+  bool fits(Operation *op, const Option &o) const {
+    auto fitsAll = [&](ValueRange values, ArrayRef<Shard> shards) {
+      return values.size() == shards.size() &&
+             llvm::all_of(llvm::zip(values, shards), [&](auto p) {
+               return layoutFits(std::get<1>(p), typeOf(std::get<0>(p)),
+                                 ranks);
+             });
+    };
+    return fitsAll(op->getOperands(), o.operands) &&
+           fitsAll(op->getResults(), o.results);
+  }
   /// Values an in-place state update reads (a weight's gradient) and the
   /// layout of the state it updates: the op that makes one, read by nothing
   /// else, may run split so that it computes only this rank's piece.
@@ -304,18 +316,9 @@ std::vector<Option> Propagator::options(Operation *op) {
           candidates.push_back(std::move(o));
     }
   }
-  for (Option &o : candidates) {
-    auto fitsAll = [&](ValueRange values, ArrayRef<Shard> shards) {
-      return values.size() == shards.size() &&
-             llvm::all_of(llvm::zip(values, shards), [&](auto p) {
-               return layoutFits(std::get<1>(p), typeOf(std::get<0>(p)),
-                                 ranks);
-             });
-    };
-    if (fitsAll(op->getOperands(), o.operands) &&
-        fitsAll(op->getResults(), o.results))
+  for (Option &o : candidates)
+    if (fits(op, o))
       out.push_back(std::move(o));
-  }
   return out;
 }
 
@@ -327,18 +330,9 @@ SmallVector<Option> Propagator::optionsFor(Operation *op,
     return out;
   SmallVector<Option> candidates;
   sharding.getShardingOptions(in, ranks, candidates);
-  for (Option &o : candidates) {
-    auto fitsAll = [&](ValueRange values, ArrayRef<Shard> shards) {
-      return values.size() == shards.size() &&
-             llvm::all_of(llvm::zip(values, shards), [&](auto p) {
-               return layoutFits(std::get<1>(p), typeOf(std::get<0>(p)),
-                                 ranks);
-             });
-    };
-    if (fitsAll(op->getOperands(), o.operands) &&
-        fitsAll(op->getResults(), o.results))
+  for (Option &o : candidates)
+    if (fits(op, o))
       out.push_back(std::move(o));
-  }
   return out;
 }
 
