@@ -952,32 +952,6 @@ std::string badWindow(const char *what, int64_t rank) {
          " spatial dimensions are not supported (1 to 3 are)";
 }
 
-/// Input offset of output position `o` and kernel position `k` within one
-/// plane, or -1 when it falls in the padding. `inPadded` tells whether the
-/// position lies within the padded input: in ceil mode a window may reach
-/// past the trailing pads too. (A window never starts before the leading
-/// pads, so only the end needs a check.)
-__device__ int64_t windowSource(const Window &w, int64_t o, int64_t k,
-                                bool &inPadded) {
-  int64_t offset = 0, scale = 1;
-  bool inside = true;
-  inPadded = true;
-#pragma unroll
-  for (int d = 2; d >= 0; --d) {
-    int64_t od = o % w.out[d], kd = k % w.kernel[d];
-    o /= w.out[d];
-    k /= w.kernel[d];
-    int64_t pos = od * w.stride[d] - w.padBegin[d] + kd * w.dilation[d];
-    if (pos < 0 || pos >= w.in[d]) {
-      inside = false;
-      if (pos >= w.in[d] + w.padEnd[d])
-        inPadded = false;
-    }
-    offset += pos * scale;
-    scale *= w.in[d];
-  }
-  return inside ? offset : -1;
-}
 
 /// col[image][channel * kernelCount + k][o] = the input under kernel
 /// position k of output position o, 0 in the padding. Per group, the rows

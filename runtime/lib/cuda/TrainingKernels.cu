@@ -352,24 +352,6 @@ __device__ inline int64_t coveringOutput(const Window &w, int d, int64_t i,
   return od < w.out[d] ? od : -1;
 }
 
-/// Input offset of output position `o` and kernel position `k` within one
-/// plane, or -1 in the padding (the CPU's Window::source).
-__device__ int64_t windowSource(const Window &w, int64_t o, int64_t k) {
-  int64_t offset = 0, scale = 1;
-  bool inside = true;
-#pragma unroll
-  for (int d = 2; d >= 0; --d) {
-    int64_t od = o % w.out[d], kd = k % w.kernel[d];
-    o /= w.out[d];
-    k /= w.kernel[d];
-    int64_t pos = od * w.stride[d] - w.padBegin[d] + kd * w.dilation[d];
-    if (pos < 0 || pos >= w.in[d])
-      inside = false;
-    offset += pos * scale;
-    scale *= w.in[d];
-  }
-  return inside ? offset : -1;
-}
 
 /// Calls f(o) for every output position o whose window covers input
 /// coordinates `id`, in ascending order of o (the CPU's order of
