@@ -4,6 +4,8 @@
 
 #include "pcc/runtime/Checkpoint.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -279,19 +281,10 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
   return writer;
 }
 
-namespace {
-std::string jsonArray(const std::vector<int64_t> &values) {
-  std::string s = "[";
-  for (size_t i = 0; i < values.size(); ++i)
-    s += (i ? "," : "") + std::to_string(values[i]);
-  return s + "]";
-}
-} // namespace
-
 Result<SafetensorsWriter> Trainer::saveShard(int64_t *tensors) const {
   const pcc_model_info &info = library->info();
   SafetensorsWriter writer;
-  std::string table = "{";
+  nlohmann::json table = nlohmann::json::object();
   *tensors = 0;
   for (int i = 0; i < info.num_weights; ++i) {
     int32_t kind = info.weight_kinds[i];
@@ -319,28 +312,22 @@ Result<SafetensorsWriter> Trainer::saveShard(int64_t *tensors) const {
                               specShape(spec), std::move(bytes));
     if (!added.ok())
       return Error{added.error()};
-    std::string entry = std::string(*tensors ? "," : "") + "\"" + whole.name +
-                        "\":{\"kind\":\"" +
-                        (kind == PCC_STATE_WEIGHT ? "weight" : "optimizer") +
-                        "\",\"shape\":" + jsonArray(specShape(whole));
+    nlohmann::json piece = {
+        {"kind", kind == PCC_STATE_WEIGHT ? "weight" : "optimizer"},
+        {"shape", specShape(whole)}};
     if (splitAxis >= 0)
-      entry += ",\"split\":{\"ranks\":" +
-               std::to_string(info.mesh_sizes[splitAxis]) +
-               ",\"rank\":" + std::to_string(shardRank(splitAxis)) +
-               ",\"dim\":" +
-               std::to_string(shard.dim >= 0 ? shard.dim : shard.within_dim) +
-               ",\"stripes\":" +
-               std::to_string(shard.dim >= 0 ? shard.stripes
-                                             : shard.within_stripes) +
-               "}";
+      piece["split"] = {
+          {"ranks", info.mesh_sizes[splitAxis]},
+          {"rank", shardRank(splitAxis)},
+          {"dim", shard.dim >= 0 ? shard.dim : shard.within_dim},
+          {"stripes", shard.dim >= 0 ? shard.stripes : shard.within_stripes}};
     if (flatAxis >= 0)
-      entry += ",\"flat\":{\"ranks\":" +
-               std::to_string(info.mesh_sizes[flatAxis]) +
-               ",\"rank\":" + std::to_string(shardRank(flatAxis)) + "}";
-    table += entry + "}";
+      piece["flat"] = {{"ranks", info.mesh_sizes[flatAxis]},
+                       {"rank", shardRank(flatAxis)}};
+    table[whole.name] = std::move(piece);
     ++*tensors;
   }
-  writer.setMetadata(kPiecesKey, table + "}");
+  writer.setMetadata(kPiecesKey, table.dump());
   writer.setMetadata("pcc.content", "shard");
   return writer;
 }

@@ -647,13 +647,14 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
                        offsets.asArrayRef()))
           inBucket[g] = {state.getValue().str(), offset};
       }
+    llvm::StringMap<int32_t> indexOf;
+    for (auto [j, w] : llvm::enumerate(weights))
+      indexOf[w.first] = static_cast<int32_t>(j);
     for (auto &w : weights) {
       auto it = inBucket.find(w.first);
-      int32_t index = -1;
-      if (it != inBucket.end())
-        for (auto [j, other] : llvm::enumerate(weights))
-          if (other.first == it->second.first)
-            index = static_cast<int32_t>(j);
+      auto bucket = it == inBucket.end() ? indexOf.end()
+                                         : indexOf.find(it->second.first);
+      int32_t index = bucket == indexOf.end() ? -1 : bucket->second;
       if (it != inBucket.end() && index < 0)
         return module.emitError("code generation: the bucket of '")
                << w.first << "' is not model state of the library";
