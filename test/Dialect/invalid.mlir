@@ -558,3 +558,39 @@ module attributes {pcc.mesh = {dp = 2 : i64}} {
     return %m : tensor<2xf32>
   }
 }
+
+// -----
+
+// Tests that a gradient bucket is 1-D and its axis is in the mesh.
+module attributes {pcc.mesh = {dp = 2 : i64}} {
+  func.func @bucket_rank() {
+    %b = pcc.param "w@bucket" : tensor<4x4xf32>
+    // expected-error @below {{bucket: a gradient bucket is 1-D, not 'tensor<4x4xf32>'}}
+    pcc.bucket_start %b axis = "dp" : tensor<4x4xf32>
+    return
+  }
+}
+
+// -----
+
+module attributes {pcc.mesh = {dp = 2 : i64}} {
+  func.func @bucket_axis() {
+    %b = pcc.param "w@bucket" : tensor<16xf32>
+    // expected-error @below {{mesh axis 'tp' is not in the module's pcc.mesh}}
+    pcc.bucket_wait %b axis = "tp" : tensor<16xf32>
+    return
+  }
+}
+
+// -----
+
+// Tests that pcc.mesh_order names every axis of pcc.mesh once.
+// expected-error @below {{pcc.mesh_order must name every axis of pcc.mesh once}}
+module attributes {pcc.mesh = {dp = 2 : i64, tp = 2 : i64}, pcc.mesh_order = ["tp", "tp"]} {
+}
+
+// -----
+
+// expected-error @below {{pcc.mesh_order must name every axis of pcc.mesh once}}
+module attributes {pcc.mesh = {dp = 2 : i64, tp = 2 : i64}, pcc.mesh_order = ["tp"]} {
+}

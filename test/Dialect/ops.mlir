@@ -250,3 +250,18 @@ module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
     return %m : tensor<4xf32>
   }
 }
+
+// -----
+
+// Tests that the gradient bucket ops and an ordered mesh round-trip.
+// CHECK-LABEL: func.func @buckets
+// CHECK: pcc.bucket_start %{{.*}} axis = "dp" : tensor<48xf32>
+// CHECK: pcc.bucket_wait %{{.*}} axis = "dp" : tensor<48xf32>
+module attributes {pcc.mesh = {dp = 2 : i64, tp = 2 : i64}, pcc.mesh_order = ["tp", "dp"]} {
+  func.func @buckets() {
+    %b = pcc.param "w@bucket" : tensor<48xf32>
+    pcc.bucket_start %b axis = "dp" : tensor<48xf32>
+    pcc.bucket_wait %b axis = "dp" : tensor<48xf32>
+    return
+  }
+}
