@@ -813,6 +813,10 @@ int main(int argc, char **argv) {
       return fail("--mesh-order=" + meshOrder +
                   " must name dp, pp and tp once each, slowest first");
   }
+  if (bucketMb.getNumOccurrences() && (dp <= 1 || zero != 0 || bucketMb < 0))
+    return fail("--bucket-mb sizes the gradient buckets of --dp with "
+                "--zero=0 (a size in MiB, 0 for no buckets); ZeRO 1-3 "
+                "reduce-scatter each gradient instead");
   if (reshardAfterForward.getNumOccurrences() && zero != 3)
     return fail("--zero-reshard-after-forward chooses when ZeRO-3 gathers "
                 "the weights again; it goes with --zero=3");
