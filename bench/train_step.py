@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Training step time on the CPU: pcc against PyTorch eager, in one run.
+"""Training step time: pcc against PyTorch eager, in one run, on the CPU or
+on a GPU.
 
 For each bundled model (MLP, post-norm encoder, GPT) at a given batch,
 compiles a training step with pcc (`--train`, AdamW), times `pcc-run
@@ -12,10 +13,21 @@ faster), pcc's model-state, saved-activation and arena bytes, and `pcc
 measures.
 
     ~/.cache/pcc/zoo-venv/bin/python bench/train_step.py [--threads 2] [--steps 60]
+
+On a GPU (`--device cuda`) both sides run on cuda:0 in fp32 (TF32 off) and
+each step ends with a synchronisation (pcc-run reads the loss every step,
+so PyTorch's step waits for its loss too). Every model runs at its CPU
+batch and at 8 times that. GPU nodes often lack pcc's toolchain, so the
+libraries can be compiled elsewhere:
+
+    python3 bench/train_step.py --device cuda --prepare DIR   # build node
+    python3 bench/train_step.py --device cuda --run DIR       # GPU node
+        (DIR/bin/pcc-run and DIR/lib from scripts/test-gpu.sh --prepare)
 """
 
 import argparse
 import csv
+import json
 import os
 import re
 import statistics
@@ -55,22 +67,30 @@ def data(name, batch, rng):
     return ids, np.roll(ids, -1, axis=1)
 
 
-def time_pcc(name, flags, loss, batch, x, y, steps, threads, tmp):
-    lib = os.path.join(tmp, name + ".so")
+def compile_pcc(name, flags, loss, batch, target, tmp):
+    """Compiles the training library into tmp and returns --explain's
+    predicted training memory (MiB)."""
+    tag = "%s_%d" % (name, batch)
     compile_cmd = [os.path.join(ROOT, "build", "bin", "pcc"),
                    os.path.join(ROOT, "examples", name + ".onnx"), "--train",
-                   "--loss=" + loss, "--optimizer=adamw"] + \
-        [f.format(b=batch) for f in flags]
-    subprocess.run(compile_cmd + ["-o", lib], check=True, capture_output=True)
+                   "--loss=" + loss, "--optimizer=adamw",
+                   "--target=" + target] + [f.format(b=batch) for f in flags]
+    subprocess.run(compile_cmd + ["-o", os.path.join(tmp, tag + ".so")],
+                   check=True, capture_output=True)
     report = subprocess.run(compile_cmd + ["--explain"], check=True,
                             capture_output=True, text=True).stdout
-    predicted = float(re.search(r"total\s+([\d.]+) MiB", report).group(1))
+    return float(re.search(r"total\s+([\d.]+) MiB", report).group(1))
+
+
+def time_pcc(name, batch, x, y, steps, threads, tmp, run_binary, device):
+    tag = "%s_%d" % (name, batch)
+    lib = os.path.join(tmp, tag + ".so")
     np.save(os.path.join(tmp, "x.npy"), x)
     np.save(os.path.join(tmp, "y.npy"), y)
-    log = os.path.join(tmp, name + ".csv")
+    log = os.path.join(tmp, tag + ".csv")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads),
                OPENBLAS_NUM_THREADS=str(threads))
-    out = subprocess.run([os.path.join(ROOT, "build", "bin", "pcc-run"), lib,
+    out = subprocess.run([run_binary, lib, "--device", device,
                           "--steps", str(steps), "--input",
                           os.path.join(tmp, "x.npy"), "--labels",
                           os.path.join(tmp, "y.npy"), "--lr", "1e-4",
@@ -82,17 +102,27 @@ def time_pcc(name, flags, loss, batch, x, y, steps, threads, tmp):
                        out.stdout)
     measured = float(re.search(r"memory high-water ([\d.]+) MiB",
                                out.stdout).group(1))
-    return statistics.median(ms[5:]), memory.groups(), predicted, measured
+    return statistics.median(ms[5:]), memory.groups(), measured
 
 
-def time_torch(name, loss, x, y, steps, threads):
+def time_torch(name, loss, x, y, steps, threads, device):
     torch.set_num_threads(threads)
     model, _, _ = make_reference.prepare(name)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    model.to(device)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    # foreach=False on the CPU (one update per tensor, as pcc's CPU loop);
+    # PyTorch's default multi-tensor update on the GPU, its fast path there.
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                            foreach=True if cuda else False)
+    xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
     times = []
     for _ in range(steps):
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         out = model(xt)
@@ -102,33 +132,76 @@ def time_torch(name, loss, x, y, steps, threads):
             l = F.cross_entropy(out.reshape(-1, out.shape[-1]), yt.reshape(-1))
         l.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times[5:])
+
+
+def cases(device):
+    """(name, flags, loss, batch): the CPU batches; on a GPU each at 8x too."""
+    out = []
+    for name, flags, loss, batch in CASES:
+        out.append((name, flags, loss, batch))
+        if device != "cpu":
+            out.append((name, flags, loss, 8 * batch))
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--prepare", metavar="DIR",
+                    help="compile only, into DIR (no GPU needed)")
+    ap.add_argument("--run", metavar="DIR",
+                    help="time the libraries compiled into DIR before")
     args = ap.parse_args()
+    target = "cpu" if args.device == "cpu" else "cuda"
+    if args.prepare:
+        os.makedirs(args.prepare, exist_ok=True)
+        predicted = {}
+        for name, flags, loss, batch in cases(args.device):
+            predicted["%s_%d" % (name, batch)] = compile_pcc(
+                name, flags, loss, batch, target, args.prepare)
+            print("compiled %s at batch %d" % (name, batch), flush=True)
+        with open(os.path.join(args.prepare, "predicted.json"), "w") as f:
+            json.dump(predicted, f)
+        return
+    run_binary = os.path.join(ROOT, "build", "bin", "pcc-run")
+    if args.run and os.path.exists(os.path.join(args.run, "bin", "pcc-run")):
+        run_binary = os.path.join(args.run, "bin", "pcc-run")
     rng = np.random.default_rng(0)
-    print("training step, AdamW, %d threads, median of %d steps"
-          % (args.threads, args.steps - 5))
+    where = ("%d threads" % args.threads if args.device == "cpu" else
+             torch.cuda.get_device_name(0) + ", fp32, TF32 off")
+    print("training step, AdamW, %s, median of %d steps"
+          % (where, args.steps - 5))
     print("| model | batch | pcc ms | PyTorch eager ms | PyTorch / pcc | "
           "pcc state / saved activations / arena MiB | predicted (--explain) "
           "/ measured high-water MiB | error |")
     print("|---|---|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, flags, loss, batch in CASES:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.run or scratch
+        predicted = {}
+        if args.run:
+            predicted = json.load(open(os.path.join(tmp, "predicted.json")))
+        for name, flags, loss, batch in cases(args.device):
+            tag = "%s_%d" % (name, batch)
+            if not args.run:
+                predicted[tag] = compile_pcc(name, flags, loss, batch, target,
+                                             tmp)
             x, y = data(name, batch, rng)
-            pcc_ms, mem, predicted, measured = time_pcc(
-                name, flags, loss, batch, x, y, args.steps, args.threads, tmp)
-            torch_ms = time_torch(name, loss, x, y, args.steps, args.threads)
+            pcc_ms, mem, measured = time_pcc(
+                name, batch, x, y, args.steps, args.threads, tmp, run_binary,
+                args.device)
+            torch_ms = time_torch(name, loss, x, y, args.steps, args.threads,
+                                  args.device)
             print("| %s | %d | %.2f | %.2f | %.2fx | %s / %s / %s | %.3f / "
                   "%.3f | %.2f%% |"
                   % (name, batch, pcc_ms, torch_ms, torch_ms / pcc_ms, *mem,
-                     predicted, measured,
-                     100 * abs(predicted - measured) / measured),
+                     predicted[tag], measured,
+                     100 * abs(predicted[tag] - measured) / measured),
                   flush=True)
 
 

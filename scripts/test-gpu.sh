@@ -7,7 +7,14 @@
 #   scripts/test-gpu.sh --run DIR       # run DIR with pcc-run only (GPU node)
 #
 # The split serves clusters whose GPU nodes lack the compiler's toolchain:
-# prepare on a build node, copy DIR and build/{bin/pcc-run,lib}, run there.
+# prepare on a build node, copy DIR (it holds pcc-run and the runtime
+# libraries with OpenBLAS), run there with python3 and numpy.
+#
+# Inference: the ONNX node tests and the bundled examples against their
+# reference outputs. Training: every parity model (test/Training/parity.py)
+# trains its reference's 20 SGD and AdamW steps on the GPU against
+# PyTorch's losses and weights, and a checkpoint resumes bit for bit on the
+# GPU (also one saved by a CPU run).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,18 +47,116 @@ transformer_prenorm --batch=2
 gpt --dim=batch=2 --dim=seq=16
 resnet18 --batch=2
 LIST
+  echo "== compiling training steps for CUDA into $out/train"
+  local model opt extra
+  mkdir -p "$out/train"
+  : >"$out/train/cases.txt"
+  while read -r model opt extra; do
+    local tag="$model-$opt${extra:+-mb2}"
+    # shellcheck disable=SC2086
+    python3 "$root/test/Training/parity.py" --stage compile --model "$model" \
+      --optimizer "$opt" --pcc "$build/bin/pcc" --pcc-run "$build/bin/pcc-run" \
+      --target cuda --work "$out/train/$tag" $extra >/dev/null
+    echo "$tag $model $opt $extra" >>"$out/train/cases.txt"
+  done <<'LIST'
+mlp sgd
+mlp adamw
+transformer_postnorm sgd
+transformer_postnorm adamw
+transformer_prenorm sgd
+transformer_prenorm adamw
+gpt sgd
+gpt adamw
+gpt adamw --microbatches=2
+resnet18 sgd
+resnet18 adamw
+resnet18_train sgd
+resnet18_train adamw
+zoo-gpt2 adamw
+zoo-llama adamw
+LIST
+  # The resume check: one library for both devices.
+  "$build/bin/pcc" "$root/examples/mlp.onnx" --train --batch=4 \
+    --optimizer=adamw --target=all -o "$out/train/resume.so" >/dev/null
+  # pcc-run and the libraries it loads, so that DIR runs where only the
+  # CUDA libraries are installed.
+  mkdir -p "$out/bin" "$out/lib"
+  cp "$build/bin/pcc-run" "$out/bin/"
+  cp "$build"/lib/libpcc_runtime*.so "$out/lib/"
+  local dep
+  for dep in $(ldd "$build/lib/libpcc_runtime.so" |
+               awk '/openblas|gfortran|quadmath|gomp/ {print $3}'); do
+    cp -L "$dep" "$out/lib/"
+  done
+}
+
+# Trains every case that prepare compiled on cuda:0 and compares with
+# PyTorch's reference; then checks bit-exact resume on the GPU.
+run_training() {
+  local out="$1" run="$2" failed=0 tag model opt extra
+  local ref="$root/test/Training/ref/mlp"
+  echo "== training on the GPU against PyTorch's references"
+  while read -r tag model opt extra; do
+    # shellcheck disable=SC2086
+    if python3 "$root/test/Training/parity.py" --stage run --model "$model" \
+         --optimizer "$opt" --pcc none --pcc-run "$run" --device cuda \
+         --work "$out/train/$tag" $extra >"$out/train/$tag.log" 2>&1; then
+      echo "PASS train/$tag: $(grep -m1 'losses' "$out/train/$tag.log" || true)"
+    else
+      echo "FAIL train/$tag:"; tail -n 6 "$out/train/$tag.log" | sed 's/^/    /'
+      failed=1
+    fi
+  done <"$out/train/cases.txt"
+  local data=(--input "$ref/input.npy" --labels "$ref/labels.npy" --lr 1e-3 --shuffle 7)
+  local r="$out/train/resume"
+  rm -rf "$r" && mkdir -p "$r"
+  "$run" "$out/train/resume.so" --device cuda --steps 12 "${data[@]}" \
+    --loss-log "$r/full.csv" --save-dir "$r/full" >/dev/null
+  "$run" "$out/train/resume.so" --device cuda --steps 6 "${data[@]}" \
+    --loss-log "$r/part.csv" --save-dir "$r/part" >/dev/null
+  "$run" "$out/train/resume.so" --device cuda --steps 12 "${data[@]}" \
+    --loss-log "$r/part.csv" --save-dir "$r/part" --resume "$r/part" >/dev/null
+  # A CPU run's checkpoint resumed on the GPU continues its curve.
+  "$run" "$out/train/resume.so" --device cpu --steps 6 "${data[@]}" \
+    --loss-log "$r/cpu.csv" --save-dir "$r/cpu" >/dev/null
+  "$run" "$out/train/resume.so" --device cuda --steps 12 "${data[@]}" \
+    --loss-log "$r/cpu.csv" --save-dir "$r/cpu" --resume "$r/cpu" >/dev/null
+  if cmp -s <(cut -d, -f1-4 "$r/full.csv") <(cut -d, -f1-4 "$r/part.csv") &&
+     cmp -s "$r/full/step-00000012/weights.safetensors" \
+            "$r/part/step-00000012/weights.safetensors" &&
+     cmp -s "$r/full/step-00000012/optimizer.safetensors" \
+            "$r/part/step-00000012/optimizer.safetensors"; then
+    echo "PASS train/resume: a run resumed at step 6 on the GPU is bit-identical to an uninterrupted one"
+  else
+    echo "FAIL train/resume: the resumed GPU run differs from the uninterrupted one"
+    failed=1
+  fi
+  if python3 "$root/test/Training/compare.py" --ref-losses "$r/full.csv" \
+       --losses "$r/cpu.csv" --ref-weights "$r/full/step-00000012/weights.safetensors" \
+       --weights "$r/cpu/step-00000012/weights.safetensors" --wrtol 1e-3 --watol 1e-5 \
+       >"$r/cpu.log" 2>&1; then
+    echo "PASS train/resume-cpu: a CPU checkpoint resumed on the GPU continues the GPU run's curve"
+  else
+    echo "FAIL train/resume-cpu:"; tail -n 4 "$r/cpu.log" | sed 's/^/    /'
+    failed=1
+  fi
+  return "$failed"
 }
 
 run_prepared() {
   local out="$1"
-  local devices
-  devices="$("$build/bin/pcc-run" --list-devices)"
+  local run="$build/bin/pcc-run" devices
+  [ -x "$out/bin/pcc-run" ] && run="$out/bin/pcc-run"
+  devices="$("$run" --list-devices)"
   if ! grep -q '^cuda:0 (' <<<"$devices"; then
     echo "GPU suite skipped: $(grep '^cuda' <<<"$devices" | head -1)"
     return 0
   fi
   echo "== running on $(grep '^cuda:0' <<<"$devices")"
-  "$root/scripts/run-exported.sh" "$out" cuda
+  local status=0
+  PCC_RUN="$run" "$root/scripts/run-exported.sh" "$out" cuda || status=1
+  run_training "$out" "$run" || status=1
+  return "$status"
 }
 
 case "$mode" in

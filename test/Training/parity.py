@@ -75,6 +75,11 @@ def main():
                     help="extra compare.py options (tolerances), one string")
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--stage", choices=["all", "compile", "run"],
+                    default="all",
+                    help="compile only (on a build node), run only (a "
+                    "library compiled into --work before, e.g. on a GPU "
+                    "node without the compiler), or both")
     args = ap.parse_args()
 
     ref = os.path.join(HERE, "ref", args.model)
@@ -83,12 +88,17 @@ def main():
     flags, loss = MODELS[args.model]
     os.makedirs(args.work, exist_ok=True)
     lib = os.path.join(args.work, "train.so")
-    run([args.pcc, onnx_path(args.model),
-         "--train", "--loss=" + loss, "--optimizer=" + args.optimizer,
-         "--microbatches=%d" % args.microbatches, "--target=" + args.target,
-         "--dp=%d" % args.dp, "--tp=%d" % args.tp, "--zero=%d" % args.zero,
-         "-o", lib] + (["--sp"] if args.sp else []) + args.pcc_args.split() +
-        flags)
+    if args.stage == "run" and not os.path.exists(lib):
+        sys.exit("parity.py: no %s: compile it first (--stage compile)" % lib)
+    if args.stage != "run":
+        run([args.pcc, onnx_path(args.model),
+             "--train", "--loss=" + loss, "--optimizer=" + args.optimizer,
+             "--microbatches=%d" % args.microbatches,
+             "--target=" + args.target, "--dp=%d" % args.dp,
+             "--tp=%d" % args.tp, "--zero=%d" % args.zero, "-o", lib] +
+            (["--sp"] if args.sp else []) + args.pcc_args.split() + flags)
+    if args.stage == "compile":
+        return
 
     hyper = ["--lr", repr(opt["lr"]), "--weight-decay",
              repr(opt["weight_decay"])]
