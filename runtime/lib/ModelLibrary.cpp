@@ -252,11 +252,13 @@ Status ModelLibrary::runStage(int32_t stage, const pcc_run_context &context,
 Status ModelLibrary::runPhase(int32_t phase, const pcc_run_context &context,
                               const void *const *inputs, void *const *outputs,
                               void *const *state, void *arena) const {
-  static const char *const names[] = {"forward", "backward", "optimizer",
-                                      "zero-grad"};
+  static const char *const names[] = {"forward",   "backward",
+                                      "optimizer", "zero-grad",
+                                      "optimizer's device part before the update",
+                                      "optimizer's device part after the update"};
   if (runPhaseFn(phase, &context, inputs, outputs, state, arena) != 0)
     return Error{std::string("the ") +
-                 (phase >= 0 && phase < 4 ? names[phase] : "unknown") +
+                 (phase >= 0 && phase < 6 ? names[phase] : "unknown") +
                  " phase failed: " + lastErrorFn()};
   return Status::success();
 }
@@ -265,9 +267,10 @@ Status ModelLibrary::checkPhases() const {
   const pcc_model_info &info = *modelInfo;
   if (info.num_phases == 0)
     return Status::success();
-  if (info.num_phases != 4 || !info.phases || !info.weight_kinds ||
-      !info.weight_owners)
-    return Error{"a training library has 4 phases with state tables"};
+  if ((info.num_phases != 4 && info.num_phases != 6) || !info.phases ||
+      !info.weight_kinds || !info.weight_owners || !info.weight_offload)
+    return Error{"a training library has 4 phases (6 with an offloaded "
+                 "optimizer) with state tables"};
   for (int i = 0; i < info.num_weights; ++i)
     if (info.weight_kinds[i] < PCC_STATE_WEIGHT ||
         info.weight_kinds[i] > PCC_STATE_BUCKET ||
@@ -289,7 +292,10 @@ Status ModelLibrary::checkPhases() const {
                 (k == PCC_PHASE_BACKWARD &&
                  (source == PCC_SOURCE_LOSS_GRAD ||
                   (source >= 0 &&
-                   source < info.phases[PCC_PHASE_FORWARD].num_outputs)));
+                   source < info.phases[PCC_PHASE_FORWARD].num_outputs))) ||
+                (k == PCC_PHASE_OPTIMIZER && info.num_phases == 6 &&
+                 source >= 0 &&
+                 source < info.phases[PCC_PHASE_OPTIMIZER_PRE].num_outputs);
       if (!ok)
         return Error{"phase " + std::to_string(k) + " input " +
                      std::to_string(i) + " has a bad source " +

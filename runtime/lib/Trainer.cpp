@@ -58,14 +58,40 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
   Trainer t;
   t.library = &library;
   t.device = &device;
+  t.offloaded = info.num_phases == 6;
+  if (t.offloaded) {
+    if (device.isHost()) {
+      t.host = &device;
+    } else {
+      auto cpu = Device::open("cpu");
+      if (!cpu.ok())
+        return Error{"the offloaded optimizer's host: " + cpu.error()};
+      t.ownHost = cpu.take();
+      t.host = t.ownHost.get();
+    }
+  }
   for (int i = 0; i < info.num_weights; ++i) {
-    // A gradient inside a bucket is a view of it (set below).
-    if (info.weight_aliases && info.weight_aliases[i].state >= 0) {
+    int32_t offload = info.weight_offload[i];
+    int64_t bytes = specBytes(info.weights[i]);
+    t.hostPtrs.push_back(nullptr);
+    t.hostState.emplace_back();
+    if (offload != 0) {
+      auto buffer = zeros(*t.host, bytes);
+      if (!buffer.ok())
+        return Error{"model state '" + std::string(info.weights[i].name) +
+                     "' in host memory: " + buffer.error()};
+      t.hostPtrs.back() = buffer->data();
+      t.hostState.back() = buffer.take();
+      t.hostTotal += bytes;
+    }
+    // A gradient inside a bucket is a view of it (set below); offloaded
+    // optimizer state lives in host memory alone.
+    if ((info.weight_aliases && info.weight_aliases[i].state >= 0) ||
+        (offload & PCC_OFFLOAD_HOST_ONLY)) {
       t.statePtrs.push_back(nullptr);
       t.state.emplace_back();
       continue;
     }
-    int64_t bytes = specBytes(info.weights[i]);
     auto buffer = zeros(device, bytes);
     if (!buffer.ok())
       return Error{"model state '" + std::string(info.weights[i].name) +
@@ -106,7 +132,31 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
     t.savedTotal += bytes;
   }
   for (int k = 0; k < info.num_phases; ++k)
-    t.arenaTotal = std::max(t.arenaTotal, info.phases[k].arena_bytes);
+    if (!t.offloaded || k != PCC_PHASE_OPTIMIZER)
+      t.arenaTotal = std::max(t.arenaTotal, info.phases[k].arena_bytes);
+  if (t.offloaded) {
+    const pcc_phase_info &pre = info.phases[PCC_PHASE_OPTIMIZER_PRE];
+    const pcc_phase_info &update = info.phases[PCC_PHASE_OPTIMIZER];
+    for (int k = 0; k < pre.num_outputs; ++k) {
+      auto buffer = zeros(device, specBytes(pre.outputs[k]));
+      if (!buffer.ok())
+        return Error{buffer.error()};
+      t.preOut.push_back(buffer.take());
+    }
+    for (int k = 0; k < update.num_inputs; ++k) {
+      auto buffer = zeros(*t.host, specBytes(update.inputs[k]));
+      if (!buffer.ok())
+        return Error{buffer.error()};
+      t.hostIn.push_back(buffer.take());
+    }
+    auto arena = zeros(*t.host, update.arena_bytes);
+    auto norm = zeros(*t.host, 4);
+    if (!arena.ok() || !norm.ok())
+      return Error{"cannot allocate the host optimizer's arena of " +
+                   std::to_string(update.arena_bytes) + " bytes"};
+    t.hostArena = arena.take();
+    t.hostNorm = norm.take();
+  }
   auto seed = zeros(device, 4), norm = zeros(device, 4),
        arena = zeros(device, t.arenaTotal);
   if (!seed.ok() || !norm.ok() || !arena.ok())
@@ -164,7 +214,7 @@ Status Trainer::load(const SafetensorsFile &file, const std::string &path,
       data = split.data();
     }
     if (shard.axis < 0 || shard.dim >= 0) {
-      Status copied = device->copyToDevice(statePtrs[i], data, bytes);
+      Status copied = writeState(i, data, bytes);
       if (!copied.ok())
         return copied;
       continue;
@@ -177,7 +227,7 @@ Status Trainer::load(const SafetensorsFile &file, const std::string &path,
     int64_t end = std::min(total, begin + bytes);
     std::vector<uint8_t> piece(static_cast<size_t>(bytes), 0);
     std::memcpy(piece.data(), data + begin, static_cast<size_t>(end - begin));
-    Status copied = device->copyToDevice(statePtrs[i], piece.data(), bytes);
+    Status copied = writeState(i, piece.data(), bytes);
     if (!copied.ok())
       return copied;
   }
@@ -234,13 +284,15 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
     int64_t element = dtypeSize(static_cast<DType>(whole.dtype));
     std::vector<uint8_t> bytes(static_cast<size_t>(specBytes(whole)));
     if (shard.axis < 0) {
-      Status read =
-          device->copyToHost(bytes.data(), statePtrs[i], bytes.size());
+      Status read = readState(i, bytes.data(),
+                              static_cast<int64_t>(bytes.size()));
       if (!read.ok())
         return Error{read.error()};
     } else {
       // Every rank's piece, gathered (a collective: every rank saves).
-      auto all = gather(shard.axis, statePtrs[i], /*onDevice=*/true,
+      bool onDevice = statePtrs[i] != nullptr;
+      auto all = gather(shard.axis, onDevice ? statePtrs[i] : hostPtrs[i],
+                        onDevice,
                         elementCount(specShape(spec)), spec.dtype, spec.name);
       if (!all.ok())
         return Error{all.error()};
@@ -304,8 +356,8 @@ Result<SafetensorsWriter> Trainer::saveShard(int64_t *tensors) const {
     if (!mine)
       continue;
     std::vector<uint8_t> bytes(static_cast<size_t>(specBytes(spec)));
-    Status read = device->copyToHost(bytes.data(), statePtrs[i],
-                                     static_cast<int64_t>(bytes.size()));
+    Status read =
+        readState(i, bytes.data(), static_cast<int64_t>(bytes.size()));
     if (!read.ok())
       return Error{read.error()};
     Status added = writer.add(whole.name, static_cast<DType>(spec.dtype),
@@ -332,17 +384,82 @@ Result<SafetensorsWriter> Trainer::saveShard(int64_t *tensors) const {
   return writer;
 }
 
+Status Trainer::readState(int i, void *to, int64_t bytes) const {
+  if (statePtrs[i])
+    return device->copyToHost(to, statePtrs[i], bytes);
+  std::memcpy(to, hostPtrs[i], static_cast<size_t>(bytes));
+  return Status::success();
+}
+
+Status Trainer::writeState(int i, const void *from, int64_t bytes) {
+  if (hostPtrs[i])
+    std::memcpy(hostPtrs[i], from, static_cast<size_t>(bytes));
+  if (!statePtrs[i])
+    return Status::success();
+  return device->copyToDevice(statePtrs[i], from, bytes);
+}
+
 Status Trainer::runPhase(int32_t phase, const std::vector<const void *> &in,
-                         const std::vector<void *> &out, const double *hyper) {
-  const pcc_phase_info &info = library->info().phases[phase];
+                         const std::vector<void *> &out, const double *hyper,
+                         bool onHost) {
+  const pcc_model_info &model = library->info();
+  const pcc_phase_info &info = model.phases[phase];
   std::vector<void *> phaseState;
-  for (int s = 0; s < info.num_state; ++s)
-    phaseState.push_back(statePtrs[info.state[s]]);
-  pcc_run_context context = device->runContext();
+  for (int s = 0; s < info.num_state; ++s) {
+    void *p = onHost ? hostPtrs[info.state[s]] : statePtrs[info.state[s]];
+    if (!p)
+      return Error{std::string("internal error: state '") +
+                   model.weights[info.state[s]].name + "' is not in " +
+                   (onHost ? "host" : "device") + " memory"};
+    phaseState.push_back(p);
+  }
+  pcc_run_context context = (onHost ? host : device)->runContext();
   context.comms = comms;
   context.hyper = hyper;
   return library->runPhase(phase, context, in.data(), out.data(),
-                           phaseState.data(), arena.data());
+                           phaseState.data(),
+                           onHost ? hostArena.data() : arena.data());
+}
+
+Status Trainer::offloadedStep(const double *hyper) {
+  const pcc_model_info &info = library->info();
+  std::vector<void *> preOutPtrs;
+  for (DeviceBuffer &b : preOut)
+    preOutPtrs.push_back(b.data());
+  Status ran = runPhase(PCC_PHASE_OPTIMIZER_PRE, {}, preOutPtrs, hyper);
+  if (!ran.ok())
+    return ran;
+  // The update's inputs and the state it reads that the device wrote.
+  const pcc_phase_info &update = info.phases[PCC_PHASE_OPTIMIZER];
+  std::vector<const void *> in;
+  for (int k = 0; k < update.num_inputs; ++k) {
+    int32_t source = update.input_sources[k];
+    Status copied = device->copyToHost(hostIn[k].data(),
+                                       preOut[source].data(),
+                                       specBytes(update.inputs[k]));
+    if (!copied.ok())
+      return copied;
+    in.push_back(hostIn[k].data());
+  }
+  for (int i = 0; i < info.num_weights; ++i)
+    if (info.weight_offload[i] & PCC_OFFLOAD_TO_HOST) {
+      Status copied = device->copyToHost(hostPtrs[i], statePtrs[i],
+                                         specBytes(info.weights[i]));
+      if (!copied.ok())
+        return copied;
+    }
+  std::vector<void *> out{hostNorm.data()};
+  ran = runPhase(PCC_PHASE_OPTIMIZER, in, out, hyper, /*onHost=*/true);
+  if (!ran.ok())
+    return ran;
+  for (int i = 0; i < info.num_weights; ++i)
+    if (info.weight_offload[i] & PCC_OFFLOAD_TO_DEVICE) {
+      Status copied = device->copyToDevice(statePtrs[i], hostPtrs[i],
+                                           specBytes(info.weights[i]));
+      if (!copied.ok())
+        return copied;
+    }
+  return runPhase(PCC_PHASE_OPTIMIZER_POST, {}, {}, hyper);
 }
 
 Result<StepResult>
@@ -404,7 +521,9 @@ Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
       return Error{ran.error()};
   }
   std::vector<void *> optOut{norm.data()};
-  Status ran = runPhase(PCC_PHASE_OPTIMIZER, {}, optOut, hyper.data());
+  Status ran = offloaded
+                   ? offloadedStep(hyper.data())
+                   : runPhase(PCC_PHASE_OPTIMIZER, {}, optOut, hyper.data());
   if (!ran.ok())
     return Error{ran.error()};
   std::vector<float> loss(microbatches.size());
@@ -415,7 +534,10 @@ Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
   for (float l : loss)
     result.lossSum += l;
   float gradNorm = 0;
-  read = device->copyToHost(&gradNorm, norm.data(), 4);
+  if (offloaded)
+    std::memcpy(&gradNorm, hostNorm.data(), 4);
+  else
+    read = device->copyToHost(&gradNorm, norm.data(), 4);
   if (!read.ok())
     return Error{read.error()};
   result.gradNorm = gradNorm;

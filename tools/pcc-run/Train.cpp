@@ -858,6 +858,11 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
               (device.peakBytes() - trainer->stateBytes() -
                trainer->activationBytes() - trainer->arenaBytes()) /
                   1048576.0);
+  if (trainer->hostStateBytes() > 0)
+    std::printf("offloaded optimizer: %.3f MiB of state in host memory "
+                "(optimizer state, and host copies of the gradients and "
+                "weights the update reads)\n",
+                trainer->hostStateBytes() / 1048576.0);
   if (ranks.comms && trafficSteps > 0 && tpTraffic.calls > 0) {
     double n = static_cast<double>(trafficSteps);
     std::printf("tensor-parallel communication per step on each rank: %.3f "

@@ -175,6 +175,12 @@ static cl::opt<double> bucketMb(
              "gradients in the optimizer phase; default: chosen from the "
              "model, a quarter of the gradients within 64 KiB to 25 MiB)"),
     cl::init(-1), cl::cat(trainCategory));
+static cl::opt<std::string> offload(
+    "offload",
+    cl::desc("none or optimizer: keep the optimizer state and run the "
+             "update in host memory on GPU ranks (ZeRO-Offload); the "
+             "device keeps the forward, backward and collectives"),
+    cl::init("none"), cl::cat(trainCategory));
 static cl::opt<bool>
     train("train",
           cl::desc("compile a training step (forward, backward, optimizer, "
@@ -231,6 +237,7 @@ Training (one device, or tensor- and data-parallel ranks with --tp, --dp and ZeR
   pcc examples/mlp.onnx --train --loss=cross_entropy --optimizer=adamw --batch=8 -o train.so
   pcc-run train.so --steps 200 --input x.npy --labels y.npy --lr 3e-4 --loss-log loss.csv
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=64 --microbatches=2 -o gpt-train.so
+  pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --target=cuda --offload=optimizer -o off.so
   pcc examples/mlp.onnx --train --batch=8 --emit=mlir    # the forward, backward,
                                                          # optimizer and zero-grad phases
 
@@ -823,6 +830,20 @@ int main(int argc, char **argv) {
   if (sequenceParallel && (tp <= 1 || !train))
     return fail("--sp splits the sequence over the tensor-parallel ranks of "
                 "a training step; it needs --train and --tp above 1");
+  if (offload != "none" && offload != "optimizer")
+    return fail("--offload=" + offload + " is not known: none or optimizer");
+  bool offloading = offload == "optimizer";
+  if (offloading && !train)
+    return fail("--offload=optimizer moves a training step's optimizer to "
+                "the host; it goes with --train");
+  if (offloading && target == Target::Cpu)
+    return fail("--offload=optimizer is for GPU ranks (--target=cuda or "
+                "all): on the CPU the optimizer state already lives in host "
+                "memory");
+  if (offloading && bucketMb.getNumOccurrences() && bucketMb > 0)
+    return fail("--bucket-mb with --offload=optimizer: gradient buckets are "
+                "not combined with an offloaded optimizer yet (the "
+                "gradients are copied to the host after the backward pass)");
   if (train && pp > 1)
     return fail("--train with --pp above 1 is not in this version of pcc "
                 "yet: pipelines run inference; training runs on one device "
@@ -1004,12 +1025,17 @@ int main(int argc, char **argv) {
         data.dataParallel = dp;
         data.zero = zero;
         data.reshardAfterForward = reshardAfterForward;
-        data.bucketBytes = bucketMb < 0 ? -1
+        data.bucketBytes = offloading ? 0
+                           : bucketMb < 0 ? -1
                                         : static_cast<int64_t>(
                                               bucketMb * 1048576.0);
         pm.addPass(pcc::createDataParallel(data));
         pm.addPass(createCanonicalizerPass());
       }
+    }
+    if (offloading) {
+      pm.addPass(pcc::createOffloadOptimizer());
+      pm.addPass(createCanonicalizerPass());
     }
     if (tp > 1 && !train) {
       pcc::PlanShardingOptions plan;
@@ -1052,8 +1078,9 @@ int main(int argc, char **argv) {
     if (StringRef(weightsPath).ends_with(".so"))
       weightsPath.resize(weightsPath.size() - 3);
     weightsPath += ".safetensors";
+    // An offloaded optimizer runs the CPU code of its update phase.
     unsigned targets = target == Target::Cpu ? pcc::kTargetCpu
-                       : target == Target::Cuda
+                       : target == Target::Cuda && !offloading
                            ? pcc::kTargetCuda
                            : pcc::kTargetCpu | pcc::kTargetCuda;
     pcc::CppEmitOptions emitOptions;

@@ -561,4 +561,29 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
+def OffloadOptimizer : Pass<"pcc-offload-optimizer", "ModuleOp"> {
+  let summary = "moves the optimizer's update to the host (ZeRO-Offload)";
+  let description = [{
+    Runs last among the training passes. Splits `@train_optimizer` into:
+
+    - `@train_optimizer_pre` (`pcc.phase = "optimizer_pre"`, on the
+      device): the collectives that do not depend on an update (the
+      gradients' reduce-scatter, the norm's all-reduce) and what they read;
+      its results are the values the update reads from it;
+    - `@train_optimizer` (on the host): everything else: the norm, the
+      clipping and every weight's update, over host copies of the state;
+    - `@train_optimizer_post` (`pcc.phase = "optimizer_post"`, on the
+      device): the collectives that read updated state (ZeRO's all-gather
+      of the weights) and what follows from them.
+
+    The module's `pcc.training` gains `offload = {host, to_host,
+    to_device}`: the state that lives only in host memory (optimizer
+    state), the state copied to the host before the update (gradients,
+    weights the device wrote) and the state copied back after it (the
+    updated weights or ZeRO shards). Refused, naming the op, when the
+    update's ops and the device's collectives cannot be separated.
+  }];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 #endif // PCC_TRANSFORMS_PASSES_TD

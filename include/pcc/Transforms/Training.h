@@ -30,6 +30,14 @@ inline constexpr llvm::StringLiteral kPhaseNames[] = {"forward", "backward",
 inline constexpr llvm::StringLiteral kPhaseFunctions[] = {
     "train_forward", "train_backward", "train_optimizer", "train_zero_grad"};
 
+/// `pcc --offload=optimizer` (pcc-offload-optimizer): the device's parts of
+/// the optimizer step, before and after the host's update; phases 4 and 5
+/// of enum pcc_phase.
+inline constexpr llvm::StringLiteral kOffloadPhaseNames[] = {"optimizer_pre",
+                                                             "optimizer_post"};
+inline constexpr llvm::StringLiteral kOffloadPhaseFunctions[] = {
+    "train_optimizer_pre", "train_optimizer_post"};
+
 /// ZeRO-1 and -2: the shard of a weight that a rank's optimizer updates
 /// (`<weight>@master`, the fp32 master partition of DeepSpeed), all-gathered
 /// into the whole weight after the step. Loaded from the weight, not saved.

@@ -265,12 +265,31 @@ FailureOr<std::vector<StageProgram>> collectPhases(ModuleOp module) {
         // comes last.
         phase.sources.push_back(i + 1 == n ? -1000000
                                            : static_cast<int32_t>(i + 1));
+      else if (k == 2 && module.lookupSymbol(kOffloadPhaseFunctions[0]))
+        // An offloaded update reads the optimizer_pre phase's outputs.
+        phase.sources.push_back(static_cast<int32_t>(i));
       else
         return f.emitError("code generation: the ")
                << kPhaseNames[k] << " phase takes no inputs";
     }
     phases.push_back(std::move(phase));
   }
+  // pcc --offload=optimizer: the device's parts of the optimizer step.
+  for (StringRef name : kOffloadPhaseFunctions) {
+    auto f = module.lookupSymbol<func::FuncOp>(name);
+    if (!f)
+      break;
+    if (!f.getBody().hasOneBlock() || f.getNumArguments() != 0)
+      return f.emitError("code generation: @")
+             << name << " must be one block without arguments";
+    StageProgram phase;
+    phase.func = f;
+    phases.push_back(std::move(phase));
+  }
+  if (phases.size() == 5)
+    return module.emitError("code generation: an offloaded optimizer needs "
+                            "both @")
+           << kOffloadPhaseFunctions[0] << " and @" << kOffloadPhaseFunctions[1];
   if (phases[1].func.getNumArguments() != phases[0].func.getNumResults())
     return phases[1].func.emitError(
         "code generation: the backward phase must take the forward phase's "
@@ -628,6 +647,25 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
     kinds += "0};\n";
     owners += "0};\n";
   }
+  // Where offloaded state lives and when it is copied (ABI 10).
+  std::string offloadTable = "static const int32_t kWeightOffload[] = {";
+  {
+    auto offload = training ? training.getAs<DictionaryAttr>("offload")
+                            : DictionaryAttr();
+    llvm::StringMap<int32_t> flags;
+    auto mark = [&](StringRef key, int32_t bit) {
+      if (auto names = offload ? offload.getAs<ArrayAttr>(key) : ArrayAttr())
+        for (StringRef name : names.getAsValueRange<StringAttr>())
+          flags[name] |= bit;
+    };
+    // enum pcc_offload's bits.
+    mark("host", 1);
+    mark("to_host", 2);
+    mark("to_device", 4);
+    for (auto &w : weights)
+      offloadTable += std::to_string(flags.lookup(w.first)) + ", ";
+    offloadTable += "0};\n";
+  }
   // Gradients that live in a bucket (pcc-data-parallel's buckets).
   std::string aliases = "static const pcc_weight_alias kWeightAliases[] = {";
   {
@@ -724,7 +762,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   }
   StringRef targetName = cpu && cuda ? "cpu+cuda" : cpu ? "cpu" : "cuda";
   os << shapes << specs << batchTables << shardTable << stageTables
-     << phaseTables << kinds << owners << aliases << *scheduleTable << "\n"
+     << phaseTables << kinds << owners << aliases << offloadTable
+     << *scheduleTable << "\n"
      << "const pcc_model_info kInfo = {PCC_MODEL_ABI_VERSION, "
      << options.targets << ", " << quoted(targetName) << ", "
      << quoted(options.source) << ", " << quoted(options.weightsFile) << ", "
@@ -737,7 +776,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << (training ? stages.size() : 0) << ", kPhases, kWeightKinds, "
      << "kWeightOwners, " << trainingString("loss") << ", "
      << trainingString("optimizer") << ", " << ignoreIndex
-     << "LL, kWholeWeights, kWeightAliases};\n\n"
+     << "LL, kWholeWeights, kWeightAliases, kWeightOffload};\n\n"
      << "} // namespace\n\n";
   writeEntryPoints(os, stages.size(), static_cast<bool>(schedule),
                    static_cast<bool>(training), cpu, cuda,

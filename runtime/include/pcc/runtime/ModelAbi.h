@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 9
+#define PCC_MODEL_ABI_VERSION 10
 
 /* Targets, as bits of pcc_model_info.targets. */
 enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
@@ -92,7 +92,15 @@ enum pcc_phase {
   PCC_PHASE_FORWARD = 0,
   PCC_PHASE_BACKWARD = 1,
   PCC_PHASE_OPTIMIZER = 2,
-  PCC_PHASE_ZERO_GRAD = 3
+  PCC_PHASE_ZERO_GRAD = 3,
+  /* ABI 10, `pcc --offload=optimizer` (num_phases 6): the optimizer step's
+   * device parts around its update, which then runs on the host (CPU
+   * code): the collectives no update feeds (the gradients'
+   * reduce-scatter, the norm's all-reduce), whose outputs are the
+   * update's inputs (input_sources: output s of this phase), and the
+   * collectives that read the updated state (ZeRO's all-gather). */
+  PCC_PHASE_OPTIMIZER_PRE = 4,
+  PCC_PHASE_OPTIMIZER_POST = 5
 };
 
 /* What a model-state tensor is. Weights are loaded from the weights file
@@ -108,6 +116,17 @@ enum pcc_state_kind {
                               gradients of weight_aliases live in and whose
                               all-reduce starts during the backward pass;
                               zeroed at the start, never saved */
+};
+
+/* ABI 10: where a state tensor of an offloaded optimizer lives
+ * (pcc_model_info.weight_offload, bits): HOST_ONLY in host memory alone
+ * (optimizer state; the update is its only user); else on the device, and
+ * also on the host when TO_HOST (copied to the host before the update:
+ * gradients) or TO_DEVICE (copied back after it: updated weights) is set. */
+enum pcc_offload {
+  PCC_OFFLOAD_HOST_ONLY = 1,
+  PCC_OFFLOAD_TO_HOST = 2,
+  PCC_OFFLOAD_TO_DEVICE = 4
 };
 
 /* ABI 9: state that lives inside another state tensor: gradient i is
@@ -228,6 +247,8 @@ typedef struct pcc_model_info {
   const pcc_tensor_spec *whole_weights;
   /* Per weight (ABI 9): where it lives when inside a gradient bucket. */
   const pcc_weight_alias *weight_aliases;
+  /* Per weight (ABI 10): enum pcc_offload bits; 0 without --offload. */
+  const int32_t *weight_offload;
 } pcc_model_info;
 
 /* The collectives of one mesh axis, bound by the runtime to MPI or NCCL.

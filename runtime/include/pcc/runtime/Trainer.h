@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,8 @@ public:
   int64_t stateBytes() const { return stateTotal; }
   int64_t activationBytes() const { return savedTotal; }
   int64_t arenaBytes() const { return arenaTotal; }
+  /// --offload=optimizer: bytes of state in host memory (0 otherwise).
+  int64_t hostStateBytes() const { return hostTotal; }
 
 private:
   Trainer() = default;
@@ -97,11 +100,31 @@ private:
                                       int32_t dtype,
                                       const std::string &name) const;
   Status runPhase(int32_t phase, const std::vector<const void *> &in,
-                  const std::vector<void *> &out, const double *hyper);
+                  const std::vector<void *> &out, const double *hyper,
+                  bool onHost = false);
+  /// The optimizer step of an offloaded library: the device's collectives,
+  /// the gradients to the host, the update there, the weights back and the
+  /// device's all-gathers.
+  Status offloadedStep(const double *hyper);
+  /// State tensor i's bytes, from (to) wherever it lives: the device, or
+  /// host memory for offloaded optimizer state (both copies when mirrored).
+  Status readState(int i, void *to, int64_t bytes) const;
+  Status writeState(int i, const void *from, int64_t bytes);
   const ModelLibrary *library = nullptr;
   Device *device = nullptr;
   std::vector<DeviceBuffer> state;      // per weight-table entry
-  std::vector<void *> statePtrs;
+  std::vector<void *> statePtrs;        // null: in host memory only
+  /// --offload=optimizer: the host's copies of the state the update reads
+  /// (per weight-table entry, null where none), on `host`, the CPU device
+  /// (the device itself on a CPU run), with the update's arena and inputs.
+  std::unique_ptr<Device> ownHost;
+  Device *host = nullptr;
+  std::vector<DeviceBuffer> hostState;
+  std::vector<void *> hostPtrs;
+  std::vector<DeviceBuffer> preOut, hostIn;
+  DeviceBuffer hostArena, hostNorm;
+  bool offloaded = false;
+  int64_t hostTotal = 0;
   std::vector<DeviceBuffer> forwardIn;  // per forward input
   std::vector<DeviceBuffer> forwardOut; // loss, saved activations
   DeviceBuffer seed, norm, arena;
