@@ -5,6 +5,8 @@
 #   scripts/test-gpu.sh                 # build, then run everything on cuda:0
 #   scripts/test-gpu.sh --prepare DIR   # compile only (no GPU needed)
 #   scripts/test-gpu.sh --run DIR       # run DIR with pcc-run only (GPU node)
+#   scripts/test-gpu.sh --prepare-train DIR / --run-train DIR
+#                                       # the training cases alone
 #
 # The split serves clusters whose GPU nodes lack the compiler's toolchain:
 # prepare on a build node, copy DIR (it holds pcc-run and the runtime
@@ -47,33 +49,41 @@ transformer_prenorm --batch=2
 gpt --dim=batch=2 --dim=seq=16
 resnet18 --batch=2
 LIST
+  prepare_training "$out"
+}
+
+prepare_training() {
+  local out="$1"
   echo "== compiling training steps for CUDA into $out/train"
-  local model opt extra
+  local tag model opt extra
   mkdir -p "$out/train"
   : >"$out/train/cases.txt"
-  while read -r model opt extra; do
-    local tag="$model-$opt${extra:+-mb2}"
+  while read -r tag model opt extra; do
     # shellcheck disable=SC2086
     python3 "$root/test/Training/parity.py" --stage compile --model "$model" \
       --optimizer "$opt" --pcc "$build/bin/pcc" --pcc-run "$build/bin/pcc-run" \
       --target cuda --work "$out/train/$tag" $extra >/dev/null
     echo "$tag $model $opt $extra" >>"$out/train/cases.txt"
   done <<'LIST'
-mlp sgd
-mlp adamw
-transformer_postnorm sgd
-transformer_postnorm adamw
-transformer_prenorm sgd
-transformer_prenorm adamw
-gpt sgd
-gpt adamw
-gpt adamw --microbatches=2
-resnet18 sgd
-resnet18 adamw
-resnet18_train sgd
-resnet18_train adamw
-zoo-gpt2 adamw
-zoo-llama adamw
+mlp-sgd mlp sgd
+mlp-adamw mlp adamw
+transformer_postnorm-sgd transformer_postnorm sgd
+transformer_postnorm-adamw transformer_postnorm adamw
+transformer_prenorm-sgd transformer_prenorm sgd
+transformer_prenorm-adamw transformer_prenorm adamw
+gpt-sgd gpt sgd
+gpt-adamw gpt adamw
+gpt-adamw-mb2 gpt adamw --microbatches=2
+resnet18-sgd resnet18 sgd
+resnet18-adamw resnet18 adamw
+resnet18_train-sgd resnet18_train sgd
+resnet18_train-adamw resnet18_train adamw
+zoo-gpt2-adamw zoo-gpt2 adamw
+zoo-llama-adamw zoo-llama adamw
+offload-mlp-sgd mlp sgd --pcc-args=--offload=optimizer
+offload-gpt-adamw gpt adamw --pcc-args=--offload=optimizer
+offload-resnet18_train-adamw resnet18_train adamw --pcc-args=--offload=optimizer
+offload-zoo-llama-adamw zoo-llama adamw --pcc-args=--offload=optimizer
 LIST
   # The resume check: one library for both devices.
   "$build/bin/pcc" "$root/examples/mlp.onnx" --train --batch=4 \
@@ -174,5 +184,17 @@ case "$mode" in
     prepare "$dir"
     run_prepared "$dir"
     ;;
-  *) echo "usage: test-gpu.sh [--prepare DIR | --run DIR]" >&2; exit 2 ;;
+  --prepare-train)
+    "$root/scripts/setup.sh" >/dev/null
+    rm -rf "$dir/train" && mkdir -p "$dir"
+    prepare_training "$dir" ;;
+  --run-train)
+    run="$build/bin/pcc-run"
+    [ -x "$dir/bin/pcc-run" ] && run="$dir/bin/pcc-run"
+    if ! "$run" --list-devices | grep -q '^cuda:0 ('; then
+      echo "GPU suite skipped: $("$run" --list-devices | grep '^cuda' | head -1)"
+      exit 0
+    fi
+    run_training "$dir" "$run" ;;
+  *) echo "usage: test-gpu.sh [--prepare DIR | --run DIR | --prepare-train DIR | --run-train DIR]" >&2; exit 2 ;;
 esac

@@ -366,12 +366,29 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
         for (StringRef g : bucket.getAs<ArrayAttr>("grads")
                                .getAsValueRange<StringAttr>())
           inBucket.insert(g);
+  // --offload=optimizer: state in host memory alone, and host copies.
+  llvm::StringSet<> hostOnly, hostCopy;
+  if (auto training =
+          module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
+    if (auto offload = training.getAs<DictionaryAttr>("offload"))
+      for (StringRef key : {"host", "to_host", "to_device"})
+        for (StringRef name : offload.getAs<ArrayAttr>(key)
+                                  .getAsValueRange<StringAttr>())
+          (key == StringRef("host") ? hostOnly : hostCopy).insert(name);
+  bool offloaded = !hostOnly.empty() || !hostCopy.empty();
+  int64_t host = 0, crossing = 0;
   int64_t bucketGaps = 0;
   module.walk([&](pcc::ParamOp param) {
     if (!stateBytes.insert({param.getName(), bytesOf(param.getType())}).second)
       return;
     StringRef kind = pcc::splitStateName(param.getName()).second;
     int64_t bytes = bytesOf(param.getType());
+    if (hostCopy.contains(param.getName()))
+      host += bytes;
+    if (hostOnly.contains(param.getName())) {
+      host += bytes;
+      return;
+    }
     if (inBucket.contains(param.getName())) {
       bucketGaps -= bytes;
       return;
@@ -383,7 +400,19 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
                                           : optimizer) += bytes;
   });
   for (func::FuncOp f : module.getOps<func::FuncOp>()) {
-    if (auto bytes = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
+    auto bytes = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes");
+    // An offloaded update's arena and inputs are in host memory; the
+    // device holds the outputs of the collectives before it.
+    if (offloaded && f.getSymName() == pcc::kPhaseFunctions[2]) {
+      for (Type t : f.getArgumentTypes())
+        host += bytesOf(t);
+      host += bytes ? bytes.getInt() : 0;
+      continue;
+    }
+    if (offloaded && f.getSymName() == pcc::kOffloadPhaseFunctions[0])
+      for (Type t : f.getResultTypes())
+        crossing += bytesOf(t);
+    if (bytes)
       arena = std::max(arena, bytes.getInt());
     if (f.getSymName() != pcc::kPhaseFunctions[0])
       continue;
@@ -407,12 +436,21 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
           "measured high-water mark):\n";
   os << "    weights            " << mib(weights) << "\n";
   os << "    gradients          " << mib(grads) << "\n";
-  os << "    optimizer state    " << mib(optimizer) << "\n";
+  os << "    optimizer state    " << mib(optimizer)
+     << (offloaded ? "  (the rest is in host memory: --offload)\n" : "\n");
+  if (offloaded)
+    os << "    to the host        " << mib(crossing)
+       << "  (the collectives' results the host's update reads)\n";
   os << "    inputs and labels  " << mib(inputs) << "  (one micro-batch)\n";
   os << "    saved activations  " << mib(saved) << "  (one micro-batch)\n";
   os << "    scratch (arena)    " << mib(arena) << "  (the largest phase)\n";
   os << "    total              "
-     << mib(weights + grads + optimizer + inputs + saved + arena) << "\n";
+     << mib(weights + grads + optimizer + inputs + saved + arena + crossing)
+     << "\n";
+  if (offloaded)
+    os << "  in host memory (--offload=optimizer): " << mib(host)
+       << "  (optimizer state, copies of the gradients and weights the "
+          "update reads and writes, its inputs and arena)\n";
   // The ZeRO paper's accounting of model state, in float32: Psi trainable
   // parameters (those with a gradient), 4 bytes each for the weights and
   // the gradients, K for the optimizer state (AdamW 8, SGD 4; ZeRO 1 and 2
@@ -474,7 +512,11 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
         "ZeRO stage 2: the optimizer state and the gradients sharded over dp",
         "ZeRO stage 3: the optimizer state, the gradients and the weights "
         "sharded over dp"};
-    os << "\n      (" << kStages[stage] << ")\n";
+    os << "\n      (" << kStages[stage]
+       << (offloaded ? "; on the device, since --offload=optimizer keeps the "
+                       "optimizer state in host memory"
+                     : "")
+       << ")\n";
     // The collectives' bytes per step, in the units pcc-run measures them
     // (an all-reduce of B bytes counts 2B, a gather or scatter its whole
     // tensor): the forward and backward phases run once per micro-batch.
