@@ -384,6 +384,8 @@ struct NcclApi {
   decltype(&pcc_nccl_before_compute) beforeCompute;
   decltype(&pcc_nccl_group_start) groupStart;
   decltype(&pcc_nccl_group_end) groupEnd;
+  decltype(&pcc_nccl_all_reduce_start) allReduceStart;
+  decltype(&pcc_nccl_wait_started) waitStarted;
 };
 
 Result<NcclApi> loadNcclApi() {
@@ -410,7 +412,10 @@ Result<NcclApi> loadNcclApi() {
             bindSymbol(*handle, api.afterCompute, "pcc_nccl_after_compute") &&
             bindSymbol(*handle, api.beforeCompute, "pcc_nccl_before_compute") &&
             bindSymbol(*handle, api.groupStart, "pcc_nccl_group_start") &&
-            bindSymbol(*handle, api.groupEnd, "pcc_nccl_group_end");
+            bindSymbol(*handle, api.groupEnd, "pcc_nccl_group_end") &&
+            bindSymbol(*handle, api.allReduceStart,
+                       "pcc_nccl_all_reduce_start") &&
+            bindSymbol(*handle, api.waitStarted, "pcc_nccl_wait_started");
   if (!ok)
     return Error{"libpcc_runtime_cuda.so has no NCCL engine (pcc was built "
                  "without NCCL, or the library belongs to another pcc "
@@ -443,6 +448,31 @@ public:
   Status separateTransfers() override {
     return call(api.ownStream(comm), "creating the transfer stream");
   }
+  /// A gradient bucket's sum on a stream of its own, overlapping the rest
+  /// of the backward pass; waitCollectives fences the compute behind it.
+  Status allReduceStart(void *buffer, int64_t count, DType type) override {
+    startedCount += count;
+    startedType = type;
+    ++startedCalls;
+    return check(api.allReduceStart(comm, buffer, count, int(type)),
+                 "all_reduce (started)", count, type);
+  }
+  Status waitCollectives() override {
+    std::string what = "wait for " + std::to_string(startedCalls) +
+                       " started all_reduce(s)";
+    int64_t count = startedCount;
+    startedCount = 0;
+    startedCalls = 0;
+    Watched w(*this, what, count, startedType);
+    return check(api.waitStarted(comm, /*timeout_ms=*/600000), what, count,
+                 startedType);
+  }
+
+private:
+  int64_t startedCount = 0, startedCalls = 0;
+  DType startedType = DType::F32;
+
+public:
   Status transfersAfterCompute() override {
     return call(api.afterCompute(comm), "transfers after compute");
   }

@@ -28,6 +28,12 @@ struct pcc_nccl_comm {
   bool ownStream = false;
   /// Fences between the two streams (no timing).
   cudaEvent_t computeDone = nullptr, callsDone = nullptr;
+  /// Started all-reduces (gradient buckets) run on a stream of their own,
+  /// after the work on `stream` before them; finishing them fences
+  /// `stream` behind them.
+  cudaStream_t side = nullptr;
+  cudaEvent_t sideReady = nullptr, sideDone = nullptr;
+  int64_t started = 0;
   int device = 0;
   bool aborted = false;
 };
@@ -171,6 +177,11 @@ void pcc_nccl_free(pcc_nccl_comm *comm) {
   if (comm->comm)
     (void)(comm->aborted ? ncclCommAbort(comm->comm)
                          : ncclCommDestroy(comm->comm));
+  if (comm->side) {
+    (void)cudaEventDestroy(comm->sideReady);
+    (void)cudaEventDestroy(comm->sideDone);
+    (void)cudaStreamDestroy(comm->side);
+  }
   if (comm->ownStream) {
     (void)cudaEventDestroy(comm->computeDone);
     (void)cudaEventDestroy(comm->callsDone);
@@ -322,13 +333,19 @@ int pcc_nccl_group_end(pcc_nccl_comm *comm) {
   return 0;
 }
 
-int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms) {
+/// Polls `query` (a stream's or an event's) until it is done, up to
+/// timeout_ms; on a timeout or an asynchronous NCCL error the communicator
+/// is aborted.
+} // extern "C"
+
+template <typename Query>
+static int waitUntil(pcc_nccl_comm *comm, int64_t timeout_ms, Query query) {
   if (failIfAborted(comm))
     return 1;
   auto begin = std::chrono::steady_clock::now();
   auto deadline = begin + std::chrono::milliseconds(timeout_ms);
   while (true) {
-    cudaError_t state = cudaStreamQuery(comm->stream);
+    cudaError_t state = query();
     if (state == cudaSuccess)
       return 0;
     if (state != cudaErrorNotReady)
@@ -356,6 +373,60 @@ int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms) {
         std::chrono::microseconds(200))
       std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+}
+
+extern "C" {
+
+int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms) {
+  return waitUntil(comm, timeout_ms,
+                   [&] { return cudaStreamQuery(comm->stream); });
+}
+
+int pcc_nccl_all_reduce_start(pcc_nccl_comm *comm, void *buffer,
+                              int64_t count, int dtype) {
+  ncclDataType_t type;
+  if (prepare(comm, dtype, type))
+    return 1;
+  if (!comm->side) {
+    if (cudaError_t err =
+            cudaStreamCreateWithFlags(&comm->side, cudaStreamNonBlocking))
+      return failWith(std::string("creating the started collectives' "
+                                  "stream: ") +
+                      cudaGetErrorString(err));
+    if (cudaEventCreateWithFlags(&comm->sideReady, cudaEventDisableTiming) ||
+        cudaEventCreateWithFlags(&comm->sideDone, cudaEventDisableTiming))
+      return failWith("creating the started collectives' events");
+  }
+  // The bucket is complete once the work enqueued before this call ran.
+  if (cudaError_t err = cudaEventRecord(comm->sideReady, comm->stream))
+    return failWith(std::string("cudaEventRecord: ") +
+                    cudaGetErrorString(err));
+  if (cudaError_t err = cudaStreamWaitEvent(comm->side, comm->sideReady, 0))
+    return failWith(std::string("cudaStreamWaitEvent: ") +
+                    cudaGetErrorString(err));
+  if (ncclResult_t rc = ncclAllReduce(buffer, buffer, size_t(count), type,
+                                      ncclSum, comm->comm, comm->side))
+    return fail("ncclAllReduce (started)", rc, comm);
+  ++comm->started;
+  return 0;
+}
+
+int pcc_nccl_wait_started(pcc_nccl_comm *comm, int64_t timeout_ms) {
+  if (failIfAborted(comm))
+    return 1;
+  if (comm->started == 0)
+    return 0;
+  comm->started = 0;
+  if (cudaError_t err = cudaEventRecord(comm->sideDone, comm->side))
+    return failWith(std::string("cudaEventRecord: ") +
+                    cudaGetErrorString(err));
+  // Later work on the stream reads the sums...
+  if (cudaError_t err = cudaStreamWaitEvent(comm->stream, comm->sideDone, 0))
+    return failWith(std::string("cudaStreamWaitEvent: ") +
+                    cudaGetErrorString(err));
+  // ...and the host bounds the wait, so a stalled peer is reported.
+  return waitUntil(comm, timeout_ms,
+                   [&] { return cudaEventQuery(comm->sideDone); });
 }
 
 } // extern "C"

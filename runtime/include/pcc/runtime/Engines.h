@@ -95,6 +95,15 @@ int pcc_nccl_recv(pcc_nccl_comm *comm, void *buffer, int64_t count, int dtype,
 /* Waits for the stream, up to timeout_ms; on a timeout or an asynchronous
  * NCCL error the communicator is aborted and the call fails. */
 int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms);
+/* An in-place sum of `buffer` over the group on a stream of its own, after
+ * the work enqueued so far (a gradient bucket that the backward pass has
+ * completed), so it overlaps the compute enqueued next. */
+int pcc_nccl_all_reduce_start(pcc_nccl_comm *comm, void *buffer,
+                              int64_t count, int dtype);
+/* Work enqueued after this waits for every started sum; the host waits for
+ * them too, up to timeout_ms (aborting the communicator, as
+ * pcc_nccl_wait). */
+int pcc_nccl_wait_started(pcc_nccl_comm *comm, int64_t timeout_ms);
 /* Moves the communicator's calls to a stream of its own, so that its
  * transfers overlap the compute on the context's stream. The two are then
  * ordered only by the fences below. */
