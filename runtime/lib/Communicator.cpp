@@ -214,7 +214,31 @@ public:
                  type);
   }
 
+  /// Started sums (gradient buckets), through the engine's startSum and
+  /// waitSums; the wait is watched and named by what it completes.
+  Status allReduceStart(void *buffer, int64_t count, DType type) override {
+    startedCount += count;
+    startedType = type;
+    ++startedCalls;
+    return check(startSum(buffer, count, int(type)), "all_reduce (started)",
+                 count, type);
+  }
+  Status waitCollectives() override {
+    std::string what = "wait for " + std::to_string(startedCalls) +
+                       " started all_reduce(s)";
+    int64_t count = startedCount;
+    startedCount = 0;
+    startedCalls = 0;
+    Watched w(*this, what, count, startedType);
+    return check(waitSums(), what, count, startedType);
+  }
+
 protected:
+  virtual int startSum(void *buffer, int64_t count, int dtype) = 0;
+  virtual int waitSums() = 0;
+  int64_t startedCount = 0, startedCalls = 0;
+  DType startedType = DType::F32;
+
   /// Tells the watchdog (when it is on) which call this rank waits in,
   /// numbered by its place among this group's calls.
   class Watched {
@@ -324,29 +348,11 @@ public:
   Status completeSends() override {
     return check(api.waitSends(comm), "completing sends", 0, DType::U8);
   }
-  Status allReduceStart(void *buffer, int64_t count, DType type) override {
-    startedCount += count;
-    startedType = type;
-    ++startedCalls;
-    return check(api.iallReduce(comm, buffer, count, int(type)),
-                 "all_reduce (started)", count, type);
-  }
-  Status waitCollectives() override {
-    std::string what = "wait for " + std::to_string(startedCalls) +
-                       " started all_reduce(s)";
-    int64_t count = startedCount;
-    startedCount = 0;
-    startedCalls = 0;
-    Watched w(*this, what, count, startedType);
-    return check(api.waitCollectives(comm), what, count, startedType);
-  }
   void progressCollectives() override { api.testCollectives(comm); }
-
-private:
-  int64_t startedCount = 0, startedCalls = 0;
-  DType startedType = DType::F32;
-
-public:
+  int startSum(void *buffer, int64_t count, int dtype) override {
+    return api.iallReduce(comm, buffer, count, dtype);
+  }
+  int waitSums() override { return api.waitCollectives(comm); }
   Status barrier() override {
     return check(api.barrier(comm), "barrier", 0, DType::U8);
   }
@@ -449,30 +455,13 @@ public:
     return call(api.ownStream(comm), "creating the transfer stream");
   }
   /// A gradient bucket's sum on a stream of its own, overlapping the rest
-  /// of the backward pass; waitCollectives fences the compute behind it.
-  Status allReduceStart(void *buffer, int64_t count, DType type) override {
-    startedCount += count;
-    startedType = type;
-    ++startedCalls;
-    return check(api.allReduceStart(comm, buffer, count, int(type)),
-                 "all_reduce (started)", count, type);
+  /// of the backward pass; the wait fences the compute behind it.
+  int startSum(void *buffer, int64_t count, int dtype) override {
+    return api.allReduceStart(comm, buffer, count, dtype);
   }
-  Status waitCollectives() override {
-    std::string what = "wait for " + std::to_string(startedCalls) +
-                       " started all_reduce(s)";
-    int64_t count = startedCount;
-    startedCount = 0;
-    startedCalls = 0;
-    Watched w(*this, what, count, startedType);
-    return check(api.waitStarted(comm, /*timeout_ms=*/600000), what, count,
-                 startedType);
+  int waitSums() override {
+    return api.waitStarted(comm, /*timeout_ms=*/600000);
   }
-
-private:
-  int64_t startedCount = 0, startedCalls = 0;
-  DType startedType = DType::F32;
-
-public:
   Status transfersAfterCompute() override {
     return call(api.afterCompute(comm), "transfers after compute");
   }
