@@ -290,14 +290,9 @@ int pcc_nccl_own_stream(pcc_nccl_comm *comm) {
   return 0;
 }
 
-/// Makes `waiter` wait for the work enqueued so far on `done`'s stream;
-/// nothing when the communicator shares the context's stream.
-static int fence(pcc_nccl_comm *comm, cudaEvent_t event, cudaStream_t done,
-                 cudaStream_t waiter, const char *what) {
-  if (failIfAborted(comm))
-    return 1;
-  if (!comm->ownStream)
-    return 0;
+/// Makes `waiter` wait for the work enqueued so far on `done`'s stream.
+static int streamWait(cudaEvent_t event, cudaStream_t done,
+                      cudaStream_t waiter, const char *what) {
   if (cudaError_t err = cudaEventRecord(event, done))
     return failWith(std::string(what) +
                     ": cudaEventRecord: " + cudaGetErrorString(err));
@@ -305,6 +300,17 @@ static int fence(pcc_nccl_comm *comm, cudaEvent_t event, cudaStream_t done,
     return failWith(std::string(what) +
                     ": cudaStreamWaitEvent: " + cudaGetErrorString(err));
   return 0;
+}
+
+/// streamWait between the context's stream and the communicator's own;
+/// nothing when the communicator shares the context's stream.
+static int fence(pcc_nccl_comm *comm, cudaEvent_t event, cudaStream_t done,
+                 cudaStream_t waiter, const char *what) {
+  if (failIfAborted(comm))
+    return 1;
+  if (!comm->ownStream)
+    return 0;
+  return streamWait(event, done, waiter, what);
 }
 
 int pcc_nccl_after_compute(pcc_nccl_comm *comm) {
@@ -398,12 +404,9 @@ int pcc_nccl_all_reduce_start(pcc_nccl_comm *comm, void *buffer,
       return failWith("creating the started collectives' events");
   }
   // The bucket is complete once the work enqueued before this call ran.
-  if (cudaError_t err = cudaEventRecord(comm->sideReady, comm->stream))
-    return failWith(std::string("cudaEventRecord: ") +
-                    cudaGetErrorString(err));
-  if (cudaError_t err = cudaStreamWaitEvent(comm->side, comm->sideReady, 0))
-    return failWith(std::string("cudaStreamWaitEvent: ") +
-                    cudaGetErrorString(err));
+  if (streamWait(comm->sideReady, comm->stream, comm->side,
+                 "starting an all_reduce"))
+    return 1;
   if (ncclResult_t rc = ncclAllReduce(buffer, buffer, size_t(count), type,
                                       ncclSum, comm->comm, comm->side))
     return fail("ncclAllReduce (started)", rc, comm);
@@ -417,13 +420,10 @@ int pcc_nccl_wait_started(pcc_nccl_comm *comm, int64_t timeout_ms) {
   if (comm->started == 0)
     return 0;
   comm->started = 0;
-  if (cudaError_t err = cudaEventRecord(comm->sideDone, comm->side))
-    return failWith(std::string("cudaEventRecord: ") +
-                    cudaGetErrorString(err));
   // Later work on the stream reads the sums...
-  if (cudaError_t err = cudaStreamWaitEvent(comm->stream, comm->sideDone, 0))
-    return failWith(std::string("cudaStreamWaitEvent: ") +
-                    cudaGetErrorString(err));
+  if (streamWait(comm->sideDone, comm->side, comm->stream,
+                 "waiting for the started all_reduces"))
+    return 1;
   // ...and the host bounds the wait, so a stalled peer is reported.
   return waitUntil(comm, timeout_ms,
                    [&] { return cudaEventQuery(comm->sideDone); });
