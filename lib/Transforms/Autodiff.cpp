@@ -13,6 +13,7 @@
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 #include "pcc/Transforms/Passes.h"
+#include "Differentiate.h"
 #include "pcc/Transforms/Training.h"
 
 #include "mlir/IR/IRMapping.h"
@@ -45,42 +46,26 @@ bool isRecomputable(Value v) {
   return false;
 }
 
-struct AutodiffPass : public mlir::pcc::impl::AutodiffBase<AutodiffPass> {
-  using AutodiffBase::AutodiffBase;
+} // namespace
 
-  void runOnOperation() override {
-    ModuleOp module = getOperation();
-    auto main = module.lookupSymbol<func::FuncOp>("main");
-    if (!main || !main.getBody().hasOneBlock()) {
-      module.emitError("autodiff: expects a single-block func.func @main");
-      return signalPassFailure();
-    }
-    Block &block = main.getBody().front();
-    auto ret = cast<func::ReturnOp>(block.getTerminator());
-    if (ret.getNumOperands() != 1 ||
-        cast<RankedTensorType>(ret.getOperand(0).getType()).getRank() != 0 ||
-        !isFloat(ret.getOperand(0))) {
-      main.emitError("autodiff: @main must return one scalar loss (run "
-                     "pcc-loss first)");
-      return signalPassFailure();
-    }
-    if (failed(differentiate(module, main)))
-      return signalPassFailure();
-  }
-
-  LogicalResult differentiate(ModuleOp module, func::FuncOp main);
-};
-
-LogicalResult AutodiffPass::differentiate(ModuleOp module, func::FuncOp main) {
+FailureOr<Differentiated>
+mlir::pcc::differentiateFunction(func::FuncOp main,
+                                 const DifferentiateSpec &spec,
+                                 llvm::SetVector<StringRef> &trained) {
   Block &block = main.getBody().front();
   auto ret = cast<func::ReturnOp>(block.getTerminator());
-  Value loss = ret.getOperand(0);
   SmallVector<Operation *> forward;
   for (Operation &op : block.without_terminator())
     forward.push_back(&op);
+  unsigned numArgs = block.getNumArguments();
 
-  // Activity: values that depend on a floating-point weight.
+  // Activity: values that depend on a floating-point weight or on an
+  // active argument.
   DenseSet<Value> active;
+  for (unsigned i = 0; i < numArgs; ++i)
+    if (i < spec.activeArgs.size() && spec.activeArgs[i] &&
+        isFloat(block.getArgument(i)))
+      active.insert(block.getArgument(i));
   for (Operation *op : forward) {
     bool fromWeight = isa<ParamOp>(op);
     for (Value operand : op->getOperands())
@@ -90,21 +75,27 @@ LogicalResult AutodiffPass::differentiate(ModuleOp module, func::FuncOp main) {
         if (isFloat(result))
           active.insert(result);
   }
-  if (!active.contains(loss))
-    return main.emitError("autodiff: the loss does not depend on any "
-                          "float weight; there is nothing to train");
 
-  // The backward program, after the forward ops.
+  // The backward program, after the forward ops: one cotangent argument
+  // per float result.
   OpBuilder b(ret);
-  auto seedType = cast<RankedTensorType>(loss.getType());
-  Value seed = block.addArgument(seedType, main.getLoc());
   Operation *boundary = ret;
   DenseMap<Value, Value> grads;
-  grads[loss] = seed;
+  Differentiated out;
+  SmallVector<Value> seeds;
+  for (auto [j, r] : llvm::enumerate(ret.getOperands())) {
+    if (!isFloat(r))
+      continue;
+    Value seed = block.addArgument(r.getType(), main.getLoc());
+    seeds.push_back(seed);
+    out.seedOf.push_back(static_cast<unsigned>(j));
+    Value &slot = grads[r];
+    slot = slot ? AddOp::create(b, main.getLoc(), slot, seed).getResult()
+                : seed;
+  }
+  DenseSet<Value> seedSet(seeds.begin(), seeds.end());
   // Declared saved values of every op whose rule ran (checked below).
   DenseSet<Value> declared;
-  // Weights in the order their first gradient appears.
-  llvm::SetVector<StringRef> trained;
 
   auto accumulate = [&](ParamOp param, Value g) {
     std::string name = stateName(param.getName(), "grad");
@@ -161,29 +152,46 @@ LogicalResult AutodiffPass::differentiate(ModuleOp module, func::FuncOp main) {
       slot = slot ? AddOp::create(b, op->getLoc(), slot, g).getResult() : g;
     }
   }
-  if (trained.empty())
-    return main.emitError("autodiff: no weight receives a gradient");
+  // The active arguments' cotangents (zeros where nothing reached them).
+  SmallVector<Value> argGrads;
+  for (unsigned i = 0; i < numArgs; ++i) {
+    Value arg = block.getArgument(i);
+    if (!active.contains(arg))
+      continue;
+    Value g = grads.lookup(arg);
+    if (!g)
+      g = ConstantOp::create(
+          b, main.getLoc(),
+          getSplatAttr(cast<RankedTensorType>(arg.getType()), 0.0));
+    argGrads.push_back(g);
+    out.gradOf.push_back(i);
+  }
 
   // Split at the boundary: ops before it are the forward phase.
   SmallVector<Operation *> backward;
-  for (Operation *op = forward.back()->getNextNode(); op != boundary;
-       op = op->getNextNode())
+  for (Operation *op = forward.empty() ? &block.front()
+                                       : forward.back()->getNextNode();
+       op != boundary; op = op->getNextNode())
     backward.push_back(op);
   DenseSet<Operation *> inBackward(backward.begin(), backward.end());
   llvm::SetVector<Value> residuals;
+  auto addResidual = [&](Value operand) {
+    if (seedSet.contains(operand))
+      return;
+    Operation *def = operand.getDefiningOp();
+    if (def && inBackward.contains(def))
+      return;
+    if (isRecomputable(operand))
+      return;
+    residuals.insert(operand);
+  };
   for (Operation *op : backward)
-    for (Value operand : op->getOperands()) {
-      if (operand == seed)
-        continue;
-      Operation *def = operand.getDefiningOp();
-      if (def && inBackward.contains(def))
-        continue;
-      if (isRecomputable(operand))
-        continue;
-      residuals.insert(operand);
-    }
+    for (Value operand : op->getOperands())
+      addResidual(operand);
+  for (Value g : argGrads)
+    addResidual(g);
   for (Value r : residuals)
-    if (!declared.contains(r)) {
+    if (!declared.contains(r) && !isa<BlockArgument>(r)) {
       InFlightDiagnostic diag = main.emitError(
           "autodiff: internal error: a gradient rule reads a forward value "
           "it does not declare as saved");
@@ -192,7 +200,7 @@ LogicalResult AutodiffPass::differentiate(ModuleOp module, func::FuncOp main) {
       return diag;
     }
 
-  MLIRContext *ctx = module.getContext();
+  MLIRContext *ctx = main.getContext();
   OpBuilder mb(main);
   auto named = [&](StringRef name) {
     return DictionaryAttr::get(
@@ -200,51 +208,69 @@ LogicalResult AutodiffPass::differentiate(ModuleOp module, func::FuncOp main) {
                              StringAttr::get(ctx, name))});
   };
 
-  // @train_forward: the inputs and labels in; the loss and residuals out.
-  // Every argument of @main but the loss gradient added above.
-  SmallVector<Type> fwdInputs(main.getArgumentTypes());
-  SmallVector<Type> fwdResults{loss.getType()};
+  // The forward function: the arguments in; the results and residuals out.
+  SmallVector<Type> fwdInputs;
+  for (unsigned i = 0; i < numArgs; ++i)
+    fwdInputs.push_back(block.getArgument(i).getType());
+  SmallVector<Type> fwdResults(ret.getOperandTypes());
   for (Value r : residuals)
     fwdResults.push_back(r.getType());
-  auto fwd = func::FuncOp::create(mb, main.getLoc(), kPhaseFunctions[0],
+  auto fwd = func::FuncOp::create(mb, main.getLoc(), spec.forwardName,
                                   mb.getFunctionType(fwdInputs, fwdResults));
   fwd->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[0]));
-  for (unsigned i = 0; i < fwdInputs.size(); ++i)
+  for (unsigned i = 0; i < numArgs; ++i)
     if (DictionaryAttr attrs = main.getArgAttrDict(i))
       fwd.setArgAttrs(i, attrs);
-  SmallVector<DictionaryAttr> fwdResultAttrs{named("loss")};
+  SmallVector<DictionaryAttr> fwdResultAttrs;
+  for (unsigned j = 0; j < ret.getNumOperands(); ++j)
+    fwdResultAttrs.push_back(named(j < spec.resultNames.size()
+                                       ? spec.resultNames[j]
+                                       : "out" + std::to_string(j)));
   for (unsigned i = 0; i < residuals.size(); ++i)
     fwdResultAttrs.push_back(named("saved" + std::to_string(i)));
   fwd.setAllResultAttrs(fwdResultAttrs);
   Block *fwdBlock = fwd.addEntryBlock();
   IRMapping fmap;
-  for (unsigned i = 0; i < fwdInputs.size(); ++i)
+  for (unsigned i = 0; i < numArgs; ++i)
     fmap.map(block.getArgument(i), fwdBlock->getArgument(i));
   OpBuilder fb = OpBuilder::atBlockEnd(fwdBlock);
   for (Operation *op : forward)
     fb.clone(*op, fmap);
-  SmallVector<Value> fwdReturn{fmap.lookup(loss)};
+  SmallVector<Value> fwdReturn;
+  for (Value r : ret.getOperands())
+    fwdReturn.push_back(fmap.lookup(r));
   for (Value r : residuals)
     fwdReturn.push_back(fmap.lookup(r));
   func::ReturnOp::create(fb, main.getLoc(), fwdReturn);
 
-  // @train_backward: residuals and the loss gradient in; nothing out (the
-  // gradients are state).
-  SmallVector<Type> bwdInputs;
+  // The backward function: residuals and cotangents in; the active
+  // arguments' cotangents out (the weights' gradients are state).
+  SmallVector<Type> bwdInputs, bwdResults;
   for (Value r : residuals)
     bwdInputs.push_back(r.getType());
-  bwdInputs.push_back(seedType);
-  auto bwd = func::FuncOp::create(mb, main.getLoc(), kPhaseFunctions[1],
-                                  mb.getFunctionType(bwdInputs, {}));
+  for (Value s : seeds)
+    bwdInputs.push_back(s.getType());
+  for (Value g : argGrads)
+    bwdResults.push_back(g.getType());
+  auto bwd = func::FuncOp::create(mb, main.getLoc(), spec.backwardName,
+                                  mb.getFunctionType(bwdInputs, bwdResults));
   bwd->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[1]));
   for (unsigned i = 0; i < residuals.size(); ++i)
     bwd.setArgAttrs(i, named("saved" + std::to_string(i)));
-  bwd.setArgAttrs(residuals.size(), named("loss_grad"));
+  for (auto [k, j] : llvm::enumerate(out.seedOf))
+    bwd.setArgAttrs(residuals.size() + k,
+                    named(fwdResultAttrs[j].getAs<StringAttr>("pcc.name")
+                              .getValue() == "loss"
+                              ? std::string("loss_grad")
+                              : "grad_out" + std::to_string(j)));
+  for (auto [k, i] : llvm::enumerate(out.gradOf))
+    bwd.setResultAttrs(k, named("grad_in" + std::to_string(i)));
   Block *bwdBlock = bwd.addEntryBlock();
   IRMapping bmap;
   for (auto [i, r] : llvm::enumerate(residuals))
     bmap.map(r, bwdBlock->getArgument(i));
-  bmap.map(seed, bwdBlock->getArguments().back());
+  for (auto [k, s] : llvm::enumerate(seeds))
+    bmap.map(s, bwdBlock->getArgument(residuals.size() + k));
   OpBuilder bb = OpBuilder::atBlockEnd(bwdBlock);
   // Weights, constants and their reshapes are read again where needed.
   std::function<Value(Value)> recompute = [&](Value v) -> Value {
@@ -262,15 +288,84 @@ LogicalResult AutodiffPass::differentiate(ModuleOp module, func::FuncOp main) {
         recompute(operand);
     bb.clone(*op, bmap);
   }
-  func::ReturnOp::create(bb, main.getLoc(), ValueRange{});
+  SmallVector<Value> bwdReturn;
+  for (Value g : argGrads)
+    bwdReturn.push_back(isRecomputable(g) ? recompute(g) : bmap.lookup(g));
+  func::ReturnOp::create(bb, main.getLoc(), bwdReturn);
 
-  main.erase();
-  SmallVector<Attribute> names;
-  for (StringRef name : trained)
-    names.push_back(StringAttr::get(ctx, name));
-  setTrainingAttr(module, {NamedAttribute(StringAttr::get(ctx, "weights"),
-                                          ArrayAttr::get(ctx, names))});
-  return success();
+  // Leave `main` as it was.
+  for (Operation *op : llvm::reverse(backward))
+    op->erase();
+  while (block.getNumArguments() > numArgs)
+    block.eraseArgument(block.getNumArguments() - 1);
+  out.forward = fwd;
+  out.backward = bwd;
+  out.numResiduals = residuals.size();
+  return out;
 }
+
+namespace {
+
+struct AutodiffPass : public mlir::pcc::impl::AutodiffBase<AutodiffPass> {
+  using AutodiffBase::AutodiffBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto main = module.lookupSymbol<func::FuncOp>("main");
+    if (!main || !main.getBody().hasOneBlock()) {
+      module.emitError("autodiff: expects a single-block func.func @main");
+      return signalPassFailure();
+    }
+    Block &block = main.getBody().front();
+    auto ret = cast<func::ReturnOp>(block.getTerminator());
+    if (ret.getNumOperands() != 1 ||
+        cast<RankedTensorType>(ret.getOperand(0).getType()).getRank() != 0 ||
+        !isFloat(ret.getOperand(0))) {
+      main.emitError("autodiff: @main must return one scalar loss (run "
+                     "pcc-loss first)");
+      return signalPassFailure();
+    }
+    if (!dependsOnWeight(ret.getOperand(0))) {
+      main.emitError("autodiff: the loss does not depend on any float "
+                     "weight; there is nothing to train");
+      return signalPassFailure();
+    }
+    DifferentiateSpec spec;
+    spec.forwardName = kPhaseFunctions[0];
+    spec.backwardName = kPhaseFunctions[1];
+    spec.resultNames.push_back("loss");
+    llvm::SetVector<StringRef> trained;
+    if (failed(differentiateFunction(main, spec, trained)))
+      return signalPassFailure();
+    if (trained.empty()) {
+      main.emitError("autodiff: no weight receives a gradient");
+      return signalPassFailure();
+    }
+    MLIRContext *ctx = module.getContext();
+    SmallVector<Attribute> names;
+    for (StringRef name : trained)
+      names.push_back(StringAttr::get(ctx, name));
+    main.erase();
+    setTrainingAttr(module, {NamedAttribute(StringAttr::get(ctx, "weights"),
+                                            ArrayAttr::get(ctx, names))});
+  }
+
+  /// Whether `v` depends on a float weight.
+  static bool dependsOnWeight(Value v) {
+    DenseSet<Operation *> seen;
+    SmallVector<Value> work{v};
+    while (!work.empty()) {
+      Operation *def = work.pop_back_val().getDefiningOp();
+      if (!def || !seen.insert(def).second)
+        continue;
+      if (auto param = dyn_cast<ParamOp>(def))
+        if (isFloat(param.getResult()))
+          return true;
+      for (Value operand : def->getOperands())
+        work.push_back(operand);
+    }
+    return false;
+  }
+};
 
 } // namespace

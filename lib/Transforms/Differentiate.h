@@ -1,0 +1,49 @@
+//===- Differentiate.h - reverse mode over one function ---------*- C++ -*-===//
+//
+// The core of pcc-autodiff, shared with pcc-pipeline-training: a function
+// becomes a forward function (its results, then the values the backward
+// needs) and a backward function (those values and one cotangent per float
+// result in; the cotangents of the chosen arguments out), with every
+// weight's gradient added into its `@grad` state on the way.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_TRANSFORMS_DIFFERENTIATE_H
+#define PCC_TRANSFORMS_DIFFERENTIATE_H
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/SetVector.h"
+
+namespace mlir::pcc {
+
+struct DifferentiateSpec {
+  llvm::StringRef forwardName, backwardName;
+  /// Per argument of the function: whether it is differentiated (a value
+  /// received from an earlier pipeline stage); its cotangent is a result
+  /// of the backward function, in argument order.
+  llvm::SmallVector<bool> activeArgs;
+  /// Names of the forward function's results (the residuals are
+  /// saved<i>); empty: out<j>.
+  llvm::SmallVector<std::string> resultNames;
+};
+
+struct Differentiated {
+  func::FuncOp forward, backward;
+  /// Per backward result: the argument it is the cotangent of.
+  llvm::SmallVector<unsigned> gradOf;
+  /// Per backward argument after the residuals: the result it seeds.
+  llvm::SmallVector<unsigned> seedOf;
+  unsigned numResiduals = 0;
+};
+
+/// Differentiates `f` (single block) into two new functions inserted
+/// before it; `f` is left in place. Every float result gets a cotangent
+/// argument. Weights with gradients are added to `trained` in the order
+/// their first gradient appears.
+FailureOr<Differentiated>
+differentiateFunction(func::FuncOp f, const DifferentiateSpec &spec,
+                      llvm::SetVector<llvm::StringRef> &trained);
+
+} // namespace mlir::pcc
+
+#endif // PCC_TRANSFORMS_DIFFERENTIATE_H
