@@ -3,6 +3,7 @@
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Schedule/Schedule.h"
 #include "pcc/Transforms/Passes.h"
+#include "pcc/Transforms/Training.h"
 
 #include "mlir/IR/Builders.h"
 
@@ -54,7 +55,8 @@ struct PipelineSchedulePass
     options.stages = static_cast<int32_t>(stages / chunks);
     options.chunks = static_cast<int32_t>(chunks);
     options.microbatches = static_cast<int32_t>(microbatches);
-    options.forwardOnly = true;
+    // A training program's lists have backward passes and their transfers.
+    options.forwardOnly = !module->hasAttr(kTrainingAttrName);
     ::pcc::schedule::GenerateResult result = ::pcc::schedule::generate(options);
     if (!result.schedule) {
       main.emitError("pipeline schedule: ") << result.error;

@@ -256,10 +256,18 @@ Status ModelLibrary::runPhase(int32_t phase, const pcc_run_context &context,
                                       "optimizer", "zero-grad",
                                       "optimizer's device part before the update",
                                       "optimizer's device part after the update"};
-  if (runPhaseFn(phase, &context, inputs, outputs, state, arena) != 0)
+  if (runPhaseFn(phase, &context, inputs, outputs, state, arena) != 0) {
+    const pcc_model_info &info = *modelInfo;
+    bool known = phase >= 0 && phase < info.num_phases;
+    int32_t kind = known ? info.phases[phase].phase : -1;
+    std::string stage = isPipelined() && known
+                            ? " of stage " +
+                                  std::to_string(info.phases[phase].stage)
+                            : std::string();
     return Error{std::string("the ") +
-                 (phase >= 0 && phase < 6 ? names[phase] : "unknown") +
-                 " phase failed: " + lastErrorFn()};
+                 (kind >= 0 && kind < 6 ? names[kind] : "unknown") +
+                 " phase" + stage + " failed: " + lastErrorFn()};
+  }
   return Status::success();
 }
 
@@ -267,10 +275,13 @@ Status ModelLibrary::checkPhases() const {
   const pcc_model_info &info = *modelInfo;
   if (info.num_phases == 0)
     return Status::success();
-  if ((info.num_phases != 4 && info.num_phases != 6) || !info.phases ||
-      !info.weight_kinds || !info.weight_owners || !info.weight_offload)
+  bool pipelined = info.num_stages > 1;
+  if ((pipelined ? info.num_phases != 4 * info.num_stages
+                 : info.num_phases != 4 && info.num_phases != 6) ||
+      !info.phases || !info.weight_kinds || !info.weight_owners ||
+      !info.weight_offload)
     return Error{"a training library has 4 phases (6 with an offloaded "
-                 "optimizer) with state tables"};
+                 "optimizer, 4 per stage when pipelined) with state tables"};
   for (int i = 0; i < info.num_weights; ++i)
     if (info.weight_kinds[i] < PCC_STATE_WEIGHT ||
         info.weight_kinds[i] > PCC_STATE_BUCKET ||
@@ -278,14 +289,41 @@ Status ModelLibrary::checkPhases() const {
       return Error{"state " + std::to_string(i) + " has a bad kind or owner"};
   for (int k = 0; k < info.num_phases; ++k) {
     const pcc_phase_info &phase = info.phases[k];
-    if (phase.phase != k)
+    if (phase.phase != (pipelined ? k % 4 : k) ||
+        phase.stage != (pipelined ? k / 4 : 0))
       return Error{"phase " + std::to_string(k) + " is out of order"};
     for (int s = 0; s < phase.num_state; ++s)
       if (phase.state[s] < 0 || phase.state[s] >= info.num_weights)
         return Error{"phase " + std::to_string(k) + " reads state " +
                      std::to_string(phase.state[s]) + " of " +
                      std::to_string(info.num_weights)};
-    for (int i = 0; i < phase.num_inputs; ++i) {
+    for (int i = 0; i < phase.num_inputs && pipelined; ++i) {
+      int32_t source = phase.input_sources[i];
+      const pcc_stage_info &stage = info.stages[k / 4];
+      const pcc_phase_info &forward = info.phases[k - k % 4];
+      bool ok =
+          (phase.phase == PCC_PHASE_FORWARD &&
+           ((source < 0 && -1 - source < info.num_inputs) ||
+            (source >= 0 && k >= 4 &&
+             source < info.stages[k / 4 - 1].num_outputs))) ||
+          (phase.phase == PCC_PHASE_BACKWARD &&
+           ((source == PCC_SOURCE_LOSS_GRAD && k / 4 + 1 == info.num_stages) ||
+            (source <= PCC_SOURCE_OUTPUT_GRAD_BASE &&
+             PCC_SOURCE_OUTPUT_GRAD_BASE - source < stage.num_outputs) ||
+            (source >= 0 && source < forward.num_outputs)));
+      if (!ok)
+        return Error{"phase " + std::to_string(k) + " input " +
+                     std::to_string(i) + " has a bad source " +
+                     std::to_string(source)};
+    }
+    for (int o = 0; pipelined && phase.phase == PCC_PHASE_BACKWARD &&
+                    o < phase.num_outputs;
+         ++o)
+      if (!phase.output_targets || phase.output_targets[o] < 0 ||
+          phase.output_targets[o] >= info.phases[k - 1].num_inputs)
+        return Error{"phase " + std::to_string(k) + " output " +
+                     std::to_string(o) + " names no forward input"};
+    for (int i = 0; i < phase.num_inputs && !pipelined; ++i) {
       int32_t source = phase.input_sources[i];
       bool ok = (k == PCC_PHASE_FORWARD && source < 0 &&
                  -1 - source < info.num_inputs) ||

@@ -48,6 +48,11 @@ Result<DeviceBuffer> zeros(Device &device, int64_t bytes) {
 } // namespace
 
 Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
+  return create(library, device, -1, nullptr);
+}
+
+Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device,
+                                int32_t pipelineRank, Communicator *pipe) {
   const pcc_model_info &info = library.info();
   if (!library.isTraining())
     return Error{"this is an inference library; compile the model with pcc "
@@ -59,6 +64,25 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
   t.library = &library;
   t.device = &device;
   t.offloaded = info.num_phases == 6;
+  // A pipeline rank holds the state its stage's phases read.
+  std::vector<bool> needed(static_cast<size_t>(info.num_weights), true);
+  if (library.isPipelined()) {
+    if (pipelineRank < 0 || !pipe)
+      return Error{"a pipelined training library runs on its pipeline ranks "
+                   "(pcc-run -n " + std::to_string(library.meshRanks()) + ")"};
+    t.stage = pipelineRank;
+    t.pipe = pipe;
+    std::fill(needed.begin(), needed.end(), false);
+    t.firstHolder.assign(static_cast<size_t>(info.num_weights), -1);
+    for (int k = info.num_phases - 1; k >= 0; --k)
+      for (int s = 0; s < info.phases[k].num_state; ++s)
+        t.firstHolder[info.phases[k].state[s]] = info.phases[k].stage;
+    for (int p = 0; p < 4; ++p) {
+      const pcc_phase_info &phase = info.phases[t.phaseIndex(p)];
+      for (int s = 0; s < phase.num_state; ++s)
+        needed[phase.state[s]] = true;
+    }
+  }
   if (t.offloaded) {
     if (device.isHost()) {
       t.host = &device;
@@ -85,9 +109,10 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
       t.hostTotal += bytes;
     }
     // A gradient inside a bucket is a view of it (set below); offloaded
-    // optimizer state lives in host memory alone.
+    // optimizer state lives in host memory alone; another pipeline
+    // stage's state is not here.
     if ((info.weight_aliases && info.weight_aliases[i].state >= 0) ||
-        (offload & PCC_OFFLOAD_HOST_ONLY)) {
+        (offload & PCC_OFFLOAD_HOST_ONLY) || !needed[i]) {
       t.statePtrs.push_back(nullptr);
       t.state.emplace_back();
       continue;
@@ -113,6 +138,12 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
                    "' does not fit in its bucket"};
     t.statePtrs[i] =
         static_cast<char *>(t.statePtrs[alias.state]) + alias.offset * element;
+  }
+  if (t.stage >= 0) {
+    Status made = t.createPipeline(pipelineRank);
+    if (!made.ok())
+      return Error{made.error()};
+    return t;
   }
   const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];
   for (int i = 0; i < fwd.num_inputs; ++i) {
@@ -181,6 +212,8 @@ Status Trainer::load(const SafetensorsFile &file, const std::string &path,
                   info.weight_kinds[i] == PCC_STATE_MASTER;
     if (info.weight_kinds[i] != kind && !master)
       continue;
+    if (stage >= 0 && !statePtrs[i])
+      continue; // another pipeline stage's
     const pcc_tensor_spec &spec = info.weights[i];
     const pcc_tensor_spec &whole =
         info.whole_weights[master ? info.weight_owners[i] : i];
@@ -283,7 +316,13 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
     std::vector<int64_t> shape = specShape(whole);
     int64_t element = dtypeSize(static_cast<DType>(whole.dtype));
     std::vector<uint8_t> bytes(static_cast<size_t>(specBytes(whole)));
-    if (shard.axis < 0) {
+    if (stage >= 0) {
+      // Each stage holds its own weights: every rank takes part.
+      Status read = gatherOverPipeline(i, bytes.data(),
+                                       static_cast<int64_t>(bytes.size()));
+      if (!read.ok())
+        return Error{read.error()};
+    } else if (shard.axis < 0) {
       Status read = readState(i, bytes.data(),
                               static_cast<int64_t>(bytes.size()));
       if (!read.ok())
@@ -465,6 +504,8 @@ Status Trainer::offloadedStep(const double *hyper) {
 Result<StepResult>
 Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
               double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper) {
+  if (stage >= 0)
+    return pipelineStep(microbatches, lossGrad, hyper);
   const pcc_model_info &info = library->info();
   const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];
   const pcc_phase_info &bwd = info.phases[PCC_PHASE_BACKWARD];

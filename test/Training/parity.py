@@ -67,6 +67,9 @@ def main():
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--zero", type=int, default=0)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1,
+                    help="pipeline ranks (pcc --pp; the schedule with "
+                    "--pcc-args=--schedule=...)")
     ap.add_argument("--sp", action="store_true",
                     help="sequence parallelism over the tp ranks (pcc --sp)")
     ap.add_argument("--pcc-args", default="",
@@ -95,7 +98,8 @@ def main():
              "--train", "--loss=" + loss, "--optimizer=" + args.optimizer,
              "--microbatches=%d" % args.microbatches,
              "--target=" + args.target, "--dp=%d" % args.dp,
-             "--tp=%d" % args.tp, "--zero=%d" % args.zero, "-o", lib] +
+             "--tp=%d" % args.tp, "--pp=%d" % args.pp,
+             "--zero=%d" % args.zero, "-o", lib] +
             (["--sp"] if args.sp else []) + args.pcc_args.split() + flags)
     if args.stage == "compile":
         return
@@ -118,7 +122,7 @@ def main():
     inputs = []
     for f in config.get("inputs", ["input.npy"]):
         inputs += ["--input", os.path.join(ref, f)]
-    n = args.dp * args.tp
+    n = args.dp * args.tp * args.pp
     ranks = ["-n", str(n)] if n > 1 else []
     run([args.pcc_run] + ranks + [lib, "--steps", str(config["steps"]),
          "--device", args.device] + inputs + [

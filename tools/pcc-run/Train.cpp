@@ -426,7 +426,12 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     return total;
   };
   const pcc_model_info &info = library.info();
-  const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];
+  // The model's inputs and labels, one micro-batch's shapes (the forward
+  // phase's, or a pipelined library's over all its stages).
+  struct {
+    int num_inputs;
+    const pcc_tensor_spec *inputs;
+  } fwd{info.num_inputs, info.inputs};
   std::string optimizer = info.optimizer, loss = info.loss;
   if (o.steps < 1)
     fail("training needs --steps N: the step at which the run ends");
@@ -547,7 +552,10 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                                            microRows, batch, o.shuffle);
   }
 
-  auto trainer = Trainer::create(library, device);
+  auto trainer = library.isPipelined()
+                     ? Trainer::create(library, device, ranks.pipelineRank,
+                                       ranks.pipeline)
+                     : Trainer::create(library, device);
   if (!trainer.ok())
     fail(trainer.error());
   trainer->setCommunicators(ranks.comms);

@@ -54,6 +54,9 @@ struct TrainRanks {
   /// This process's rank in the job, and the job (null: one process).
   int64_t worldRank = 0;
   Communicator *world = nullptr;
+  /// A pipelined library: the pp group and this process's place on it.
+  Communicator *pipeline = nullptr;
+  int32_t pipelineRank = -1;
 };
 
 /// Trains `library` on `device` as `o` says; returns the exit status.

@@ -841,6 +841,11 @@ int main(int argc, char **argv) {
           trainRanks.dataParallel = ranks.hostGroups[a]
                                         ? ranks.hostGroups[a].get()
                                         : ranks.groups[a].get();
+      if (info->pipeline_axis >= 0) {
+        trainRanks.pipeline = ranks.groups[info->pipeline_axis].get();
+        trainRanks.pipelineRank =
+            static_cast<int32_t>(ranks.coords[info->pipeline_axis]);
+      }
       trainRanks.leader = ranks.world->rank() == 0;
       trainRanks.worldRank = ranks.world->rank();
       trainRanks.world = ranks.world.get();

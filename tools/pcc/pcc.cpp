@@ -886,10 +886,15 @@ int main(int argc, char **argv) {
     return fail("--bucket-mb with --offload=optimizer: gradient buckets are "
                 "not combined with an offloaded optimizer yet (the "
                 "gradients are copied to the host after the backward pass)");
-  if (train && pp > 1)
-    return fail("--train with --pp above 1 is not in this version of pcc "
-                "yet: pipelines run inference; training runs on one device "
-                "or over --tp and --dp ranks");
+  if (train && pp > 1 && (tp > 1 || dp > 1))
+    return fail("--train with --pp and --tp or --dp is not in this version "
+                "of pcc yet: pipeline training runs over pp ranks alone");
+  if (train && pp > 1 && offload != "none")
+    return fail("--offload=optimizer does not go with --pp yet");
+  if (train && pp > 1 && (ppChunks > 1 || schedulePolicy == "zb-h1" || schedulePolicy == "interleaved"))
+    return fail("--train with --pp runs the gpipe and 1f1b schedules; "
+                "interleaved and zb-h1 training (separate weight-gradient "
+                "phases) are not in this version of pcc yet");
 
   if (train && lossKind != "cross_entropy" && lossKind != "mse" &&
       lossKind != "none")
@@ -1044,6 +1049,24 @@ int main(int argc, char **argv) {
       loss.ignoreIndex = ignoreIndex;
       pm.addPass(pcc::createLoss(loss));
       pm.addPass(createCanonicalizerPass());
+    }
+    if (train && pp > 1) {
+      // Cut first (the loss lands on the last stage), then differentiate
+      // each stage: a schedule places its forward and backward phases.
+      pcc::PipelineCutOptions cut;
+      cut.emitRemarks = explainPlan;
+      cut.cuts.assign(ppCuts.begin(), ppCuts.end());
+      pm.addPass(pcc::createPipelineCut(cut));
+      pcc::PipelineScheduleOptions sched;
+      sched.policy = policy;
+      sched.microbatches = microbatches;
+      pm.addPass(pcc::createPipelineSchedule(sched));
+      pcc::PipelineTrainingOptions stages;
+      stages.kind = optimizerKind;
+      pm.addPass(pcc::createPipelineTraining(stages));
+      pm.addPass(createCanonicalizerPass());
+      pm.addPass(createCSEPass());
+    } else if (train) {
       pm.addPass(pcc::createAutodiff());
       pcc::OptimizerOptions optimizer;
       optimizer.kind = optimizerKind;
@@ -1088,7 +1111,7 @@ int main(int argc, char **argv) {
       pm.addNestedPass<func::FuncOp>(pcc::createPartition(partition));
       pm.addPass(createCanonicalizerPass());
     }
-    if (pp > 1) {
+    if (pp > 1 && !train) {
       pcc::PipelineCutOptions cut;
       cut.emitRemarks = explainPlan;
       cut.chunks = ppChunks;

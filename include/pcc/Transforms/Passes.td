@@ -561,6 +561,27 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
+def PipelineTraining : Pass<"pcc-pipeline-training", "ModuleOp"> {
+  let summary = "builds each pipeline stage's training phases";
+  let description = [{
+    Runs on a training program (with its loss) that pcc-pipeline-cut has
+    cut into stages. For stage k it builds `@stage<k>_forward` (the stage's
+    outputs, then the values its backward reads), `@stage<k>_backward` (one
+    cotangent per float output in, the cotangents of the float inputs
+    received from stage k - 1 out, marked `pcc.grad_of`; weight gradients
+    added into state), `@stage<k>_optimizer` and `@stage<k>_zero_grad`, all
+    marked `pcc.pipeline_stage = k`. The optimizer sums the gradients of
+    weights held by several stages (a tied embedding and head) over `pp`,
+    counts each weight once in the global norm (a scalar all-reduce over
+    `pp`), and updates the stage's weights.
+  }];
+  let options = [
+    Option<"kind", "kind", "std::string", /*default=*/"\"adamw\"",
+           "sgd or adamw">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def OffloadOptimizer : Pass<"pcc-offload-optimizer", "ModuleOp"> {
   let summary = "moves the optimizer's update to the host (ZeRO-Offload)";
   let description = [{

@@ -30,6 +30,12 @@ inline constexpr llvm::StringLiteral kPhaseNames[] = {"forward", "backward",
 inline constexpr llvm::StringLiteral kPhaseFunctions[] = {
     "train_forward", "train_backward", "train_optimizer", "train_zero_grad"};
 
+/// Pipelined training (pcc-pipeline-training): the phase functions of
+/// stage k are @stage<k>_forward, _backward, _optimizer and _zero_grad,
+/// each marked with this attribute holding k.
+inline constexpr llvm::StringLiteral kPipelineStageAttrName =
+    "pcc.pipeline_stage";
+
 /// `pcc --offload=optimizer` (pcc-offload-optimizer): the device's parts of
 /// the optimizer step, before and after the host's update; phases 4 and 5
 /// of enum pcc_phase.

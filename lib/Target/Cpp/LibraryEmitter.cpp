@@ -61,6 +61,11 @@ struct StageProgram {
   std::optional<TargetCode> cpu, cuda;
   /// Per weight the stage reads: its index in the library's table.
   SmallVector<int32_t> weightIndices;
+  /// A training phase: its pipeline stage, its kind (enum pcc_phase; -1:
+  /// its index) and, for a pipelined backward, its outputs' forward inputs.
+  int32_t stage = 0;
+  int kind = -1;
+  SmallVector<int32_t> targets;
   int64_t arenaBytes() const {
     return func->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
   }
@@ -170,6 +175,18 @@ FailureOr<std::string> scheduleSource(func::FuncOp main,
         break;
       case ::pcc::schedule::Op::RecvForward:
         code = 2;
+        break;
+      case ::pcc::schedule::Op::Backward:
+        code = 3;
+        break;
+      case ::pcc::schedule::Op::WeightGrad:
+        code = 4;
+        break;
+      case ::pcc::schedule::Op::SendBackward:
+        code = 5;
+        break;
+      case ::pcc::schedule::Op::RecvBackward:
+        code = 6;
         break;
       default:
         return main.emitError("code generation: pcc.schedule rank ")
@@ -297,6 +314,60 @@ FailureOr<std::vector<StageProgram>> collectPhases(ModuleOp module) {
   return phases;
 }
 
+/// The phases of a pipelined training module (pcc-pipeline-training):
+/// stage k's forward, backward, optimizer and zero-grad at 4 k + p, with
+/// where each input comes from and, for a backward phase, which forward
+/// input each output is the cotangent of.
+FailureOr<std::vector<StageProgram>>
+collectPipelinePhases(ModuleOp module, ArrayRef<StageProgram> stages) {
+  std::vector<StageProgram> phases;
+  static const char *const kSuffix[] = {"_forward", "_backward", "_optimizer",
+                                        "_zero_grad"};
+  for (auto [k, stage] : llvm::enumerate(stages)) {
+    for (int p = 0; p < 4; ++p) {
+      std::string name = "stage" + std::to_string(k) + kSuffix[p];
+      auto f = module.lookupSymbol<func::FuncOp>(name);
+      if (!f || !f.getBody().hasOneBlock())
+        return module.emitError("code generation: a pipelined training "
+                                "module needs @")
+               << name << " (run pcc-pipeline-training)";
+      StageProgram phase;
+      phase.func = f;
+      phase.stage = static_cast<int32_t>(k);
+      phase.kind = p;
+      unsigned realOutputs = func::FuncOp(stage.func).getNumResults();
+      for (unsigned i = 0; i < f.getNumArguments(); ++i) {
+        if (p == 0) {
+          phase.sources.push_back(stage.sources[i]);
+          continue;
+        }
+        if (p != 1)
+          return f.emitError("code generation: the ")
+                 << kPhaseNames[p] << " phase takes no inputs";
+        StringRef argName = nameOf(f.getArgAttrDict(i), "");
+        if (argName == "loss_grad")
+          phase.sources.push_back(-1000000);
+        else if (argName.consume_front("grad_out"))
+          phase.sources.push_back(-2000000 - std::stoi(argName.str()));
+        else if (argName.consume_front("saved"))
+          phase.sources.push_back(realOutputs + std::stoi(argName.str()));
+        else
+          return f.emitError("code generation: backward input ")
+                 << i << " is neither saved nor a cotangent";
+      }
+      for (unsigned j = 0; j < f.getNumResults() && p == 1; ++j) {
+        auto of = f.getResultAttrOfType<IntegerAttr>(j, "pcc.grad_of");
+        if (!of)
+          return f.emitError("code generation: backward output ")
+                 << j << " has no pcc.grad_of";
+        phase.targets.push_back(static_cast<int32_t>(of.getInt()));
+      }
+      phases.push_back(std::move(phase));
+    }
+  }
+  return phases;
+}
+
 /// The phase tables of a training library (kPhases).
 std::string phaseSource(ArrayRef<StageProgram> phases, std::string &shapes) {
   std::string source, info;
@@ -319,11 +390,18 @@ std::string phaseSource(ArrayRef<StageProgram> phases, std::string &shapes) {
               list(phase.sources) + "};\n";
     source += "static const int32_t " + prefix + "State[] = {" +
               list(phase.weightIndices) + "};\n";
+    std::string targets = "nullptr";
+    if (!phase.targets.empty()) {
+      source += "static const int32_t " + prefix + "Targets[] = {" +
+                list(phase.targets) + "};\n";
+      targets = prefix + "Targets";
+    }
     info += llvm::formatv(
         "    {{{0}, {1}, {2}Inputs, {2}Sources, {3}, {2}Outputs, {4}, "
-        "{2}State, {5}},\n",
-        k, f.getNumArguments(), prefix, f.getNumResults(),
-        phase.weightIndices.size(), phase.arenaBytes());
+        "{2}State, {5}, {6}, {7}},\n",
+        phase.kind >= 0 ? phase.kind : static_cast<int>(k),
+        f.getNumArguments(), prefix, f.getNumResults(),
+        phase.weightIndices.size(), phase.arenaBytes(), phase.stage, targets);
   }
   return source + "static const pcc_phase_info kPhases[] = {\n" + info +
          "};\n";
@@ -486,12 +564,16 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   // A training module's entry points are its phases; the forward phase
   // stands for the model's signature.
   auto training = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName);
-  auto func = module.lookupSymbol<func::FuncOp>(
-      training ? StringRef(kPhaseFunctions[0]) : StringRef("main"));
+  // A pipelined one's @main (the calls of its stages) does.
+  StringRef entry = training && !module.lookupSymbol("train_forward")
+                        ? StringRef("main")
+                    : training ? StringRef(kPhaseFunctions[0])
+                               : StringRef("main");
+  auto func = module.lookupSymbol<func::FuncOp>(entry);
   if (!func || !func.getBody().hasOneBlock())
     return module.emitError("code generation: expects a single-block "
                             "func.func @")
-           << (training ? StringRef(kPhaseFunctions[0]) : StringRef("main"));
+           << entry;
   bool cpu = options.targets & kTargetCpu, cuda = options.targets & kTargetCuda;
   if (!cpu && !cuda)
     return module.emitError("code generation: no target");
@@ -522,7 +604,19 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   // The entry points: @main, or the pipeline stages it calls.
   auto schedule = func->getAttrOfType<DictionaryAttr>("pcc.schedule");
   std::vector<StageProgram> stages;
-  if (training) {
+  // A pipelined training library: the stages' wiring, and their phases as
+  // the programs.
+  std::vector<StageProgram> pipeStages;
+  if (training && schedule) {
+    auto collected = collectStages(module, func);
+    if (failed(collected))
+      return failure();
+    pipeStages = std::move(*collected);
+    auto phases = collectPipelinePhases(module, pipeStages);
+    if (failed(phases))
+      return failure();
+    stages = std::move(*phases);
+  } else if (training) {
     auto phases = collectPhases(module);
     if (failed(phases))
       return failure();
@@ -614,9 +708,13 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   specs += specArray("kOutputs", outputs, shapes);
   specs += specArray("kWeights", weights, shapes);
   specs += specArray("kWholeWeights", wholeWeights, shapes);
+  // A pipelined training stage's table lists its forward phase's weights.
+  for (auto [k, stage] : llvm::enumerate(pipeStages))
+    stage.weightIndices = stages[4 * k].weightIndices;
   std::string stageTables =
-      stageSource(training ? ArrayRef<StageProgram>(stages).take_front(1)
-                           : ArrayRef<StageProgram>(stages),
+      stageSource(!pipeStages.empty() ? ArrayRef<StageProgram>(pipeStages)
+                  : training ? ArrayRef<StageProgram>(stages).take_front(1)
+                             : ArrayRef<StageProgram>(stages),
                   inputs, outputs, shapes);
   std::string phaseTables = training
                                 ? phaseSource(stages, shapes)
@@ -732,8 +830,9 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
                               "'pp' axis in its pcc.mesh");
     pipelineAxis = pp->second;
   }
-  auto scheduleTable =
-      scheduleSource(func, schedule, stages.size(), pipelineRanks);
+  auto scheduleTable = scheduleSource(
+      func, schedule, pipeStages.empty() ? stages.size() : pipeStages.size(),
+      pipelineRanks);
   if (failed(scheduleTable))
     return failure();
 
@@ -770,7 +869,11 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << inputs.size() << ", kInputs, " << outputs.size() << ", kOutputs, "
      << weights.size() << ", kWeights, " << arenaBytes << ", "
      << meshAxes.size() << ", kMeshAxes, kMeshSizes, kWeightShards, "
-     << microbatches << ", " << (training ? 1 : stages.size()) << ", kStages, " << pipelineAxis
+     << microbatches << ", "
+     << (!pipeStages.empty() ? pipeStages.size()
+         : training          ? 1
+                             : stages.size())
+     << ", kStages, " << pipelineAxis
      << ", " << pipelineRanks << ", kScheduleLengths, kSchedules, "
      << quoted(policy) << ", kInputBatchDims, kOutputBatchDims, "
      << (training ? stages.size() : 0) << ", kPhases, kWeightKinds, "

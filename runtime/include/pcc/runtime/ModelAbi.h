@@ -163,6 +163,12 @@ enum pcc_hyper {
 /* A backward input that is not a forward output: the gradient of the loss
  * sum (one over the number of labels of the whole step's batch). */
 #define PCC_SOURCE_LOSS_GRAD (-1000000)
+/* ABI 10, a pipelined training library: a backward input that is the
+ * cotangent of the stage's forward output j, received from the next
+ * stage (its backward output whose output_targets entry is the forward
+ * input fed by output j). */
+#define PCC_SOURCE_OUTPUT_GRAD_BASE (-2000000)
+#define PCC_SOURCE_OUTPUT_GRAD(j) (PCC_SOURCE_OUTPUT_GRAD_BASE - (j))
 
 /* One phase of a training step. */
 typedef struct pcc_phase_info {
@@ -179,6 +185,11 @@ typedef struct pcc_phase_info {
   int32_t num_state;
   const int32_t *state; /* indices into pcc_model_info.weights */
   int64_t arena_bytes;
+  /* ABI 10: the pipeline stage the phase belongs to (0 unpipelined), and
+   * for a pipelined backward phase, per output the forward input whose
+   * cotangent it is (sent to the previous stage); null otherwise. */
+  int32_t stage;
+  const int32_t *output_targets;
 } pcc_phase_info;
 
 /* One pipeline stage: a program over one micro-batch. */
@@ -233,7 +244,10 @@ typedef struct pcc_model_info {
   const char *schedule_policy; /* "gpipe", "1f1b", ...; "" unpipelined */
   const int32_t *input_batch_dims;  /* per input (ABI 5) */
   const int32_t *output_batch_dims; /* per output (ABI 5) */
-  /* Training (ABI 6); num_phases is 0 for an inference library. */
+  /* Training (ABI 6); num_phases is 0 for an inference library. A
+   * pipelined training library (ABI 10) has 4 phases per stage, stage k's
+   * phase p at index 4 k + p; its stages table gives each stage's forward
+   * inputs and outputs, and schedules the F/B order per pipeline rank. */
   int32_t num_phases;
   const pcc_phase_info *phases;     /* indexed by enum pcc_phase */
   const int32_t *weight_kinds;      /* per weight: enum pcc_state_kind */

@@ -10,6 +10,7 @@
 #ifndef PCC_RUNTIME_TRAINER_H
 #define PCC_RUNTIME_TRAINER_H
 
+#include "pcc/runtime/Communicator.h"
 #include "pcc/runtime/Device.h"
 #include "pcc/runtime/ModelLibrary.h"
 #include "pcc/runtime/Safetensors.h"
@@ -46,6 +47,11 @@ public:
   /// Allocates the model state (zeros), the saved activations and the
   /// arena on `device`. The weights still have to be loaded.
   static Result<Trainer> create(const ModelLibrary &library, Device &device);
+  /// A pipelined library (pcc --train --pp): this process is pipeline rank
+  /// `pipelineRank` and holds that stage's state alone; `pipe` is the pp
+  /// group its activations and their gradients travel over.
+  static Result<Trainer> create(const ModelLibrary &library, Device &device,
+                                int32_t pipelineRank, Communicator *pipe);
 
   /// Copies every tensor of `kind` (enum pcc_state_kind) from `file`, by
   /// name, checking dtype and whole shape; a missing one is an error naming
@@ -102,6 +108,18 @@ private:
   Status runPhase(int32_t phase, const std::vector<const void *> &in,
                   const std::vector<void *> &out, const double *hyper,
                   bool onHost = false);
+  /// Pipelined training: the buffers of this rank's stage, and one step
+  /// run from the rank's instruction list (PipelineTrainer.cpp).
+  Status createPipeline(int32_t pipelineRank);
+  Result<StepResult>
+  pipelineStep(const std::vector<std::vector<const void *>> &microbatches,
+               double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper);
+  /// Pipelined: every rank gets state i whole (its first holder's copy).
+  Status gatherOverPipeline(int i, void *to, int64_t bytes) const;
+  /// The phase of kind `phase` (enum pcc_phase) of this rank's stage.
+  int32_t phaseIndex(int32_t phase) const {
+    return stage < 0 ? phase : 4 * stage + phase;
+  }
   /// The optimizer step of an offloaded library: the device's collectives,
   /// the gradients to the host, the update there, the weights back and the
   /// device's all-gathers.
@@ -125,6 +143,19 @@ private:
   DeviceBuffer hostArena, hostNorm;
   bool offloaded = false;
   int64_t hostTotal = 0;
+  /// Pipelined training: this rank's stage (-1: not pipelined), the pp
+  /// group, per state the first stage that holds it, and per micro-batch
+  /// the stage's buffers: forward inputs (model inputs; those received
+  /// are in `recv`, one per previous-stage output), forward outputs
+  /// (outputs, then the values the backward reads), the cotangents
+  /// received for the outputs, and the backward's outputs.
+  int32_t stage = -1;
+  Communicator *pipe = nullptr;
+  std::vector<int32_t> firstHolder;
+  struct Micro {
+    std::vector<DeviceBuffer> in, recv, out, gradOut, gradIn;
+  };
+  std::vector<Micro> micro;
   std::vector<DeviceBuffer> forwardIn;  // per forward input
   std::vector<DeviceBuffer> forwardOut; // loss, saved activations
   DeviceBuffer seed, norm, arena;

@@ -1,0 +1,260 @@
+//===- PipelineTraining.cpp - per-stage phases of a pipelined step --------===//
+//
+// pcc-pipeline-training: after pcc-pipeline-cut has cut @main (with its
+// loss) into stages, every stage k gets the phases of a training step:
+//
+//   @stage<k>_forward    the stage's inputs -> its outputs, then residuals
+//   @stage<k>_backward   residuals and one cotangent per float output ->
+//                        the cotangents of the float inputs received from
+//                        stage k - 1; weight gradients added into state
+//   @stage<k>_optimizer  tied weights' gradients summed over pp, the
+//                        global norm (one scalar all-reduce over pp), and
+//                        the updates of the stage's weights
+//   @stage<k>_zero_grad
+//
+// Every float value that crosses a cut has a cotangent flowing back, so
+// the sends and receives of the backward pass mirror the forward's. @main
+// and the stage functions stay: they record the wiring the emitter and
+// the schedule use.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Differentiate.h"
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Transforms/Passes.h"
+#include "pcc/Transforms/Training.h"
+
+#include "llvm/ADT/MapVector.h"
+
+namespace mlir::pcc {
+#define GEN_PASS_DEF_PIPELINETRAINING
+#include "pcc/Transforms/Passes.h.inc"
+} // namespace mlir::pcc
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+namespace {
+
+struct StageCall {
+  func::FuncOp callee;
+  /// Per argument: output s of the previous stage (s >= 0), or model
+  /// input k (-1 - k).
+  SmallVector<int32_t> sources;
+};
+
+FailureOr<SmallVector<StageCall>> collectCalls(func::FuncOp main) {
+  SmallVector<StageCall> calls;
+  DenseMap<Operation *, unsigned> index;
+  ModuleOp module = main->getParentOfType<ModuleOp>();
+  for (Operation &op : main.getBody().front()) {
+    auto call = dyn_cast<func::CallOp>(op);
+    if (!call)
+      continue;
+    auto callee = module.lookupSymbol<func::FuncOp>(call.getCallee());
+    if (!callee || !callee->hasAttr("pcc.stage"))
+      return call.emitError("pipeline training: @main must call the stages");
+    StageCall stage;
+    stage.callee = callee;
+    for (Value arg : call.getOperands()) {
+      if (auto block = dyn_cast<BlockArgument>(arg)) {
+        stage.sources.push_back(-1 - static_cast<int32_t>(block.getArgNumber()));
+        continue;
+      }
+      auto transfer = arg.getDefiningOp<TransferOp>();
+      Operation *producer =
+          transfer ? transfer.getInput().getDefiningOp() : nullptr;
+      if (!producer || !index.count(producer) ||
+          index.lookup(producer) + 1 != calls.size())
+        return call.emitError("pipeline training: stage ")
+               << calls.size()
+               << " must read model inputs or the previous stage's outputs";
+      stage.sources.push_back(static_cast<int32_t>(
+          cast<OpResult>(transfer.getInput()).getResultNumber()));
+    }
+    index[call] = calls.size();
+    calls.push_back(std::move(stage));
+  }
+  if (calls.size() < 2)
+    return main.emitError("pipeline training: expects a module cut into "
+                          "stages (run pcc-pipeline-cut first)");
+  return calls;
+}
+
+struct PipelineTrainingPass
+    : public mlir::pcc::impl::PipelineTrainingBase<PipelineTrainingPass> {
+  using PipelineTrainingBase::PipelineTrainingBase;
+
+  void runOnOperation() override {
+    if (failed(run(getOperation())))
+      signalPassFailure();
+  }
+
+  LogicalResult run(ModuleOp module);
+};
+
+LogicalResult PipelineTrainingPass::run(ModuleOp module) {
+  if (kind != "sgd" && kind != "adamw")
+    return module.emitError("pipeline training: unknown optimizer '")
+           << kind << "' (sgd or adamw)";
+  auto main = module.lookupSymbol<func::FuncOp>("main");
+  if (!main)
+    return module.emitError("pipeline training: no func.func @main");
+  auto calls = collectCalls(main);
+  if (failed(calls))
+    return failure();
+  MLIRContext *ctx = module.getContext();
+  unsigned n = calls->size();
+  Location loc = main.getLoc();
+
+  // Differentiate every stage; its weights in the order of their first
+  // gradient.
+  SmallVector<llvm::MapVector<StringRef, RankedTensorType>> weights(n);
+  llvm::SetVector<StringRef> allTrained;
+  for (auto [k, call] : llvm::enumerate(*calls)) {
+    func::FuncOp f = call.callee;
+    auto ret = cast<func::ReturnOp>(f.getBody().front().getTerminator());
+    bool last = k + 1 == n;
+    if (last && (ret.getNumOperands() != 1 ||
+                 cast<RankedTensorType>(ret.getOperand(0).getType())
+                         .getRank() != 0))
+      return f.emitError("pipeline training: the last stage must return the "
+                         "scalar loss alone");
+    DifferentiateSpec spec;
+    std::string fwdName = "stage" + std::to_string(k) + "_forward";
+    std::string bwdName = "stage" + std::to_string(k) + "_backward";
+    spec.forwardName = fwdName;
+    spec.backwardName = bwdName;
+    for (int32_t source : call.sources)
+      spec.activeArgs.push_back(source >= 0);
+    if (last)
+      spec.resultNames.push_back("loss");
+    llvm::SetVector<StringRef> trained;
+    auto result = differentiateFunction(f, spec, trained);
+    if (failed(result))
+      return failure();
+    auto stageAttr = IntegerAttr::get(IntegerType::get(ctx, 64), k);
+    result->forward->setAttr(kPipelineStageAttrName, stageAttr);
+    result->backward->setAttr(kPipelineStageAttrName, stageAttr);
+    for (auto [j, i] : llvm::enumerate(result->gradOf))
+      result->backward.setResultAttr(j, "pcc.grad_of",
+                                     IntegerAttr::get(IntegerType::get(ctx, 32), i));
+    result->backward.walk([&](AccumulateOp op) {
+      auto state = op.getState().getDefiningOp<ParamOp>();
+      weights[k].insert({splitStateName(state.getName()).first,
+                         state.getType()});
+    });
+    for (auto &[name, type] : weights[k]) {
+      if (!type.getElementType().isF32())
+        return f.emitError("pipeline training: weight '")
+               << name << "' is " << type
+               << "; the optimizers update float32 weights";
+      allTrained.insert(name);
+    }
+  }
+  if (allTrained.empty())
+    return main.emitError("autodiff: no weight receives a gradient");
+
+  // Weights on several stages (a tied embedding and head): their
+  // gradients are summed over pp before the update; the first holder
+  // counts them in the norm.
+  llvm::MapVector<StringRef, RankedTensorType> tied;
+  DenseMap<StringRef, unsigned> firstHolder;
+  for (unsigned k = 0; k < n; ++k)
+    for (auto &[name, type] : weights[k]) {
+      auto [it, inserted] = firstHolder.try_emplace(name, k);
+      if (!inserted)
+        tied.insert({name, type});
+    }
+
+  OpBuilder mb = OpBuilder::atBlockEnd(module.getBody());
+  auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+  auto state = [&](OpBuilder &b, StringRef weight, StringRef what,
+                   RankedTensorType type) -> Value {
+    std::string name = what.empty() ? weight.str() : stateName(weight, what);
+    return ParamOp::create(b, loc, type, b.getStringAttr(name),
+                           ShardingAttr());
+  };
+  for (unsigned k = 0; k < n; ++k) {
+    auto stageAttr = IntegerAttr::get(IntegerType::get(ctx, 64), k);
+    auto opt = func::FuncOp::create(
+        mb, loc, "stage" + std::to_string(k) + "_optimizer",
+        mb.getFunctionType({}, {scalar}));
+    opt->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[2]));
+    opt->setAttr(kPipelineStageAttrName, stageAttr);
+    opt.setAllResultAttrs(ArrayRef<DictionaryAttr>{DictionaryAttr::get(
+        ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
+                             StringAttr::get(ctx, "grad_norm"))})});
+    OpBuilder b = OpBuilder::atBlockEnd(opt.addEntryBlock());
+    // Every stage joins every tied weight's sum, in one order; a stage
+    // without the weight adds zeros.
+    for (auto &[name, type] : tied) {
+      bool holds = weights[k].count(name);
+      Value g = holds ? state(b, name, "grad", type)
+                      : ConstantOp::create(b, loc, getSplatAttr(type, 0.0))
+                            .getResult();
+      Value sum = AllReduceOp::create(b, loc, type, g, b.getStringAttr("pp"));
+      if (holds)
+        AssignOp::create(b, loc, state(b, name, "grad", type), sum);
+    }
+    Value total;
+    for (auto &[name, type] : weights[k]) {
+      if (firstHolder.lookup(name) != k)
+        continue;
+      Value g = state(b, name, "grad", type);
+      Value sq = MulOp::create(b, loc, g, g);
+      SmallVector<int64_t> all;
+      for (int64_t d = 0; d < type.getRank(); ++d)
+        all.push_back(d);
+      Value sum = all.empty() ? sq
+                              : ReduceSumOp::create(b, loc, sq, all,
+                                                    /*keep_dims=*/false)
+                                    .getResult();
+      total = total ? AddOp::create(b, loc, total, sum).getResult() : sum;
+    }
+    if (!total)
+      total = ConstantOp::create(b, loc, getSplatAttr(scalar, 0.0));
+    total = AllReduceOp::create(b, loc, scalar, total, b.getStringAttr("pp"));
+    Value norm = SqrtOp::create(b, loc, total);
+    for (auto &[name, type] : weights[k]) {
+      Value p = state(b, name, "", type);
+      Value g = state(b, name, "grad", type);
+      if (kind == "sgd") {
+        Value buf = state(b, name, "momentum_buffer", type);
+        SgdUpdateOp::create(b, loc, p, g, buf, norm);
+      } else {
+        Value m = state(b, name, "exp_avg", type);
+        Value v = state(b, name, "exp_avg_sq", type);
+        AdamwUpdateOp::create(b, loc, p, g, m, v, norm);
+      }
+    }
+    func::ReturnOp::create(b, loc, ValueRange{norm});
+
+    auto zero = func::FuncOp::create(
+        mb, loc, "stage" + std::to_string(k) + "_zero_grad",
+        mb.getFunctionType({}, {}));
+    zero->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[3]));
+    zero->setAttr(kPipelineStageAttrName, stageAttr);
+    OpBuilder zb = OpBuilder::atBlockEnd(zero.addEntryBlock());
+    for (auto &[name, type] : weights[k])
+      ZeroOp::create(zb, loc, state(zb, name, "grad", type));
+    func::ReturnOp::create(zb, loc, ValueRange{});
+  }
+
+  SmallVector<Attribute> names;
+  for (StringRef name : allTrained)
+    names.push_back(StringAttr::get(ctx, name));
+  SmallVector<Attribute> tiedNames;
+  for (auto &entry : tied)
+    tiedNames.push_back(StringAttr::get(ctx, entry.first));
+  setTrainingAttr(module,
+                  {NamedAttribute(StringAttr::get(ctx, "weights"),
+                                  ArrayAttr::get(ctx, names)),
+                   NamedAttribute(StringAttr::get(ctx, "optimizer"),
+                                  StringAttr::get(ctx, kind)),
+                   NamedAttribute(StringAttr::get(ctx, "tied"),
+                                  ArrayAttr::get(ctx, tiedNames))});
+  return success();
+}
+
+} // namespace
