@@ -1,16 +1,24 @@
 //===- PipelineTraining.cpp - per-stage phases of a pipelined step --------===//
 //
 // pcc-pipeline-training: after pcc-pipeline-cut has cut @main (with its
-// loss) into stages, every stage k gets the phases of a training step:
+// loss) into stages, every stage k gets the phases of a micro-batch:
 //
-//   @stage<k>_forward    the stage's inputs -> its outputs, then residuals
-//   @stage<k>_backward   residuals and one cotangent per float output ->
-//                        the cotangents of the float inputs received from
-//                        stage k - 1; weight gradients added into state
-//   @stage<k>_optimizer  tied weights' gradients summed over pp, the
-//                        global norm (one scalar all-reduce over pp), and
-//                        the updates of the stage's weights
-//   @stage<k>_zero_grad
+//   @stage<k>_forward      the stage's inputs -> its outputs, then residuals
+//   @stage<k>_backward     (B) residuals and one cotangent per float output
+//                          -> the cotangents of the float inputs received
+//                          from stage k - 1, then the values W reads
+//   @stage<k>_weight_grad  (W) the weights' gradients, added into state
+//
+// and every pipeline rank r (running stages r, r + p, ... with
+// interleaved chunks) the phases of a step:
+//
+//   @rank<r>_optimizer     tied weights' gradients summed over pp, the
+//                          global norm (one scalar all-reduce over pp), and
+//                          the updates of the rank's weights
+//   @rank<r>_zero_grad
+//
+// B and W are separate so that a schedule (ZB-H1) can run W later; GPipe
+// and 1F1B run it right after B.
 //
 // Every float value that crosses a cut has a cotangent flowing back, so
 // the sends and receives of the backward pass mirror the forward's. @main
@@ -24,6 +32,7 @@
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Training.h"
 
+#include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/MapVector.h"
 
 namespace mlir::pcc {
@@ -79,6 +88,107 @@ FailureOr<SmallVector<StageCall>> collectCalls(func::FuncOp main) {
     return main.emitError("pipeline training: expects a module cut into "
                           "stages (run pcc-pipeline-cut first)");
   return calls;
+}
+
+/// Values `op` reads, its nested regions' reads from outside included.
+SmallVector<Value> usedValues(Operation *op) {
+  SmallVector<Value> used(op->getOperands());
+  op->walk([&](Operation *inner) {
+    if (inner == op)
+      return;
+    for (Value v : inner->getOperands())
+      if (!op->isProperAncestor(v.getParentRegion()->getParentOp()) &&
+          v.getParentRegion()->getParentOp() != op)
+        used.push_back(v);
+  });
+  return used;
+}
+
+/// Splits a stage's backward function in two (Zero Bubble's B and W):
+/// `bwd` keeps what the input cotangents need, and returns after them the
+/// values the rest reads ("stash<i>", pcc.grad_of -1); the rest, the
+/// weights' gradients added into their state, moves to a new function
+/// `name` whose arguments are the backward's arguments it reads and the
+/// stash. Weights and constants are read again rather than stashed.
+func::FuncOp splitWeightGradients(func::FuncOp bwd, StringRef name) {
+  MLIRContext *ctx = bwd.getContext();
+  Block &body = bwd.getBody().front();
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  // B: the backward slice of the input cotangents.
+  DenseSet<Operation *> inB;
+  SmallVector<Operation *> work;
+  auto visit = [&](Value v) {
+    Operation *def = v.getDefiningOp();
+    if (def && def->getBlock() == &body && inB.insert(def).second)
+      work.push_back(def);
+  };
+  for (Value v : ret.getOperands())
+    visit(v);
+  while (!work.empty())
+    for (Value v : usedValues(work.pop_back_val()))
+      visit(v);
+
+  OpBuilder mb(bwd);
+  mb.setInsertionPointAfter(bwd);
+  auto w = func::FuncOp::create(mb, bwd.getLoc(), name,
+                                mb.getFunctionType({}, {}));
+  Block *wBody = w.addEntryBlock();
+  OpBuilder b = OpBuilder::atBlockEnd(wBody);
+  IRMapping map;
+  SmallVector<Value> stash;
+  SmallVector<Operation *> moved;
+  auto named = [&](StringRef n) {
+    return DictionaryAttr::get(
+        ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
+                             StringAttr::get(ctx, n))});
+  };
+  auto argument = [&](Value v, DictionaryAttr attrs) {
+    unsigned i = w.getNumArguments();
+    w.insertArgument(i, v.getType(), attrs, v.getLoc());
+    map.map(v, w.getArgument(i));
+  };
+  for (Operation &op : body.without_terminator()) {
+    if (inB.contains(&op))
+      continue;
+    for (Value v : usedValues(&op)) {
+      if (map.contains(v) || (v.getDefiningOp() && !inB.contains(v.getDefiningOp()) &&
+                              v.getDefiningOp()->getBlock() == &body))
+        continue;
+      if (auto arg = dyn_cast<BlockArgument>(v); arg && arg.getOwner() == &body) {
+        argument(v, bwd.getArgAttrDict(arg.getArgNumber()));
+        continue;
+      }
+      Operation *def = v.getDefiningOp();
+      if (!def || def->getBlock() != &body)
+        continue; // defined inside the op itself
+      if (isa<ParamOp, ConstantOp>(def)) {
+        b.clone(*def, map);
+        continue;
+      }
+      argument(v, named("stash" + std::to_string(stash.size())));
+      stash.push_back(v);
+    }
+    b.clone(op, map);
+    moved.push_back(&op);
+  }
+  func::ReturnOp::create(b, bwd.getLoc(), ValueRange{});
+  // The stash leaves B after the cotangents.
+  unsigned first = ret.getNumOperands();
+  ret->insertOperands(first, stash);
+  SmallVector<Type> results(ret.getOperandTypes());
+  SmallVector<DictionaryAttr> attrs;
+  for (unsigned j = 0; j < first; ++j)
+    attrs.push_back(bwd.getResultAttrDict(j));
+  for (unsigned j = 0; j < stash.size(); ++j) {
+    NamedAttrList list(named("stash" + std::to_string(j)));
+    list.set("pcc.grad_of", IntegerAttr::get(IntegerType::get(ctx, 32), -1));
+    attrs.push_back(list.getDictionary(ctx));
+  }
+  bwd.setType(FunctionType::get(ctx, bwd.getArgumentTypes(), results));
+  bwd.setAllResultAttrs(attrs);
+  for (Operation *op : llvm::reverse(moved))
+    op->erase();
+  return w;
 }
 
 struct PipelineTrainingPass
@@ -139,7 +249,10 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     for (auto [j, i] : llvm::enumerate(result->gradOf))
       result->backward.setResultAttr(j, "pcc.grad_of",
                                      IntegerAttr::get(IntegerType::get(ctx, 32), i));
-    result->backward.walk([&](AccumulateOp op) {
+    func::FuncOp weightGrad = splitWeightGradients(
+        result->backward, "stage" + std::to_string(k) + "_weight_grad");
+    weightGrad->setAttr(kPipelineStageAttrName, stageAttr);
+    weightGrad.walk([&](AccumulateOp op) {
       auto state = op.getState().getDefiningOp<ParamOp>();
       weights[k].insert({splitStateName(state.getName()).first,
                          state.getType()});
@@ -155,14 +268,25 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
   if (allTrained.empty())
     return main.emitError("autodiff: no weight receives a gradient");
 
-  // Weights on several stages (a tied embedding and head): their
-  // gradients are summed over pp before the update; the first holder
-  // counts them in the norm.
+  // Pipeline rank r runs stages r, r + p, ... (interleaved chunks) and
+  // updates the weights of all of them. Weights on several ranks (a tied
+  // embedding and head): their gradients are summed over pp before the
+  // update; the first holder counts them in the norm.
+  int64_t chunks = getPipelineChunks(module);
+  if (chunks < 1 || n % chunks != 0)
+    return main.emitError("pipeline training: ")
+           << n << " stages do not make " << chunks
+           << " chunks per pipeline rank";
+  unsigned ranks = n / chunks;
+  SmallVector<llvm::MapVector<StringRef, RankedTensorType>> held(ranks);
+  for (unsigned k = 0; k < n; ++k)
+    for (auto &[name, type] : weights[k])
+      held[k % ranks].insert({name, type});
   llvm::MapVector<StringRef, RankedTensorType> tied;
   DenseMap<StringRef, unsigned> firstHolder;
-  for (unsigned k = 0; k < n; ++k)
-    for (auto &[name, type] : weights[k]) {
-      auto [it, inserted] = firstHolder.try_emplace(name, k);
+  for (unsigned r = 0; r < ranks; ++r)
+    for (auto &[name, type] : held[r]) {
+      auto [it, inserted] = firstHolder.try_emplace(name, r);
       if (!inserted)
         tied.insert({name, type});
     }
@@ -175,13 +299,13 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     return ParamOp::create(b, loc, type, b.getStringAttr(name),
                            ShardingAttr());
   };
-  for (unsigned k = 0; k < n; ++k) {
+  for (unsigned k = 0; k < ranks; ++k) {
     auto stageAttr = IntegerAttr::get(IntegerType::get(ctx, 64), k);
     auto opt = func::FuncOp::create(
-        mb, loc, "stage" + std::to_string(k) + "_optimizer",
+        mb, loc, "rank" + std::to_string(k) + "_optimizer",
         mb.getFunctionType({}, {scalar}));
     opt->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[2]));
-    opt->setAttr(kPipelineStageAttrName, stageAttr);
+    opt->setAttr(kPipelineRankAttrName, stageAttr);
     opt.setAllResultAttrs(ArrayRef<DictionaryAttr>{DictionaryAttr::get(
         ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
                              StringAttr::get(ctx, "grad_norm"))})});
@@ -189,7 +313,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     // Every stage joins every tied weight's sum, in one order; a stage
     // without the weight adds zeros.
     for (auto &[name, type] : tied) {
-      bool holds = weights[k].count(name);
+      bool holds = held[k].count(name);
       Value g = holds ? state(b, name, "grad", type)
                       : ConstantOp::create(b, loc, getSplatAttr(type, 0.0))
                             .getResult();
@@ -198,7 +322,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
         AssignOp::create(b, loc, state(b, name, "grad", type), sum);
     }
     Value total;
-    for (auto &[name, type] : weights[k]) {
+    for (auto &[name, type] : held[k]) {
       if (firstHolder.lookup(name) != k)
         continue;
       Value g = state(b, name, "grad", type);
@@ -216,7 +340,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
       total = ConstantOp::create(b, loc, getSplatAttr(scalar, 0.0));
     total = AllReduceOp::create(b, loc, scalar, total, b.getStringAttr("pp"));
     Value norm = SqrtOp::create(b, loc, total);
-    for (auto &[name, type] : weights[k]) {
+    for (auto &[name, type] : held[k]) {
       Value p = state(b, name, "", type);
       Value g = state(b, name, "grad", type);
       if (kind == "sgd") {
@@ -231,12 +355,12 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     func::ReturnOp::create(b, loc, ValueRange{norm});
 
     auto zero = func::FuncOp::create(
-        mb, loc, "stage" + std::to_string(k) + "_zero_grad",
+        mb, loc, "rank" + std::to_string(k) + "_zero_grad",
         mb.getFunctionType({}, {}));
     zero->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[3]));
-    zero->setAttr(kPipelineStageAttrName, stageAttr);
+    zero->setAttr(kPipelineRankAttrName, stageAttr);
     OpBuilder zb = OpBuilder::atBlockEnd(zero.addEntryBlock());
-    for (auto &[name, type] : weights[k])
+    for (auto &[name, type] : held[k])
       ZeroOp::create(zb, loc, state(zb, name, "grad", type));
     func::ReturnOp::create(zb, loc, ValueRange{});
   }

@@ -276,50 +276,67 @@ Status ModelLibrary::checkPhases() const {
   if (info.num_phases == 0)
     return Status::success();
   bool pipelined = info.num_stages > 1;
-  if ((pipelined ? info.num_phases != 4 * info.num_stages
+  int32_t S = info.num_stages, P = info.num_pipeline_ranks;
+  if ((pipelined ? P < 1 || S % P != 0 || info.num_phases != 3 * S + 2 * P
                  : info.num_phases != 4 && info.num_phases != 6) ||
       !info.phases || !info.weight_kinds || !info.weight_owners ||
       !info.weight_offload)
     return Error{"a training library has 4 phases (6 with an offloaded "
-                 "optimizer, 4 per stage when pipelined) with state tables"};
+                 "optimizer; 3 per stage and 2 per pipeline rank when "
+                 "pipelined) with state tables"};
   for (int i = 0; i < info.num_weights; ++i)
     if (info.weight_kinds[i] < PCC_STATE_WEIGHT ||
         info.weight_kinds[i] > PCC_STATE_BUCKET ||
         info.weight_owners[i] < 0 || info.weight_owners[i] >= info.num_weights)
       return Error{"state " + std::to_string(i) + " has a bad kind or owner"};
+  static const int32_t kStageKinds[] = {PCC_PHASE_FORWARD, PCC_PHASE_BACKWARD,
+                                        PCC_PHASE_WEIGHT_GRAD};
   for (int k = 0; k < info.num_phases; ++k) {
     const pcc_phase_info &phase = info.phases[k];
-    if (phase.phase != (pipelined ? k % 4 : k) ||
-        phase.stage != (pipelined ? k / 4 : 0))
+    bool perStage = pipelined && k < 3 * S;
+    int32_t kind = !pipelined ? k
+                   : perStage ? kStageKinds[k % 3]
+                              : PCC_PHASE_OPTIMIZER + (k - 3 * S) % 2;
+    int32_t owner = !pipelined ? 0 : perStage ? k / 3 : (k - 3 * S) / 2;
+    if (phase.phase != kind || phase.stage != owner)
       return Error{"phase " + std::to_string(k) + " is out of order"};
     for (int s = 0; s < phase.num_state; ++s)
       if (phase.state[s] < 0 || phase.state[s] >= info.num_weights)
         return Error{"phase " + std::to_string(k) + " reads state " +
                      std::to_string(phase.state[s]) + " of " +
                      std::to_string(info.num_weights)};
-    for (int i = 0; i < phase.num_inputs && pipelined; ++i) {
+    if (pipelined && !perStage && phase.num_inputs != 0)
+      return Error{"phase " + std::to_string(k) + " takes inputs"};
+    for (int i = 0; i < phase.num_inputs && perStage; ++i) {
       int32_t source = phase.input_sources[i];
-      const pcc_stage_info &stage = info.stages[k / 4];
-      const pcc_phase_info &forward = info.phases[k - k % 4];
+      const pcc_stage_info &stage = info.stages[owner];
+      const pcc_phase_info &forward = info.phases[3 * owner];
+      const pcc_phase_info &backward = info.phases[3 * owner + 1];
+      bool cotangentOrSaved =
+          (source == PCC_SOURCE_LOSS_GRAD && owner + 1 == S) ||
+          (source <= PCC_SOURCE_OUTPUT_GRAD_BASE &&
+           source > PCC_SOURCE_BACKWARD_OUTPUT_BASE &&
+           PCC_SOURCE_OUTPUT_GRAD_BASE - source < stage.num_outputs) ||
+          (source >= 0 && source < forward.num_outputs);
       bool ok =
-          (phase.phase == PCC_PHASE_FORWARD &&
+          (kind == PCC_PHASE_FORWARD &&
            ((source < 0 && -1 - source < info.num_inputs) ||
-            (source >= 0 && k >= 4 &&
-             source < info.stages[k / 4 - 1].num_outputs))) ||
-          (phase.phase == PCC_PHASE_BACKWARD &&
-           ((source == PCC_SOURCE_LOSS_GRAD && k / 4 + 1 == info.num_stages) ||
-            (source <= PCC_SOURCE_OUTPUT_GRAD_BASE &&
-             PCC_SOURCE_OUTPUT_GRAD_BASE - source < stage.num_outputs) ||
-            (source >= 0 && source < forward.num_outputs)));
+            (source >= 0 && owner > 0 &&
+             source < info.stages[owner - 1].num_outputs))) ||
+          (kind == PCC_PHASE_BACKWARD && cotangentOrSaved) ||
+          (kind == PCC_PHASE_WEIGHT_GRAD &&
+           (cotangentOrSaved ||
+            (source <= PCC_SOURCE_BACKWARD_OUTPUT_BASE &&
+             PCC_SOURCE_BACKWARD_OUTPUT_BASE - source < backward.num_outputs)));
       if (!ok)
         return Error{"phase " + std::to_string(k) + " input " +
                      std::to_string(i) + " has a bad source " +
                      std::to_string(source)};
     }
-    for (int o = 0; pipelined && phase.phase == PCC_PHASE_BACKWARD &&
+    for (int o = 0; perStage && kind == PCC_PHASE_BACKWARD &&
                     o < phase.num_outputs;
          ++o)
-      if (!phase.output_targets || phase.output_targets[o] < 0 ||
+      if (!phase.output_targets || phase.output_targets[o] < -1 ||
           phase.output_targets[o] >= info.phases[k - 1].num_inputs)
         return Error{"phase " + std::to_string(k) + " output " +
                      std::to_string(o) + " names no forward input"};

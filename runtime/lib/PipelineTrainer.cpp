@@ -1,12 +1,22 @@
 //===- PipelineTrainer.cpp - a pipeline rank's training step -------------===//
 //
-// A pipelined training library (pcc --train --pp) has four phases per
-// stage and one instruction list per pipeline rank (the schedule pcc
-// chose: GPipe or 1F1B). The rank runs its stage's zero-grad, then its
-// list: forward and backward passes of micro-batches, the activations'
-// sends and receives to the next stage and their gradients' to the
-// previous one; then its stage's optimizer, whose collectives over pp sum
+// A pipelined training library (pcc --train --pp) has three phases per
+// stage (forward F, input-gradient B, weight-gradient W), two per
+// pipeline rank (optimizer, zero-grad) and one instruction list per
+// pipeline rank (the schedule pcc chose: GPipe, 1F1B, interleaved 1F1B or
+// ZB-H1). Pipeline rank r runs stages r, r + P, ... (one per chunk). It
+// runs its zero-grad, then its list: F, B and W of micro-batches, the
+// activations' sends and receives to the next stage and their gradients'
+// to the previous one; then its optimizer, whose collectives over pp sum
 // the gradients of tied weights and the global norm.
+//
+// What a micro-batch keeps between its F and its W (received inputs,
+// forward outputs and saved activations, the cotangents received, the
+// values B computed for W) lives in a stash slot; each chunk has as many
+// slots as the list keeps micro-batches of it in flight at once (p - r
+// for 1F1B), found by walking the list. The cotangents B sends back have
+// a buffer per micro-batch: an asynchronous send may still read it after
+// the slot is reused.
 //
 // Messages between two ranks match in the order they are posted (no
 // tags): a forward transfer carries every output of the sending stage in
@@ -50,20 +60,64 @@ int64_t count(const pcc_tensor_spec &spec) {
 
 } // namespace
 
-Status Trainer::createPipeline(int32_t pipelineRank) {
+int32_t Trainer::stagePhase(int32_t kind, int32_t stage) const {
+  int32_t offset = kind == PCC_PHASE_FORWARD    ? 0
+                   : kind == PCC_PHASE_BACKWARD ? 1
+                                                : 2;
+  return 3 * stage + offset;
+}
+
+int32_t Trainer::rankPhase(int32_t kind) const {
   const pcc_model_info &info = library->info();
-  if (info.num_stages != info.num_pipeline_ranks)
-    return Error{"this pipelined training library has " +
-                 std::to_string(info.num_stages) + " stages on " +
-                 std::to_string(info.num_pipeline_ranks) +
-                 " pipeline ranks; one stage per rank is supported"};
-  if (pipelineRank >= info.num_stages)
-    return Error{"pipeline rank " + std::to_string(pipelineRank) +
-                 " has no stage"};
-  const pcc_phase_info &fwd = info.phases[phaseIndex(PCC_PHASE_FORWARD)];
-  const pcc_phase_info &bwd = info.phases[phaseIndex(PCC_PHASE_BACKWARD)];
-  const pcc_stage_info &me = info.stages[stage];
-  int64_t m = std::max<int32_t>(info.microbatches, 1);
+  return 3 * info.num_stages + 2 * pipeRank +
+         (kind == PCC_PHASE_OPTIMIZER ? 0 : 1);
+}
+
+Status Trainer::createPipeline() {
+  const pcc_model_info &info = library->info();
+  int32_t P = info.num_pipeline_ranks;
+  int32_t chunks = info.num_stages / P;
+  int32_t m = std::max<int32_t>(info.microbatches, 1);
+  for (int32_t c = 0; c < chunks; ++c)
+    stages.push_back(pipeRank + c * P);
+
+  // Stash slots: walk the list, a micro-batch holding one of its chunk's
+  // slots from its first instruction to its W.
+  const pcc_pipeline_instr *list = info.schedules[pipeRank];
+  slotOf.assign(static_cast<size_t>(chunks),
+                std::vector<int32_t>(static_cast<size_t>(m), -1));
+  // Per (chunk, micro-batch): 0 not started, 1 holding its slot, 2 done.
+  std::vector<std::vector<int8_t>> held(
+      static_cast<size_t>(chunks), std::vector<int8_t>(static_cast<size_t>(m)));
+  std::vector<std::vector<int32_t>> freeSlots(static_cast<size_t>(chunks));
+  std::vector<int32_t> slotCount(static_cast<size_t>(chunks), 0);
+  for (int32_t n = 0; n < info.schedule_lengths[pipeRank]; ++n) {
+    const pcc_pipeline_instr &instr = list[n];
+    if (instr.stage < 0 || instr.stage >= info.num_stages ||
+        instr.stage % P != pipeRank || instr.microbatch < 0 ||
+        instr.microbatch >= m)
+      return Error{"the schedule of pipeline rank " + std::to_string(pipeRank) +
+                   " names micro-batch " + std::to_string(instr.microbatch) +
+                   " of stage " + std::to_string(instr.stage)};
+    auto c = static_cast<size_t>(instr.stage / P);
+    auto mb = static_cast<size_t>(instr.microbatch);
+    if (held[c][mb] == 2)
+      return Error{"the schedule of pipeline rank " + std::to_string(pipeRank) +
+                   " uses micro-batch " + std::to_string(instr.microbatch) +
+                   " after its weight gradients"};
+    if (held[c][mb] == 0) {
+      if (freeSlots[c].empty())
+        freeSlots[c].push_back(slotCount[c]++);
+      slotOf[c][mb] = freeSlots[c].back();
+      freeSlots[c].pop_back();
+      held[c][mb] = 1;
+    }
+    if (instr.op == PCC_PIPE_WEIGHT_GRAD) {
+      freeSlots[c].push_back(slotOf[c][mb]);
+      held[c][mb] = 2;
+    }
+  }
+
   auto make = [&](std::vector<DeviceBuffer> &into,
                   const pcc_tensor_spec &spec) -> Status {
     auto buffer = allocateZeros(*device, specBytes(spec));
@@ -73,45 +127,72 @@ Status Trainer::createPipeline(int32_t pipelineRank) {
     into.push_back(buffer.take());
     return Status::success();
   };
-  // One slot per micro-batch: a stage keeps at most m in flight.
-  micro.resize(static_cast<size_t>(m));
-  for (Micro &slot : micro) {
-    for (int i = 0; i < fwd.num_inputs; ++i) {
-      // Received inputs live in `recv`; the slot keeps an empty buffer.
-      if (fwd.input_sources[i] >= 0) {
-        slot.in.emplace_back();
-        continue;
-      }
-      if (Status s = make(slot.in, fwd.inputs[i]); !s.ok())
-        return s;
-    }
-    if (stage > 0) {
-      const pcc_stage_info &prev = info.stages[stage - 1];
-      for (int j = 0; j < prev.num_outputs; ++j)
-        if (Status s = make(slot.recv, prev.outputs[j]); !s.ok())
+  slots.resize(static_cast<size_t>(chunks));
+  sendGrad.resize(static_cast<size_t>(chunks));
+  for (int32_t c = 0; c < chunks; ++c) {
+    int32_t k = stages[static_cast<size_t>(c)];
+    const pcc_phase_info &fwd = info.phases[stagePhase(PCC_PHASE_FORWARD, k)];
+    const pcc_phase_info &bwd = info.phases[stagePhase(PCC_PHASE_BACKWARD, k)];
+    const pcc_stage_info &me = info.stages[k];
+    bool last = k + 1 == info.num_stages;
+    slots[c].resize(static_cast<size_t>(slotCount[c]));
+    for (Slot &slot : slots[c]) {
+      for (int i = 0; i < fwd.num_inputs; ++i) {
+        // Received inputs live in `recv`; the slot keeps an empty buffer.
+        if (fwd.input_sources[i] >= 0) {
+          slot.in.emplace_back();
+          continue;
+        }
+        if (Status s = make(slot.in, fwd.inputs[i]); !s.ok())
           return s;
-    }
-    for (int j = 0; j < fwd.num_outputs; ++j) {
-      if (Status s = make(slot.out, fwd.outputs[j]); !s.ok())
-        return s;
-      if (j >= me.num_outputs)
-        savedTotal += specBytes(fwd.outputs[j]);
-    }
-    bool last = stage + 1 == info.num_stages;
-    for (int j = 0; j < me.num_outputs && !last; ++j) {
-      if (!isFloat(me.outputs[j].dtype)) {
-        slot.gradOut.emplace_back();
-        continue;
       }
-      if (Status s = make(slot.gradOut, me.outputs[j]); !s.ok())
-        return s;
+      if (k > 0) {
+        const pcc_stage_info &prev = info.stages[k - 1];
+        for (int j = 0; j < prev.num_outputs; ++j)
+          if (Status s = make(slot.recv, prev.outputs[j]); !s.ok())
+            return s;
+      }
+      for (int j = 0; j < fwd.num_outputs; ++j) {
+        if (Status s = make(slot.out, fwd.outputs[j]); !s.ok())
+          return s;
+        if (j >= me.num_outputs)
+          savedTotal += specBytes(fwd.outputs[j]);
+      }
+      for (int j = 0; j < me.num_outputs && !last; ++j) {
+        if (!isFloat(me.outputs[j].dtype)) {
+          slot.gradOut.emplace_back();
+          continue;
+        }
+        if (Status s = make(slot.gradOut, me.outputs[j]); !s.ok())
+          return s;
+      }
+      for (int o = 0; o < bwd.num_outputs; ++o) {
+        if (bwd.output_targets[o] >= 0) {
+          slot.stash.emplace_back();
+          continue;
+        }
+        if (Status s = make(slot.stash, bwd.outputs[o]); !s.ok())
+          return s;
+        savedTotal += specBytes(bwd.outputs[o]);
+      }
     }
-    for (int o = 0; o < bwd.num_outputs; ++o)
-      if (Status s = make(slot.gradIn, bwd.outputs[o]); !s.ok())
-        return s;
+    sendGrad[c].resize(static_cast<size_t>(m));
+    for (std::vector<DeviceBuffer> &send : sendGrad[c])
+      for (int o = 0; o < bwd.num_outputs; ++o) {
+        if (bwd.output_targets[o] < 0) {
+          send.emplace_back();
+          continue;
+        }
+        if (Status s = make(send, bwd.outputs[o]); !s.ok())
+          return s;
+      }
+    for (int32_t kind : {PCC_PHASE_FORWARD, PCC_PHASE_BACKWARD,
+                         PCC_PHASE_WEIGHT_GRAD})
+      arenaTotal = std::max(arenaTotal,
+                            info.phases[stagePhase(kind, k)].arena_bytes);
   }
-  for (int p = 0; p < 4; ++p)
-    arenaTotal = std::max(arenaTotal, info.phases[phaseIndex(p)].arena_bytes);
+  for (int32_t kind : {PCC_PHASE_OPTIMIZER, PCC_PHASE_ZERO_GRAD})
+    arenaTotal = std::max(arenaTotal, info.phases[rankPhase(kind)].arena_bytes);
   auto seedBuffer = allocateZeros(*device, 4), normBuffer = allocateZeros(*device, 4),
        arenaBuffer = allocateZeros(*device, arenaTotal);
   if (!seedBuffer.ok() || !normBuffer.ok() || !arenaBuffer.ok())
@@ -123,6 +204,12 @@ Status Trainer::createPipeline(int32_t pipelineRank) {
   return Status::success();
 }
 
+int32_t Trainer::stashSlots(int32_t chunk) const {
+  return chunk < static_cast<int32_t>(slots.size())
+             ? static_cast<int32_t>(slots[static_cast<size_t>(chunk)].size())
+             : 0;
+}
+
 Status Trainer::gatherOverPipeline(int i, void *to, int64_t bytes) const {
   const pcc_model_info &info = library->info();
   const pcc_comm &comm = comms[info.pipeline_axis];
@@ -131,7 +218,7 @@ Status Trainer::gatherOverPipeline(int i, void *to, int64_t bytes) const {
   auto buffer = allocateZeros(*device, bytes);
   if (!buffer.ok())
     return Error{buffer.error()};
-  if (firstHolder[i] == stage && statePtrs[i]) {
+  if (firstHolder[i] == pipeRank && statePtrs[i]) {
     std::vector<uint8_t> host(static_cast<size_t>(bytes));
     Status read = readState(i, host.data(), bytes);
     if (!read.ok())
@@ -152,56 +239,71 @@ Result<StepResult> Trainer::pipelineStep(
     const std::vector<std::vector<const void *>> &microbatches,
     double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper) {
   const pcc_model_info &info = library->info();
-  const pcc_phase_info &fwd = info.phases[phaseIndex(PCC_PHASE_FORWARD)];
-  const pcc_phase_info &bwd = info.phases[phaseIndex(PCC_PHASE_BACKWARD)];
-  const pcc_stage_info &me = info.stages[stage];
-  bool last = stage + 1 == info.num_stages;
-  int32_t rank = stage; // one stage per pipeline rank
-  if (microbatches.size() != micro.size())
-    return Error{"a step of this library has " + std::to_string(micro.size()) +
+  int32_t m = std::max<int32_t>(info.microbatches, 1);
+  if (microbatches.size() != static_cast<size_t>(m))
+    return Error{"a step of this library has " + std::to_string(m) +
                  " micro-batches, not " + std::to_string(microbatches.size())};
   StepResult result;
-  Status ran = runPhase(phaseIndex(PCC_PHASE_ZERO_GRAD), {}, {}, hyper.data());
+  Status ran = runPhase(rankPhase(PCC_PHASE_ZERO_GRAD), {}, {}, hyper.data());
   if (!ran.ok())
     return Error{ran.error()};
   float seedValue = static_cast<float>(lossGrad);
   Status seeded = device->copyToDevice(seed.data(), &seedValue, 4);
   if (!seeded.ok())
     return Error{seeded.error()};
+  std::vector<float> loss(static_cast<size_t>(m), 0.0f);
 
-  auto where = [&](const char *what, int32_t mb) {
-    return "pipeline rank " + std::to_string(rank) + ", " + what +
-           " of micro-batch " + std::to_string(mb) + ": ";
+  auto where = [&](const char *what, int32_t k, int32_t mb) {
+    return "pipeline rank " + std::to_string(pipeRank) + ", " + what +
+           " of stage " + std::to_string(k) + ", micro-batch " +
+           std::to_string(mb) + ": ";
   };
-  const pcc_pipeline_instr *list = info.schedules[rank];
-  for (int32_t n = 0; n < info.schedule_lengths[rank]; ++n) {
-    const pcc_pipeline_instr &instr = list[n];
+  auto execute = [&](const pcc_pipeline_instr &instr) -> Status {
     int32_t mb = instr.microbatch;
-    if (mb < 0 || mb >= static_cast<int32_t>(micro.size()))
-      return Error{"the schedule names micro-batch " + std::to_string(mb)};
-    Micro &slot = micro[static_cast<size_t>(mb)];
+    int32_t k = instr.stage;
+    auto c = static_cast<size_t>(k / info.num_pipeline_ranks);
+    Slot &slot = slots[c][static_cast<size_t>(slotOf[c][static_cast<size_t>(mb)])];
+    std::vector<DeviceBuffer> &send = sendGrad[c][static_cast<size_t>(mb)];
+    const pcc_phase_info &fwd = info.phases[stagePhase(PCC_PHASE_FORWARD, k)];
+    const pcc_phase_info &bwd = info.phases[stagePhase(PCC_PHASE_BACKWARD, k)];
+    const pcc_stage_info &me = info.stages[k];
     std::array<double, PCC_NUM_HYPER> mbHyper = hyper;
     mbHyper[PCC_HYPER_MICROBATCH] = static_cast<double>(mb);
-    mbHyper[PCC_HYPER_LAST_MICROBATCH] = mb + 1 == info.microbatches ? 1 : 0;
+    mbHyper[PCC_HYPER_LAST_MICROBATCH] = mb + 1 == m ? 1 : 0;
+    // A backward or weight-gradient input.
+    auto source = [&](int32_t s) -> const void * {
+      if (s == PCC_SOURCE_LOSS_GRAD)
+        return seed.data();
+      if (s <= PCC_SOURCE_BACKWARD_OUTPUT_BASE) {
+        int32_t o = PCC_SOURCE_BACKWARD_OUTPUT_BASE - s;
+        return bwd.output_targets[o] >= 0 ? send[o].data()
+                                          : slot.stash[o].data();
+      }
+      if (s <= PCC_SOURCE_OUTPUT_GRAD_BASE)
+        return slot.gradOut[PCC_SOURCE_OUTPUT_GRAD_BASE - s].data();
+      return slot.out[s].data();
+    };
     Status st = Status::success();
+    const char *what = "transfer";
     switch (instr.op) {
     case PCC_PIPE_RECV_FORWARD: {
-      const pcc_stage_info &prev = info.stages[stage - 1];
+      const pcc_stage_info &prev = info.stages[k - 1];
       for (int j = 0; j < prev.num_outputs && st.ok(); ++j)
         st = pipe->recv(slot.recv[j].data(), count(prev.outputs[j]),
                         static_cast<DType>(prev.outputs[j].dtype), instr.peer);
       break;
     }
     case PCC_PIPE_FORWARD: {
+      what = "forward";
       std::vector<const void *> in;
       for (int i = 0; i < fwd.num_inputs && st.ok(); ++i) {
-        int32_t source = fwd.input_sources[i];
-        if (source >= 0) {
-          in.push_back(slot.recv[source].data());
+        int32_t s = fwd.input_sources[i];
+        if (s >= 0) {
+          in.push_back(slot.recv[s].data());
           continue;
         }
         st = device->copyToDevice(slot.in[i].data(),
-                                  microbatches[mb][-1 - source],
+                                  microbatches[mb][-1 - s],
                                   specBytes(fwd.inputs[i]));
         in.push_back(slot.in[i].data());
       }
@@ -209,7 +311,11 @@ Result<StepResult> Trainer::pipelineStep(
       for (DeviceBuffer &b : slot.out)
         out.push_back(b.data());
       if (st.ok())
-        st = runPhase(phaseIndex(PCC_PHASE_FORWARD), in, out, mbHyper.data());
+        st = runPhase(stagePhase(PCC_PHASE_FORWARD, k), in, out,
+                      mbHyper.data());
+      // The loss leaves the slot before the slot is reused.
+      if (st.ok() && k + 1 == info.num_stages)
+        st = device->copyToHost(&loss[mb], slot.out[0].data(), 4);
       break;
     }
     case PCC_PIPE_SEND_FORWARD:
@@ -226,40 +332,45 @@ Result<StepResult> Trainer::pipelineStep(
                           instr.peer);
       break;
     case PCC_PIPE_BACKWARD: {
+      what = "backward";
       std::vector<const void *> in;
-      for (int i = 0; i < bwd.num_inputs; ++i) {
-        int32_t source = bwd.input_sources[i];
-        if (source == PCC_SOURCE_LOSS_GRAD)
-          in.push_back(seed.data());
-        else if (source <= PCC_SOURCE_OUTPUT_GRAD_BASE)
-          in.push_back(slot.gradOut[PCC_SOURCE_OUTPUT_GRAD_BASE - source].data());
-        else
-          in.push_back(slot.out[source].data());
-      }
+      for (int i = 0; i < bwd.num_inputs; ++i)
+        in.push_back(source(bwd.input_sources[i]));
       std::vector<void *> out;
-      for (DeviceBuffer &b : slot.gradIn)
-        out.push_back(b.data());
-      st = runPhase(phaseIndex(PCC_PHASE_BACKWARD), in, out, mbHyper.data());
+      for (int o = 0; o < bwd.num_outputs; ++o)
+        out.push_back(bwd.output_targets[o] >= 0 ? send[o].data()
+                                                 : slot.stash[o].data());
+      st = runPhase(stagePhase(PCC_PHASE_BACKWARD, k), in, out,
+                    mbHyper.data());
       break;
     }
-    case PCC_PIPE_WEIGHT_GRAD:
-      break; // the backward phase computed the weights' gradients too
+    case PCC_PIPE_WEIGHT_GRAD: {
+      what = "weight gradients";
+      const pcc_phase_info &w =
+          info.phases[stagePhase(PCC_PHASE_WEIGHT_GRAD, k)];
+      std::vector<const void *> in;
+      for (int i = 0; i < w.num_inputs; ++i)
+        in.push_back(source(w.input_sources[i]));
+      st = runPhase(stagePhase(PCC_PHASE_WEIGHT_GRAD, k), in, {},
+                    mbHyper.data());
+      break;
+    }
     case PCC_PIPE_SEND_BACKWARD: {
       // One cotangent per float output of the previous stage, in order:
       // the backward's output for the input that output feeds.
-      const pcc_stage_info &prev = info.stages[stage - 1];
+      const pcc_stage_info &prev = info.stages[k - 1];
       for (int j = 0; j < prev.num_outputs && st.ok(); ++j) {
         if (!isFloat(prev.outputs[j].dtype))
           continue;
         int found = -1;
         for (int o = 0; o < bwd.num_outputs; ++o)
-          if (fwd.input_sources[bwd.output_targets[o]] == j)
+          if (bwd.output_targets[o] >= 0 &&
+              fwd.input_sources[bwd.output_targets[o]] == j)
             found = o;
         if (found < 0)
-          return Error{where("send_bwd", mb) + "no cotangent for output " +
-                       std::to_string(j) + " of stage " +
-                       std::to_string(stage - 1)};
-        st = pipe->sendAsync(slot.gradIn[found].data(), count(prev.outputs[j]),
+          return Error{"no cotangent for output " + std::to_string(j) +
+                       " of stage " + std::to_string(k - 1)};
+        st = pipe->sendAsync(send[found].data(), count(prev.outputs[j]),
                              static_cast<DType>(prev.outputs[j].dtype),
                              instr.peer);
       }
@@ -270,28 +381,50 @@ Result<StepResult> Trainer::pipelineStep(
                    std::to_string(instr.op)};
     }
     if (!st.ok())
-      return Error{where(instr.op == PCC_PIPE_FORWARD    ? "forward"
-                         : instr.op == PCC_PIPE_BACKWARD ? "backward"
-                                                         : "transfer",
-                         mb) +
-                   st.error()};
+      return Error{where(what, k, mb) + st.error()};
+    return Status::success();
+  };
+  // The transfers between two computes go as one group (NCCL), sends
+  // first: other engines' receives block.
+  const pcc_pipeline_instr *list = info.schedules[pipeRank];
+  int32_t length = info.schedule_lengths[pipeRank];
+  auto isSend = [](int32_t op) {
+    return op == PCC_PIPE_SEND_FORWARD || op == PCC_PIPE_SEND_BACKWARD;
+  };
+  auto isRecv = [](int32_t op) {
+    return op == PCC_PIPE_RECV_FORWARD || op == PCC_PIPE_RECV_BACKWARD;
+  };
+  for (int32_t n = 0; n < length;) {
+    if (!isSend(list[n].op) && !isRecv(list[n].op)) {
+      Status st = execute(list[n++]);
+      if (!st.ok())
+        return Error{st.error()};
+      continue;
+    }
+    int32_t end = n;
+    while (end < length && (isSend(list[end].op) || isRecv(list[end].op)))
+      ++end;
+    Status st = pipe->beginGroup();
+    for (bool sends : {true, false})
+      for (int32_t t = n; t < end && st.ok(); ++t)
+        if (isSend(list[t].op) == sends)
+          st = execute(list[t]);
+    Status closed = pipe->endGroup();
+    if (st.ok())
+      st = closed;
+    if (!st.ok())
+      return Error{st.error()};
+    n = end;
   }
   Status sent = pipe->completeSends();
   if (!sent.ok())
     return Error{sent.error()};
 
   std::vector<void *> optOut{norm.data()};
-  ran = runPhase(phaseIndex(PCC_PHASE_OPTIMIZER), {}, optOut, hyper.data());
+  ran = runPhase(rankPhase(PCC_PHASE_OPTIMIZER), {}, optOut, hyper.data());
   if (!ran.ok())
     return Error{ran.error()};
-  // The losses are on the last stage: every rank gets them.
-  std::vector<float> loss(micro.size(), 0.0f);
-  if (last)
-    for (size_t j = 0; j < micro.size(); ++j) {
-      Status read = device->copyToHost(&loss[j], micro[j].out[0].data(), 4);
-      if (!read.ok())
-        return Error{read.error()};
-    }
+  // The losses are on the last stage's rank: every rank gets them.
   auto sums = allocateZeros(*device, 4 * static_cast<int64_t>(loss.size()));
   if (!sums.ok())
     return Error{sums.error()};

@@ -70,17 +70,25 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device,
     if (pipelineRank < 0 || !pipe)
       return Error{"a pipelined training library runs on its pipeline ranks "
                    "(pcc-run -n " + std::to_string(library.meshRanks()) + ")"};
-    t.stage = pipelineRank;
+    int32_t P = info.num_pipeline_ranks;
+    if (pipelineRank >= P)
+      return Error{"pipeline rank " + std::to_string(pipelineRank) +
+                   " of " + std::to_string(P)};
+    t.pipeRank = pipelineRank;
     t.pipe = pipe;
     std::fill(needed.begin(), needed.end(), false);
+    // Phases 0 .. 3 S - 1 are stage k = phase / 3's, run by rank k % P;
+    // the rest pipeline rank (phase - 3 S) / 2's.
     t.firstHolder.assign(static_cast<size_t>(info.num_weights), -1);
-    for (int k = info.num_phases - 1; k >= 0; --k)
-      for (int s = 0; s < info.phases[k].num_state; ++s)
-        t.firstHolder[info.phases[k].state[s]] = info.phases[k].stage;
-    for (int p = 0; p < 4; ++p) {
-      const pcc_phase_info &phase = info.phases[t.phaseIndex(p)];
-      for (int s = 0; s < phase.num_state; ++s)
-        needed[phase.state[s]] = true;
+    for (int k = info.num_phases - 1; k >= 0; --k) {
+      const pcc_phase_info &phase = info.phases[k];
+      int32_t rank = k < 3 * info.num_stages ? phase.stage % P : phase.stage;
+      for (int s = 0; s < phase.num_state; ++s) {
+        int32_t &first = t.firstHolder[phase.state[s]];
+        first = first < 0 ? rank : std::min(first, rank);
+        if (rank == pipelineRank)
+          needed[phase.state[s]] = true;
+      }
     }
   }
   if (t.offloaded) {
@@ -139,8 +147,8 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device,
     t.statePtrs[i] =
         static_cast<char *>(t.statePtrs[alias.state]) + alias.offset * element;
   }
-  if (t.stage >= 0) {
-    Status made = t.createPipeline(pipelineRank);
+  if (t.pipeRank >= 0) {
+    Status made = t.createPipeline();
     if (!made.ok())
       return Error{made.error()};
     return t;
@@ -212,8 +220,8 @@ Status Trainer::load(const SafetensorsFile &file, const std::string &path,
                   info.weight_kinds[i] == PCC_STATE_MASTER;
     if (info.weight_kinds[i] != kind && !master)
       continue;
-    if (stage >= 0 && !statePtrs[i])
-      continue; // another pipeline stage's
+    if (pipeRank >= 0 && !statePtrs[i])
+      continue; // another pipeline rank's
     const pcc_tensor_spec &spec = info.weights[i];
     const pcc_tensor_spec &whole =
         info.whole_weights[master ? info.weight_owners[i] : i];
@@ -316,8 +324,8 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
     std::vector<int64_t> shape = specShape(whole);
     int64_t element = dtypeSize(static_cast<DType>(whole.dtype));
     std::vector<uint8_t> bytes(static_cast<size_t>(specBytes(whole)));
-    if (stage >= 0) {
-      // Each stage holds its own weights: every rank takes part.
+    if (pipeRank >= 0) {
+      // Each pipeline rank holds its own weights: every rank takes part.
       Status read = gatherOverPipeline(i, bytes.data(),
                                        static_cast<int64_t>(bytes.size()));
       if (!read.ok())
@@ -504,7 +512,7 @@ Status Trainer::offloadedStep(const double *hyper) {
 Result<StepResult>
 Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
               double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper) {
-  if (stage >= 0)
+  if (pipeRank >= 0)
     return pipelineStep(microbatches, lossGrad, hyper);
   const pcc_model_info &info = library->info();
   const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];

@@ -889,12 +889,13 @@ int main(int argc, char **argv) {
   if (train && pp > 1 && (tp > 1 || dp > 1))
     return fail("--train with --pp and --tp or --dp is not in this version "
                 "of pcc yet: pipeline training runs over pp ranks alone");
+  if (train && pp > 1 && ppChunks > 1 && target != Target::Cpu)
+    return fail("--train with --pp-chunks runs on CPU ranks (MPI) in this "
+                "version of pcc: interleaved training lists would deadlock "
+                "as NCCL groups until each activation's send is paired with "
+                "the next gradient's receive");
   if (train && pp > 1 && offload != "none")
     return fail("--offload=optimizer does not go with --pp yet");
-  if (train && pp > 1 && (ppChunks > 1 || schedulePolicy == "zb-h1" || schedulePolicy == "interleaved"))
-    return fail("--train with --pp runs the gpipe and 1f1b schedules; "
-                "interleaved and zb-h1 training (separate weight-gradient "
-                "phases) are not in this version of pcc yet");
 
   if (train && lossKind != "cross_entropy" && lossKind != "mse" &&
       lossKind != "none")
@@ -1055,11 +1056,16 @@ int main(int argc, char **argv) {
       // each stage: a schedule places its forward and backward phases.
       pcc::PipelineCutOptions cut;
       cut.emitRemarks = explainPlan;
+      cut.chunks = ppChunks;
       cut.cuts.assign(ppCuts.begin(), ppCuts.end());
       pm.addPass(pcc::createPipelineCut(cut));
       pcc::PipelineScheduleOptions sched;
       sched.policy = policy;
       sched.microbatches = microbatches;
+      // Interleaved training lists deadlock as NCCL groups (Megatron-LM
+      // pairs each activation's send with the next gradient's receive;
+      // pcc does not reorder them yet): they run on MPI ranks.
+      sched.groupedTransfers = target != Target::Cpu;
       pm.addPass(pcc::createPipelineSchedule(sched));
       pcc::PipelineTrainingOptions stages;
       stages.kind = optimizerKind;

@@ -364,7 +364,11 @@ def PipelineSchedule : Pass<"pcc-pipeline-schedule", "ModuleOp"> {
     Option<"policy", "policy", "std::string", /*default=*/"\"1f1b\"",
            "gpipe, 1f1b, interleaved or zb-h1">,
     Option<"microbatches", "microbatches", "int64_t", /*default=*/"1",
-           "micro-batches per batch">
+           "micro-batches per batch">,
+    Option<"groupedTransfers", "grouped-transfers", "bool", /*default=*/"true",
+           "check the lists as NCCL runs them (the transfers between two "
+           "computes as one group); off for MPI ranks, whose sends never "
+           "wait for their receives">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }

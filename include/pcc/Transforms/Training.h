@@ -31,10 +31,14 @@ inline constexpr llvm::StringLiteral kPhaseFunctions[] = {
     "train_forward", "train_backward", "train_optimizer", "train_zero_grad"};
 
 /// Pipelined training (pcc-pipeline-training): the phase functions of
-/// stage k are @stage<k>_forward, _backward, _optimizer and _zero_grad,
-/// each marked with this attribute holding k.
+/// stage k are @stage<k>_forward, _backward and _weight_grad, each marked
+/// with this attribute holding k ...
 inline constexpr llvm::StringLiteral kPipelineStageAttrName =
     "pcc.pipeline_stage";
+/// ... and @rank<r>_optimizer and _zero_grad, the phases of pipeline rank
+/// r (the weights of all its stages), are marked with this one holding r.
+inline constexpr llvm::StringLiteral kPipelineRankAttrName =
+    "pcc.pipeline_rank";
 
 /// `pcc --offload=optimizer` (pcc-offload-optimizer): the device's parts of
 /// the optimizer step, before and after the host's update; phases 4 and 5

@@ -15,6 +15,7 @@
 #include "pcc/Transforms/Training.h"
 
 #include "llvm/ADT/StringSet.h"
+#include <climits>
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace mlir;
@@ -315,53 +316,86 @@ FailureOr<std::vector<StageProgram>> collectPhases(ModuleOp module) {
 }
 
 /// The phases of a pipelined training module (pcc-pipeline-training):
-/// stage k's forward, backward, optimizer and zero-grad at 4 k + p, with
-/// where each input comes from and, for a backward phase, which forward
-/// input each output is the cotangent of.
+/// stage k's forward, backward and weight-gradient at 3 k + {0, 1, 2},
+/// then pipeline rank r's optimizer and zero-grad at 3 S + 2 r + {0, 1},
+/// with where each input comes from and, for a backward phase, which
+/// forward input each output is the cotangent of.
 FailureOr<std::vector<StageProgram>>
 collectPipelinePhases(ModuleOp module, ArrayRef<StageProgram> stages) {
   std::vector<StageProgram> phases;
-  static const char *const kSuffix[] = {"_forward", "_backward", "_optimizer",
-                                        "_zero_grad"};
+  auto lookup = [&](const std::string &name) -> FailureOr<func::FuncOp> {
+    auto f = module.lookupSymbol<func::FuncOp>(name);
+    if (!f || !f.getBody().hasOneBlock())
+      return module.emitError("code generation: a pipelined training "
+                              "module needs @")
+             << name << " (run pcc-pipeline-training)";
+    return f;
+  };
+  static const char *const kSuffix[] = {"_forward", "_backward",
+                                        "_weight_grad"};
+  static const int kKinds[] = {0, 1, 6};
   for (auto [k, stage] : llvm::enumerate(stages)) {
-    for (int p = 0; p < 4; ++p) {
-      std::string name = "stage" + std::to_string(k) + kSuffix[p];
-      auto f = module.lookupSymbol<func::FuncOp>(name);
-      if (!f || !f.getBody().hasOneBlock())
-        return module.emitError("code generation: a pipelined training "
-                                "module needs @")
-               << name << " (run pcc-pipeline-training)";
+    func::FuncOp backward;
+    for (int p = 0; p < 3; ++p) {
+      auto f = lookup("stage" + std::to_string(k) + kSuffix[p]);
+      if (failed(f))
+        return failure();
       StageProgram phase;
-      phase.func = f;
+      phase.func = *f;
       phase.stage = static_cast<int32_t>(k);
-      phase.kind = p;
+      phase.kind = kKinds[p];
       unsigned realOutputs = func::FuncOp(stage.func).getNumResults();
-      for (unsigned i = 0; i < f.getNumArguments(); ++i) {
+      for (unsigned i = 0; i < f->getNumArguments(); ++i) {
         if (p == 0) {
           phase.sources.push_back(stage.sources[i]);
           continue;
         }
-        if (p != 1)
-          return f.emitError("code generation: the ")
-                 << kPhaseNames[p] << " phase takes no inputs";
-        StringRef argName = nameOf(f.getArgAttrDict(i), "");
+        StringRef argName = nameOf(f->getArgAttrDict(i), "");
+        std::string full = argName.str();
+        int32_t source = INT32_MIN;
         if (argName == "loss_grad")
-          phase.sources.push_back(-1000000);
+          source = -1000000;
         else if (argName.consume_front("grad_out"))
-          phase.sources.push_back(-2000000 - std::stoi(argName.str()));
+          source = -2000000 - std::stoi(argName.str());
         else if (argName.consume_front("saved"))
-          phase.sources.push_back(realOutputs + std::stoi(argName.str()));
-        else
-          return f.emitError("code generation: backward input ")
-                 << i << " is neither saved nor a cotangent";
+          source = realOutputs + std::stoi(argName.str());
+        else if (p == 2 && argName.starts_with("stash"))
+          for (unsigned j = 0; j < backward.getNumResults(); ++j)
+            if (nameOf(backward.getResultAttrDict(j), "") == full)
+              source = -3000000 - static_cast<int32_t>(j);
+        if (source == INT32_MIN)
+          return f->emitError("code generation: ")
+                 << kSuffix[p] + 1 << " input " << i
+                 << " is neither saved, a cotangent nor a backward output";
+        phase.sources.push_back(source);
       }
-      for (unsigned j = 0; j < f.getNumResults() && p == 1; ++j) {
-        auto of = f.getResultAttrOfType<IntegerAttr>(j, "pcc.grad_of");
+      for (unsigned j = 0; j < f->getNumResults() && p == 1; ++j) {
+        auto of = f->getResultAttrOfType<IntegerAttr>(j, "pcc.grad_of");
         if (!of)
-          return f.emitError("code generation: backward output ")
+          return f->emitError("code generation: backward output ")
                  << j << " has no pcc.grad_of";
         phase.targets.push_back(static_cast<int32_t>(of.getInt()));
       }
+      if (p == 1)
+        backward = *f;
+      phases.push_back(std::move(phase));
+    }
+  }
+  for (int32_t r = 0; module.lookupSymbol("rank" + std::to_string(r) +
+                                          "_optimizer");
+       ++r) {
+    for (int p = 2; p < 4; ++p) {
+      auto f = lookup("rank" + std::to_string(r) +
+                      (p == 2 ? "_optimizer" : "_zero_grad"));
+      if (failed(f))
+        return failure();
+      if (f->getNumArguments() != 0)
+        return f->emitError("code generation: the ")
+               << kPhaseNames[p] << " phase takes no inputs";
+      StageProgram phase;
+      phase.func = *f;
+      phase.stage = r;
+      phase.kind = p;
       phases.push_back(std::move(phase));
     }
   }
@@ -710,7 +744,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   specs += specArray("kWholeWeights", wholeWeights, shapes);
   // A pipelined training stage's table lists its forward phase's weights.
   for (auto [k, stage] : llvm::enumerate(pipeStages))
-    stage.weightIndices = stages[4 * k].weightIndices;
+    stage.weightIndices = stages[3 * k].weightIndices;
   std::string stageTables =
       stageSource(!pipeStages.empty() ? ArrayRef<StageProgram>(pipeStages)
                   : training ? ArrayRef<StageProgram>(stages).take_front(1)

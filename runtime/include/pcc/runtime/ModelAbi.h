@@ -100,7 +100,11 @@ enum pcc_phase {
    * update's inputs (input_sources: output s of this phase), and the
    * collectives that read the updated state (ZeRO's all-gather). */
   PCC_PHASE_OPTIMIZER_PRE = 4,
-  PCC_PHASE_OPTIMIZER_POST = 5
+  PCC_PHASE_OPTIMIZER_POST = 5,
+  /* ABI 10, pipelined training: a stage's weight gradients (Zero Bubble's
+   * W), split from its backward phase (B), which then computes the input
+   * cotangents alone and outputs, after them, the values W reads. */
+  PCC_PHASE_WEIGHT_GRAD = 6
 };
 
 /* What a model-state tensor is. Weights are loaded from the weights file
@@ -169,6 +173,10 @@ enum pcc_hyper {
  * input fed by output j). */
 #define PCC_SOURCE_OUTPUT_GRAD_BASE (-2000000)
 #define PCC_SOURCE_OUTPUT_GRAD(j) (PCC_SOURCE_OUTPUT_GRAD_BASE - (j))
+/* ABI 10: a weight-gradient input that is output j of the stage's
+ * backward phase (a value B computed for W). */
+#define PCC_SOURCE_BACKWARD_OUTPUT_BASE (-3000000)
+#define PCC_SOURCE_BACKWARD_OUTPUT(j) (PCC_SOURCE_BACKWARD_OUTPUT_BASE - (j))
 
 /* One phase of a training step. */
 typedef struct pcc_phase_info {
@@ -185,9 +193,11 @@ typedef struct pcc_phase_info {
   int32_t num_state;
   const int32_t *state; /* indices into pcc_model_info.weights */
   int64_t arena_bytes;
-  /* ABI 10: the pipeline stage the phase belongs to (0 unpipelined), and
-   * for a pipelined backward phase, per output the forward input whose
-   * cotangent it is (sent to the previous stage); null otherwise. */
+  /* ABI 10: the pipeline stage the phase belongs to (0 unpipelined; the
+   * pipeline rank for a pipelined optimizer or zero-grad phase), and for a
+   * pipelined backward phase, per output the forward input whose
+   * cotangent it is (sent to the previous stage), -1 for an output that
+   * only the weight-gradient phase reads; null otherwise. */
   int32_t stage;
   const int32_t *output_targets;
 } pcc_phase_info;
@@ -245,9 +255,12 @@ typedef struct pcc_model_info {
   const int32_t *input_batch_dims;  /* per input (ABI 5) */
   const int32_t *output_batch_dims; /* per output (ABI 5) */
   /* Training (ABI 6); num_phases is 0 for an inference library. A
-   * pipelined training library (ABI 10) has 4 phases per stage, stage k's
-   * phase p at index 4 k + p; its stages table gives each stage's forward
-   * inputs and outputs, and schedules the F/B order per pipeline rank. */
+   * pipelined training library (ABI 10) has 3 phases per stage (forward,
+   * backward and weight-gradient of stage k at 3 k, 3 k + 1, 3 k + 2),
+   * then 2 per pipeline rank (optimizer and zero-grad of rank r at
+   * 3 S + 2 r and 3 S + 2 r + 1, S stages); pipeline rank r runs stages
+   * r, r + P, ... (P pipeline ranks). Its stages table gives each stage's
+   * forward inputs and outputs, and schedules the F/B/W order per rank. */
   int32_t num_phases;
   const pcc_phase_info *phases;     /* indexed by enum pcc_phase */
   const int32_t *weight_kinds;      /* per weight: enum pcc_state_kind */

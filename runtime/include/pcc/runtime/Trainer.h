@@ -94,6 +94,9 @@ public:
   int64_t arenaBytes() const { return arenaTotal; }
   /// --offload=optimizer: bytes of state in host memory (0 otherwise).
   int64_t hostStateBytes() const { return hostTotal; }
+  /// Pipelined training: the micro-batches of chunk `chunk` this rank keeps
+  /// in flight at once (its stash slots; 0 unpipelined).
+  int32_t stashSlots(int32_t chunk) const;
 
 private:
   Trainer() = default;
@@ -110,16 +113,17 @@ private:
                   bool onHost = false);
   /// Pipelined training: the buffers of this rank's stage, and one step
   /// run from the rank's instruction list (PipelineTrainer.cpp).
-  Status createPipeline(int32_t pipelineRank);
+  Status createPipeline();
   Result<StepResult>
   pipelineStep(const std::vector<std::vector<const void *>> &microbatches,
                double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper);
   /// Pipelined: every rank gets state i whole (its first holder's copy).
   Status gatherOverPipeline(int i, void *to, int64_t bytes) const;
-  /// The phase of kind `phase` (enum pcc_phase) of this rank's stage.
-  int32_t phaseIndex(int32_t phase) const {
-    return stage < 0 ? phase : 4 * stage + phase;
-  }
+  /// Pipelined: the phase of kind `kind` (enum pcc_phase) of stage
+  /// `stage` (forward, backward, weight-gradient), or of this pipeline rank
+  /// (optimizer, zero-grad).
+  int32_t stagePhase(int32_t kind, int32_t stage) const;
+  int32_t rankPhase(int32_t kind) const;
   /// The optimizer step of an offloaded library: the device's collectives,
   /// the gradients to the host, the update there, the weights back and the
   /// device's all-gathers.
@@ -143,19 +147,25 @@ private:
   DeviceBuffer hostArena, hostNorm;
   bool offloaded = false;
   int64_t hostTotal = 0;
-  /// Pipelined training: this rank's stage (-1: not pipelined), the pp
-  /// group, per state the first stage that holds it, and per micro-batch
-  /// the stage's buffers: forward inputs (model inputs; those received
-  /// are in `recv`, one per previous-stage output), forward outputs
-  /// (outputs, then the values the backward reads), the cotangents
-  /// received for the outputs, and the backward's outputs.
-  int32_t stage = -1;
+  /// Pipelined training: this rank's pipeline rank (-1: not pipelined),
+  /// its stages (one per chunk), the pp group, per state the first
+  /// pipeline rank that holds it; per chunk its stash slots, each with the
+  /// stage's buffers for one micro-batch in flight: forward inputs (model
+  /// inputs; those received are in `recv`, one per previous-stage output),
+  /// forward outputs (outputs, then the values the backward reads), the
+  /// cotangents received for the outputs, and the backward's outputs that
+  /// only W reads; per chunk and micro-batch, its slot and the cotangents
+  /// its B sends back (PipelineTrainer.cpp).
+  int32_t pipeRank = -1;
+  std::vector<int32_t> stages;
   Communicator *pipe = nullptr;
   std::vector<int32_t> firstHolder;
-  struct Micro {
-    std::vector<DeviceBuffer> in, recv, out, gradOut, gradIn;
+  struct Slot {
+    std::vector<DeviceBuffer> in, recv, out, gradOut, stash;
   };
-  std::vector<Micro> micro;
+  std::vector<std::vector<Slot>> slots;
+  std::vector<std::vector<int32_t>> slotOf;
+  std::vector<std::vector<std::vector<DeviceBuffer>>> sendGrad;
   std::vector<DeviceBuffer> forwardIn;  // per forward input
   std::vector<DeviceBuffer> forwardOut; // loss, saved activations
   DeviceBuffer seed, norm, arena;
