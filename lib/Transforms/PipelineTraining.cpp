@@ -252,6 +252,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     func::FuncOp weightGrad = splitWeightGradients(
         result->backward, "stage" + std::to_string(k) + "_weight_grad");
     weightGrad->setAttr(kPipelineStageAttrName, stageAttr);
+    weightGrad->setAttr(kPhaseAttrName, StringAttr::get(ctx, "weight_grad"));
     weightGrad.walk([&](AccumulateOp op) {
       auto state = op.getState().getDefiningOp<ParamOp>();
       weights[k].insert({splitStateName(state.getName()).first,

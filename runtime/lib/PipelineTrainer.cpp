@@ -210,6 +210,31 @@ int32_t Trainer::stashSlots(int32_t chunk) const {
              : 0;
 }
 
+Result<std::vector<int32_t>> Trainer::stashSlotsPerRank() const {
+  const pcc_model_info &info = library->info();
+  int32_t P = info.num_pipeline_ranks;
+  std::vector<float> counts(static_cast<size_t>(P), 0.0f);
+  for (const std::vector<Slot> &chunk : slots)
+    counts[static_cast<size_t>(pipeRank)] += static_cast<float>(chunk.size());
+  auto buffer = allocateZeros(*device, 4 * static_cast<int64_t>(P));
+  if (!buffer.ok())
+    return Error{buffer.error()};
+  Status st = device->copyToDevice(buffer->data(), counts.data(), 4 * P);
+  const pcc_comm &pp = comms[info.pipeline_axis];
+  if (st.ok() && pp.all_reduce(pp.group, buffer->data(), buffer->data(), P,
+                               static_cast<int32_t>(DType::F32)) != 0)
+    st = Error{std::string("gathering the stash slots over the pipeline: ") +
+               pp.last_error(pp.group)};
+  if (st.ok())
+    st = device->copyToHost(counts.data(), buffer->data(), 4 * P);
+  if (!st.ok())
+    return Error{st.error()};
+  std::vector<int32_t> out;
+  for (float c : counts)
+    out.push_back(static_cast<int32_t>(c));
+  return out;
+}
+
 Status Trainer::gatherOverPipeline(int i, void *to, int64_t bytes) const {
   const pcc_model_info &info = library->info();
   const pcc_comm &comm = comms[info.pipeline_axis];

@@ -866,6 +866,19 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
               (device.peakBytes() - trainer->stateBytes() -
                trainer->activationBytes() - trainer->arenaBytes()) /
                   1048576.0);
+  if (library.isPipelined()) {
+    auto slots = trainer->stashSlotsPerRank();
+    if (!slots.ok())
+      fail(slots.error());
+    std::string list;
+    for (size_t r = 0; r < slots->size(); ++r)
+      list += (r ? ", " : "") + std::to_string((*slots)[r]);
+    std::printf("pipeline stash: %s micro-batches in flight at most on "
+                "pipeline ranks 0 to %d (%s schedule, %d micro-batches, %d "
+                "stages)\n",
+                list.c_str(), info.num_pipeline_ranks - 1,
+                info.schedule_policy, info.microbatches, info.num_stages);
+  }
   if (trainer->hostStateBytes() > 0)
     std::printf("offloaded optimizer: %.3f MiB of state in host memory "
                 "(optimizer state, and host copies of the gradients and "

@@ -97,6 +97,9 @@ public:
   /// Pipelined training: the micro-batches of chunk `chunk` this rank keeps
   /// in flight at once (its stash slots; 0 unpipelined).
   int32_t stashSlots(int32_t chunk) const;
+  /// Every pipeline rank's stash slots over all its chunks (a collective
+  /// over pp).
+  Result<std::vector<int32_t>> stashSlotsPerRank() const;
 
 private:
   Trainer() = default;
