@@ -29,6 +29,7 @@
 #include "pcc/runtime/Trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 namespace pccrt {
@@ -419,9 +420,39 @@ Result<StepResult> Trainer::pipelineStep(
   auto isRecv = [](int32_t op) {
     return op == PCC_PIPE_RECV_FORWARD || op == PCC_PIPE_RECV_BACKWARD;
   };
+  bool tracingStep = tracing;
+  tracing = false;
+  events.clear();
+  auto now = [&] {
+    return std::chrono::duration<double>(
+               std::chrono::steady_clock::now().time_since_epoch())
+               .count() -
+           traceOrigin;
+  };
+  // Runs one instruction, and with tracing records when it ran (a compute
+  // step until the device is done with it).
+  auto run = [&](const pcc_pipeline_instr &instr) -> Status {
+    double start = tracingStep ? now() : 0;
+    Status st = execute(instr);
+    if (!tracingStep || !st.ok())
+      return st;
+    bool compute = !isSend(instr.op) && !isRecv(instr.op);
+    if (compute && !device->isHost())
+      st = device->synchronize();
+    TraceEvent e{compute          ? TraceEvent::Kind::Compute
+                 : isSend(instr.op) ? TraceEvent::Kind::Send
+                                    : TraceEvent::Kind::Recv,
+                 instr.stage, instr.microbatch, compute ? -1 : instr.peer,
+                 start, now()};
+    e.work = instr.op == PCC_PIPE_BACKWARD      ? 'B'
+             : instr.op == PCC_PIPE_WEIGHT_GRAD ? 'W'
+                                                : 'F';
+    events.push_back(e);
+    return st;
+  };
   for (int32_t n = 0; n < length;) {
     if (!isSend(list[n].op) && !isRecv(list[n].op)) {
-      Status st = execute(list[n++]);
+      Status st = run(list[n++]);
       if (!st.ok())
         return Error{st.error()};
       continue;
@@ -433,7 +464,7 @@ Result<StepResult> Trainer::pipelineStep(
     for (bool sends : {true, false})
       for (int32_t t = n; t < end && st.ok(); ++t)
         if (isSend(list[t].op) == sends)
-          st = execute(list[t]);
+          st = run(list[t]);
     Status closed = pipe->endGroup();
     if (st.ok())
       st = closed;
@@ -441,9 +472,13 @@ Result<StepResult> Trainer::pipelineStep(
       return Error{st.error()};
     n = end;
   }
+  double waitStart = tracingStep ? now() : 0;
   Status sent = pipe->completeSends();
   if (!sent.ok())
     return Error{sent.error()};
+  if (tracingStep)
+    events.push_back({TraceEvent::Kind::WaitSends, -1, -1, -1, waitStart,
+                      now()});
 
   std::vector<void *> optOut{norm.data()};
   ran = runPhase(rankPhase(PCC_PHASE_OPTIMIZER), {}, optOut, hyper.data());

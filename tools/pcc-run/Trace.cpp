@@ -16,6 +16,74 @@ using pccrt::TraceEvent;
 
 namespace pccrun {
 
+pccrt::Result<std::vector<std::vector<TraceEvent>>>
+gatherEvents(pccrt::Communicator &world, const std::vector<TraceEvent> &mine) {
+  using pccrt::DType;
+  std::vector<std::vector<TraceEvent>> all(
+      static_cast<size_t>(world.rank() == 0 ? world.size() : 0));
+  if (world.rank() == 0)
+    all[0] = mine;
+  for (int r = 1; r < world.size(); ++r) {
+    int64_t count = static_cast<int64_t>(mine.size());
+    Status s = Status::success();
+    if (world.rank() == r) {
+      s = world.send(&count, 1, DType::I64, 0);
+      if (s.ok() && count)
+        s = world.send(mine.data(), count * sizeof(TraceEvent), DType::U8, 0);
+    } else if (world.rank() == 0) {
+      s = world.recv(&count, 1, DType::I64, r);
+      all[r].resize(static_cast<size_t>(count));
+      if (s.ok() && count)
+        s = world.recv(all[r].data(), count * sizeof(TraceEvent), DType::U8, r);
+    }
+    if (!s.ok())
+      return Error{"gathering the timeline on rank 0: " + s.error()};
+  }
+  return all;
+}
+
+Status reportTimeline(const TraceInfo &info, const std::vector<RankTrace> &rows,
+                      bool cuda, const std::string &json,
+                      const std::string &svg) {
+  double span = makespan(rows);
+  double mean = 0;
+  std::printf("timeline of the last run: makespan %.3f ms\n", span * 1e3);
+  for (const RankTrace &r : rows) {
+    double compute = 0;
+    for (const TraceEvent &e : r.events)
+      if (e.kind == TraceEvent::Kind::Compute)
+        compute += e.end - e.start;
+    double bubble = bubbleFraction(r, span);
+    mean += bubble / static_cast<double>(rows.size());
+    std::printf("  rank %d [%s] %s: compute %.3f ms, bubble %.3f\n", r.rank,
+                r.coords.c_str(), r.stages.c_str(), compute * 1e3, bubble);
+  }
+  if (cuda)
+    std::printf("  (on CUDA, a compute step is timed until its stream is "
+                "done and a receive until its data arrived; sends are timed "
+                "as queued, on the transfer stream)\n");
+  std::printf("  mean bubble %.3f; %s = %.3f for p=%d, m=%d", mean,
+              analyticBubbleFormula(info.chunks),
+              analyticBubble(info.pipelineRanks, info.microbatches,
+                             info.chunks),
+              info.pipelineRanks, info.microbatches);
+  std::printf(info.chunks > 1 ? ", v=%d\n" : "\n", info.chunks);
+  if (!json.empty()) {
+    Status s = writeChromeTrace(json, info, rows);
+    if (!s.ok())
+      return s;
+    std::printf("  wrote %s (open in chrome://tracing or ui.perfetto.dev)\n",
+                json.c_str());
+  }
+  if (!svg.empty()) {
+    Status s = writeSvg(svg, info, rows);
+    if (!s.ok())
+      return s;
+    std::printf("  wrote %s\n", svg.c_str());
+  }
+  return Status::success();
+}
+
 double makespan(const std::vector<RankTrace> &ranks) {
   double end = 0;
   for (const RankTrace &r : ranks)
@@ -84,7 +152,7 @@ std::string escape(const std::string &s) {
 std::string label(const TraceEvent &e) {
   switch (e.kind) {
   case TraceEvent::Kind::Compute:
-    return "F" + std::to_string(e.microbatch) + " (stage " +
+    return std::string(1, e.work) + std::to_string(e.microbatch) + " (stage " +
            std::to_string(e.stage) + ")";
   case TraceEvent::Kind::Send:
     return "send " + std::to_string(e.microbatch) + " to pp " +

@@ -12,6 +12,7 @@
 #ifndef PCC_RUN_TRACE_H
 #define PCC_RUN_TRACE_H
 
+#include "pcc/runtime/Communicator.h"
 #include "pcc/runtime/Pipeline.h"
 #include "pcc/runtime/Result.h"
 
@@ -49,6 +50,18 @@ double bubbleFraction(const RankTrace &rank, double makespan);
 double analyticBubble(int pipelineRanks, int microbatches, int chunks);
 /// "(p-1)/(m+p-1)" or, with chunks, "(p-1)/(v*m+p-1)".
 const char *analyticBubbleFormula(int chunks);
+
+/// Every rank's events on rank 0 (a collective over `world`; the other
+/// ranks get an empty list).
+pccrt::Result<std::vector<std::vector<pccrt::TraceEvent>>>
+gatherEvents(pccrt::Communicator &world,
+             const std::vector<pccrt::TraceEvent> &mine);
+/// Prints the makespan, each rank's compute time and bubble next to the
+/// analytic bubble, and writes the Chrome trace and SVG files named (none
+/// when empty).
+pccrt::Status reportTimeline(const TraceInfo &info,
+                             const std::vector<RankTrace> &rows, bool cuda,
+                             const std::string &json, const std::string &svg);
 
 pccrt::Status writeChromeTrace(const std::string &path, const TraceInfo &info,
                                const std::vector<RankTrace> &ranks);

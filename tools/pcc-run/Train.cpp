@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Train.h"
+#include "Trace.h"
 
 #include "pcc/runtime/Checkpoint.h"
 #include "pcc/runtime/Npy.h"
@@ -801,6 +802,19 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
           r == ranks.worldRank && at == s)
         std::this_thread::sleep_for(std::chrono::hours(1));
     }
+    bool traceStep = s == o.steps && (!o.trace.empty() || !o.traceSvg.empty());
+    if (traceStep) {
+      // Every rank's clock starts as it leaves one barrier.
+      if (ranks.world) {
+        Status met = ranks.world->barrier();
+        if (!met.ok())
+          fail("the barrier before the traced step: " + met.error());
+      }
+      trainer->traceNextStep(std::chrono::duration<double>(
+                                 std::chrono::steady_clock::now()
+                                     .time_since_epoch())
+                                 .count());
+    }
     auto t0 = std::chrono::steady_clock::now();
     CommBinding::Traffic before = traffic(false), tpBefore = traffic(true);
     auto result = trainer->step(microbatches, count > 0 ? 1.0 / count : 0.0,
@@ -878,6 +892,39 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                 "stages)\n",
                 list.c_str(), info.num_pipeline_ranks - 1,
                 info.schedule_policy, info.microbatches, info.num_stages);
+    if (!o.trace.empty() || !o.traceSvg.empty()) {
+      auto all = ranks.world ? pccrun::gatherEvents(*ranks.world,
+                                                    trainer->trace())
+                             : Result<std::vector<std::vector<TraceEvent>>>(
+                                   std::vector<std::vector<TraceEvent>>{
+                                       trainer->trace()});
+      if (!all.ok())
+        fail(all.error());
+      if (ranks.leader) {
+        std::vector<pccrun::RankTrace> rows;
+        for (size_t r = 0; r < all->size(); ++r) {
+          std::string stages;
+          for (int32_t k : library.stagesOf(static_cast<int32_t>(r)))
+            stages += (stages.empty() ? "" : ", ") + std::to_string(k);
+          stages = (stages.find(',') != std::string::npos ? "stages "
+                                                            : "stage ") +
+                   stages;
+          rows.push_back({static_cast<int>(r), "pp=" + std::to_string(r),
+                          stages, std::move((*all)[r])});
+        }
+        std::string model = info.source;
+        model = model.substr(model.find_last_of('/') + 1);
+        pccrun::TraceInfo ti{model, info.schedule_policy,
+                             info.num_pipeline_ranks, info.microbatches,
+                             library.chunksPerPipelineRank()};
+        std::printf("the last step's pipeline (F, B and W of every "
+                    "micro-batch):\n");
+        Status s = pccrun::reportTimeline(ti, rows, !device.isHost(), o.trace,
+                                          o.traceSvg);
+        if (!s.ok())
+          fail(s.error());
+      }
+    }
   }
   if (trainer->hostStateBytes() > 0)
     std::printf("offloaded optimizer: %.3f MiB of state in host memory "

@@ -28,6 +28,8 @@ struct TrainOptions {
   std::string schedule = "constant";
   double minLr = 0; // where cosine and linear schedules end
   std::string lossLog, lossSvg, saveDir, resume;
+  /// Pipelined: the last step's timeline (pcc-run --trace, --trace-svg).
+  std::string trace, traceSvg;
   int64_t saveEvery = 0;
   /// --save-sharded: every rank writes its own pieces (Checkpoint.h).
   bool saveSharded = false;

@@ -703,76 +703,23 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
         stages += (i ? ", " : "") + std::to_string(held[i]);
       return std::pair{s, stages};
     };
-    for (int r = 0; r < world.size(); ++r) {
-      std::vector<TraceEvent> events;
-      if (r == world.rank())
-        events = runner->trace();
-      if (r != 0) {
-        int64_t count = static_cast<int64_t>(events.size());
-        Status s = Status::success();
-        if (world.rank() == r) {
-          s = world.send(&count, 1, DType::I64, 0);
-          if (s.ok() && count)
-            s = world.send(events.data(), count * sizeof(TraceEvent), DType::U8,
-                           0);
-        } else if (leader) {
-          s = world.recv(&count, 1, DType::I64, r);
-          events.resize(count);
-          if (s.ok() && count)
-            s = world.recv(events.data(), count * sizeof(TraceEvent), DType::U8,
-                           r);
-        }
-        if (!s.ok())
-          die("gathering the timeline on rank 0: " + s.error());
-      }
-      if (leader) {
-        auto [coords, stages] = coordsOf(r);
-        rows.push_back({r, coords, stages, std::move(events)});
-      }
-    }
+    auto all = pccrun::gatherEvents(world, runner->trace());
+    if (!all.ok())
+      die(all.error());
     if (leader) {
+      for (int r = 0; r < world.size(); ++r) {
+        auto [coords, stages] = coordsOf(r);
+        rows.push_back({r, coords, stages, std::move((*all)[r])});
+      }
       std::string model = info.source;
       model = model.substr(model.find_last_of('/') + 1);
       int chunks = library.chunksPerPipelineRank();
       pccrun::TraceInfo ti{model, info.schedule_policy, info.num_pipeline_ranks,
                            info.microbatches, chunks};
-      double span = pccrun::makespan(rows);
-      double mean = 0;
-      std::printf("timeline of the last run: makespan %.3f ms\n", span * 1e3);
-      for (const pccrun::RankTrace &r : rows) {
-        double compute = 0;
-        for (const TraceEvent &e : r.events)
-          if (e.kind == TraceEvent::Kind::Compute)
-            compute += e.end - e.start;
-        double bubble = pccrun::bubbleFraction(r, span);
-        mean += bubble / rows.size();
-        std::printf("  rank %d [%s] %s: compute %.3f ms, bubble %.3f\n", r.rank,
-                    r.coords.c_str(), r.stages.c_str(), compute * 1e3, bubble);
-      }
-      if (!device.isHost())
-        std::printf("  (on CUDA, a compute step is timed until its stream "
-                    "is done and a receive until its data arrived; sends "
-                    "are timed as queued, on the transfer stream)\n");
-      std::printf("  mean bubble %.3f; %s = %.3f for p=%d, m=%d", mean,
-                  pccrun::analyticBubbleFormula(chunks),
-                  pccrun::analyticBubble(info.num_pipeline_ranks,
-                                         info.microbatches, chunks),
-                  info.num_pipeline_ranks, info.microbatches);
-      std::printf(chunks > 1 ? ", v=%d\n" : "\n", chunks);
-      if (!opts.trace.empty()) {
-        Status s = pccrun::writeChromeTrace(opts.trace, ti, rows);
-        if (!s.ok())
-          die(s.error());
-        std::printf("  wrote %s (open in chrome://tracing or "
-                    "ui.perfetto.dev)\n",
-                    opts.trace.c_str());
-      }
-      if (!opts.traceSvg.empty()) {
-        Status s = pccrun::writeSvg(opts.traceSvg, ti, rows);
-        if (!s.ok())
-          die(s.error());
-        std::printf("  wrote %s\n", opts.traceSvg.c_str());
-      }
+      Status s = pccrun::reportTimeline(ti, rows, !device.isHost(), opts.trace,
+                                        opts.traceSvg);
+      if (!s.ok())
+        die(s.error());
     }
   }
   return allMatch ? 0 : 1;
@@ -850,6 +797,12 @@ int main(int argc, char **argv) {
       trainRanks.worldRank = ranks.world->rank();
       trainRanks.world = ranks.world.get();
     }
+    opts.train.trace = opts.trace;
+    opts.train.traceSvg = opts.traceSvg;
+    if ((!opts.trace.empty() || !opts.traceSvg.empty()) &&
+        !library->isPipelined())
+      die("--trace and --trace-svg draw a pipeline's timeline; '" +
+          opts.library + "' is not pipelined (pcc --pp)");
     return runTraining(opts.train, *library, *device, opts.library,
                        trainRanks);
   }

@@ -50,6 +50,9 @@ struct TraceEvent {
   /// Seconds since the run's origin (the barrier every rank leaves
   /// together).
   double start, end;
+  /// A compute step's work: 'F' forward, 'B' input gradients, 'W' weight
+  /// gradients (pipelined training).
+  char work = 'F';
 };
 
 /// "compute", "send", "recv" or "wait-sends".

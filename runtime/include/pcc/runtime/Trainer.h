@@ -13,6 +13,7 @@
 #include "pcc/runtime/Communicator.h"
 #include "pcc/runtime/Device.h"
 #include "pcc/runtime/ModelLibrary.h"
+#include "pcc/runtime/Pipeline.h"
 #include "pcc/runtime/Safetensors.h"
 
 #include <array>
@@ -100,6 +101,14 @@ public:
   /// Every pipeline rank's stash slots over all its chunks (a collective
   /// over pp).
   Result<std::vector<int32_t>> stashSlotsPerRank() const;
+  /// Pipelined training: record the next step's F, B, W, sends and
+  /// receives, timed in seconds since `origin` (steady clock), into
+  /// trace().
+  void traceNextStep(double origin) {
+    tracing = true;
+    traceOrigin = origin;
+  }
+  const std::vector<TraceEvent> &trace() const { return events; }
 
 private:
   Trainer() = default;
@@ -169,6 +178,9 @@ private:
   std::vector<std::vector<Slot>> slots;
   std::vector<std::vector<int32_t>> slotOf;
   std::vector<std::vector<std::vector<DeviceBuffer>>> sendGrad;
+  bool tracing = false;
+  double traceOrigin = 0;
+  std::vector<TraceEvent> events;
   std::vector<DeviceBuffer> forwardIn;  // per forward input
   std::vector<DeviceBuffer> forwardOut; // loss, saved activations
   DeviceBuffer seed, norm, arena;
