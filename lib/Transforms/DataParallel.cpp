@@ -446,9 +446,7 @@ struct DataParallelPass
         g = flat.param(b, loc, gradName, type);
       }
       grads.push_back(g);
-      Value sq = MulOp::create(b, loc, g, g);
-      Value sum = ReduceSumOp::create(b, loc, sq, ArrayRef<int64_t>{0},
-                                      /*keep_dims=*/false);
+      Value sum = buildSquaredSum(b, loc, g);
       Value &into = flat.splitOf(name) ? splitTotal : total;
       into = into ? AddOp::create(b, loc, into, sum).getResult() : sum;
     }
@@ -469,14 +467,11 @@ struct DataParallelPass
                            zero == 3 ? name.str()
                                      : stateName(name, kMasterState),
                            type);
-      if (sgd) {
-        Value buf = flat.param(b, loc, stateName(name, "momentum_buffer"), type);
-        SgdUpdateOp::create(b, loc, p, grads[i], buf, norm);
-      } else {
-        Value m = flat.param(b, loc, stateName(name, "exp_avg"), type);
-        Value v = flat.param(b, loc, stateName(name, "exp_avg_sq"), type);
-        AdamwUpdateOp::create(b, loc, p, grads[i], m, v, norm);
-      }
+      buildOptimizerUpdate(
+          b, loc, sgd ? "sgd" : "adamw", p, grads[i], norm,
+          [&](StringRef what) {
+            return flat.param(b, loc, stateName(name, what), type);
+          });
       if (zero < 3) {
         Value whole = flat.allGather(b, loc, p, type);
         AssignOp::create(b, loc, flat.local(b, loc, name, type), whole);

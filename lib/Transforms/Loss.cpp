@@ -93,14 +93,7 @@ struct LossPass : public mlir::pcc::impl::LossBase<LossPass> {
       if (!target)
         return signalPassFailure();
       Value diff = SubOp::create(b, loc, y, target);
-      Value sq = MulOp::create(b, loc, diff, diff);
-      SmallVector<int64_t> all;
-      for (int64_t d = 0; d < yType.getRank(); ++d)
-        all.push_back(d);
-      loss = all.empty() ? sq
-                         : ReduceSumOp::create(b, loc, sq, all,
-                                               /*keep_dims=*/false)
-                               .getResult();
+      loss = buildSquaredSum(b, loc, diff);
     } else {
       if (yType.getNumElements() != 1) {
         main.emitError("loss: --loss=none needs the first output to be the "

@@ -70,15 +70,7 @@ struct OptimizerPass : public mlir::pcc::impl::OptimizerBase<OptimizerPass> {
     // The global L2 norm of all gradients (torch.nn.utils.clip_grad_norm_).
     Value total;
     for (auto &[name, type] : weights) {
-      Value g = state(b, name, "grad", type);
-      Value sq = MulOp::create(b, loc, g, g);
-      SmallVector<int64_t> all;
-      for (int64_t d = 0; d < type.getRank(); ++d)
-        all.push_back(d);
-      Value sum = all.empty() ? sq
-                              : ReduceSumOp::create(b, loc, sq, all,
-                                                    /*keep_dims=*/false)
-                                    .getResult();
+      Value sum = buildSquaredSum(b, loc, state(b, name, "grad", type));
       total = total ? AddOp::create(b, loc, total, sum).getResult() : sum;
     }
     Value norm = SqrtOp::create(b, loc, total);
@@ -87,14 +79,9 @@ struct OptimizerPass : public mlir::pcc::impl::OptimizerBase<OptimizerPass> {
       // compiler's order of evaluating arguments.
       Value p = state(b, name, "", type);
       Value g = state(b, name, "grad", type);
-      if (kind == "sgd") {
-        Value buf = state(b, name, "momentum_buffer", type);
-        SgdUpdateOp::create(b, loc, p, g, buf, norm);
-      } else {
-        Value m = state(b, name, "exp_avg", type);
-        Value v = state(b, name, "exp_avg_sq", type);
-        AdamwUpdateOp::create(b, loc, p, g, m, v, norm);
-      }
+      buildOptimizerUpdate(b, loc, kind, p, g, norm, [&](StringRef what) {
+        return state(b, name, what, type);
+      });
     }
     func::ReturnOp::create(b, loc, ValueRange{norm});
 
@@ -113,3 +100,29 @@ struct OptimizerPass : public mlir::pcc::impl::OptimizerBase<OptimizerPass> {
 };
 
 } // namespace
+
+Value mlir::pcc::buildSquaredSum(OpBuilder &b, Location loc, Value x) {
+  Value sq = MulOp::create(b, loc, x, x);
+  int64_t rank = cast<RankedTensorType>(x.getType()).getRank();
+  if (rank == 0)
+    return sq;
+  SmallVector<int64_t> all;
+  for (int64_t d = 0; d < rank; ++d)
+    all.push_back(d);
+  return ReduceSumOp::create(b, loc, sq, all, /*keep_dims=*/false);
+}
+
+void mlir::pcc::buildOptimizerUpdate(
+    OpBuilder &b, Location loc, StringRef kind, Value p, Value g, Value norm,
+    function_ref<Value(StringRef)> state) {
+  // One statement per state: the IR's order does not depend on the
+  // compiler's order of evaluating arguments.
+  if (kind == "sgd") {
+    Value buf = state("momentum_buffer");
+    SgdUpdateOp::create(b, loc, p, g, buf, norm);
+    return;
+  }
+  Value m = state("exp_avg");
+  Value v = state("exp_avg_sq");
+  AdamwUpdateOp::create(b, loc, p, g, m, v, norm);
+}

@@ -97,8 +97,7 @@ SmallVector<Value> usedValues(Operation *op) {
     if (inner == op)
       return;
     for (Value v : inner->getOperands())
-      if (!op->isProperAncestor(v.getParentRegion()->getParentOp()) &&
-          v.getParentRegion()->getParentOp() != op)
+      if (!op->isAncestor(v.getParentRegion()->getParentOp()))
         used.push_back(v);
   });
   return used;
@@ -151,16 +150,13 @@ func::FuncOp splitWeightGradients(func::FuncOp bwd, StringRef name) {
     if (inB.contains(&op))
       continue;
     for (Value v : usedValues(&op)) {
-      if (map.contains(v) || (v.getDefiningOp() && !inB.contains(v.getDefiningOp()) &&
-                              v.getDefiningOp()->getBlock() == &body))
+      if (map.contains(v)) // W's own value, or already read
         continue;
       if (auto arg = dyn_cast<BlockArgument>(v); arg && arg.getOwner() == &body) {
         argument(v, bwd.getArgAttrDict(arg.getArgNumber()));
         continue;
       }
-      Operation *def = v.getDefiningOp();
-      if (!def || def->getBlock() != &body)
-        continue; // defined inside the op itself
+      Operation *def = v.getDefiningOp(); // one of B's
       if (isa<ParamOp, ConstantOp>(def)) {
         b.clone(*def, map);
         continue;
@@ -326,15 +322,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     for (auto &[name, type] : held[k]) {
       if (firstHolder.lookup(name) != k)
         continue;
-      Value g = state(b, name, "grad", type);
-      Value sq = MulOp::create(b, loc, g, g);
-      SmallVector<int64_t> all;
-      for (int64_t d = 0; d < type.getRank(); ++d)
-        all.push_back(d);
-      Value sum = all.empty() ? sq
-                              : ReduceSumOp::create(b, loc, sq, all,
-                                                    /*keep_dims=*/false)
-                                    .getResult();
+      Value sum = buildSquaredSum(b, loc, state(b, name, "grad", type));
       total = total ? AddOp::create(b, loc, total, sum).getResult() : sum;
     }
     if (!total)
@@ -344,14 +332,9 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     for (auto &[name, type] : held[k]) {
       Value p = state(b, name, "", type);
       Value g = state(b, name, "grad", type);
-      if (kind == "sgd") {
-        Value buf = state(b, name, "momentum_buffer", type);
-        SgdUpdateOp::create(b, loc, p, g, buf, norm);
-      } else {
-        Value m = state(b, name, "exp_avg", type);
-        Value v = state(b, name, "exp_avg_sq", type);
-        AdamwUpdateOp::create(b, loc, p, g, m, v, norm);
-      }
+      buildOptimizerUpdate(b, loc, kind, p, g, norm, [&](StringRef what) {
+        return state(b, name, what, type);
+      });
     }
     func::ReturnOp::create(b, loc, ValueRange{norm});
 

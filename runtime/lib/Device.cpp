@@ -230,6 +230,19 @@ Status Device::beginCapture() {
 Status Device::endCapture() { return beginCapture(); }
 Status Device::replay() { return beginCapture(); }
 
+Result<DeviceBuffer> DeviceBuffer::zeros(Device &device, int64_t bytes) {
+  auto buffer = allocate(device, bytes);
+  if (!buffer.ok())
+    return Error{buffer.error()};
+  if (bytes > 0) {
+    std::vector<uint8_t> host(static_cast<size_t>(bytes), 0);
+    Status copied = device.copyToDevice(buffer->data(), host.data(), bytes);
+    if (!copied.ok())
+      return Error{copied.error()};
+  }
+  return buffer.take();
+}
+
 Result<DeviceBuffer> DeviceBuffer::allocate(Device &device, int64_t bytes) {
   auto ptr = device.allocate(bytes);
   if (!ptr.ok())

@@ -42,19 +42,6 @@ bool isFloat(int32_t dtype) {
          t == DType::BF16;
 }
 
-Result<DeviceBuffer> allocateZeros(Device &device, int64_t bytes) {
-  auto buffer = DeviceBuffer::allocate(device, bytes);
-  if (!buffer.ok())
-    return Error{buffer.error()};
-  if (bytes > 0) {
-    std::vector<uint8_t> host(static_cast<size_t>(bytes), 0);
-    Status copied = device.copyToDevice(buffer->data(), host.data(), bytes);
-    if (!copied.ok())
-      return Error{copied.error()};
-  }
-  return buffer.take();
-}
-
 int64_t count(const pcc_tensor_spec &spec) {
   return elementCount(specShape(spec));
 }
@@ -121,7 +108,7 @@ Status Trainer::createPipeline() {
 
   auto make = [&](std::vector<DeviceBuffer> &into,
                   const pcc_tensor_spec &spec) -> Status {
-    auto buffer = allocateZeros(*device, specBytes(spec));
+    auto buffer = DeviceBuffer::zeros(*device, specBytes(spec));
     if (!buffer.ok())
       return Error{std::string("pipeline buffer '") + spec.name +
                    "': " + buffer.error()};
@@ -194,8 +181,8 @@ Status Trainer::createPipeline() {
   }
   for (int32_t kind : {PCC_PHASE_OPTIMIZER, PCC_PHASE_ZERO_GRAD})
     arenaTotal = std::max(arenaTotal, info.phases[rankPhase(kind)].arena_bytes);
-  auto seedBuffer = allocateZeros(*device, 4), normBuffer = allocateZeros(*device, 4),
-       arenaBuffer = allocateZeros(*device, arenaTotal);
+  auto seedBuffer = DeviceBuffer::zeros(*device, 4), normBuffer = DeviceBuffer::zeros(*device, 4),
+       arenaBuffer = DeviceBuffer::zeros(*device, arenaTotal);
   if (!seedBuffer.ok() || !normBuffer.ok() || !arenaBuffer.ok())
     return Error{"cannot allocate the training arena of " +
                  std::to_string(arenaTotal) + " bytes"};
@@ -217,7 +204,7 @@ Result<std::vector<int32_t>> Trainer::stashSlotsPerRank() const {
   std::vector<float> counts(static_cast<size_t>(P), 0.0f);
   for (const std::vector<Slot> &chunk : slots)
     counts[static_cast<size_t>(pipeRank)] += static_cast<float>(chunk.size());
-  auto buffer = allocateZeros(*device, 4 * static_cast<int64_t>(P));
+  auto buffer = DeviceBuffer::zeros(*device, 4 * static_cast<int64_t>(P));
   if (!buffer.ok())
     return Error{buffer.error()};
   Status st = device->copyToDevice(buffer->data(), counts.data(), 4 * P);
@@ -241,7 +228,7 @@ Status Trainer::gatherOverPipeline(int i, void *to, int64_t bytes) const {
   const pcc_comm &comm = comms[info.pipeline_axis];
   const pcc_tensor_spec &spec = info.weights[i];
   // The first holder's copy, summed with everyone else's zeros.
-  auto buffer = allocateZeros(*device, bytes);
+  auto buffer = DeviceBuffer::zeros(*device, bytes);
   if (!buffer.ok())
     return Error{buffer.error()};
   if (firstHolder[i] == pipeRank && statePtrs[i]) {
@@ -485,7 +472,7 @@ Result<StepResult> Trainer::pipelineStep(
   if (!ran.ok())
     return Error{ran.error()};
   // The losses are on the last stage's rank: every rank gets them.
-  auto sums = allocateZeros(*device, 4 * static_cast<int64_t>(loss.size()));
+  auto sums = DeviceBuffer::zeros(*device, 4 * static_cast<int64_t>(loss.size()));
   if (!sums.ok())
     return Error{sums.error()};
   Status copied = device->copyToDevice(sums->data(), loss.data(),

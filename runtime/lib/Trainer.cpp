@@ -31,21 +31,6 @@ std::array<double, PCC_NUM_HYPER> Hyperparameters::table(int64_t step,
   return t;
 }
 
-namespace {
-/// A zeroed device buffer of `bytes`.
-Result<DeviceBuffer> zeros(Device &device, int64_t bytes) {
-  auto buffer = DeviceBuffer::allocate(device, bytes);
-  if (!buffer.ok())
-    return Error{buffer.error()};
-  if (bytes > 0) {
-    std::vector<uint8_t> host(static_cast<size_t>(bytes), 0);
-    Status copied = device.copyToDevice(buffer->data(), host.data(), bytes);
-    if (!copied.ok())
-      return Error{copied.error()};
-  }
-  return buffer.take();
-}
-} // namespace
 
 Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device) {
   return create(library, device, -1, nullptr);
@@ -108,7 +93,7 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device,
     t.hostPtrs.push_back(nullptr);
     t.hostState.emplace_back();
     if (offload != 0) {
-      auto buffer = zeros(*t.host, bytes);
+      auto buffer = DeviceBuffer::zeros(*t.host, bytes);
       if (!buffer.ok())
         return Error{"model state '" + std::string(info.weights[i].name) +
                      "' in host memory: " + buffer.error()};
@@ -125,7 +110,7 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device,
       t.state.emplace_back();
       continue;
     }
-    auto buffer = zeros(device, bytes);
+    auto buffer = DeviceBuffer::zeros(device, bytes);
     if (!buffer.ok())
       return Error{"model state '" + std::string(info.weights[i].name) +
                    "': " + buffer.error()};
@@ -155,7 +140,7 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device,
   }
   const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];
   for (int i = 0; i < fwd.num_inputs; ++i) {
-    auto buffer = zeros(device, specBytes(fwd.inputs[i]));
+    auto buffer = DeviceBuffer::zeros(device, specBytes(fwd.inputs[i]));
     if (!buffer.ok())
       return Error{buffer.error()};
     t.forwardIn.push_back(buffer.take());
@@ -164,7 +149,7 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device,
   t.forwardOut.emplace_back();
   for (int i = 1; i < fwd.num_outputs; ++i) {
     int64_t bytes = specBytes(fwd.outputs[i]);
-    auto buffer = zeros(device, bytes);
+    auto buffer = DeviceBuffer::zeros(device, bytes);
     if (!buffer.ok())
       return Error{"saved activations: " + buffer.error()};
     t.forwardOut.push_back(buffer.take());
@@ -177,27 +162,27 @@ Result<Trainer> Trainer::create(const ModelLibrary &library, Device &device,
     const pcc_phase_info &pre = info.phases[PCC_PHASE_OPTIMIZER_PRE];
     const pcc_phase_info &update = info.phases[PCC_PHASE_OPTIMIZER];
     for (int k = 0; k < pre.num_outputs; ++k) {
-      auto buffer = zeros(device, specBytes(pre.outputs[k]));
+      auto buffer = DeviceBuffer::zeros(device, specBytes(pre.outputs[k]));
       if (!buffer.ok())
         return Error{buffer.error()};
       t.preOut.push_back(buffer.take());
     }
     for (int k = 0; k < update.num_inputs; ++k) {
-      auto buffer = zeros(*t.host, specBytes(update.inputs[k]));
+      auto buffer = DeviceBuffer::zeros(*t.host, specBytes(update.inputs[k]));
       if (!buffer.ok())
         return Error{buffer.error()};
       t.hostIn.push_back(buffer.take());
     }
-    auto arena = zeros(*t.host, update.arena_bytes);
-    auto norm = zeros(*t.host, 4);
+    auto arena = DeviceBuffer::zeros(*t.host, update.arena_bytes);
+    auto norm = DeviceBuffer::zeros(*t.host, 4);
     if (!arena.ok() || !norm.ok())
       return Error{"cannot allocate the host optimizer's arena of " +
                    std::to_string(update.arena_bytes) + " bytes"};
     t.hostArena = arena.take();
     t.hostNorm = norm.take();
   }
-  auto seed = zeros(device, 4), norm = zeros(device, 4),
-       arena = zeros(device, t.arenaTotal);
+  auto seed = DeviceBuffer::zeros(device, 4), norm = DeviceBuffer::zeros(device, 4),
+       arena = DeviceBuffer::zeros(device, t.arenaTotal);
   if (!seed.ok() || !norm.ok() || !arena.ok())
     return Error{"cannot allocate the training arena of " +
                  std::to_string(t.arenaTotal) + " bytes"};
@@ -538,7 +523,7 @@ Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
                                                    : forwardOut[source].data());
   }
   if (microbatches.size() > lossSlots) {
-    auto slots = zeros(*device, 4 * static_cast<int64_t>(microbatches.size()));
+    auto slots = DeviceBuffer::zeros(*device, 4 * static_cast<int64_t>(microbatches.size()));
     if (!slots.ok())
       return Error{slots.error()};
     losses = slots.take();

@@ -1051,9 +1051,8 @@ int main(int argc, char **argv) {
       pm.addPass(pcc::createLoss(loss));
       pm.addPass(createCanonicalizerPass());
     }
-    if (train && pp > 1) {
-      // Cut first (the loss lands on the last stage), then differentiate
-      // each stage: a schedule places its forward and backward phases.
+    // The stage cut and the micro-batch schedule of --pp.
+    auto addPipelineCut = [&](bool groupedTransfers) {
       pcc::PipelineCutOptions cut;
       cut.emitRemarks = explainPlan;
       cut.chunks = ppChunks;
@@ -1062,11 +1061,16 @@ int main(int argc, char **argv) {
       pcc::PipelineScheduleOptions sched;
       sched.policy = policy;
       sched.microbatches = microbatches;
+      sched.groupedTransfers = groupedTransfers;
+      pm.addPass(pcc::createPipelineSchedule(sched));
+    };
+    if (train && pp > 1) {
+      // Cut first (the loss lands on the last stage), then differentiate
+      // each stage: a schedule places its forward and backward phases.
       // Interleaved training lists deadlock as NCCL groups (Megatron-LM
       // pairs each activation's send with the next gradient's receive;
       // pcc does not reorder them yet): they run on MPI ranks.
-      sched.groupedTransfers = target != Target::Cpu;
-      pm.addPass(pcc::createPipelineSchedule(sched));
+      addPipelineCut(/*groupedTransfers=*/target != Target::Cpu);
       pcc::PipelineTrainingOptions stages;
       stages.kind = optimizerKind;
       pm.addPass(pcc::createPipelineTraining(stages));
@@ -1117,17 +1121,8 @@ int main(int argc, char **argv) {
       pm.addNestedPass<func::FuncOp>(pcc::createPartition(partition));
       pm.addPass(createCanonicalizerPass());
     }
-    if (pp > 1 && !train) {
-      pcc::PipelineCutOptions cut;
-      cut.emitRemarks = explainPlan;
-      cut.chunks = ppChunks;
-      cut.cuts.assign(ppCuts.begin(), ppCuts.end());
-      pm.addPass(pcc::createPipelineCut(cut));
-      pcc::PipelineScheduleOptions sched;
-      sched.policy = policy;
-      sched.microbatches = microbatches;
-      pm.addPass(pcc::createPipelineSchedule(sched));
-    }
+    if (pp > 1 && !train)
+      addPipelineCut(/*groupedTransfers=*/true);
     if (tp * pp * dp > 1)
       pm.addPass(pcc::createCheckCollectives());
     if (generate || explainPlan) {

@@ -13,6 +13,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -80,6 +81,19 @@ inline double shortestDecimal(float f) {
   }
   return f;
 }
+
+/// The sum of the squares of every element of `x`, a scalar (a gradient's
+/// share of the global norm; mse's loss). Defined in Optimizer.cpp.
+Value buildSquaredSum(OpBuilder &b, Location loc, Value x);
+
+/// The update of weight (or master piece) `p` from gradient `g` by optimizer
+/// `kind` ("sgd" or "adamw"), clipped by `norm`; `state` gives the
+/// optimizer's state tensor of each kind it reads ("momentum_buffer",
+/// "exp_avg", "exp_avg_sq"), created in that order. Defined in
+/// Optimizer.cpp.
+void buildOptimizerUpdate(OpBuilder &b, Location loc, llvm::StringRef kind,
+                          Value p, Value g, Value norm,
+                          llvm::function_ref<Value(llvm::StringRef)> state);
 
 /// Merges `entries` into the module's pcc.training dictionary.
 inline void setTrainingAttr(ModuleOp module,

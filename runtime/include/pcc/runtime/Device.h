@@ -70,6 +70,8 @@ class DeviceBuffer {
 public:
   DeviceBuffer() = default;
   static Result<DeviceBuffer> allocate(Device &device, int64_t bytes);
+  /// The same, filled with zero bytes.
+  static Result<DeviceBuffer> zeros(Device &device, int64_t bytes);
   DeviceBuffer(DeviceBuffer &&other) noexcept { *this = std::move(other); }
   DeviceBuffer &operator=(DeviceBuffer &&other) noexcept;
   DeviceBuffer(const DeviceBuffer &) = delete;
