@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "FlatShards.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Training.h"
@@ -25,95 +26,6 @@ using namespace mlir;
 using namespace mlir::pcc;
 
 namespace {
-
-constexpr llvm::StringLiteral kAxis = "dp";
-
-/// Builds the flat-shard views of the tensors of one weight over dp ranks.
-struct FlatShards {
-  MLIRContext *ctx;
-  int64_t ranks;
-
-  static int64_t elements(RankedTensorType type) {
-    return type.getNumElements();
-  }
-  int64_t piece(RankedTensorType type) const {
-    return (elements(type) + ranks - 1) / ranks;
-  }
-  RankedTensorType pieceType(RankedTensorType type) const {
-    return RankedTensorType::get({piece(type)}, type.getElementType());
-  }
-
-  /// Tensor parallelism: the split of each weight (by name) whose
-  /// rank-local piece is what gets sharded flat, and the ranks of its axis.
-  llvm::StringMap<ShardingAttr> splits;
-  int64_t splitRanks = 1;
-
-  /// The split of the weight of state or weight `name` (null: whole).
-  ShardingAttr splitOf(StringRef name) const {
-    return splits.lookup(splitStateName(name).first);
-  }
-
-  /// `pcc.param "<name>" shard(#pcc.shard<dp, flat>) of <whole>`, with
-  /// tensor parallelism `of <global> within(<split>)` (`whole` is then the
-  /// rank's tensor-parallel piece).
-  Value param(OpBuilder &b, Location loc, StringRef name,
-              RankedTensorType whole) const {
-    SmallVector<int64_t> global(whole.getShape());
-    ShardingAttr split = splitOf(name);
-    if (split)
-      global[split.getDim()] *= splitRanks;
-    return ParamOp::create(b, loc, pieceType(whole), b.getStringAttr(name),
-                           ShardingAttr::flat(ctx, kAxis),
-                           b.getDenseI64ArrayAttr(global), split);
-  }
-
-  /// `pcc.param "<name>"` of the rank's tensor-parallel piece (or whole).
-  Value local(OpBuilder &b, Location loc, StringRef name,
-              RankedTensorType type) const {
-    return ParamOp::create(b, loc, type, b.getStringAttr(name), splitOf(name));
-  }
-
-  /// A whole tensor as [ranks, s]: flattened, padded with zeros.
-  Value stack(OpBuilder &b, Location loc, Value whole) const {
-    auto type = cast<RankedTensorType>(whole.getType());
-    Type element = type.getElementType();
-    int64_t n = elements(type), s = piece(type);
-    Value flat = ReshapeOp::create(b, loc, RankedTensorType::get({n}, element),
-                                   whole);
-    if (n != ranks * s)
-      flat = PadOp::create(b, loc, RankedTensorType::get({ranks * s}, element),
-                           flat, b.getDenseI64ArrayAttr({0}),
-                           b.getDenseI64ArrayAttr({1}));
-    return ReshapeOp::create(b, loc,
-                             RankedTensorType::get({ranks, s}, element), flat);
-  }
-
-  /// This rank's piece of the sum over the ranks of a whole tensor.
-  Value reduceScatter(OpBuilder &b, Location loc, Value whole) const {
-    auto type = cast<RankedTensorType>(whole.getType());
-    return ReduceScatterOp::create(b, loc, pieceType(type),
-                                   stack(b, loc, whole),
-                                   b.getStringAttr(kAxis));
-  }
-
-  /// The whole tensor of `type` from every rank's piece.
-  Value allGather(OpBuilder &b, Location loc, Value piece,
-                  RankedTensorType type) const {
-    Type element = type.getElementType();
-    int64_t n = elements(type), s = this->piece(type);
-    Value stacked = AllGatherOp::create(
-        b, loc, RankedTensorType::get({ranks, s}, element), piece,
-        b.getStringAttr(kAxis));
-    Value flat = ReshapeOp::create(
-        b, loc, RankedTensorType::get({ranks * s}, element), stacked);
-    if (n != ranks * s)
-      flat = SliceOp::create(b, loc, RankedTensorType::get({n}, element), flat,
-                             b.getDenseI64ArrayAttr({0}),
-                             b.getDenseI64ArrayAttr({n}),
-                             b.getDenseI64ArrayAttr({1}));
-    return ReshapeOp::create(b, loc, type, flat);
-  }
-};
 
 struct DataParallelPass
     : public mlir::pcc::impl::DataParallelBase<DataParallelPass> {
@@ -167,7 +79,7 @@ struct DataParallelPass
           b, NameLoc::get(b.getStringAttr("the gradient of '" +
                                           splitStateName(g.getName()).first +
                                           "'")),
-          g.getResult(), b.getStringAttr(kAxis));
+          g.getResult(), b.getStringAttr(kDataParallelAxis));
       g.getResult().replaceAllUsesExcept(sum.getResult(), sum);
     }
     return success();
@@ -257,12 +169,12 @@ struct DataParallelPass
           b.grads.back().str() + "'"));
       Value bucket = ParamOp::create(start, loc, type,
                                      attrs.getStringAttr(name), ShardingAttr());
-      BucketStartOp::create(start, loc, bucket, attrs.getStringAttr(kAxis));
+      BucketStartOp::create(start, loc, bucket, attrs.getStringAttr(kDataParallelAxis));
       // One wait completes every bucket (before any gradient is read).
       if (table.size() == 1) {
         Value waited = ParamOp::create(
             wait, loc, type, attrs.getStringAttr(name), ShardingAttr());
-        BucketWaitOp::create(wait, loc, waited, attrs.getStringAttr(kAxis));
+        BucketWaitOp::create(wait, loc, waited, attrs.getStringAttr(kDataParallelAxis));
       }
     }
     setTrainingAttr(module, {attrs.getNamedAttr("buckets",
@@ -303,61 +215,14 @@ struct DataParallelPass
     llvm::StringSet<> gradNames;
     for (auto &entry : weights)
       gradNames.insert(stateName(entry.first, "grad"));
-    auto wholeType = [&](StringRef stateOrWeight) {
-      return weights.lookup(splitStateName(stateOrWeight).first);
-    };
 
     // ZeRO 2 and 3: each gradient of a micro-batch is reduce-scattered as
     // the backward phase produces it, into this rank's piece of the
     // gradient state.
     if (zero >= 2) {
-      // A tied weight (an embedding and an LM head) gets several gradients
-      // in one backward phase: they are added up where the last is
-      // accumulated, so its gradient is reduce-scattered once.
-      llvm::MapVector<StringRef, SmallVector<AccumulateOp>> byState;
-      phases[1].walk([&](AccumulateOp acc) {
-        auto state = acc.getState().getDefiningOp<ParamOp>();
-        if (state && gradNames.contains(state.getName()))
-          byState[state.getName()].push_back(acc);
-      });
-      for (auto &[name, group] : byState) {
-        AccumulateOp acc = group.back();
-        auto state = acc.getState().getDefiningOp<ParamOp>();
-        OpBuilder b(acc);
-        Location loc = acc.getLoc();
-        Value sum = group.front().getValue();
-        for (AccumulateOp other : ArrayRef(group).drop_front())
-          sum = AddOp::create(b, loc, sum, other.getValue());
-        for (AccumulateOp other : ArrayRef(group).drop_back()) {
-          auto otherState = other.getState().getDefiningOp<ParamOp>();
-          other.erase();
-          if (otherState->use_empty())
-            otherState.erase();
-        }
-        Value piece = flat.reduceScatter(b, loc, sum);
-        Value sharded =
-            flat.param(b, loc, state.getName(), wholeType(state.getName()));
-        AccumulateOp::create(b, loc, sharded, piece);
-        acc.erase();
-        if (state->use_empty())
-          state.erase();
-      }
-      SmallVector<ZeroOp> zeros;
-      phases[3].walk([&](ZeroOp z) { zeros.push_back(z); });
-      for (ZeroOp z : zeros) {
-        auto state = z.getState().getDefiningOp<ParamOp>();
-        if (!state || !gradNames.contains(state.getName()))
-          continue;
-        OpBuilder b(z);
-        Value sharded = flat.param(b, z.getLoc(), state.getName(),
-                                   wholeType(state.getName()));
-        ZeroOp::create(b, z.getLoc(), sharded);
-        z.erase();
-        if (state->use_empty())
-          state.erase();
-      }
+      scatterGradientAccumulations(phases[1], flat, gradNames);
+      shardGradientZeros(phases[3], flat, gradNames);
     }
-
     // ZeRO 3: the forward and backward phases gather each weight where
     // they read it (FSDP's reshard after forward: the backward phase
     // gathers it again) and release it after its last use.
@@ -457,7 +322,7 @@ struct DataParallelPass
       total = total ? AddOp::create(b, loc, total, splitTotal).getResult()
                     : splitTotal;
     }
-    total = AllReduceOp::create(b, loc, scalar, total, b.getStringAttr(kAxis));
+    total = AllReduceOp::create(b, loc, scalar, total, b.getStringAttr(kDataParallelAxis));
     Value norm = SqrtOp::create(b, loc, total);
     for (auto [i, entry] : llvm::enumerate(weights)) {
       auto &[name, type] = entry;
@@ -483,3 +348,55 @@ struct DataParallelPass
 };
 
 } // namespace
+
+void mlir::pcc::scatterGradientAccumulations(func::FuncOp phase,
+                                             const FlatShards &flat,
+                                             const llvm::StringSet<> &grads) {
+  // A tied weight (an embedding and an LM head) gets several gradients in
+  // one phase: they are added up where the last is accumulated, so its
+  // gradient is reduce-scattered once.
+  llvm::MapVector<StringRef, SmallVector<AccumulateOp>> byState;
+  phase.walk([&](AccumulateOp acc) {
+    auto state = acc.getState().getDefiningOp<ParamOp>();
+    if (state && grads.contains(state.getName()))
+      byState[state.getName()].push_back(acc);
+  });
+  for (auto &[name, group] : byState) {
+    AccumulateOp acc = group.back();
+    auto state = acc.getState().getDefiningOp<ParamOp>();
+    OpBuilder b(acc);
+    Location loc = acc.getLoc();
+    Value sum = group.front().getValue();
+    for (AccumulateOp other : ArrayRef(group).drop_front())
+      sum = AddOp::create(b, loc, sum, other.getValue());
+    for (AccumulateOp other : ArrayRef(group).drop_back()) {
+      auto otherState = other.getState().getDefiningOp<ParamOp>();
+      other.erase();
+      if (otherState->use_empty())
+        otherState.erase();
+    }
+    Value piece = flat.reduceScatter(b, loc, sum);
+    Value sharded = flat.param(b, loc, state.getName(), state.getType());
+    AccumulateOp::create(b, loc, sharded, piece);
+    acc.erase();
+    if (state->use_empty())
+      state.erase();
+  }
+}
+
+void mlir::pcc::shardGradientZeros(func::FuncOp phase, const FlatShards &flat,
+                                   const llvm::StringSet<> &grads) {
+  SmallVector<ZeroOp> zeros;
+  phase.walk([&](ZeroOp z) { zeros.push_back(z); });
+  for (ZeroOp z : zeros) {
+    auto state = z.getState().getDefiningOp<ParamOp>();
+    if (!state || !grads.contains(state.getName()))
+      continue;
+    OpBuilder b(z);
+    ZeroOp::create(b, z.getLoc(),
+                   flat.param(b, z.getLoc(), state.getName(), state.getType()));
+    z.erase();
+    if (state->use_empty())
+      state.erase();
+  }
+}

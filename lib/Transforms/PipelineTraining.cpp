@@ -28,6 +28,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Differentiate.h"
+#include "FlatShards.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Training.h"
@@ -143,7 +144,7 @@ func::FuncOp splitWeightGradients(func::FuncOp bwd, StringRef name) {
   };
   auto argument = [&](Value v, DictionaryAttr attrs) {
     unsigned i = w.getNumArguments();
-    w.insertArgument(i, v.getType(), attrs, v.getLoc());
+    (void)w.insertArgument(i, v.getType(), attrs, v.getLoc());
     map.map(v, w.getArgument(i));
   };
   for (Operation &op : body.without_terminator()) {
@@ -217,6 +218,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
   // gradient.
   SmallVector<llvm::MapVector<StringRef, RankedTensorType>> weights(n);
   llvm::SetVector<StringRef> allTrained;
+  SmallVector<func::FuncOp> stagePhases; // F, B, W of every stage
   for (auto [k, call] : llvm::enumerate(*calls)) {
     func::FuncOp f = call.callee;
     auto ret = cast<func::ReturnOp>(f.getBody().front().getTerminator());
@@ -249,6 +251,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
         result->backward, "stage" + std::to_string(k) + "_weight_grad");
     weightGrad->setAttr(kPipelineStageAttrName, stageAttr);
     weightGrad->setAttr(kPhaseAttrName, StringAttr::get(ctx, "weight_grad"));
+    stagePhases.append({result->forward, result->backward, weightGrad});
     weightGrad.walk([&](AccumulateOp op) {
       auto state = op.getState().getDefiningOp<ParamOp>();
       weights[k].insert({splitStateName(state.getName()).first,
@@ -288,14 +291,54 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
         tied.insert({name, type});
     }
 
+  if (dataParallel < 1 || zero < 0 || zero > 3)
+    return module.emitError("pipeline training: dp ")
+           << dataParallel << " and ZeRO stage " << zero
+           << " (dp at least 1, ZeRO 0 to 3)";
+  // Data parallelism: every pipeline rank is replicated over dp.
+  FlatShards flat{ctx, dataParallel};
+  int64_t stage = dataParallel > 1 ? zero : 0; // ZeRO stage in effect
+  llvm::StringSet<> gradNames;
+  for (StringRef name : allTrained)
+    gradNames.insert(stateName(name, "grad"));
+  if (stage >= 2)
+    for (func::FuncOp phase : stagePhases)
+      if (phase->getAttrOfType<StringAttr>(kPhaseAttrName) &&
+          phase->getAttrOfType<StringAttr>(kPhaseAttrName).getValue() ==
+              "weight_grad")
+        scatterGradientAccumulations(phase, flat, gradNames);
+  if (stage == 3) {
+    // Every phase gathers a weight where it reads it (FSDP's resharding
+    // after forward, per micro-batch and phase).
+    for (func::FuncOp phase : stagePhases) {
+      SmallVector<ParamOp> reads;
+      phase.walk([&](ParamOp p) {
+        if (!p.getShardAttr() && allTrained.contains(p.getName()))
+          reads.push_back(p);
+      });
+      for (ParamOp p : reads) {
+        OpBuilder b(p);
+        Value piece = flat.param(b, p.getLoc(), p.getName(), p.getType());
+        p.getResult().replaceAllUsesWith(
+            flat.allGather(b, p.getLoc(), piece, p.getType()));
+        p.erase();
+      }
+    }
+  }
+
   OpBuilder mb = OpBuilder::atBlockEnd(module.getBody());
   auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+  // A state tensor of a weight as this rank holds it: whole, or (ZeRO) its
+  // flat piece over dp.
   auto state = [&](OpBuilder &b, StringRef weight, StringRef what,
-                   RankedTensorType type) -> Value {
+                   RankedTensorType type, bool piece = false) -> Value {
     std::string name = what.empty() ? weight.str() : stateName(weight, what);
+    if (piece)
+      return flat.param(b, loc, name, type);
     return ParamOp::create(b, loc, type, b.getStringAttr(name),
                            ShardingAttr());
   };
+  bool gradPieces = stage >= 2;
   for (unsigned k = 0; k < ranks; ++k) {
     auto stageAttr = IntegerAttr::get(IntegerType::get(ctx, 64), k);
     auto opt = func::FuncOp::create(
@@ -311,41 +354,68 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     // without the weight adds zeros.
     for (auto &[name, type] : tied) {
       bool holds = held[k].count(name);
-      Value g = holds ? state(b, name, "grad", type)
-                      : ConstantOp::create(b, loc, getSplatAttr(type, 0.0))
+      RankedTensorType gradType = gradPieces ? flat.pieceType(type) : type;
+      Value g = holds ? state(b, name, "grad", type, gradPieces)
+                      : ConstantOp::create(b, loc, getSplatAttr(gradType, 0.0))
                             .getResult();
-      Value sum = AllReduceOp::create(b, loc, type, g, b.getStringAttr("pp"));
+      Value sum =
+          AllReduceOp::create(b, loc, gradType, g, b.getStringAttr("pp"));
       if (holds)
-        AssignOp::create(b, loc, state(b, name, "grad", type), sum);
+        AssignOp::create(b, loc, state(b, name, "grad", type, gradPieces),
+                         sum);
+    }
+    // Each gradient summed over dp: whole (ZeRO 0), or this rank's piece.
+    SmallVector<Value> grads;
+    for (auto &[name, type] : held[k]) {
+      Location at = NameLoc::get(
+          b.getStringAttr("the gradient of '" + name.str() + "'"));
+      Value g = state(b, name, "grad", type, gradPieces);
+      if (stage == 0 && dataParallel > 1)
+        g = AllReduceOp::create(b, at, g,
+                                b.getStringAttr(kDataParallelAxis));
+      else if (stage == 1)
+        g = flat.reduceScatter(b, at, g);
+      grads.push_back(g);
     }
     Value total;
-    for (auto &[name, type] : held[k]) {
-      if (firstHolder.lookup(name) != k)
+    for (auto [i, entry] : llvm::enumerate(held[k])) {
+      if (firstHolder.lookup(entry.first) != k)
         continue;
-      Value sum = buildSquaredSum(b, loc, state(b, name, "grad", type));
+      Value sum = buildSquaredSum(b, loc, grads[i]);
       total = total ? AddOp::create(b, loc, total, sum).getResult() : sum;
     }
     if (!total)
       total = ConstantOp::create(b, loc, getSplatAttr(scalar, 0.0));
+    if (stage > 0)
+      total = AllReduceOp::create(b, loc, scalar, total,
+                                  b.getStringAttr(kDataParallelAxis));
     total = AllReduceOp::create(b, loc, scalar, total, b.getStringAttr("pp"));
     Value norm = SqrtOp::create(b, loc, total);
-    for (auto &[name, type] : held[k]) {
-      Value p = state(b, name, "", type);
-      Value g = state(b, name, "grad", type);
-      buildOptimizerUpdate(b, loc, kind, p, g, norm, [&](StringRef what) {
-        return state(b, name, what, type);
-      });
+    for (auto [i, entry] : llvm::enumerate(held[k])) {
+      auto &[name, type] = entry;
+      Location at =
+          NameLoc::get(b.getStringAttr("the update of '" + name.str() + "'"));
+      Value p = stage == 0   ? state(b, name, "", type)
+                : stage == 3 ? state(b, name, "", type, true)
+                             : state(b, name, kMasterState, type, true);
+      buildOptimizerUpdate(b, at, kind, p, grads[i], norm,
+                           [&](StringRef what) {
+                             return state(b, name, what, type, stage > 0);
+                           });
+      if (stage == 1 || stage == 2)
+        AssignOp::create(b, at, state(b, name, "", type),
+                         flat.allGather(b, at, p, type));
     }
     func::ReturnOp::create(b, loc, ValueRange{norm});
 
-    auto zero = func::FuncOp::create(
+    auto zeroGrad = func::FuncOp::create(
         mb, loc, "rank" + std::to_string(k) + "_zero_grad",
         mb.getFunctionType({}, {}));
-    zero->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[3]));
-    zero->setAttr(kPipelineRankAttrName, stageAttr);
-    OpBuilder zb = OpBuilder::atBlockEnd(zero.addEntryBlock());
+    zeroGrad->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[3]));
+    zeroGrad->setAttr(kPipelineRankAttrName, stageAttr);
+    OpBuilder zb = OpBuilder::atBlockEnd(zeroGrad.addEntryBlock());
     for (auto &[name, type] : held[k])
-      ZeroOp::create(zb, loc, state(zb, name, "grad", type));
+      ZeroOp::create(zb, loc, state(zb, name, "grad", type, gradPieces));
     func::ReturnOp::create(zb, loc, ValueRange{});
   }
 
@@ -362,6 +432,11 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
                                   StringAttr::get(ctx, kind)),
                    NamedAttribute(StringAttr::get(ctx, "tied"),
                                   ArrayAttr::get(ctx, tiedNames))});
+  if (dataParallel > 1)
+    setTrainingAttr(module, {NamedAttribute(StringAttr::get(ctx, "zero"),
+                                            IntegerAttr::get(IntegerType::get(
+                                                                 ctx, 64),
+                                                             zero))});
   return success();
 }
 

@@ -223,20 +223,16 @@ Result<std::vector<int32_t>> Trainer::stashSlotsPerRank() const {
   return out;
 }
 
-Status Trainer::gatherOverPipeline(int i, void *to, int64_t bytes) const {
+Status Trainer::gatherOverPipeline(int i, void *whole, int64_t bytes) const {
   const pcc_model_info &info = library->info();
   const pcc_comm &comm = comms[info.pipeline_axis];
-  const pcc_tensor_spec &spec = info.weights[i];
+  const pcc_tensor_spec &spec = info.whole_weights[i];
   // The first holder's copy, summed with everyone else's zeros.
   auto buffer = DeviceBuffer::zeros(*device, bytes);
   if (!buffer.ok())
     return Error{buffer.error()};
-  if (firstHolder[i] == pipeRank && statePtrs[i]) {
-    std::vector<uint8_t> host(static_cast<size_t>(bytes));
-    Status read = readState(i, host.data(), bytes);
-    if (!read.ok())
-      return read;
-    Status copied = device->copyToDevice(buffer->data(), host.data(), bytes);
+  if (firstHolder[i] == pipeRank) {
+    Status copied = device->copyToDevice(buffer->data(), whole, bytes);
     if (!copied.ok())
       return copied;
   }
@@ -245,7 +241,7 @@ Status Trainer::gatherOverPipeline(int i, void *to, int64_t bytes) const {
     return Error{std::string("gathering '") + spec.name +
                  "' over the pipeline for a checkpoint: " +
                  comm.last_error(comm.group)};
-  return device->copyToHost(to, buffer->data(), bytes);
+  return device->copyToHost(whole, buffer->data(), bytes);
 }
 
 Result<StepResult> Trainer::pipelineStep(

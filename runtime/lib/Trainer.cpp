@@ -309,18 +309,16 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
     std::vector<int64_t> shape = specShape(whole);
     int64_t element = dtypeSize(static_cast<DType>(whole.dtype));
     std::vector<uint8_t> bytes(static_cast<size_t>(specBytes(whole)));
-    if (pipeRank >= 0) {
-      // Each pipeline rank holds its own weights: every rank takes part.
-      Status read = gatherOverPipeline(i, bytes.data(),
-                                       static_cast<int64_t>(bytes.size()));
-      if (!read.ok())
-        return Error{read.error()};
-    } else if (shard.axis < 0) {
+    // A pipelined library: the ranks of the pipeline positions that hold
+    // the state put it together first (their dp or tp pieces), then every
+    // rank takes part in the gather over the pipeline.
+    bool here = statePtrs[i] || hostPtrs[i];
+    if (here && shard.axis < 0) {
       Status read = readState(i, bytes.data(),
                               static_cast<int64_t>(bytes.size()));
       if (!read.ok())
         return Error{read.error()};
-    } else {
+    } else if (here) {
       // Every rank's piece, gathered (a collective: every rank saves).
       bool onDevice = statePtrs[i] != nullptr;
       auto all = gather(shard.axis, onDevice ? statePtrs[i] : hostPtrs[i],
@@ -356,6 +354,12 @@ Result<SafetensorsWriter> Trainer::save(int32_t kind,
                     all->data() + r * piece, /*toPiece=*/false);
       }
     }
+    if (pipeRank >= 0) {
+      Status read = gatherOverPipeline(i, bytes.data(),
+                                       static_cast<int64_t>(bytes.size()));
+      if (!read.ok())
+        return Error{read.error()};
+    }
     Status added = writer.add(whole.name, static_cast<DType>(whole.dtype),
                               shape, std::move(bytes));
     if (!added.ok())
@@ -379,11 +383,13 @@ Result<SafetensorsWriter> Trainer::saveShard(int64_t *tensors) const {
     const pcc_weight_shard &shard = info.weight_shards[i];
     int32_t splitAxis = shard.dim >= 0 ? shard.axis : shard.within_axis;
     int32_t flatAxis = shard.dim < 0 ? shard.axis : -1;
-    // A piece other ranks hold as well is written by the first of them.
-    bool mine = true;
+    // A piece other ranks hold as well is written by the first of them
+    // (a pipeline rank holds its stages' state; a tied weight's first
+    // holder writes it).
+    bool mine = pipeRank < 0 || (statePtrs[i] && firstHolder[i] == pipeRank);
     for (int a = 0; a < info.num_mesh_axes; ++a)
-      if (a != splitAxis && a != flatAxis && info.mesh_sizes[a] > 1 &&
-          shardRank(a) != 0)
+      if (a != splitAxis && a != flatAxis && a != info.pipeline_axis &&
+          info.mesh_sizes[a] > 1 && shardRank(a) != 0)
         mine = false;
     if (!mine)
       continue;

@@ -886,9 +886,19 @@ int main(int argc, char **argv) {
     return fail("--bucket-mb with --offload=optimizer: gradient buckets are "
                 "not combined with an offloaded optimizer yet (the "
                 "gradients are copied to the host after the backward pass)");
-  if (train && pp > 1 && (tp > 1 || dp > 1))
-    return fail("--train with --pp and --tp or --dp is not in this version "
-                "of pcc yet: pipeline training runs over pp ranks alone");
+  if (train && pp > 1 && tp > 1)
+    return fail("--train with --pp and --tp is not in this version of pcc "
+                "yet: pipeline training composes with --dp and --zero");
+  if (train && pp > 1 && dp > 1 && bucketMb.getNumOccurrences() &&
+      bucketMb > 0)
+    return fail("--bucket-mb with --pp: a pipelined step sums its gradients "
+                "over dp in each pipeline rank's optimizer, not in buckets "
+                "(yet)");
+  if (train && pp > 1 && reshardAfterForward.getNumOccurrences() &&
+      !reshardAfterForward)
+    return fail("--zero-reshard-after-forward=false with --pp: each F, B "
+                "and W phase of a pipelined step gathers the weights it "
+                "reads");
   if (train && pp > 1 && ppChunks > 1 && target != Target::Cpu)
     return fail("--train with --pp-chunks runs on CPU ranks (MPI) in this "
                 "version of pcc: interleaved training lists would deadlock "
@@ -1073,6 +1083,8 @@ int main(int argc, char **argv) {
       addPipelineCut(/*groupedTransfers=*/target != Target::Cpu);
       pcc::PipelineTrainingOptions stages;
       stages.kind = optimizerKind;
+      stages.dataParallel = dp;
+      stages.zero = zero;
       pm.addPass(pcc::createPipelineTraining(stages));
       pm.addPass(createCanonicalizerPass());
       pm.addPass(createCSEPass());

@@ -570,18 +570,32 @@ def PipelineTraining : Pass<"pcc-pipeline-training", "ModuleOp"> {
   let description = [{
     Runs on a training program (with its loss) that pcc-pipeline-cut has
     cut into stages. For stage k it builds `@stage<k>_forward` (the stage's
-    outputs, then the values its backward reads), `@stage<k>_backward` (one
-    cotangent per float output in, the cotangents of the float inputs
-    received from stage k - 1 out, marked `pcc.grad_of`; weight gradients
-    added into state), `@stage<k>_optimizer` and `@stage<k>_zero_grad`, all
-    marked `pcc.pipeline_stage = k`. The optimizer sums the gradients of
-    weights held by several stages (a tied embedding and head) over `pp`,
-    counts each weight once in the global norm (a scalar all-reduce over
-    `pp`), and updates the stage's weights.
+    outputs, then the values its backward reads), `@stage<k>_backward` (B:
+    one cotangent per float output in, the cotangents of the float inputs
+    received from stage k - 1 out, marked `pcc.grad_of`, then the values W
+    reads, `stash<i>`) and `@stage<k>_weight_grad` (W: the weights'
+    gradients added into state), all marked `pcc.pipeline_stage = k`; and
+    for pipeline rank r (stages r, r + p, ...) `@rank<r>_optimizer` and
+    `@rank<r>_zero_grad`, marked `pcc.pipeline_rank = r`. The optimizer sums
+    the gradients of weights held by several ranks (a tied embedding and
+    head) over `pp`, counts each weight once in the global norm (a scalar
+    all-reduce over `pp`), and updates the rank's weights.
+
+    With `dp` above 1 every pipeline rank is replicated over the dp axis
+    and the gradients are summed over it as pcc-data-parallel does: ZeRO 0
+    all-reduces each gradient in the optimizer; 1 reduce-scatters it there
+    and updates this rank's flat piece (`<weight>@master`, all-gathered
+    into the weight); 2 reduce-scatters each micro-batch's gradient in the
+    W phase into the rank's piece; 3 also keeps the weights as pieces, each
+    F, B and W phase all-gathering a weight where it reads it.
   }];
   let options = [
     Option<"kind", "kind", "std::string", /*default=*/"\"adamw\"",
-           "sgd or adamw">
+           "sgd or adamw">,
+    Option<"dataParallel", "dp", "int64_t", /*default=*/"1",
+           "ranks of the dp mesh axis">,
+    Option<"zero", "zero", "int64_t", /*default=*/"0",
+           "ZeRO stage over dp (0 to 3)">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }

@@ -129,8 +129,10 @@ private:
   Result<StepResult>
   pipelineStep(const std::vector<std::vector<const void *>> &microbatches,
                double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper);
-  /// Pipelined: every rank gets state i whole (its first holder's copy).
-  Status gatherOverPipeline(int i, void *to, int64_t bytes) const;
+  /// Pipelined: every rank gets state i whole at `whole` (`bytes` long),
+  /// where its first holder has put its copy (assembled from the pieces
+  /// of a ZeRO or tensor-parallel shard).
+  Status gatherOverPipeline(int i, void *whole, int64_t bytes) const;
   /// Pipelined: the phase of kind `kind` (enum pcc_phase) of stage
   /// `stage` (forward, backward, weight-gradient), or of this pipeline rank
   /// (optimizer, zero-grad).

@@ -1,0 +1,121 @@
+//===- FlatShards.h - ZeRO's flat pieces of model state over dp -*- C++ -*-===//
+//
+// Shared by pcc-data-parallel and pcc-pipeline-training: ZeRO 1-3 keep each
+// weight's tensors flattened, padded to dp x s elements, and rank r holds
+// elements [r s, (r + 1) s) (#pcc.shard<dp, flat>).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_TRANSFORMS_FLATSHARDS_H
+#define PCC_TRANSFORMS_FLATSHARDS_H
+
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Transforms/Training.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
+
+namespace mlir::pcc {
+
+inline constexpr llvm::StringLiteral kDataParallelAxis = "dp";
+
+/// Builds the flat-shard views of the tensors of one weight over dp ranks.
+struct FlatShards {
+  MLIRContext *ctx;
+  int64_t ranks;
+
+  static int64_t elements(RankedTensorType type) {
+    return type.getNumElements();
+  }
+  int64_t piece(RankedTensorType type) const {
+    return (elements(type) + ranks - 1) / ranks;
+  }
+  RankedTensorType pieceType(RankedTensorType type) const {
+    return RankedTensorType::get({piece(type)}, type.getElementType());
+  }
+
+  /// Tensor parallelism: the split of each weight (by name) whose
+  /// rank-local piece is what gets sharded flat, and the ranks of its axis.
+  llvm::StringMap<ShardingAttr> splits;
+  int64_t splitRanks = 1;
+
+  /// The split of the weight of state or weight `name` (null: whole).
+  ShardingAttr splitOf(StringRef name) const {
+    return splits.lookup(splitStateName(name).first);
+  }
+
+  /// `pcc.param "<name>" shard(#pcc.shard<dp, flat>) of <whole>`, with
+  /// tensor parallelism `of <global> within(<split>)` (`whole` is then the
+  /// rank's tensor-parallel piece).
+  Value param(OpBuilder &b, Location loc, StringRef name,
+              RankedTensorType whole) const {
+    SmallVector<int64_t> global(whole.getShape());
+    ShardingAttr split = splitOf(name);
+    if (split)
+      global[split.getDim()] *= splitRanks;
+    return ParamOp::create(b, loc, pieceType(whole), b.getStringAttr(name),
+                           ShardingAttr::flat(ctx, kDataParallelAxis),
+                           b.getDenseI64ArrayAttr(global), split);
+  }
+
+  /// `pcc.param "<name>"` of the rank's tensor-parallel piece (or whole).
+  Value local(OpBuilder &b, Location loc, StringRef name,
+              RankedTensorType type) const {
+    return ParamOp::create(b, loc, type, b.getStringAttr(name), splitOf(name));
+  }
+
+  /// A whole tensor as [ranks, s]: flattened, padded with zeros.
+  Value stack(OpBuilder &b, Location loc, Value whole) const {
+    auto type = cast<RankedTensorType>(whole.getType());
+    Type element = type.getElementType();
+    int64_t n = elements(type), s = piece(type);
+    Value flat = ReshapeOp::create(b, loc, RankedTensorType::get({n}, element),
+                                   whole);
+    if (n != ranks * s)
+      flat = PadOp::create(b, loc, RankedTensorType::get({ranks * s}, element),
+                           flat, b.getDenseI64ArrayAttr({0}),
+                           b.getDenseI64ArrayAttr({1}));
+    return ReshapeOp::create(b, loc,
+                             RankedTensorType::get({ranks, s}, element), flat);
+  }
+
+  /// This rank's piece of the sum over the ranks of a whole tensor.
+  Value reduceScatter(OpBuilder &b, Location loc, Value whole) const {
+    auto type = cast<RankedTensorType>(whole.getType());
+    return ReduceScatterOp::create(b, loc, pieceType(type),
+                                   stack(b, loc, whole),
+                                   b.getStringAttr(kDataParallelAxis));
+  }
+
+  /// The whole tensor of `type` from every rank's piece.
+  Value allGather(OpBuilder &b, Location loc, Value piece,
+                  RankedTensorType type) const {
+    Type element = type.getElementType();
+    int64_t n = elements(type), s = this->piece(type);
+    Value stacked = AllGatherOp::create(
+        b, loc, RankedTensorType::get({ranks, s}, element), piece,
+        b.getStringAttr(kDataParallelAxis));
+    Value flat = ReshapeOp::create(
+        b, loc, RankedTensorType::get({ranks * s}, element), stacked);
+    if (n != ranks * s)
+      flat = SliceOp::create(b, loc, RankedTensorType::get({n}, element), flat,
+                             b.getDenseI64ArrayAttr({0}),
+                             b.getDenseI64ArrayAttr({n}),
+                             b.getDenseI64ArrayAttr({1}));
+    return ReshapeOp::create(b, loc, type, flat);
+  }
+};
+
+/// ZeRO 2 and 3: each gradient of `grads` that `phase` accumulates is
+/// reduce-scattered there into this rank's piece of its state.
+void scatterGradientAccumulations(func::FuncOp phase, const FlatShards &flat,
+                                  const llvm::StringSet<> &grads);
+
+/// ZeRO 2 and 3: `phase`'s zeroing of each gradient of `grads`, on its piece.
+void shardGradientZeros(func::FuncOp phase, const FlatShards &flat,
+                        const llvm::StringSet<> &grads);
+
+} // namespace mlir::pcc
+
+#endif // PCC_TRANSFORMS_FLATSHARDS_H
