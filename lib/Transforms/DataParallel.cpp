@@ -39,6 +39,19 @@ struct DataParallelPass
       module.emitError("data parallel: ZeRO stage ") << zero << " (0 to 3)";
       return signalPassFailure();
     }
+    if (!module.lookupSymbol(kPhaseFunctions[0]) &&
+        llvm::any_of(module.getOps<func::FuncOp>(), [](func::FuncOp f) {
+          return f->hasAttr(kPipelineStageAttrName);
+        })) {
+      if (failed(runPipelined(module)))
+        return signalPassFailure();
+      setTrainingAttr(module, {NamedAttribute(
+                                  StringAttr::get(module.getContext(), "zero"),
+                                  IntegerAttr::get(IntegerType::get(
+                                                       module.getContext(), 64),
+                                                   zero))});
+      return;
+    }
     func::FuncOp phases[4];
     for (int k = 0; k < 4; ++k) {
       phases[k] = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[k]);
@@ -57,6 +70,77 @@ struct DataParallelPass
                                     IntegerAttr::get(IntegerType::get(
                                                          module.getContext(), 64),
                                                      zero))});
+  }
+
+  /// A pipelined step (pcc-pipeline-training, maybe partitioned over tp):
+  /// every pipeline rank is replicated over dp. ZeRO 2 and 3 reduce-scatter
+  /// each micro-batch's gradients in the W phases; ZeRO 3 gathers every
+  /// weight where an F, B or W phase reads it (FSDP's resharding after
+  /// forward, per micro-batch and phase); every rank's optimizer is rebuilt
+  /// over dp.
+  LogicalResult runPipelined(ModuleOp module) {
+    MLIRContext *ctx = module.getContext();
+    if (bucketBytes != 0)
+      return module.emitError("data parallel: gradient buckets are not "
+                              "built for a pipelined step");
+    if (zero == 3 && !reshardAfterForward)
+      return module.emitError("data parallel: a pipelined step gathers "
+                              "ZeRO 3's weights in each phase");
+    auto training = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName);
+    auto kind =
+        training ? training.getAs<StringAttr>("optimizer") : StringAttr();
+    if (!kind)
+      return module.emitError("data parallel: the module records no "
+                              "optimizer (run pcc-pipeline-training first)");
+    SmallVector<llvm::MapVector<StringRef, RankedTensorType>> held =
+        rankWeights(module);
+    FlatShards flat{ctx, dataParallel};
+    llvm::StringSet<> weightNames, gradNames;
+    // The tensor-parallel pieces (pcc-partition-training ran first), as
+    // the W phases accumulate them.
+    SmallVector<func::FuncOp> stagePhases;
+    for (auto func : module.getOps<func::FuncOp>())
+      if (func->hasAttr(kPipelineStageAttrName))
+        stagePhases.push_back(func);
+    for (auto &weights : held)
+      for (auto &entry : weights) {
+        weightNames.insert(entry.first);
+        gradNames.insert(stateName(entry.first, "grad"));
+      }
+    for (func::FuncOp phase : stagePhases)
+      phase.walk([&](ParamOp p) {
+        ShardingAttr split = p.getShardAttr();
+        if (!split || !split.isSplit() ||
+            !weightNames.contains(splitStateName(p.getName()).first))
+          return;
+        flat.splits[splitStateName(p.getName()).first] = split;
+        if (FailureOr<int64_t> n = getMeshAxisSize(p, split.getAxis());
+            succeeded(n))
+          flat.splitRanks = *n;
+      });
+    if (zero >= 2)
+      for (func::FuncOp phase : stagePhases)
+        if (auto name = phase->getAttrOfType<StringAttr>(kPhaseAttrName);
+            name && name.getValue() == "weight_grad")
+          scatterGradientAccumulations(phase, flat, gradNames);
+    if (zero == 3)
+      for (func::FuncOp phase : stagePhases) {
+        SmallVector<ParamOp> reads;
+        phase.walk([&](ParamOp p) {
+          if (weightNames.contains(p.getName()) &&
+              p.getShardAttr() == flat.splitOf(p.getName()))
+            reads.push_back(p);
+        });
+        for (ParamOp p : reads) {
+          OpBuilder b(p);
+          Value piece = flat.param(b, p.getLoc(), p.getName(), p.getType());
+          p.getResult().replaceAllUsesWith(
+              flat.allGather(b, p.getLoc(), piece, p.getType()));
+          p.erase();
+        }
+      }
+    buildRankPhases(module, held, kind.getValue(), flat, zero);
+    return success();
   }
 
   /// ZeRO 0: each gradient the optimizer reads, all-reduced.

@@ -13,6 +13,7 @@
 #include "pcc/Transforms/Training.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
 
@@ -115,6 +116,28 @@ void scatterGradientAccumulations(func::FuncOp phase, const FlatShards &flat,
 /// ZeRO 2 and 3: `phase`'s zeroing of each gradient of `grads`, on its piece.
 void shardGradientZeros(func::FuncOp phase, const FlatShards &flat,
                         const llvm::StringSet<> &grads);
+
+/// Pipelined training: the weights each pipeline rank's stages train
+/// (name and the rank's tensor type), read from its optimizer phase, in
+/// update order.
+SmallVector<llvm::MapVector<StringRef, RankedTensorType>>
+rankWeights(ModuleOp module);
+
+/// The weights held by more than one pipeline rank, in first-seen order.
+SmallVector<StringRef>
+tiedWeights(ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held);
+
+/// Pipelined training: (re)builds every pipeline rank's @rank<r>_optimizer
+/// and @rank<r>_zero_grad for the weights `held` (by rank, as the rank
+/// holds them: whole, or its tensor-parallel piece as `flat.splits` says)
+/// with optimizer `kind`: tied weights' gradients summed over pp, then
+/// over dp as ZeRO stage `zero` says (when `flat.ranks` > 1), the global
+/// norm over tp, dp and pp, and the updates. Defined in
+/// PipelineTraining.cpp.
+void buildRankPhases(
+    ModuleOp module,
+    ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
+    StringRef kind, const FlatShards &flat, int64_t zero);
 
 } // namespace mlir::pcc
 

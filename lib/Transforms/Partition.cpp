@@ -1,5 +1,6 @@
 //===- Partition.cpp - SPMD rewrite to one rank's local shapes -----------===//
 
+#include "FlatShards.h"
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Sharding.h"
 #include "pcc/Transforms/Training.h"
@@ -437,8 +438,180 @@ struct PartitionTrainingPass
     return saved;
   }
 
+  /// A pipelined step (pcc-pipeline-training): every stage's F, B and W
+  /// and every pipeline rank's optimizer and zero-grad, partitioned with
+  /// the layouts planned on the stages' forward phases. What crosses a
+  /// stage boundary (activations, their cotangents) travels whole; what
+  /// one phase leaves for a later one of the same stage (saved
+  /// activations, B's stash for W) stays in its layout.
+  void runPipelined(ModuleOp module) {
+    SmallVector<std::array<func::FuncOp, 3>> stages;
+    for (auto func : module.getOps<func::FuncOp>()) {
+      auto phase = func->getAttrOfType<StringAttr>(kPhaseAttrName);
+      if (!phase)
+        continue;
+      if (auto k = func->getAttrOfType<IntegerAttr>(kPipelineStageAttrName)) {
+        size_t stage = k.getInt();
+        if (stages.size() <= stage)
+          stages.resize(stage + 1);
+        int slot = phase.getValue() == kPhaseNames[0]   ? 0
+                   : phase.getValue() == kPhaseNames[1] ? 1
+                                                        : 2;
+        stages[stage][slot] = func;
+      }
+    }
+    for (auto [k, phases] : llvm::enumerate(stages))
+      if (!phases[0] || !phases[1] || !phases[2]) {
+        module.emitError("pcc-partition-training: pipeline stage ")
+            << k << " lacks its forward, backward or weight-gradient phase";
+        return signalPassFailure();
+      }
+    FailureOr<int64_t> ranks = getMeshAxisSize(stages.front()[0], axis);
+    if (failed(ranks))
+      return signalPassFailure();
+    // A weight on several stages (a tied embedding and LM head) was
+    // planned on each: the first stage's layout holds, and the later
+    // stages' values flow around it.
+    llvm::StringMap<Shard> decisions;
+    for (auto &phases : stages) {
+      llvm::StringMap<Shard> own;
+      if (failed(recordedDecisions(phases[0], own)))
+        return signalPassFailure();
+      for (auto &entry : own)
+        decisions.try_emplace(entry.getKey(), entry.getValue());
+    }
+    if (*ranks == 1) {
+      module.walk(
+          [](Operation *op) { op->removeAttr(PccDialect::kShardingAttrName); });
+      return;
+    }
+    if (sequenceParallel) {
+      module.emitError("pcc-partition-training: --sp with --pp is not "
+                       "built yet");
+      return signalPassFailure();
+    }
+    addStateDecisions(module, decisions);
+    PartitionStats total;
+    CostModel keepWeightsSplit;
+    keepWeightsSplit.weightGatherFactor = 1e3;
+    // The layouts of the values `func` returns for a later phase, by name.
+    auto returned = [](func::FuncOp func, const ShardingPlan &plan,
+                       llvm::StringMap<Shard> &into) {
+      auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
+      SmallVector<Shard> layouts = plan.operandShards.lookup(ret);
+      for (unsigned i = 0; i < func.getNumResults(); ++i)
+        if (auto name = func.getResultAttrOfType<StringAttr>(i, "pcc.name"))
+          into[name.getValue()] =
+              i < layouts.size() ? layouts[i] : Shard::replicated();
+    };
+    auto argLayouts = [](func::FuncOp func,
+                         const llvm::StringMap<Shard> &known) {
+      SmallVector<Shard> layouts;
+      for (unsigned i = 0; i < func.getNumArguments(); ++i) {
+        auto name = func.getArgAttrOfType<StringAttr>(i, "pcc.name");
+        auto it = name ? known.find(name.getValue()) : known.end();
+        layouts.push_back(it == known.end() ? Shard::replicated()
+                                            : it->second);
+      }
+      return layouts;
+    };
+    for (auto &[forward, backward, weightGrad] : stages) {
+      llvm::StringMap<Shard> later;
+      ShardingPlan plan = propagateShardings(forward, axis, *ranks, decisions);
+      returned(forward, plan, later);
+      if (failed(partitionPhase(forward, plan, *ranks, total)))
+        return signalPassFailure();
+      plan = propagateShardings(backward, axis, *ranks, decisions,
+                                keepWeightsSplit, argLayouts(backward, later));
+      returned(backward, plan, later);
+      if (failed(partitionPhase(backward, plan, *ranks, total)))
+        return signalPassFailure();
+      plan = propagateShardings(weightGrad, axis, *ranks, decisions,
+                                keepWeightsSplit,
+                                argLayouts(weightGrad, later));
+      if (failed(partitionPhase(weightGrad, plan, *ranks, total)))
+        return signalPassFailure();
+    }
+    // Every pipeline rank's optimizer and zero-grad, rebuilt over its
+    // weights' pieces (the tied weights' sums over pp on the pieces, one
+    // all-reduce over tp for the norm's split terms).
+    SmallVector<llvm::MapVector<StringRef, RankedTensorType>> held =
+        rankWeights(module);
+    FlatShards pieces{module.getContext(), 1};
+    pieces.splitRanks = *ranks;
+    for (auto &weights : held)
+      for (auto &[name, type] : weights) {
+        Shard s = decisions.lookup(name);
+        if (!s.isSplit())
+          continue;
+        type = localType(type, s, *ranks);
+        pieces.splits[name] = s.toAttr(module.getContext(), axis);
+      }
+    auto training = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName);
+    auto kind = training ? training.getAs<StringAttr>("optimizer")
+                         : StringAttr();
+    if (!kind) {
+      module.emitError("pcc-partition-training: the module records no "
+                       "optimizer (run pcc-pipeline-training first)");
+      return signalPassFailure();
+    }
+    buildRankPhases(module, held, kind.getValue(), pieces, /*zero=*/0);
+    if (emitRemarks)
+      module.emitRemark() << axis << "=" << *ranks
+                          << " pipelined training step: " << total.counts[0]
+                          << " all_reduce, " << total.counts[1]
+                          << " all_gather, " << total.counts[2]
+                          << " reduce_scatter; " << total.bytes
+                          << " bytes per micro-batch and step";
+  }
+
+  /// A gradient or moment lies where its weight does.
+  static void addStateDecisions(ModuleOp module,
+                                llvm::StringMap<Shard> &decisions) {
+    module.walk([&](ParamOp param) {
+      auto [weight, kind] = splitStateName(param.getName());
+      auto it = decisions.find(weight);
+      if (kind.empty() || it == decisions.end())
+        return;
+      Shard s = it->second; // before an insertion moves the entries
+      decisions[param.getName()] = s;
+    });
+  }
+
+  /// Partitions one phase, adding its collectives to `total`.
+  LogicalResult partitionPhase(func::FuncOp func, const ShardingPlan &plan,
+                               int64_t ranks, PartitionStats &total) {
+    FailureOr<PartitionStats> stats =
+        partitionFunction(func, plan, /*keepResultLayouts=*/false,
+                          /*stateWeights=*/true);
+    if (failed(stats))
+      return failure();
+    // The optimizer's norm: one all-reduce for every split weight's sum.
+    if (auto phase = func->getAttrOfType<StringAttr>(kPhaseAttrName);
+        phase && phase.getValue() == kPhaseNames[2]) {
+      int64_t fused = fuseNormAllReduces(func);
+      stats->counts[0] -= fused;
+      stats->bytes -= 4 * fused;
+    }
+    for (int k = 0; k < 3; ++k)
+      total.counts[k] += stats->counts[k];
+    total.bytes += stats->bytes;
+    if (emitRemarks)
+      func.emitRemark() << axis << "=" << ranks << " @" << func.getSymName()
+                        << ": " << stats->counts[0] << " all_reduce, "
+                        << stats->counts[1] << " all_gather, "
+                        << stats->counts[2] << " reduce_scatter; "
+                        << stats->bytes << " bytes per run";
+    return success();
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (!module.lookupSymbol(kPhaseFunctions[0]) &&
+        llvm::any_of(module.getOps<func::FuncOp>(), [](func::FuncOp f) {
+          return f->hasAttr(kPipelineStageAttrName);
+        }))
+      return runPipelined(module);
     SmallVector<func::FuncOp> phases;
     for (StringRef name : kPhaseFunctions) {
       auto phase = module.lookupSymbol<func::FuncOp>(name);
@@ -464,40 +637,11 @@ struct PartitionTrainingPass
     // --sp changes how layouts flow, not the weights' plan.
     if (sequenceParallel)
       module->setAttr(kSequenceParallelAttrName, UnitAttr::get(&getContext()));
-    // A gradient or moment lies where its weight does.
-    module.walk([&](ParamOp param) {
-      auto [weight, kind] = splitStateName(param.getName());
-      auto it = decisions.find(weight);
-      if (kind.empty() || it == decisions.end())
-        return;
-      Shard s = it->second; // before an insertion moves the entries
-      decisions[param.getName()] = s;
-    });
+    addStateDecisions(module, decisions);
 
     PartitionStats total;
     auto partition = [&](func::FuncOp func, const ShardingPlan &plan) {
-      FailureOr<PartitionStats> stats =
-          partitionFunction(func, plan, /*keepResultLayouts=*/false,
-                            /*stateWeights=*/true);
-      if (failed(stats))
-        return failure();
-      // The optimizer's norm: one all-reduce for every split weight's sum.
-      if (func == phases[2]) {
-        int64_t fused = fuseNormAllReduces(func);
-        stats->counts[0] -= fused;
-        stats->bytes -= 4 * fused;
-      }
-      for (int k = 0; k < 3; ++k)
-        total.counts[k] += stats->counts[k];
-      total.bytes += stats->bytes;
-      if (emitRemarks)
-        func.emitRemark() << axis << "=" << *ranks << " @"
-                          << func.getSymName() << ": " << stats->counts[0]
-                          << " all_reduce, " << stats->counts[1]
-                          << " all_gather, " << stats->counts[2]
-                          << " reduce_scatter; " << stats->bytes
-                          << " bytes per run";
-      return success();
+      return partitionPhase(func, plan, *ranks, total);
     };
     // The forward phase first: its saved activations' layouts are the
     // backward phase's argument layouts (matched by name).

@@ -218,7 +218,6 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
   // gradient.
   SmallVector<llvm::MapVector<StringRef, RankedTensorType>> weights(n);
   llvm::SetVector<StringRef> allTrained;
-  SmallVector<func::FuncOp> stagePhases; // F, B, W of every stage
   for (auto [k, call] : llvm::enumerate(*calls)) {
     func::FuncOp f = call.callee;
     auto ret = cast<func::ReturnOp>(f.getBody().front().getTerminator());
@@ -251,7 +250,6 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
         result->backward, "stage" + std::to_string(k) + "_weight_grad");
     weightGrad->setAttr(kPipelineStageAttrName, stageAttr);
     weightGrad->setAttr(kPhaseAttrName, StringAttr::get(ctx, "weight_grad"));
-    stagePhases.append({result->forward, result->backward, weightGrad});
     weightGrad.walk([&](AccumulateOp op) {
       auto state = op.getState().getDefiningOp<ParamOp>();
       weights[k].insert({splitStateName(state.getName()).first,
@@ -269,9 +267,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     return main.emitError("autodiff: no weight receives a gradient");
 
   // Pipeline rank r runs stages r, r + p, ... (interleaved chunks) and
-  // updates the weights of all of them. Weights on several ranks (a tied
-  // embedding and head): their gradients are summed over pp before the
-  // update; the first holder counts them in the norm.
+  // updates the weights of all of them.
   int64_t chunks = getPipelineChunks(module);
   if (chunks < 1 || n % chunks != 0)
     return main.emitError("pipeline training: ")
@@ -282,107 +278,148 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
   for (unsigned k = 0; k < n; ++k)
     for (auto &[name, type] : weights[k])
       held[k % ranks].insert({name, type});
-  llvm::MapVector<StringRef, RankedTensorType> tied;
+  SmallVector<StringRef> tied = tiedWeights(held);
+  buildRankPhases(module, held, kind, FlatShards{ctx, 1}, /*zero=*/0);
+
+  SmallVector<Attribute> names;
+  for (StringRef name : allTrained)
+    names.push_back(StringAttr::get(ctx, name));
+  SmallVector<Attribute> tiedNames;
+  for (StringRef name : tied)
+    tiedNames.push_back(StringAttr::get(ctx, name));
+  setTrainingAttr(module,
+                  {NamedAttribute(StringAttr::get(ctx, "weights"),
+                                  ArrayAttr::get(ctx, names)),
+                   NamedAttribute(StringAttr::get(ctx, "optimizer"),
+                                  StringAttr::get(ctx, kind)),
+                   NamedAttribute(StringAttr::get(ctx, "tied"),
+                                  ArrayAttr::get(ctx, tiedNames))});
+  return success();
+}
+
+} // namespace
+
+SmallVector<StringRef> mlir::pcc::tiedWeights(
+    ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held) {
+  llvm::SetVector<StringRef> seen, tied;
+  for (auto &weights : held)
+    for (auto &entry : weights)
+      if (!seen.insert(entry.first))
+        tied.insert(entry.first);
+  return SmallVector<StringRef>(tied.begin(), tied.end());
+}
+
+SmallVector<llvm::MapVector<StringRef, RankedTensorType>>
+mlir::pcc::rankWeights(ModuleOp module) {
+  SmallVector<llvm::MapVector<StringRef, RankedTensorType>> held;
+  for (auto func : module.getOps<func::FuncOp>()) {
+    auto rank = func->getAttrOfType<IntegerAttr>(kPipelineRankAttrName);
+    auto phase = func->getAttrOfType<StringAttr>(kPhaseAttrName);
+    if (!rank || !phase || phase.getValue() != kPhaseNames[2])
+      continue;
+    if (held.size() <= static_cast<size_t>(rank.getInt()))
+      held.resize(rank.getInt() + 1);
+    func.walk([&](Operation *op) {
+      if (!isa<SgdUpdateOp, AdamwUpdateOp>(op))
+        return;
+      if (auto p = op->getOperand(0).getDefiningOp<ParamOp>())
+        held[rank.getInt()].insert({p.getName(), p.getType()});
+    });
+  }
+  return held;
+}
+
+void mlir::pcc::buildRankPhases(
+    ModuleOp module,
+    ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
+    StringRef kind, const FlatShards &flat, int64_t zero) {
+  MLIRContext *ctx = module.getContext();
+  Location loc = module.getLoc();
+  for (auto func :
+       llvm::make_early_inc_range(module.getOps<func::FuncOp>()))
+    if (func->hasAttr(kPipelineRankAttrName))
+      func.erase();
+  unsigned ranks = held.size();
+  // Weights on several ranks (a tied embedding and head): their gradients
+  // are summed over pp before the update; the first holder counts them in
+  // the norm.
   DenseMap<StringRef, unsigned> firstHolder;
   for (unsigned r = 0; r < ranks; ++r)
-    for (auto &[name, type] : held[r]) {
-      auto [it, inserted] = firstHolder.try_emplace(name, r);
-      if (!inserted)
-        tied.insert({name, type});
-    }
+    for (auto &entry : held[r])
+      firstHolder.try_emplace(entry.first, r);
+  SmallVector<StringRef> tied = tiedWeights(held);
+  DenseMap<StringRef, RankedTensorType> typeOf;
+  for (auto &weights : held)
+    for (auto &[name, type] : weights)
+      typeOf.try_emplace(name, type);
 
-  if (dataParallel < 1 || zero < 0 || zero > 3)
-    return module.emitError("pipeline training: dp ")
-           << dataParallel << " and ZeRO stage " << zero
-           << " (dp at least 1, ZeRO 0 to 3)";
-  // Data parallelism: every pipeline rank is replicated over dp.
-  FlatShards flat{ctx, dataParallel};
-  int64_t stage = dataParallel > 1 ? zero : 0; // ZeRO stage in effect
-  llvm::StringSet<> gradNames;
-  for (StringRef name : allTrained)
-    gradNames.insert(stateName(name, "grad"));
-  if (stage >= 2)
-    for (func::FuncOp phase : stagePhases)
-      if (phase->getAttrOfType<StringAttr>(kPhaseAttrName) &&
-          phase->getAttrOfType<StringAttr>(kPhaseAttrName).getValue() ==
-              "weight_grad")
-        scatterGradientAccumulations(phase, flat, gradNames);
-  if (stage == 3) {
-    // Every phase gathers a weight where it reads it (FSDP's resharding
-    // after forward, per micro-batch and phase).
-    for (func::FuncOp phase : stagePhases) {
-      SmallVector<ParamOp> reads;
-      phase.walk([&](ParamOp p) {
-        if (!p.getShardAttr() && allTrained.contains(p.getName()))
-          reads.push_back(p);
-      });
-      for (ParamOp p : reads) {
-        OpBuilder b(p);
-        Value piece = flat.param(b, p.getLoc(), p.getName(), p.getType());
-        p.getResult().replaceAllUsesWith(
-            flat.allGather(b, p.getLoc(), piece, p.getType()));
-        p.erase();
-      }
-    }
-  }
-
+  int64_t stage = flat.ranks > 1 ? zero : 0; // the ZeRO stage in effect
+  bool gradPieces = stage >= 2;
+  // A state tensor of a weight as this rank holds it: whole (or its
+  // tensor-parallel piece), or ZeRO's flat piece of that over dp.
+  auto state = [&](OpBuilder &b, StringRef weight, StringRef what,
+                   bool piece) -> Value {
+    std::string name = what.empty() ? weight.str() : stateName(weight, what);
+    RankedTensorType type = typeOf.lookup(weight);
+    return piece ? flat.param(b, loc, name, type)
+                 : flat.local(b, loc, name, type);
+  };
   OpBuilder mb = OpBuilder::atBlockEnd(module.getBody());
   auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
-  // A state tensor of a weight as this rank holds it: whole, or (ZeRO) its
-  // flat piece over dp.
-  auto state = [&](OpBuilder &b, StringRef weight, StringRef what,
-                   RankedTensorType type, bool piece = false) -> Value {
-    std::string name = what.empty() ? weight.str() : stateName(weight, what);
-    if (piece)
-      return flat.param(b, loc, name, type);
-    return ParamOp::create(b, loc, type, b.getStringAttr(name),
-                           ShardingAttr());
-  };
-  bool gradPieces = stage >= 2;
   for (unsigned k = 0; k < ranks; ++k) {
-    auto stageAttr = IntegerAttr::get(IntegerType::get(ctx, 64), k);
+    auto rankAttr = IntegerAttr::get(IntegerType::get(ctx, 64), k);
     auto opt = func::FuncOp::create(
         mb, loc, "rank" + std::to_string(k) + "_optimizer",
         mb.getFunctionType({}, {scalar}));
     opt->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[2]));
-    opt->setAttr(kPipelineRankAttrName, stageAttr);
+    opt->setAttr(kPipelineRankAttrName, rankAttr);
     opt.setAllResultAttrs(ArrayRef<DictionaryAttr>{DictionaryAttr::get(
         ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
                              StringAttr::get(ctx, "grad_norm"))})});
     OpBuilder b = OpBuilder::atBlockEnd(opt.addEntryBlock());
-    // Every stage joins every tied weight's sum, in one order; a stage
+    // Every rank joins every tied weight's sum, in one order; a rank
     // without the weight adds zeros.
-    for (auto &[name, type] : tied) {
+    for (StringRef name : tied) {
       bool holds = held[k].count(name);
+      RankedTensorType type = typeOf.lookup(name);
       RankedTensorType gradType = gradPieces ? flat.pieceType(type) : type;
-      Value g = holds ? state(b, name, "grad", type, gradPieces)
+      Value g = holds ? state(b, name, "grad", gradPieces)
                       : ConstantOp::create(b, loc, getSplatAttr(gradType, 0.0))
                             .getResult();
       Value sum =
           AllReduceOp::create(b, loc, gradType, g, b.getStringAttr("pp"));
       if (holds)
-        AssignOp::create(b, loc, state(b, name, "grad", type, gradPieces),
-                         sum);
+        AssignOp::create(b, loc, state(b, name, "grad", gradPieces), sum);
     }
     // Each gradient summed over dp: whole (ZeRO 0), or this rank's piece.
     SmallVector<Value> grads;
-    for (auto &[name, type] : held[k]) {
+    for (auto &entry : held[k]) {
+      StringRef name = entry.first;
       Location at = NameLoc::get(
           b.getStringAttr("the gradient of '" + name.str() + "'"));
-      Value g = state(b, name, "grad", type, gradPieces);
-      if (stage == 0 && dataParallel > 1)
-        g = AllReduceOp::create(b, at, g,
-                                b.getStringAttr(kDataParallelAxis));
+      Value g = state(b, name, "grad", gradPieces);
+      if (stage == 0 && flat.ranks > 1)
+        g = AllReduceOp::create(b, at, g, b.getStringAttr(kDataParallelAxis));
       else if (stage == 1)
         g = flat.reduceScatter(b, at, g);
       grads.push_back(g);
     }
-    Value total;
+    // The global norm: tensor-parallel pieces' squares summed over tp, the
+    // pieces of ZeRO over dp, every rank's weights over pp.
+    Value total, splitTotal;
     for (auto [i, entry] : llvm::enumerate(held[k])) {
       if (firstHolder.lookup(entry.first) != k)
         continue;
       Value sum = buildSquaredSum(b, loc, grads[i]);
-      total = total ? AddOp::create(b, loc, total, sum).getResult() : sum;
+      Value &into = flat.splitOf(entry.first) ? splitTotal : total;
+      into = into ? AddOp::create(b, loc, into, sum).getResult() : sum;
+    }
+    if (splitTotal) {
+      splitTotal = AllReduceOp::create(
+          b, loc, scalar, splitTotal,
+          b.getStringAttr(flat.splits.begin()->second.getAxis()));
+      total = total ? AddOp::create(b, loc, total, splitTotal).getResult()
+                    : splitTotal;
     }
     if (!total)
       total = ConstantOp::create(b, loc, getSplatAttr(scalar, 0.0));
@@ -392,19 +429,19 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     total = AllReduceOp::create(b, loc, scalar, total, b.getStringAttr("pp"));
     Value norm = SqrtOp::create(b, loc, total);
     for (auto [i, entry] : llvm::enumerate(held[k])) {
-      auto &[name, type] = entry;
+      StringRef name = entry.first;
       Location at =
           NameLoc::get(b.getStringAttr("the update of '" + name.str() + "'"));
-      Value p = stage == 0   ? state(b, name, "", type)
-                : stage == 3 ? state(b, name, "", type, true)
-                             : state(b, name, kMasterState, type, true);
+      Value p = stage == 0   ? state(b, name, "", false)
+                : stage == 3 ? state(b, name, "", true)
+                             : state(b, name, kMasterState, true);
       buildOptimizerUpdate(b, at, kind, p, grads[i], norm,
                            [&](StringRef what) {
-                             return state(b, name, what, type, stage > 0);
+                             return state(b, name, what, stage > 0);
                            });
       if (stage == 1 || stage == 2)
-        AssignOp::create(b, at, state(b, name, "", type),
-                         flat.allGather(b, at, p, type));
+        AssignOp::create(b, at, state(b, name, "", false),
+                         flat.allGather(b, at, p, typeOf.lookup(name)));
     }
     func::ReturnOp::create(b, loc, ValueRange{norm});
 
@@ -412,32 +449,10 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
         mb, loc, "rank" + std::to_string(k) + "_zero_grad",
         mb.getFunctionType({}, {}));
     zeroGrad->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[3]));
-    zeroGrad->setAttr(kPipelineRankAttrName, stageAttr);
+    zeroGrad->setAttr(kPipelineRankAttrName, rankAttr);
     OpBuilder zb = OpBuilder::atBlockEnd(zeroGrad.addEntryBlock());
-    for (auto &[name, type] : held[k])
-      ZeroOp::create(zb, loc, state(zb, name, "grad", type, gradPieces));
+    for (auto &entry : held[k])
+      ZeroOp::create(zb, loc, state(zb, entry.first, "grad", gradPieces));
     func::ReturnOp::create(zb, loc, ValueRange{});
   }
-
-  SmallVector<Attribute> names;
-  for (StringRef name : allTrained)
-    names.push_back(StringAttr::get(ctx, name));
-  SmallVector<Attribute> tiedNames;
-  for (auto &entry : tied)
-    tiedNames.push_back(StringAttr::get(ctx, entry.first));
-  setTrainingAttr(module,
-                  {NamedAttribute(StringAttr::get(ctx, "weights"),
-                                  ArrayAttr::get(ctx, names)),
-                   NamedAttribute(StringAttr::get(ctx, "optimizer"),
-                                  StringAttr::get(ctx, kind)),
-                   NamedAttribute(StringAttr::get(ctx, "tied"),
-                                  ArrayAttr::get(ctx, tiedNames))});
-  if (dataParallel > 1)
-    setTrainingAttr(module, {NamedAttribute(StringAttr::get(ctx, "zero"),
-                                            IntegerAttr::get(IntegerType::get(
-                                                                 ctx, 64),
-                                                             zero))});
-  return success();
 }
-
-} // namespace

@@ -58,6 +58,10 @@ struct PlanShardingPass
     if (auto phase = func->getAttrOfType<StringAttr>(kPhaseAttrName);
         phase && phase.getValue() != kPhaseNames[0])
       return;
+    // A pipelined step is planned on its stages' forward phases; the
+    // stage functions they were made from only record the wiring.
+    if (func->hasAttr("pcc.stage"))
+      return;
     FailureOr<int64_t> ranks = getMeshAxisSize(func, axis);
     if (failed(ranks))
       return signalPassFailure();

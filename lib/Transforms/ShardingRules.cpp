@@ -362,17 +362,23 @@ ShardingPlan Propagator::run() {
     plan.shards[arg] = arg.getArgNumber() < argLayouts.size()
                            ? argLayouts[arg.getArgNumber()]
                            : Shard::replicated();
-  // A training forward phase returns the loss, then the activations its
-  // backward phase reads (pcc-autodiff): those stay in their layouts (a
-  // partial sum reduced), since the backward phase reads them partitioned.
-  auto phase = func->getAttrOfType<StringAttr>("pcc.phase");
-  bool keepSaved = phase && phase.getValue() == "forward";
+  // A training forward phase returns the loss (or a pipeline stage's
+  // outputs), then the activations its backward phase reads (pcc-autodiff,
+  // "saved<i>"); a pipeline stage's backward phase returns the cotangents
+  // it sends, then the values its weight-gradient phase reads
+  // ("stash<i>"). Those read later stay in their layouts (a partial sum
+  // reduced), since the later phase reads them partitioned.
+  auto keptResult = [&](unsigned i) {
+    auto name = func.getResultAttrOfType<StringAttr>(i, "pcc.name");
+    return name && (name.getValue().starts_with("saved") ||
+                    name.getValue().starts_with("stash"));
+  };
   for (Operation &op : block) {
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       SmallVector<Shard> targets;
       for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
-        Shard to = keepSaved && i > 0 && of(v).isSplit() ? of(v)
-                                                         : Shard::replicated();
+        Shard to = keptResult(i) && of(v).isSplit() ? of(v)
+                                                    : Shard::replicated();
         convert(v, to, nullptr);
         targets.push_back(to);
       }

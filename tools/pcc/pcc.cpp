@@ -886,9 +886,8 @@ int main(int argc, char **argv) {
     return fail("--bucket-mb with --offload=optimizer: gradient buckets are "
                 "not combined with an offloaded optimizer yet (the "
                 "gradients are copied to the host after the backward pass)");
-  if (train && pp > 1 && tp > 1)
-    return fail("--train with --pp and --tp is not in this version of pcc "
-                "yet: pipeline training composes with --dp and --zero");
+  if (train && pp > 1 && tp > 1 && sequenceParallel)
+    return fail("--sp with --train --pp is not in this version of pcc yet");
   if (train && pp > 1 && dp > 1 && bucketMb.getNumOccurrences() &&
       bucketMb > 0)
     return fail("--bucket-mb with --pp: a pipelined step sums its gradients "
@@ -1083,42 +1082,41 @@ int main(int argc, char **argv) {
       addPipelineCut(/*groupedTransfers=*/target != Target::Cpu);
       pcc::PipelineTrainingOptions stages;
       stages.kind = optimizerKind;
-      stages.dataParallel = dp;
-      stages.zero = zero;
       pm.addPass(pcc::createPipelineTraining(stages));
-      pm.addPass(createCanonicalizerPass());
-      pm.addPass(createCSEPass());
     } else if (train) {
       pm.addPass(pcc::createAutodiff());
       pcc::OptimizerOptions optimizer;
       optimizer.kind = optimizerKind;
       pm.addPass(pcc::createOptimizer(optimizer));
+    }
+    if (train) {
       pm.addPass(createCanonicalizerPass());
       pm.addPass(createCSEPass());
-      if (tp > 1) {
-        // One plan for the whole step, made on the forward phase.
-        pcc::PlanShardingOptions plan;
-        plan.emitRemarks = explainPlan;
-        pm.addNestedPass<func::FuncOp>(pcc::createPlanSharding(plan));
-        pcc::PartitionTrainingOptions partition;
-        partition.emitRemarks = explainPlan;
-        partition.sequenceParallel = sequenceParallel;
-        pm.addPass(pcc::createPartitionTraining(partition));
-        pm.addPass(createCanonicalizerPass());
-        pm.addPass(createCSEPass());
-      }
-      if (dp > 1) {
-        pcc::DataParallelOptions data;
-        data.dataParallel = dp;
-        data.zero = zero;
-        data.reshardAfterForward = reshardAfterForward;
-        data.bucketBytes = offloading ? 0
-                           : bucketMb < 0 ? -1
+    }
+    if (train && tp > 1) {
+      // One plan for the whole step (each pipeline stage's), made on the
+      // forward phase; every phase partitioned with it.
+      pcc::PlanShardingOptions plan;
+      plan.emitRemarks = explainPlan;
+      pm.addNestedPass<func::FuncOp>(pcc::createPlanSharding(plan));
+      pcc::PartitionTrainingOptions partition;
+      partition.emitRemarks = explainPlan;
+      partition.sequenceParallel = sequenceParallel;
+      pm.addPass(pcc::createPartitionTraining(partition));
+      pm.addPass(createCanonicalizerPass());
+      pm.addPass(createCSEPass());
+    }
+    if (train && dp > 1) {
+      pcc::DataParallelOptions data;
+      data.dataParallel = dp;
+      data.zero = zero;
+      data.reshardAfterForward = reshardAfterForward;
+      data.bucketBytes = offloading || pp > 1 ? 0
+                         : bucketMb < 0       ? -1
                                         : static_cast<int64_t>(
                                               bucketMb * 1048576.0);
-        pm.addPass(pcc::createDataParallel(data));
-        pm.addPass(createCanonicalizerPass());
-      }
+      pm.addPass(pcc::createDataParallel(data));
+      pm.addPass(createCanonicalizerPass());
     }
     if (offloading) {
       pm.addPass(pcc::createOffloadOptimizer());

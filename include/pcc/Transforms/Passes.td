@@ -581,21 +581,12 @@ def PipelineTraining : Pass<"pcc-pipeline-training", "ModuleOp"> {
     head) over `pp`, counts each weight once in the global norm (a scalar
     all-reduce over `pp`), and updates the rank's weights.
 
-    With `dp` above 1 every pipeline rank is replicated over the dp axis
-    and the gradients are summed over it as pcc-data-parallel does: ZeRO 0
-    all-reduces each gradient in the optimizer; 1 reduce-scatters it there
-    and updates this rank's flat piece (`<weight>@master`, all-gathered
-    into the weight); 2 reduce-scatters each micro-batch's gradient in the
-    W phase into the rank's piece; 3 also keeps the weights as pieces, each
-    F, B and W phase all-gathering a weight where it reads it.
+    pcc-partition-training (tp) and pcc-data-parallel (dp, ZeRO) rebuild
+    the per-rank phases over their pieces.
   }];
   let options = [
     Option<"kind", "kind", "std::string", /*default=*/"\"adamw\"",
-           "sgd or adamw">,
-    Option<"dataParallel", "dp", "int64_t", /*default=*/"1",
-           "ranks of the dp mesh axis">,
-    Option<"zero", "zero", "int64_t", /*default=*/"0",
-           "ZeRO stage over dp (0 to 3)">
+           "sgd or adamw">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
