@@ -16,6 +16,37 @@ using pccrt::TraceEvent;
 
 namespace pccrun {
 
+std::vector<RankTrace>
+timelineRows(const pccrt::ModelLibrary &library,
+             std::vector<std::vector<TraceEvent>> events) {
+  const pcc_model_info &info = library.info();
+  std::vector<RankTrace> rows;
+  for (size_t rank = 0; rank < events.size(); ++rank) {
+    // The mesh coordinates of world rank `rank`, the last axis fastest.
+    std::vector<int64_t> c(static_cast<size_t>(info.num_mesh_axes));
+    int64_t rest = static_cast<int64_t>(rank);
+    for (int a = info.num_mesh_axes - 1; a >= 0; --a) {
+      c[a] = rest % info.mesh_sizes[a];
+      rest /= info.mesh_sizes[a];
+    }
+    std::string coords;
+    for (int a = 0; a < info.num_mesh_axes; ++a)
+      if (info.mesh_sizes[a] > 1)
+        coords += (coords.empty() ? "" : ", ") +
+                  std::string(info.mesh_axes[a]) + "=" + std::to_string(c[a]);
+    int32_t pipeRank =
+        info.pipeline_axis >= 0 ? static_cast<int32_t>(c[info.pipeline_axis])
+                                : 0;
+    std::vector<int32_t> held = library.stagesOf(pipeRank);
+    std::string stages = held.size() > 1 ? "stages " : "stage ";
+    for (size_t i = 0; i < held.size(); ++i)
+      stages += (i ? ", " : "") + std::to_string(held[i]);
+    rows.push_back({static_cast<int>(rank), coords, stages,
+                    std::move(events[rank])});
+  }
+  return rows;
+}
+
 pccrt::Result<std::vector<std::vector<TraceEvent>>>
 gatherEvents(pccrt::Communicator &world, const std::vector<TraceEvent> &mine) {
   using pccrt::DType;

@@ -13,6 +13,7 @@
 #define PCC_RUN_TRACE_H
 
 #include "pcc/runtime/Communicator.h"
+#include "pcc/runtime/ModelLibrary.h"
 #include "pcc/runtime/Pipeline.h"
 #include "pcc/runtime/Result.h"
 
@@ -50,6 +51,13 @@ double bubbleFraction(const RankTrace &rank, double makespan);
 double analyticBubble(int pipelineRanks, int microbatches, int chunks);
 /// "(p-1)/(m+p-1)" or, with chunks, "(p-1)/(v*m+p-1)".
 const char *analyticBubbleFormula(int chunks);
+
+/// The rows of a pipelined library's timeline from every rank's events
+/// (world rank order): each labelled with its mesh coordinates ("dp=1,
+/// pp=0, tp=1") and the stages its pipeline rank runs.
+std::vector<RankTrace>
+timelineRows(const pccrt::ModelLibrary &library,
+             std::vector<std::vector<pccrt::TraceEvent>> events);
 
 /// Every rank's events on rank 0 (a collective over `world`; the other
 /// ranks get an empty list).

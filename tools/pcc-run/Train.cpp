@@ -630,6 +630,10 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   if (tp > 1)
     ranksText += std::string(dp > 1 ? "," : "") + " split over " +
                  std::to_string(tp) + " tensor-parallel ranks";
+  if (library.isPipelined())
+    ranksText += std::string(dp > 1 || tp > 1 ? "," : "") +
+                 " pipelined over " + std::to_string(info.num_pipeline_ranks) +
+                 " ranks";
   std::printf("training %s on %s: %s, batch %lld (%lld micro-batch%s of "
               "%lld%s), loss %s, %s\n",
               libraryPath.c_str(), device.describe().c_str(),
@@ -730,11 +734,13 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
 
   // The bytes the library's collectives move during the steps (not the
   // checkpoints' gathers): over the dp axis (gradients, ZeRO's gathers) and
-  // over the tp axis (activations and their gradients), apart.
+  // over the tp axis (activations and their gradients), apart; a
+  // pipeline's (tied weights' gradients, the norm, the losses) in neither.
   auto traffic = [&](bool overTp) {
     CommBinding::Traffic t;
     for (int a = 0; ranks.comms && a < info.num_mesh_axes; ++a) {
-      if ((std::string(info.mesh_axes[a]) == "tp") != overTp)
+      if ((std::string(info.mesh_axes[a]) == "tp") != overTp ||
+          a == info.pipeline_axis)
         continue;
       const auto &m =
           static_cast<const CommBinding *>(ranks.comms[a].group)->traffic();
@@ -901,17 +907,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
       if (!all.ok())
         fail(all.error());
       if (ranks.leader) {
-        std::vector<pccrun::RankTrace> rows;
-        for (size_t r = 0; r < all->size(); ++r) {
-          std::string stages;
-          for (int32_t k : library.stagesOf(static_cast<int32_t>(r)))
-            stages += (stages.empty() ? "" : ", ") + std::to_string(k);
-          stages = (stages.find(',') != std::string::npos ? "stages "
-                                                            : "stage ") +
-                   stages;
-          rows.push_back({static_cast<int>(r), "pp=" + std::to_string(r),
-                          stages, std::move((*all)[r])});
-        }
+        std::vector<pccrun::RankTrace> rows =
+            pccrun::timelineRows(library, all.take());
         std::string model = info.source;
         model = model.substr(model.find_last_of('/') + 1);
         pccrun::TraceInfo ti{model, info.schedule_policy,
@@ -944,10 +941,11 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   }
   if (ranks.comms && trafficSteps > 0 && stepTraffic.calls > 0) {
     // In the ZeRO paper's units: Psi trainable parameters of 4 bytes, of
-    // this rank's tensor-parallel piece of the model.
+    // this rank's tensor-parallel piece of the model (of its pipeline
+    // rank's stages).
     int64_t psi = 0;
     for (int i = 0; i < info.num_weights; ++i) {
-      if (info.weight_kinds[i] != PCC_STATE_GRAD)
+      if (info.weight_kinds[i] != PCC_STATE_GRAD || !trainer->holds(i))
         continue;
       const pcc_weight_shard &shard = info.weight_shards[i];
       int32_t split = shard.dim >= 0 ? shard.axis : shard.within_axis;

@@ -688,29 +688,12 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
 
   // The timeline of the last run, gathered on rank 0.
   if (!opts.trace.empty() || !opts.traceSvg.empty()) {
-    std::vector<pccrun::RankTrace> rows;
-    // "pp=1, tp=0" and "stage 1" for a rank's row.
-    auto coordsOf = [&](int rank) {
-      std::vector<int64_t> c = meshCoordinates(info, rank);
-      std::string s;
-      for (int a = 0; a < info.num_mesh_axes; ++a)
-        if (info.mesh_sizes[a] > 1)
-          s += (s.empty() ? "" : ", ") + std::string(info.mesh_axes[a]) + "=" +
-               std::to_string(c[a]);
-      std::vector<int32_t> held = library.stagesOf(c[ppAxis]);
-      std::string stages = held.size() > 1 ? "stages " : "stage ";
-      for (size_t i = 0; i < held.size(); ++i)
-        stages += (i ? ", " : "") + std::to_string(held[i]);
-      return std::pair{s, stages};
-    };
     auto all = pccrun::gatherEvents(world, runner->trace());
     if (!all.ok())
       die(all.error());
     if (leader) {
-      for (int r = 0; r < world.size(); ++r) {
-        auto [coords, stages] = coordsOf(r);
-        rows.push_back({r, coords, stages, std::move((*all)[r])});
-      }
+      std::vector<pccrun::RankTrace> rows =
+          pccrun::timelineRows(library, all.take());
       std::string model = info.source;
       model = model.substr(model.find_last_of('/') + 1);
       int chunks = library.chunksPerPipelineRank();

@@ -1250,7 +1250,7 @@ int main(int argc, char **argv) {
       llvm::errs() << "; each of the " << tp * dp << " ranks reads "
                    << bytesPerRank;
     else if (pp > 1)
-      llvm::errs() << "; each of the " << tp * pp << " ranks reads at most "
+      llvm::errs() << "; each of the " << tp * pp * dp << " ranks reads at most "
                    << bytesPerRank;
     llvm::errs() << ")\n";
     return 0;

@@ -91,6 +91,11 @@ public:
 
   /// Bytes of model state, saved activations and arena on the device.
   int64_t stateBytes() const { return stateTotal; }
+  /// Whether this rank holds state tensor `i` (a pipeline rank holds its
+  /// stages' state alone).
+  bool holds(int i) const {
+    return statePtrs[static_cast<size_t>(i)] || hostPtrs[static_cast<size_t>(i)];
+  }
   int64_t activationBytes() const { return savedTotal; }
   int64_t arenaBytes() const { return arenaTotal; }
   /// --offload=optimizer: bytes of state in host memory (0 otherwise).
