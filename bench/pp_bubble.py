@@ -16,8 +16,17 @@ shows the median trial.
 CPU ranks share this machine's cores: with more ranks than cores the stages
 that should run at once are time-sliced, which the table flags.
 
+With --train the same MLP is compiled for training (`--train --loss=mse`)
+under --schedules (gpipe, 1f1b, zb-h1) and trained for a few steps with
+`pcc-run --trace`: the bubble of the last step's F, B and W per rank,
+against (p - 1) / (m + p - 1), the bubble of GPipe and 1F1B when F, B and
+W each take the same time on every stage. ZB-H1's target is half of 1F1B's
+or less.
+
 usage: bench/pp_bubble.py [--pcc build/bin/pcc] [--rows 32] [--hidden 512]
                           [--layers 8] [--trials 3] [--chunks 1 2]
+       bench/pp_bubble.py --train [--stages 2] [--microbatches 8]
+                          [--schedules gpipe 1f1b zb-h1]
 """
 import argparse
 import os
@@ -66,7 +75,15 @@ def main():
     ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--chunks", type=int, nargs="+", default=[1, 2],
                     help="model chunks per rank (1: gpipe, more: interleaved)")
+    ap.add_argument("--train", action="store_true",
+                    help="measure training schedules (F, B and W) instead")
+    ap.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "zb-h1"],
+                    help="with --train: the schedules to measure")
+    ap.add_argument("--steps", type=int, default=4,
+                    help="with --train: steps per run (the last is traced)")
     args = ap.parse_args()
+    if args.train:
+        return train(args)
     cores = os.cpu_count() or 1
     print(f"deep MLP: {args.layers} x (Linear {args.hidden}x{args.hidden} + GELU, residual), "
           f"{args.rows} rows per micro-batch, fp32, CPU ranks on {cores} cores\n")
@@ -105,6 +122,52 @@ def main():
                 print(f"| {p} | {v} | {m} | {policy} | {measured:.3f} | {analytic:.3f} | "
                       f"{measured - analytic:+.3f} | {span:.2f} | {note} |")
                 sys.stdout.flush()
+
+
+def train(args):
+    cores = os.cpu_count() or 1
+    print(f"deep MLP training (mse): {args.layers} x (Linear {args.hidden}x{args.hidden} "
+          f"+ GELU, residual), {args.rows} rows per micro-batch, fp32, AdamW, "
+          f"CPU ranks on {cores} cores; the bubble of the last of {args.steps} steps\n")
+    print("| p | m | schedule | measured bubble (mean over ranks) | per rank "
+          "| analytic (p-1)/(m+p-1) | measured - analytic | makespan ms | note |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    import numpy as np
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path = os.path.join(tmp, "deep_mlp.onnx")
+        make_model(onnx_path, args.layers, args.hidden)
+        for p in args.stages:
+            for m in args.microbatches:
+                rows = m * args.rows
+                x = os.path.join(tmp, f"x{rows}.npy")
+                y = os.path.join(tmp, f"y{rows}.npy")
+                write_input(x, rows, args.hidden)
+                np.save(y, np.random.default_rng(1).standard_normal(
+                    (rows, args.hidden)).astype(np.float32))
+                for policy in args.schedules:
+                    lib = os.path.join(tmp, f"t.p{p}.m{m}.{policy}.so")
+                    subprocess.run([args.pcc, onnx_path, "--train", "--loss=mse",
+                                    f"--batch={rows}", f"--pp={p}",
+                                    f"--microbatches={m}", f"--schedule={policy}",
+                                    "-o", lib], check=True, capture_output=True)
+                    trials = []
+                    for _ in range(args.trials):
+                        out = subprocess.run(
+                            [args.pcc_run, "-n", str(p), lib, "--input", x,
+                             "--labels", y, "--steps", str(args.steps),
+                             "--lr", "1e-4", "--trace", os.path.join(tmp, "t.json")],
+                            check=True, capture_output=True, text=True).stdout
+                        bubble = re.search(r"mean bubble ([0-9.]+); \(p-1\)/\(m\+p-1\) = ([0-9.]+)", out)
+                        span = re.search(r"makespan ([0-9.]+) ms", out)
+                        ranks = re.findall(r"stage \d+: compute [0-9.]+ ms, bubble ([0-9.]+)", out)
+                        trials.append((float(bubble.group(1)), float(bubble.group(2)),
+                                       float(span.group(1)), "/".join(ranks)))
+                    trials.sort()
+                    measured, analytic, span, per = trials[len(trials) // 2]
+                    note = "" if p <= cores else f"{p} ranks on {cores} cores: time-sliced"
+                    print(f"| {p} | {m} | {policy} | {measured:.3f} | {per} | {analytic:.3f} | "
+                          f"{measured - analytic:+.3f} | {span:.2f} | {note} |")
+                    sys.stdout.flush()
 
 
 if __name__ == "__main__":
