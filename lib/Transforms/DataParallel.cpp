@@ -86,12 +86,6 @@ struct DataParallelPass
     if (zero == 3 && !reshardAfterForward)
       return module.emitError("data parallel: a pipelined step gathers "
                               "ZeRO 3's weights in each phase");
-    auto training = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName);
-    auto kind =
-        training ? training.getAs<StringAttr>("optimizer") : StringAttr();
-    if (!kind)
-      return module.emitError("data parallel: the module records no "
-                              "optimizer (run pcc-pipeline-training first)");
     SmallVector<llvm::MapVector<StringRef, RankedTensorType>> held =
         rankWeights(module);
     FlatShards flat{ctx, dataParallel};
@@ -139,8 +133,7 @@ struct DataParallelPass
           p.erase();
         }
       }
-    buildRankPhases(module, held, kind.getValue(), flat, zero);
-    return success();
+    return buildRankPhases(module, held, flat, zero);
   }
 
   /// ZeRO 0: each gradient the optimizer reads, all-reduced.
@@ -399,14 +392,9 @@ struct DataParallelPass
       Value &into = flat.splitOf(name) ? splitTotal : total;
       into = into ? AddOp::create(b, loc, into, sum).getResult() : sum;
     }
-    if (splitTotal) {
-      splitTotal = AllReduceOp::create(
-          b, loc, scalar, splitTotal,
-          b.getStringAttr(flat.splits.begin()->second.getAxis()));
-      total = total ? AddOp::create(b, loc, total, splitTotal).getResult()
-                    : splitTotal;
-    }
-    total = AllReduceOp::create(b, loc, scalar, total, b.getStringAttr(kDataParallelAxis));
+    total = flat.combineNormTerms(b, loc, splitTotal, total);
+    total = AllReduceOp::create(b, loc, scalar, total,
+                                b.getStringAttr(kDataParallelAxis));
     Value norm = SqrtOp::create(b, loc, total);
     for (auto [i, entry] : llvm::enumerate(weights)) {
       auto &[name, type] = entry;

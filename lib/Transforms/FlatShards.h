@@ -81,6 +81,24 @@ struct FlatShards {
                              RankedTensorType::get({ranks, s}, element), flat);
   }
 
+  /// The global norm's sum of squares from its two kinds of terms: those
+  /// of tensor-parallel pieces (`split`, distinct on every tp rank) summed
+  /// over tp, added to the rest (`whole`, the same on every tp rank).
+  /// Either may be null; zero when both are.
+  Value combineNormTerms(OpBuilder &b, Location loc, Value split,
+                         Value whole) const {
+    auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+    if (split) {
+      split = AllReduceOp::create(
+          b, loc, scalar, split,
+          b.getStringAttr(splits.begin()->second.getAxis()));
+      whole = whole ? AddOp::create(b, loc, whole, split).getResult() : split;
+    }
+    if (!whole)
+      whole = ConstantOp::create(b, loc, getSplatAttr(scalar, 0.0));
+    return whole;
+  }
+
   /// This rank's piece of the sum over the ranks of a whole tensor.
   Value reduceScatter(OpBuilder &b, Location loc, Value whole) const {
     auto type = cast<RankedTensorType>(whole.getType());
@@ -130,14 +148,14 @@ tiedWeights(ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held);
 /// Pipelined training: (re)builds every pipeline rank's @rank<r>_optimizer
 /// and @rank<r>_zero_grad for the weights `held` (by rank, as the rank
 /// holds them: whole, or its tensor-parallel piece as `flat.splits` says)
-/// with optimizer `kind`: tied weights' gradients summed over pp, then
-/// over dp as ZeRO stage `zero` says (when `flat.ranks` > 1), the global
-/// norm over tp, dp and pp, and the updates. Defined in
-/// PipelineTraining.cpp.
-void buildRankPhases(
+/// with the optimizer the module's pcc.training records: tied weights'
+/// gradients summed over pp, then over dp as ZeRO stage `zero` says (when
+/// `flat.ranks` > 1), the global norm over tp, dp and pp, and the
+/// updates. Defined in PipelineTraining.cpp.
+LogicalResult buildRankPhases(
     ModuleOp module,
     ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
-    StringRef kind, const FlatShards &flat, int64_t zero);
+    const FlatShards &flat, int64_t zero);
 
 } // namespace mlir::pcc
 

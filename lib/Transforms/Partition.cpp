@@ -547,22 +547,19 @@ struct PartitionTrainingPass
         type = localType(type, s, *ranks);
         pieces.splits[name] = s.toAttr(module.getContext(), axis);
       }
-    auto training = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName);
-    auto kind = training ? training.getAs<StringAttr>("optimizer")
-                         : StringAttr();
-    if (!kind) {
-      module.emitError("pcc-partition-training: the module records no "
-                       "optimizer (run pcc-pipeline-training first)");
+    if (failed(buildRankPhases(module, held, pieces, /*zero=*/0)))
       return signalPassFailure();
-    }
-    buildRankPhases(module, held, kind.getValue(), pieces, /*zero=*/0);
+    remarkStep(module, *ranks, "pipelined training step", total);
+  }
+
+  void remarkStep(ModuleOp module, int64_t ranks, StringRef what,
+                  const PartitionStats &total) {
     if (emitRemarks)
-      module.emitRemark() << axis << "=" << *ranks
-                          << " pipelined training step: " << total.counts[0]
-                          << " all_reduce, " << total.counts[1]
-                          << " all_gather, " << total.counts[2]
-                          << " reduce_scatter; " << total.bytes
-                          << " bytes per micro-batch and step";
+      module.emitRemark() << axis << "=" << ranks << " " << what << ": "
+                          << total.counts[0] << " all_reduce, "
+                          << total.counts[1] << " all_gather, "
+                          << total.counts[2] << " reduce_scatter; "
+                          << total.bytes << " bytes per micro-batch and step";
   }
 
   /// A gradient or moment lies where its weight does.
@@ -675,13 +672,7 @@ struct PartitionTrainingPass
       if (failed(partition(func, propagateShardings(func, axis, *ranks,
                                                     decisions))))
         return signalPassFailure();
-    if (emitRemarks)
-      module.emitRemark() << axis << "=" << *ranks
-                          << " training step: " << total.counts[0]
-                          << " all_reduce, " << total.counts[1]
-                          << " all_gather, " << total.counts[2]
-                          << " reduce_scatter; " << total.bytes
-                          << " bytes per micro-batch and step";
+    remarkStep(module, *ranks, "training step", total);
   }
 };
 

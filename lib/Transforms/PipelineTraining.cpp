@@ -212,7 +212,6 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     return failure();
   MLIRContext *ctx = module.getContext();
   unsigned n = calls->size();
-  Location loc = main.getLoc();
 
   // Differentiate every stage; its weights in the order of their first
   // gradient.
@@ -279,7 +278,6 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     for (auto &[name, type] : weights[k])
       held[k % ranks].insert({name, type});
   SmallVector<StringRef> tied = tiedWeights(held);
-  buildRankPhases(module, held, kind, FlatShards{ctx, 1}, /*zero=*/0);
 
   SmallVector<Attribute> names;
   for (StringRef name : allTrained)
@@ -294,7 +292,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
                                   StringAttr::get(ctx, kind)),
                    NamedAttribute(StringAttr::get(ctx, "tied"),
                                   ArrayAttr::get(ctx, tiedNames))});
-  return success();
+  return buildRankPhases(module, held, FlatShards{ctx, 1}, /*zero=*/0);
 }
 
 } // namespace
@@ -329,12 +327,19 @@ mlir::pcc::rankWeights(ModuleOp module) {
   return held;
 }
 
-void mlir::pcc::buildRankPhases(
+LogicalResult mlir::pcc::buildRankPhases(
     ModuleOp module,
     ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
-    StringRef kind, const FlatShards &flat, int64_t zero) {
+    const FlatShards &flat, int64_t zero) {
   MLIRContext *ctx = module.getContext();
   Location loc = module.getLoc();
+  auto training = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName);
+  auto kindAttr =
+      training ? training.getAs<StringAttr>("optimizer") : StringAttr();
+  if (!kindAttr)
+    return module.emitError("pipeline training: the module records no "
+                            "optimizer (run pcc-pipeline-training first)");
+  StringRef kind = kindAttr.getValue();
   for (auto func :
        llvm::make_early_inc_range(module.getOps<func::FuncOp>()))
     if (func->hasAttr(kPipelineRankAttrName))
@@ -414,15 +419,7 @@ void mlir::pcc::buildRankPhases(
       Value &into = flat.splitOf(entry.first) ? splitTotal : total;
       into = into ? AddOp::create(b, loc, into, sum).getResult() : sum;
     }
-    if (splitTotal) {
-      splitTotal = AllReduceOp::create(
-          b, loc, scalar, splitTotal,
-          b.getStringAttr(flat.splits.begin()->second.getAxis()));
-      total = total ? AddOp::create(b, loc, total, splitTotal).getResult()
-                    : splitTotal;
-    }
-    if (!total)
-      total = ConstantOp::create(b, loc, getSplatAttr(scalar, 0.0));
+    total = flat.combineNormTerms(b, loc, splitTotal, total);
     if (stage > 0)
       total = AllReduceOp::create(b, loc, scalar, total,
                                   b.getStringAttr(kDataParallelAxis));
@@ -455,4 +452,5 @@ void mlir::pcc::buildRankPhases(
       ZeroOp::create(zb, loc, state(zb, entry.first, "grad", gradPieces));
     func::ReturnOp::create(zb, loc, ValueRange{});
   }
+  return success();
 }

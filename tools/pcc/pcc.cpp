@@ -227,13 +227,16 @@ Examples:
   pcc-run -n 4 gp.so --input examples/data/gpt.batch8.input.npy --trace-svg t.svg
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --pp=2 --pp-chunks=2 --microbatches=4 -o il.so
 
-Training (one device, or tensor- and data-parallel ranks with --tp, --dp and ZeRO):
+Training (one device, or any mix of --tp, --pp, --dp and ZeRO):
   pcc export ckpt -o trained.onnx        # the model with a checkpoint's weights
   pcc ckpt inspect|verify ckpt           # what a checkpoint holds; whether it is sound
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --dp=4 --zero=3 -o z3.so
   pcc-run -n 4 z3.so --steps 100 --data tokens.bin --seq 16   # ZeRO-3 over 4 ranks
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --tp=2 --dp=4 --zero=3 --sp -o t.so
   pcc-run -n 8 t.so --steps 100 --data tokens.bin --seq 16 --save-dir ckpt --save-sharded
+  pcc examples/gpt.onnx --train --dim=batch=16 --dim=seq=16 --tp=2 --pp=2 --dp=2 --zero=2 \
+      --microbatches=4 --schedule=zb-h1 -o 3d.so     # 3D: 8 ranks, Zero Bubble's H1
+  pcc-run -n 8 3d.so --steps 100 --data tokens.bin --seq 16 --trace-svg 3d.svg
   pcc examples/mlp.onnx --train --loss=cross_entropy --optimizer=adamw --batch=8 -o train.so
   pcc-run train.so --steps 200 --input x.npy --labels y.npy --lr 3e-4 --loss-log loss.csv
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=64 --microbatches=2 -o gpt-train.so

@@ -199,6 +199,12 @@ def PartitionTraining : Pass<"pcc-partition-training", "ModuleOp"> {
     - An op that writes state in place (`pcc.accumulate`, the optimizer
       updates, `pcc.zero`) works on the state's local piece: its other
       operands are brought to the state's layout.
+
+    A pipelined step (pcc-pipeline-training) is planned on each stage's
+    forward phase (a weight on two stages keeps the first one's layout);
+    each stage's F, B and W are partitioned in turn, values that cross a
+    stage boundary whole, `saved<i>` and `stash<i>` in their layouts; the
+    pipeline ranks' optimizers are rebuilt over the weights' pieces.
   }];
   let options = [
     Option<"axis", "axis", "std::string", /*default=*/"\"tp\"",
@@ -543,6 +549,13 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
     pcc.adamw_update %p, %s, %m, %v, %norm : tensor<8192xf32>, tensor<f32>
     %w = pcc.all_gather %p axis = "dp" : tensor<8192xf32> -> tensor<2x8192xf32>
     ```
+
+    A pipelined step (pcc-pipeline-training, maybe partitioned over tp
+    first): stage 2 reduce-scatters in each W phase, stage 3 gathers the
+    weights in every F, B and W phase, and every pipeline rank's optimizer
+    is rebuilt over dp (tied weights summed over pp, the norm over tp, dp
+    and pp). Buckets and `reshard-after-forward=false` are not built for
+    it.
   }];
   let options = [
     Option<"dataParallel", "dp", "int64_t", /*default=*/"1",
