@@ -11,10 +11,11 @@
 // the gradients of tied weights and the global norm.
 //
 // What a micro-batch keeps between its F and its W (received inputs,
-// forward outputs and saved activations, the cotangents received, the
-// values B computed for W) lives in a stash slot; each chunk has as many
-// slots as the list keeps micro-batches of it in flight at once (p - r
-// for 1F1B), found by walking the list. The cotangents B sends back have
+// forward outputs and saved activations, the cotangents received) lives
+// in a stash slot; each chunk has as many slots as the list keeps
+// micro-batches of it in flight at once (p - r for 1F1B), found by walking
+// the list. The values B computes for W live from the B to the W in sets
+// of their own: one under GPipe and 1F1B, which run W right after B. The cotangents B sends back have
 // a buffer per micro-batch: an asynchronous send may still read it after
 // the slot is reused.
 //
@@ -79,6 +80,12 @@ Status Trainer::createPipeline() {
       static_cast<size_t>(chunks), std::vector<int8_t>(static_cast<size_t>(m)));
   std::vector<std::vector<int32_t>> freeSlots(static_cast<size_t>(chunks));
   std::vector<int32_t> slotCount(static_cast<size_t>(chunks), 0);
+  // The stash B leaves for W: held from the B to the W (one set under
+  // GPipe and 1F1B, which run W right after B).
+  stashOf.assign(static_cast<size_t>(chunks),
+                 std::vector<int32_t>(static_cast<size_t>(m), -1));
+  std::vector<std::vector<int32_t>> freeStashes(static_cast<size_t>(chunks));
+  std::vector<int32_t> stashCount(static_cast<size_t>(chunks), 0);
   for (int32_t n = 0; n < info.schedule_lengths[pipeRank]; ++n) {
     const pcc_pipeline_instr &instr = list[n];
     if (instr.stage < 0 || instr.stage >= info.num_stages ||
@@ -100,7 +107,18 @@ Status Trainer::createPipeline() {
       freeSlots[c].pop_back();
       held[c][mb] = 1;
     }
+    if (instr.op == PCC_PIPE_BACKWARD) {
+      if (freeStashes[c].empty())
+        freeStashes[c].push_back(stashCount[c]++);
+      stashOf[c][mb] = freeStashes[c].back();
+      freeStashes[c].pop_back();
+    }
     if (instr.op == PCC_PIPE_WEIGHT_GRAD) {
+      if (stashOf[c][mb] < 0)
+        return Error{"the schedule of pipeline rank " +
+                     std::to_string(pipeRank) + " runs W of micro-batch " +
+                     std::to_string(instr.microbatch) + " before its B"};
+      freeStashes[c].push_back(stashOf[c][mb]);
       freeSlots[c].push_back(slotOf[c][mb]);
       held[c][mb] = 2;
     }
@@ -154,16 +172,18 @@ Status Trainer::createPipeline() {
         if (Status s = make(slot.gradOut, me.outputs[j]); !s.ok())
           return s;
       }
+    }
+    stashes.emplace_back(static_cast<size_t>(stashCount[c]));
+    for (std::vector<DeviceBuffer> &set : stashes.back())
       for (int o = 0; o < bwd.num_outputs; ++o) {
         if (bwd.output_targets[o] >= 0) {
-          slot.stash.emplace_back();
+          set.emplace_back();
           continue;
         }
-        if (Status s = make(slot.stash, bwd.outputs[o]); !s.ok())
+        if (Status s = make(set, bwd.outputs[o]); !s.ok())
           return s;
         savedTotal += specBytes(bwd.outputs[o]);
       }
-    }
     sendGrad[c].resize(static_cast<size_t>(m));
     for (std::vector<DeviceBuffer> &send : sendGrad[c])
       for (int o = 0; o < bwd.num_outputs; ++o) {
@@ -272,6 +292,11 @@ Result<StepResult> Trainer::pipelineStep(
     int32_t k = instr.stage;
     auto c = static_cast<size_t>(k / info.num_pipeline_ranks);
     Slot &slot = slots[c][static_cast<size_t>(slotOf[c][static_cast<size_t>(mb)])];
+    int32_t set = stashOf[c][static_cast<size_t>(mb)];
+    auto stash = [&](int o) {
+      return stashes[c][static_cast<size_t>(set)][static_cast<size_t>(o)]
+          .data();
+    };
     std::vector<DeviceBuffer> &send = sendGrad[c][static_cast<size_t>(mb)];
     const pcc_phase_info &fwd = info.phases[stagePhase(PCC_PHASE_FORWARD, k)];
     const pcc_phase_info &bwd = info.phases[stagePhase(PCC_PHASE_BACKWARD, k)];
@@ -285,8 +310,7 @@ Result<StepResult> Trainer::pipelineStep(
         return seed.data();
       if (s <= PCC_SOURCE_BACKWARD_OUTPUT_BASE) {
         int32_t o = PCC_SOURCE_BACKWARD_OUTPUT_BASE - s;
-        return bwd.output_targets[o] >= 0 ? send[o].data()
-                                          : slot.stash[o].data();
+        return bwd.output_targets[o] >= 0 ? send[o].data() : stash(o);
       }
       if (s <= PCC_SOURCE_OUTPUT_GRAD_BASE)
         return slot.gradOut[PCC_SOURCE_OUTPUT_GRAD_BASE - s].data();
@@ -348,7 +372,7 @@ Result<StepResult> Trainer::pipelineStep(
       std::vector<void *> out;
       for (int o = 0; o < bwd.num_outputs; ++o)
         out.push_back(bwd.output_targets[o] >= 0 ? send[o].data()
-                                                 : slot.stash[o].data());
+                                                 : stash(o));
       st = runPhase(stagePhase(PCC_PHASE_BACKWARD, k), in, out,
                     mbHyper.data());
       break;

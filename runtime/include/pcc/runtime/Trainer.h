@@ -180,10 +180,15 @@ private:
   Communicator *pipe = nullptr;
   std::vector<int32_t> firstHolder;
   struct Slot {
-    std::vector<DeviceBuffer> in, recv, out, gradOut, stash;
+    std::vector<DeviceBuffer> in, recv, out, gradOut;
   };
   std::vector<std::vector<Slot>> slots;
   std::vector<std::vector<int32_t>> slotOf;
+  /// What B leaves for W lives from a micro-batch's B to its W, in a
+  /// buffer set of its own: [chunk][set][B output] (empty where the
+  /// output is a cotangent to send), and each micro-batch's set.
+  std::vector<std::vector<std::vector<DeviceBuffer>>> stashes;
+  std::vector<std::vector<int32_t>> stashOf;
   std::vector<std::vector<std::vector<DeviceBuffer>>> sendGrad;
   bool tracing = false;
   double traceOrigin = 0;
