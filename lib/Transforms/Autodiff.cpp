@@ -34,16 +34,21 @@ bool isFloat(Value v) {
 }
 
 /// Values the backward phase can recompute instead of saving: weights,
-/// constants and reshapes of them.
-bool isRecomputable(Value v) {
+/// constants and reshapes of them; more as `policy` says (Recompute).
+bool isRecomputable(Value v, Recompute policy) {
   Operation *def = v.getDefiningOp();
   if (!def)
     return false;
   if (isa<ParamOp, ConstantOp>(def))
     return true;
   if (auto reshape = dyn_cast<ReshapeOp>(def))
-    return isRecomputable(reshape.getInput());
-  return false;
+    if (isRecomputable(reshape.getInput(), Recompute::None))
+      return true;
+  if (policy == Recompute::None || !isPure(def) ||
+      isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ShardSliceOp,
+          ShardGatherOp, TransferOp>(def))
+    return false;
+  return policy == Recompute::Full || !isa<MatmulOp, ConvOp, GatherOp>(def);
 }
 
 } // namespace
@@ -175,23 +180,34 @@ mlir::pcc::differentiateFunction(func::FuncOp main,
     backward.push_back(op);
   DenseSet<Operation *> inBackward(backward.begin(), backward.end());
   llvm::SetVector<Value> residuals;
-  auto addResidual = [&](Value operand) {
+  // Forward values the backward recomputes: what they read is saved (or
+  // recomputed in turn).
+  DenseSet<Value> recomputed, readByRecompute;
+  std::function<void(Value, bool)> addResidual = [&](Value operand,
+                                                     bool direct) {
     if (seedSet.contains(operand))
       return;
     Operation *def = operand.getDefiningOp();
     if (def && inBackward.contains(def))
       return;
-    if (isRecomputable(operand))
+    if (isRecomputable(operand, spec.recompute)) {
+      if (recomputed.insert(operand).second)
+        for (Value v : def->getOperands())
+          addResidual(v, false);
       return;
+    }
+    if (!direct)
+      readByRecompute.insert(operand);
     residuals.insert(operand);
   };
   for (Operation *op : backward)
     for (Value operand : op->getOperands())
-      addResidual(operand);
+      addResidual(operand, true);
   for (Value g : argGrads)
-    addResidual(g);
+    addResidual(g, true);
   for (Value r : residuals)
-    if (!declared.contains(r) && !isa<BlockArgument>(r)) {
+    if (!declared.contains(r) && !isa<BlockArgument>(r) &&
+        !readByRecompute.contains(r)) {
       InFlightDiagnostic diag = main.emitError(
           "autodiff: internal error: a gradient rule reads a forward value "
           "it does not declare as saved");
@@ -272,7 +288,8 @@ mlir::pcc::differentiateFunction(func::FuncOp main,
   for (auto [k, s] : llvm::enumerate(seeds))
     bmap.map(s, bwdBlock->getArgument(residuals.size() + k));
   OpBuilder bb = OpBuilder::atBlockEnd(bwdBlock);
-  // Weights, constants and their reshapes are read again where needed.
+  // Weights, constants and their reshapes (and with --recompute the
+  // policy's values) are computed again where needed.
   std::function<Value(Value)> recompute = [&](Value v) -> Value {
     if (Value mapped = bmap.lookupOrNull(v))
       return mapped;
@@ -284,13 +301,13 @@ mlir::pcc::differentiateFunction(func::FuncOp main,
   };
   for (Operation *op : backward) {
     for (Value operand : op->getOperands())
-      if (!bmap.contains(operand) && isRecomputable(operand))
+      if (!bmap.contains(operand) && recomputed.contains(operand))
         recompute(operand);
     bb.clone(*op, bmap);
   }
   SmallVector<Value> bwdReturn;
   for (Value g : argGrads)
-    bwdReturn.push_back(isRecomputable(g) ? recompute(g) : bmap.lookup(g));
+    bwdReturn.push_back(recompute(g));
   func::ReturnOp::create(bb, main.getLoc(), bwdReturn);
 
   // Leave `main` as it was.
@@ -331,6 +348,13 @@ struct AutodiffPass : public mlir::pcc::impl::AutodiffBase<AutodiffPass> {
       return signalPassFailure();
     }
     DifferentiateSpec spec;
+    std::optional<Recompute> policy = parseRecompute(recompute);
+    if (!policy) {
+      module.emitError("autodiff: recompute '")
+          << recompute << "' is not none, selective or full";
+      return signalPassFailure();
+    }
+    spec.recompute = *policy;
     spec.forwardName = kPhaseFunctions[0];
     spec.backwardName = kPhaseFunctions[1];
     spec.resultNames.push_back("loss");

@@ -14,9 +14,31 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/SetVector.h"
 
+#include <optional>
+
 namespace mlir::pcc {
 
+/// What the backward function recomputes from the forward's values
+/// instead of having them saved: weights and constants always; with
+/// `Selective` also every pure op but the contractions and lookups
+/// (matmul, conv, gather: their outputs are saved, the elementwise ops,
+/// norms, softmax and dropout after them are computed again); with `Full`
+/// everything, from the function's arguments.
+enum class Recompute { None, Selective, Full };
+
+/// "none", "selective" or "full".
+inline std::optional<Recompute> parseRecompute(llvm::StringRef name) {
+  if (name == "none")
+    return Recompute::None;
+  if (name == "selective")
+    return Recompute::Selective;
+  if (name == "full")
+    return Recompute::Full;
+  return std::nullopt;
+}
+
 struct DifferentiateSpec {
+  Recompute recompute = Recompute::None;
   llvm::StringRef forwardName, backwardName;
   /// Per argument of the function: whether it is differentiated (a value
   /// received from an earlier pipeline stage); its cotangent is a result

@@ -227,6 +227,17 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
       return f.emitError("pipeline training: the last stage must return the "
                          "scalar loss alone");
     DifferentiateSpec spec;
+    if (!recompute.empty()) {
+      StringRef name = recompute.size() == 1 ? StringRef(recompute[0])
+                       : k < recompute.size() ? StringRef(recompute[k])
+                                              : StringRef();
+      std::optional<Recompute> policy = parseRecompute(name);
+      if (!policy)
+        return module.emitError("pipeline training: recompute '")
+               << name << "' for stage " << k
+               << " (none, selective or full; one value, or one per stage)";
+      spec.recompute = *policy;
+    }
     std::string fwdName = "stage" + std::to_string(k) + "_forward";
     std::string bwdName = "stage" + std::to_string(k) + "_backward";
     spec.forwardName = fwdName;

@@ -181,6 +181,15 @@ static cl::opt<std::string> offload(
              "update in host memory on GPU ranks (ZeRO-Offload); the "
              "device keeps the forward, backward and collectives"),
     cl::init("none"), cl::cat(trainCategory));
+static cl::opt<std::string> recompute(
+    "recompute",
+    cl::desc("activation recomputation: none; selective (save what matmuls, "
+             "convolutions and lookups produce, compute the elementwise "
+             "ops, norms, softmax and dropout after them again in the "
+             "backward pass); full (save each stage's or the step's inputs "
+             "alone, compute the whole forward again); with --pp one value "
+             "per stage may be given, comma-separated"),
+    cl::init("none"), cl::cat(trainCategory));
 static cl::opt<bool>
     train("train",
           cl::desc("compile a training step (forward, backward, optimizer, "
@@ -881,6 +890,25 @@ int main(int argc, char **argv) {
   if (offloading && !train)
     return fail("--offload=optimizer moves a training step's optimizer to "
                 "the host; it goes with --train");
+  if (recompute.getNumOccurrences() && !train)
+    return fail("--recompute chooses what a training step saves for its "
+                "backward pass; it goes with --train");
+  {
+    SmallVector<StringRef> values;
+    StringRef(recompute).split(values, ',');
+    for (StringRef v : values)
+      if (v != "none" && v != "selective" && v != "full")
+        return fail("--recompute=" + recompute + ": '" + v.str() +
+                    "' is not none, selective or full");
+    int64_t stagesWanted = pp * ppChunks;
+    if (values.size() > 1 &&
+        (pp <= 1 || static_cast<int64_t>(values.size()) != stagesWanted))
+      return fail("--recompute=" + recompute + " gives " +
+                  std::to_string(values.size()) +
+                  " values: one for the whole step, or one per pipeline "
+                  "stage (" + std::to_string(pp > 1 ? stagesWanted : 1) +
+                  ")");
+  }
   if (offloading && target == Target::Cpu)
     return fail("--offload=optimizer is for GPU ranks (--target=cuda or "
                 "all): on the CPU the optimizer state already lives in host "
@@ -1085,9 +1113,13 @@ int main(int argc, char **argv) {
       addPipelineCut(/*groupedTransfers=*/target != Target::Cpu);
       pcc::PipelineTrainingOptions stages;
       stages.kind = optimizerKind;
+      for (StringRef r : llvm::split(StringRef(recompute), ','))
+        stages.recompute.push_back(r.str());
       pm.addPass(pcc::createPipelineTraining(stages));
     } else if (train) {
-      pm.addPass(pcc::createAutodiff());
+      pcc::AutodiffOptions autodiff;
+      autodiff.recompute = recompute;
+      pm.addPass(pcc::createAutodiff(autodiff));
       pcc::OptimizerOptions optimizer;
       optimizer.kind = optimizerKind;
       pm.addPass(pcc::createOptimizer(optimizer));

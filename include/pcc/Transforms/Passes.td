@@ -483,7 +483,17 @@ def Autodiff : Pass<"pcc-autodiff", "ModuleOp"> {
     micro-batches and before any partitioning, so that the sharding
     planner sees forward and backward together (docs/design-notes.md,
     "Training").
+
+    `recompute` trades compute for memory: `selective` saves only what
+    contractions and lookups produce (matmul, conv, gather) and computes
+    the ops after them again in the backward phase (elementwise ops,
+    norms, softmax, dropout with its counter-based mask); `full` saves
+    only the phase's inputs and computes the whole forward again.
   }];
+  let options = [
+    Option<"recompute", "recompute", "std::string", /*default=*/"\"none\"",
+           "none, selective or full">
+  ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
@@ -599,7 +609,10 @@ def PipelineTraining : Pass<"pcc-pipeline-training", "ModuleOp"> {
   }];
   let options = [
     Option<"kind", "kind", "std::string", /*default=*/"\"adamw\"",
-           "sgd or adamw">
+           "sgd or adamw">,
+    ListOption<"recompute", "recompute", "std::string",
+               "activation recomputation per stage (none, selective or "
+               "full, as pcc-autodiff's); one value for every stage">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
