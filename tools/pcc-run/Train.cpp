@@ -886,6 +886,42 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
               (device.peakBytes() - trainer->stateBytes() -
                trainer->activationBytes() - trainer->arenaBytes()) /
                   1048576.0);
+  if (library.isPipelined() && ranks.world) {
+    // Every pipeline rank's high-water mark (the most of its tp x dp
+    // ranks'), next to pcc --explain's prediction.
+    std::vector<double> peaks(static_cast<size_t>(ranks.world->size()), 0.0),
+        all(peaks.size(), 0.0);
+    peaks[static_cast<size_t>(ranks.worldRank)] =
+        static_cast<double>(device.peakBytes());
+    Status gathered = ranks.world->allReduce(
+        peaks.data(), all.data(), static_cast<int64_t>(peaks.size()),
+        DType::F64, ReduceOp::Sum);
+    if (!gathered.ok())
+      fail("gathering the ranks' high-water marks: " + gathered.error());
+    std::vector<double> perStage(
+        static_cast<size_t>(info.num_pipeline_ranks), 0.0);
+    for (size_t w = 0; w < all.size(); ++w) {
+      // The pipeline coordinate of world rank w (the last axis fastest).
+      int64_t rest = static_cast<int64_t>(w), coord = 0;
+      for (int a = info.num_mesh_axes - 1; a >= 0; --a) {
+        if (a == info.pipeline_axis)
+          coord = rest % info.mesh_sizes[a];
+        rest /= info.mesh_sizes[a];
+      }
+      double &peak = perStage[static_cast<size_t>(coord)];
+      peak = std::max(peak, all[w]);
+    }
+    std::string list;
+    for (size_t r = 0; r < perStage.size(); ++r) {
+      char text[32];
+      std::snprintf(text, sizeof(text), "%s%.3f", r ? ", " : "",
+                    perStage[r] / 1048576.0);
+      list += text;
+    }
+    std::printf("memory high-water per pipeline rank: %s MiB (pcc --explain "
+                "predicts them)\n",
+                list.c_str());
+  }
   if (library.isPipelined()) {
     auto slots = trainer->stashSlotsPerRank();
     if (!slots.ok())

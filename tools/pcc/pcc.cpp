@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Ckpt.h"
+#include "Memory.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 #include "pcc/Import/OnnxImporter.h"
@@ -190,6 +191,15 @@ static cl::opt<std::string> recompute(
              "alone, compute the whole forward again); with --pp one value "
              "per stage may be given, comma-separated"),
     cl::init("none"), cl::cat(trainCategory));
+static cl::opt<std::string> memCap(
+    "mem-cap",
+    cl::desc("with --train --pp: the device memory each rank may use (such "
+             "as 512MiB, 1.5GiB or a number of bytes); pcc predicts every "
+             "pipeline rank's peak and recomputes activations (none, then "
+             "selective, then full, stage by stage) until each fits, and "
+             "prints what it chose"),
+    cl::init(""), cl::cat(trainCategory));
+static int64_t memCapBytes = 0;
 static cl::opt<bool>
     train("train",
           cl::desc("compile a training step (forward, backward, optimizer, "
@@ -364,7 +374,11 @@ static bool imported = false;
 /// runtime allocates it (pccrt::Trainer): every state tensor, the forward
 /// phase's inputs and saved activations, and one arena for the largest
 /// phase. pcc-run prints the measured high-water mark to compare.
+static void explainPipelineMemory(ModuleOp module, llvm::raw_ostream &os);
+
 static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
+  if (!module.lookupSymbol(pcc::kPhaseFunctions[0]))
+    return explainPipelineMemory(module, os);
   llvm::StringMap<int64_t> stateBytes;
   int64_t weights = 0, grads = 0, optimizer = 0, inputs = 0, saved = 0,
           arena = 0;
@@ -577,6 +591,110 @@ static void explainTrainingMemory(ModuleOp module, llvm::raw_ostream &os) {
   }
 }
 
+/// "512MiB", "1.5GiB", "64M", "1048576": bytes, or -1.
+static int64_t parseBytes(StringRef text) {
+  StringRef number = text.take_while(
+      [](char c) { return llvm::isDigit(c) || c == '.'; });
+  StringRef unit = text.drop_front(number.size()).trim();
+  double value = 0;
+  if (number.empty() || number.getAsDouble(value) || value <= 0)
+    return -1;
+  double scale = unit.empty() || unit == "B"            ? 1
+                 : unit == "K" || unit == "KiB"          ? 1024.0
+                 : unit == "M" || unit == "MiB"          ? 1048576.0
+                 : unit == "G" || unit == "GiB"          ? 1073741824.0
+                                                         : -1;
+  return scale < 0 ? -1 : static_cast<int64_t>(value * scale);
+}
+
+/// --mem-cap: the least activation recomputation whose predicted memory
+/// fits on every pipeline rank. Every stage starts saving everything; each
+/// rank over the cap moves its stages one step (none, selective, full)
+/// until it fits. Returns the --recompute value, or none after an error.
+static std::optional<std::string> chooseRecomputation(
+    ModuleOp module,
+    llvm::function_ref<void(PassManager &, const std::string &, bool)>
+        addPasses) {
+  static const char *kLevels[] = {"none", "selective", "full"};
+  int64_t stages = pp * ppChunks;
+  std::vector<int> level(static_cast<size_t>(stages), 0);
+  auto mib = [](int64_t bytes) {
+    return llvm::formatv("{0:F3} MiB", bytes / 1048576.0).str();
+  };
+  while (true) {
+    std::string spec;
+    for (int l : level)
+      spec += (spec.empty() ? "" : ",") + std::string(kLevels[l]);
+    OwningOpRef<ModuleOp> trial(cast<ModuleOp>(module->clone()));
+    PassManager pm(module.getContext());
+    addPasses(pm, spec, /*planMemory=*/true);
+    if (failed(pm.run(*trial)))
+      return std::nullopt;
+    std::vector<pcc::PipelineRankMemory> ranks =
+        pcc::predictPipelineMemory(*trial);
+    if (ranks.empty())
+      return std::nullopt;
+    std::string peaks;
+    bool fits = true;
+    for (auto [r, mem] : llvm::enumerate(ranks)) {
+      peaks += (r ? ", " : "") + mib(mem.total());
+      fits &= mem.total() <= memCapBytes;
+    }
+    llvm::errs() << "pcc: --mem-cap " << mib(memCapBytes)
+                 << ": --recompute=" << spec << " predicts " << peaks
+                 << " on pipeline ranks 0 to " << ranks.size() - 1
+                 << (fits ? ": fits" : "") << "\n";
+    if (fits)
+      return spec;
+    for (auto [r, mem] : llvm::enumerate(ranks)) {
+      if (mem.total() <= memCapBytes)
+        continue;
+      bool rankMoved = false;
+      for (int64_t k = r; k < stages; k += pp)
+        if (level[k] < 2) {
+          ++level[k];
+          rankMoved = true;
+        }
+      if (!rankMoved) {
+        llvm::errs() << "pcc: error: --mem-cap " << mib(memCapBytes)
+                     << " cannot be met: pipeline rank " << r << " needs "
+                     << mib(mem.total()) << " even with --recompute=full ("
+                     << mib(mem.state)
+                     << " of it model state; add ranks with --pp, --tp or "
+                        "--dp --zero, or fewer micro-batches in flight)\n";
+        return std::nullopt;
+      }
+    }
+  }
+}
+
+/// A pipelined training step's memory per pipeline rank (Memory.h).
+static void explainPipelineMemory(ModuleOp module, llvm::raw_ostream &os) {
+  std::vector<pcc::PipelineRankMemory> ranks =
+      pcc::predictPipelineMemory(module);
+  auto mib = [](int64_t bytes) {
+    return llvm::format("%.3f", bytes / 1048576.0);
+  };
+  os << "  training memory per pipeline rank (MiB; predicted; pcc-run "
+        "prints each rank's measured high-water mark"
+     << (tp * dp > 1 ? ", the same on each of its " +
+                           std::to_string(tp * dp) + " tp x dp ranks"
+                     : std::string())
+     << "):\n";
+  for (auto [r, mem] : llvm::enumerate(ranks)) {
+    std::string slots, sets;
+    for (auto [c, count] : llvm::enumerate(mem.slotCounts)) {
+      slots += (c ? "+" : "") + std::to_string(count);
+      sets += (c ? "+" : "") + std::to_string(mem.stashCounts[c]);
+    }
+    os << "    rank " << r << ": " << mib(mem.total()) << " = state "
+       << mib(mem.state) << " + " << slots << " stash slots "
+       << mib(mem.slots) << " + " << sets << " B-to-W sets "
+       << mib(mem.stash) << " + sends " << mib(mem.sendGrad) << " + arena "
+       << mib(mem.arena) << " + " << mem.other << " bytes\n";
+  }
+}
+
 /// `pcc --explain`: what the lowering pipeline made of the model.
 static void explain(ModuleOp module, llvm::raw_ostream &os) {
   auto main = module.lookupSymbol<func::FuncOp>("main");
@@ -672,7 +790,7 @@ static void explain(ModuleOp module, llvm::raw_ostream &os) {
   if (arena > 0)
     os << llvm::format(" (%.1fx reuse)", double(intermediate) / double(arena));
   os << "\n";
-  if (main) {
+  if (main && !module->hasAttr(pcc::kTrainingAttrName)) {
     int64_t inBytes = 0, outBytes = 0;
     for (BlockArgument arg : main.getArguments())
       inBytes += bytesOf(arg.getType());
@@ -890,6 +1008,20 @@ int main(int argc, char **argv) {
   if (offloading && !train)
     return fail("--offload=optimizer moves a training step's optimizer to "
                 "the host; it goes with --train");
+  if (!memCap.empty()) {
+    memCapBytes = parseBytes(memCap);
+    if (memCapBytes <= 0)
+      return fail("--mem-cap=" + memCap +
+                  " is not an amount of memory (such as 512MiB, 1.5GiB or "
+                  "a number of bytes)");
+    if (!train || pp <= 1)
+      return fail("--mem-cap chooses each pipeline stage's activation "
+                  "recomputation; it goes with --train --pp (use "
+                  "--recompute on one device)");
+    if (recompute.getNumOccurrences())
+      return fail("--mem-cap chooses the recomputation itself; drop "
+                  "--recompute");
+  }
   if (recompute.getNumOccurrences() && !train)
     return fail("--recompute chooses what a training step saves for its "
                 "backward pass; it goes with --train");
@@ -1067,113 +1199,128 @@ int main(int argc, char **argv) {
       return 1;
     if (dumper)
       pm.addInstrumentation(std::move(dumper));
-    pcc::buildImportCleanupPipeline(pm);
-    if (microbatches * dp > 1) {
-      // The model is imported at its whole batch; the analysis finds the
-      // rows and rewrites the program to one micro-batch of one data-
-      // parallel rank (micro-batch j of rank r: rows [(j dp + r) b, ...)).
-      pcc::SplitBatchOptions split;
-      split.microbatches = microbatches;
-      split.dataParallel = dp;
-      pm.addNestedPass<func::FuncOp>(pcc::createSplitBatch(split));
-      pm.addPass(createCanonicalizerPass());
-    }
-    if (train) {
-      pcc::TrainModeOptions trainMode;
-      trainMode.dataParallel = dp;
-      pm.addNestedPass<func::FuncOp>(pcc::createTrainMode(trainMode));
-      pcc::setTrainingAttr(**module,
-                           {b.getNamedAttr("microbatches",
-                                           b.getI64IntegerAttr(microbatches))});
-      pcc::LossOptions loss;
-      loss.kind = lossKind;
-      loss.ignoreIndex = ignoreIndex;
-      pm.addPass(pcc::createLoss(loss));
-      pm.addPass(createCanonicalizerPass());
-    }
-    // The stage cut and the micro-batch schedule of --pp.
-    auto addPipelineCut = [&](bool groupedTransfers) {
-      pcc::PipelineCutOptions cut;
-      cut.emitRemarks = explainPlan;
-      cut.chunks = ppChunks;
-      cut.cuts.assign(ppCuts.begin(), ppCuts.end());
-      pm.addPass(pcc::createPipelineCut(cut));
-      pcc::PipelineScheduleOptions sched;
-      sched.policy = policy;
-      sched.microbatches = microbatches;
-      sched.groupedTransfers = groupedTransfers;
-      pm.addPass(pcc::createPipelineSchedule(sched));
+    // The passes, with the activation recomputation `recomputeSpec`
+    // (--recompute, or what --mem-cap chose); `planMemory` adds the fusion
+    // and memory plan that code generation and the predictions read.
+    auto addPasses = [&](PassManager &pm, const std::string &recomputeSpec,
+                         bool planMemory) {
+      pcc::buildImportCleanupPipeline(pm);
+      if (microbatches * dp > 1) {
+        // The model is imported at its whole batch; the analysis finds the
+        // rows and rewrites the program to one micro-batch of one data-
+        // parallel rank (micro-batch j of rank r: rows [(j dp + r) b, ...)).
+        pcc::SplitBatchOptions split;
+        split.microbatches = microbatches;
+        split.dataParallel = dp;
+        pm.addNestedPass<func::FuncOp>(pcc::createSplitBatch(split));
+        pm.addPass(createCanonicalizerPass());
+      }
+      if (train) {
+        pcc::TrainModeOptions trainMode;
+        trainMode.dataParallel = dp;
+        pm.addNestedPass<func::FuncOp>(pcc::createTrainMode(trainMode));
+        pcc::setTrainingAttr(**module,
+                             {b.getNamedAttr("microbatches",
+                                             b.getI64IntegerAttr(microbatches))});
+        pcc::LossOptions loss;
+        loss.kind = lossKind;
+        loss.ignoreIndex = ignoreIndex;
+        pm.addPass(pcc::createLoss(loss));
+        pm.addPass(createCanonicalizerPass());
+      }
+      // The stage cut and the micro-batch schedule of --pp.
+      auto addPipelineCut = [&](bool groupedTransfers) {
+        pcc::PipelineCutOptions cut;
+        cut.emitRemarks = explainPlan;
+        cut.chunks = ppChunks;
+        cut.cuts.assign(ppCuts.begin(), ppCuts.end());
+        pm.addPass(pcc::createPipelineCut(cut));
+        pcc::PipelineScheduleOptions sched;
+        sched.policy = policy;
+        sched.microbatches = microbatches;
+        sched.groupedTransfers = groupedTransfers;
+        pm.addPass(pcc::createPipelineSchedule(sched));
+      };
+      if (train && pp > 1) {
+        // Cut first (the loss lands on the last stage), then differentiate
+        // each stage: a schedule places its forward and backward phases.
+        // Interleaved training lists deadlock as NCCL groups (Megatron-LM
+        // pairs each activation's send with the next gradient's receive;
+        // pcc does not reorder them yet): they run on MPI ranks.
+        addPipelineCut(/*groupedTransfers=*/target != Target::Cpu);
+        pcc::PipelineTrainingOptions stages;
+        stages.kind = optimizerKind;
+        for (StringRef r : llvm::split(StringRef(recomputeSpec), ','))
+          stages.recompute.push_back(r.str());
+        pm.addPass(pcc::createPipelineTraining(stages));
+      } else if (train) {
+        pcc::AutodiffOptions autodiff;
+        autodiff.recompute = recomputeSpec;
+        pm.addPass(pcc::createAutodiff(autodiff));
+        pcc::OptimizerOptions optimizer;
+        optimizer.kind = optimizerKind;
+        pm.addPass(pcc::createOptimizer(optimizer));
+      }
+      if (train) {
+        pm.addPass(createCanonicalizerPass());
+        pm.addPass(createCSEPass());
+      }
+      if (train && tp > 1) {
+        // One plan for the whole step (each pipeline stage's), made on the
+        // forward phase; every phase partitioned with it.
+        pcc::PlanShardingOptions plan;
+        plan.emitRemarks = explainPlan;
+        pm.addNestedPass<func::FuncOp>(pcc::createPlanSharding(plan));
+        pcc::PartitionTrainingOptions partition;
+        partition.emitRemarks = explainPlan;
+        partition.sequenceParallel = sequenceParallel;
+        pm.addPass(pcc::createPartitionTraining(partition));
+        pm.addPass(createCanonicalizerPass());
+        pm.addPass(createCSEPass());
+      }
+      if (train && dp > 1) {
+        pcc::DataParallelOptions data;
+        data.dataParallel = dp;
+        data.zero = zero;
+        data.reshardAfterForward = reshardAfterForward;
+        data.bucketBytes = offloading || pp > 1 ? 0
+                           : bucketMb < 0       ? -1
+                                          : static_cast<int64_t>(
+                                                bucketMb * 1048576.0);
+        pm.addPass(pcc::createDataParallel(data));
+        pm.addPass(createCanonicalizerPass());
+      }
+      if (offloading) {
+        pm.addPass(pcc::createOffloadOptimizer());
+        pm.addPass(createCanonicalizerPass());
+      }
+      if (tp > 1 && !train) {
+        pcc::PlanShardingOptions plan;
+        plan.emitRemarks = explainPlan;
+        pm.addNestedPass<func::FuncOp>(pcc::createPlanSharding(plan));
+        pcc::PartitionOptions partition;
+        partition.emitRemarks = explainPlan;
+        pm.addNestedPass<func::FuncOp>(pcc::createPartition(partition));
+        pm.addPass(createCanonicalizerPass());
+      }
+      if (pp > 1 && !train)
+        addPipelineCut(/*groupedTransfers=*/true);
+      if (tp * pp * dp > 1)
+        pm.addPass(pcc::createCheckCollectives());
+      if (planMemory) {
+        pm.addNestedPass<func::FuncOp>(pcc::createFuseElementwise());
+        pm.addNestedPass<func::FuncOp>(pcc::createPlanMemory());
+      }
     };
-    if (train && pp > 1) {
-      // Cut first (the loss lands on the last stage), then differentiate
-      // each stage: a schedule places its forward and backward phases.
-      // Interleaved training lists deadlock as NCCL groups (Megatron-LM
-      // pairs each activation's send with the next gradient's receive;
-      // pcc does not reorder them yet): they run on MPI ranks.
-      addPipelineCut(/*groupedTransfers=*/target != Target::Cpu);
-      pcc::PipelineTrainingOptions stages;
-      stages.kind = optimizerKind;
-      for (StringRef r : llvm::split(StringRef(recompute), ','))
-        stages.recompute.push_back(r.str());
-      pm.addPass(pcc::createPipelineTraining(stages));
-    } else if (train) {
-      pcc::AutodiffOptions autodiff;
-      autodiff.recompute = recompute;
-      pm.addPass(pcc::createAutodiff(autodiff));
-      pcc::OptimizerOptions optimizer;
-      optimizer.kind = optimizerKind;
-      pm.addPass(pcc::createOptimizer(optimizer));
+    std::string recomputeSpec = recompute;
+    if (memCapBytes > 0) {
+      auto chosen = chooseRecomputation(**module, addPasses);
+      if (!chosen)
+        return 1;
+      recomputeSpec = *chosen;
+      explainNotes.clear(); // the trials' remarks, made again below
     }
-    if (train) {
-      pm.addPass(createCanonicalizerPass());
-      pm.addPass(createCSEPass());
-    }
-    if (train && tp > 1) {
-      // One plan for the whole step (each pipeline stage's), made on the
-      // forward phase; every phase partitioned with it.
-      pcc::PlanShardingOptions plan;
-      plan.emitRemarks = explainPlan;
-      pm.addNestedPass<func::FuncOp>(pcc::createPlanSharding(plan));
-      pcc::PartitionTrainingOptions partition;
-      partition.emitRemarks = explainPlan;
-      partition.sequenceParallel = sequenceParallel;
-      pm.addPass(pcc::createPartitionTraining(partition));
-      pm.addPass(createCanonicalizerPass());
-      pm.addPass(createCSEPass());
-    }
-    if (train && dp > 1) {
-      pcc::DataParallelOptions data;
-      data.dataParallel = dp;
-      data.zero = zero;
-      data.reshardAfterForward = reshardAfterForward;
-      data.bucketBytes = offloading || pp > 1 ? 0
-                         : bucketMb < 0       ? -1
-                                        : static_cast<int64_t>(
-                                              bucketMb * 1048576.0);
-      pm.addPass(pcc::createDataParallel(data));
-      pm.addPass(createCanonicalizerPass());
-    }
-    if (offloading) {
-      pm.addPass(pcc::createOffloadOptimizer());
-      pm.addPass(createCanonicalizerPass());
-    }
-    if (tp > 1 && !train) {
-      pcc::PlanShardingOptions plan;
-      plan.emitRemarks = explainPlan;
-      pm.addNestedPass<func::FuncOp>(pcc::createPlanSharding(plan));
-      pcc::PartitionOptions partition;
-      partition.emitRemarks = explainPlan;
-      pm.addNestedPass<func::FuncOp>(pcc::createPartition(partition));
-      pm.addPass(createCanonicalizerPass());
-    }
-    if (pp > 1 && !train)
-      addPipelineCut(/*groupedTransfers=*/true);
-    if (tp * pp * dp > 1)
-      pm.addPass(pcc::createCheckCollectives());
-    if (generate || explainPlan) {
-      pm.addNestedPass<func::FuncOp>(pcc::createFuseElementwise());
-      pm.addNestedPass<func::FuncOp>(pcc::createPlanMemory());
-    }
+    addPasses(pm, recomputeSpec, generate || explainPlan);
     if (failed(pm.run(**module)))
       return 1;
   }

@@ -1,0 +1,153 @@
+//===- Memory.cpp - predicted memory of a pipelined training step ---------===//
+
+#include "Memory.h"
+
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Schedule/Schedule.h"
+#include "pcc/Transforms/Training.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/StringMap.h"
+
+#include <algorithm>
+#include <array>
+
+using namespace mlir;
+
+namespace mlir::pcc {
+
+namespace {
+
+int64_t bytesOf(Type type) {
+  auto t = cast<RankedTensorType>(type);
+  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
+}
+
+bool named(func::FuncOp f, unsigned result, StringRef prefix) {
+  auto name = f.getResultAttrOfType<StringAttr>(result, "pcc.name");
+  return name && name.getValue().starts_with(prefix);
+}
+
+int64_t arenaOf(func::FuncOp f) {
+  auto bytes = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes");
+  return bytes ? bytes.getInt() : 0;
+}
+
+} // namespace
+
+std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
+  auto main = module.lookupSymbol<func::FuncOp>("main");
+  auto schedule =
+      main ? main->getAttrOfType<DictionaryAttr>("pcc.schedule")
+           : DictionaryAttr();
+  auto lists = schedule ? schedule.getAs<ArrayAttr>("ranks") : ArrayAttr();
+  if (!lists || lists.empty()) {
+    module.emitError("memory: the module has no pipeline schedule");
+    return {};
+  }
+  auto p = static_cast<int32_t>(lists.size());
+  int64_t m = cast<IntegerAttr>(schedule.get("microbatches")).getInt();
+  // Each stage's F, B and W; each pipeline rank's optimizer and zero-grad.
+  SmallVector<std::array<func::FuncOp, 3>> stages;
+  SmallVector<SmallVector<func::FuncOp>> rankPhases(p);
+  for (auto f : module.getOps<func::FuncOp>()) {
+    auto phase = f->getAttrOfType<StringAttr>(kPhaseAttrName);
+    if (!phase)
+      continue;
+    if (auto k = f->getAttrOfType<IntegerAttr>(kPipelineStageAttrName)) {
+      size_t s = k.getInt();
+      if (stages.size() <= s)
+        stages.resize(s + 1);
+      stages[s][phase.getValue() == kPhaseNames[0]   ? 0
+                : phase.getValue() == kPhaseNames[1] ? 1
+                                                     : 2] = f;
+    } else if (auto r = f->getAttrOfType<IntegerAttr>(kPipelineRankAttrName)) {
+      if (r.getInt() < p)
+        rankPhases[r.getInt()].push_back(f);
+    }
+  }
+  auto n = static_cast<int32_t>(stages.size());
+  if (n == 0 || n % p != 0 ||
+      llvm::any_of(stages, [](auto &s) { return !s[0] || !s[1] || !s[2]; })) {
+    module.emitError("memory: the module is not a pipelined training step");
+    return {};
+  }
+  int32_t chunks = n / p;
+
+  std::vector<PipelineRankMemory> out(static_cast<size_t>(p));
+  for (int32_t r = 0; r < p; ++r) {
+    PipelineRankMemory &mem = out[static_cast<size_t>(r)];
+    // State: every tensor the rank's phases read, once.
+    llvm::StringMap<int64_t> state;
+    SmallVector<func::FuncOp> phases(rankPhases[r]);
+    for (int32_t c = 0; c < chunks; ++c)
+      for (func::FuncOp f : stages[r + c * p])
+        phases.push_back(f);
+    for (func::FuncOp f : phases) {
+      f.walk([&](ParamOp param) {
+        state.try_emplace(param.getName(), bytesOf(param.getType()));
+      });
+      mem.arena = std::max(mem.arena, arenaOf(f));
+    }
+    for (auto &entry : state)
+      mem.state += entry.getValue();
+
+    // Slots and stash sets: the runtime's walk of the list.
+    mem.slotCounts.assign(static_cast<size_t>(chunks), 0);
+    mem.stashCounts.assign(static_cast<size_t>(chunks), 0);
+    std::vector<int32_t> inFlight(static_cast<size_t>(chunks), 0),
+        stashing(static_cast<size_t>(chunks), 0);
+    std::vector<std::vector<int8_t>> started(
+        static_cast<size_t>(chunks), std::vector<int8_t>(static_cast<size_t>(m)));
+    SmallVector<StringRef> words;
+    cast<StringAttr>(lists[r]).getValue().split(words, ' ', -1, false);
+    for (StringRef word : words) {
+      std::optional<::pcc::schedule::Instr> instr = ::pcc::schedule::parseInstr(word.str());
+      if (!instr || instr->chunk >= chunks || instr->microbatch >= m)
+        continue;
+      auto c = static_cast<size_t>(instr->chunk);
+      auto mb = static_cast<size_t>(instr->microbatch);
+      if (!started[c][mb]) {
+        started[c][mb] = 1;
+        mem.slotCounts[c] = std::max(mem.slotCounts[c], ++inFlight[c]);
+      }
+      if (instr->op == ::pcc::schedule::Op::Backward)
+        mem.stashCounts[c] = std::max(mem.stashCounts[c], ++stashing[c]);
+      if (instr->op == ::pcc::schedule::Op::WeightGrad) {
+        --inFlight[c];
+        --stashing[c];
+      }
+    }
+
+    for (int32_t c = 0; c < chunks; ++c) {
+      int32_t k = r + c * p;
+      auto [fwd, bwd, w] = stages[k];
+      bool last = k + 1 == n;
+      // A slot: the forward's inputs (received or read from the batch),
+      // its outputs and saved activations, and (not on the last stage)
+      // the cotangents of its outputs.
+      int64_t slot = 0;
+      for (Type t : fwd.getArgumentTypes())
+        slot += bytesOf(t);
+      for (auto [j, t] : llvm::enumerate(fwd.getResultTypes())) {
+        slot += bytesOf(t);
+        if (!last && !named(fwd, j, "saved") &&
+            isa<FloatType>(cast<RankedTensorType>(t).getElementType()))
+          slot += bytesOf(t);
+      }
+      int64_t set = 0, send = 0;
+      for (auto [o, t] : llvm::enumerate(bwd.getResultTypes()))
+        (named(bwd, o, "stash") ? set : send) += bytesOf(t);
+      mem.slotBytes.push_back(slot);
+      mem.slots += mem.slotCounts[static_cast<size_t>(c)] * slot;
+      mem.stash += mem.stashCounts[static_cast<size_t>(c)] * set;
+      mem.sendGrad += m * send;
+    }
+    // The loss gradient and the norm, and the step's losses (or, after the
+    // run, the gathered stash counts).
+    mem.other = 8 + 4 * std::max<int64_t>(m, p);
+  }
+  return out;
+}
+
+} // namespace mlir::pcc
