@@ -10,7 +10,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 #include "pcc/Transforms/CostModel.h"
+#include "pcc/Transforms/Training.h"
 #include "pcc/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -78,7 +80,21 @@ struct CutModel {
   llvm::DenseMap<Operation *, size_t> index;
 };
 
+/// An op's share of a step: its forward time, and for a training step
+/// (the loss program, cut before differentiation) its backward's too: a
+/// contraction's two (the input's and the weight's gradients, each about
+/// the forward's FLOPs), an elementwise op's or a reduction's one.
+double stepSeconds(Operation *op, const CostModel &cost, bool training) {
+  double forward = cost.opSeconds(op);
+  if (!training)
+    return forward;
+  auto priced = dyn_cast<CostOpInterface>(op);
+  return forward * (priced && priced.getFlops() ? 3.0 : 2.0);
+}
+
 CutModel analyse(func::FuncOp main, const CostModel &cost) {
+  bool training =
+      main->getParentOfType<ModuleOp>()->hasAttr(kTrainingAttrName);
   CutModel m;
   for (Operation &op : main.getBody().front())
     if (isClonedGiven(&op, m.cloned))
@@ -91,7 +107,7 @@ CutModel analyse(func::FuncOp main, const CostModel &cost) {
   size_t n = m.ops.size();
   m.prefix.assign(n + 1, 0);
   for (size_t i = 0; i < n; ++i)
-    m.prefix[i + 1] = m.prefix[i] + cost.opSeconds(m.ops[i]);
+    m.prefix[i + 1] = m.prefix[i] + stepSeconds(m.ops[i], cost, training);
   std::vector<int64_t> delta(n + 2, 0), argDelta(n + 2, 0);
   // Graph inputs reach every stage directly, but a cut where one is still
   // needed is inside the layer that reads it: count them as live from the
