@@ -83,9 +83,6 @@ struct DataParallelPass
     if (bucketBytes != 0)
       return module.emitError("data parallel: gradient buckets are not "
                               "built for a pipelined step");
-    if (zero == 3 && !reshardAfterForward)
-      return module.emitError("data parallel: a pipelined step gathers "
-                              "ZeRO 3's weights in each phase");
     SmallVector<llvm::MapVector<StringRef, RankedTensorType>> held =
         rankWeights(module);
     FlatShards flat{ctx, dataParallel};
@@ -117,6 +114,11 @@ struct DataParallelPass
         if (auto name = phase->getAttrOfType<StringAttr>(kPhaseAttrName);
             name && name.getValue() == "weight_grad")
           scatterGradientAccumulations(phase, flat, gradNames);
+    // ZeRO 3 gathers each weight where a phase reads it; or, keeping the
+    // weights gathered through the step (reshard-after-forward=false), the
+    // zero-grad phase gathers each once per step into `<weight>@gathered`,
+    // which every micro-batch's phases read.
+    bool keep = zero == 3 && !reshardAfterForward;
     if (zero == 3)
       for (func::FuncOp phase : stagePhases) {
         SmallVector<ParamOp> reads;
@@ -127,13 +129,19 @@ struct DataParallelPass
         });
         for (ParamOp p : reads) {
           OpBuilder b(p);
-          Value piece = flat.param(b, p.getLoc(), p.getName(), p.getType());
-          p.getResult().replaceAllUsesWith(
-              flat.allGather(b, p.getLoc(), piece, p.getType()));
+          Value whole =
+              keep ? flat.local(b, p.getLoc(),
+                                stateName(p.getName(), kGatheredState),
+                                p.getType())
+                   : flat.allGather(b, p.getLoc(),
+                                    flat.param(b, p.getLoc(), p.getName(),
+                                               p.getType()),
+                                    p.getType());
+          p.getResult().replaceAllUsesWith(whole);
           p.erase();
         }
       }
-    return buildRankPhases(module, held, flat, zero);
+    return buildRankPhases(module, held, flat, zero, keep);
   }
 
   /// ZeRO 0: each gradient the optimizer reads, all-reduced.

@@ -151,11 +151,13 @@ tiedWeights(ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held);
 /// with the optimizer the module's pcc.training records: tied weights'
 /// gradients summed over pp, then over dp as ZeRO stage `zero` says (when
 /// `flat.ranks` > 1), the global norm over tp, dp and pp, and the
-/// updates. Defined in PipelineTraining.cpp.
+/// updates; with `gatherWeights` (ZeRO 3 kept gathered) the zero-grad
+/// phase also all-gathers every weight into `<weight>@gathered`. Defined
+/// in PipelineTraining.cpp.
 LogicalResult buildRankPhases(
     ModuleOp module,
     ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
-    const FlatShards &flat, int64_t zero);
+    const FlatShards &flat, int64_t zero, bool gatherWeights = false);
 
 } // namespace mlir::pcc
 

@@ -341,7 +341,7 @@ mlir::pcc::rankWeights(ModuleOp module) {
 LogicalResult mlir::pcc::buildRankPhases(
     ModuleOp module,
     ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
-    const FlatShards &flat, int64_t zero) {
+    const FlatShards &flat, int64_t zero, bool gatherWeights) {
   MLIRContext *ctx = module.getContext();
   Location loc = module.getLoc();
   auto training = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName);
@@ -461,6 +461,18 @@ LogicalResult mlir::pcc::buildRankPhases(
     OpBuilder zb = OpBuilder::atBlockEnd(zeroGrad.addEntryBlock());
     for (auto &entry : held[k])
       ZeroOp::create(zb, loc, state(zb, entry.first, "grad", gradPieces));
+    // The step's copies of the weights, gathered once for every
+    // micro-batch (the pieces changed in the last step's update).
+    for (auto &[name, type] : held[k]) {
+      if (!gatherWeights)
+        break;
+      Location at =
+          NameLoc::get(zb.getStringAttr("the gathered '" + name.str() + "'"));
+      AssignOp::create(zb, at,
+                       flat.local(zb, at, stateName(name, kGatheredState),
+                                  type),
+                       flat.allGather(zb, at, state(zb, name, "", true), type));
+    }
     func::ReturnOp::create(zb, loc, ValueRange{});
   }
   return success();

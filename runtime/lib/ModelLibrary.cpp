@@ -286,7 +286,7 @@ Status ModelLibrary::checkPhases() const {
                  "pipelined) with state tables"};
   for (int i = 0; i < info.num_weights; ++i)
     if (info.weight_kinds[i] < PCC_STATE_WEIGHT ||
-        info.weight_kinds[i] > PCC_STATE_BUCKET ||
+        info.weight_kinds[i] > PCC_STATE_GATHERED ||
         info.weight_owners[i] < 0 || info.weight_owners[i] >= info.num_weights)
       return Error{"state " + std::to_string(i) + " has a bad kind or owner"};
   static const int32_t kStageKinds[] = {PCC_PHASE_FORWARD, PCC_PHASE_BACKWARD,

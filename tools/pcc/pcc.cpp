@@ -92,7 +92,9 @@ static cl::opt<bool> reshardAfterForward(
     cl::desc("with --zero=3: gather each weight again in the backward pass "
              "(FSDP's default, true); false keeps the forward pass's "
              "gathered weights until the backward pass (more memory, fewer "
-             "bytes moved)"),
+             "bytes moved); with --pp, false gathers each weight once per "
+             "step for all its micro-batches (with --mem-cap pcc chooses, "
+             "keeping them gathered when that fits)"),
     cl::init(true), cl::cat(pccCategory));
 static cl::opt<std::string> meshOrder(
     "mesh-order",
@@ -614,13 +616,20 @@ static int64_t parseBytes(StringRef text) {
 static std::optional<std::string> chooseRecomputation(
     ModuleOp module,
     llvm::function_ref<void(PassManager &, const std::string &, bool)>
-        addPasses) {
+        addPasses,
+    bool &reshard) {
   static const char *kLevels[] = {"none", "selective", "full"};
   int64_t stages = pp * ppChunks;
   std::vector<int> level(static_cast<size_t>(stages), 0);
   auto mib = [](int64_t bytes) {
     return llvm::formatv("{0:F3} MiB", bytes / 1048576.0).str();
   };
+  // ZeRO 3 unless the user said: first the weights kept gathered through
+  // the step (one gather per weight and step), saving every activation.
+  bool tryKeeping = zero == 3 && dp > 1 &&
+                    !reshardAfterForward.getNumOccurrences();
+  if (tryKeeping)
+    reshard = false;
   while (true) {
     std::string spec;
     for (int l : level)
@@ -641,11 +650,21 @@ static std::optional<std::string> chooseRecomputation(
       fits &= mem.total() <= memCapBytes;
     }
     llvm::errs() << "pcc: --mem-cap " << mib(memCapBytes)
-                 << ": --recompute=" << spec << " predicts " << peaks
-                 << " on pipeline ranks 0 to " << ranks.size() - 1
-                 << (fits ? ": fits" : "") << "\n";
+                 << ": --recompute=" << spec
+                 << (zero == 3 && dp > 1
+                         ? std::string(reshard ? ", ZeRO-3 weights gathered "
+                                                 "in every phase"
+                                               : ", ZeRO-3 weights kept "
+                                                 "gathered through the step")
+                         : std::string())
+                 << " predicts " << peaks << " on pipeline ranks 0 to "
+                 << ranks.size() - 1 << (fits ? ": fits" : "") << "\n";
     if (fits)
       return spec;
+    if (!reshard && tryKeeping) {
+      reshard = true; // gathered where read, then recompute
+      continue;
+    }
     for (auto [r, mem] : llvm::enumerate(ranks)) {
       if (mem.total() <= memCapBytes)
         continue;
@@ -1056,11 +1075,7 @@ int main(int argc, char **argv) {
     return fail("--bucket-mb with --pp: a pipelined step sums its gradients "
                 "over dp in each pipeline rank's optimizer, not in buckets "
                 "(yet)");
-  if (train && pp > 1 && reshardAfterForward.getNumOccurrences() &&
-      !reshardAfterForward)
-    return fail("--zero-reshard-after-forward=false with --pp: each F, B "
-                "and W phase of a pipelined step gathers the weights it "
-                "reads");
+
   if (train && pp > 1 && ppChunks > 1 && target != Target::Cpu)
     return fail("--train with --pp-chunks runs on CPU ranks (MPI) in this "
                 "version of pcc: interleaved training lists would deadlock "
@@ -1202,6 +1217,9 @@ int main(int argc, char **argv) {
     // The passes, with the activation recomputation `recomputeSpec`
     // (--recompute, or what --mem-cap chose); `planMemory` adds the fusion
     // and memory plan that code generation and the predictions read.
+    // ZeRO 3: gather the weights again after the forward pass (or, in a
+    // pipeline, in every phase); --mem-cap may choose to keep them.
+    bool reshard = reshardAfterForward;
     auto addPasses = [&](PassManager &pm, const std::string &recomputeSpec,
                          bool planMemory) {
       pcc::buildImportCleanupPipeline(pm);
@@ -1282,7 +1300,7 @@ int main(int argc, char **argv) {
         pcc::DataParallelOptions data;
         data.dataParallel = dp;
         data.zero = zero;
-        data.reshardAfterForward = reshardAfterForward;
+        data.reshardAfterForward = reshard;
         data.bucketBytes = offloading || pp > 1 ? 0
                            : bucketMb < 0       ? -1
                                           : static_cast<int64_t>(
@@ -1314,7 +1332,7 @@ int main(int argc, char **argv) {
     };
     std::string recomputeSpec = recompute;
     if (memCapBytes > 0) {
-      auto chosen = chooseRecomputation(**module, addPasses);
+      auto chosen = chooseRecomputation(**module, addPasses, reshard);
       if (!chosen)
         return 1;
       recomputeSpec = *chosen;

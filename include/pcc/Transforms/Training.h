@@ -54,6 +54,11 @@ inline constexpr llvm::StringLiteral kOffloadPhaseFunctions[] = {
 /// into the whole weight after the step. Loaded from the weight, not saved.
 inline constexpr llvm::StringLiteral kMasterState = "master";
 
+/// ZeRO-3 in a pipeline with the weights kept gathered through a step
+/// (`--zero-reshard-after-forward=false`): the whole copy the zero-grad
+/// phase all-gathers and every micro-batch's phases read. Not saved.
+inline constexpr llvm::StringLiteral kGatheredState = "gathered";
+
 /// `<weight>@<kind>`.
 inline std::string stateName(llvm::StringRef weight, llvm::StringRef kind) {
   return (weight + "@" + kind).str();

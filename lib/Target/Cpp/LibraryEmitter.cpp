@@ -768,6 +768,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
                  : kind == "grad"        ? 1
                  : kind == kMasterState  ? 3
                  : kind == "bucket"      ? 4
+                 : kind == kGatheredState ? 5
                                          : 2;
       auto it = weightIndex.find(owner);
       if (it == weightIndex.end())

@@ -116,10 +116,15 @@ enum pcc_state_kind {
   PCC_STATE_MASTER = 3,    /* ZeRO-1/2: this rank's flat shard of a weight,
                               updated by the optimizer and all-gathered into
                               the weight; loaded from the weight, not saved */
-  PCC_STATE_BUCKET = 4     /* ABI 9: a gradient bucket, the buffer that the
+  PCC_STATE_BUCKET = 4,    /* ABI 9: a gradient bucket, the buffer that the
                               gradients of weight_aliases live in and whose
                               all-reduce starts during the backward pass;
                               zeroed at the start, never saved */
+  PCC_STATE_GATHERED = 5   /* ZeRO-3 in a pipeline, weights kept gathered:
+                              a whole copy of a weight (or of its tensor-
+                              parallel piece), all-gathered by the zero-grad
+                              phase at the start of every step and read by
+                              all its micro-batches; never saved */
 };
 
 /* ABI 10: where a state tensor of an offloaded optimizer lives
