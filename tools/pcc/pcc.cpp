@@ -255,8 +255,7 @@ Training (one device, or any mix of --tp, --pp, --dp and ZeRO):
   pcc-run -n 4 z3.so --steps 100 --data tokens.bin --seq 16   # ZeRO-3 over 4 ranks
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --tp=2 --dp=4 --zero=3 --sp -o t.so
   pcc-run -n 8 t.so --steps 100 --data tokens.bin --seq 16 --save-dir ckpt --save-sharded
-  pcc examples/gpt.onnx --train --dim=batch=16 --dim=seq=16 --tp=2 --pp=2 --dp=2 --zero=2 \
-      --microbatches=4 --schedule=zb-h1 -o 3d.so     # 3D: 8 ranks, Zero Bubble's H1
+  pcc examples/gpt.onnx --train --dim=batch=16 --dim=seq=16 --tp=2 --pp=2 --dp=2 --zero=2 --microbatches=4 -o 3d.so
   pcc-run -n 8 3d.so --steps 100 --data tokens.bin --seq 16 --trace-svg 3d.svg
   pcc examples/mlp.onnx --train --loss=cross_entropy --optimizer=adamw --batch=8 -o train.so
   pcc-run train.so --steps 200 --input x.npy --labels y.npy --lr 3e-4 --loss-log loss.csv
