@@ -8,6 +8,8 @@
 
 #include <map>
 
+#include "llvm/ADT/DenseSet.h"
+
 namespace mlir::pcc {
 #define GEN_PASS_DEF_PLANMEMORY
 #include "pcc/Transforms/Passes.h.inc"
@@ -135,6 +137,13 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
       ++i;
     }
 
+    // A result the function returns is written straight into the caller's
+    // output (the C++ emitter's out[k], at its first place in the return):
+    // it takes no arena space (offset -2).
+    llvm::DenseSet<Value> returned;
+    for (Value v : body.getTerminator()->getOperands())
+      returned.insert(v);
+
     Arena arena(alignment);
     std::multimap<int64_t, std::pair<int64_t, int64_t>>
         dying; // at -> (off, bytes)
@@ -148,6 +157,10 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
       for (Value result : op.getResults()) {
         if (needsNoBuffer(&op)) {
           offsets.push_back(-1);
+          continue;
+        }
+        if (returned.contains(result)) {
+          offsets.push_back(-2);
           continue;
         }
         int64_t bytes = bytesOf(result.getType());

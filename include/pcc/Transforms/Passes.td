@@ -72,8 +72,10 @@ def PlanMemory : Pass<"pcc-plan-memory", "func::FuncOp"> {
     extend its range; returned values live to the end) and assigns offsets in
     one arena by best fit over the free gaps, aligned to `alignment` bytes.
     Function arguments, `pcc.param` and `pcc.constant` results need no arena
-    space. Each op gets `pcc.buffer_offsets` (one offset per result, -1 for
-    an alias) and the function `pcc.arena_bytes` (the peak).
+    space, and neither does a result the function returns: the generated
+    code writes it straight into the caller's output buffer. Each op gets
+    `pcc.buffer_offsets` (one offset per result, -1 for an alias, -2 for a
+    returned result) and the function `pcc.arena_bytes` (the peak).
 
     ```mlir
     // before

@@ -122,7 +122,8 @@ LogicalResult mlir::pcc::buildSharedLibrary(MLIRContext *context,
     // would otherwise count as trapping or errno-setting.
     llvm::append_range(
         args, std::vector<std::string>{"-fPIC", "-w", "-fno-trapping-math",
-                                       "-fno-math-errno", "-lpcc_runtime",
+                                       "-fno-math-errno", "-fopenmp",
+                                       "-lpcc_runtime",
                                        "-Wl,-rpath," + libraryDir});
   }
   SmallVector<StringRef> argRefs(args.begin(), args.end());

@@ -148,6 +148,7 @@ private:
   /// The loop header of an elementwise kernel over `count` elements: a plain
   /// loop on the CPU, a grid-stride loop on the GPU.
   std::string loop(int64_t count) const;
+  std::string parallelFor(int64_t count) const;
   /// Calls (CPU) or launches (CUDA) an elementwise kernel.
   void launch(const std::string &kernelName, int64_t count,
               const std::string &args);
@@ -211,6 +212,11 @@ private:
   std::vector<std::string> sites;
   llvm::DenseMap<Value, std::string> names;
   unsigned nextValue = 0;
+  /// Results the function returns that its ops write straight into the
+  /// caller's output array (the first place each is returned), so that no
+  /// copy follows: out[k] for result value v.
+  llvm::DenseMap<Value, unsigned> returnedAt;
+  llvm::DenseSet<Value> writtenInPlace;
   std::string constants, kernels, body;
   llvm::StringMap<std::string> kernelNames; // kernel text -> name
   std::vector<std::pair<std::string, RankedTensorType>> weights;
@@ -241,6 +247,15 @@ LogicalResult CppEmitter::defineResult(Operation *op, unsigned i) {
     return op->emitError("code generation: the op has no buffer offsets; "
                          "run pcc-plan-memory first");
   int64_t offset = offsets[i];
+  // A returned result is computed where the caller wants it.
+  if (auto it = returnedAt.find(result); it != returnedAt.end()) {
+    writtenInPlace.insert(result);
+    return define(result, info->cType,
+                  llvm::formatv("static_cast<{0} *>(out[{1}])", info->cType,
+                                it->second)
+                      .str(),
+                  /*isConst=*/false);
+  }
   return define(
       result, info->cType,
       llvm::formatv("reinterpret_cast<{0} *>(arena + {1})", info->cType, offset)
@@ -443,7 +458,19 @@ std::string CppEmitter::loop(int64_t count) const {
                          "blockDim.x)",
                          count)
         .str();
-  return llvm::formatv("for (int64_t i = 0; i < {0}; ++i)", count).str();
+  return parallelFor(count) +
+         llvm::formatv("for (int64_t i = 0; i < {0}; ++i)", count).str();
+}
+
+/// Every generated CPU loop computes each element on its own, so a long one
+/// is split over the OpenMP threads the runtime and OpenBLAS share (the
+/// same values, in any split); short ones stay serial, under the cost of
+/// waking the team.
+std::string CppEmitter::parallelFor(int64_t count) const {
+  constexpr int64_t kParallelElements = 32768;
+  if (cuda || count < kParallelElements)
+    return "";
+  return "_Pragma(\"omp parallel for schedule(static)\") ";
 }
 
 void CppEmitter::launch(const std::string &kernelName, int64_t count,
@@ -603,11 +630,12 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
                       elementInfo(tensorTypeOf(v).getElementType())->cType, r)
             .str();
   std::string header =
-      nested ? llvm::formatv("for (int64_t o = 0; o < {0}; ++o)\n  for "
-                             "(int64_t j = 0; j < {1}; ++j) {\n    const "
-                             "int64_t i = o * {1} + j;",
-                             count / inner, inner)
-                   .str()
+      nested ? parallelFor(count) +
+                   llvm::formatv("for (int64_t o = 0; o < {0}; ++o)\n  for "
+                                 "(int64_t j = 0; j < {1}; ++j) {\n    const "
+                                 "int64_t i = o * {1} + j;",
+                                 count / inner, inner)
+                       .str()
              : loop(count) + " {";
   std::string name = kernel(
       llvm::formatv("({0}) {\n  {1}\n{2}  }\n}\n", params, header, code).str());
@@ -1380,6 +1408,9 @@ FailureOr<TargetCode> CppEmitter::emit() {
                       /*isConst=*/true)))
       return failure();
   }
+  auto ret = cast<func::ReturnOp>(block.getTerminator());
+  for (auto [i, v] : llvm::enumerate(ret.getOperands()))
+    returnedAt.try_emplace(v, static_cast<unsigned>(i));
   // After a gradient bucket's all-reduce has started, each later op lets
   // it advance (MPI moves data only inside its calls).
   std::optional<std::string> started;
@@ -1392,8 +1423,9 @@ FailureOr<TargetCode> CppEmitter::emit() {
       line("if (" + *started + ".progress) " + *started + ".progress(" +
            *started + ".group);");
   }
-  auto ret = cast<func::ReturnOp>(block.getTerminator());
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+    if (writtenInPlace.contains(v) && returnedAt.lookup(v) == i)
+      continue;
     auto type = tensorTypeOf(v);
     int64_t bytes =
         type.getNumElements() * elementInfo(type.getElementType())->size;
