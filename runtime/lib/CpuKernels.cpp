@@ -19,6 +19,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -540,7 +542,7 @@ struct Window {
 };
 
 /// The input offset of every (kernel position, output position) pair of
-/// one channel plane, -1 in the padding: computed once per call.
+/// one channel plane, -1 in the padding.
 std::vector<int64_t> sourceTable(const Window &win) {
   std::vector<int64_t> sourceOf(win.kernelCount * win.outCount);
   for (int64_t k = 0; k < win.kernelCount; ++k)
@@ -549,29 +551,43 @@ std::vector<int64_t> sourceTable(const Window &win) {
   return sourceOf;
 }
 
-/// im2col of `channels` planes at `in`: row (channel, kernel position) of
-/// `cols` holds what that tap reads at every output position.
-void im2col(const float *in, int64_t channels, const Window &win,
-            const std::vector<int64_t> &sourceOf, float *cols) {
-  int64_t rows = channels * win.kernelCount;
-#pragma omp parallel for if (rows * win.outCount > kParallelThreshold)
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t ch = r / win.kernelCount, k = r % win.kernelCount;
-    const int64_t *src = &sourceOf[k * win.outCount];
-    float *dst = &cols[r * win.outCount];
-    const float *plane = in + ch * win.inCount;
-    for (int64_t o = 0; o < win.outCount; ++o)
-      dst[o] = src[o] < 0 ? 0.0f : plane[src[o]];
-  }
+/// sourceTable, computed once per window geometry: a training step calls
+/// each convolution's three kernels every micro-batch with the same one.
+const std::vector<int64_t> &cachedSourceTable(const Window &win) {
+  static std::mutex lock;
+  static std::map<std::vector<int64_t>, std::vector<int64_t>> tables;
+  std::vector<int64_t> key{win.rank};
+  for (int64_t d = 0; d < win.rank; ++d)
+    key.insert(key.end(),
+               {win.inSpatial[d], win.outSpatial[d], win.kernel[d],
+                win.strides[d], win.pads[d], win.dilations[d]});
+  std::lock_guard<std::mutex> guard(lock);
+  auto it = tables.find(key);
+  if (it == tables.end())
+    it = tables.emplace(std::move(key), sourceTable(win)).first;
+  return it->second;
 }
 
-/// A grouped convolution's sizes, its source table and an im2col buffer
-/// for one group: what the convolution and its two gradients share.
+/// A scratch buffer of at least `count` floats for this thread, kept
+/// between calls (the convolutions' column buffers: no allocation and no
+/// page faults per call).
+float *scratch(size_t slot, size_t count) {
+  thread_local std::vector<float> buffers[2];
+  std::vector<float> &b = buffers[slot];
+  if (b.size() < count)
+    b.resize(count);
+  return b.data();
+}
+
+/// A grouped convolution's sizes and source table: what the convolution
+/// and its two gradients share. The n images of a batch are one GEMM per
+/// group: column (b, o) of the im2col matrix is image b's output position
+/// o, so small images still make a GEMM that OpenBLAS threads.
 struct ConvGeometry {
   Window win;
   int64_t n, c, m, cg, mg, rows; // rows: im2col rows per group
-  std::vector<int64_t> sourceOf;
-  std::vector<float> cols;
+  int64_t cols;                  // n x output positions
+  const std::vector<int64_t> &sourceOf;
 
   ConvGeometry(int64_t spatialRank, const int64_t *inShape,
                const int64_t *wShape, const int64_t *outShape,
@@ -580,8 +596,47 @@ struct ConvGeometry {
       : win(spatialRank, inShape, outShape, wShape + 2, strides, pads,
             dilations),
         n(inShape[0]), c(inShape[1]), m(wShape[0]), cg(c / groups),
-        mg(m / groups), rows(cg * win.kernelCount), sourceOf(sourceTable(win)),
-        cols(rows * win.outCount) {}
+        mg(m / groups), rows(cg * win.kernelCount), cols(n * win.outCount),
+        sourceOf(cachedSourceTable(win)) {}
+
+  /// im2col of group g of every image: row (channel, kernel position),
+  /// column (image, output position).
+  void im2col(const float *x, int64_t g, float *out) const {
+#pragma omp parallel for if (rows * cols > kParallelThreshold)
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t ch = r / win.kernelCount, k = r % win.kernelCount;
+      const int64_t *src = &sourceOf[k * win.outCount];
+      for (int64_t b = 0; b < n; ++b) {
+        const float *plane = x + (b * c + g * cg + ch) * win.inCount;
+        float *dst = out + r * cols + b * win.outCount;
+        for (int64_t o = 0; o < win.outCount; ++o)
+          dst[o] = src[o] < 0 ? 0.0f : plane[src[o]];
+      }
+    }
+  }
+
+  /// [mg, n x out] (group g's channels, image-major columns) from or to
+  /// the [n, m, out] layout of the activations.
+  void toImages(const float *from, float *y, int64_t g,
+                const float *bias) const {
+#pragma omp parallel for if (mg * cols > kParallelThreshold)
+    for (int64_t j = 0; j < mg; ++j)
+      for (int64_t b = 0; b < n; ++b) {
+        const float *src = from + j * cols + b * win.outCount;
+        float *dst = y + (b * m + g * mg + j) * win.outCount;
+        float add = bias ? bias[g * mg + j] : 0.0f;
+        for (int64_t o = 0; o < win.outCount; ++o)
+          dst[o] = bias ? src[o] + add : src[o];
+      }
+  }
+  void fromImages(const float *y, float *to, int64_t g) const {
+#pragma omp parallel for if (mg * cols > kParallelThreshold)
+    for (int64_t j = 0; j < mg; ++j)
+      for (int64_t b = 0; b < n; ++b)
+        std::memcpy(to + j * cols + b * win.outCount,
+                    y + (b * m + g * mg + j) * win.outCount,
+                    sizeof(float) * win.outCount);
+  }
 };
 
 /// Max pooling for any element type; padded positions never win.
@@ -591,6 +646,7 @@ void maxPool(const T *x, T *y, int64_t spatialRank, const int64_t *inShape,
              const int64_t *strides, const int64_t *pads,
              const int64_t *dilations) {
   Window win(spatialRank, inShape, outShape, kernel, strides, pads, dilations);
+  const std::vector<int64_t> &sourceOf = cachedSourceTable(win);
   int64_t planes = inShape[0] * inShape[1];
 #pragma omp parallel for if (planes * win.outCount > kParallelThreshold)
   for (int64_t p = 0; p < planes; ++p)
@@ -599,7 +655,7 @@ void maxPool(const T *x, T *y, int64_t spatialRank, const int64_t *inShape,
                    ? -std::numeric_limits<T>::infinity()
                    : std::numeric_limits<T>::lowest();
       for (int64_t k = 0; k < win.kernelCount; ++k) {
-        int64_t s = win.source(o, k);
+        int64_t s = sourceOf[k * win.outCount + o];
         if (s >= 0)
           best = std::max(best, x[p * win.inCount + s]);
       }
@@ -617,24 +673,17 @@ void pcc_cpu_conv_f32(const float *x, const float *w, const float *bias,
                       const int64_t *dilations, int64_t groups) {
   ConvGeometry geo(spatial_rank, in_shape, w_shape, out_shape, strides, pads,
                    dilations, groups);
-  const Window &win = geo.win;
-  int64_t n = geo.n, c = geo.c, m = geo.m, cg = geo.cg, mg = geo.mg,
-          rows = geo.rows;
-  const std::vector<int64_t> &sourceOf = geo.sourceOf;
-  std::vector<float> &cols = geo.cols;
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t g = 0; g < groups; ++g) {
-      im2col(x + (b * c + g * cg) * win.inCount, cg, win, sourceOf,
-             cols.data());
-      float *out = y + (b * m + g * mg) * win.outCount;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mg, win.outCount,
-                  rows, 1.0f, w + g * mg * rows, rows, cols.data(),
-                  win.outCount, 0.0f, out, win.outCount);
-      if (bias)
-        for (int64_t j = 0; j < mg; ++j)
-          for (int64_t o = 0; o < win.outCount; ++o)
-            out[j * win.outCount + o] += bias[g * mg + j];
-    }
+  if (geo.cols == 0)
+    return;
+  float *cols = scratch(0, static_cast<size_t>(geo.rows * geo.cols));
+  float *out = scratch(1, static_cast<size_t>(geo.mg * geo.cols));
+  for (int64_t g = 0; g < groups; ++g) {
+    geo.im2col(x, g, cols);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, geo.mg, geo.cols,
+                geo.rows, 1.0f, w + g * geo.mg * geo.rows, geo.rows, cols,
+                geo.cols, 0.0f, out, geo.cols);
+    geo.toImages(out, y, g, bias);
+  }
 }
 
 void pcc_cpu_max_pool_f32(const float *x, float *y, int64_t spatial_rank,
@@ -700,32 +749,33 @@ void pcc_cpu_conv_grad_input_f32(const float *dy, const float *w, float *dx,
   ConvGeometry geo(spatial_rank, in_shape, w_shape, out_shape, strides, pads,
                    dilations, groups);
   const Window &win = geo.win;
-  int64_t n = geo.n, c = geo.c, m = geo.m, cg = geo.cg, mg = geo.mg,
-          rows = geo.rows;
-  const std::vector<int64_t> &sourceOf = geo.sourceOf;
-  std::vector<float> &cols = geo.cols;
-  std::memset(dx, 0, sizeof(float) * n * c * win.inCount);
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t g = 0; g < groups; ++g) {
-      // cols = W_g^T dY_g, then every column entry is added back to the
-      // input position it was read from (col2im), a channel per thread.
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, win.outCount,
-                  mg, 1.0f, w + g * mg * rows, rows,
-                  dy + (b * m + g * mg) * win.outCount, win.outCount, 0.0f,
-                  cols.data(), win.outCount);
-      float *in = dx + (b * c + g * cg) * win.inCount;
-#pragma omp parallel for if (rows * win.outCount > kParallelThreshold)
-      for (int64_t ch = 0; ch < cg; ++ch) {
-        float *plane = in + ch * win.inCount;
-        for (int64_t k = 0; k < win.kernelCount; ++k) {
-          const int64_t *src = &sourceOf[k * win.outCount];
-          const float *col = &cols[(ch * win.kernelCount + k) * win.outCount];
-          for (int64_t o = 0; o < win.outCount; ++o)
-            if (src[o] >= 0)
-              plane[src[o]] += col[o];
-        }
+  std::memset(dx, 0, sizeof(float) * geo.n * geo.c * win.inCount);
+  if (geo.cols == 0)
+    return;
+  float *cols = scratch(0, static_cast<size_t>(geo.rows * geo.cols));
+  float *grads = scratch(1, static_cast<size_t>(geo.mg * geo.cols));
+  for (int64_t g = 0; g < groups; ++g) {
+    // cols = W_g^T dY_g over every image, then each column entry is added
+    // back to the input position it was read from (col2im), a (image,
+    // channel) plane per thread, kernel positions in order.
+    geo.fromImages(dy, grads, g);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, geo.rows, geo.cols,
+                geo.mg, 1.0f, w + g * geo.mg * geo.rows, geo.rows, grads,
+                geo.cols, 0.0f, cols, geo.cols);
+#pragma omp parallel for if (geo.rows * geo.cols > kParallelThreshold)
+    for (int64_t plane = 0; plane < geo.n * geo.cg; ++plane) {
+      int64_t b = plane / geo.cg, ch = plane % geo.cg;
+      float *in = dx + (b * geo.c + g * geo.cg + ch) * win.inCount;
+      for (int64_t k = 0; k < win.kernelCount; ++k) {
+        const int64_t *src = &geo.sourceOf[k * win.outCount];
+        const float *col =
+            cols + (ch * win.kernelCount + k) * geo.cols + b * win.outCount;
+        for (int64_t o = 0; o < win.outCount; ++o)
+          if (src[o] >= 0)
+            in[src[o]] += col[o];
       }
     }
+  }
 }
 
 void pcc_cpu_conv_grad_weight_f32(const float *x, const float *dy, float *dw,
@@ -737,23 +787,25 @@ void pcc_cpu_conv_grad_weight_f32(const float *x, const float *dy, float *dw,
                                   const int64_t *dilations, int64_t groups) {
   ConvGeometry geo(spatial_rank, in_shape, w_shape, out_shape, strides, pads,
                    dilations, groups);
-  const Window &win = geo.win;
-  int64_t n = geo.n, c = geo.c, m = geo.m, cg = geo.cg, mg = geo.mg,
-          rows = geo.rows;
-  const std::vector<int64_t> &sourceOf = geo.sourceOf;
-  std::vector<float> &cols = geo.cols;
-  if (n == 0)
-    std::memset(dw, 0, sizeof(float) * m * rows);
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t g = 0; g < groups; ++g) {
-      im2col(x + (b * c + g * cg) * win.inCount, cg, win, sourceOf,
-             cols.data());
-      // dW_g (+)= dY_g cols^T, images in order.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mg, rows,
-                  win.outCount, 1.0f, dy + (b * m + g * mg) * win.outCount,
-                  win.outCount, cols.data(), win.outCount, b ? 1.0f : 0.0f,
-                  dw + g * mg * rows, rows);
-    }
+  if (geo.cols == 0) {
+    std::memset(dw, 0, sizeof(float) * geo.m * geo.rows);
+    return;
+  }
+  float *cols = scratch(0, static_cast<size_t>(geo.rows * geo.cols));
+  float *grads = scratch(1, static_cast<size_t>(geo.mg * geo.cols));
+  int64_t out = geo.win.outCount;
+  for (int64_t g = 0; g < groups; ++g) {
+    // dW_g (+)= dY_g cols^T image by image, in order: the sums PyTorch's
+    // reference makes (one contraction over every image's positions would
+    // round differently, enough to flip a max-pool winner in later steps).
+    geo.im2col(x, g, cols);
+    geo.fromImages(dy, grads, g);
+    for (int64_t b = 0; b < geo.n; ++b)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, geo.mg, geo.rows,
+                  out, 1.0f, grads + b * out, geo.cols, cols + b * out,
+                  geo.cols, b ? 1.0f : 0.0f, dw + g * geo.mg * geo.rows,
+                  geo.rows);
+  }
 }
 
 void pcc_cpu_max_pool_grad_f32(const float *x, const float *dy, float *dx,
@@ -763,6 +815,7 @@ void pcc_cpu_max_pool_grad_f32(const float *x, const float *dy, float *dx,
                                const int64_t *dilations) {
   Window win(spatial_rank, in_shape, out_shape, kernel, strides, pads,
              dilations);
+  const std::vector<int64_t> &sourceOf = cachedSourceTable(win);
   int64_t planes = in_shape[0] * in_shape[1];
 #pragma omp parallel for if (planes * win.outCount > kParallelThreshold)
   for (int64_t p = 0; p < planes; ++p) {
@@ -773,7 +826,7 @@ void pcc_cpu_max_pool_grad_f32(const float *x, const float *dy, float *dx,
       int64_t winner = -1;
       float best = 0.0f;
       for (int64_t k = 0; k < win.kernelCount; ++k) {
-        int64_t s = win.source(o, k);
+        int64_t s = sourceOf[k * win.outCount + o];
         if (s >= 0 && (winner < 0 || in[s] > best || std::isnan(in[s]))) {
           winner = s;
           best = in[s];
