@@ -445,21 +445,8 @@ struct PartitionTrainingPass
   /// one phase leaves for a later one of the same stage (saved
   /// activations, B's stash for W) stays in its layout.
   void runPipelined(ModuleOp module) {
-    SmallVector<std::array<func::FuncOp, 3>> stages;
-    for (auto func : module.getOps<func::FuncOp>()) {
-      auto phase = func->getAttrOfType<StringAttr>(kPhaseAttrName);
-      if (!phase)
-        continue;
-      if (auto k = func->getAttrOfType<IntegerAttr>(kPipelineStageAttrName)) {
-        size_t stage = k.getInt();
-        if (stages.size() <= stage)
-          stages.resize(stage + 1);
-        int slot = phase.getValue() == kPhaseNames[0]   ? 0
-                   : phase.getValue() == kPhaseNames[1] ? 1
-                                                        : 2;
-        stages[stage][slot] = func;
-      }
-    }
+    SmallVector<std::array<func::FuncOp, 3>> stages =
+        getPipelineStagePhases(module);
     for (auto [k, phases] : llvm::enumerate(stages))
       if (!phases[0] || !phases[1] || !phases[2]) {
         module.emitError("pcc-partition-training: pipeline stage ")

@@ -48,24 +48,13 @@ std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
   auto p = static_cast<int32_t>(lists.size());
   int64_t m = cast<IntegerAttr>(schedule.get("microbatches")).getInt();
   // Each stage's F, B and W; each pipeline rank's optimizer and zero-grad.
-  SmallVector<std::array<func::FuncOp, 3>> stages;
+  SmallVector<std::array<func::FuncOp, 3>> stages =
+      getPipelineStagePhases(module);
   SmallVector<SmallVector<func::FuncOp>> rankPhases(p);
-  for (auto f : module.getOps<func::FuncOp>()) {
-    auto phase = f->getAttrOfType<StringAttr>(kPhaseAttrName);
-    if (!phase)
-      continue;
-    if (auto k = f->getAttrOfType<IntegerAttr>(kPipelineStageAttrName)) {
-      size_t s = k.getInt();
-      if (stages.size() <= s)
-        stages.resize(s + 1);
-      stages[s][phase.getValue() == kPhaseNames[0]   ? 0
-                : phase.getValue() == kPhaseNames[1] ? 1
-                                                     : 2] = f;
-    } else if (auto r = f->getAttrOfType<IntegerAttr>(kPipelineRankAttrName)) {
+  for (auto f : module.getOps<func::FuncOp>())
+    if (auto r = f->getAttrOfType<IntegerAttr>(kPipelineRankAttrName))
       if (r.getInt() < p)
         rankPhases[r.getInt()].push_back(f);
-    }
-  }
   auto n = static_cast<int32_t>(stages.size());
   if (n == 0 || n % p != 0 ||
       llvm::any_of(stages, [](auto &s) { return !s[0] || !s[1] || !s[2]; })) {

@@ -11,10 +11,12 @@
 #ifndef PCC_TRANSFORMS_TRAINING_H
 #define PCC_TRANSFORMS_TRAINING_H
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -99,6 +101,12 @@ Value buildSquaredSum(OpBuilder &b, Location loc, Value x);
 void buildOptimizerUpdate(OpBuilder &b, Location loc, llvm::StringRef kind,
                           Value p, Value g, Value norm,
                           llvm::function_ref<Value(llvm::StringRef)> state);
+
+/// A pipelined training module's stage phases: per stage k, its forward,
+/// backward (B) and weight-gradient (W) functions (null where one is
+/// missing). Defined in PipelineTraining.cpp.
+llvm::SmallVector<std::array<func::FuncOp, 3>>
+getPipelineStagePhases(ModuleOp module);
 
 /// Merges `entries` into the module's pcc.training dictionary.
 inline void setTrainingAttr(ModuleOp module,
