@@ -77,7 +77,46 @@ struct CheckCollectivesPass
       }
     });
     SmallVector<SmallVector<func::FuncOp>> programs;
-    if (!stages.empty() && pp > 1) {
+    // A pipelined training step: pipeline rank r runs its zero-grad, the
+    // F, B and W phases of its stages (per micro-batch, as its list says),
+    // then its optimizer, whose collectives over pp (tied weights' sums,
+    // the norm) every rank must join in one order.
+    SmallVector<func::FuncOp> zeroGrads, optimizers;
+    for (func::FuncOp f : module.getOps<func::FuncOp>())
+      if (auto r = f->getAttrOfType<IntegerAttr>(kPipelineRankAttrName)) {
+        auto &into = f->getAttrOfType<StringAttr>(kPhaseAttrName) &&
+                             f->getAttrOfType<StringAttr>(kPhaseAttrName)
+                                     .getValue() == kPhaseNames[3]
+                         ? zeroGrads
+                         : optimizers;
+        if (into.size() <= static_cast<size_t>(r.getInt()))
+          into.resize(r.getInt() + 1);
+        into[r.getInt()] = f;
+      }
+    if (!optimizers.empty() && pp > 1) {
+      SmallVector<std::array<func::FuncOp, 3>> phases =
+          getPipelineStagePhases(module);
+      programs.resize(pp);
+      for (int64_t r = 0; r < pp; ++r) {
+        func::FuncOp zero = static_cast<size_t>(r) < zeroGrads.size()
+                                ? zeroGrads[r]
+                                : func::FuncOp();
+        func::FuncOp opt = static_cast<size_t>(r) < optimizers.size()
+                               ? optimizers[r]
+                               : func::FuncOp();
+        if (!zero || !opt) {
+          module.emitError("pcc-check-collectives: pipeline rank ")
+              << r << " has no optimizer or zero-grad phase";
+          return signalPassFailure();
+        }
+        programs[r].push_back(zero);
+        for (size_t k = r; k < phases.size(); k += pp)
+          for (func::FuncOp f : phases[k])
+            if (f)
+              programs[r].push_back(f);
+        programs[r].push_back(opt);
+      }
+    } else if (!stages.empty() && pp > 1) {
       programs.resize(pp);
       for (auto [k, f] : llvm::enumerate(stages)) {
         if (!f) {

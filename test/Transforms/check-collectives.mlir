@@ -46,3 +46,37 @@ module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 2 : i64}} {
     return %y : tensor<4xf32>
   }
 }
+
+// -----
+
+// Tests a pipelined training step: each pipeline rank's optimizer sums the
+// tied weights' gradients over pp; a rank that sums a tensor of another
+// shape (or skips the sum) is refused at compile time.
+module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
+  func.func @stage0_forward(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pcc.phase = "forward", pcc.pipeline_stage = 0 : i64} {
+    return %x : tensor<4xf32>
+  }
+  func.func @stage1_forward(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pcc.phase = "forward", pcc.pipeline_stage = 1 : i64} {
+    return %x : tensor<4xf32>
+  }
+  func.func @rank0_optimizer() -> tensor<f32> attributes {pcc.phase = "optimizer", pcc.pipeline_rank = 0 : i64} {
+    %g = pcc.param "w@grad" : tensor<4xf32>
+    // expected-note @below {{pipeline rank 0's collective #1 is here}}
+    %s = pcc.all_reduce %g axis = "pp" : tensor<4xf32>
+    %n = pcc.constant dense<0.0> : tensor<f32>
+    %t = pcc.all_reduce %n axis = "pp" : tensor<f32>
+    return %t : tensor<f32>
+  }
+  func.func @rank0_zero_grad() attributes {pcc.phase = "zero_grad", pcc.pipeline_rank = 0 : i64} {
+    return
+  }
+  func.func @rank1_optimizer() -> tensor<f32> attributes {pcc.phase = "optimizer", pcc.pipeline_rank = 1 : i64} {
+    %n = pcc.constant dense<0.0> : tensor<f32>
+    // expected-error @below {{collectives over 'pp' do not match: pipeline rank 0 (pp=0) issues collective #1 all_reduce of tensor<4xf32> -> tensor<4xf32> but pipeline rank 1 (pp=1) issues collective #1 all_reduce of tensor<f32> -> tensor<f32>}}
+    %t = pcc.all_reduce %n axis = "pp" : tensor<f32>
+    return %t : tensor<f32>
+  }
+  func.func @rank1_zero_grad() attributes {pcc.phase = "zero_grad", pcc.pipeline_rank = 1 : i64} {
+    return
+  }
+}
