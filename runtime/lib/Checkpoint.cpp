@@ -334,7 +334,9 @@ writeShardedCheckpoint(const std::string &saveDir, int64_t step, int rank,
   return final;
 }
 
-Result<CheckpointState> readCheckpointState(const std::string &dir) {
+Result<CheckpointState>
+readCheckpointState(const std::string &dir,
+                    const std::function<bool(const std::string &)> &wanted) {
   CheckpointState state;
   if (::access((dir + "/weights.safetensors").c_str(), F_OK) == 0) {
     auto weights = SafetensorsFile::open(dir + "/weights.safetensors");
@@ -410,7 +412,11 @@ Result<CheckpointState> readCheckpointState(const std::string &dir) {
     }
   }
   SafetensorsWriter weights, optimizer;
+  state.tensors = static_cast<int64_t>(wholes.size());
   for (Whole &w : wholes) {
+    if (wanted && !wanted(w.name))
+      continue;
+    ++state.assembled;
     int64_t element = dtypeSize(w.dtype);
     int64_t wholeBytes = elementCount(w.shape) * element;
     const Piece &first = w.pieces.front();

@@ -25,6 +25,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -591,9 +592,18 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
            std::to_string(saved) + "; resuming with --seed " +
            std::to_string(*o.seed) + " would not continue the same run");
     hyper.seed = saved;
-    // Whole tensors: the two files, or the shards put together; each
-    // rank takes its own slices, whatever layout saved them.
-    auto saved_state = readCheckpointState(*dir);
+    // Whole tensors: the two files, or the shards put together (only the
+    // tensors this rank holds: a pipeline rank's stages'); each rank takes
+    // its own slices, whatever layout saved them.
+    std::set<std::string> held;
+    for (int i = 0; i < info.num_weights; ++i)
+      if (trainer->holds(i))
+        held.insert(info.whole_weights[info.weight_kinds[i] == PCC_STATE_MASTER
+                                           ? info.weight_owners[i]
+                                           : i]
+                        .name);
+    auto saved_state = readCheckpointState(
+        *dir, [&](const std::string &name) { return held.count(name) > 0; });
     if (!saved_state.ok())
       fail(saved_state.error());
     for (auto [file, kind] :
@@ -603,8 +613,16 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
       if (!loaded.ok())
         fail(loaded.error());
     }
-    std::printf("resumed from %s at step %lld\n", dir->c_str(),
-                static_cast<long long>(start));
+    if (saved_state->sharded)
+      std::printf("resumed from %s at step %lld (rank 0 put together %lld "
+                  "of the %lld tensors of %lld shard files: its own)\n",
+                  dir->c_str(), static_cast<long long>(start),
+                  static_cast<long long>(saved_state->assembled),
+                  static_cast<long long>(saved_state->tensors),
+                  static_cast<long long>(saved_state->files));
+    else
+      std::printf("resumed from %s at step %lld\n", dir->c_str(),
+                  static_cast<long long>(start));
     if (start >= o.steps)
       fail("checkpoint '" + *dir + "' is at step " + std::to_string(start) +
            "; --steps " + std::to_string(o.steps) +
