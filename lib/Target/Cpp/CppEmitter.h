@@ -1,0 +1,230 @@
+//===- CppEmitter.h - the emitter of one planned function -------*- C++ -*-===//
+//
+// Internal to the C++ target: the CppEmitter class, shared by
+// CppEmitter.cpp (values, runtime-kernel calls, collectives, training ops,
+// the run function) and ElementwiseEmitter.cpp (the generated loop kernels
+// of elementwise ops and fusions), and the type and literal helpers both
+// use.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_LIB_TARGET_CPP_CPPEMITTER_H
+#define PCC_LIB_TARGET_CPP_CPPEMITTER_H
+
+#include "FunctionEmitter.h"
+
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Import/OnnxImporter.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mlir::pcc::cpp {
+
+//===----------------------------------------------------------------------===//
+// Types and literals
+//===----------------------------------------------------------------------===//
+
+/// C type, ABI dtype code and byte size of an element type.
+struct ElementInfo {
+  StringRef cType;
+  int code;
+  int64_t size;
+};
+
+inline std::optional<ElementInfo> elementInfo(Type type) {
+  if (type.isF32())
+    return ElementInfo{"float", 0, 4};
+  if (type.isF64())
+    return ElementInfo{"double", 1, 8};
+  if (type.isF16())
+    return ElementInfo{"uint16_t", 2, 2};
+  if (type.isBF16())
+    return ElementInfo{"uint16_t", 3, 2};
+  if (type.isInteger(64))
+    return ElementInfo{"int64_t", 4, 8};
+  if (type.isInteger(32))
+    return ElementInfo{"int32_t", 5, 4};
+  if (type.isInteger(16))
+    return ElementInfo{"int16_t", 6, 2};
+  if (type.isSignlessInteger(8))
+    return ElementInfo{"int8_t", 7, 1};
+  if (type.isUnsignedInteger(8))
+    return ElementInfo{"uint8_t", 8, 1};
+  if (type.isInteger(1))
+    return ElementInfo{"uint8_t", 9, 1};
+  return std::nullopt;
+}
+
+/// A C++ literal of `value` in `type` (f32, f64 or an integer type).
+inline std::string literal(double value, Type type) {
+  if (isa<FloatType>(type)) {
+    StringRef t = type.isF64() ? "double" : "float";
+    if (std::isnan(value))
+      return ("std::numeric_limits<" + t + ">::quiet_NaN()").str();
+    if (std::isinf(value))
+      return ((value < 0 ? "-" : "") +
+              ("std::numeric_limits<" + t + ">::infinity()"))
+          .str();
+    return llvm::formatv(type.isF64() ? "{0:e16}" : "{0:e9}f", value).str();
+  }
+  if (type.isInteger(1))
+    return value != 0 ? "1" : "0";
+  if (value >= 9.2e18)
+    return "INT64_MAX";
+  if (value <= -9.2e18)
+    return "INT64_MIN";
+  return std::to_string(static_cast<int64_t>(value)) + "LL";
+}
+
+inline std::string intList(ArrayRef<int64_t> values) {
+  std::string s;
+  for (auto [i, v] : llvm::enumerate(values))
+    s += (i ? ", " : "") + std::to_string(v) + "LL";
+  return s.empty() ? "0LL" : s; // a C array needs one element
+}
+
+inline SmallVector<int64_t> stridesOf(ArrayRef<int64_t> shape) {
+  SmallVector<int64_t> strides(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
+    strides[d] = strides[d + 1] * shape[d + 1];
+  return strides;
+}
+
+inline int64_t product(ArrayRef<int64_t> dims) {
+  int64_t p = 1;
+  for (int64_t d : dims)
+    p *= d;
+  return p;
+}
+
+/// "node '/enc/MatMul' (MatMul)" for an op imported from ONNX.
+inline std::string describeOp(Operation *op) {
+  auto [opType, node] = getOnnxNodeOfLocation(op->getLoc());
+  if (!opType.empty())
+    return "node '" + node + "' (" + opType + ")";
+  // What a pass named it ("the gradient of 'fc1.weight'").
+  if (auto name = dyn_cast<NameLoc>(op->getLoc()))
+    return name.getName().str() + " (" + op->getName().getStringRef().str() +
+           ")";
+  return op->getName().getStringRef().str();
+}
+
+//===----------------------------------------------------------------------===//
+// The emitter
+//===----------------------------------------------------------------------===//
+
+class CppEmitter {
+public:
+  CppEmitter(func::FuncOp func, bool cuda, const llvm::StringMap<int> &meshAxes)
+      : func(func), cuda(cuda), meshAxes(meshAxes) {}
+
+  /// Emits `run_cpu` or `run_cuda` with the kernels and constants it uses.
+  FailureOr<TargetCode> emit();
+
+private:
+  // Values.
+  std::string nameOf(Value v) { return names.lookup(v); }
+  LogicalResult define(Value v, StringRef cType, StringRef init, bool isConst);
+  LogicalResult defineResult(Operation *op, unsigned i);
+
+  // Ops.
+  LogicalResult emitOp(Operation *op);
+  LogicalResult emitElementwise(Operation *op);
+  LogicalResult emitFusion(FusionOp fusion);
+  /// Adds a kernel (deduplicated by its text) and returns its name.
+  std::string kernel(const std::string &text);
+  /// The loop header of an elementwise kernel over `count` elements: a plain
+  /// loop on the CPU, a grid-stride loop on the GPU.
+  std::string loop(int64_t count) const;
+  std::string parallelFor(int64_t count) const;
+  /// Calls (CPU) or launches (CUDA) an elementwise kernel.
+  void launch(const std::string &kernelName, int64_t count,
+              const std::string &args);
+  LogicalResult emitCopy(Value in, Value out, ArrayRef<int64_t> shape,
+                         ArrayRef<int64_t> inStrides, int64_t inOffset,
+                         ArrayRef<int64_t> outStrides, int64_t outOffset);
+  LogicalResult emitCopy(Value in, Value out, ArrayRef<int64_t> shape,
+                         ArrayRef<int64_t> inStrides,
+                         const std::string &inOffset,
+                         ArrayRef<int64_t> outStrides, int64_t outOffset);
+  LogicalResult emitConstant(ConstantOp op);
+  LogicalResult emitCollective(Operation *op);
+  /// Gradient, loss and optimizer ops (pcc-autodiff, pcc-loss,
+  /// pcc-optimizer).
+  LogicalResult emitTraining(Operation *op);
+  /// A call of a runtime kernel that can fail on data: on the CPU its
+  /// status is checked at once; on CUDA the kernel records `site` and the
+  /// run's end reports `message`.
+  void checkedCall(StringRef kernel, const std::string &args,
+                   const std::string &message, Operation *op);
+  /// Sets `bytes` bytes at `ptr` to zero.
+  void zeroFill(const std::string &ptr, int64_t bytes);
+  void copyBytes(const std::string &to, const std::string &from, int64_t bytes);
+  /// `rc->comms[i]` for mesh axis `axis`.
+  std::string comm(StringRef axis) const {
+    return "rc->comms[" + std::to_string(meshAxes.lookup(axis)) + "]";
+  }
+  std::optional<std::string>
+  scalarExpr(Operation *op, ArrayRef<std::string> args, Type computeType);
+  LogicalResult requireF32(Operation *op, Value v);
+
+  void line(const llvm::Twine &text) { body += "  " + text.str() + "\n"; }
+  /// `std::exp` on the CPU, the CUDA math library's `exp` on the GPU.
+  std::string math(StringRef fn) const {
+    return (cuda ? "" : "std::") + fn.str();
+  }
+  /// exp, tanh and erf in f32 on the CPU use pccrt's vectorisable forms
+  /// (runtime/include/pcc/runtime/FastMath.h); elsewhere `math(fn)`.
+  std::string transcendental(StringRef fn, Type computeType) const {
+    if (cuda || !computeType.isF32())
+      return math(fn);
+    if (fn == "exp")
+      return "pccrt::fastExp";
+    if (fn == "tanh")
+      return "pccrt::fastTanh";
+    return "pccrt::fastErf";
+  }
+  /// The start of a call to runtime kernel `name` of this target.
+  std::string call(StringRef name) const {
+    return cuda ? ("pcc_cuda_" + name + "(ctx, ").str()
+                : ("pcc_cpu_" + name + "(").str();
+  }
+  /// Grid size of a grid-stride loop over `count` elements.
+  static int64_t gridFor(int64_t count) {
+    return std::clamp<int64_t>((count + 255) / 256, 1, 65535 * 8);
+  }
+
+  func::FuncOp func;
+  bool cuda;
+  /// Messages of the CUDA calls that can fail on data, by site number - 1.
+  std::vector<std::string> sites;
+  llvm::DenseMap<Value, std::string> names;
+  unsigned nextValue = 0;
+  /// Results the function returns that its ops write straight into the
+  /// caller's output array (the first place each is returned), so that no
+  /// copy follows: out[k] for result value v.
+  llvm::DenseMap<Value, unsigned> returnedAt;
+  llvm::DenseSet<Value> writtenInPlace;
+  std::string constants, kernels, body;
+  llvm::StringMap<std::string> kernelNames; // kernel text -> name
+  std::vector<std::pair<std::string, RankedTensorType>> weights;
+  std::vector<std::string> weightShards;
+  std::vector<std::vector<int64_t>> weightWholes;
+  llvm::StringMap<unsigned> weightIndex; // name and shard -> index
+  const llvm::StringMap<int> &meshAxes;  // mesh axis -> index
+  /// Whether the run context's hyperparameters have been checked.
+  bool hyperChecked = false;
+};
+
+} // namespace mlir::pcc::cpp
+
+#endif // PCC_LIB_TARGET_CPP_CPPEMITTER_H
