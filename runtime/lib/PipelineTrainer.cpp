@@ -505,18 +505,8 @@ Result<StepResult> Trainer::pipelineStep(
                     static_cast<int32_t>(DType::F32)) != 0)
     return Error{std::string("sharing the losses over the pipeline: ") +
                  pp.last_error(pp.group)};
-  Status read = device->copyToHost(loss.data(), sums->data(),
-                                   4 * static_cast<int64_t>(loss.size()));
-  if (!read.ok())
-    return Error{read.error()};
-  for (float l : loss)
-    result.lossSum += l;
-  float gradNorm = 0;
-  read = device->copyToHost(&gradNorm, norm.data(), 4);
-  if (!read.ok())
-    return Error{read.error()};
-  result.gradNorm = gradNorm;
-  return result;
+  return endStep(sums->data(), static_cast<int64_t>(loss.size()), norm.data(),
+                 /*normOnHost=*/false);
 }
 
 } // namespace pccrt

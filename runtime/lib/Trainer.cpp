@@ -508,14 +508,9 @@ Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
   const pcc_model_info &info = library->info();
   const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];
   const pcc_phase_info &bwd = info.phases[PCC_PHASE_BACKWARD];
-  StepResult result;
-  Status zeroed = runPhase(PCC_PHASE_ZERO_GRAD, {}, {}, hyper.data());
-  if (!zeroed.ok())
-    return Error{zeroed.error()};
-  float seedValue = static_cast<float>(lossGrad);
-  Status seeded = device->copyToDevice(seed.data(), &seedValue, 4);
-  if (!seeded.ok())
-    return Error{seeded.error()};
+  Status begun = beginStep(PCC_PHASE_ZERO_GRAD, lossGrad, hyper.data());
+  if (!begun.ok())
+    return Error{begun.error()};
   std::vector<const void *> fwdIn;
   std::vector<void *> fwdOut;
   for (DeviceBuffer &b : forwardIn)
@@ -566,21 +561,37 @@ Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
                    : runPhase(PCC_PHASE_OPTIMIZER, {}, optOut, hyper.data());
   if (!ran.ok())
     return Error{ran.error()};
-  std::vector<float> loss(microbatches.size());
-  Status read = device->copyToHost(loss.data(), losses.data(),
-                                   4 * static_cast<int64_t>(loss.size()));
+  return endStep(losses.data(), static_cast<int64_t>(microbatches.size()),
+                 offloaded ? hostNorm.data() : norm.data(), offloaded);
+}
+
+Status Trainer::beginStep(int32_t zeroGrad, double lossGrad,
+                          const double *hyper) {
+  Status zeroed = runPhase(zeroGrad, {}, {}, hyper);
+  if (!zeroed.ok())
+    return zeroed;
+  float seedValue = static_cast<float>(lossGrad);
+  return device->copyToDevice(seed.data(), &seedValue, 4);
+}
+
+Result<StepResult> Trainer::endStep(const void *losses, int64_t count,
+                                    const void *gradNorm,
+                                    bool normOnHost) const {
+  StepResult result;
+  std::vector<float> loss(static_cast<size_t>(count));
+  Status read = device->copyToHost(loss.data(), losses, 4 * count);
   if (!read.ok())
     return Error{read.error()};
   for (float l : loss)
     result.lossSum += l;
-  float gradNorm = 0;
-  if (offloaded)
-    std::memcpy(&gradNorm, hostNorm.data(), 4);
+  float value = 0;
+  if (normOnHost)
+    std::memcpy(&value, gradNorm, 4);
   else
-    read = device->copyToHost(&gradNorm, norm.data(), 4);
+    read = device->copyToHost(&value, gradNorm, 4);
   if (!read.ok())
     return Error{read.error()};
-  result.gradNorm = gradNorm;
+  result.gradNorm = value;
   return result;
 }
 

@@ -134,6 +134,14 @@ private:
   Result<StepResult>
   pipelineStep(const std::vector<std::vector<const void *>> &microbatches,
                double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper);
+  /// The start of a step: zero-grad phase `zeroGrad`, and the loss
+  /// gradient `lossGrad` into the seed the backward phases read.
+  Status beginStep(int32_t zeroGrad, double lossGrad, const double *hyper);
+  /// The end of a step: the sum of the `count` micro-batch losses at
+  /// `losses` (device memory) and the global norm at `gradNorm` (device
+  /// memory, or host memory with `normOnHost`).
+  Result<StepResult> endStep(const void *losses, int64_t count,
+                             const void *gradNorm, bool normOnHost) const;
   /// Pipelined: every rank gets state i whole at `whole` (`bytes` long),
   /// where its first holder has put its copy (assembled from the pieces
   /// of a ZeRO or tensor-parallel shard).
