@@ -39,7 +39,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def make_model(path, layers, hidden):
+def make_model(path, layers, hidden, in_features=0):
     import torch
 
     class Block(torch.nn.Module):
@@ -51,8 +51,11 @@ def make_model(path, layers, hidden):
             return x + torch.nn.functional.gelu(self.fc(x))
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[Block() for _ in range(layers)]).eval()
-    x = torch.randn(2, hidden)
+    blocks = [Block() for _ in range(layers)]
+    if in_features:
+        blocks.insert(0, torch.nn.Linear(in_features, hidden))
+    model = torch.nn.Sequential(*blocks).eval()
+    x = torch.randn(2, in_features or hidden)
     torch.onnx.export(model, (x,), path, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}},
                       opset_version=17)
@@ -70,6 +73,10 @@ def main():
     ap.add_argument("--rows", type=int, default=32, help="rows per micro-batch")
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--in-features", type=int, default=0,
+                    help="with --train: an input projection Linear(N, hidden) before "
+                         "the blocks, the way a transformer starts with its embedding "
+                         "(0: none)")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--stages", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
@@ -135,40 +142,44 @@ def train(args):
     import numpy as np
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.path.join(tmp, "deep_mlp.onnx")
-        make_model(onnx_path, args.layers, args.hidden)
+        make_model(onnx_path, args.layers, args.hidden, args.in_features)
         for p in args.stages:
             for m in args.microbatches:
                 rows = m * args.rows
                 x = os.path.join(tmp, f"x{rows}.npy")
                 y = os.path.join(tmp, f"y{rows}.npy")
-                write_input(x, rows, args.hidden)
+                write_input(x, rows, args.in_features or args.hidden)
                 np.save(y, np.random.default_rng(1).standard_normal(
                     (rows, args.hidden)).astype(np.float32))
+                libs = {}
                 for policy in args.schedules:
-                    lib = os.path.join(tmp, f"t.p{p}.m{m}.{policy}.so")
+                    libs[policy] = os.path.join(tmp, f"t.p{p}.m{m}.{policy}.so")
                     subprocess.run([args.pcc, onnx_path, "--train", "--loss=mse",
                                     f"--batch={rows}", f"--pp={p}",
                                     f"--microbatches={m}", f"--schedule={policy}",
-                                    "-o", lib], check=True, capture_output=True)
-                    trials = []
-                    for _ in range(args.trials):
+                                    "-o", libs[policy]], check=True, capture_output=True)
+                # The schedules take turns trial by trial, so that a slow
+                # spell of this shared machine falls on all of them alike.
+                trials = {policy: [] for policy in args.schedules}
+                for _ in range(args.trials):
+                    for policy in args.schedules:
                         out = subprocess.run(
-                            [args.pcc_run, "-n", str(p), lib, "--input", x,
+                            [args.pcc_run, "-n", str(p), libs[policy], "--input", x,
                              "--labels", y, "--steps", str(args.steps),
                              "--lr", "1e-4", "--trace", os.path.join(tmp, "t.json")],
                             check=True, capture_output=True, text=True).stdout
                         bubble = re.search(r"mean bubble ([0-9.]+); \(p-1\)/\(m\+p-1\) = ([0-9.]+)", out)
                         span = re.search(r"makespan ([0-9.]+) ms", out)
                         ranks = re.findall(r"stage \d+: compute [0-9.]+ ms, bubble ([0-9.]+)", out)
-                        trials.append((float(bubble.group(1)), float(bubble.group(2)),
-                                       float(span.group(1)), "/".join(ranks)))
-                    trials.sort()
-                    measured, analytic, span, per = trials[len(trials) // 2]
+                        trials[policy].append((float(bubble.group(1)), float(bubble.group(2)),
+                                               float(span.group(1)), "/".join(ranks)))
+                for policy in args.schedules:
+                    runs = sorted(trials[policy])
+                    measured, analytic, span, per = runs[len(runs) // 2]
                     note = "" if p <= cores else f"{p} ranks on {cores} cores: time-sliced"
                     print(f"| {p} | {m} | {policy} | {measured:.3f} | {per} | {analytic:.3f} | "
                           f"{measured - analytic:+.3f} | {span:.2f} | {note} |")
-                    sys.stdout.flush()
-
+                sys.stdout.flush()
 
 if __name__ == "__main__":
     main()

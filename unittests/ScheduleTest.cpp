@@ -112,8 +112,9 @@ TEST(Schedule, InterleavedBubble) {
 }
 
 // Tests that ZB-H1 leaves about a third of 1F1B's idle time, (p - 1)(F +
-// B - W) against (p - 1)(F + B + W) with F, B and W equally long, and keeps
-// its peak of p micro-batches in flight.
+// B - W) against (p - 1)(F + B + W) with F, B and W equally long, half of
+// pcc's 1F1B's (p - 1)(F + B), and keeps its peak of p micro-batches in
+// flight.
 TEST(Schedule, ZeroBubbleH1) {
   for (int p : {2, 4, 8})
     for (int m : {8, 16, 32}) {
@@ -123,6 +124,12 @@ TEST(Schedule, ZeroBubbleH1) {
       double idleZb = zb.makespan - 3.0 * m, idle1f = ofob.makespan - 3.0 * m;
       EXPECT_DOUBLE_EQ(idle1f, 3.0 * (p - 1));
       EXPECT_LE(idleZb, idle1f / 3 + 1e-9) << "p=" << p << " m=" << m;
+      // pcc's 1F1B, whose B sends before its W runs: the previous stage
+      // waits F + B, not F + B + W, and ZB-H1 halves that.
+      Simulation split = run(make(Policy::OneFOneB, p, m));
+      double idleSplit = split.makespan - 3.0 * m;
+      EXPECT_DOUBLE_EQ(idleSplit, 2.0 * (p - 1));
+      EXPECT_LE(idleZb, idleSplit / 2 + 1e-9) << "p=" << p << " m=" << m;
       EXPECT_GT(idleZb, 0);
       EXPECT_EQ(zb.peakInFlight[0], std::min(p, m));
     }
