@@ -26,7 +26,7 @@ or less.
 usage: bench/pp_bubble.py [--pcc build/bin/pcc] [--rows 32] [--hidden 512]
                           [--layers 8] [--trials 3] [--chunks 1 2]
        bench/pp_bubble.py --train [--stages 2] [--microbatches 8]
-                          [--schedules gpipe 1f1b zb-h1]
+                          [--schedules gpipe 1f1b zb-h1] [--in-features 64]
 """
 import argparse
 import os
