@@ -74,10 +74,12 @@ struct DataParallelPass
 
   /// A pipelined step (pcc-pipeline-training, maybe partitioned over tp):
   /// every pipeline rank is replicated over dp. ZeRO 2 and 3 reduce-scatter
-  /// each micro-batch's gradients in the W phases; ZeRO 3 gathers every
-  /// weight where an F, B or W phase reads it (FSDP's resharding after
-  /// forward, per micro-batch and phase); every rank's optimizer is rebuilt
-  /// over dp.
+  /// the gradients once per step in the optimizer (accumulated whole over
+  /// the micro-batches, as Megatron's distributed optimizer does), or each
+  /// micro-batch's in its W phases (reduce-each-microbatch: sharded
+  /// accumulators); ZeRO 3 gathers every weight where an F, B or W phase
+  /// reads it (FSDP's resharding after forward, per micro-batch and phase)
+  /// or once per step; every rank's optimizer is rebuilt over dp.
   LogicalResult runPipelined(ModuleOp module) {
     MLIRContext *ctx = module.getContext();
     if (bucketBytes != 0)
@@ -109,7 +111,8 @@ struct DataParallelPass
             succeeded(n))
           flat.splitRanks = *n;
       });
-    if (zero >= 2)
+    bool shardedGradients = zero >= 2 && reduceEachMicrobatch;
+    if (shardedGradients)
       for (func::FuncOp phase : stagePhases)
         if (auto name = phase->getAttrOfType<StringAttr>(kPhaseAttrName);
             name && name.getValue() == "weight_grad")
@@ -141,7 +144,7 @@ struct DataParallelPass
           p.erase();
         }
       }
-    return buildRankPhases(module, held, flat, zero, keep);
+    return buildRankPhases(module, held, flat, zero, keep, shardedGradients);
   }
 
   /// ZeRO 0: each gradient the optimizer reads, all-reduced.

@@ -152,12 +152,15 @@ tiedWeights(ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held);
 /// gradients summed over pp, then over dp as ZeRO stage `zero` says (when
 /// `flat.ranks` > 1), the global norm over tp, dp and pp, and the
 /// updates; with `gatherWeights` (ZeRO 3 kept gathered) the zero-grad
-/// phase also all-gathers every weight into `<weight>@gathered`. Defined
-/// in PipelineTraining.cpp.
+/// phase also all-gathers every weight into `<weight>@gathered`. Under
+/// ZeRO 2 and 3 the gradient states are this rank's pieces when
+/// `shardedGradients` (the W phases reduce-scatter into them), else whole,
+/// reduce-scattered here once per step. Defined in PipelineTraining.cpp.
 LogicalResult buildRankPhases(
     ModuleOp module,
     ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
-    const FlatShards &flat, int64_t zero, bool gatherWeights = false);
+    const FlatShards &flat, int64_t zero, bool gatherWeights = false,
+    bool shardedGradients = false);
 
 } // namespace mlir::pcc
 

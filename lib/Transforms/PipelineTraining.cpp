@@ -359,7 +359,8 @@ mlir::pcc::rankWeights(ModuleOp module) {
 LogicalResult mlir::pcc::buildRankPhases(
     ModuleOp module,
     ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
-    const FlatShards &flat, int64_t zero, bool gatherWeights) {
+    const FlatShards &flat, int64_t zero, bool gatherWeights,
+    bool shardedGradients) {
   MLIRContext *ctx = module.getContext();
   Location loc = module.getLoc();
   auto training = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName);
@@ -388,7 +389,7 @@ LogicalResult mlir::pcc::buildRankPhases(
       typeOf.try_emplace(name, type);
 
   int64_t stage = flat.ranks > 1 ? zero : 0; // the ZeRO stage in effect
-  bool gradPieces = stage >= 2;
+  bool gradPieces = stage >= 2 && shardedGradients;
   // A state tensor of a weight as this rank holds it: whole (or its
   // tensor-parallel piece), or ZeRO's flat piece of that over dp.
   auto state = [&](OpBuilder &b, StringRef weight, StringRef what,
@@ -425,7 +426,8 @@ LogicalResult mlir::pcc::buildRankPhases(
       if (holds)
         AssignOp::create(b, loc, state(b, name, "grad", gradPieces), sum);
     }
-    // Each gradient summed over dp: whole (ZeRO 0), or this rank's piece.
+    // Each gradient summed over dp: whole (ZeRO 0), or this rank's piece,
+    // reduce-scattered here once per step unless the W phases did.
     SmallVector<Value> grads;
     for (auto &entry : held[k]) {
       StringRef name = entry.first;
@@ -434,7 +436,7 @@ LogicalResult mlir::pcc::buildRankPhases(
       Value g = state(b, name, "grad", gradPieces);
       if (stage == 0 && flat.ranks > 1)
         g = AllReduceOp::create(b, at, g, b.getStringAttr(kDataParallelAxis));
-      else if (stage == 1)
+      else if (stage > 0 && !gradPieces)
         g = flat.reduceScatter(b, at, g);
       grads.push_back(g);
     }

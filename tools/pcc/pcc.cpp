@@ -96,6 +96,14 @@ static cl::opt<bool> reshardAfterForward(
              "step for all its micro-batches (with --mem-cap pcc chooses, "
              "keeping them gathered when that fits)"),
     cl::init(true), cl::cat(pccCategory));
+static cl::opt<std::string> zeroGradSync(
+    "zero-grad-sync",
+    cl::desc("with --pp and --zero=2 or 3: when each gradient is "
+             "reduce-scattered over dp: step (once per step; it accumulates "
+             "whole over the micro-batches; the default) or microbatch (in "
+             "every W pass, into sharded accumulators: less memory, m times "
+             "the traffic); with --mem-cap pcc chooses"),
+    cl::init("step"), cl::cat(pccCategory));
 static cl::opt<std::string> meshOrder(
     "mesh-order",
     cl::desc("the order of the mesh axes in the rank grid, slowest first: "
@@ -261,8 +269,7 @@ Training (one device, or any mix of --tp, --pp, --dp and ZeRO):
   pcc-run train.so --steps 200 --input x.npy --labels y.npy --lr 3e-4 --loss-log loss.csv
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=64 --microbatches=2 -o gpt-train.so
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --target=cuda --offload=optimizer -o off.so
-  pcc examples/mlp.onnx --train --batch=8 --emit=mlir    # the forward, backward,
-                                                         # optimizer and zero-grad phases
+  pcc examples/mlp.onnx --train --batch=8 --emit=mlir    # forward, backward, optimizer, zero-grad
 
 Exit status: 0 on success, 1 on any error (the message names the file, the
 ONNX node or the option at fault).
@@ -611,24 +618,40 @@ static int64_t parseBytes(StringRef text) {
 /// --mem-cap: the least activation recomputation whose predicted memory
 /// fits on every pipeline rank. Every stage starts saving everything; each
 /// rank over the cap moves its stages one step (none, selective, full)
-/// until it fits. Returns the --recompute value, or none after an error.
+/// until it fits. Before recomputing, ZeRO's cheaper savings are tried,
+/// each costing only traffic: under ZeRO 3 the weights gathered in every
+/// phase instead of kept through the step, then under ZeRO 2 and 3 the
+/// gradients reduce-scattered in every W phase instead of once per step
+/// (each unless the user chose). Returns the --recompute value, or none
+/// after an error.
 static std::optional<std::string> chooseRecomputation(
     ModuleOp module,
     llvm::function_ref<void(PassManager &, const std::string &, bool)>
         addPasses,
-    bool &reshard) {
+    bool &reshard, bool &eachMicrobatch) {
   static const char *kLevels[] = {"none", "selective", "full"};
   int64_t stages = pp * ppChunks;
   std::vector<int> level(static_cast<size_t>(stages), 0);
   auto mib = [](int64_t bytes) {
     return llvm::formatv("{0:F3} MiB", bytes / 1048576.0).str();
   };
-  // ZeRO 3 unless the user said: first the weights kept gathered through
-  // the step (one gather per weight and step), saving every activation.
+  // What ZeRO may trade for memory, unless the user said, in the order of
+  // the bytes each moves per step: ZeRO 3's weights kept gathered through
+  // the step (one gather per weight and step) or gathered in every phase
+  // (about 3m); ZeRO 2 and 3's gradients reduce-scattered once per step or
+  // in every micro-batch's W (m times).
   bool tryKeeping = zero == 3 && dp > 1 &&
                     !reshardAfterForward.getNumOccurrences();
-  if (tryKeeping)
-    reshard = false;
+  bool pipelinedZero = pp > 1 && zero >= 2 && dp > 1;
+  bool tryStep = pipelinedZero && !zeroGradSync.getNumOccurrences();
+  std::vector<std::pair<bool, bool>> choices; // (reshard, eachMicrobatch)
+  for (bool r : tryKeeping ? std::vector<bool>{false, true}
+                           : std::vector<bool>{reshard})
+    for (bool e : tryStep ? std::vector<bool>{false, true}
+                          : std::vector<bool>{eachMicrobatch})
+      choices.push_back({r, e});
+  size_t choice = 0;
+  std::tie(reshard, eachMicrobatch) = choices[0];
   while (true) {
     std::string spec;
     for (int l : level)
@@ -656,13 +679,20 @@ static std::optional<std::string> chooseRecomputation(
                                                : ", ZeRO-3 weights kept "
                                                  "gathered through the step")
                          : std::string())
+                 << (pipelinedZero
+                         ? std::string(eachMicrobatch
+                                           ? ", gradients reduce-scattered "
+                                             "every micro-batch"
+                                           : ", gradients reduce-scattered "
+                                             "once per step")
+                         : std::string())
                  << " predicts " << peaks << " on pipeline ranks 0 to "
                  << ranks.size() - 1 << (fits ? ": fits" : "") << "\n";
     if (fits)
       return spec;
-    if (!reshard && tryKeeping) {
-      reshard = true; // gathered where read, then recompute
-      continue;
+    if (choice + 1 < choices.size()) {
+      std::tie(reshard, eachMicrobatch) = choices[++choice];
+      continue; // then recompute, with the last choice
     }
     for (auto [r, mem] : llvm::enumerate(ranks)) {
       if (mem.total() <= memCapBytes)
@@ -1017,6 +1047,14 @@ int main(int argc, char **argv) {
   if (reshardAfterForward.getNumOccurrences() && zero != 3)
     return fail("--zero-reshard-after-forward chooses when ZeRO-3 gathers "
                 "the weights again; it goes with --zero=3");
+  if (zeroGradSync != "step" && zeroGradSync != "microbatch")
+    return fail("--zero-grad-sync=" + zeroGradSync +
+                " is not known: step or microbatch");
+  if (zeroGradSync.getNumOccurrences() &&
+      (!train || pp <= 1 || dp <= 1 || zero < 2))
+    return fail("--zero-grad-sync chooses when a pipelined training step "
+                "reduce-scatters its gradients under ZeRO 2 or 3; it goes "
+                "with --train, --pp, --dp and --zero=2 or 3");
   if (sequenceParallel && (tp <= 1 || !train))
     return fail("--sp splits the sequence over the tensor-parallel ranks of "
                 "a training step; it needs --train and --tp above 1");
@@ -1219,6 +1257,9 @@ int main(int argc, char **argv) {
     // ZeRO 3: gather the weights again after the forward pass (or, in a
     // pipeline, in every phase); --mem-cap may choose to keep them.
     bool reshard = reshardAfterForward;
+    // ZeRO 2 and 3 in a pipeline: reduce-scatter once per step, or in
+    // every W phase; --mem-cap may choose the second.
+    bool eachMicrobatch = zeroGradSync == "microbatch";
     auto addPasses = [&](PassManager &pm, const std::string &recomputeSpec,
                          bool planMemory) {
       pcc::buildImportCleanupPipeline(pm);
@@ -1300,6 +1341,7 @@ int main(int argc, char **argv) {
         data.dataParallel = dp;
         data.zero = zero;
         data.reshardAfterForward = reshard;
+        data.reduceEachMicrobatch = eachMicrobatch;
         data.bucketBytes = offloading || pp > 1 ? 0
                            : bucketMb < 0       ? -1
                                           : static_cast<int64_t>(
@@ -1331,7 +1373,8 @@ int main(int argc, char **argv) {
     };
     std::string recomputeSpec = recompute;
     if (memCapBytes > 0) {
-      auto chosen = chooseRecomputation(**module, addPasses, reshard);
+      auto chosen =
+          chooseRecomputation(**module, addPasses, reshard, eachMicrobatch);
       if (!chosen)
         return 1;
       recomputeSpec = *chosen;

@@ -563,11 +563,15 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
     ```
 
     A pipelined step (pcc-pipeline-training, maybe partitioned over tp
-    first): stage 2 reduce-scatters in each W phase, stage 3 gathers the
-    weights in every F, B and W phase, and every pipeline rank's optimizer
-    is rebuilt over dp (tied weights summed over pp, the norm over tp, dp
-    and pp). Buckets and `reshard-after-forward=false` are not built for
-    it.
+    first): every pipeline rank's optimizer is rebuilt over dp (tied
+    weights summed over pp, the norm over tp, dp and pp). Stages 2 and 3
+    accumulate each gradient whole through the step's micro-batches and
+    the optimizer reduce-scatters it once per step, or, with
+    `reduce-each-microbatch`, each W phase reduce-scatters it into the
+    rank's piece (sharded gradients, m times the traffic). Stage 3 gathers
+    the weights in every F, B and W phase, or, with
+    `reshard-after-forward=false`, once per step into `<weight>@gathered`
+    in the zero-grad phase. Buckets are not built for it.
   }];
   let options = [
     Option<"dataParallel", "dp", "int64_t", /*default=*/"1",
@@ -581,6 +585,12 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
            "(FSDP's default); false keeps the forward phase's gathered "
            "weights as saved values until the backward phase (more "
            "memory, one gather per weight and micro-batch)">,
+    Option<"reduceEachMicrobatch", "reduce-each-microbatch", "bool",
+           /*default=*/"false",
+           "a pipelined step under ZeRO 2 or 3: reduce-scatter each "
+           "micro-batch's gradients in its W phases into sharded "
+           "accumulators, instead of accumulating them whole and "
+           "reduce-scattering once per step">,
     Option<"bucketBytes", "bucket-bytes", "int64_t", /*default=*/"0",
            "ZeRO 0: gradient buckets of about this many bytes (-1: chosen "
            "from the model), each all-reduced as soon as the last "
