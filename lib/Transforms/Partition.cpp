@@ -472,11 +472,10 @@ struct PartitionTrainingPass
           [](Operation *op) { op->removeAttr(PccDialect::kShardingAttrName); });
       return;
     }
-    if (sequenceParallel) {
-      module.emitError("pcc-partition-training: --sp with --pp is not "
-                       "built yet");
-      return signalPassFailure();
-    }
+    // --sp changes how layouts flow within each stage; what crosses a
+    // stage boundary is whole.
+    if (sequenceParallel)
+      module->setAttr(kSequenceParallelAttrName, UnitAttr::get(&getContext()));
     addStateDecisions(module, decisions);
     PartitionStats total;
     CostModel keepWeightsSplit;

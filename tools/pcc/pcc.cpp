@@ -1105,8 +1105,6 @@ int main(int argc, char **argv) {
     return fail("--bucket-mb with --offload=optimizer: gradient buckets are "
                 "not combined with an offloaded optimizer yet (the "
                 "gradients are copied to the host after the backward pass)");
-  if (train && pp > 1 && tp > 1 && sequenceParallel)
-    return fail("--sp with --train --pp is not in this version of pcc yet");
   if (train && pp > 1 && dp > 1 && bucketMb.getNumOccurrences() &&
       bucketMb > 0)
     return fail("--bucket-mb with --pp: a pipelined step sums its gradients "
