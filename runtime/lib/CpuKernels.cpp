@@ -22,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -366,6 +367,20 @@ void reduce(const T *x, T *y, int64_t rank, const int64_t *shape,
       phase = 2;
       inner *= shape[d];
     }
+  }
+  if (simple && total > 0 && inner == 1 && std::is_same_v<T, float> &&
+      (kind == PCC_REDUCE_SUM || kind == PCC_REDUCE_MEAN)) {
+    // Row sums (a softmax's backward, a loss over classes): each row in
+    // sumDouble's four interleaved lanes, which vectorise; one double
+    // accumulator is a chain of dependent adds, four cycles each.
+#pragma omp parallel for if (total > kParallelThreshold && outer > 1)
+    for (int64_t o = 0; o < outer; ++o)
+      acc[o] += sumDouble(reinterpret_cast<const float *>(x) + o * middle,
+                          middle);
+    for (int64_t o = 0; o < outCount; ++o)
+      y[o] = static_cast<T>(kind == PCC_REDUCE_MEAN ? acc[o] / reducedCount
+                                                    : acc[o]);
+    return;
   }
   if (simple && total > 0) {
     switch (kind) {
