@@ -16,6 +16,10 @@ const char *traceKindName(TraceEvent::Kind kind) {
     return "recv";
   case TraceEvent::Kind::WaitSends:
     return "wait-sends";
+  case TraceEvent::Kind::ZeroGrad:
+    return "zero-grad";
+  case TraceEvent::Kind::Optimizer:
+    return "optimizer";
   }
   return "?";
 }

@@ -273,7 +273,28 @@ Result<StepResult> Trainer::pipelineStep(
     return Error{"a step of this library has " + std::to_string(m) +
                  " micro-batches, not " + std::to_string(microbatches.size())};
   StepResult result;
-  Status ran = runPhase(rankPhase(PCC_PHASE_ZERO_GRAD), {}, {}, hyper.data());
+  bool tracingStep = tracing;
+  tracing = false;
+  events.clear();
+  auto now = [&] {
+    return std::chrono::duration<double>(
+               std::chrono::steady_clock::now().time_since_epoch())
+               .count() -
+           traceOrigin;
+  };
+  // A phase around the pipeline (zero-grad, optimizer), timed until the
+  // device is done with it when tracing.
+  auto aroundPipeline = [&](int32_t kind, std::vector<void *> outputs,
+                            TraceEvent::Kind traced) -> Status {
+    double start = tracingStep ? now() : 0;
+    Status st = runPhase(rankPhase(kind), {}, outputs, hyper.data());
+    if (st.ok() && tracingStep && !device->isHost())
+      st = device->synchronize();
+    if (st.ok() && tracingStep)
+      events.push_back({traced, -1, -1, -1, start, now()});
+    return st;
+  };
+  Status ran = aroundPipeline(PCC_PHASE_ZERO_GRAD, {}, TraceEvent::Kind::ZeroGrad);
   if (!ran.ok())
     return Error{ran.error()};
   float seedValue = static_cast<float>(lossGrad);
@@ -427,15 +448,6 @@ Result<StepResult> Trainer::pipelineStep(
   auto isRecv = [](int32_t op) {
     return op == PCC_PIPE_RECV_FORWARD || op == PCC_PIPE_RECV_BACKWARD;
   };
-  bool tracingStep = tracing;
-  tracing = false;
-  events.clear();
-  auto now = [&] {
-    return std::chrono::duration<double>(
-               std::chrono::steady_clock::now().time_since_epoch())
-               .count() -
-           traceOrigin;
-  };
   // Runs one instruction, and with tracing records when it ran (a compute
   // step until the device is done with it).
   auto run = [&](const pcc_pipeline_instr &instr) -> Status {
@@ -487,8 +499,8 @@ Result<StepResult> Trainer::pipelineStep(
     events.push_back({TraceEvent::Kind::WaitSends, -1, -1, -1, waitStart,
                       now()});
 
-  std::vector<void *> optOut{norm.data()};
-  ran = runPhase(rankPhase(PCC_PHASE_OPTIMIZER), {}, optOut, hyper.data());
+  ran = aroundPipeline(PCC_PHASE_OPTIMIZER, {norm.data()},
+                       TraceEvent::Kind::Optimizer);
   if (!ran.ok())
     return Error{ran.error()};
   // The losses are on the last stage's rank: every rank gets them.

@@ -80,14 +80,24 @@ Status reportTimeline(const TraceInfo &info, const std::vector<RankTrace> &rows,
   double mean = 0;
   std::printf("timeline of the last run: makespan %.3f ms\n", span * 1e3);
   for (const RankTrace &r : rows) {
-    double compute = 0;
-    for (const TraceEvent &e : r.events)
+    double compute = 0, zeroGrad = 0, optimizer = 0;
+    for (const TraceEvent &e : r.events) {
       if (e.kind == TraceEvent::Kind::Compute)
         compute += e.end - e.start;
+      else if (e.kind == TraceEvent::Kind::ZeroGrad)
+        zeroGrad += e.end - e.start;
+      else if (e.kind == TraceEvent::Kind::Optimizer)
+        optimizer += e.end - e.start;
+    }
     double bubble = bubbleFraction(r, span);
     mean += bubble / static_cast<double>(rows.size());
-    std::printf("  rank %d [%s] %s: compute %.3f ms, bubble %.3f\n", r.rank,
+    std::printf("  rank %d [%s] %s: compute %.3f ms, bubble %.3f", r.rank,
                 r.coords.c_str(), r.stages.c_str(), compute * 1e3, bubble);
+    // A training step's phases around the pipeline.
+    if (zeroGrad > 0 || optimizer > 0)
+      std::printf(" (zero-grad %.3f ms before, optimizer %.3f ms after)",
+                  zeroGrad * 1e3, optimizer * 1e3);
+    std::printf("\n");
   }
   if (cuda)
     std::printf("  (on CUDA, a compute step is timed until its stream is "
@@ -119,7 +129,8 @@ double makespan(const std::vector<RankTrace> &ranks) {
   double end = 0;
   for (const RankTrace &r : ranks)
     for (const TraceEvent &e : r.events)
-      end = std::max(end, e.end);
+      if (e.kind != TraceEvent::Kind::Optimizer)
+        end = std::max(end, e.end);
   return end;
 }
 
@@ -128,10 +139,23 @@ double bubbleFraction(const RankTrace &rank, double span) {
     return 0;
   double busy = 0;
   for (const TraceEvent &e : rank.events)
-    if (e.kind == TraceEvent::Kind::Compute)
+    if (e.kind == TraceEvent::Kind::Compute ||
+        e.kind == TraceEvent::Kind::ZeroGrad)
       busy += e.end - e.start;
   return std::clamp(1 - busy / span, 0.0, 1.0);
 }
+
+namespace {
+/// The end of every event, the optimizer's included: the width of a
+/// drawn timeline.
+double drawnSpan(const std::vector<RankTrace> &ranks) {
+  double end = 0;
+  for (const RankTrace &r : ranks)
+    for (const TraceEvent &e : r.events)
+      end = std::max(end, e.end);
+  return end;
+}
+} // namespace
 
 double analyticBubble(int p, int m, int v) {
   return double(p - 1) / double(v * m + p - 1);
@@ -193,6 +217,10 @@ std::string label(const TraceEvent &e) {
            std::to_string(e.peer);
   case TraceEvent::Kind::WaitSends:
     return "wait for sends";
+  case TraceEvent::Kind::ZeroGrad:
+    return "zero-grad";
+  case TraceEvent::Kind::Optimizer:
+    return "optimizer";
   }
   return "?";
 }
@@ -203,6 +231,8 @@ std::vector<std::pair<double, double>> idleIntervals(const RankTrace &r,
   std::vector<std::pair<double, double>> gaps;
   double at = 0;
   for (const TraceEvent &e : r.events) {
+    if (e.kind == TraceEvent::Kind::Optimizer)
+      continue;
     if (e.start > at)
       gaps.emplace_back(at, e.start);
     at = std::max(at, e.end);
@@ -272,12 +302,12 @@ Status writeChromeTrace(const std::string &path, const TraceInfo &info,
 
 Status writeSvg(const std::string &path, const TraceInfo &info,
                 const std::vector<RankTrace> &ranks) {
-  double span = makespan(ranks);
+  double span = makespan(ranks), drawn = drawnSpan(ranks);
   const int left = 250, right = 50, top = 56, row = 34, bar = 24;
   const int plot = 900;
   int width = left + plot + right;
   int height = top + row * static_cast<int>(ranks.size()) + 50;
-  auto x = [&](double t) { return left + (span > 0 ? t / span : 0) * plot; };
+  auto x = [&](double t) { return left + (drawn > 0 ? t / drawn : 0) * plot; };
   std::ostringstream os;
   os.precision(2);
   os << std::fixed;
@@ -314,21 +344,25 @@ Status writeSvg(const std::string &path, const TraceInfo &info,
       double x0 = x(e.start), w = std::max(x(e.end) - x0, 0.5);
       std::string fill = "#9e9e9e";
       int chunk = info.chunks > 1 ? e.stage / info.pipelineRanks : 0;
+      bool full = e.kind == TraceEvent::Kind::Compute ||
+                  e.kind == TraceEvent::Kind::ZeroGrad ||
+                  e.kind == TraceEvent::Kind::Optimizer;
       if (e.kind == TraceEvent::Kind::Compute) {
         // One hue per micro-batch, darker for later chunks.
         int hue = (e.microbatch * 47) % 360;
         fill = "hsl(" + std::to_string(hue) + ",65%," +
                std::to_string(std::max(25, 55 - 15 * chunk)) + "%)";
+      } else if (full) {
+        fill = "#37474f"; // the step's zero-grad and optimizer
       }
-      os << "<rect x=\"" << x0 << "\" y=\""
-         << y + (e.kind == TraceEvent::Kind::Compute ? 0 : bar / 3.0)
-         << "\" width=\"" << w << "\" height=\""
-         << (e.kind == TraceEvent::Kind::Compute ? bar : bar / 3.0)
+      os << "<rect x=\"" << x0 << "\" y=\"" << y + (full ? 0 : bar / 3.0)
+         << "\" width=\"" << w << "\" height=\"" << (full ? bar : bar / 3.0)
          << "\" fill=\"" << fill << "\"><title>" << escape(label(e)) << " "
          << (e.end - e.start) * 1e3 << " ms</title></rect>\n";
       if (e.kind == TraceEvent::Kind::Compute && w > 18)
         os << "<text x=\"" << x0 + w / 2 << "\" y=\"" << y + bar * 0.68
-           << "\" text-anchor=\"middle\" fill=\"white\">F" << e.microbatch
+           << "\" text-anchor=\"middle\" fill=\"white\">" << e.work
+           << e.microbatch
            << (info.chunks > 1 ? "." + std::to_string(chunk) : std::string())
            << "</text>\n";
     }
@@ -337,14 +371,16 @@ Status writeSvg(const std::string &path, const TraceInfo &info,
   os << "<line x1=\"" << left << "\" y1=\"" << axis << "\" x2=\"" << left + plot
      << "\" y2=\"" << axis << "\" stroke=\"black\"/>\n";
   for (int t = 0; t <= 4; ++t) {
-    double at = span * t / 4;
+    double at = drawn * t / 4;
     os << "<text x=\"" << x(at) << "\" y=\"" << axis + 16
        << "\" text-anchor=\"middle\">" << at * 1e3 << " ms</text>\n";
   }
   os << "<text x=\"10\" y=\"" << axis + 34
      << "\">coloured: compute (one colour per micro-batch"
      << (info.chunks > 1 ? "; Fm.c: chunk c, darker for later chunks" : "")
-     << "); grey bars: send and receive; light grey: idle</text>\n";
+     << "); grey bars: send and receive; light grey: idle"
+     << (drawn > span ? "; dark: zero-grad and optimizer" : "")
+     << "</text>\n";
   os << "</svg>\n";
   return writeFile(path, os.str());
 }

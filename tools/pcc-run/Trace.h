@@ -42,9 +42,10 @@ struct TraceInfo {
   int chunks = 1;
 };
 
-/// The run's makespan: the latest end of any rank's step.
+/// The run's makespan: the latest end of any rank's step, not counting a
+/// training step's optimizer after the pipeline's flush.
 double makespan(const std::vector<RankTrace> &ranks);
-/// 1 - (the rank's compute time) / makespan.
+/// 1 - (the rank's compute time, its zero-grad's included) / makespan.
 double bubbleFraction(const RankTrace &rank, double makespan);
 /// The analytic bubble of GPipe and 1F1B, (p - 1) / (m + p - 1), and of
 /// interleaved 1F1B with v chunks per rank, (p - 1) / (v m + p - 1).

@@ -42,7 +42,9 @@ namespace pccrt {
 
 /// One step of a rank's timeline.
 struct TraceEvent {
-  enum class Kind : int32_t { Compute, Send, Recv, WaitSends };
+  /// ZeroGrad and Optimizer: a training step's phases around the pipeline
+  /// (the zero-grad before it, the update after the flush).
+  enum class Kind : int32_t { Compute, Send, Recv, WaitSends, ZeroGrad, Optimizer };
   Kind kind;
   int32_t stage;
   int32_t microbatch;
@@ -55,7 +57,7 @@ struct TraceEvent {
   char work = 'F';
 };
 
-/// "compute", "send", "recv" or "wait-sends".
+/// "compute", "send", "recv", "wait-sends", "zero-grad" or "optimizer".
 const char *traceKindName(TraceEvent::Kind kind);
 
 class PipelineRunner {
