@@ -196,8 +196,7 @@ int64_t Trainer::shardRank(int32_t axis) const {
   return axis >= 0 && comms ? comms[axis].rank : 0;
 }
 
-Status Trainer::load(const SafetensorsFile &file, const std::string &path,
-                     int32_t kind) {
+Status Trainer::load(CheckpointReader &reader, int32_t kind) {
   const pcc_model_info &info = library->info();
   for (int i = 0; i < info.num_weights; ++i) {
     // A ZeRO master piece is loaded from its weight.
@@ -210,50 +209,38 @@ Status Trainer::load(const SafetensorsFile &file, const std::string &path,
     const pcc_tensor_spec &spec = info.weights[i];
     const pcc_tensor_spec &whole =
         info.whole_weights[master ? info.weight_owners[i] : i];
-    const TensorEntry *entry = file.find(whole.name);
-    if (!entry)
-      return Error{"'" + path + "' has no tensor '" + whole.name +
+    const SavedTensor *saved = reader.find(whole.name);
+    if (!saved)
+      return Error{"'" + reader.source() + "' has no tensor '" + whole.name +
                    "' (was it written for another model?)"};
-    if (entry->dtype != static_cast<DType>(whole.dtype) ||
-        entry->shape != specShape(whole))
-      return Error{"'" + path + "': tensor '" + whole.name + "' is " +
-                   std::string(dtypeName(entry->dtype)) + " " +
-                   shapeString(entry->shape) + " but the model needs " +
+    if (saved->dtype != static_cast<DType>(whole.dtype) ||
+        saved->shape != specShape(whole))
+      return Error{"'" + reader.source() + "': tensor '" + whole.name +
+                   "' is " + std::string(dtypeName(saved->dtype)) + " " +
+                   shapeString(saved->shape) + " but the model needs " +
                    describeSpec(whole)};
+    // The rank's piece: its tensor-parallel slice (or what its ZeRO shard
+    // is a flat piece of), then its flat piece, zero-padded.
     const pcc_weight_shard &shard = info.weight_shards[i];
-    auto *data = const_cast<uint8_t *>(
-        static_cast<const uint8_t *>(file.data(*entry)));
-    int64_t bytes = specBytes(spec);
-    int64_t element = dtypeSize(static_cast<DType>(whole.dtype));
-    std::vector<int64_t> shape = specShape(whole);
-    // The tensor-parallel piece first: the rank's slice, or what its
-    // ZeRO shard is a flat piece of.
-    std::vector<uint8_t> split;
+    PieceSpec piece;
     int32_t splitAxis = shard.dim >= 0 ? shard.axis : shard.within_axis;
     if (splitAxis >= 0) {
-      int64_t dim = shard.dim >= 0 ? shard.dim : shard.within_dim;
-      int64_t stripes = shard.dim >= 0 ? shard.stripes : shard.within_stripes;
-      int64_t ranks = info.mesh_sizes[splitAxis];
-      split.resize(static_cast<size_t>(specBytes(whole) / ranks));
-      copySplitPiece(shape, element, dim, stripes, ranks, shardRank(splitAxis),
-                data, split.data(), /*toPiece=*/true);
-      data = split.data();
+      piece.splitRanks = info.mesh_sizes[splitAxis];
+      piece.splitRank = shardRank(splitAxis);
+      piece.dim = shard.dim >= 0 ? shard.dim : shard.within_dim;
+      piece.stripes = shard.dim >= 0 ? shard.stripes : shard.within_stripes;
     }
-    if (shard.axis < 0 || shard.dim >= 0) {
-      Status copied = writeState(i, data, bytes);
-      if (!copied.ok())
-        return copied;
-      continue;
+    int64_t bytes = specBytes(spec);
+    if (shard.axis >= 0 && shard.dim < 0) {
+      piece.flatRanks = info.mesh_sizes[shard.axis];
+      piece.flatRank = shardRank(shard.axis);
+      piece.flatBytes = bytes;
     }
-    // A flat piece: elements [r s, (r + 1) s) of the whole (or of the
-    // tensor-parallel piece), zero-padded.
-    int64_t total = split.empty() ? specBytes(whole)
-                                  : static_cast<int64_t>(split.size());
-    int64_t begin = std::min(total, shardRank(shard.axis) * bytes);
-    int64_t end = std::min(total, begin + bytes);
-    std::vector<uint8_t> piece(static_cast<size_t>(bytes), 0);
-    std::memcpy(piece.data(), data + begin, static_cast<size_t>(end - begin));
-    Status copied = writeState(i, piece.data(), bytes);
+    std::vector<uint8_t> data(static_cast<size_t>(bytes));
+    Status read = reader.read(whole.name, piece, data.data());
+    if (!read.ok())
+      return read;
+    Status copied = writeState(i, data.data(), bytes);
     if (!copied.ok())
       return copied;
   }

@@ -33,9 +33,16 @@ namespace pccrt {
 
 namespace {
 
+/// The job's world while training: a rank that fails ends the job through
+/// it, so the others are not left waiting for it in a collective.
+Communicator *failWorld = nullptr;
+
 [[noreturn]] void fail(const std::string &message) {
   std::fprintf(stderr, "pcc-run: error: %s\n", message.c_str());
   std::fflush(stdout);
+  std::fflush(stderr);
+  if (failWorld)
+    failWorld->abortJob(1);
   std::exit(1);
 }
 
@@ -410,6 +417,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                 Device &device, const std::string &libraryPath,
                 const TrainRanks &ranks) {
   TrainOptions o = given;
+  failWorld = ranks.world;
   // Data parallelism: every rank trains on its rows; rank 0 speaks.
   int64_t dp = ranks.dataParallel ? ranks.dataParallel->size() : 1;
   int64_t dpRank = ranks.dataParallel ? ranks.dataParallel->rank() : 0;
@@ -571,7 +579,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   // Start: the library's weights file, or a checkpoint.
   int64_t start = 0;
   if (!o.resume.empty()) {
-    auto dir = openCheckpoint(o.resume);
+    auto dir = openCheckpoint(o.resume, /*verifyChecksums=*/false);
     if (!dir.ok())
       fail(dir.error());
     auto text = readTextFile(*dir + "/trainer.json");
@@ -592,34 +600,22 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
            std::to_string(saved) + "; resuming with --seed " +
            std::to_string(*o.seed) + " would not continue the same run");
     hyper.seed = saved;
-    // Whole tensors: the two files, or the shards put together (only the
-    // tensors this rank holds: a pipeline rank's stages'); each rank takes
-    // its own slices, whatever layout saved them.
-    std::set<std::string> held;
-    for (int i = 0; i < info.num_weights; ++i)
-      if (trainer->holds(i))
-        held.insert(info.whole_weights[info.weight_kinds[i] == PCC_STATE_MASTER
-                                           ? info.weight_owners[i]
-                                           : i]
-                        .name);
-    auto saved_state = readCheckpointState(
-        *dir, [&](const std::string &name) { return held.count(name) > 0; });
-    if (!saved_state.ok())
-      fail(saved_state.error());
-    for (auto [file, kind] :
-         {std::pair{&*saved_state->weights, PCC_STATE_WEIGHT},
-          std::pair{&*saved_state->optimizer, PCC_STATE_OPTIMIZER}}) {
-      Status loaded = trainer->load(*file, *dir, kind);
+    // Each rank reads its own pieces of the state it holds, from the files
+    // that hold them (all of them when the layout changed).
+    auto reader = CheckpointReader::open(*dir);
+    if (!reader.ok())
+      fail(reader.error());
+    for (int32_t kind : {PCC_STATE_WEIGHT, PCC_STATE_OPTIMIZER}) {
+      Status loaded = trainer->load(*reader, kind);
       if (!loaded.ok())
         fail(loaded.error());
     }
-    if (saved_state->sharded)
-      std::printf("resumed from %s at step %lld (rank 0 put together %lld "
-                  "of the %lld tensors of %lld shard files: its own)\n",
+    if (reader->sharded())
+      std::printf("resumed from %s at step %lld (rank 0 read %lld of the "
+                  "%lld shard files: those holding its pieces)\n",
                   dir->c_str(), static_cast<long long>(start),
-                  static_cast<long long>(saved_state->assembled),
-                  static_cast<long long>(saved_state->tensors),
-                  static_cast<long long>(saved_state->files));
+                  static_cast<long long>(reader->filesRead()),
+                  static_cast<long long>(reader->files()));
     else
       std::printf("resumed from %s at step %lld\n", dir->c_str(),
                   static_cast<long long>(start));
@@ -630,10 +626,10 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
            "training), so there is nothing left to do");
   } else {
     std::string path = library.defaultWeightsPath();
-    auto f = SafetensorsFile::open(path);
-    if (!f.ok())
-      fail(f.error());
-    Status loaded = trainer->load(*f, path, PCC_STATE_WEIGHT);
+    auto weights = CheckpointReader::fromFile(path, "weight");
+    if (!weights.ok())
+      fail(weights.error());
+    Status loaded = trainer->load(*weights, PCC_STATE_WEIGHT);
     if (!loaded.ok())
       fail(loaded.error());
   }

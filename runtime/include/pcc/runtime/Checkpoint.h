@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -48,8 +49,12 @@ writeCheckpoint(const std::string &saveDir, int64_t step,
 
 /// The checkpoint directory `path` names: a save directory (its LATEST) or
 /// a step directory. Checks the manifest: every file present with its size
-/// and checksum; the message names the file at fault.
-Result<std::string> openCheckpoint(const std::string &path);
+/// and checksum; without `verifyChecksums`, the safetensors files' sizes
+/// only (a CheckpointReader checks each one it reads, which spares a
+/// resuming rank reading every rank's shards); the message names the file
+/// at fault.
+Result<std::string> openCheckpoint(const std::string &path,
+                                   bool verifyChecksums = true);
 
 /// The contents of a small file (trainer.json).
 Result<std::string> readTextFile(const std::string &path);
@@ -82,6 +87,65 @@ Result<CheckpointState> readCheckpointState(
 
 /// The metadata key of a shard file's piece table.
 inline constexpr const char *kPiecesKey = "pcc.pieces";
+
+/// A tensor as it was saved: its name, "weight" or "optimizer", dtype and
+/// whole shape.
+struct SavedTensor {
+  std::string name, kind;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+
+/// The piece of a tensor a rank holds (pcc_weight_shard's terms): split
+/// piece `splitRank` of `splitRanks` along `dim` in `stripes` stripes
+/// (splitRanks 1: the whole tensor), and of that, flat piece `flatRank` of
+/// `flatRanks`, `flatBytes` long and zero-padded (flatRanks 1: all of it).
+struct PieceSpec {
+  int64_t splitRanks = 1, splitRank = 0, dim = 0, stripes = 1;
+  int64_t flatRanks = 1, flatRank = 0, flatBytes = 0;
+  /// The bytes of the piece of a tensor of `wholeBytes`.
+  int64_t bytes(int64_t wholeBytes) const {
+    return flatRanks > 1 ? flatBytes : wholeBytes / splitRanks;
+  }
+};
+
+/// A checkpoint (or one safetensors file of weights) read piece by piece.
+/// Opening reads the files' headers and piece tables only. A piece in the
+/// layout it was saved in comes straight from the file that holds it; a
+/// different split is put together from the saved pieces first. Each file
+/// is checked against the manifest's checksum the first time a piece is
+/// read from it, so a resuming rank reads, and checks, only the files that
+/// hold its pieces.
+class CheckpointReader {
+public:
+  /// Checkpoint `dir`, as openCheckpoint returns it.
+  static Result<CheckpointReader> open(const std::string &dir);
+  /// One safetensors file of whole tensors of `kind` (a library's initial
+  /// weights), checked as it opens.
+  static Result<CheckpointReader> fromFile(const std::string &path,
+                                           const std::string &kind);
+
+  CheckpointReader(CheckpointReader &&) noexcept;
+  CheckpointReader &operator=(CheckpointReader &&) noexcept;
+  ~CheckpointReader();
+
+  const std::vector<SavedTensor> &tensors() const;
+  const SavedTensor *find(const std::string &name) const;
+  /// Writes piece `spec` of tensor `name` (spec.bytes() of it) to `out`.
+  Status read(const std::string &name, const PieceSpec &spec, uint8_t *out);
+
+  /// Where the state came from, for messages: the directory or file.
+  const std::string &source() const;
+  bool sharded() const;
+  /// The data files, and those read from so far.
+  int64_t files() const;
+  int64_t filesRead() const;
+
+private:
+  CheckpointReader();
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
 
 } // namespace pccrt
 

@@ -10,6 +10,7 @@
 #ifndef PCC_RUNTIME_TRAINER_H
 #define PCC_RUNTIME_TRAINER_H
 
+#include "pcc/runtime/Checkpoint.h"
 #include "pcc/runtime/Communicator.h"
 #include "pcc/runtime/Device.h"
 #include "pcc/runtime/ModelLibrary.h"
@@ -54,12 +55,13 @@ public:
   static Result<Trainer> create(const ModelLibrary &library, Device &device,
                                 int32_t pipelineRank, Communicator *pipe);
 
-  /// Copies every tensor of `kind` (enum pcc_state_kind) from `file`, by
-  /// name, checking dtype and whole shape; a missing one is an error naming
-  /// it. A ZeRO-sharded tensor takes this rank's piece; loading the weights
-  /// also loads the ZeRO master pieces.
-  Status load(const SafetensorsFile &file, const std::string &path,
-              int32_t kind);
+  /// Copies every tensor of `kind` (enum pcc_state_kind) this rank holds
+  /// from `reader`, by name, checking dtype and whole shape; a missing one
+  /// is an error naming it. The rank reads its own piece (its tensor-
+  /// parallel slice, its ZeRO flat piece), from just the files that hold
+  /// it when the checkpoint was saved in the same layout; loading the
+  /// weights also loads the ZeRO master pieces.
+  Status load(CheckpointReader &reader, int32_t kind);
   /// The state tensors of `kind`, read back to the host whole, as a
   /// safetensors writer (names as in the library's table). With ZeRO-
   /// sharded state this is a collective: every rank of the dp axis calls
