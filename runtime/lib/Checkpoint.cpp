@@ -623,9 +623,7 @@ Status CheckpointReader::read(const std::string &name, const PieceSpec &spec,
   return Status::success();
 }
 
-Result<CheckpointState>
-readCheckpointState(const std::string &dir,
-                    const std::function<bool(const std::string &)> &wanted) {
+Result<CheckpointState> readCheckpointState(const std::string &dir) {
   if (::access((dir + "/weights.safetensors").c_str(), F_OK) == 0) {
     CheckpointState state;
     auto weights = SafetensorsFile::open(dir + "/weights.safetensors");
@@ -645,12 +643,8 @@ readCheckpointState(const std::string &dir,
   CheckpointReader reader = opened.take();
   CheckpointState state;
   state.sharded = reader.sharded();
-  state.tensors = static_cast<int64_t>(reader.tensors().size());
   SafetensorsWriter weights, optimizer;
   for (const SavedTensor &t : reader.tensors()) {
-    if (wanted && !wanted(t.name))
-      continue;
-    ++state.assembled;
     std::vector<uint8_t> bytes(
         static_cast<size_t>(elementCount(t.shape) * dtypeSize(t.dtype)));
     Status read = reader.read(t.name, PieceSpec{}, bytes.data());

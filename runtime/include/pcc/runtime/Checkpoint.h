@@ -70,20 +70,15 @@ writeShardedCheckpoint(const std::string &saveDir, int64_t step, int rank,
                        const std::function<Status()> &barrier);
 
 /// The state of checkpoint `dir` (as openCheckpoint returns it) as whole
-/// tensors: its weights and optimizer files, or its shards put together
-/// (every piece of every tensor must be there; the message names the
-/// missing one). With `wanted`, a sharded checkpoint's tensors it rejects
-/// (another pipeline rank's state) are not put together.
+/// tensors, for the offline tools: its weights and optimizer files, or its
+/// shards put together (every piece of every tensor must be there; the
+/// message names the missing one).
 struct CheckpointState {
   std::optional<SafetensorsFile> weights, optimizer;
   bool sharded = false;
-  int64_t files = 0;     // the files the state was read from
-  int64_t assembled = 0; // sharded: the tensors put together
-  int64_t tensors = 0;   // sharded: the tensors the shards hold
+  int64_t files = 0; // the files the state was read from
 };
-Result<CheckpointState> readCheckpointState(
-    const std::string &dir,
-    const std::function<bool(const std::string &)> &wanted = {});
+Result<CheckpointState> readCheckpointState(const std::string &dir);
 
 /// The metadata key of a shard file's piece table.
 inline constexpr const char *kPiecesKey = "pcc.pieces";
