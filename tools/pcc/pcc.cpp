@@ -741,6 +741,23 @@ static void explainPipelineMemory(ModuleOp module, llvm::raw_ostream &os) {
        << mib(mem.stash) << " + sends " << mib(mem.sendGrad) << " + arena "
        << mib(mem.arena) << " + " << mem.other << " bytes\n";
   }
+  if (dp <= 1 || zero < 2)
+    return;
+  // Where ZeRO 2 and 3 keep the gradients between the micro-batches.
+  bool sharded = false;
+  module.walk([&](pcc::ParamOp p) {
+    if (pcc::splitStateName(p.getName()).second == "grad" && p.getShardAttr() &&
+        p.getShardAttr().getAxis() == "dp")
+      sharded = true;
+  });
+  os << "  gradients (ZeRO " << zero << " over dp=" << dp << "): "
+     << (sharded ? "reduce-scattered in every micro-batch's W phase into "
+                   "this rank's pieces (--zero-grad-sync=microbatch)"
+                 : "accumulated whole through the step, reduce-scattered once "
+                   "per step in each rank's optimizer "
+                   "(--zero-grad-sync=microbatch keeps only this rank's "
+                   "pieces, for m times the bytes)")
+     << "\n";
 }
 
 /// `pcc --explain`: what the lowering pipeline made of the model.
