@@ -61,6 +61,16 @@ def make_model(path, layers, hidden, in_features=0):
                       opset_version=17)
 
 
+def read_timeline(out):
+    """(mean bubble, analytic bubble, makespan ms, per-rank bubbles "a/b")
+    from what pcc-run --trace prints."""
+    bubble = re.search(r"mean bubble ([0-9.]+); \(p-1\)/\([v*]*m\+p-1\) = ([0-9.]+)", out)
+    span = re.search(r"makespan ([0-9.]+) ms", out)
+    ranks = re.findall(r"stage[s]? [0-9, ]+: compute [0-9.]+ ms, bubble ([0-9.]+)", out)
+    return (float(bubble.group(1)), float(bubble.group(2)), float(span.group(1)),
+            "/".join(ranks))
+
+
 def write_input(path, rows, hidden):
     import numpy as np
     np.save(path, np.random.default_rng(0).standard_normal((rows, hidden)).astype(np.float32))
@@ -119,10 +129,7 @@ def main():
                         [args.pcc_run, "-n", str(p), lib, "--input", data, "--bench", "3",
                          "--trace", os.path.join(tmp, "t.json")],
                         check=True, capture_output=True, text=True).stdout
-                    bubble = re.search(r"mean bubble ([0-9.]+); \(p-1\)/\([v*]*m\+p-1\) = ([0-9.]+)", out)
-                    span = re.search(r"makespan ([0-9.]+) ms", out)
-                    trials.append((float(bubble.group(1)), float(bubble.group(2)),
-                                   float(span.group(1))))
+                    trials.append(read_timeline(out)[:3])
                 trials.sort()
                 measured, analytic, span = trials[len(trials) // 2]
                 note = "" if p <= cores else f"{p} ranks on {cores} cores: time-sliced"
@@ -168,11 +175,7 @@ def train(args):
                              "--labels", y, "--steps", str(args.steps),
                              "--lr", "1e-4", "--trace", os.path.join(tmp, "t.json")],
                             check=True, capture_output=True, text=True).stdout
-                        bubble = re.search(r"mean bubble ([0-9.]+); \(p-1\)/\(m\+p-1\) = ([0-9.]+)", out)
-                        span = re.search(r"makespan ([0-9.]+) ms", out)
-                        ranks = re.findall(r"stage \d+: compute [0-9.]+ ms, bubble ([0-9.]+)", out)
-                        trials[policy].append((float(bubble.group(1)), float(bubble.group(2)),
-                                               float(span.group(1)), "/".join(ranks)))
+                        trials[policy].append(read_timeline(out))
                 for policy in args.schedules:
                     runs = sorted(trials[policy])
                     measured, analytic, span, per = runs[len(runs) // 2]

@@ -467,16 +467,10 @@ struct PartitionTrainingPass
       for (auto &entry : own)
         decisions.try_emplace(entry.getKey(), entry.getValue());
     }
-    if (*ranks == 1) {
-      module.walk(
-          [](Operation *op) { op->removeAttr(PccDialect::kShardingAttrName); });
-      return;
-    }
     // --sp changes how layouts flow within each stage; what crosses a
     // stage boundary is whole.
-    if (sequenceParallel)
-      module->setAttr(kSequenceParallelAttrName, UnitAttr::get(&getContext()));
-    addStateDecisions(module, decisions);
+    if (!beginStep(module, *ranks, decisions))
+      return;
     PartitionStats total;
     CostModel keepWeightsSplit;
     keepWeightsSplit.weightGatherFactor = 1e3;
@@ -548,6 +542,23 @@ struct PartitionTrainingPass
                           << total.bytes << " bytes per micro-batch and step";
   }
 
+  /// Before partitioning a step over `ranks`: false with one rank, whose
+  /// plans' marks are dropped (nothing to partition); otherwise marks the
+  /// module for --sp's propagation moves and gives every state tensor its
+  /// weight's decision.
+  bool beginStep(ModuleOp module, int64_t ranks,
+                 llvm::StringMap<Shard> &decisions) {
+    if (ranks == 1) {
+      module.walk(
+          [](Operation *op) { op->removeAttr(PccDialect::kShardingAttrName); });
+      return false;
+    }
+    if (sequenceParallel)
+      module->setAttr(kSequenceParallelAttrName, UnitAttr::get(&getContext()));
+    addStateDecisions(module, decisions);
+    return true;
+  }
+
   /// A gradient or moment lies where its weight does.
   static void addStateDecisions(ModuleOp module,
                                 llvm::StringMap<Shard> &decisions) {
@@ -612,15 +623,9 @@ struct PartitionTrainingPass
     llvm::StringMap<Shard> decisions;
     if (failed(recordedDecisions(forward, decisions)))
       return signalPassFailure();
-    if (*ranks == 1) {
-      module.walk(
-          [](Operation *op) { op->removeAttr(PccDialect::kShardingAttrName); });
-      return;
-    }
     // --sp changes how layouts flow, not the weights' plan.
-    if (sequenceParallel)
-      module->setAttr(kSequenceParallelAttrName, UnitAttr::get(&getContext()));
-    addStateDecisions(module, decisions);
+    if (!beginStep(module, *ranks, decisions))
+      return;
 
     PartitionStats total;
     auto partition = [&](func::FuncOp func, const ShardingPlan &plan) {
