@@ -1,0 +1,458 @@
+//===- Explain.cpp - the pcc --explain report ----------------------------===//
+//
+// What the lowering pipeline made of a model: the plan, the remarks the
+// passes made, the schedule, the op mix, the memory plan, and for training
+// the memory per device or per pipeline rank with the ZeRO accounting.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Explain.h"
+#include "Memory.h"
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
+#include "pcc/Import/OnnxImporter.h"
+#include "pcc/Transforms/Sharding.h"
+#include "pcc/Transforms/Training.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <algorithm>
+#include <map>
+
+using namespace mlir;
+
+namespace pcctool {
+
+int64_t rankArenaBytes(ModuleOp module) {
+  int64_t arena = 0;
+  module.walk([&](func::FuncOp f) {
+    if (auto a = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
+      arena = std::max(arena, a.getInt());
+  });
+  return arena;
+}
+
+std::string describeLocation(Location loc) {
+  auto [opType, node] = pcc::getOnnxNodeOfLocation(loc);
+  if (!opType.empty())
+    return llvm::formatv("node '{0}' ({1})", node, opType).str();
+  if (auto name = dyn_cast<NameLoc>(loc))
+    return llvm::formatv("'{0}'", name.getName().str()).str();
+  if (auto file = dyn_cast<FileLineColLoc>(loc)) {
+    if (file.getLine() == 0)
+      return file.getFilename().str();
+    return llvm::formatv("{0}:{1}:{2}", file.getFilename().str(),
+                         file.getLine(), file.getColumn())
+        .str();
+  }
+  return "";
+}
+
+std::string grouped(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0)
+      out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+int64_t bytesOf(Type type) {
+  auto t = cast<RankedTensorType>(type);
+  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
+}
+
+
+/// The memory a training library needs on one device, by pool, as the
+/// runtime allocates it (pccrt::Trainer): every state tensor, the forward
+/// phase's inputs and saved activations, and one arena for the largest
+/// phase. pcc-run prints the measured high-water mark to compare.
+static void explainPipelineMemory(ModuleOp module, const ExplainSettings &s,
+                                  llvm::raw_ostream &os);
+
+static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
+                                  llvm::raw_ostream &os) {
+  if (!module.lookupSymbol(pcc::kPhaseFunctions[0]))
+    return explainPipelineMemory(module, s, os);
+  const int64_t tp = s.tp, dp = s.dp;
+  llvm::StringMap<int64_t> stateBytes;
+  int64_t weights = 0, grads = 0, optimizer = 0, inputs = 0, saved = 0,
+          arena = 0;
+  // Gradients in a bucket are views of it: the bucket counts, with the
+  // gaps that align each gradient.
+  llvm::StringSet<> inBucket;
+  if (auto training =
+          module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
+    if (auto buckets = training.getAs<ArrayAttr>("buckets"))
+      for (auto bucket : buckets.getAsRange<DictionaryAttr>())
+        for (StringRef g : bucket.getAs<ArrayAttr>("grads")
+                               .getAsValueRange<StringAttr>())
+          inBucket.insert(g);
+  // --offload=optimizer: state in host memory alone, and host copies.
+  llvm::StringSet<> hostOnly, hostCopy;
+  if (auto training =
+          module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
+    if (auto offload = training.getAs<DictionaryAttr>("offload"))
+      for (StringRef key : {"host", "to_host", "to_device"})
+        for (StringRef name : offload.getAs<ArrayAttr>(key)
+                                  .getAsValueRange<StringAttr>())
+          (key == StringRef("host") ? hostOnly : hostCopy).insert(name);
+  bool offloaded = !hostOnly.empty() || !hostCopy.empty();
+  int64_t host = 0, crossing = 0;
+  int64_t bucketGaps = 0;
+  module.walk([&](pcc::ParamOp param) {
+    if (!stateBytes.insert({param.getName(), bytesOf(param.getType())}).second)
+      return;
+    StringRef kind = pcc::splitStateName(param.getName()).second;
+    int64_t bytes = bytesOf(param.getType());
+    if (hostCopy.contains(param.getName()))
+      host += bytes;
+    if (hostOnly.contains(param.getName())) {
+      host += bytes;
+      return;
+    }
+    if (inBucket.contains(param.getName())) {
+      bucketGaps -= bytes;
+      return;
+    }
+    if (kind == "bucket")
+      bucketGaps += bytes;
+    (kind.empty() ? weights
+     : kind == "grad" || kind == "bucket" ? grads
+                                          : optimizer) += bytes;
+  });
+  for (func::FuncOp f : module.getOps<func::FuncOp>()) {
+    auto bytes = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes");
+    // An offloaded update's arena and inputs are in host memory; the
+    // device holds the outputs of the collectives before it.
+    if (offloaded && f.getSymName() == pcc::kPhaseFunctions[2]) {
+      for (Type t : f.getArgumentTypes())
+        host += bytesOf(t);
+      host += bytes ? bytes.getInt() : 0;
+      continue;
+    }
+    if (offloaded && f.getSymName() == pcc::kOffloadPhaseFunctions[0])
+      for (Type t : f.getResultTypes())
+        crossing += bytesOf(t);
+    if (bytes)
+      arena = std::max(arena, bytes.getInt());
+    if (f.getSymName() != pcc::kPhaseFunctions[0])
+      continue;
+    for (Type t : f.getArgumentTypes())
+      inputs += bytesOf(t);
+    for (Type t : f.getResultTypes().drop_front())
+      saved += bytesOf(t);
+  }
+  auto mib = [](int64_t bytes) {
+    return llvm::format("%10.3f MiB", bytes / 1048576.0);
+  };
+  if (dp * tp > 1)
+    os << "  training memory on each of the " << dp * tp << " ranks ("
+       << (tp > 1 ? "tp=" + std::to_string(tp) : std::string())
+       << (tp > 1 && dp > 1 ? " x " : "")
+       << (dp > 1 ? "dp=" + std::to_string(dp) : std::string())
+       << "; predicted; pcc-run prints rank 0's measured high-water "
+          "mark):\n";
+  else
+    os << "  training memory on one device (predicted; pcc-run prints the "
+          "measured high-water mark):\n";
+  os << "    weights            " << mib(weights) << "\n";
+  os << "    gradients          " << mib(grads) << "\n";
+  os << "    optimizer state    " << mib(optimizer)
+     << (offloaded ? "  (the rest is in host memory: --offload)\n" : "\n");
+  if (offloaded)
+    os << "    to the host        " << mib(crossing)
+       << "  (the collectives' results the host's update reads)\n";
+  os << "    inputs and labels  " << mib(inputs) << "  (one micro-batch)\n";
+  os << "    saved activations  " << mib(saved) << "  (one micro-batch)\n";
+  os << "    scratch (arena)    " << mib(arena) << "  (the largest phase)\n";
+  os << "    total              "
+     << mib(weights + grads + optimizer + inputs + saved + arena + crossing)
+     << "\n";
+  if (offloaded)
+    os << "  in host memory (--offload=optimizer): " << mib(host)
+       << "  (optimizer state, copies of the gradients and weights the "
+          "update reads and writes, its inputs and arena)\n";
+  // The ZeRO paper's accounting of model state, in float32: Psi trainable
+  // parameters (those with a gradient), 4 bytes each for the weights and
+  // the gradients, K for the optimizer state (AdamW 8, SGD 4; ZeRO 1 and 2
+  // add the 4-byte master piece of each weight, as DeepSpeed's fp32
+  // partition: K + 4); other weights (running statistics) on top. A
+  // sharded tensor is padded to a multiple of dp elements.
+  if (grads > 0) {
+    int64_t stage = 0;
+    if (auto training =
+            module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
+      if (auto z = training.getAs<IntegerAttr>("zero"))
+        stage = z.getInt();
+    int64_t ranks = dp > 1 ? dp : 1;
+    // Psi and the elements of one rank's pieces, from the gradients.
+    int64_t psi = 0, pieces = 0;
+    llvm::StringSet<> counted;
+    module.walk([&](pcc::ParamOp param) {
+      if (pcc::splitStateName(param.getName()).second != "grad" ||
+          !counted.insert(param.getName()).second)
+        return;
+      // The rank's tensor-parallel piece (the ZeRO paper's Psi is per
+      // model-parallel partition).
+      int64_t n = param.getWhole()
+                      ? ShapedType::getNumElements(*param.getWhole())
+                      : param.getType().getNumElements();
+      if (pcc::ShardingAttr within = param.getWithinAttr())
+        n /= *pcc::getMeshAxisSize(param, within.getAxis());
+      psi += n;
+      pieces += (n + ranks - 1) / ranks;
+    });
+    int64_t master = stage == 1 || stage == 2 ? 4 * pieces : 0;
+    int64_t optK = (optimizer - master) / (stage == 0 ? psi : pieces);
+    int64_t whole = stage == 0 ? 8 + optK : stage == 1 ? 8 : stage == 2 ? 4 : 0;
+    int64_t sharded = stage == 0 ? 0 : stage == 1 ? 4 + optK : 8 + optK;
+    int64_t others = weights + grads + optimizer - whole * psi -
+                     sharded * pieces - bucketGaps;
+    int64_t padding = sharded * pieces * ranks - sharded * psi;
+    os << "    model state: " << weights + grads + optimizer << " bytes = ";
+    if (whole)
+      os << whole << " x Psi";
+    if (whole && sharded)
+      os << " + ";
+    if (sharded)
+      os << sharded << " x Psi / " << ranks;
+    os << " for Psi = " << psi << " trainable parameters";
+    if (padding > 0)
+      os << " (+ " << llvm::format("%.1f", padding / double(ranks))
+         << " bytes of padding: each sharded tensor is padded to a multiple of "
+         << ranks << " elements)";
+    if (bucketGaps > 0)
+      os << " (+ " << bucketGaps
+         << " bytes of gaps that align the gradients in their buckets)";
+    if (others > 0)
+      os << " + " << others << " bytes of other weights";
+    static const char *const kStages[] = {
+        "ZeRO stage 0: weights, gradients and optimizer state on every rank",
+        "ZeRO stage 1: the optimizer state (and a master piece of each "
+        "weight) sharded over dp",
+        "ZeRO stage 2: the optimizer state and the gradients sharded over dp",
+        "ZeRO stage 3: the optimizer state, the gradients and the weights "
+        "sharded over dp"};
+    os << "\n      (" << kStages[stage]
+       << (offloaded ? "; on the device, since --offload=optimizer keeps the "
+                       "optimizer state in host memory"
+                     : "")
+       << ")\n";
+    // The collectives' bytes per step, in the units pcc-run measures them
+    // (an all-reduce of B bytes counts 2B, a gather or scatter its whole
+    // tensor): the forward and backward phases run once per micro-batch.
+    int64_t microbatches = 1;
+    if (auto training =
+            module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
+      if (auto m = training.getAs<IntegerAttr>("microbatches"))
+        microbatches = m.getInt();
+    int64_t moved = 0, tpMoved = 0;
+    for (func::FuncOp f : module.getOps<func::FuncOp>()) {
+      auto phase = f->getAttrOfType<StringAttr>(pcc::kPhaseAttrName);
+      if (!phase)
+        continue;
+      int64_t times = phase.getValue() == pcc::kPhaseNames[0] ||
+                              phase.getValue() == pcc::kPhaseNames[1]
+                          ? microbatches
+                          : 1;
+      f.walk([&](Operation *op) {
+        // A bucket's all-reduce runs once per step (the last micro-batch).
+        if (auto start = dyn_cast<pcc::BucketStartOp>(op)) {
+          moved += 2 * bytesOf(start.getBucket().getType());
+          return;
+        }
+        auto collective = dyn_cast<pcc::CollectiveOpInterface>(op);
+        if (!collective)
+          return;
+        int64_t &into = collective.getMeshAxis() == "tp" ? tpMoved : moved;
+        if (isa<pcc::AllReduceOp>(op))
+          into += times * 2 * bytesOf(op->getResult(0).getType());
+        else if (isa<pcc::AllGatherOp>(op))
+          into += times * bytesOf(op->getResult(0).getType());
+        else if (isa<pcc::ReduceScatterOp>(op))
+          into += times * bytesOf(op->getOperand(0).getType());
+      });
+    }
+    if (tpMoved > 0)
+      os << "    tensor-parallel communication per step on each rank: "
+         << llvm::format("%.3f", tpMoved / 1048576.0)
+         << " MiB (activations, their gradients and the gradient norm; "
+            "pcc-run measures it)\n";
+    if (moved > 0)
+      os << "    communication per step on each rank: "
+         << llvm::format("%.3f", moved / (4.0 * psi)) << " Psi = "
+         << llvm::format("%.3f", moved / 1048576.0)
+         << " MiB (pcc-run measures it)\n";
+  }
+}
+
+/// A pipelined training step's memory per pipeline rank (Memory.h).
+static void explainPipelineMemory(ModuleOp module, const ExplainSettings &s,
+                                  llvm::raw_ostream &os) {
+  const int64_t tp = s.tp, dp = s.dp, zero = s.zero;
+  std::vector<pcc::PipelineRankMemory> ranks =
+      pcc::predictPipelineMemory(module);
+  auto mib = [](int64_t bytes) {
+    return llvm::format("%.3f", bytes / 1048576.0);
+  };
+  os << "  training memory per pipeline rank (MiB; predicted; pcc-run "
+        "prints each rank's measured high-water mark"
+     << (tp * dp > 1 ? ", the same on each of its " +
+                           std::to_string(tp * dp) + " tp x dp ranks"
+                     : std::string())
+     << "):\n";
+  for (auto [r, mem] : llvm::enumerate(ranks)) {
+    std::string slots, sets;
+    for (auto [c, count] : llvm::enumerate(mem.slotCounts)) {
+      slots += (c ? "+" : "") + std::to_string(count);
+      sets += (c ? "+" : "") + std::to_string(mem.stashCounts[c]);
+    }
+    os << "    rank " << r << ": " << mib(mem.total()) << " = state "
+       << mib(mem.state) << " + " << slots << " stash slots "
+       << mib(mem.slots) << " + " << sets << " B-to-W sets "
+       << mib(mem.stash) << " + sends " << mib(mem.sendGrad) << " + arena "
+       << mib(mem.arena) << " + " << mem.other << " bytes\n";
+  }
+  if (dp <= 1 || zero < 2)
+    return;
+  // Where ZeRO 2 and 3 keep the gradients between the micro-batches.
+  bool sharded = false;
+  module.walk([&](pcc::ParamOp p) {
+    if (pcc::splitStateName(p.getName()).second == "grad" && p.getShardAttr() &&
+        p.getShardAttr().getAxis() == "dp")
+      sharded = true;
+  });
+  os << "  gradients (ZeRO " << zero << " over dp=" << dp << "): "
+     << (sharded ? "reduce-scattered in every micro-batch's W phase into "
+                   "this rank's pieces (--zero-grad-sync=microbatch)"
+                 : "accumulated whole through the step, reduce-scattered once "
+                   "per step in each rank's optimizer "
+                   "(--zero-grad-sync=microbatch keeps only this rank's "
+                   "pieces, for m times the bytes)")
+     << "\n";
+}
+
+/// `pcc --explain`: what the lowering pipeline made of the model.
+void explain(ModuleOp module, const ExplainSettings &s, llvm::raw_ostream &os) {
+  const int64_t tp = s.tp, pp = s.pp, dp = s.dp, ppChunks = s.ppChunks;
+  auto main = module.lookupSymbol<func::FuncOp>("main");
+  os << "pcc explain: " << s.inputFile << "\n";
+  os << "  plan: tp=" << tp << " pp=" << pp << " dp=" << dp
+     << (tp * pp * dp == 1 ? " (one device)" : "");
+  if (ppChunks > 1)
+    os << " (" << ppChunks
+       << " model chunks per pipeline rank: " << pp * ppChunks << " stages)";
+  os << "\n";
+  for (auto [kind, heading] :
+       {std::pair{NoteKind::Import, "shared weights:"},
+        std::pair{NoteKind::Sharding,
+                  "tensor parallelism (each weight's split, and what the best "
+                  "alternatives would cost; collectives):"},
+        std::pair{NoteKind::Pipeline, "pipeline stages:"}}) {
+    bool headed = false;
+    for (auto &[noteKind, note] : s.notes) {
+      if (noteKind != kind)
+        continue;
+      if (!headed)
+        os << "  " << heading << "\n";
+      headed = true;
+      os << "    " << note << "\n";
+    }
+  }
+  if (auto schedule = main ? main->getAttrOfType<DictionaryAttr>("pcc.schedule")
+                           : DictionaryAttr()) {
+    os << "  schedule: " << cast<StringAttr>(schedule.get("policy")).getValue()
+       << ", " << cast<IntegerAttr>(schedule.get("microbatches")).getInt()
+       << " micro-batches of the batch";
+    if (auto chunks = schedule.getAs<IntegerAttr>("chunks"))
+      os << ", " << chunks.getInt()
+         << " chunks per rank (\"F3.1\": micro-batch 3 on chunk 1, stage 1 x "
+         << pp << " + rank)";
+    os << "; per pipeline rank:\n";
+    for (auto [r, line] :
+         llvm::enumerate(cast<ArrayAttr>(schedule.get("ranks"))))
+      os << "    rank " << r << ": " << cast<StringAttr>(line).getValue()
+         << "\n";
+  }
+  llvm::StringMap<int64_t> histogram;
+  int64_t fusions = 0, fused = 0, intermediate = 0, flops = 0;
+  llvm::StringSet<> weightNames;
+  int64_t weightBytes = 0;
+  std::vector<std::pair<int64_t, Operation *>> largest;
+  module.walk([&](Operation *op) {
+    if (!isa<pcc::PccDialect>(op->getDialect()))
+      return;
+    if (op->getParentOfType<pcc::FusionOp>()) {
+      if (op->hasTrait<OpTrait::Elementwise>())
+        ++fused;
+      return;
+    }
+    if (isa<pcc::FusionOp>(op))
+      ++fusions;
+    ++histogram[op->getName().stripDialect()];
+    if (auto param = dyn_cast<pcc::ParamOp>(op)) {
+      if (weightNames.insert(param.getName()).second)
+        weightBytes += bytesOf(param.getType());
+      return;
+    }
+    flops += pcc::opFlops(op);
+    auto offsets = op->getAttrOfType<DenseI64ArrayAttr>("pcc.buffer_offsets");
+    if (!offsets)
+      return;
+    for (auto [i, result] : llvm::enumerate(op->getResults()))
+      if (offsets[i] >= 0) {
+        intermediate += bytesOf(result.getType());
+        largest.push_back({bytesOf(result.getType()), op});
+      }
+  });
+  int64_t total = 0;
+  for (auto &entry : histogram)
+    total += entry.second;
+  std::vector<std::pair<std::string, int64_t>> sorted;
+  for (auto &entry : histogram)
+    sorted.push_back({entry.first().str(), entry.second});
+  llvm::sort(sorted, [](auto &a, auto &b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  os << "  ops: " << total << " after fusion (";
+  for (auto [i, entry] : llvm::enumerate(sorted))
+    os << (i ? ", " : "") << entry.first << " " << entry.second;
+  os << ")\n";
+  os << "  fusion: " << fusions << " pcc.fusion kernels compute " << fused
+     << " elementwise ops\n";
+  os << "  compute: " << grouped(flops)
+     << " FLOPs in matmuls and convolutions\n";
+  int64_t arena = rankArenaBytes(module);
+  os << "  memory plan: peak arena " << grouped(arena) << " bytes for "
+     << grouped(intermediate) << " bytes of intermediate tensors";
+  if (arena > 0)
+    os << llvm::format(" (%.1fx reuse)", double(intermediate) / double(arena));
+  os << "\n";
+  if (main && !module->hasAttr(pcc::kTrainingAttrName)) {
+    int64_t inBytes = 0, outBytes = 0;
+    for (BlockArgument arg : main.getArguments())
+      inBytes += bytesOf(arg.getType());
+    for (Type t : main.getResultTypes())
+      outBytes += bytesOf(t);
+    os << "  weights: " << weightNames.size() << " tensors, "
+       << grouped(weightBytes) << " bytes; inputs " << grouped(inBytes)
+       << " bytes, outputs " << grouped(outBytes) << " bytes\n";
+    os << "  device memory for one run: "
+       << grouped(arena + weightBytes + inBytes + outBytes) << " bytes\n";
+  } else {
+    explainTrainingMemory(module, s, os);
+  }
+  llvm::sort(largest, [](auto &a, auto &b) { return a.first > b.first; });
+  os << "  largest intermediate tensors:\n";
+  for (auto &[bytes, op] : llvm::ArrayRef(largest).take_front(3))
+    os << "    " << grouped(bytes)
+       << " bytes: " << describeLocation(op->getLoc()) << " (" << op->getName()
+       << ")\n";
+}
+
+} // namespace pcctool

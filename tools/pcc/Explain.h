@@ -1,0 +1,50 @@
+//===- Explain.h - the pcc --explain report ---------------------*- C++ -*-===//
+//
+// `pcc --explain` prints what the lowering pipeline made of a model; the
+// driver collects the passes' remarks and its settings into an
+// ExplainSettings. Also the helpers the driver shares with it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_TOOLS_PCC_EXPLAIN_H
+#define PCC_TOOLS_PCC_EXPLAIN_H
+
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pcctool {
+
+/// Remarks for the --explain report, by what made them: the importer
+/// (weights stored once), the sharding passes, the pipeline passes (whose
+/// remarks start "pp=").
+enum class NoteKind { Import, Sharding, Pipeline };
+
+struct ExplainSettings {
+  std::string inputFile;
+  int64_t tp = 1, pp = 1, ppChunks = 1, dp = 1, zero = 0;
+  std::vector<std::pair<NoteKind, std::string>> notes;
+};
+
+/// The report, for a module the whole pipeline ran on.
+void explain(mlir::ModuleOp module, const ExplainSettings &settings,
+             llvm::raw_ostream &os);
+
+/// "node '/fc1/Gemm' (Gemm)", "'name'" or "file:line:col": how pcc names
+/// where an op came from in messages.
+std::string describeLocation(mlir::Location loc);
+/// The arena one rank allocates: the largest of the planned functions'
+/// (each pipeline rank runs one stage; unpipelined, @main's).
+int64_t rankArenaBytes(mlir::ModuleOp module);
+/// The bytes of a ranked tensor type.
+int64_t bytesOf(mlir::Type type);
+/// 1234567 as "1,234,567".
+std::string grouped(int64_t n);
+
+} // namespace pcctool
+
+#endif // PCC_TOOLS_PCC_EXPLAIN_H
