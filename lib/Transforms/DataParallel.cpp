@@ -62,7 +62,7 @@ struct DataParallelPass
       }
     }
     if (failed(zero > 0           ? shard(phases, module)
-               : bucketBytes != 0 ? bucketGradients(phases, module)
+               : bucketBytes != 0 ? bucketGradients(phases, module, nullptr)
                                   : allReduceGradients(phases[2])))
       return signalPassFailure();
     setTrainingAttr(module,
@@ -179,7 +179,11 @@ struct DataParallelPass
   /// the backward phase starts a bucket's all-reduce right after its last
   /// gradient is accumulated (in the step's last micro-batch), and the
   /// optimizer phase waits for them before it reads any gradient.
-  LogicalResult bucketGradients(func::FuncOp (&phases)[4], ModuleOp module) {
+  /// ZeRO 1 (`flat` given): each gradient's place in its bucket is padded to
+  /// dp x s elements, and the bucket's start reduce-scatters each gradient
+  /// in place instead, leaving this rank's piece at its place r.
+  LogicalResult bucketGradients(func::FuncOp (&phases)[4], ModuleOp module,
+                                const FlatShards *flat) {
     MLIRContext *ctx = module.getContext();
     // Each gradient's last accumulation, in program order.
     llvm::MapVector<StringRef, AccumulateOp> last;
@@ -199,19 +203,17 @@ struct DataParallelPass
       return cast<RankedTensorType>(
           last.lookup(name).getState().getType());
     };
+    // The elements a gradient takes in its bucket.
+    auto slot = [&](RankedTensorType type) {
+      return flat ? flat->ranks * flat->piece(type) : type.getNumElements();
+    };
     int64_t total = 0;
     for (auto &[name, acc] : order)
-      total += typeOf(name).getNumElements() * 4;
-    // Chosen from the model: a quarter of the gradients (so that three
-    // buckets' traffic can overlap the backward pass), within PyTorch
-    // DDP's 25 MiB and at least 64 KiB.
-    int64_t target =
-        bucketBytes > 0
-            ? bucketBytes
-            : std::clamp<int64_t>(total / 4, 64 << 10, 25 << 20);
+      total += slot(typeOf(name)) * 4;
+    int64_t target = bucketTarget(bucketBytes, total);
     struct Bucket {
       SmallVector<StringRef> grads;
-      SmallVector<int64_t> offsets;
+      SmallVector<int64_t> offsets, scatter;
       int64_t elements = 0;
       Type element;
     };
@@ -221,12 +223,14 @@ struct DataParallelPass
       if (buckets.empty() ||
           buckets.back().elements * 4 >= target ||
           buckets.back().element != type.getElementType())
-        buckets.push_back({{}, {}, 0, type.getElementType()});
+        buckets.push_back({{}, {}, {}, 0, type.getElementType()});
       Bucket &b = buckets.back();
       b.grads.push_back(name);
       b.offsets.push_back(b.elements);
+      if (flat)
+        llvm::append_values(b.scatter, b.elements, flat->piece(type));
       // 16 elements (64 bytes) aligned, as the kernels' vectors like it.
-      b.elements += (type.getNumElements() + 15) / 16 * 16;
+      b.elements += (slot(type) + 15) / 16 * 16;
     }
     // The buckets in the module (the library lays the gradients in them),
     // their starts in the backward phase, the waits in the optimizer's.
@@ -257,7 +261,9 @@ struct DataParallelPass
           b.grads.back().str() + "'"));
       Value bucket = ParamOp::create(start, loc, type,
                                      attrs.getStringAttr(name), ShardingAttr());
-      BucketStartOp::create(start, loc, bucket, attrs.getStringAttr(kDataParallelAxis));
+      BucketStartOp::create(
+          start, loc, bucket, attrs.getStringAttr(kDataParallelAxis),
+          flat ? attrs.getDenseI64ArrayAttr(b.scatter) : DenseI64ArrayAttr());
       // One wait completes every bucket (before any gradient is read).
       if (table.size() == 1) {
         Value waited = ParamOp::create(
@@ -308,7 +314,7 @@ struct DataParallelPass
     // the backward phase produces it, into this rank's piece of the
     // gradient state.
     if (zero >= 2) {
-      scatterGradientAccumulations(phases[1], flat, gradNames);
+      scatterGradientAccumulations(phases[1], flat, gradNames, bucketBytes);
       shardGradientZeros(phases[3], flat, gradNames);
     }
     // ZeRO 3: the forward and backward phases gather each weight where
@@ -392,7 +398,10 @@ struct DataParallelPass
       Location loc = NameLoc::get(
           b.getStringAttr("the gradient of '" + name.str() + "'"));
       Value g;
-      if (zero == 1) {
+      if (zero == 1 && bucketBytes != 0) {
+        // Reduce-scattered in place in its bucket by the backward phase.
+        g = flat.slice(b, loc, flat.local(b, loc, gradName, type));
+      } else if (zero == 1) {
         Value whole = flat.local(b, loc, gradName, type);
         g = flat.reduceScatter(b, loc, whole);
       } else {
@@ -426,15 +435,23 @@ struct DataParallelPass
       }
     }
     func::ReturnOp::create(b, loc, ValueRange{norm});
+    if (zero == 1 && bucketBytes != 0)
+      return bucketGradients(phases, module, &flat);
     return success();
   }
 };
 
 } // namespace
 
+int64_t mlir::pcc::bucketTarget(int64_t bucketBytes, int64_t total) {
+  return bucketBytes > 0 ? bucketBytes
+                         : std::clamp<int64_t>(total / 4, 64 << 10, 25 << 20);
+}
+
 void mlir::pcc::scatterGradientAccumulations(func::FuncOp phase,
                                              const FlatShards &flat,
-                                             const llvm::StringSet<> &grads) {
+                                             const llvm::StringSet<> &grads,
+                                             int64_t bucketBytes) {
   // A tied weight (an embedding and an LM head) gets several gradients in
   // one phase: they are added up where the last is accumulated, so its
   // gradient is reduce-scattered once.
@@ -444,6 +461,14 @@ void mlir::pcc::scatterGradientAccumulations(func::FuncOp phase,
     if (state && grads.contains(state.getName()))
       byState[state.getName()].push_back(acc);
   });
+  // Each gradient's sum, where its last accumulation was.
+  struct Done {
+    std::string name;
+    RankedTensorType type;
+    Value sum;
+    Operation *at;
+  };
+  SmallVector<Done> done;
   for (auto &[name, group] : byState) {
     AccumulateOp acc = group.back();
     auto state = acc.getState().getDefiningOp<ParamOp>();
@@ -458,13 +483,74 @@ void mlir::pcc::scatterGradientAccumulations(func::FuncOp phase,
       if (otherState->use_empty())
         otherState.erase();
     }
-    Value piece = flat.reduceScatter(b, loc, sum);
-    Value sharded = flat.param(b, loc, state.getName(), state.getType());
-    AccumulateOp::create(b, loc, sharded, piece);
+    if (bucketBytes == 0) {
+      Value piece = flat.reduceScatter(b, loc, sum);
+      Value sharded = flat.param(b, loc, state.getName(), state.getType());
+      AccumulateOp::create(b, loc, sharded, piece);
+    } else {
+      // Where the sum is complete: a marker until the buckets are placed.
+      Operation *at = ConstantOp::create(
+          b, loc, getSplatAttr(RankedTensorType::get({}, b.getF32Type()), 0));
+      done.push_back({state.getName().str(), state.getType(), sum, at});
+    }
     acc.erase();
     if (state->use_empty())
       state.erase();
   }
+  if (done.empty())
+    return;
+  llvm::stable_sort(done, [](const Done &a, const Done &b) {
+    return a.at->isBeforeInBlock(b.at);
+  });
+  int64_t total = 0;
+  for (const Done &d : done)
+    total += flat.ranks * flat.piece(d.type) * 4;
+  int64_t target = bucketTarget(bucketBytes, total);
+  // Buckets in completion order; each starts after its last gradient.
+  SmallVector<SmallVector<Done *>> buckets;
+  int64_t filled = 0;
+  for (Done &d : done) {
+    if (buckets.empty() || filled >= target) {
+      buckets.emplace_back();
+      filled = 0;
+    }
+    buckets.back().push_back(&d);
+    filled += flat.ranks * flat.piece(d.type) * 4;
+  }
+  // Completes bucket `k`'s reduce-scatters at `b` and accumulates them.
+  SmallVector<SmallVector<Value>> stacked(buckets.size()),
+      started(buckets.size());
+  auto finish = [&](OpBuilder &b, size_t k) {
+    Location loc = NameLoc::get(b.getStringAttr(
+        "the gradient bucket of '" + buckets[k].front()->name + "' ...'" +
+        buckets[k].back()->name + "'"));
+    SmallVector<Type> types;
+    for (Value v : started[k])
+      types.push_back(v.getType());
+    auto wait = WaitCollectivesOp::create(b, loc, types, started[k],
+                                          stacked[k],
+                                          b.getStringAttr(kDataParallelAxis));
+    for (auto [d, piece] : llvm::zip(buckets[k], wait.getResults())) {
+      Value sharded = flat.param(b, loc, d->name, d->type);
+      AccumulateOp::create(b, loc, sharded, piece);
+    }
+  };
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    Operation *at = buckets[k].back()->at;
+    OpBuilder b(at);
+    // One bucket in flight: the previous one completes before this starts.
+    if (k > 0)
+      finish(b, k - 1);
+    for (Done *d : buckets[k]) {
+      auto [input, piece] = flat.reduceScatterStart(b, d->at->getLoc(), d->sum);
+      stacked[k].push_back(input);
+      started[k].push_back(piece);
+    }
+  }
+  OpBuilder end(phase.getBody().front().getTerminator());
+  finish(end, buckets.size() - 1);
+  for (Done &d : done)
+    d.at->erase();
 }
 
 void mlir::pcc::shardGradientZeros(func::FuncOp phase, const FlatShards &flat,

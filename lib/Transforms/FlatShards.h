@@ -99,6 +99,28 @@ struct FlatShards {
     return whole;
   }
 
+  /// This rank's piece of the sum over the ranks of a whole tensor,
+  /// started (the stacked input, which must outlive it, and the result).
+  std::pair<Value, Value> reduceScatterStart(OpBuilder &b, Location loc,
+                                             Value whole) const {
+    auto type = cast<RankedTensorType>(whole.getType());
+    Value stacked = stack(b, loc, whole);
+    Value piece = ReduceScatterStartOp::create(
+        b, loc, pieceType(type), stacked, b.getStringAttr(kDataParallelAxis));
+    return {stacked, piece};
+  }
+
+  /// This rank's piece of a whole tensor (no communication).
+  Value slice(OpBuilder &b, Location loc, Value whole) const {
+    auto type = cast<RankedTensorType>(whole.getType());
+    Value stacked = stack(b, loc, whole);
+    Value row = ShardSliceOp::create(
+        b, loc, RankedTensorType::get({1, piece(type)}, type.getElementType()),
+        stacked, b.getStringAttr(kDataParallelAxis), b.getI64IntegerAttr(0),
+        b.getI64IntegerAttr(1));
+    return ReshapeOp::create(b, loc, pieceType(type), row);
+  }
+
   /// This rank's piece of the sum over the ranks of a whole tensor.
   Value reduceScatter(OpBuilder &b, Location loc, Value whole) const {
     auto type = cast<RankedTensorType>(whole.getType());
@@ -127,9 +149,21 @@ struct FlatShards {
 };
 
 /// ZeRO 2 and 3: each gradient of `grads` that `phase` accumulates is
-/// reduce-scattered there into this rank's piece of its state.
+/// reduce-scattered there into this rank's piece of its state. With
+/// `bucketBytes` (-1: chosen from the gradients' size, see bucketTarget),
+/// the gradients are grouped in buckets in the order the phase completes
+/// them: a bucket's reduce-scatters start once its last gradient is done,
+/// and complete (then accumulate) where the next bucket starts, or at the
+/// end of the phase, so each bucket's traffic overlaps the next one's
+/// compute.
 void scatterGradientAccumulations(func::FuncOp phase, const FlatShards &flat,
-                                  const llvm::StringSet<> &grads);
+                                  const llvm::StringSet<> &grads,
+                                  int64_t bucketBytes = 0);
+
+/// The bytes a gradient bucket holds: `bucketBytes` if positive, else a
+/// quarter of `total` (so that about three buckets' traffic can overlap
+/// the backward pass) within [64 KiB, 25 MiB] (PyTorch DDP's size).
+int64_t bucketTarget(int64_t bucketBytes, int64_t total);
 
 /// ZeRO 2 and 3: `phase`'s zeroing of each gradient of `grads`, on its piece.
 void shardGradientZeros(func::FuncOp phase, const FlatShards &flat,

@@ -29,14 +29,21 @@ int64_t bytesOf(Type type) {
 
 /// Whether `op`'s results need no arena space of their own.
 bool needsNoBuffer(Operation *op) {
-  return isa<ParamOp, ConstantOp, ReshapeOp>(op);
+  return isa<ParamOp, ConstantOp, ReshapeOp, WaitCollectivesOp>(op);
 }
 
-/// The value whose buffer `v` lives in (through reshapes).
+/// The value whose buffer `v` lives in (through reshapes, and from a
+/// completed collective to the buffer it was started into).
 Value storageOf(Value v) {
-  while (auto reshape = v.getDefiningOp<ReshapeOp>())
-    v = reshape.getInput();
-  return v;
+  while (true) {
+    if (auto reshape = v.getDefiningOp<ReshapeOp>()) {
+      v = reshape.getInput();
+    } else if (auto wait = v.getDefiningOp<WaitCollectivesOp>()) {
+      v = wait.getStarted()[cast<OpResult>(v).getResultNumber()];
+    } else {
+      return v;
+    }
+  }
 }
 
 /// Free gaps of the arena, by offset.

@@ -21,6 +21,17 @@ Status Communicator::wait(int64_t) { return Status::success(); }
 
 void Communicator::abortJob(int code) { std::_Exit(code); }
 
+Status Communicator::reduceScatterStart(const void *send, void *recv,
+                                        int64_t countPerRank, DType type) {
+  size_t bytes = static_cast<size_t>(countPerRank) * dtypeSize(type);
+  const char *base = static_cast<const char *>(send);
+  if (static_cast<const char *>(recv) != base + rank() * bytes)
+    return reduceScatter(send, recv, countPerRank, type, ReduceOp::Sum);
+  // In place: the engines' blocking form wants distinct buffers.
+  std::vector<char> copy(base, base + size() * bytes);
+  return reduceScatter(copy.data(), recv, countPerRank, type, ReduceOp::Sum);
+}
+
 Status Communicator::barrier() {
   if (size() == 1)
     return Status::success();
@@ -223,9 +234,21 @@ public:
     return check(startSum(buffer, count, int(type)), "all_reduce (started)",
                  count, type);
   }
+  Status reduceScatterStart(const void *send, void *recv, int64_t countPerRank,
+                            DType type) override {
+    startedCount += countPerRank * size();
+    startedType = type;
+    ++startedCalls;
+    ++startedScatters;
+    return check(startScatter(send, recv, countPerRank, int(type)),
+                 "reduce_scatter (started)", countPerRank, type);
+  }
   Status waitCollectives() override {
     std::string what = "wait for " + std::to_string(startedCalls) +
-                       " started all_reduce(s)";
+                       (startedScatters == startedCalls ? " started reduce_scatter(s)"
+                        : startedScatters == 0 ? " started all_reduce(s)"
+                                               : " started collective(s)");
+    startedScatters = 0;
     int64_t count = startedCount;
     startedCount = 0;
     startedCalls = 0;
@@ -235,8 +258,10 @@ public:
 
 protected:
   virtual int startSum(void *buffer, int64_t count, int dtype) = 0;
+  virtual int startScatter(const void *send, void *recv, int64_t countPerRank,
+                           int dtype) = 0;
   virtual int waitSums() = 0;
-  int64_t startedCount = 0, startedCalls = 0;
+  int64_t startedCount = 0, startedCalls = 0, startedScatters = 0;
   DType startedType = DType::F32;
 
   /// Tells the watchdog (when it is on) which call this rank waits in,
@@ -294,6 +319,7 @@ struct MpiApi {
   decltype(&pcc_mpi_isend) isend;
   decltype(&pcc_mpi_wait_sends) waitSends;
   decltype(&pcc_mpi_iall_reduce) iallReduce;
+  decltype(&pcc_mpi_ireduce_scatter) ireduceScatter;
   decltype(&pcc_mpi_wait_collectives) waitCollectives;
   decltype(&pcc_mpi_test_collectives) testCollectives;
   decltype(&pcc_mpi_barrier) barrier;
@@ -323,6 +349,8 @@ Result<MpiApi> loadMpiApi() {
             bindSymbol(*handle, api.isend, "pcc_mpi_isend") &&
             bindSymbol(*handle, api.waitSends, "pcc_mpi_wait_sends") &&
             bindSymbol(*handle, api.iallReduce, "pcc_mpi_iall_reduce") &&
+            bindSymbol(*handle, api.ireduceScatter,
+                       "pcc_mpi_ireduce_scatter") &&
             bindSymbol(*handle, api.waitCollectives,
                        "pcc_mpi_wait_collectives") &&
             bindSymbol(*handle, api.testCollectives,
@@ -351,6 +379,10 @@ public:
   void progressCollectives() override { api.testCollectives(comm); }
   int startSum(void *buffer, int64_t count, int dtype) override {
     return api.iallReduce(comm, buffer, count, dtype);
+  }
+  int startScatter(const void *send, void *recv, int64_t countPerRank,
+                   int dtype) override {
+    return api.ireduceScatter(comm, send, recv, countPerRank, dtype);
   }
   int waitSums() override { return api.waitCollectives(comm); }
   Status barrier() override {
@@ -391,6 +423,7 @@ struct NcclApi {
   decltype(&pcc_nccl_group_start) groupStart;
   decltype(&pcc_nccl_group_end) groupEnd;
   decltype(&pcc_nccl_all_reduce_start) allReduceStart;
+  decltype(&pcc_nccl_reduce_scatter_start) reduceScatterStart;
   decltype(&pcc_nccl_wait_started) waitStarted;
 };
 
@@ -421,6 +454,8 @@ Result<NcclApi> loadNcclApi() {
             bindSymbol(*handle, api.groupEnd, "pcc_nccl_group_end") &&
             bindSymbol(*handle, api.allReduceStart,
                        "pcc_nccl_all_reduce_start") &&
+            bindSymbol(*handle, api.reduceScatterStart,
+                       "pcc_nccl_reduce_scatter_start") &&
             bindSymbol(*handle, api.waitStarted, "pcc_nccl_wait_started");
   if (!ok)
     return Error{"libpcc_runtime_cuda.so has no NCCL engine (pcc was built "
@@ -458,6 +493,10 @@ public:
   /// of the backward pass; the wait fences the compute behind it.
   int startSum(void *buffer, int64_t count, int dtype) override {
     return api.allReduceStart(comm, buffer, count, dtype);
+  }
+  int startScatter(const void *send, void *recv, int64_t countPerRank,
+                   int dtype) override {
+    return api.reduceScatterStart(comm, send, recv, countPerRank, dtype);
   }
   int waitSums() override {
     return api.waitStarted(comm, /*timeout_ms=*/600000);
@@ -527,6 +566,7 @@ CommBinding::CommBinding(Communicator &comm) : comm(&comm) {
   abi.last_error = &CommBinding::lastError;
   abi.set_label = &CommBinding::setLabel;
   abi.all_reduce_start = &CommBinding::allReduceStart;
+  abi.reduce_scatter_start = &CommBinding::reduceScatterStart;
   abi.wait_all = &CommBinding::waitAll;
   abi.progress = &CommBinding::progress;
 }
@@ -552,8 +592,21 @@ int CommBinding::allReduceStart(void *group, void *buffer, int64_t count,
   Timed t(self->moved.seconds);
   self->moved.allReduce += 2 * count * dtypeSize(static_cast<DType>(dtype));
   ++self->moved.calls;
+  ++self->moved.started;
   return self->check(
       self->comm->allReduceStart(buffer, count, static_cast<DType>(dtype)));
+}
+
+int CommBinding::reduceScatterStart(void *group, const void *send, void *recv,
+                                    int64_t count, int32_t dtype) {
+  auto *self = static_cast<CommBinding *>(group);
+  Timed t(self->moved.seconds);
+  self->moved.reduceScatter +=
+      count * self->abi.size * dtypeSize(static_cast<DType>(dtype));
+  ++self->moved.calls;
+  ++self->moved.started;
+  return self->check(self->comm->reduceScatterStart(
+      send, recv, count, static_cast<DType>(dtype)));
 }
 
 int CommBinding::waitAll(void *group) {

@@ -762,6 +762,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
       t.allGather += m.allGather;
       t.reduceScatter += m.reduceScatter;
       t.calls += m.calls;
+      t.started += m.started;
       t.seconds += m.seconds;
     }
     return t;
@@ -774,6 +775,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     into.allGather += after.allGather - before.allGather;
     into.reduceScatter += after.reduceScatter - before.reduceScatter;
     into.calls += after.calls - before.calls;
+    into.started += after.started - before.started;
     into.seconds += after.seconds - before.seconds;
   };
   int64_t trafficSteps = 0;
@@ -1014,18 +1016,13 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                 stepTraffic.reduceScatter / n / 1048576.0,
                 stepTraffic.allGather / n / 1048576.0, stepTraffic.calls / n,
                 static_cast<long long>(psi));
-    // What the rank waited for them: blocking collectives whole, bucket
-    // all-reduces only where they were not done by the time they were
-    // needed (bench/dp_overlap.py compares the two).
+    // What the rank waited for them: blocking collectives whole, started
+    // ones (gradient buckets) only where they were not done by the time
+    // they were needed (bench/dp_overlap.py compares the two).
     std::printf("time in data-parallel collectives per step on each rank: "
                 "%.3f ms (%s)\n",
                 stepTraffic.seconds / n * 1e3,
-                info.weight_aliases &&
-                        std::any_of(info.weight_aliases,
-                                    info.weight_aliases + info.num_weights,
-                                    [](const pcc_weight_alias &a) {
-                                      return a.state >= 0;
-                                    })
+                stepTraffic.started > 0
                     ? "gradient buckets started during the backward pass; "
                       "the time waited for them"
                     : "blocking");

@@ -262,8 +262,14 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
                           : 1;
       f.walk([&](Operation *op) {
         // A bucket's all-reduce runs once per step (the last micro-batch).
+        // With `scatter` (ZeRO 1), each segment's reduce-scatter.
         if (auto start = dyn_cast<pcc::BucketStartOp>(op)) {
-          moved += 2 * bytesOf(start.getBucket().getType());
+          if (std::optional<ArrayRef<int64_t>> scatter = start.getScatter()) {
+            for (size_t i = 1; i < scatter->size(); i += 2)
+              moved += dp * (*scatter)[i] * 4;
+          } else {
+            moved += 2 * bytesOf(start.getBucket().getType());
+          }
           return;
         }
         auto collective = dyn_cast<pcc::CollectiveOpInterface>(op);
@@ -274,7 +280,7 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
           into += times * 2 * bytesOf(op->getResult(0).getType());
         else if (isa<pcc::AllGatherOp>(op))
           into += times * bytesOf(op->getResult(0).getType());
-        else if (isa<pcc::ReduceScatterOp>(op))
+        else if (isa<pcc::ReduceScatterOp, pcc::ReduceScatterStartOp>(op))
           into += times * bytesOf(op->getOperand(0).getType());
       });
     }

@@ -183,10 +183,11 @@ static cl::opt<bool> noOnnxCheck("no-onnx-check",
 static cl::OptionCategory trainCategory("pcc training options");
 static cl::opt<double> bucketMb(
     "bucket-mb",
-    cl::desc("with --dp and --zero=0: gradient buckets of about this many "
-             "MiB, each all-reduced while the backward pass goes on (0: all "
-             "gradients in the optimizer phase; default: chosen from the "
-             "model, a quarter of the gradients within 64 KiB to 25 MiB)"),
+    cl::desc("with --dp: gradient buckets of about this many MiB, each "
+             "all-reduced (ZeRO 0) or reduce-scattered (ZeRO 1-3) while the "
+             "backward pass goes on (0: none, each gradient blocking; "
+             "default: chosen from the model, a quarter of the gradients "
+             "within 64 KiB to 25 MiB)"),
     cl::init(-1), cl::cat(trainCategory));
 static cl::opt<std::string> offload(
     "offload",
@@ -631,10 +632,9 @@ int main(int argc, char **argv) {
       return fail("--mesh-order=" + meshOrder +
                   " must name dp, pp and tp once each, slowest first");
   }
-  if (bucketMb.getNumOccurrences() && (dp <= 1 || zero != 0 || bucketMb < 0))
-    return fail("--bucket-mb sizes the gradient buckets of --dp with "
-                "--zero=0 (a size in MiB, 0 for no buckets); ZeRO 1-3 "
-                "reduce-scatter each gradient instead");
+  if (bucketMb.getNumOccurrences() && (dp <= 1 || bucketMb < 0))
+    return fail("--bucket-mb sizes the gradient buckets of --dp (a size in "
+                "MiB, 0 for no buckets)");
   if (reshardAfterForward.getNumOccurrences() && zero != 3)
     return fail("--zero-reshard-after-forward chooses when ZeRO-3 gathers "
                 "the weights again; it goes with --zero=3");

@@ -182,7 +182,8 @@ LogicalResult CppEmitter::emitCollective(Operation *op) {
     fn = "all_gather";
     count = tensorTypeOf(in).getNumElements();
   } else {
-    fn = "reduce_scatter";
+    fn = isa<ReduceScatterStartOp>(op) ? "reduce_scatter_start"
+                                       : "reduce_scatter";
     count = tensorTypeOf(out).getNumElements();
   }
   line("{ const pcc_comm &c = " + comm(axis) + ";");
@@ -403,27 +404,56 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     names[reshape.getResult()] = nameOf(reshape.getInput());
     return success();
   }
+  if (auto wait = dyn_cast<WaitCollectivesOp>(op)) {
+    // Each result is its started collective's buffer, complete from here.
+    for (auto [started, result] :
+         llvm::zip(wait.getStarted(), wait.getResults()))
+      names[result] = nameOf(started);
+    line("{ const pcc_comm &c = " + comm(wait.getAxis()) + ";");
+    line("  if (c.set_label) c.set_label(c.group, " + quoted(describeOp(op)) +
+         ");");
+    line("  if (c.wait_all(c.group)) return fail(" + quoted(describeOp(op)) +
+         ", c.last_error(c.group)); }");
+    return success();
+  }
 
   // Every other op writes its results into the arena.
   for (unsigned i = 0; i < op->getNumResults(); ++i)
     if (failed(defineResult(op, i)))
       return failure();
 
-  if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ShardSliceOp>(op))
+  if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ReduceScatterStartOp,
+          ShardSliceOp>(op))
     return emitCollective(op);
   if (auto start = dyn_cast<BucketStartOp>(op)) {
     // Earlier micro-batches only accumulate into the bucket.
     auto type = tensorTypeOf(start.getBucket());
+    int code = elementInfo(type.getElementType())->code;
+    std::string bucket = nameOf(start.getBucket());
     line("if (rc->hyper && rc->hyper[PCC_HYPER_LAST_MICROBATCH] != 0) {");
     line("  const pcc_comm &c = " + comm(start.getAxis()) + ";");
     line("  if (c.set_label) c.set_label(c.group, " +
          quoted(describeOp(op)) + ");");
-    line(llvm::formatv("  if (c.all_reduce_start(c.group, {0}, {1}, {2}))",
-                       nameOf(start.getBucket()), type.getNumElements(),
-                       elementInfo(type.getElementType())->code)
-             .str());
-    line("    return fail(" + quoted(describeOp(op)) +
-         ", c.last_error(c.group));");
+    std::optional<ArrayRef<int64_t>> scatter = start.getScatter();
+    if (!scatter) {
+      line(llvm::formatv("  if (c.all_reduce_start(c.group, {0}, {1}, {2}))",
+                         bucket, type.getNumElements(), code)
+               .str());
+      line("    return fail(" + quoted(describeOp(op)) +
+           ", c.last_error(c.group));");
+    }
+    // ZeRO 1: each gradient's segment reduce-scattered in place, rank r's
+    // piece landing at its place r.
+    for (size_t i = 0; scatter && i < scatter->size(); i += 2) {
+      int64_t offset = (*scatter)[i], piece = (*scatter)[i + 1];
+      line(llvm::formatv("  if (c.reduce_scatter_start(c.group, {0} + {1}, "
+                         "{0} + {1} + static_cast<int64_t>(c.rank) * {2}, "
+                         "{2}, {3}))",
+                         bucket, offset, piece, code)
+               .str());
+      line("    return fail(" + quoted(describeOp(op)) +
+           ", c.last_error(c.group));");
+    }
     line("}");
     return success();
   }
@@ -803,6 +833,8 @@ FailureOr<TargetCode> CppEmitter::emit() {
     if (failed(emitOp(&op)))
       return failure();
     if (auto start = dyn_cast<BucketStartOp>(op))
+      started = comm(start.getAxis());
+    else if (auto start = dyn_cast<ReduceScatterStartOp>(op))
       started = comm(start.getAxis());
     else if (started && !isa<ParamOp, ReshapeOp, ConstantOp>(op))
       line("if (" + *started + ".progress) " + *started + ".progress(" +

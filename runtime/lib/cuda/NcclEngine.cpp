@@ -388,11 +388,12 @@ int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms) {
                    [&] { return cudaStreamQuery(comm->stream); });
 }
 
-int pcc_nccl_all_reduce_start(pcc_nccl_comm *comm, void *buffer,
-                              int64_t count, int dtype) {
-  ncclDataType_t type;
-  if (prepare(comm, dtype, type))
-    return 1;
+} // extern "C"
+
+namespace {
+/// Readies the side stream of started collectives, behind the work
+/// enqueued on the calls' stream so far (what the collective reads).
+int startOnSide(pcc_nccl_comm *comm, const char *what) {
   if (!comm->side) {
     if (cudaError_t err =
             cudaStreamCreateWithFlags(&comm->side, cudaStreamNonBlocking))
@@ -403,13 +404,39 @@ int pcc_nccl_all_reduce_start(pcc_nccl_comm *comm, void *buffer,
         cudaEventCreateWithFlags(&comm->sideDone, cudaEventDisableTiming))
       return failWith("creating the started collectives' events");
   }
+  return streamWait(comm->sideReady, comm->stream, comm->side, what);
+}
+} // namespace
+
+extern "C" {
+
+int pcc_nccl_all_reduce_start(pcc_nccl_comm *comm, void *buffer,
+                              int64_t count, int dtype) {
+  ncclDataType_t type;
+  if (prepare(comm, dtype, type))
+    return 1;
   // The bucket is complete once the work enqueued before this call ran.
-  if (streamWait(comm->sideReady, comm->stream, comm->side,
-                 "starting an all_reduce"))
+  if (startOnSide(comm, "starting an all_reduce"))
     return 1;
   if (ncclResult_t rc = ncclAllReduce(buffer, buffer, size_t(count), type,
                                       ncclSum, comm->comm, comm->side))
     return fail("ncclAllReduce (started)", rc, comm);
+  ++comm->started;
+  return 0;
+}
+
+int pcc_nccl_reduce_scatter_start(pcc_nccl_comm *comm, const void *send,
+                                  void *recv, int64_t count_per_rank,
+                                  int dtype) {
+  ncclDataType_t type;
+  if (prepare(comm, dtype, type))
+    return 1;
+  if (startOnSide(comm, "starting a reduce_scatter"))
+    return 1;
+  if (ncclResult_t rc =
+          ncclReduceScatter(send, recv, size_t(count_per_rank), type, ncclSum,
+                            comm->comm, comm->side))
+    return fail("ncclReduceScatter (started)", rc, comm);
   ++comm->started;
   return 0;
 }
@@ -422,7 +449,7 @@ int pcc_nccl_wait_started(pcc_nccl_comm *comm, int64_t timeout_ms) {
   comm->started = 0;
   // Later work on the stream reads the sums...
   if (streamWait(comm->sideDone, comm->side, comm->stream,
-                 "waiting for the started all_reduces"))
+                 "waiting for the started collectives"))
     return 1;
   // ...and the host bounds the wait, so a stalled peer is reported.
   return waitUntil(comm, timeout_ms,

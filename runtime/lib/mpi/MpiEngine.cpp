@@ -14,6 +14,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,17 @@ struct pcc_mpi_comm {
   MPI_Comm comm;
   /// Sends started by pcc_mpi_isend and not yet waited for.
   std::vector<MPI_Request> pending;
-  /// Sums started by pcc_mpi_iall_reduce and not yet waited for.
+  /// Sums started by pcc_mpi_iall_reduce or pcc_mpi_ireduce_scatter and
+  /// not yet waited for.
   std::vector<MPI_Request> collectives;
+  /// In-place reduce-scatters leave the slice at the buffer's start; it
+  /// moves to the rank's place once they complete: (to, from, bytes).
+  struct Move {
+    char *to;
+    const char *from;
+    size_t bytes;
+  };
+  std::vector<Move> moves;
 };
 
 namespace {
@@ -276,12 +286,40 @@ int pcc_mpi_iall_reduce(pcc_mpi_comm *comm, void *buffer, int64_t count,
   return 0;
 }
 
+int pcc_mpi_ireduce_scatter(pcc_mpi_comm *comm, const void *send, void *recv,
+                            int64_t count_per_rank, int dtype) {
+  MPI_Datatype type;
+  if (prepare(count_per_rank, dtype, type))
+    return 1;
+  if (dtype != PCC_F32 && dtype != PCC_F64)
+    return failWith("a started reduce-scatter sums f32 or f64");
+  int rank = 0;
+  MPI_Comm_rank(comm->comm, &rank);
+  size_t bytes = static_cast<size_t>(count_per_rank) * (dtype == PCC_F64 ? 8 : 4);
+  auto *base = const_cast<char *>(static_cast<const char *>(send));
+  bool inPlace = static_cast<char *>(recv) == base + rank * bytes;
+  MPI_Request request;
+  int rc = MPI_Ireduce_scatter_block(
+      inPlace ? MPI_IN_PLACE : send, inPlace ? base : recv,
+      static_cast<int>(count_per_rank), type, MPI_SUM, comm->comm, &request);
+  if (rc != MPI_SUCCESS)
+    return fail("MPI_Ireduce_scatter_block", rc);
+  comm->collectives.push_back(request);
+  if (inPlace && rank != 0)
+    comm->moves.push_back({static_cast<char *>(recv), base, bytes});
+  return 0;
+}
+
 int pcc_mpi_wait_collectives(pcc_mpi_comm *comm) {
   if (comm->collectives.empty())
     return 0;
   int rc = MPI_Waitall(static_cast<int>(comm->collectives.size()),
                        comm->collectives.data(), MPI_STATUSES_IGNORE);
   comm->collectives.clear();
+  // Each move stays within the buffer of its own call.
+  for (const pcc_mpi_comm::Move &m : comm->moves)
+    std::memmove(m.to, m.from, m.bytes);
+  comm->moves.clear();
   return rc == MPI_SUCCESS ? 0 : fail("MPI_Waitall", rc);
 }
 

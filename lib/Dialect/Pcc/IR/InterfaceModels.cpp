@@ -509,6 +509,9 @@ std::pair<CollectiveKind, Value> collectiveOf(AllGatherOp op) {
 std::pair<CollectiveKind, Value> collectiveOf(ReduceScatterOp op) {
   return {CollectiveKind::ReduceScatter, op.getInput()};
 }
+std::pair<CollectiveKind, Value> collectiveOf(ReduceScatterStartOp op) {
+  return {CollectiveKind::ReduceScatter, op.getInput()};
+}
 
 template <typename OpT>
 struct CollectiveModel
@@ -537,4 +540,6 @@ void mlir::pcc::registerPccInterfaceModels(MLIRContext *context) {
   AllReduceOp::attachInterface<CollectiveModel<AllReduceOp>>(*context);
   AllGatherOp::attachInterface<CollectiveModel<AllGatherOp>>(*context);
   ReduceScatterOp::attachInterface<CollectiveModel<ReduceScatterOp>>(*context);
+  ReduceScatterStartOp::attachInterface<CollectiveModel<ReduceScatterStartOp>>(
+      *context);
 }

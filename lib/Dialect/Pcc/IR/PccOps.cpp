@@ -565,14 +565,23 @@ LogicalResult BucketStartOp::verify() {
   if (getBucket().getType().getRank() != 1)
     return emitOpError("bucket: a gradient bucket is 1-D, not ")
            << getBucket().getType();
-  return getMeshAxisSize(*this, getAxis());
-}
-
-LogicalResult BucketWaitOp::verify() {
-  if (getBucket().getType().getRank() != 1)
-    return emitOpError("bucket: a gradient bucket is 1-D, not ")
-           << getBucket().getType();
-  return getMeshAxisSize(*this, getAxis());
+  FailureOr<int64_t> ranks = getMeshAxisSize(*this, getAxis());
+  if (failed(ranks))
+    return failure();
+  if (std::optional<ArrayRef<int64_t>> scatter = getScatter()) {
+    if (scatter->size() % 2 != 0)
+      return emitOpError("scatter: pairs of an offset and a piece size, got ")
+             << scatter->size() << " numbers";
+    for (size_t i = 0; i < scatter->size(); i += 2) {
+      int64_t offset = (*scatter)[i], piece = (*scatter)[i + 1];
+      if (offset < 0 || piece < 1 ||
+          offset + *ranks * piece > getBucket().getType().getNumElements())
+        return emitOpError("scatter: segment at ")
+               << offset << " of " << *ranks << " x " << piece
+               << " elements is outside the bucket " << getBucket().getType();
+    }
+  }
+  return success();
 }
 
 LogicalResult AllReduceOp::verify() {
@@ -602,6 +611,45 @@ LogicalResult AllGatherOp::verify() {
 
 LogicalResult ReduceScatterOp::verify() {
   return verifyStacked(*this, getAxis(), getType(), getInput().getType());
+}
+
+LogicalResult ReduceScatterStartOp::verify() {
+  if (failed(verifyStacked(*this, getAxis(), getType(), getInput().getType())))
+    return failure();
+  if (!getResult().hasOneUse() ||
+      !isa<WaitCollectivesOp>(*getResult().getUsers().begin()))
+    return emitOpError("the result must be used by one pcc.wait_collectives "
+                       "and nothing else");
+  return success();
+}
+
+LogicalResult WaitCollectivesOp::verify() {
+  if (failed(getMeshAxisSize(*this, getAxis())))
+    return failure();
+  if (getStarted().size() != getResults().size())
+    return emitOpError("has ") << getStarted().size() << " started values but "
+                               << getResults().size() << " results";
+  for (auto [started, result] : llvm::zip(getStarted(), getResults())) {
+    auto start = started.getDefiningOp<ReduceScatterStartOp>();
+    if (!start || start.getAxis() != getAxis())
+      return emitOpError("started operand is not a collective started over '")
+             << getAxis() << "'";
+    if (started.getType() != result.getType())
+      return emitOpError("result type ")
+             << result.getType() << " differs from its started value's "
+             << started.getType();
+    if (!llvm::is_contained(getReading(), start.getInput()))
+      return emitOpError("does not keep the input of a collective it "
+                         "completes ('reading' lacks it)");
+  }
+  return success();
+}
+
+LogicalResult BucketWaitOp::verify() {
+  if (getBucket().getType().getRank() != 1)
+    return emitOpError("bucket: a gradient bucket is 1-D, not ")
+           << getBucket().getType();
+  return getMeshAxisSize(*this, getAxis());
 }
 
 LogicalResult ShardGatherOp::verify() {

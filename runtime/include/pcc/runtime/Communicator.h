@@ -88,6 +88,13 @@ public:
   virtual Status reduceScatter(const void *send, void *recv,
                                int64_t countPerRank, DType type,
                                ReduceOp op) = 0;
+  /// A sum of `send` ([size, countPerRank]) whose slice for this rank goes
+  /// to `recv` and that may still run when the call returns (ZeRO's
+  /// gradient buckets), completed by waitCollectives. In place when `recv`
+  /// is this rank's slice of `send`, as ncclReduceScatter's in-place form.
+  /// By default the sum is done before the call returns.
+  virtual Status reduceScatterStart(const void *send, void *recv,
+                                    int64_t countPerRank, DType type);
   virtual Status broadcast(void *buffer, int64_t count, DType type,
                            int root) = 0;
   virtual Status send(const void *buffer, int64_t count, DType type,
@@ -162,6 +169,8 @@ public:
   /// that over a ring.
   struct Traffic {
     int64_t allReduce = 0, allGather = 0, reduceScatter = 0, calls = 0;
+    /// Of the calls, those started to complete later (gradient buckets).
+    int64_t started = 0;
     /// Seconds the calls kept this rank waiting: blocking collectives
     /// whole, started ones in their start, progress and wait calls only.
     double seconds = 0;
@@ -180,6 +189,8 @@ private:
   static void setLabel(void *group, const char *label);
   static int allReduceStart(void *group, void *buffer, int64_t count,
                             int32_t dtype);
+  static int reduceScatterStart(void *group, const void *send, void *recv,
+                                int64_t count, int32_t dtype);
   static int waitAll(void *group);
   static void progress(void *group);
   int check(Status status);

@@ -57,6 +57,12 @@ int pcc_mpi_wait_sends(pcc_mpi_comm *comm);
  * pcc_mpi_test_collectives lets them advance (MPI_Testall). */
 int pcc_mpi_iall_reduce(pcc_mpi_comm *comm, void *buffer, int64_t count,
                         int dtype);
+/* A started sum of `send` ([size, count_per_rank]) keeping this rank's
+ * slice in `recv` (MPI_Ireduce_scatter_block), completed with the sums. In
+ * place when recv == send + rank * count_per_rank elements: the slice then
+ * stays where it lies, as ncclReduceScatter's in-place form leaves it. */
+int pcc_mpi_ireduce_scatter(pcc_mpi_comm *comm, const void *send, void *recv,
+                            int64_t count_per_rank, int dtype);
 int pcc_mpi_wait_collectives(pcc_mpi_comm *comm);
 void pcc_mpi_test_collectives(pcc_mpi_comm *comm);
 /* Ends the whole job (MPI_Abort on the world): for a failure on one rank
@@ -100,6 +106,12 @@ int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms);
  * completed), so it overlaps the compute enqueued next. */
 int pcc_nccl_all_reduce_start(pcc_nccl_comm *comm, void *buffer,
                               int64_t count, int dtype);
+/* The same for this rank's slice of the sum of `send` ([size,
+ * count_per_rank]) into `recv` (in place when recv == send + rank *
+ * count_per_rank elements). */
+int pcc_nccl_reduce_scatter_start(pcc_nccl_comm *comm, const void *send,
+                                  void *recv, int64_t count_per_rank,
+                                  int dtype);
 /* Work enqueued after this waits for every started sum; the host waits for
  * them too, up to timeout_ms (aborting the communicator, as
  * pcc_nccl_wait). */

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 10
+#define PCC_MODEL_ABI_VERSION 11
 
 /* Targets, as bits of pcc_model_info.targets. */
 enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
@@ -311,6 +311,12 @@ typedef struct pcc_comm {
                           int32_t dtype);
   int (*wait_all)(void *group);
   void (*progress)(void *group);
+  /* ABI 11: this rank's slice of the sum over the group of `send` ([size,
+   * count_per_rank]) into `recv`, which may still run when the call returns
+   * (ZeRO's gradient buckets); wait_all completes it. In place when `recv`
+   * is send + rank * count_per_rank elements (ncclReduceScatter's form). */
+  int (*reduce_scatter_start)(void *group, const void *send, void *recv,
+                              int64_t count_per_rank, int32_t dtype);
 } pcc_comm;
 
 /* What one run executes on. */

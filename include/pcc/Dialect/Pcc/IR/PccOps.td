@@ -1165,7 +1165,7 @@ def Pcc_AssignOp : Pcc_Op<"assign", [
 
 def Pcc_BucketStartOp : Pcc_Op<"bucket_start", [
     MemoryEffects<[MemRead, MemWrite]>]> {
-  let summary = "starts the all-reduce of a gradient bucket";
+  let summary = "starts the sum of a gradient bucket over an axis";
   let description = [{
     In the step's last micro-batch (`pcc_run_context.hyper`'s
     LAST_MICROBATCH; earlier micro-batches only accumulate), starts the
@@ -1174,12 +1174,21 @@ def Pcc_BucketStartOp : Pcc_Op<"bucket_start", [
     gradients that live in the bucket (the module's `pcc.training`
     `buckets`) are complete when it starts; `pcc.bucket_wait` completes it.
 
+    With `scatter` (ZeRO 1: pairs of an element offset and a piece size
+    s), each segment [offset, offset + n s) of the bucket, n the axis'
+    size, is reduce-scattered in place instead: rank r's piece of the sum
+    lands at [offset + r s, offset + (r + 1) s), the rest of the segment is
+    left undefined, and nothing else of the bucket moves.
+
     ```mlir
     %b = pcc.param "fc3.bias@bucket" : tensor<8224xf32>
     pcc.bucket_start %b axis = "dp" : tensor<8224xf32>
+    pcc.bucket_start %b axis = "dp" {scatter = array<i64: 0, 4096, 8192, 16>}
+        : tensor<8224xf32>
     ```
   }];
-  let arguments = (ins Pcc_FloatTensor:$bucket, StrAttr:$axis);
+  let arguments = (ins Pcc_FloatTensor:$bucket, StrAttr:$axis,
+                       OptionalAttr<DenseI64ArrayAttr>:$scatter);
   let assemblyFormat = "$bucket `axis` `=` $axis attr-dict `:` type($bucket)";
   let hasVerifier = 1;
 }
@@ -1197,6 +1206,55 @@ def Pcc_BucketWaitOp : Pcc_Op<"bucket_wait", [
   }];
   let arguments = (ins Pcc_FloatTensor:$bucket, StrAttr:$axis);
   let assemblyFormat = "$bucket `axis` `=` $axis attr-dict `:` type($bucket)";
+  let hasVerifier = 1;
+}
+
+def Pcc_ReduceScatterStartOp : Pcc_Op<"reduce_scatter_start", [
+    MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "starts a reduce-scatter that a later op completes";
+  let description = [{
+    `pcc.reduce_scatter`, started: the call returns before the sum is done,
+    so the ops after it overlap the traffic (ZeRO 2 and 3's gradient
+    buckets in the backward pass). The result holds nothing until a
+    `pcc.wait_collectives` takes it, and the input must stay as it is until
+    then, so both are that op's operands and only it may use the result.
+
+    ```mlir
+    %p = pcc.reduce_scatter_start %g axis = "dp" : tensor<2x64xf32> -> tensor<64xf32>
+    %q = pcc.wait_collectives axis = "dp" (%p) reading (%g)
+        : (tensor<64xf32>), (tensor<2x64xf32>) -> tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, StrAttr:$axis);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `axis` `=` $axis attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_WaitCollectivesOp : Pcc_Op<"wait_collectives", [
+    MemoryEffects<[MemRead, MemWrite]>, AttrSizedOperandSegments]> {
+  let summary = "completes the collectives started over an axis";
+  let description = [{
+    Waits until every collective started over `axis` is done. Each result
+    is the completed value of the same-numbered `started` operand (its
+    buffer: no copy); `reading` names the inputs of those collectives, kept
+    untouched until here.
+
+    ```mlir
+    %q1, %q2 = pcc.wait_collectives axis = "dp" (%p1, %p2) reading (%g1, %g2)
+        : (tensor<64xf32>, tensor<8xf32>), (tensor<2x64xf32>, tensor<2x8xf32>)
+        -> tensor<64xf32>, tensor<8xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Pcc_FloatTensor>:$started,
+                       Variadic<Pcc_FloatTensor>:$reading, StrAttr:$axis);
+  let results = (outs Variadic<Pcc_FloatTensor>:$results);
+  let assemblyFormat = [{
+    `axis` `=` $axis `(` $started `)` `reading` `(` $reading `)` attr-dict
+    `:` `(` type($started) `)` `,` `(` type($reading) `)` `->` type($results)
+  }];
   let hasVerifier = 1;
 }
 
