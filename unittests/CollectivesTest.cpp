@@ -107,6 +107,30 @@ TEST(Collectives, StartedAllReduces) {
   EXPECT_TRUE(world->waitCollectives().ok());
 }
 
+// ZeRO's gradient buckets: reduce-scatters started while the backward pass
+// goes on, out of place (ZeRO 2/3) and in place (ZeRO 1: the piece stays at
+// the rank's place in the buffer), completed by the same one wait.
+TEST(Collectives, StartedReduceScatters) {
+  int r = world->rank(), p = world->size();
+  const int64_t n = 1 << 12;
+  Buffer in(ramp(n * p, float(r))), out(std::vector<float>(n, -1));
+  Buffer inPlace(ramp(n * p, float(2 * r)));
+  ASSERT_TRUE(
+      world->reduceScatterStart(in.data(), out.data(), n, DType::F32).ok());
+  world->progressCollectives();
+  float *mine = static_cast<float *>(inPlace.data()) + r * n;
+  ASSERT_TRUE(
+      world->reduceScatterStart(inPlace.data(), mine, n, DType::F32).ok());
+  ASSERT_TRUE(world->waitCollectives().ok());
+  std::vector<float> got = out.read(), gotInPlace = inPlace.read();
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got[i], float(p * (p - 1) / 2 + p * (r * n + i)))
+        << "rank " << r << " element " << i;
+    ASSERT_EQ(gotInPlace[r * n + i], float(p * (p - 1) + p * (r * n + i)))
+        << "in place: rank " << r << " element " << i;
+  }
+}
+
 TEST(Collectives, AllGather) {
   int r = world->rank(), p = world->size();
   const int64_t n = 33;
