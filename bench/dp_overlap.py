@@ -1,19 +1,26 @@
 #!/usr/bin/env python3
 """How much of the data-parallel gradient traffic the backward pass hides.
 
-For each model at each dp: compiles the library twice, with gradient
-buckets (pcc's default: each bucket's all-reduce starts as soon as the last
-micro-batch's backward pass has produced it, and the optimizer waits for
-them) and with --bucket-mb=0 (every gradient all-reduced, blocking, in the
-optimizer phase), trains the same steps with `pcc-run -n dp` on CPU ranks,
-and reads what rank 0 printed: the step time and the time it spent in
-data-parallel collectives per step. The hidden share is
-1 - (time waited with buckets) / (time in the blocking all-reduces), the
-part of the blocking time the backward pass absorbed. Both runs move the
-same bytes (2 Psi per step).
+For each model, dp and ZeRO stage: compiles the library twice, with
+gradient buckets (pcc's default) and with --bucket-mb=0 (every gradient's
+collective blocking), trains the same steps with `pcc-run -n dp` on CPU
+ranks, and reads what rank 0 printed: the step time and the time it spent
+in data-parallel collectives per step. With buckets:
+- ZeRO 0: each bucket's all-reduce starts as soon as the last micro-batch's
+  backward pass has produced it, and the optimizer waits for them (blocking:
+  all-reduced in the optimizer phase);
+- ZeRO 1: the same with each bucket's gradients reduce-scattered in place
+  (blocking: reduce-scattered in the optimizer phase);
+- ZeRO 2 and 3: in every micro-batch, a bucket's reduce-scatters start once
+  its last gradient is done and complete where the next bucket starts
+  (blocking: each gradient reduce-scattered where it is produced).
+The optimizer's all-gathers (ZeRO 1-3) and ZeRO 3's weight gathers stay
+blocking in both, so they count on both sides. The hidden share is
+1 - (time with buckets) / (time blocking), the part of the blocking time
+the backward pass absorbed. Both runs move the same bytes.
 
 usage: bench/dp_overlap.py [--models mlp gpt resnet18_train] [--dp 2 4]
-                           [--steps 60] [--repeat 3]
+                           [--zero 0 1 2 3] [--steps 60] [--repeat 3]
 """
 import argparse
 import os
@@ -52,41 +59,46 @@ def main():
     ap.add_argument("--pcc-run", default=os.path.join(ROOT, "build", "bin", "pcc-run"))
     ap.add_argument("--models", nargs="+", default=["mlp", "gpt", "resnet18_train"])
     ap.add_argument("--dp", type=int, nargs="+", default=[2])
+    ap.add_argument("--zero", type=int, nargs="+", default=[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    print("| model | dp | buckets | blocking: ms in collectives / step ms "
-          "| buckets: ms waited / step ms | hidden share |")
-    print("|---|---|---|---|---|---|")
+    print("| model | dp | ZeRO | buckets | blocking: ms in collectives / step ms "
+          "| buckets: ms in collectives / step ms | hidden share |")
+    print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             onnx = os.path.join(ROOT, "examples", model + ".onnx")
             for n in args.dp:
-                libs = {}
-                for mode, flags in (("blocking", ["--bucket-mb=0"]), ("buckets", [])):
-                    lib = os.path.join(tmp, f"{model}.{n}.{mode}.so")
-                    subprocess.run([args.pcc, onnx, "--train", f"--dp={n}", "-o", lib]
-                                   + MODELS[model] + flags, check=True,
-                                   capture_output=True)
-                    libs[mode] = lib
-                explain = subprocess.run(
-                    [args.pcc, onnx, "--train", f"--dp={n}", "--emit=mlir"] + MODELS[model],
-                    check=True, capture_output=True, text=True).stdout
-                buckets = explain.count("pcc.bucket_start")
-                # Alternate the two so that load drifts affect both alike;
-                # the medians of the repeats.
-                results = {"blocking": [], "buckets": []}
-                for _ in range(args.repeat):
-                    for mode in ("blocking", "buckets"):
-                        results[mode].append(run(args.pcc_run, libs[mode], n, model,
-                                                 args.steps))
-                med = {m: (statistics.median(r[0] for r in v),
-                           statistics.median(r[1] for r in v))
-                       for m, v in results.items()}
-                hidden = 1 - med["buckets"][0] / med["blocking"][0]
-                print(f"| {model} | {n} | {buckets} | {med['blocking'][0]:.3f} / "
-                      f"{med['blocking'][1]:.2f} | {med['buckets'][0]:.3f} / "
-                      f"{med['buckets'][1]:.2f} | {hidden:.2f} |", flush=True)
+                for zero in args.zero:
+                    measure(args, onnx, model, n, zero, tmp)
+
+
+def measure(args, onnx, model, n, zero, tmp):
+    flags = [f"--dp={n}", f"--zero={zero}"] + MODELS[model]
+    libs = {}
+    for mode, extra in (("blocking", ["--bucket-mb=0"]), ("buckets", [])):
+        lib = os.path.join(tmp, f"{model}.{n}.{zero}.{mode}.so")
+        subprocess.run([args.pcc, onnx, "--train", "-o", lib] + flags + extra,
+                       check=True, capture_output=True)
+        libs[mode] = lib
+    ir = subprocess.run([args.pcc, onnx, "--train", "--emit=mlir"] + flags,
+                        check=True, capture_output=True, text=True).stdout
+    buckets = ir.count("pcc.bucket_start") + ir.count("pcc.wait_collectives")
+    # Alternate the two so that load drifts affect both alike; the medians
+    # of the repeats.
+    results = {"blocking": [], "buckets": []}
+    for _ in range(args.repeat):
+        for mode in ("blocking", "buckets"):
+            results[mode].append(run(args.pcc_run, libs[mode], n, model,
+                                     args.steps))
+    med = {m: (statistics.median(r[0] for r in v),
+               statistics.median(r[1] for r in v))
+           for m, v in results.items()}
+    hidden = 1 - med["buckets"][0] / med["blocking"][0]
+    print(f"| {model} | {n} | {zero} | {buckets} | {med['blocking'][0]:.3f} / "
+          f"{med['blocking'][1]:.2f} | {med['buckets'][0]:.3f} / "
+          f"{med['buckets'][1]:.2f} | {hidden:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

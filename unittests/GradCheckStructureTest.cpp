@@ -696,6 +696,7 @@ const char *const kRefused[] = {
     "pcc.cross_entropy_grad", "pcc.accumulate",     "pcc.zero",
     "pcc.assign",           "pcc.bucket_start",     "pcc.bucket_wait",
     "pcc.ema_update",       "pcc.sgd_update",       "pcc.adamw_update",
+    "pcc.reduce_scatter_start", "pcc.wait_collectives",
 };
 
 TEST(GradCheck, NoRule_GradientsCollectivesState) {

@@ -47,7 +47,8 @@ TEST(Interfaces, EveryOpHasShardingAndCostRules) {
         << name.getStringRef().str();
     bool collective = name.getStringRef() == "pcc.all_reduce" ||
                       name.getStringRef() == "pcc.all_gather" ||
-                      name.getStringRef() == "pcc.reduce_scatter";
+                      name.getStringRef() == "pcc.reduce_scatter" ||
+                      name.getStringRef() == "pcc.reduce_scatter_start";
     EXPECT_EQ(collective, name.hasInterface<CollectiveOpInterface>())
         << name.getStringRef().str();
   }
