@@ -187,7 +187,7 @@ static cl::opt<double> bucketMb(
              "all-reduced (ZeRO 0) or reduce-scattered (ZeRO 1-3) while the "
              "backward pass goes on (0: none, each gradient blocking; "
              "default: chosen from the model, a quarter of the gradients "
-             "within 64 KiB to 25 MiB)"),
+             "within 64 KiB to 25 MiB; ZeRO 1-3 on --target=cpu: none)"),
     cl::init(-1), cl::cat(trainCategory));
 static cl::opt<std::string> offload(
     "offload",
@@ -931,10 +931,15 @@ int main(int argc, char **argv) {
         data.zero = zero;
         data.reshardAfterForward = reshard;
         data.reduceEachMicrobatch = eachMicrobatch;
-        data.bucketBytes = offloading || pp > 1 ? 0
-                           : bucketMb < 0       ? -1
-                                          : static_cast<int64_t>(
-                                                bucketMb * 1048576.0);
+        // ZeRO 1-3's started reduce-scatters hide nothing on CPU ranks
+        // (MPI moves them only in its calls; docs/benchmarks.md), so they
+        // are off there unless --bucket-mb asks for them.
+        data.bucketBytes =
+            offloading || pp > 1                           ? 0
+            : bucketMb >= 0                                ? static_cast<int64_t>(
+                                                                 bucketMb * 1048576.0)
+            : zero > 0 && target == Target::Cpu ? 0
+                                                           : -1;
         pm.addPass(pcc::createDataParallel(data));
         pm.addPass(createCanonicalizerPass());
       }
