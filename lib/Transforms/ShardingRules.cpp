@@ -118,6 +118,7 @@ private:
     return cost.collectiveSeconds(kind, bytes, ranks);
   }
   double computeSeconds(Operation *op, const Option &option) const;
+  double partialFanOutSeconds(Operation *op, const Option &option) const;
 
   func::FuncOp func;
   int64_t ranks;
@@ -184,6 +185,33 @@ static bool broadcastAlong(Value v, Shard to) {
   int64_t shift = b.getType().getRank() - b.getInput().getType().getRank();
   int64_t d = to.dim - shift;
   return d < 0 || b.getInput().getType().getDimSize(d) == 1;
+}
+
+/// --sp: carrying a partial sum through an op whose partial operand other
+/// ops read too leaves two partial sums to reduce where one would do (the
+/// backward phase's layer-norm input gradient, read by the gradients of
+/// the norm's input and of its weight): such an option pays for reducing
+/// its result as well, so that reducing the operand once, here, wins.
+double Propagator::partialFanOutSeconds(Operation *op,
+                                        const Option &option) const {
+  if (!sequenceParallel)
+    return 0;
+  bool fansOut = llvm::any_of(
+      llvm::zip(op->getOperands(), option.operands), [&](auto p) {
+        Value v = std::get<0>(p);
+        return std::get<1>(p).isPartial() && of(v).isPartial() &&
+               llvm::is_contained(op->getResultTypes(), v.getType()) &&
+               llvm::any_of(v.getUsers(),
+                            [&](Operation *user) { return user != op; });
+      });
+  if (!fansOut)
+    return 0;
+  double seconds = 0;
+  for (auto [result, shard] : llvm::zip(op->getResults(), option.results))
+    if (shard.isPartial())
+      seconds += collectiveSeconds(CollectiveKind::ReduceScatter,
+                                   tensorBytes(result));
+  return seconds;
 }
 
 double Propagator::conversionSeconds(Value v, Shard to,
@@ -456,7 +484,7 @@ ShardingPlan Propagator::run() {
           });
       if (!fromOperand)
         continue;
-      double seconds = computeSeconds(&op, o);
+      double seconds = computeSeconds(&op, o) + partialFanOutSeconds(&op, o);
       // A value read twice in one layout (x * x) is converted once.
       SmallVector<std::pair<Value, Shard>, 4> counted;
       for (auto [v, s] : llvm::zip(op.getOperands(), o.operands)) {
