@@ -324,9 +324,22 @@ std::vector<Option> Propagator::options(Operation *op) {
       llvm::any_of(op->getOperands(),
                    [&](Value v) { return of(v).isPartial(); })) {
     Value result = op->getResult(0);
-    // The innermost token dimension first (the sequence of [batch,
-    // sequence, hidden]): on a tie it is the one the residual stream keeps.
-    for (int64_t d = typeOf(result).getRank() - 2; d >= 0; --d) {
+    // The token dimension along which the phase's arguments of the
+    // result's type are split (the saved residual stream), then the
+    // innermost (the sequence of [batch, sequence, hidden]): on a tie the
+    // first is kept, so the residual stream keeps one split.
+    SmallVector<int64_t> dims;
+    for (BlockArgument arg : func.getArguments())
+      if (arg.getType() == result.getType())
+        if (auto it = plan.shards.find(arg);
+            it != plan.shards.end() && it->second.isSplit() &&
+            it->second.dim < typeOf(result).getRank() - 1 &&
+            !llvm::is_contained(dims, it->second.dim))
+          dims.push_back(it->second.dim);
+    for (int64_t d = typeOf(result).getRank() - 2; d >= 0; --d)
+      if (!llvm::is_contained(dims, d))
+        dims.push_back(d);
+    for (int64_t d : dims) {
       Shard tokens = Shard::split(d, 1);
       SmallVector<Shard> split;
       for (Value v : op->getOperands())
