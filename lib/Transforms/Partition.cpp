@@ -497,7 +497,9 @@ struct PartitionTrainingPass
     };
     for (auto &[forward, backward, weightGrad] : stages) {
       llvm::StringMap<Shard> later;
-      ShardingPlan plan = propagateShardings(forward, axis, *ranks, decisions);
+      ShardingPlan plan =
+          propagateShardings(forward, axis, *ranks, decisions,
+                             sequenceParallel ? keepWeightsSplit : CostModel());
       returned(forward, plan, later);
       if (failed(partitionPhase(forward, plan, *ranks, total)))
         return signalPassFailure();
@@ -633,8 +635,15 @@ struct PartitionTrainingPass
     };
     // The forward phase first: its saved activations' layouts are the
     // backward phase's argument layouts (matched by name).
+    // Under --sp the forward phase keeps the weights split too: with the
+    // norms on part of the sequence, gathering a projection's weight would
+    // tie with gathering its input on small models, and the weight would
+    // then be gathered in every micro-batch (Llama's attention did).
+    CostModel forwardCost;
+    if (sequenceParallel)
+      forwardCost.weightGatherFactor = 1e3;
     ShardingPlan forwardPlan = propagateShardings(forward, axis, *ranks,
-                                                  decisions);
+                                                  decisions, forwardCost);
     llvm::StringMap<Shard> saved;
     auto ret = cast<func::ReturnOp>(forward.getBody().front().getTerminator());
     SmallVector<Shard> returned = forwardPlan.operandShards.lookup(ret);
