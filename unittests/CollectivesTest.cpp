@@ -131,6 +131,53 @@ TEST(Collectives, StartedReduceScatters) {
   }
 }
 
+// ZeRO 3's prefetch: gathers started beside reduce-scatters complete in
+// the order they started; waiting through one leaves the later ones to a
+// later wait (whose results are then right too).
+TEST(Collectives, StartedGathersCompleteInOrder) {
+  int r = world->rank(), p = world->size();
+  const int64_t n = 1 << 12;
+  Buffer piece(ramp(n, float(100 * r))), whole(std::vector<float>(n * p, -1));
+  Buffer grads(ramp(n * p, float(r))), mine(std::vector<float>(n, -1));
+  // In place: this rank's piece already at its place in the result.
+  std::vector<float> stacked(n * p, -1);
+  for (int64_t i = 0; i < n; ++i)
+    stacked[r * n + i] = float(7 * r + i);
+  Buffer inPlace(stacked);
+  int64_t before = world->startedCollectives();
+  ASSERT_TRUE(
+      world->allGatherStart(piece.data(), whole.data(), n, DType::F32).ok());
+  int64_t first = world->startedCollectives();
+  ASSERT_TRUE(
+      world->reduceScatterStart(grads.data(), mine.data(), n, DType::F32).ok());
+  int64_t second = world->startedCollectives();
+  float *own = static_cast<float *>(inPlace.data()) + r * n;
+  ASSERT_TRUE(
+      world->allGatherStart(own, inPlace.data(), n, DType::F32).ok());
+  if (std::string(world->engine()) != "self") {
+    EXPECT_EQ(first, before + 1);
+    EXPECT_EQ(second, before + 2);
+    EXPECT_EQ(world->startedCollectives(), before + 3);
+  }
+  world->progressCollectives();
+  ASSERT_TRUE(world->waitCollectivesThrough(first).ok());
+  std::vector<float> got = whole.read();
+  for (int q = 0; q < p; ++q)
+    for (int64_t i = 0; i < n; i += 101)
+      ASSERT_EQ(got[q * n + i], float(100 * q + i)) << "piece " << q;
+  ASSERT_TRUE(world->waitCollectivesThrough(second).ok());
+  // Waiting again through a completed one does nothing.
+  ASSERT_TRUE(world->waitCollectivesThrough(first).ok());
+  std::vector<float> sum = mine.read();
+  for (int64_t i = 0; i < n; i += 101)
+    ASSERT_EQ(sum[i], float(p * (p - 1) / 2 + p * (r * n + i)));
+  ASSERT_TRUE(world->waitCollectives().ok());
+  std::vector<float> gathered = inPlace.read();
+  for (int q = 0; q < p; ++q)
+    for (int64_t i = 0; i < n; i += 101)
+      ASSERT_EQ(gathered[q * n + i], float(7 * q + i)) << "in place " << q;
+}
+
 TEST(Collectives, AllGather) {
   int r = world->rank(), p = world->size();
   const int64_t n = 33;

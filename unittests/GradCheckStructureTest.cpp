@@ -697,6 +697,7 @@ const char *const kRefused[] = {
     "pcc.assign",           "pcc.bucket_start",     "pcc.bucket_wait",
     "pcc.ema_update",       "pcc.sgd_update",       "pcc.adamw_update",
     "pcc.reduce_scatter_start", "pcc.wait_collectives",
+    "pcc.all_gather_start",
 };
 
 TEST(GradCheck, NoRule_GradientsCollectivesState) {

@@ -48,7 +48,8 @@ TEST(Interfaces, EveryOpHasShardingAndCostRules) {
     bool collective = name.getStringRef() == "pcc.all_reduce" ||
                       name.getStringRef() == "pcc.all_gather" ||
                       name.getStringRef() == "pcc.reduce_scatter" ||
-                      name.getStringRef() == "pcc.reduce_scatter_start";
+                      name.getStringRef() == "pcc.reduce_scatter_start" ||
+                      name.getStringRef() == "pcc.all_gather_start";
     EXPECT_EQ(collective, name.hasInterface<CollectiveOpInterface>())
         << name.getStringRef().str();
   }

@@ -143,6 +143,8 @@ struct DataParallelPass
           p.getResult().replaceAllUsesWith(whole);
           p.erase();
         }
+        if (!keep)
+          prefetchGathers(phase, prefetch);
       }
     return buildRankPhases(module, held, flat, zero, keep, shardedGradients);
   }
@@ -347,6 +349,7 @@ struct DataParallelPass
           p.getResult().replaceAllUsesWith(whole);
           p.erase();
         }
+        prefetchGathers(phase, prefetch);
         if (phase != phases[0] || reshardAfterForward)
           continue;
         // Every gathered weight the backward phase will read is returned.
@@ -442,6 +445,41 @@ struct DataParallelPass
 };
 
 } // namespace
+
+void mlir::pcc::prefetchGathers(func::FuncOp phase, int64_t depth) {
+  if (depth <= 0)
+    return;
+  Block &body = phase.getBody().front();
+  SmallVector<AllGatherOp> gathers;
+  for (auto gather : body.getOps<AllGatherOp>())
+    if (gather.getAxis() == kDataParallelAxis &&
+        gather.getInput().getDefiningOp<ParamOp>())
+      gathers.push_back(gather);
+  SmallVector<Operation *> waits;
+  for (auto [i, gather] : llvm::enumerate(gathers)) {
+    auto param = gather.getInput().getDefiningOp<ParamOp>();
+    OpBuilder b(phase.getContext());
+    if (static_cast<int64_t>(i) < depth)
+      b.setInsertionPointToStart(&body);
+    else
+      b.setInsertionPointAfter(waits[i - depth]);
+    // The piece is read where the gather starts (the phase does not write
+    // it), and kept unchanged until the wait.
+    Value piece = b.clone(*param)->getResult(0);
+    Location loc = gather.getLoc();
+    auto start = AllGatherStartOp::create(b, loc, gather.getType(), piece,
+                                          gather.getAxisAttr());
+    b.setInsertionPoint(gather);
+    auto wait = WaitCollectivesOp::create(
+        b, loc, TypeRange{gather.getType()}, ValueRange{start.getResult()},
+        ValueRange{piece}, gather.getAxisAttr());
+    gather.getResult().replaceAllUsesWith(wait.getResult(0));
+    gather.erase();
+    if (param->use_empty())
+      param.erase();
+    waits.push_back(wait);
+  }
+}
 
 int64_t mlir::pcc::bucketTarget(int64_t bucketBytes, int64_t total) {
   return bucketBytes > 0 ? bucketBytes

@@ -160,6 +160,17 @@ void scatterGradientAccumulations(func::FuncOp phase, const FlatShards &flat,
                                   const llvm::StringSet<> &grads,
                                   int64_t bucketBytes = 0);
 
+/// ZeRO 3's prefetch: each blocking all-gather over dp of a weight's piece
+/// (read by a pcc.param) in `phase`'s body becomes a started one, begun
+/// `depth` gathers earlier in program order: right after the wait of the
+/// gather `depth` places before it (the first `depth` at the top of the
+/// phase), completed where the blocking one was. So each gather overlaps
+/// the compute between the uses of the `depth` weights before it, at the
+/// cost of keeping up to `depth` more gathered weights alive. The phase
+/// must not write the weights (forward, backward and weight-gradient
+/// phases).
+void prefetchGathers(func::FuncOp phase, int64_t depth);
+
 /// The bytes a gradient bucket holds: `bucketBytes` if positive, else a
 /// quarter of `total` (so that about three buckets' traffic can overlap
 /// the backward pass) within [64 KiB, 25 MiB] (PyTorch DDP's size).

@@ -225,44 +225,77 @@ public:
                  type);
   }
 
-  /// Started sums (gradient buckets), through the engine's startSum and
-  /// waitSums; the wait is watched and named by what it completes.
+  /// Started collectives (gradient buckets, ZeRO 3's prefetch), through
+  /// the engine's start functions and waitOldest; a wait is watched and
+  /// named by what it completes.
   Status allReduceStart(void *buffer, int64_t count, DType type) override {
-    startedCount += count;
-    startedType = type;
-    ++startedCalls;
+    noteStart("all_reduce", count, type);
     return check(startSum(buffer, count, int(type)), "all_reduce (started)",
                  count, type);
   }
   Status reduceScatterStart(const void *send, void *recv, int64_t countPerRank,
                             DType type) override {
-    startedCount += countPerRank * size();
-    startedType = type;
-    ++startedCalls;
-    ++startedScatters;
+    noteStart("reduce_scatter", countPerRank * size(), type);
     return check(startScatter(send, recv, countPerRank, int(type)),
                  "reduce_scatter (started)", countPerRank, type);
   }
-  Status waitCollectives() override {
-    std::string what = "wait for " + std::to_string(startedCalls) +
-                       (startedScatters == startedCalls ? " started reduce_scatter(s)"
-                        : startedScatters == 0 ? " started all_reduce(s)"
-                                               : " started collective(s)");
-    startedScatters = 0;
-    int64_t count = startedCount;
-    startedCount = 0;
-    startedCalls = 0;
-    Watched w(*this, what, count, startedType);
-    return check(waitSums(), what, count, startedType);
+  Status allGatherStart(const void *send, void *recv, int64_t countPerRank,
+                        DType type) override {
+    noteStart("all_gather", countPerRank * size(), type);
+    return check(startGather(send, recv, countPerRank, int(type)),
+                 "all_gather (started)", countPerRank, type);
+  }
+  int64_t startedCollectives() const override { return ticket; }
+  Status waitCollectives() override { return waitCollectivesThrough(ticket); }
+  Status waitCollectivesThrough(int64_t through) override {
+    if (through > ticket)
+      through = ticket;
+    if (through <= completed)
+      return Status::success();
+    // What the wait completes, for the watchdog and the errors.
+    int64_t count = 0;
+    std::string kinds;
+    DType type = DType::F32;
+    for (int64_t i = completed; i < through; ++i) {
+      const Started &s = inFlight[static_cast<size_t>(i - completed)];
+      count += s.count;
+      type = s.type;
+      if (kinds.find(s.kind) == std::string::npos)
+        kinds += std::string(kinds.empty() ? "" : "/") + s.kind;
+    }
+    std::string what = "wait for started " + kinds + " #" +
+                       std::to_string(completed + 1) +
+                       (through > completed + 1
+                            ? "-" + std::to_string(through)
+                            : std::string());
+    int64_t n = through - completed;
+    inFlight.erase(inFlight.begin(), inFlight.begin() + n);
+    completed = through;
+    Watched w(*this, what, count, type);
+    return check(waitOldest(n), what, count, type);
   }
 
 protected:
   virtual int startSum(void *buffer, int64_t count, int dtype) = 0;
   virtual int startScatter(const void *send, void *recv, int64_t countPerRank,
                            int dtype) = 0;
-  virtual int waitSums() = 0;
-  int64_t startedCount = 0, startedCalls = 0, startedScatters = 0;
-  DType startedType = DType::F32;
+  virtual int startGather(const void *send, void *recv, int64_t countPerRank,
+                          int dtype) = 0;
+  /// Completes the `count` oldest started collectives.
+  virtual int waitOldest(int64_t count) = 0;
+  /// The started collectives not yet waited for, oldest first: numbers
+  /// completed + 1 to ticket.
+  struct Started {
+    const char *kind;
+    int64_t count;
+    DType type;
+  };
+  void noteStart(const char *kind, int64_t count, DType type) {
+    ++ticket;
+    inFlight.push_back({kind, count, type});
+  }
+  std::vector<Started> inFlight;
+  int64_t ticket = 0, completed = 0;
 
   /// Tells the watchdog (when it is on) which call this rank waits in,
   /// numbered by its place among this group's calls.
@@ -320,7 +353,8 @@ struct MpiApi {
   decltype(&pcc_mpi_wait_sends) waitSends;
   decltype(&pcc_mpi_iall_reduce) iallReduce;
   decltype(&pcc_mpi_ireduce_scatter) ireduceScatter;
-  decltype(&pcc_mpi_wait_collectives) waitCollectives;
+  decltype(&pcc_mpi_iall_gather) iallGather;
+  decltype(&pcc_mpi_wait_oldest) waitOldest;
   decltype(&pcc_mpi_test_collectives) testCollectives;
   decltype(&pcc_mpi_barrier) barrier;
   decltype(&pcc_mpi_abort) abort;
@@ -351,8 +385,8 @@ Result<MpiApi> loadMpiApi() {
             bindSymbol(*handle, api.iallReduce, "pcc_mpi_iall_reduce") &&
             bindSymbol(*handle, api.ireduceScatter,
                        "pcc_mpi_ireduce_scatter") &&
-            bindSymbol(*handle, api.waitCollectives,
-                       "pcc_mpi_wait_collectives") &&
+            bindSymbol(*handle, api.iallGather, "pcc_mpi_iall_gather") &&
+            bindSymbol(*handle, api.waitOldest, "pcc_mpi_wait_oldest") &&
             bindSymbol(*handle, api.testCollectives,
                        "pcc_mpi_test_collectives") &&
             bindSymbol(*handle, api.barrier, "pcc_mpi_barrier") &&
@@ -384,7 +418,13 @@ public:
                    int dtype) override {
     return api.ireduceScatter(comm, send, recv, countPerRank, dtype);
   }
-  int waitSums() override { return api.waitCollectives(comm); }
+  int startGather(const void *send, void *recv, int64_t countPerRank,
+                  int dtype) override {
+    return api.iallGather(comm, send, recv, countPerRank, dtype);
+  }
+  int waitOldest(int64_t count) override {
+    return api.waitOldest(comm, count);
+  }
   Status barrier() override {
     return check(api.barrier(comm), "barrier", 0, DType::U8);
   }
@@ -424,7 +464,8 @@ struct NcclApi {
   decltype(&pcc_nccl_group_end) groupEnd;
   decltype(&pcc_nccl_all_reduce_start) allReduceStart;
   decltype(&pcc_nccl_reduce_scatter_start) reduceScatterStart;
-  decltype(&pcc_nccl_wait_started) waitStarted;
+  decltype(&pcc_nccl_all_gather_start) allGatherStart;
+  decltype(&pcc_nccl_wait_oldest) waitOldest;
 };
 
 Result<NcclApi> loadNcclApi() {
@@ -456,7 +497,9 @@ Result<NcclApi> loadNcclApi() {
                        "pcc_nccl_all_reduce_start") &&
             bindSymbol(*handle, api.reduceScatterStart,
                        "pcc_nccl_reduce_scatter_start") &&
-            bindSymbol(*handle, api.waitStarted, "pcc_nccl_wait_started");
+            bindSymbol(*handle, api.allGatherStart,
+                       "pcc_nccl_all_gather_start") &&
+            bindSymbol(*handle, api.waitOldest, "pcc_nccl_wait_oldest");
   if (!ok)
     return Error{"libpcc_runtime_cuda.so has no NCCL engine (pcc was built "
                  "without NCCL, or the library belongs to another pcc "
@@ -498,8 +541,12 @@ public:
                    int dtype) override {
     return api.reduceScatterStart(comm, send, recv, countPerRank, dtype);
   }
-  int waitSums() override {
-    return api.waitStarted(comm, /*timeout_ms=*/600000);
+  int startGather(const void *send, void *recv, int64_t countPerRank,
+                  int dtype) override {
+    return api.allGatherStart(comm, send, recv, countPerRank, dtype);
+  }
+  int waitOldest(int64_t count) override {
+    return api.waitOldest(comm, count, /*timeout_ms=*/600000);
   }
   Status transfersAfterCompute() override {
     return call(api.afterCompute(comm), "transfers after compute");
@@ -569,6 +616,9 @@ CommBinding::CommBinding(Communicator &comm) : comm(&comm) {
   abi.reduce_scatter_start = &CommBinding::reduceScatterStart;
   abi.wait_all = &CommBinding::waitAll;
   abi.progress = &CommBinding::progress;
+  abi.all_gather_start = &CommBinding::allGatherStart;
+  abi.started = &CommBinding::started;
+  abi.wait_through = &CommBinding::waitThrough;
 }
 
 namespace {
@@ -607,6 +657,28 @@ int CommBinding::reduceScatterStart(void *group, const void *send, void *recv,
   ++self->moved.started;
   return self->check(self->comm->reduceScatterStart(
       send, recv, count, static_cast<DType>(dtype)));
+}
+
+int CommBinding::allGatherStart(void *group, const void *send, void *recv,
+                                int64_t count, int32_t dtype) {
+  auto *self = static_cast<CommBinding *>(group);
+  Timed t(self->moved.seconds);
+  self->moved.allGather +=
+      count * self->abi.size * dtypeSize(static_cast<DType>(dtype));
+  ++self->moved.calls;
+  ++self->moved.started;
+  return self->check(self->comm->allGatherStart(send, recv, count,
+                                                static_cast<DType>(dtype)));
+}
+
+int64_t CommBinding::started(void *group) {
+  return static_cast<CommBinding *>(group)->comm->startedCollectives();
+}
+
+int CommBinding::waitThrough(void *group, int64_t ticket) {
+  auto *self = static_cast<CommBinding *>(group);
+  Timed t(self->moved.seconds);
+  return self->check(self->comm->waitCollectivesThrough(ticket));
 }
 
 int CommBinding::waitAll(void *group) {

@@ -278,7 +278,7 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
         int64_t &into = collective.getMeshAxis() == "tp" ? tpMoved : moved;
         if (isa<pcc::AllReduceOp>(op))
           into += times * 2 * bytesOf(op->getResult(0).getType());
-        else if (isa<pcc::AllGatherOp>(op))
+        else if (isa<pcc::AllGatherOp, pcc::AllGatherStartOp>(op))
           into += times * bytesOf(op->getResult(0).getType());
         else if (isa<pcc::ReduceScatterOp, pcc::ReduceScatterStartOp>(op))
           into += times * bytesOf(op->getOperand(0).getType());

@@ -98,6 +98,13 @@ static cl::opt<bool> reshardAfterForward(
              "step for all its micro-batches (with --mem-cap pcc chooses, "
              "keeping them gathered when that fits)"),
     cl::init(true), cl::cat(pccCategory));
+static cl::opt<int> zeroPrefetch(
+    "zero-prefetch",
+    cl::desc("with --zero=3: start each weight's all-gather this many "
+             "gathers before its use, so it overlaps the compute before "
+             "(FSDP's prefetch, chosen from the program's order; 0: gather "
+             "where it is read, blocking; default 1)"),
+    cl::init(1), cl::cat(pccCategory));
 static cl::opt<std::string> zeroGradSync(
     "zero-grad-sync",
     cl::desc("with --pp and --zero=2 or 3: when each gradient is "
@@ -244,7 +251,6 @@ broadcasts, weights as named pcc.param ops) and runs the compiler pipeline.
 Examples:
   pcc examples/mlp.onnx --batch=2 --emit=mlir
   pcc examples/gpt.onnx --dim=batch=2 --dim=seq=16 --emit=mlir -o gpt.mlir
-  pcc examples/mlp.onnx --batch=2 --emit=mlir --mlir-print-ir-after-all
   pcc examples/mlp.onnx --batch=2 --emit=mlir --dump-ir=ir/   # ir/00-import.mlir, ...
   pcc examples/mlp.onnx --emit=weights                        # decoded initializers
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --explain  # memory plan, fusions
@@ -638,6 +644,9 @@ int main(int argc, char **argv) {
   if (reshardAfterForward.getNumOccurrences() && zero != 3)
     return fail("--zero-reshard-after-forward chooses when ZeRO-3 gathers "
                 "the weights again; it goes with --zero=3");
+  if (zeroPrefetch.getNumOccurrences() && (zero != 3 || zeroPrefetch < 0))
+    return fail("--zero-prefetch=N starts ZeRO-3's weight gathers N gathers "
+                "early; it goes with --zero=3 and N >= 0");
   if (zeroGradSync != "step" && zeroGradSync != "microbatch")
     return fail("--zero-grad-sync=" + zeroGradSync +
                 " is not known: step or microbatch");
@@ -930,6 +939,7 @@ int main(int argc, char **argv) {
         data.dataParallel = dp;
         data.zero = zero;
         data.reshardAfterForward = reshard;
+        data.prefetch = zeroPrefetch;
         data.reduceEachMicrobatch = eachMicrobatch;
         // ZeRO 1-3's started reduce-scatters hide nothing on CPU ranks
         // (MPI moves them only in its calls; docs/benchmarks.md), so they

@@ -591,6 +591,10 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
            "micro-batch's gradients in its W phases into sharded "
            "accumulators, instead of accumulating them whole and "
            "reduce-scattering once per step">,
+    Option<"prefetch", "prefetch", "int64_t", /*default=*/"0",
+           "ZeRO 3: start each weight's all-gather this many gathers "
+           "ahead, so that it overlaps the compute before its use (0: "
+           "each gathered where it is read, blocking)">,
     Option<"bucketBytes", "bucket-bytes", "int64_t", /*default=*/"0",
            "ZeRO 0: gradient buckets of about this many bytes (-1: chosen "
            "from the model), each all-reduced as soon as the last "

@@ -178,13 +178,21 @@ LogicalResult CppEmitter::emitCollective(Operation *op) {
   if (isa<AllReduceOp>(op)) {
     fn = "all_reduce";
     count = tensorTypeOf(in).getNumElements();
-  } else if (isa<AllGatherOp>(op)) {
-    fn = "all_gather";
+  } else if (isa<AllGatherOp, AllGatherStartOp>(op)) {
+    fn = isa<AllGatherStartOp>(op) ? "all_gather_start" : "all_gather";
     count = tensorTypeOf(in).getNumElements();
   } else {
     fn = isa<ReduceScatterStartOp>(op) ? "reduce_scatter_start"
                                        : "reduce_scatter";
     count = tensorTypeOf(out).getNumElements();
+  }
+  // A started collective's number on its group, for the wait that
+  // completes it.
+  bool started = isa<ReduceScatterStartOp, AllGatherStartOp>(op);
+  if (started) {
+    std::string ticket = "ticket" + std::to_string(tickets.size());
+    tickets[out] = ticket;
+    line("int64_t " + ticket + " = 0;");
   }
   line("{ const pcc_comm &c = " + comm(axis) + ";");
   line("  if (c.set_label) c.set_label(c.group, " + quoted(describeOp(op)) +
@@ -193,7 +201,10 @@ LogicalResult CppEmitter::emitCollective(Operation *op) {
                      nameOf(in), nameOf(out), count, info->code)
            .str());
   line("    return fail(" + quoted(describeOp(op)) +
-       ", c.last_error(c.group)); }");
+       ", c.last_error(c.group));");
+  if (started)
+    line("  " + tickets.lookup(out) + " = c.started(c.group);");
+  line("}");
   return success();
 }
 
@@ -409,11 +420,23 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
     for (auto [started, result] :
          llvm::zip(wait.getStarted(), wait.getResults()))
       names[result] = nameOf(started);
+    // Started collectives complete in order: waiting through the latest
+    // of these completes them all, and leaves later ones running.
+    std::string through;
+    for (Value started : wait.getStarted()) {
+      std::string ticket = tickets.lookup(started);
+      if (ticket.empty())
+        return wait.emitOpError("waits for a collective this function did "
+                                "not start");
+      through = through.empty() ? ticket
+                                : "std::max<int64_t>(" + through + ", " +
+                                      ticket + ")";
+    }
     line("{ const pcc_comm &c = " + comm(wait.getAxis()) + ";");
     line("  if (c.set_label) c.set_label(c.group, " + quoted(describeOp(op)) +
          ");");
-    line("  if (c.wait_all(c.group)) return fail(" + quoted(describeOp(op)) +
-         ", c.last_error(c.group)); }");
+    line("  if (c.wait_through(c.group, " + through + ")) return fail(" +
+         quoted(describeOp(op)) + ", c.last_error(c.group)); }");
     return success();
   }
 
@@ -423,7 +446,7 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
       return failure();
 
   if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ReduceScatterStartOp,
-          ShardSliceOp>(op))
+          AllGatherStartOp, ShardSliceOp>(op))
     return emitCollective(op);
   if (auto start = dyn_cast<BucketStartOp>(op)) {
     // Earlier micro-batches only accumulate into the bucket.
@@ -835,6 +858,8 @@ FailureOr<TargetCode> CppEmitter::emit() {
     if (auto start = dyn_cast<BucketStartOp>(op))
       started = comm(start.getAxis());
     else if (auto start = dyn_cast<ReduceScatterStartOp>(op))
+      started = comm(start.getAxis());
+    else if (auto start = dyn_cast<AllGatherStartOp>(op))
       started = comm(start.getAxis());
     else if (started && !isa<ParamOp, ReshapeOp, ConstantOp>(op))
       line("if (" + *started + ".progress) " + *started + ".progress(" +

@@ -214,6 +214,9 @@ private:
   /// copy follows: out[k] for result value v.
   llvm::DenseMap<Value, unsigned> returnedAt;
   llvm::DenseSet<Value> writtenInPlace;
+  /// The variable holding each started collective's number on its group
+  /// (pcc_comm.started), by the started value.
+  llvm::DenseMap<Value, std::string> tickets;
   std::string constants, kernels, body;
   llvm::StringMap<std::string> kernelNames; // kernel text -> name
   std::vector<std::pair<std::string, RankedTensorType>> weights;

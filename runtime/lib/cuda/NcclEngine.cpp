@@ -16,8 +16,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <thread>
+#include <vector>
 
 struct pcc_nccl_comm {
   ncclComm_t comm = nullptr;
@@ -32,8 +34,11 @@ struct pcc_nccl_comm {
   /// after the work on `stream` before them; finishing them fences
   /// `stream` behind them.
   cudaStream_t side = nullptr;
-  cudaEvent_t sideReady = nullptr, sideDone = nullptr;
-  int64_t started = 0;
+  cudaEvent_t sideReady = nullptr;
+  /// One event per started collective still running, recorded on `side`
+  /// after it, oldest first; and the events free for reuse.
+  std::deque<cudaEvent_t> started;
+  std::vector<cudaEvent_t> spareEvents;
   int device = 0;
   bool aborted = false;
 };
@@ -179,7 +184,10 @@ void pcc_nccl_free(pcc_nccl_comm *comm) {
                          : ncclCommDestroy(comm->comm));
   if (comm->side) {
     (void)cudaEventDestroy(comm->sideReady);
-    (void)cudaEventDestroy(comm->sideDone);
+    for (cudaEvent_t e : comm->started)
+      (void)cudaEventDestroy(e);
+    for (cudaEvent_t e : comm->spareEvents)
+      (void)cudaEventDestroy(e);
     (void)cudaStreamDestroy(comm->side);
   }
   if (comm->ownStream) {
@@ -400,11 +408,30 @@ int startOnSide(pcc_nccl_comm *comm, const char *what) {
       return failWith(std::string("creating the started collectives' "
                                   "stream: ") +
                       cudaGetErrorString(err));
-    if (cudaEventCreateWithFlags(&comm->sideReady, cudaEventDisableTiming) ||
-        cudaEventCreateWithFlags(&comm->sideDone, cudaEventDisableTiming))
+    if (cudaEventCreateWithFlags(&comm->sideReady, cudaEventDisableTiming))
       return failWith("creating the started collectives' events");
   }
   return streamWait(comm->sideReady, comm->stream, comm->side, what);
+}
+
+/// Marks the end of the collective just enqueued on the side stream.
+int noteStarted(pcc_nccl_comm *comm, const char *what) {
+  cudaEvent_t event = nullptr;
+  if (!comm->spareEvents.empty()) {
+    event = comm->spareEvents.back();
+    comm->spareEvents.pop_back();
+  } else if (cudaError_t err =
+                 cudaEventCreateWithFlags(&event, cudaEventDisableTiming)) {
+    return failWith(std::string(what) + ": cudaEventCreate: " +
+                    cudaGetErrorString(err));
+  }
+  if (cudaError_t err = cudaEventRecord(event, comm->side)) {
+    comm->spareEvents.push_back(event);
+    return failWith(std::string(what) + ": cudaEventRecord: " +
+                    cudaGetErrorString(err));
+  }
+  comm->started.push_back(event);
+  return 0;
 }
 } // namespace
 
@@ -421,8 +448,7 @@ int pcc_nccl_all_reduce_start(pcc_nccl_comm *comm, void *buffer,
   if (ncclResult_t rc = ncclAllReduce(buffer, buffer, size_t(count), type,
                                       ncclSum, comm->comm, comm->side))
     return fail("ncclAllReduce (started)", rc, comm);
-  ++comm->started;
-  return 0;
+  return noteStarted(comm, "starting an all_reduce");
 }
 
 int pcc_nccl_reduce_scatter_start(pcc_nccl_comm *comm, const void *send,
@@ -437,23 +463,51 @@ int pcc_nccl_reduce_scatter_start(pcc_nccl_comm *comm, const void *send,
           ncclReduceScatter(send, recv, size_t(count_per_rank), type, ncclSum,
                             comm->comm, comm->side))
     return fail("ncclReduceScatter (started)", rc, comm);
-  ++comm->started;
-  return 0;
+  return noteStarted(comm, "starting a reduce_scatter");
+}
+
+int pcc_nccl_all_gather_start(pcc_nccl_comm *comm, const void *send,
+                              void *recv, int64_t count_per_rank, int dtype) {
+  ncclDataType_t type;
+  if (prepare(comm, dtype, type))
+    return 1;
+  if (startOnSide(comm, "starting an all_gather"))
+    return 1;
+  if (ncclResult_t rc = ncclAllGather(send, recv, size_t(count_per_rank), type,
+                                      comm->comm, comm->side))
+    return fail("ncclAllGather (started)", rc, comm);
+  return noteStarted(comm, "starting an all_gather");
+}
+
+int pcc_nccl_wait_oldest(pcc_nccl_comm *comm, int64_t count,
+                         int64_t timeout_ms) {
+  if (failIfAborted(comm))
+    return 1;
+  size_t n = count < 0 ? 0 : size_t(count);
+  if (n > comm->started.size())
+    n = comm->started.size();
+  if (n == 0)
+    return 0;
+  // The side stream runs the started collectives in order: the n-th one's
+  // event covers the n - 1 before it. Later work on the stream reads
+  // their results...
+  cudaEvent_t last = comm->started[n - 1];
+  if (cudaError_t err = cudaStreamWaitEvent(comm->stream, last, 0))
+    return failWith(std::string("waiting for the started collectives: "
+                                "cudaStreamWaitEvent: ") +
+                    cudaGetErrorString(err));
+  // ...and the host bounds the wait, so a stalled peer is reported.
+  int rc = waitUntil(comm, timeout_ms, [&] { return cudaEventQuery(last); });
+  for (size_t i = 0; i < n; ++i) {
+    comm->spareEvents.push_back(comm->started.front());
+    comm->started.pop_front();
+  }
+  return rc;
 }
 
 int pcc_nccl_wait_started(pcc_nccl_comm *comm, int64_t timeout_ms) {
-  if (failIfAborted(comm))
-    return 1;
-  if (comm->started == 0)
-    return 0;
-  comm->started = 0;
-  // Later work on the stream reads the sums...
-  if (streamWait(comm->sideDone, comm->side, comm->stream,
-                 "waiting for the started collectives"))
-    return 1;
-  // ...and the host bounds the wait, so a stalled peer is reported.
-  return waitUntil(comm, timeout_ms,
-                   [&] { return cudaEventQuery(comm->sideDone); });
+  return pcc_nccl_wait_oldest(comm, int64_t(comm->started.size()),
+                              timeout_ms);
 }
 
 } // extern "C"

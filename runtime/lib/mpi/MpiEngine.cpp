@@ -22,15 +22,17 @@ struct pcc_mpi_comm {
   MPI_Comm comm;
   /// Sends started by pcc_mpi_isend and not yet waited for.
   std::vector<MPI_Request> pending;
-  /// Sums started by pcc_mpi_iall_reduce or pcc_mpi_ireduce_scatter and
-  /// not yet waited for.
+  /// Collectives started by pcc_mpi_iall_reduce, pcc_mpi_ireduce_scatter
+  /// or pcc_mpi_iall_gather and not yet waited for, oldest first.
   std::vector<MPI_Request> collectives;
   /// In-place reduce-scatters leave the slice at the buffer's start; it
-  /// moves to the rank's place once they complete: (to, from, bytes).
+  /// moves to the rank's place once they complete: (to, from, bytes), and
+  /// the index in `collectives` of the call it belongs to.
   struct Move {
     char *to;
     const char *from;
     size_t bytes;
+    size_t call;
   };
   std::vector<Move> moves;
 };
@@ -306,21 +308,60 @@ int pcc_mpi_ireduce_scatter(pcc_mpi_comm *comm, const void *send, void *recv,
     return fail("MPI_Ireduce_scatter_block", rc);
   comm->collectives.push_back(request);
   if (inPlace && rank != 0)
-    comm->moves.push_back({static_cast<char *>(recv), base, bytes});
+    comm->moves.push_back({static_cast<char *>(recv), base, bytes,
+                           comm->collectives.size() - 1});
   return 0;
 }
 
-int pcc_mpi_wait_collectives(pcc_mpi_comm *comm) {
-  if (comm->collectives.empty())
+int pcc_mpi_iall_gather(pcc_mpi_comm *comm, const void *send, void *recv,
+                        int64_t count_per_rank, int dtype) {
+  MPI_Datatype type;
+  if (prepare(count_per_rank, dtype, type))
+    return 1;
+  int rank = 0, size = 1, width = 0;
+  MPI_Comm_rank(comm->comm, &rank);
+  MPI_Comm_size(comm->comm, &size);
+  MPI_Type_size(type, &width);
+  size_t bytes = static_cast<size_t>(count_per_rank) * width;
+  bool inPlace = send == static_cast<const char *>(recv) + rank * bytes;
+  MPI_Request request;
+  int rc = MPI_Iallgather(inPlace ? MPI_IN_PLACE : send,
+                          static_cast<int>(count_per_rank), type, recv,
+                          static_cast<int>(count_per_rank), type, comm->comm,
+                          &request);
+  if (rc != MPI_SUCCESS)
+    return fail("MPI_Iallgather", rc);
+  comm->collectives.push_back(request);
+  return 0;
+}
+
+int pcc_mpi_wait_oldest(pcc_mpi_comm *comm, int64_t count) {
+  size_t n = count < 0 ? 0 : static_cast<size_t>(count);
+  if (n > comm->collectives.size())
+    n = comm->collectives.size();
+  if (n == 0)
     return 0;
-  int rc = MPI_Waitall(static_cast<int>(comm->collectives.size()),
-                       comm->collectives.data(), MPI_STATUSES_IGNORE);
-  comm->collectives.clear();
+  int rc = MPI_Waitall(static_cast<int>(n), comm->collectives.data(),
+                       MPI_STATUSES_IGNORE);
+  comm->collectives.erase(comm->collectives.begin(),
+                          comm->collectives.begin() + n);
   // Each move stays within the buffer of its own call.
-  for (const pcc_mpi_comm::Move &m : comm->moves)
-    std::memmove(m.to, m.from, m.bytes);
-  comm->moves.clear();
+  std::vector<pcc_mpi_comm::Move> later;
+  for (pcc_mpi_comm::Move m : comm->moves) {
+    if (m.call < n) {
+      std::memmove(m.to, m.from, m.bytes);
+    } else {
+      m.call -= n;
+      later.push_back(m);
+    }
+  }
+  comm->moves = std::move(later);
   return rc == MPI_SUCCESS ? 0 : fail("MPI_Waitall", rc);
+}
+
+int pcc_mpi_wait_collectives(pcc_mpi_comm *comm) {
+  return pcc_mpi_wait_oldest(comm,
+                             static_cast<int64_t>(comm->collectives.size()));
 }
 
 void pcc_mpi_test_collectives(pcc_mpi_comm *comm) {

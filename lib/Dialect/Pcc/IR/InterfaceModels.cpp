@@ -512,6 +512,9 @@ std::pair<CollectiveKind, Value> collectiveOf(ReduceScatterOp op) {
 std::pair<CollectiveKind, Value> collectiveOf(ReduceScatterStartOp op) {
   return {CollectiveKind::ReduceScatter, op.getInput()};
 }
+std::pair<CollectiveKind, Value> collectiveOf(AllGatherStartOp op) {
+  return {CollectiveKind::AllGather, op.getResult()};
+}
 
 template <typename OpT>
 struct CollectiveModel
@@ -541,5 +544,7 @@ void mlir::pcc::registerPccInterfaceModels(MLIRContext *context) {
   AllGatherOp::attachInterface<CollectiveModel<AllGatherOp>>(*context);
   ReduceScatterOp::attachInterface<CollectiveModel<ReduceScatterOp>>(*context);
   ReduceScatterStartOp::attachInterface<CollectiveModel<ReduceScatterStartOp>>(
+      *context);
+  AllGatherStartOp::attachInterface<CollectiveModel<AllGatherStartOp>>(
       *context);
 }

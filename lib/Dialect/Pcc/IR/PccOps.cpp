@@ -623,6 +623,16 @@ LogicalResult ReduceScatterStartOp::verify() {
   return success();
 }
 
+LogicalResult AllGatherStartOp::verify() {
+  if (failed(verifyStacked(*this, getAxis(), getInput().getType(), getType())))
+    return failure();
+  if (!getResult().hasOneUse() ||
+      !isa<WaitCollectivesOp>(*getResult().getUsers().begin()))
+    return emitOpError("the result must be used by one pcc.wait_collectives "
+                       "and nothing else");
+  return success();
+}
+
 LogicalResult WaitCollectivesOp::verify() {
   if (failed(getMeshAxisSize(*this, getAxis())))
     return failure();
@@ -630,15 +640,16 @@ LogicalResult WaitCollectivesOp::verify() {
     return emitOpError("has ") << getStarted().size() << " started values but "
                                << getResults().size() << " results";
   for (auto [started, result] : llvm::zip(getStarted(), getResults())) {
-    auto start = started.getDefiningOp<ReduceScatterStartOp>();
-    if (!start || start.getAxis() != getAxis())
+    Operation *start = started.getDefiningOp();
+    if (!isa_and_nonnull<ReduceScatterStartOp, AllGatherStartOp>(start) ||
+        start->getAttrOfType<StringAttr>("axis").getValue() != getAxis())
       return emitOpError("started operand is not a collective started over '")
              << getAxis() << "'";
     if (started.getType() != result.getType())
       return emitOpError("result type ")
              << result.getType() << " differs from its started value's "
              << started.getType();
-    if (!llvm::is_contained(getReading(), start.getInput()))
+    if (!llvm::is_contained(getReading(), start->getOperand(0)))
       return emitOpError("does not keep the input of a collective it "
                          "completes ('reading' lacks it)");
   }

@@ -95,6 +95,23 @@ public:
   /// By default the sum is done before the call returns.
   virtual Status reduceScatterStart(const void *send, void *recv,
                                     int64_t countPerRank, DType type);
+  /// A gather of every rank's `send` into `recv` ([size, countPerRank])
+  /// that may still run when the call returns (ZeRO 3's prefetch). By
+  /// default it is done before the call returns.
+  virtual Status allGatherStart(const void *send, void *recv,
+                                int64_t countPerRank, DType type) {
+    return allGather(send, recv, countPerRank, type);
+  }
+  /// The started collectives are numbered 1, 2, ... in the order they
+  /// start; this is the latest one's number (0: none, or every start
+  /// completed before it returned).
+  virtual int64_t startedCollectives() const { return 0; }
+  /// Completes the started collectives numbered up to `ticket`; later ones
+  /// may still run.
+  virtual Status waitCollectivesThrough(int64_t ticket) {
+    (void)ticket;
+    return Status::success();
+  }
   virtual Status broadcast(void *buffer, int64_t count, DType type,
                            int root) = 0;
   virtual Status send(const void *buffer, int64_t count, DType type,
@@ -191,6 +208,10 @@ private:
                             int32_t dtype);
   static int reduceScatterStart(void *group, const void *send, void *recv,
                                 int64_t count, int32_t dtype);
+  static int allGatherStart(void *group, const void *send, void *recv,
+                            int64_t count, int32_t dtype);
+  static int64_t started(void *group);
+  static int waitThrough(void *group, int64_t ticket);
   static int waitAll(void *group);
   static void progress(void *group);
   int check(Status status);

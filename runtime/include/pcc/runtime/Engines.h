@@ -63,7 +63,14 @@ int pcc_mpi_iall_reduce(pcc_mpi_comm *comm, void *buffer, int64_t count,
  * stays where it lies, as ncclReduceScatter's in-place form leaves it. */
 int pcc_mpi_ireduce_scatter(pcc_mpi_comm *comm, const void *send, void *recv,
                             int64_t count_per_rank, int dtype);
+/* A started gather of every rank's `send` into `recv` ([size,
+ * count_per_rank], MPI_Iallgather), completed with the others. */
+int pcc_mpi_iall_gather(pcc_mpi_comm *comm, const void *send, void *recv,
+                        int64_t count_per_rank, int dtype);
 int pcc_mpi_wait_collectives(pcc_mpi_comm *comm);
+/* Completes the `count` oldest started collectives still running on
+ * `comm`; the later ones may still run. */
+int pcc_mpi_wait_oldest(pcc_mpi_comm *comm, int64_t count);
 void pcc_mpi_test_collectives(pcc_mpi_comm *comm);
 /* Ends the whole job (MPI_Abort on the world): for a failure on one rank
  * while the others wait in a receive or a barrier. Does not return. */
@@ -116,6 +123,14 @@ int pcc_nccl_reduce_scatter_start(pcc_nccl_comm *comm, const void *send,
  * them too, up to timeout_ms (aborting the communicator, as
  * pcc_nccl_wait). */
 int pcc_nccl_wait_started(pcc_nccl_comm *comm, int64_t timeout_ms);
+/* A started ncclAllGather on the same stream as the started sums. */
+int pcc_nccl_all_gather_start(pcc_nccl_comm *comm, const void *send,
+                              void *recv, int64_t count_per_rank, int dtype);
+/* Completes the `count` oldest started collectives (later work on the
+ * calls' stream waits for them; the host waits up to `timeout_ms`); the
+ * later ones may still run. */
+int pcc_nccl_wait_oldest(pcc_nccl_comm *comm, int64_t count,
+                         int64_t timeout_ms);
 /* Moves the communicator's calls to a stream of its own, so that its
  * transfers overlap the compute on the context's stream. The two are then
  * ordered only by the fences below. */

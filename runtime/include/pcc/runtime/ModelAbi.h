@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 11
+#define PCC_MODEL_ABI_VERSION 12
 
 /* Targets, as bits of pcc_model_info.targets. */
 enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
@@ -317,6 +317,16 @@ typedef struct pcc_comm {
    * is send + rank * count_per_rank elements (ncclReduceScatter's form). */
   int (*reduce_scatter_start)(void *group, const void *send, void *recv,
                               int64_t count_per_rank, int32_t dtype);
+  /* ABI 12: every rank's `send` stacked into `recv` ([size,
+   * count_per_rank]), which may still run when the call returns (ZeRO 3's
+   * prefetch of the next weight). The collectives started on a group are
+   * numbered 1, 2, ... in the order they start; `started` returns the
+   * number of the latest, and wait_through completes every one numbered up
+   * to `ticket` (they complete in order; later ones may still run). */
+  int (*all_gather_start)(void *group, const void *send, void *recv,
+                          int64_t count_per_rank, int32_t dtype);
+  int64_t (*started)(void *group);
+  int (*wait_through)(void *group, int64_t ticket);
 } pcc_comm;
 
 /* What one run executes on. */

@@ -1233,11 +1233,37 @@ def Pcc_ReduceScatterStartOp : Pcc_Op<"reduce_scatter_start", [
   let hasVerifier = 1;
 }
 
+def Pcc_AllGatherStartOp : Pcc_Op<"all_gather_start", [
+    MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "starts an all-gather that a later op completes";
+  let description = [{
+    `pcc.all_gather`, started: the call returns before the gather is done,
+    so the ops after it overlap the traffic (ZeRO 3's prefetch of the next
+    weight while the current one computes). As for
+    `pcc.reduce_scatter_start`, only a `pcc.wait_collectives` that also
+    reads the input may use the result.
+
+    ```mlir
+    %p = pcc.all_gather_start %w axis = "dp" : tensor<64xf32> -> tensor<2x64xf32>
+    %q = pcc.wait_collectives axis = "dp" (%p) reading (%w)
+        : (tensor<2x64xf32>), (tensor<64xf32>) -> tensor<2x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input, StrAttr:$axis);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `axis` `=` $axis attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 def Pcc_WaitCollectivesOp : Pcc_Op<"wait_collectives", [
     MemoryEffects<[MemRead, MemWrite]>, AttrSizedOperandSegments]> {
   let summary = "completes the collectives started over an axis";
   let description = [{
-    Waits until every collective started over `axis` is done. Each result
+    Waits until its `started` collectives, and every collective started
+    over `axis` before them, are done (started collectives complete in the
+    order they started; later ones may still run). Each result
     is the completed value of the same-numbered `started` operand (its
     buffer: no copy); `reading` names the inputs of those collectives, kept
     untouched until here.
