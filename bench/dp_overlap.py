@@ -15,12 +15,18 @@ in data-parallel collectives per step. With buckets:
   its last gradient is done and complete where the next bucket starts
   (blocking: each gradient reduce-scattered where it is produced).
 The optimizer's all-gathers (ZeRO 1-3) and ZeRO 3's weight gathers stay
-blocking in both, so they count on both sides. The hidden share is
-1 - (time with buckets) / (time blocking), the part of the blocking time
-the backward pass absorbed. Both runs move the same bytes.
+blocking in both (--zero-prefetch=0), so they count on both sides. The
+hidden share is 1 - (time with buckets) / (time blocking), the part of the
+blocking time the backward pass absorbed. Both runs move the same bytes.
+
+With --what prefetch (ZeRO 3): the two libraries differ in ZeRO 3's weight
+gathers instead, --zero-prefetch=0 (each gathered where it is read) against
+--zero-prefetch=N (started N gathers ahead), both with blocking gradients
+(--bucket-mb=0).
 
 usage: bench/dp_overlap.py [--models mlp gpt resnet18_train] [--dp 2 4]
                            [--zero 0 1 2 3] [--steps 60] [--repeat 3]
+                           [--what buckets|prefetch] [--prefetch N]
 """
 import argparse
 import os
@@ -62,6 +68,9 @@ def main():
     ap.add_argument("--zero", type=int, nargs="+", default=[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--what", choices=["buckets", "prefetch"],
+                    default="buckets")
+    ap.add_argument("--prefetch", type=int, default=1)
     args = ap.parse_args()
     print("| model | dp | ZeRO | buckets | blocking: ms in collectives / step ms "
           "| buckets: ms in collectives / step ms | hidden share |")
@@ -77,12 +86,24 @@ def main():
 def measure(args, onnx, model, n, zero, tmp):
     flags = [f"--dp={n}", f"--zero={zero}"] + MODELS[model]
     libs = {}
-    for mode, extra in (("blocking", ["--bucket-mb=0"]), ("buckets", [])):
+    if args.what == "prefetch":
+        modes = (("blocking", ["--bucket-mb=0", "--zero-prefetch=0"]),
+                 ("buckets", ["--bucket-mb=0",
+                              f"--zero-prefetch={args.prefetch}"]))
+    else:
+        gathers = ["--zero-prefetch=0"] if zero == 3 else []
+        # -1: the size pcc chooses from the model, also where its default
+        # is no buckets (ZeRO 1-3 on CPU ranks).
+        modes = (("blocking", ["--bucket-mb=0"] + gathers),
+                 ("buckets", ["--bucket-mb=-1"] + gathers))
+    flags_of = dict(modes)
+    for mode, extra in modes:
         lib = os.path.join(tmp, f"{model}.{n}.{zero}.{mode}.so")
         subprocess.run([args.pcc, onnx, "--train", "-o", lib] + flags + extra,
                        check=True, capture_output=True)
         libs[mode] = lib
-    ir = subprocess.run([args.pcc, onnx, "--train", "--emit=mlir"] + flags,
+    ir = subprocess.run([args.pcc, onnx, "--train", "--emit=mlir"] + flags
+                        + flags_of["buckets"],
                         check=True, capture_output=True, text=True).stdout
     buckets = ir.count("pcc.bucket_start") + ir.count("pcc.wait_collectives")
     # Alternate the two so that load drifts affect both alike; the medians

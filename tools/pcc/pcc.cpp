@@ -103,7 +103,8 @@ static cl::opt<int> zeroPrefetch(
     cl::desc("with --zero=3: start each weight's all-gather this many "
              "gathers before its use, so it overlaps the compute before "
              "(FSDP's prefetch, chosen from the program's order; 0: gather "
-             "where it is read, blocking; default 1)"),
+             "where it is read, blocking; default 1 for GPU targets, 0 on "
+             "--target=cpu, where MPI gains nothing from it)"),
     cl::init(1), cl::cat(pccCategory));
 static cl::opt<std::string> zeroGradSync(
     "zero-grad-sync",
@@ -193,8 +194,9 @@ static cl::opt<double> bucketMb(
     cl::desc("with --dp: gradient buckets of about this many MiB, each "
              "all-reduced (ZeRO 0) or reduce-scattered (ZeRO 1-3) while the "
              "backward pass goes on (0: none, each gradient blocking; "
-             "default: chosen from the model, a quarter of the gradients "
-             "within 64 KiB to 25 MiB; ZeRO 1-3 on --target=cpu: none)"),
+             "-1 and the default: chosen from the model, a quarter of the "
+             "gradients within 64 KiB to 25 MiB; by default none for ZeRO "
+             "1-3 on --target=cpu)"),
     cl::init(-1), cl::cat(trainCategory));
 static cl::opt<std::string> offload(
     "offload",
@@ -638,9 +640,11 @@ int main(int argc, char **argv) {
       return fail("--mesh-order=" + meshOrder +
                   " must name dp, pp and tp once each, slowest first");
   }
-  if (bucketMb.getNumOccurrences() && (dp <= 1 || bucketMb < 0))
+  if (bucketMb.getNumOccurrences() &&
+      (dp <= 1 || (bucketMb < 0 && bucketMb != -1)))
     return fail("--bucket-mb sizes the gradient buckets of --dp (a size in "
-                "MiB, 0 for no buckets)");
+                "MiB, 0 for no buckets, -1 for the size chosen from the "
+                "model)");
   if (reshardAfterForward.getNumOccurrences() && zero != 3)
     return fail("--zero-reshard-after-forward chooses when ZeRO-3 gathers "
                 "the weights again; it goes with --zero=3");
@@ -939,7 +943,11 @@ int main(int argc, char **argv) {
         data.dataParallel = dp;
         data.zero = zero;
         data.reshardAfterForward = reshard;
-        data.prefetch = zeroPrefetch;
+        // Started gathers hide nothing on CPU ranks either (MPI moves
+        // them only in its calls; docs/benchmarks.md).
+        data.prefetch = zeroPrefetch.getNumOccurrences() ? zeroPrefetch
+                        : target == Target::Cpu          ? 0
+                                                         : 1;
         data.reduceEachMicrobatch = eachMicrobatch;
         // ZeRO 1-3's started reduce-scatters hide nothing on CPU ranks
         // (MPI moves them only in its calls; docs/benchmarks.md), so they
@@ -948,8 +956,10 @@ int main(int argc, char **argv) {
             offloading || pp > 1                           ? 0
             : bucketMb >= 0                                ? static_cast<int64_t>(
                                                                  bucketMb * 1048576.0)
-            : zero > 0 && target == Target::Cpu ? 0
-                                                           : -1;
+            : zero > 0 && target == Target::Cpu &&
+                    !bucketMb.getNumOccurrences()
+                ? 0
+                : -1;
         pm.addPass(pcc::createDataParallel(data));
         pm.addPass(createCanonicalizerPass());
       }
