@@ -697,7 +697,7 @@ const char *const kRefused[] = {
     "pcc.assign",           "pcc.bucket_start",     "pcc.bucket_wait",
     "pcc.ema_update",       "pcc.sgd_update",       "pcc.adamw_update",
     "pcc.reduce_scatter_start", "pcc.wait_collectives",
-    "pcc.all_gather_start",
+    "pcc.all_gather_start", "pcc.mesh",
 };
 
 TEST(GradCheck, NoRule_GradientsCollectivesState) {
@@ -732,7 +732,7 @@ TEST(GradCheck, NoRule_OnAParsedConvGradient) {
 // statistics trains what one device trains.
 TEST(GradCheck, AllReduce_OneRank) {
   GradCase c;
-  c.ir = "module attributes {pcc.mesh = {dp = 1}} {\n" +
+  c.ir = "module {\n  pcc.mesh @mesh [dp = 1]\n" +
          unary("pcc.all_reduce %x axis = \"dp\"") + "}\n";
   c.args = {{0.5, -1.25, 2.0, 0.0, 3.5, -0.75}};
   gradCheck(c);
@@ -740,7 +740,8 @@ TEST(GradCheck, AllReduce_OneRank) {
 
 TEST(GradCheck, AllReduce_IsAllReduceOfTheCotangent) {
   OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
-    module attributes {pcc.mesh = {dp = 2}} {
+    module {
+      pcc.mesh @mesh [dp = 2]
       func.func @f(%x: tensor<2x3xf32>) -> tensor<2x3xf32> {
         %y = pcc.all_reduce %x axis = "dp" : tensor<2x3xf32>
         return %y : tensor<2x3xf32>

@@ -465,7 +465,8 @@ TEST(Interpreter, IntegersAndCasts) {
 
 TEST(Interpreter, EvaluateOpAndUnevaluableOps) {
   OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
-    module attributes {pcc.mesh = {tp = 2}} {
+    module {
+      pcc.mesh @mesh [tp = 2]
       func.func @f(%x: tensor<2xf64>) -> tensor<2xf64> {
         %s = pcc.sigmoid %x : tensor<2xf64>
         %y = pcc.all_reduce %s axis = "tp" : tensor<2xf64>

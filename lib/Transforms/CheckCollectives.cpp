@@ -59,15 +59,15 @@ struct CheckCollectivesPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto mesh = module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName);
+    MeshOp mesh = getMesh(module);
     if (!mesh)
       return;
     // The pipeline axis: rank p runs the stages k with k mod pp == p (the
     // interleaved schedule's placement; one stage each otherwise), every
     // micro-batch in stage order. Every other rank runs the whole program.
     int64_t pp = 1;
-    if (auto size = mesh.getAs<IntegerAttr>("pp"))
-      pp = size.getInt();
+    if (std::optional<int64_t> size = mesh.getAxisSize("pp"))
+      pp = *size;
     SmallVector<func::FuncOp> stages;
     module.walk([&](func::FuncOp f) {
       if (auto k = f->getAttrOfType<IntegerAttr>("pcc.stage")) {
@@ -134,9 +134,8 @@ struct CheckCollectivesPass
     // Only the pipeline axis gives the members of a group different
     // programs: along any other axis the members share their pp coordinate
     // and so run one program, and matching holds by construction.
-    for (NamedAttribute axis : mesh) {
-      StringRef name = axis.getName().getValue();
-      int64_t size = cast<IntegerAttr>(axis.getValue()).getInt();
+    for (auto [axis, size] : llvm::zip(mesh.getAxes(), mesh.getShape())) {
+      StringRef name = cast<StringAttr>(axis).getValue();
       if (size <= 1 || name != "pp")
         continue;
       SmallVector<SmallVector<Operation *>> issued;

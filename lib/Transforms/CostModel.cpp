@@ -31,12 +31,9 @@ double CostModel::collectiveSeconds(CollectiveKind kind, int64_t wholeBytes,
 /// The size of mesh axis `axis` in `op`'s module, without diagnostics (the
 /// verifier reports a missing axis); 2 when it cannot be found.
 static int64_t axisSize(Operation *op, StringRef axis) {
-  auto module = op->getParentOfType<ModuleOp>();
-  auto mesh =
-      module ? module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName)
-             : DictionaryAttr();
-  auto size = mesh ? mesh.getAs<IntegerAttr>(axis) : IntegerAttr();
-  return size ? size.getInt() : 2;
+  MeshOp mesh = getMesh(op);
+  std::optional<int64_t> size = mesh ? mesh.getAxisSize(axis) : std::nullopt;
+  return size ? *size : 2;
 }
 
 double CostModel::opSeconds(Operation *op) const {

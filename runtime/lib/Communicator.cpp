@@ -254,21 +254,17 @@ public:
       return Status::success();
     // What the wait completes, for the watchdog and the errors.
     int64_t count = 0;
-    std::string kinds;
+    const char *kind = nullptr;
     DType type = DType::F32;
     for (int64_t i = completed; i < through; ++i) {
       const Started &s = inFlight[static_cast<size_t>(i - completed)];
       count += s.count;
       type = s.type;
-      if (kinds.find(s.kind) == std::string::npos)
-        kinds += std::string(kinds.empty() ? "" : "/") + s.kind;
+      kind = !kind || std::strcmp(kind, s.kind) == 0 ? s.kind : "collective";
     }
-    std::string what = "wait for started " + kinds + " #" +
-                       std::to_string(completed + 1) +
-                       (through > completed + 1
-                            ? "-" + std::to_string(through)
-                            : std::string());
     int64_t n = through - completed;
+    std::string what = "wait for " + std::to_string(n) + " started " + kind +
+                       "(s)";
     inFlight.erase(inFlight.begin(), inFlight.begin() + n);
     completed = through;
     Watched w(*this, what, count, type);

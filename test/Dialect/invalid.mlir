@@ -491,7 +491,8 @@ func.func @assign_state(%x: tensor<4xf32>, %y: tensor<4xf32>) {
 
 // Tests that a flat (ZeRO) shard is ceil(elements / ranks) long: 10
 // elements over 3 ranks are pieces of 4.
-module attributes {pcc.mesh = {dp = 3 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 3]
   func.func @flat_piece() -> tensor<3xf32> {
     // expected-error @below {{shard: a flat shard of 10 elements over 3 ranks is a 'tensor<4xf32>', not 'tensor<3xf32>'}}
     %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [5, 2] : tensor<3xf32>
@@ -501,7 +502,8 @@ module attributes {pcc.mesh = {dp = 3 : i64}} {
 
 // -----
 
-module attributes {pcc.mesh = {dp = 3 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 3]
   func.func @flat_needs_whole() -> tensor<4xf32> {
     // expected-error @below {{shard: a flat shard needs the whole shape (`of`)}}
     %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) : tensor<4xf32>
@@ -521,7 +523,8 @@ func.func @whole_needs_flat() -> tensor<5x2xf32> {
 
 // Tests the flat shard within a tensor-parallel split: its length counts
 // the tp piece's elements (12 of [8, 3] at tp=2, pieces of 4 over dp=3).
-module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 3, tp = 2]
   func.func @within_piece() -> tensor<8xf32> {
     // expected-error @below {{shard: a flat shard of 12 elements over 3 ranks is a 'tensor<4xf32>', not 'tensor<8xf32>'}}
     %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [8, 3] within(#pcc.shard<tp, dim = 0>) : tensor<8xf32>
@@ -531,7 +534,8 @@ module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
 
 // -----
 
-module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 3, tp = 2]
   func.func @within_divides() -> tensor<5xf32> {
     // expected-error @below {{within: #pcc.shard<tp, dim = 1> does not split a tensor of shape [8, 3]}}
     %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [8, 3] within(#pcc.shard<tp, dim = 1>) : tensor<5xf32>
@@ -541,7 +545,8 @@ module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
 
 // -----
 
-module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 3, tp = 2]
   func.func @within_needs_flat() -> tensor<4x3xf32> {
     // expected-error @below {{within: only a flat shard is taken within a split}}
     %m = pcc.param "w" shard(#pcc.shard<tp, dim = 0>) within(#pcc.shard<tp, dim = 0>) : tensor<4x3xf32>
@@ -551,7 +556,8 @@ module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
 
 // -----
 
-module attributes {pcc.mesh = {dp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 2]
   func.func @within_other_axis() -> tensor<2xf32> {
     // expected-error @below {{within: the split and the flat shard are over the same mesh axis 'dp'}}
     %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [8] within(#pcc.shard<dp, dim = 0>) : tensor<2xf32>
@@ -562,7 +568,8 @@ module attributes {pcc.mesh = {dp = 2 : i64}} {
 // -----
 
 // Tests that a gradient bucket is 1-D and its axis is in the mesh.
-module attributes {pcc.mesh = {dp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 2]
   func.func @bucket_rank() {
     %b = pcc.param "w@bucket" : tensor<4x4xf32>
     // expected-error @below {{bucket: a gradient bucket is 1-D, not 'tensor<4x4xf32>'}}
@@ -573,7 +580,8 @@ module attributes {pcc.mesh = {dp = 2 : i64}} {
 
 // -----
 
-module attributes {pcc.mesh = {dp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 2]
   func.func @bucket_axis() {
     %b = pcc.param "w@bucket" : tensor<16xf32>
     // expected-error @below {{mesh axis 'tp' is not in the module's pcc.mesh}}
@@ -584,13 +592,41 @@ module attributes {pcc.mesh = {dp = 2 : i64}} {
 
 // -----
 
-// Tests that pcc.mesh_order names every axis of pcc.mesh once.
-// expected-error @below {{pcc.mesh_order must name every axis of pcc.mesh once}}
-module attributes {pcc.mesh = {dp = 2 : i64, tp = 2 : i64}, pcc.mesh_order = ["tp", "tp"]} {
+// Tests that a mesh names each axis once.
+module {
+  // expected-error @below {{axes: 'tp' is empty or named twice}}
+  pcc.mesh @mesh [tp = 2, tp = 2]
 }
 
 // -----
 
-// expected-error @below {{pcc.mesh_order must name every axis of pcc.mesh once}}
-module attributes {pcc.mesh = {dp = 2 : i64, tp = 2 : i64}, pcc.mesh_order = ["tp"]} {
+// Tests that every mesh axis has at least one rank.
+module {
+  // expected-error @below {{axes: 'dp' needs a size >= 1, got 0}}
+  pcc.mesh @mesh [dp = 0, tp = 2]
+}
+
+// -----
+
+// Tests that a module has one mesh.
+module {
+  // expected-error @below {{module: one pcc.mesh per module}}
+  pcc.mesh @mesh [dp = 2]
+  pcc.mesh @other [tp = 2]
+}
+
+// -----
+
+// Tests that the mesh lives in a module.
+func.func @nested() {
+  // expected-error @below {{expects parent op 'builtin.module'}}
+  "pcc.mesh"() {sym_name = "mesh", axes = ["dp"], shape = array<i64: 2>} : () -> ()
+  return
+}
+
+// -----
+
+// Tests that the mesh's former attribute form names the op that replaced it.
+// expected-error @below {{pcc.mesh is not an attribute: the mesh is an op in the module, in the rank grid's order, e.g. pcc.mesh @mesh [dp = 2, pp = 1, tp = 2]}}
+module attributes {pcc.mesh = {dp = 2 : i64}} {
 }

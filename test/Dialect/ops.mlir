@@ -228,7 +228,8 @@ func.func @window_gradients(%x: tensor<2x4x7x6xf32>, %w: tensor<6x2x3x2xf32>, %d
 // CHECK-LABEL: func.func @zero_state
 // CHECK: pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [5, 2] : tensor<4xf32>
 // CHECK: pcc.assign %{{.*}}, %{{.*}} : tensor<5x2xf32>
-module attributes {pcc.mesh = {dp = 3 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 3]
   func.func @zero_state(%x: tensor<5x2xf32>) -> tensor<4xf32> {
     %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [5, 2] : tensor<4xf32>
     %w = pcc.param "w" : tensor<5x2xf32>
@@ -244,7 +245,8 @@ module attributes {pcc.mesh = {dp = 3 : i64}} {
 // pieces of 4 over 3 dp ranks.
 // CHECK-LABEL: func.func @zero_within_tp
 // CHECK: pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [8, 3] within(#pcc.shard<tp, dim = 0>) : tensor<4xf32>
-module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 3, tp = 2]
   func.func @zero_within_tp() -> tensor<4xf32> {
     %m = pcc.param "w@exp_avg" shard(#pcc.shard<dp, flat>) of [8, 3] within(#pcc.shard<tp, dim = 0>) : tensor<4xf32>
     return %m : tensor<4xf32>
@@ -257,7 +259,8 @@ module attributes {pcc.mesh = {dp = 3 : i64, tp = 2 : i64}} {
 // CHECK-LABEL: func.func @buckets
 // CHECK: pcc.bucket_start %{{.*}} axis = "dp" : tensor<48xf32>
 // CHECK: pcc.bucket_wait %{{.*}} axis = "dp" : tensor<48xf32>
-module attributes {pcc.mesh = {dp = 2 : i64, tp = 2 : i64}, pcc.mesh_order = ["tp", "dp"]} {
+module {
+  pcc.mesh @mesh [tp = 2, dp = 2]
   func.func @buckets() {
     %b = pcc.param "w@bucket" : tensor<48xf32>
     pcc.bucket_start %b axis = "dp" : tensor<48xf32>

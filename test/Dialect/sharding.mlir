@@ -1,7 +1,8 @@
 // RUN: pcc-opt %s | pcc-opt | FileCheck %s
 
 // Tests that mesh shardings, sharded weights and collectives print and parse.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 1 : i64, tp = 4 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 1, pp = 1, tp = 4]
   // CHECK-LABEL: func.func @layouts
   func.func @layouts(%x: tensor<2x64xf32>, %p: tensor<2x64xf32>) -> tensor<2x64xf32> {
     // CHECK: pcc.param "w" shard(#pcc.shard<tp, dim = 1, stripes = 3>) : tensor<64x48xf32>

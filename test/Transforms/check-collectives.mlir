@@ -2,7 +2,8 @@
 
 // Tests that a collective over the pipeline axis that only one pipeline
 // rank issues is refused: the other rank would never join it.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 1, pp = 2, tp = 1]
   func.func private @stage0(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pcc.stage = 0 : i64} {
     // expected-error @below {{collectives over 'pp' do not match: pipeline rank 0 (pp=0) issues collective #1 all_reduce of tensor<4xf32> -> tensor<4xf32> but pipeline rank 1 (pp=1) issues no collective #1 (it issues 0); the job would hang or exchange mismatched data}}
     %y = pcc.all_reduce %x axis = "pp" : tensor<4xf32>
@@ -17,7 +18,8 @@ module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
 
 // Tests that two different collectives at the same place are refused, with
 // a note at the other rank's.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 1, pp = 2, tp = 1]
   func.func private @stage0(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pcc.stage = 0 : i64} {
     // expected-note @below {{pipeline rank 0's collective #1 is here}}
     %y = pcc.all_reduce %x axis = "pp" : tensor<4xf32>
@@ -35,7 +37,8 @@ module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
 // Tests that matching collectives pass, and that collectives over other
 // axes (the same program on every member of their groups) are not
 // compared across pipeline ranks.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 1, pp = 2, tp = 2]
   func.func private @stage0(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pcc.stage = 0 : i64} {
     %y = pcc.all_reduce %x axis = "pp" : tensor<4xf32>
     %z = pcc.all_reduce %y axis = "tp" : tensor<4xf32>
@@ -52,7 +55,8 @@ module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 2 : i64}} {
 // Tests a pipelined training step: each pipeline rank's optimizer sums the
 // tied weights' gradients over pp; a rank that sums a tensor of another
 // shape (or skips the sum) is refused at compile time.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 1, pp = 2, tp = 1]
   func.func @stage0_forward(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pcc.phase = "forward", pcc.pipeline_stage = 0 : i64} {
     return %x : tensor<4xf32>
   }

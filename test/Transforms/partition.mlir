@@ -4,7 +4,8 @@
 // Tests the Megatron MLP at tp = 2: the first projection split by columns
 // (its bias sliced where it is defined), GELU on local columns, the second
 // split by rows, and one all-reduce of its partial sums before the bias.
-module attributes {pcc.mesh = {tp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [tp = 2]
   func.func @mlp(%x: tensor<8x64xf32>) -> tensor<8x64xf32> {
     %w1 = pcc.param "fc1.weight" {pcc.sharding = [#pcc.shard<tp, dim = 1>]} : tensor<64x256xf32>
     %b1 = pcc.param "fc1.bias" : tensor<256xf32>
@@ -37,7 +38,8 @@ module attributes {pcc.mesh = {tp = 2 : i64}} {
 
 // Tests that a result split in stripes is gathered whole: the stacked
 // pieces are reordered so each rank's chunk goes back into every stripe.
-module attributes {pcc.mesh = {tp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [tp = 2]
   func.func @gather_stripes(%x: tensor<4x8xf32>) -> tensor<4x12xf32> {
     %w = pcc.param "w" {pcc.sharding = [#pcc.shard<tp, dim = 1, stripes = 3>]} : tensor<8x12xf32>
     %y = pcc.matmul %x, %w : tensor<4x8xf32>, tensor<8x12xf32> -> tensor<4x12xf32>
@@ -57,7 +59,8 @@ module attributes {pcc.mesh = {tp = 2 : i64}} {
 // -----
 
 // Tests that a partial sum read split becomes a reduce-scatter.
-module attributes {pcc.mesh = {tp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [tp = 2]
   func.func @scatter(%x: tensor<4x8xf32>, %z: tensor<4x6xf32>) -> tensor<4x6xf32> {
     %a = pcc.param "a" {pcc.sharding = [#pcc.shard<tp, dim = 1>]} : tensor<4x8xf32>
     %w = pcc.param "w" {pcc.sharding = [#pcc.shard<tp, dim = 0>]} : tensor<8x6xf32>
@@ -81,7 +84,8 @@ module attributes {pcc.mesh = {tp = 2 : i64}} {
 // Tests that a lookup in a table split by rows becomes a shard gather whose
 // partial sums are all-reduced (the vocabulary-parallel embedding), and that
 // the same table read transposed by a matmul gives its columns.
-module attributes {pcc.mesh = {tp = 2 : i64}} {
+module {
+  pcc.mesh @mesh [tp = 2]
   func.func @embedding(%ids: tensor<2x3xi64>) -> tensor<2x3x10xf32> {
     %t = pcc.param "table" {pcc.sharding = [#pcc.shard<tp, dim = 0>]} : tensor<10x4xf32>
     %e = pcc.gather %t[%ids] axis = 0 : tensor<10x4xf32>, tensor<2x3xi64> -> tensor<2x3x4xf32>

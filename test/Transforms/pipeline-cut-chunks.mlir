@@ -5,7 +5,8 @@
 // (stage k on rank k mod 2), the module records pcc.pp_chunks, and the
 // schedule numbers each rank's chunks. Four equal layers: each rank gets
 // two, so the ranks balance.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 1, pp = 2, tp = 1]
   func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
     %w0 = pcc.param "w0" : tensor<8x8xf32>
     %w1 = pcc.param "w1" : tensor<8x8xf32>

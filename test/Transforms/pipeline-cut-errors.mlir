@@ -4,7 +4,8 @@
 
 // Tests that more stages than places to cut is an error that says how many
 // places there are.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 4 : i64, tp = 1 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 1, pp = 4, tp = 1]
   // expected-error @below {{pipeline cut: 4 stages need 3 cuts, but the model has 1 places to cut between its layers (where 128 bytes of activations are live); use fewer stages, or --pp-cuts to cut elsewhere}}
   func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
     %w0 = pcc.param "w0" : tensor<8x8xf32>
@@ -18,7 +19,8 @@ module attributes {pcc.mesh = {dp = 1 : i64, pp = 4 : i64, tp = 1 : i64}} {
 // -----
 
 // Tests that a transfer runs forward between stages of the mesh.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 1, pp = 2, tp = 1]
   func.func @back(%x: tensor<4xf32>) -> tensor<4xf32> {
     // expected-error @below {{goes from stage 1 to stage 0; stages run forward, in [0, 2)}}
     %t = pcc.transfer %x from 1 to 0 : tensor<4xf32>
@@ -29,7 +31,8 @@ module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
 // -----
 
 // Tests that pcc.pp_chunks multiplies the stages: 2 ranks x 2 chunks.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}, pcc.pp_chunks = 2 : i64} {
+module attributes {pcc.pp_chunks = 2 : i64} {
+  pcc.mesh @mesh [dp = 1, pp = 2, tp = 1]
   func.func @chunks(%x: tensor<4xf32>) -> tensor<4xf32> {
     %t = pcc.transfer %x from 2 to 3 : tensor<4xf32>
     // expected-error @below {{goes from stage 3 to stage 4; stages run forward, in [0, 4)}}
@@ -41,5 +44,6 @@ module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}, pcc.pp
 // -----
 
 // expected-error @below {{pcc.pp_chunks must be an integer >= 1 on the module}}
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}, pcc.pp_chunks = 0 : i64} {
+module attributes {pcc.pp_chunks = 0 : i64} {
+  pcc.mesh @mesh [dp = 1, pp = 2, tp = 1]
 }

@@ -4,7 +4,8 @@
 // a graph input returned as is comes into the last stage directly, a
 // constant-only output is computed there, and an output returned twice
 // is returned twice. @main returns the last call's results one for one.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 1, pp = 2, tp = 1]
   func.func @main(%x: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) {
     %w0 = pcc.param "w0" : tensor<8x8xf32>
     %w1 = pcc.param "w1" : tensor<8x8xf32>

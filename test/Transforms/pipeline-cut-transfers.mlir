@@ -3,7 +3,8 @@
 // Tests that a value a later stage reads passes through the stages between
 // (transfers go one hop, as the schedule's sends do), and that an output
 // computed early reaches the last stage the same way.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 3 : i64, tp = 1 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 1, pp = 3, tp = 1]
   func.func @main(%x: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
     %w0 = pcc.param "w0" : tensor<8x8xf32>
     %w1 = pcc.param "w1" : tensor<8x8xf32>

@@ -7,7 +7,8 @@
 // points (only the residual crosses), that weights are cloned into the
 // stage that reads them, that the graph input goes to every stage that
 // reads it, and that @main calls the stages with one transfer.
-module attributes {pcc.mesh = {dp = 1 : i64, pp = 2 : i64, tp = 1 : i64}} {
+module {
+  pcc.mesh @mesh [dp = 1, pp = 2, tp = 1]
   func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
     %w0 = pcc.param "w0" : tensor<8x8xf32>
     %w1 = pcc.param "w1" : tensor<8x8xf32>

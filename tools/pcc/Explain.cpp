@@ -391,7 +391,8 @@ void explain(ModuleOp module, const ExplainSettings &s, llvm::raw_ostream &os) {
   int64_t weightBytes = 0;
   std::vector<std::pair<int64_t, Operation *>> largest;
   module.walk([&](Operation *op) {
-    if (!isa<pcc::PccDialect>(op->getDialect()))
+    // The mesh describes the devices; it computes nothing.
+    if (!isa<pcc::PccDialect>(op->getDialect()) || isa<pcc::MeshOp>(op))
       return;
     if (op->getParentOfType<pcc::FusionOp>()) {
       if (op->hasTrait<OpTrait::Elementwise>())

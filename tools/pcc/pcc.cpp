@@ -822,20 +822,11 @@ int main(int argc, char **argv) {
     return 1;
   imported = true;
   Builder b(&context);
-  (**module)->setAttr(pcc::PccDialect::kMeshAttrName,
-                      b.getDictionaryAttr({
-                          b.getNamedAttr("dp", b.getI64IntegerAttr(dp)),
-                          b.getNamedAttr("pp", b.getI64IntegerAttr(pp)),
-                          b.getNamedAttr("tp", b.getI64IntegerAttr(tp)),
-                      }));
-  // The rank grid's order, when not the default (dp, pp, tp).
-  if (meshOrder != "dp,pp,tp") {
-    SmallVector<Attribute> order;
-    for (StringRef a : llvm::split(StringRef(meshOrder), ','))
-      order.push_back(b.getStringAttr(a));
-    (**module)->setAttr(pcc::PccDialect::kMeshOrderAttrName,
-                        b.getArrayAttr(order));
-  }
+  // The mesh, in the rank grid's order (--mesh-order, slowest first).
+  SmallVector<std::pair<StringRef, int64_t>> meshAxes;
+  for (StringRef a : llvm::split(StringRef(meshOrder), ','))
+    meshAxes.emplace_back(a, a == "dp" ? dp : a == "pp" ? pp : tp);
+  pcc::setMesh(**module, meshAxes);
 
   std::unique_ptr<DumpIrInstrumentation> dumper;
   if (!dumpIr.empty()) {

@@ -615,20 +615,11 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   llvm::StringMap<int> meshAxes;
   std::string meshNames, meshSizes;
   int64_t meshRanks = 1;
-  if (auto mesh =
-          module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName)) {
-    // In the rank grid's order (pcc.mesh_order), else the dictionary's.
-    SmallVector<StringRef> order;
-    if (auto given =
-            module->getAttrOfType<ArrayAttr>(PccDialect::kMeshOrderAttrName))
-      for (StringRef name : given.getAsValueRange<StringAttr>())
-        order.push_back(name);
-    else
-      for (NamedAttribute axis : mesh)
-        order.push_back(axis.getName().getValue());
-    for (StringRef name : order) {
+  if (MeshOp mesh = getMesh(module)) {
+    // In the rank grid's order, the mesh op's.
+    for (auto [axis, size] : llvm::zip(mesh.getAxes(), mesh.getShape())) {
+      StringRef name = cast<StringAttr>(axis).getValue();
       meshAxes[name] = meshAxes.size();
-      int64_t size = cast<IntegerAttr>(mesh.get(name)).getInt();
       meshRanks *= size;
       meshNames += quoted(name) + ", ";
       meshSizes += std::to_string(size) + ", ";

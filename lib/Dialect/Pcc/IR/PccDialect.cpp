@@ -107,17 +107,37 @@ void ShardingAttr::print(AsmPrinter &printer) const {
   printer << ">";
 }
 
-FailureOr<int64_t> mlir::pcc::getMeshAxisSize(Operation *op, StringRef axis) {
+MeshOp mlir::pcc::getMesh(Operation *op) {
   auto module =
       isa<ModuleOp>(op) ? cast<ModuleOp>(op) : op->getParentOfType<ModuleOp>();
-  DictionaryAttr mesh =
-      module ? module->getAttrOfType<DictionaryAttr>(PccDialect::kMeshAttrName)
-             : DictionaryAttr();
-  auto size = mesh ? mesh.getAs<IntegerAttr>(axis) : IntegerAttr();
+  if (!module)
+    return MeshOp();
+  auto meshes = module.getOps<MeshOp>();
+  return meshes.empty() ? MeshOp() : *meshes.begin();
+}
+
+void mlir::pcc::setMesh(ModuleOp module,
+                        ArrayRef<std::pair<StringRef, int64_t>> axes) {
+  for (MeshOp old : llvm::make_early_inc_range(module.getOps<MeshOp>()))
+    old.erase();
+  OpBuilder b = OpBuilder::atBlockBegin(module.getBody());
+  SmallVector<Attribute> names;
+  SmallVector<int64_t> sizes;
+  for (auto [name, size] : axes) {
+    names.push_back(b.getStringAttr(name));
+    sizes.push_back(size);
+  }
+  MeshOp::create(b, module.getLoc(), "mesh", b.getArrayAttr(names),
+                 b.getDenseI64ArrayAttr(sizes));
+}
+
+FailureOr<int64_t> mlir::pcc::getMeshAxisSize(Operation *op, StringRef axis) {
+  MeshOp mesh = getMesh(op);
+  std::optional<int64_t> size = mesh ? mesh.getAxisSize(axis) : std::nullopt;
   if (!size)
     return op->emitOpError("mesh axis '")
            << axis << "' is not in the module's pcc.mesh";
-  return size.getInt();
+  return *size;
 }
 
 DenseElementsAttr mlir::pcc::getSplatAttr(RankedTensorType type,
@@ -183,39 +203,13 @@ static LogicalResult verifySharding(Operation *op, ShardingAttr sharding,
 
 LogicalResult PccDialect::verifyOperationAttribute(Operation *op,
                                                    NamedAttribute attr) {
-  if (attr.getName() == kMeshAttrName) {
-    auto mesh = dyn_cast<DictionaryAttr>(attr.getValue());
-    if (!isa<ModuleOp>(op) || !mesh)
-      return op->emitError("pcc.mesh must be a dictionary on the module");
-    for (NamedAttribute axis : mesh) {
-      auto size = dyn_cast<IntegerAttr>(axis.getValue());
-      if (!size || size.getInt() < 1)
-        return op->emitError("pcc.mesh axis '")
-               << axis.getName().getValue() << "' needs a size >= 1";
-    }
-    return success();
-  }
-  if (attr.getName() == kMeshOrderAttrName) {
-    // The rank grid's order of the mesh's axes, slowest first: every axis
-    // of pcc.mesh once.
-    auto order = dyn_cast<ArrayAttr>(attr.getValue());
-    auto mesh = op->getAttrOfType<DictionaryAttr>(kMeshAttrName);
-    if (!isa<ModuleOp>(op) || !order || !mesh)
-      return op->emitError("pcc.mesh_order must be an array of axis names "
-                           "on a module with a pcc.mesh");
-    llvm::StringSet<> seen;
-    for (Attribute a : order) {
-      auto name = dyn_cast<StringAttr>(a);
-      if (!name || !mesh.get(name.getValue()) ||
-          !seen.insert(name.getValue()).second)
-        return op->emitError("pcc.mesh_order must name every axis of "
-                             "pcc.mesh once");
-    }
-    if (seen.size() != mesh.size())
-      return op->emitError("pcc.mesh_order must name every axis of pcc.mesh "
-                           "once");
-    return success();
-  }
+  // The mesh was a module attribute (a dictionary, so its axes were sorted
+  // by name, with the rank grid's order beside it); it is an op now.
+  if (attr.getName() == kMeshAttrName || attr.getName() == kMeshOrderAttrName)
+    return op->emitError(attr.getName().getValue())
+           << " is not an attribute: the mesh is an op in the module, in "
+              "the rank grid's order, e.g. pcc.mesh @mesh [dp = 2, pp = 1, "
+              "tp = 2]";
   if (attr.getName() == kPipelineChunksAttrName) {
     auto chunks = dyn_cast<IntegerAttr>(attr.getValue());
     if (!isa<ModuleOp>(op) || !chunks || chunks.getInt() < 1)

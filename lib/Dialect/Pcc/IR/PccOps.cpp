@@ -20,6 +20,41 @@ using namespace mlir::pcc;
 
 #include "pcc/Dialect/Pcc/IR/PccEnums.cpp.inc"
 
+/// `[dp = 2, pp = 1, tp = 4]`: a mesh's axes and sizes, in order.
+static ParseResult parseMeshAxes(OpAsmParser &parser, ArrayAttr &axes,
+                                 DenseI64ArrayAttr &shape) {
+  SmallVector<Attribute> names;
+  SmallVector<int64_t> sizes;
+  Builder &b = parser.getBuilder();
+  if (parser.parseCommaSeparatedList(
+          OpAsmParser::Delimiter::Square, [&]() -> ParseResult {
+            std::string name;
+            int64_t size = 0;
+            if (parser.parseKeywordOrString(&name) || parser.parseEqual() ||
+                parser.parseInteger(size))
+              return failure();
+            names.push_back(b.getStringAttr(name));
+            sizes.push_back(size);
+            return success();
+          }))
+    return failure();
+  axes = b.getArrayAttr(names);
+  shape = b.getDenseI64ArrayAttr(sizes);
+  return success();
+}
+
+static void printMeshAxes(OpAsmPrinter &printer, Operation *, ArrayAttr axes,
+                          DenseI64ArrayAttr shape) {
+  printer << '[';
+  for (auto [i, entry] : llvm::enumerate(llvm::zip(axes, shape.asArrayRef()))) {
+    if (i)
+      printer << ", ";
+    printer.printKeywordOrString(cast<StringAttr>(std::get<0>(entry)));
+    printer << " = " << std::get<1>(entry);
+  }
+  printer << ']';
+}
+
 #define GET_OP_CLASSES
 #include "pcc/Dialect/Pcc/IR/PccOps.cpp.inc"
 
@@ -620,6 +655,37 @@ LogicalResult ReduceScatterStartOp::verify() {
       !isa<WaitCollectivesOp>(*getResult().getUsers().begin()))
     return emitOpError("the result must be used by one pcc.wait_collectives "
                        "and nothing else");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// mesh
+//===----------------------------------------------------------------------===//
+
+std::optional<int64_t> MeshOp::getAxisSize(StringRef axis) {
+  for (auto [name, size] : llvm::zip(getAxes(), getShape()))
+    if (cast<StringAttr>(name).getValue() == axis)
+      return size;
+  return std::nullopt;
+}
+
+LogicalResult MeshOp::verify() {
+  if (getAxes().size() != getShape().size())
+    return emitOpError("axes: ") << getAxes().size() << " names for "
+                                 << getShape().size() << " sizes";
+  llvm::SmallSet<StringRef, 4> seen;
+  for (auto [name, size] : llvm::zip(getAxes(), getShape())) {
+    StringRef axis = cast<StringAttr>(name).getValue();
+    if (axis.empty() || !seen.insert(axis).second)
+      return emitOpError("axes: '") << axis << "' is empty or named twice";
+    if (size < 1)
+      return emitOpError("axes: '") << axis << "' needs a size >= 1, got "
+                                    << size;
+  }
+  auto module = (*this)->getParentOfType<ModuleOp>();
+  for (auto other : module.getOps<MeshOp>())
+    if (other != *this)
+      return emitOpError("module: one pcc.mesh per module");
   return success();
 }
 

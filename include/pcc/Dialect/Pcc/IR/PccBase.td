@@ -29,10 +29,9 @@ def Pcc_Dialect : Dialect {
   let useDefaultAttributePrinterParser = 1;
   let hasOperationAttrVerify = 1;
   let extraClassDeclaration = [{
-    /// The module's mesh: named axes and their sizes (`pcc.mesh`).
+    /// The module attributes that held the mesh before `pcc.mesh` became an
+    /// op; the verifier names the op when it meets them.
     static constexpr ::llvm::StringLiteral kMeshAttrName = "pcc.mesh";
-    /// The order of the mesh's axes in the rank grid, slowest first (the
-    /// last varies fastest); `pcc.mesh`'s (alphabetical) when absent.
     static constexpr ::llvm::StringLiteral kMeshOrderAttrName =
         "pcc.mesh_order";
     /// Per-result shardings chosen by the planner (`pcc.sharding`).

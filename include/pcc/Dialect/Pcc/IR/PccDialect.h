@@ -5,9 +5,11 @@
 
 #include "mlir/Bytecode/BytecodeOpInterface.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Dialect.h"
 #include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
@@ -38,5 +40,16 @@ DenseElementsAttr getSplatAttr(RankedTensorType type, double value);
 
 #define GET_OP_CLASSES
 #include "pcc/Dialect/Pcc/IR/PccOps.h.inc"
+
+namespace mlir::pcc {
+/// The `pcc.mesh` of `op`'s module (or of `op` itself, a module); null when
+/// it has none.
+MeshOp getMesh(Operation *op);
+/// Sets `module`'s mesh to `axes` (name and size), in the rank grid's
+/// order, slowest first: a `pcc.mesh @mesh` at the top of its body,
+/// replacing any other.
+void setMesh(ModuleOp module,
+             llvm::ArrayRef<std::pair<llvm::StringRef, int64_t>> axes);
+} // namespace mlir::pcc
 
 #endif // PCC_DIALECT_PCC_IR_PCCDIALECT_H

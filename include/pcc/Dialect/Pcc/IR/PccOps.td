@@ -16,10 +16,37 @@ include "pcc/Dialect/Pcc/IR/PccAttrs.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 include "mlir/IR/BuiltinAttributeInterfaces.td"
+include "mlir/IR/SymbolInterfaces.td"
 
 //===----------------------------------------------------------------------===//
 // Values: parameters and constants
 //===----------------------------------------------------------------------===//
+
+def Pcc_MeshOp : Pcc_Op<"mesh", [Symbol, HasParent<"::mlir::ModuleOp">]> {
+  let summary = "the device mesh: named axes and their sizes, in rank-grid order";
+  let description = [{
+    The module's device mesh (one per module, `@mesh`). Its axes are in the
+    order of the rank grid, slowest first: the last varies fastest, so its
+    groups are neighbouring ranks (`--mesh-order`; by default dp, pp, tp,
+    which keeps tensor parallelism within a node). Collectives, shardings
+    and `pcc.param` pieces name its axes; the model library's mesh table,
+    and so the runtime's communicator groups, follow its order.
+
+    ```mlir
+    pcc.mesh @mesh [dp = 2, pp = 1, tp = 4]
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, StrArrayAttr:$axes,
+                       DenseI64ArrayAttr:$shape);
+  let assemblyFormat = [{
+    $sym_name custom<MeshAxes>($axes, $shape) attr-dict
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The size of `axis`, or nullopt when the mesh has no such axis.
+    std::optional<int64_t> getAxisSize(::llvm::StringRef axis);
+  }];
+}
 
 def Pcc_ParamOp : Pcc_Op<"param", [Pure]> {
   let summary = "a model weight, named after its ONNX initializer";
