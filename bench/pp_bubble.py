@@ -27,6 +27,7 @@ usage: bench/pp_bubble.py [--pcc build/bin/pcc] [--rows 32] [--hidden 512]
                           [--layers 8] [--trials 3] [--chunks 1 2]
        bench/pp_bubble.py --train [--stages 2] [--microbatches 8]
                           [--schedules gpipe 1f1b zb-h1] [--in-features 64]
+                          [--out-features 64]
 """
 import argparse
 import os
@@ -39,7 +40,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def make_model(path, layers, hidden, in_features=0):
+def make_model(path, layers, hidden, in_features=0, out_features=0):
     import torch
 
     class Block(torch.nn.Module):
@@ -54,6 +55,8 @@ def make_model(path, layers, hidden, in_features=0):
     blocks = [Block() for _ in range(layers)]
     if in_features:
         blocks.insert(0, torch.nn.Linear(in_features, hidden))
+    if out_features:
+        blocks.append(torch.nn.Linear(hidden, out_features))
     model = torch.nn.Sequential(*blocks).eval()
     x = torch.randn(2, in_features or hidden)
     torch.onnx.export(model, (x,), path, input_names=["x"], output_names=["y"],
@@ -87,6 +90,10 @@ def main():
                     help="with --train: an input projection Linear(N, hidden) before "
                          "the blocks, the way a transformer starts with its embedding "
                          "(0: none)")
+    ap.add_argument("--out-features", type=int, default=0,
+                    help="with --train: an output projection Linear(hidden, N) after "
+                         "the blocks, the way a transformer ends with its LM head, so "
+                         "that the last stage's extra work matches the first's (0: none)")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--stages", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
@@ -149,7 +156,8 @@ def train(args):
     import numpy as np
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.path.join(tmp, "deep_mlp.onnx")
-        make_model(onnx_path, args.layers, args.hidden, args.in_features)
+        make_model(onnx_path, args.layers, args.hidden, args.in_features,
+                   args.out_features)
         for p in args.stages:
             for m in args.microbatches:
                 rows = m * args.rows
@@ -157,7 +165,7 @@ def train(args):
                 y = os.path.join(tmp, f"y{rows}.npy")
                 write_input(x, rows, args.in_features or args.hidden)
                 np.save(y, np.random.default_rng(1).standard_normal(
-                    (rows, args.hidden)).astype(np.float32))
+                    (rows, args.out_features or args.hidden)).astype(np.float32))
                 libs = {}
                 for policy in args.schedules:
                     libs[policy] = os.path.join(tmp, f"t.p{p}.m{m}.{policy}.so")
