@@ -366,13 +366,15 @@ static int64_t parseBytes(StringRef text) {
 /// each costing only traffic: under ZeRO 3 the weights gathered in every
 /// phase instead of kept through the step, then under ZeRO 2 and 3 the
 /// gradients reduce-scattered in every W phase instead of once per step
-/// (each unless the user chose). Returns the --recompute value, or none
-/// after an error.
+/// (each unless the user chose). ZeRO 3's prefetch (one more gathered
+/// weight alive, no more bytes) is given up before the gradients are
+/// reduce-scattered every micro-batch. Returns the --recompute value, or
+/// none after an error.
 static std::optional<std::string> chooseRecomputation(
     ModuleOp module,
     llvm::function_ref<void(PassManager &, const std::string &, bool)>
         addPasses,
-    bool &reshard, bool &eachMicrobatch) {
+    bool &reshard, bool &eachMicrobatch, int64_t &prefetch) {
   static const char *kLevels[] = {"none", "selective", "full"};
   int64_t stages = pp * ppChunks;
   std::vector<int> level(static_cast<size_t>(stages), 0);
@@ -388,14 +390,21 @@ static std::optional<std::string> chooseRecomputation(
                     !reshardAfterForward.getNumOccurrences();
   bool pipelinedZero = pp > 1 && zero >= 2 && dp > 1;
   bool tryStep = pipelinedZero && !zeroGradSync.getNumOccurrences();
-  std::vector<std::pair<bool, bool>> choices; // (reshard, eachMicrobatch)
+  // A prefetch only acts where the weights are gathered in every phase.
+  bool tryPrefetch = zero == 3 && dp > 1 && prefetch > 0 &&
+                     !zeroPrefetch.getNumOccurrences();
+  // (reshard, eachMicrobatch, prefetch)
+  std::vector<std::tuple<bool, bool, int64_t>> choices;
   for (bool r : tryKeeping ? std::vector<bool>{false, true}
                            : std::vector<bool>{reshard})
     for (bool e : tryStep ? std::vector<bool>{false, true}
-                          : std::vector<bool>{eachMicrobatch})
-      choices.push_back({r, e});
+                          : std::vector<bool>{eachMicrobatch}) {
+      choices.push_back({r, e, prefetch});
+      if (r && tryPrefetch)
+        choices.push_back({r, e, 0});
+    }
   size_t choice = 0;
-  std::tie(reshard, eachMicrobatch) = choices[0];
+  std::tie(reshard, eachMicrobatch, prefetch) = choices[0];
   while (true) {
     std::string spec;
     for (int l : level)
@@ -423,6 +432,10 @@ static std::optional<std::string> chooseRecomputation(
                                                : ", ZeRO-3 weights kept "
                                                  "gathered through the step")
                          : std::string())
+                 << (tryPrefetch && reshard
+                         ? std::string(prefetch ? " (prefetched)"
+                                                : " (not prefetched)")
+                         : std::string())
                  << (pipelinedZero
                          ? std::string(eachMicrobatch
                                            ? ", gradients reduce-scattered "
@@ -435,7 +448,7 @@ static std::optional<std::string> chooseRecomputation(
     if (fits)
       return spec;
     if (choice + 1 < choices.size()) {
-      std::tie(reshard, eachMicrobatch) = choices[++choice];
+      std::tie(reshard, eachMicrobatch, prefetch) = choices[++choice];
       continue; // then recompute, with the last choice
     }
     for (auto [r, mem] : llvm::enumerate(ranks)) {
@@ -853,6 +866,12 @@ int main(int argc, char **argv) {
     // ZeRO 2 and 3 in a pipeline: reduce-scatter once per step, or in
     // every W phase; --mem-cap may choose the second.
     bool eachMicrobatch = zeroGradSync == "microbatch";
+    // ZeRO 3's prefetch depth: started gathers hide nothing on CPU ranks
+    // (MPI moves them only in its calls; docs/benchmarks.md), so 0 there;
+    // --mem-cap may give it up.
+    int64_t prefetch = zeroPrefetch.getNumOccurrences() ? zeroPrefetch
+                       : target == Target::Cpu          ? 0
+                                                        : 1;
     auto addPasses = [&](PassManager &pm, const std::string &recomputeSpec,
                          bool planMemory) {
       pcc::buildImportCleanupPipeline(pm);
@@ -934,11 +953,7 @@ int main(int argc, char **argv) {
         data.dataParallel = dp;
         data.zero = zero;
         data.reshardAfterForward = reshard;
-        // Started gathers hide nothing on CPU ranks either (MPI moves
-        // them only in its calls; docs/benchmarks.md).
-        data.prefetch = zeroPrefetch.getNumOccurrences() ? zeroPrefetch
-                        : target == Target::Cpu          ? 0
-                                                         : 1;
+        data.prefetch = prefetch;
         data.reduceEachMicrobatch = eachMicrobatch;
         // ZeRO 1-3's started reduce-scatters hide nothing on CPU ranks
         // (MPI moves them only in its calls; docs/benchmarks.md), so they
@@ -979,7 +994,8 @@ int main(int argc, char **argv) {
     std::string recomputeSpec = recompute;
     if (memCapBytes > 0) {
       auto chosen =
-          chooseRecomputation(**module, addPasses, reshard, eachMicrobatch);
+          chooseRecomputation(**module, addPasses, reshard, eachMicrobatch,
+                              prefetch);
       if (!chosen)
         return 1;
       recomputeSpec = *chosen;
