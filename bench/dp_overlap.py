@@ -24,9 +24,15 @@ gathers instead, --zero-prefetch=0 (each gathered where it is read) against
 --zero-prefetch=N (started N gathers ahead), both with blocking gradients
 (--bucket-mb=0).
 
+With --pp P (ZeRO 0): each data-parallel rank is a pipeline of P ranks
+(--microbatches 4, the default schedule), and "buckets" is --bucket-mb=-1:
+each gradient's all-reduce starts in the W pass that completes it in the
+step's last micro-batch, against the optimizer's all-reduces. pcc-run runs
+dp x P ranks.
+
 usage: bench/dp_overlap.py [--models mlp gpt resnet18_train] [--dp 2 4]
                            [--zero 0 1 2 3] [--steps 60] [--repeat 3]
-                           [--what buckets|prefetch] [--prefetch N]
+                           [--what buckets|prefetch] [--prefetch N] [--pp P]
 """
 import argparse
 import os
@@ -71,6 +77,7 @@ def main():
     ap.add_argument("--what", choices=["buckets", "prefetch"],
                     default="buckets")
     ap.add_argument("--prefetch", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
     args = ap.parse_args()
     print("| model | dp | ZeRO | buckets | blocking: ms in collectives / step ms "
           "| buckets: ms in collectives / step ms | hidden share |")
@@ -85,6 +92,8 @@ def main():
 
 def measure(args, onnx, model, n, zero, tmp):
     flags = [f"--dp={n}", f"--zero={zero}"] + MODELS[model]
+    if args.pp > 1:
+        flags += [f"--pp={args.pp}", "--microbatches=4"]
     libs = {}
     if args.what == "prefetch":
         modes = (("blocking", ["--bucket-mb=0", "--zero-prefetch=0"]),
@@ -111,7 +120,7 @@ def measure(args, onnx, model, n, zero, tmp):
     results = {"blocking": [], "buckets": []}
     for _ in range(args.repeat):
         for mode in ("blocking", "buckets"):
-            results[mode].append(run(args.pcc_run, libs[mode], n, model,
+            results[mode].append(run(args.pcc_run, libs[mode], n * args.pp, model,
                                      args.steps))
     med = {m: (statistics.median(r[0] for r in v),
                statistics.median(r[1] for r in v))

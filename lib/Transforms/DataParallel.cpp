@@ -17,6 +17,8 @@
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringSet.h"
 
+#include <map>
+
 namespace mlir::pcc {
 #define GEN_PASS_DEF_DATAPARALLEL
 #include "pcc/Transforms/Passes.h.inc"
@@ -82,9 +84,9 @@ struct DataParallelPass
   /// or once per step; every rank's optimizer is rebuilt over dp.
   LogicalResult runPipelined(ModuleOp module) {
     MLIRContext *ctx = module.getContext();
-    if (bucketBytes != 0)
-      return module.emitError("data parallel: gradient buckets are not "
-                              "built for a pipelined step");
+    if (bucketBytes != 0 && zero != 0)
+      return module.emitError("data parallel: gradient buckets in a "
+                              "pipelined step are built for ZeRO 0 only");
     SmallVector<llvm::MapVector<StringRef, RankedTensorType>> held =
         rankWeights(module);
     FlatShards flat{ctx, dataParallel};
@@ -112,6 +114,11 @@ struct DataParallelPass
           flat.splitRanks = *n;
       });
     bool shardedGradients = zero >= 2 && reduceEachMicrobatch;
+    // ZeRO 0 with buckets: each gradient's sum over dp starts in the last
+    // micro-batch's W phase that completes it.
+    llvm::StringSet<> started;
+    if (bucketBytes != 0 && zero == 0)
+      started = startGradientSums(stagePhases, gradNames);
     if (shardedGradients)
       for (func::FuncOp phase : stagePhases)
         if (auto name = phase->getAttrOfType<StringAttr>(kPhaseAttrName);
@@ -146,7 +153,68 @@ struct DataParallelPass
         if (!keep)
           prefetchGathers(phase, prefetch);
       }
-    return buildRankPhases(module, held, flat, zero, keep, shardedGradients);
+    return buildRankPhases(module, held, flat, zero, keep, shardedGradients,
+                           &started);
+  }
+
+  /// Pipelined ZeRO 0: in the W phases, after the accumulation that
+  /// completes a gradient in the step's last micro-batch, its in-place
+  /// all-reduce over dp starts (`pcc.bucket_start` on the gradient's state,
+  /// each gradient its own bucket), so that it overlaps the rest of the
+  /// rank's backward work and the pipeline's drain; the optimizer phase
+  /// waits. Only gradients that one W phase of one pipeline rank completes
+  /// (W phases run in micro-batch order, so that phase's last micro-batch
+  /// is the last accumulation); the rest stay all-reduced in the
+  /// optimizer. Returns the gradients whose sums start early.
+  llvm::StringSet<> startGradientSums(ArrayRef<func::FuncOp> phases,
+                                      const llvm::StringSet<> &gradNames) {
+    // (pipeline rank, gradient) -> the W phases accumulating it there.
+    std::map<std::pair<int64_t, std::string>, int> writers;
+    llvm::StringSet<> everywhere;
+    SmallVector<std::pair<func::FuncOp, AccumulateOp>> last;
+    for (func::FuncOp phase : phases) {
+      auto name = phase->getAttrOfType<StringAttr>(kPhaseAttrName);
+      if (!name || name.getValue() != "weight_grad")
+        continue;
+      auto stage = phase->getAttrOfType<IntegerAttr>(kPipelineStageAttrName);
+      FailureOr<int64_t> pp = getMeshAxisSize(phase, "pp");
+      int64_t rank = stage && succeeded(pp) ? stage.getInt() % *pp : -1;
+      llvm::MapVector<StringRef, AccumulateOp> lastHere;
+      phase.walk([&](AccumulateOp acc) {
+        auto state = acc.getState().getDefiningOp<ParamOp>();
+        if (state && gradNames.contains(state.getName()))
+          lastHere[state.getName()] = acc;
+      });
+      for (auto &[grad, acc] : lastHere) {
+        ++writers[{rank, grad.str()}];
+        everywhere.insert(grad);
+        last.push_back({phase, acc});
+      }
+    }
+    llvm::StringSet<> shared;
+    for (auto &[key, count] : writers)
+      if (count > 1 || key.first < 0)
+        shared.insert(key.second);
+    llvm::StringSet<> started;
+    for (auto &[phase, acc] : last) {
+      auto state = acc.getState().getDefiningOp<ParamOp>();
+      StringRef grad = state.getName();
+      if (shared.contains(grad))
+        continue;
+      OpBuilder b(acc->getContext());
+      b.setInsertionPointAfter(acc);
+      auto type = cast<RankedTensorType>(state.getType());
+      Value flatGrad = ReshapeOp::create(
+          b, acc.getLoc(),
+          RankedTensorType::get({type.getNumElements()},
+                                type.getElementType()),
+          acc.getState());
+      BucketStartOp::create(b, acc.getLoc(), flatGrad,
+                            b.getStringAttr(kDataParallelAxis),
+                            DenseI64ArrayAttr());
+      started.insert(splitStateName(grad).first);
+    }
+    return started;
   }
 
   /// ZeRO 0: each gradient the optimizer reads, all-reduced.

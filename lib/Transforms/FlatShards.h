@@ -200,12 +200,15 @@ tiedWeights(ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held);
 /// phase also all-gathers every weight into `<weight>@gathered`. Under
 /// ZeRO 2 and 3 the gradient states are this rank's pieces when
 /// `shardedGradients` (the W phases reduce-scatter into them), else whole,
-/// reduce-scattered here once per step. Defined in PipelineTraining.cpp.
+/// reduce-scattered here once per step. Under ZeRO 0, the weights in
+/// `started` have their gradients' sums over dp started by the W phases
+/// (pcc.bucket_start): the optimizer waits for them instead of summing.
+/// Defined in PipelineTraining.cpp.
 LogicalResult buildRankPhases(
     ModuleOp module,
     ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
     const FlatShards &flat, int64_t zero, bool gatherWeights = false,
-    bool shardedGradients = false);
+    bool shardedGradients = false, const llvm::StringSet<> *started = nullptr);
 
 } // namespace mlir::pcc
 

@@ -360,7 +360,7 @@ LogicalResult mlir::pcc::buildRankPhases(
     ModuleOp module,
     ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
     const FlatShards &flat, int64_t zero, bool gatherWeights,
-    bool shardedGradients) {
+    bool shardedGradients, const llvm::StringSet<> *started) {
   MLIRContext *ctx = module.getContext();
   Location loc = module.getLoc();
   auto training = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName);
@@ -412,6 +412,26 @@ LogicalResult mlir::pcc::buildRankPhases(
         ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
                              StringAttr::get(ctx, "grad_norm"))})});
     OpBuilder b = OpBuilder::atBlockEnd(opt.addEntryBlock());
+    // The gradients' sums over dp that the W phases started complete
+    // first (one wait completes every one).
+    auto isStarted = [&](StringRef name) {
+      return stage == 0 && flat.ranks > 1 && started &&
+             started->contains(name);
+    };
+    for (auto &entry : held[k]) {
+      if (!isStarted(entry.first))
+        continue;
+      Value g = state(b, entry.first, "grad", false);
+      auto type = cast<RankedTensorType>(g.getType());
+      Value flatGrad = ReshapeOp::create(
+          b, loc,
+          RankedTensorType::get({type.getNumElements()},
+                                type.getElementType()),
+          g);
+      BucketWaitOp::create(b, loc, flatGrad,
+                           b.getStringAttr(kDataParallelAxis));
+      break;
+    }
     // Every rank joins every tied weight's sum, in one order; a rank
     // without the weight adds zeros.
     for (StringRef name : tied) {
@@ -434,7 +454,7 @@ LogicalResult mlir::pcc::buildRankPhases(
       Location at = NameLoc::get(
           b.getStringAttr("the gradient of '" + name.str() + "'"));
       Value g = state(b, name, "grad", gradPieces);
-      if (stage == 0 && flat.ranks > 1)
+      if (stage == 0 && flat.ranks > 1 && !isStarted(name))
         g = AllReduceOp::create(b, at, g, b.getStringAttr(kDataParallelAxis));
       else if (stage > 0 && !gradPieces)
         g = flat.reduceScatter(b, at, g);
