@@ -433,50 +433,54 @@ int noteStarted(pcc_nccl_comm *comm, const char *what) {
   comm->started.push_back(event);
   return 0;
 }
+/// Enqueues `call` (the NCCL collective `ncclName` on comm->side, given
+/// the NCCL type of `dtype`) after the work on the calls' stream so far,
+/// and marks its end for the waits.
+template <typename Call>
+int startCollective(pcc_nccl_comm *comm, int dtype, const char *name,
+                    const char *ncclName, Call call) {
+  ncclDataType_t type;
+  if (prepare(comm, dtype, type))
+    return 1;
+  std::string what = std::string("starting an ") + name;
+  if (startOnSide(comm, what.c_str()))
+    return 1;
+  if (ncclResult_t rc = call(type))
+    return fail(std::string(ncclName) + " (started)", rc, comm);
+  return noteStarted(comm, what.c_str());
+}
 } // namespace
 
 extern "C" {
 
 int pcc_nccl_all_reduce_start(pcc_nccl_comm *comm, void *buffer,
                               int64_t count, int dtype) {
-  ncclDataType_t type;
-  if (prepare(comm, dtype, type))
-    return 1;
   // The bucket is complete once the work enqueued before this call ran.
-  if (startOnSide(comm, "starting an all_reduce"))
-    return 1;
-  if (ncclResult_t rc = ncclAllReduce(buffer, buffer, size_t(count), type,
-                                      ncclSum, comm->comm, comm->side))
-    return fail("ncclAllReduce (started)", rc, comm);
-  return noteStarted(comm, "starting an all_reduce");
+  return startCollective(
+      comm, dtype, "all_reduce", "ncclAllReduce", [&](ncclDataType_t type) {
+        return ncclAllReduce(buffer, buffer, size_t(count), type, ncclSum,
+                             comm->comm, comm->side);
+      });
 }
 
 int pcc_nccl_reduce_scatter_start(pcc_nccl_comm *comm, const void *send,
                                   void *recv, int64_t count_per_rank,
                                   int dtype) {
-  ncclDataType_t type;
-  if (prepare(comm, dtype, type))
-    return 1;
-  if (startOnSide(comm, "starting a reduce_scatter"))
-    return 1;
-  if (ncclResult_t rc =
-          ncclReduceScatter(send, recv, size_t(count_per_rank), type, ncclSum,
-                            comm->comm, comm->side))
-    return fail("ncclReduceScatter (started)", rc, comm);
-  return noteStarted(comm, "starting a reduce_scatter");
+  return startCollective(
+      comm, dtype, "reduce_scatter", "ncclReduceScatter",
+      [&](ncclDataType_t type) {
+        return ncclReduceScatter(send, recv, size_t(count_per_rank), type,
+                                 ncclSum, comm->comm, comm->side);
+      });
 }
 
 int pcc_nccl_all_gather_start(pcc_nccl_comm *comm, const void *send,
                               void *recv, int64_t count_per_rank, int dtype) {
-  ncclDataType_t type;
-  if (prepare(comm, dtype, type))
-    return 1;
-  if (startOnSide(comm, "starting an all_gather"))
-    return 1;
-  if (ncclResult_t rc = ncclAllGather(send, recv, size_t(count_per_rank), type,
-                                      comm->comm, comm->side))
-    return fail("ncclAllGather (started)", rc, comm);
-  return noteStarted(comm, "starting an all_gather");
+  return startCollective(
+      comm, dtype, "all_gather", "ncclAllGather", [&](ncclDataType_t type) {
+        return ncclAllGather(send, recv, size_t(count_per_rank), type,
+                             comm->comm, comm->side);
+      });
 }
 
 int pcc_nccl_wait_oldest(pcc_nccl_comm *comm, int64_t count,

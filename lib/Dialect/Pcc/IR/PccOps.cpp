@@ -648,14 +648,21 @@ LogicalResult ReduceScatterOp::verify() {
   return verifyStacked(*this, getAxis(), getType(), getInput().getType());
 }
 
+/// A started collective's result holds nothing until its wait: only that
+/// one pcc.wait_collectives may use it.
+static LogicalResult verifyWaitedFor(Operation *op) {
+  Value result = op->getResult(0);
+  if (!result.hasOneUse() ||
+      !isa<WaitCollectivesOp>(*result.getUsers().begin()))
+    return op->emitOpError("the result must be used by one "
+                           "pcc.wait_collectives and nothing else");
+  return success();
+}
+
 LogicalResult ReduceScatterStartOp::verify() {
   if (failed(verifyStacked(*this, getAxis(), getType(), getInput().getType())))
     return failure();
-  if (!getResult().hasOneUse() ||
-      !isa<WaitCollectivesOp>(*getResult().getUsers().begin()))
-    return emitOpError("the result must be used by one pcc.wait_collectives "
-                       "and nothing else");
-  return success();
+  return verifyWaitedFor(*this);
 }
 
 //===----------------------------------------------------------------------===//
@@ -692,11 +699,7 @@ LogicalResult MeshOp::verify() {
 LogicalResult AllGatherStartOp::verify() {
   if (failed(verifyStacked(*this, getAxis(), getInput().getType(), getType())))
     return failure();
-  if (!getResult().hasOneUse() ||
-      !isa<WaitCollectivesOp>(*getResult().getUsers().begin()))
-    return emitOpError("the result must be used by one pcc.wait_collectives "
-                       "and nothing else");
-  return success();
+  return verifyWaitedFor(*this);
 }
 
 LogicalResult WaitCollectivesOp::verify() {
