@@ -84,9 +84,10 @@ struct DataParallelPass
   /// or once per step; every rank's optimizer is rebuilt over dp.
   LogicalResult runPipelined(ModuleOp module) {
     MLIRContext *ctx = module.getContext();
-    if (bucketBytes != 0 && zero != 0)
+    if (bucketBytes != 0 && zero >= 2 && reduceEachMicrobatch)
       return module.emitError("data parallel: gradient buckets in a "
-                              "pipelined step are built for ZeRO 0 only");
+                              "pipelined step go with the gradients "
+                              "reduced once per step");
     SmallVector<llvm::MapVector<StringRef, RankedTensorType>> held =
         rankWeights(module);
     FlatShards flat{ctx, dataParallel};
@@ -114,10 +115,11 @@ struct DataParallelPass
           flat.splitRanks = *n;
       });
     bool shardedGradients = zero >= 2 && reduceEachMicrobatch;
-    // ZeRO 0 with buckets: each gradient's sum over dp starts in the last
-    // micro-batch's W phase that completes it.
+    // With buckets, each gradient's sum over dp (ZeRO 0) or reduce-scatter
+    // (1-3, once per step) starts in the last micro-batch's W phase that
+    // completes it.
     llvm::StringSet<> started;
-    if (bucketBytes != 0 && zero == 0)
+    if (bucketBytes != 0)
       started = startGradientSums(stagePhases, gradNames);
     if (shardedGradients)
       for (func::FuncOp phase : stagePhases)
@@ -157,15 +159,18 @@ struct DataParallelPass
                            &started);
   }
 
-  /// Pipelined ZeRO 0: in the W phases, after the accumulation that
+  /// Pipelined buckets: in the W phases, after the accumulation that
   /// completes a gradient in the step's last micro-batch, its in-place
-  /// all-reduce over dp starts (`pcc.bucket_start` on the gradient's state,
-  /// each gradient its own bucket), so that it overlaps the rest of the
-  /// rank's backward work and the pipeline's drain; the optimizer phase
-  /// waits. Only gradients that one W phase of one pipeline rank completes
-  /// (W phases run in micro-batch order, so that phase's last micro-batch
-  /// is the last accumulation); the rest stay all-reduced in the
-  /// optimizer. Returns the gradients whose sums start early.
+  /// all-reduce over dp (ZeRO 0) or in-place reduce-scatter (ZeRO 1-3:
+  /// rank r's piece lands at its place r of the whole gradient) starts
+  /// (`pcc.bucket_start` on the gradient's state, each gradient its own
+  /// bucket), so that it overlaps the rest of the rank's backward work and
+  /// the pipeline's drain; the optimizer phase waits. Only gradients that
+  /// one W phase of one pipeline rank completes (W phases run in
+  /// micro-batch order, so that phase's last micro-batch is the last
+  /// accumulation), and under ZeRO 1-3 only those whose elements divide
+  /// over dp (an in-place piece needs no padding); the rest stay summed in
+  /// the optimizer. Returns the weights whose sums start early.
   llvm::StringSet<> startGradientSums(ArrayRef<func::FuncOp> phases,
                                       const llvm::StringSet<> &gradNames) {
     // (pipeline rank, gradient) -> the W phases accumulating it there.
@@ -199,19 +204,21 @@ struct DataParallelPass
     for (auto &[phase, acc] : last) {
       auto state = acc.getState().getDefiningOp<ParamOp>();
       StringRef grad = state.getName();
-      if (shared.contains(grad))
+      auto type = cast<RankedTensorType>(state.getType());
+      int64_t n = type.getNumElements();
+      if (shared.contains(grad) || (zero > 0 && n % dataParallel != 0))
         continue;
       OpBuilder b(acc->getContext());
       b.setInsertionPointAfter(acc);
-      auto type = cast<RankedTensorType>(state.getType());
       Value flatGrad = ReshapeOp::create(
           b, acc.getLoc(),
           RankedTensorType::get({type.getNumElements()},
                                 type.getElementType()),
           acc.getState());
-      BucketStartOp::create(b, acc.getLoc(), flatGrad,
-                            b.getStringAttr(kDataParallelAxis),
-                            DenseI64ArrayAttr());
+      BucketStartOp::create(
+          b, acc.getLoc(), flatGrad, b.getStringAttr(kDataParallelAxis),
+          zero > 0 ? b.getDenseI64ArrayAttr({0, n / dataParallel})
+                   : DenseI64ArrayAttr());
       started.insert(splitStateName(grad).first);
     }
     return started;

@@ -415,7 +415,7 @@ LogicalResult mlir::pcc::buildRankPhases(
     // The gradients' sums over dp that the W phases started complete
     // first (one wait completes every one).
     auto isStarted = [&](StringRef name) {
-      return stage == 0 && flat.ranks > 1 && started &&
+      return flat.ranks > 1 && !gradPieces && started &&
              started->contains(name);
     };
     for (auto &entry : held[k]) {
@@ -457,7 +457,10 @@ LogicalResult mlir::pcc::buildRankPhases(
       if (stage == 0 && flat.ranks > 1 && !isStarted(name))
         g = AllReduceOp::create(b, at, g, b.getStringAttr(kDataParallelAxis));
       else if (stage > 0 && !gradPieces)
-        g = flat.reduceScatter(b, at, g);
+        // Reduce-scattered in place by the W phase when started: this
+        // rank's piece is at its place in the whole gradient.
+        g = isStarted(name) ? flat.slice(b, at, g)
+                            : flat.reduceScatter(b, at, g);
       grads.push_back(g);
     }
     // The global norm: tensor-parallel pieces' squares summed over tp, the

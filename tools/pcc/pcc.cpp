@@ -196,8 +196,8 @@ static cl::opt<double> bucketMb(
              "backward pass goes on (0: none, each gradient blocking; "
              "-1 and the default: chosen from the model, a quarter of the "
              "gradients within 64 KiB to 25 MiB; by default none for ZeRO "
-             "1-3 on --target=cpu; with --pp, ZeRO 0 only and none unless "
-             "asked for: each gradient's all-reduce starts in its last W "
+             "1-3 on --target=cpu; with --pp none unless asked for: each "
+             "gradient's all-reduce or reduce-scatter starts in its last W "
              "pass)"),
     cl::init(-1), cl::cat(trainCategory));
 static cl::opt<std::string> offload(
@@ -725,11 +725,11 @@ int main(int argc, char **argv) {
                 "not combined with an offloaded optimizer yet (the "
                 "gradients are copied to the host after the backward pass)");
   if (train && pp > 1 && dp > 1 && bucketMb.getNumOccurrences() &&
-      bucketMb != 0 && zero != 0)
-    return fail("--bucket-mb with --pp is built for ZeRO 0 (each gradient's "
-                "all-reduce starts in the W pass that completes it); ZeRO 1-3 "
-                "reduce-scatter a pipelined step's gradients in the optimizer "
-                "or, with --zero-grad-sync=microbatch, in every W pass");
+      bucketMb != 0 && zero >= 2 && zeroGradSync == "microbatch")
+    return fail("--bucket-mb with --pp starts each gradient's sum over dp in "
+                "the W pass that completes it, once per step; with "
+                "--zero-grad-sync=microbatch every W pass reduce-scatters "
+                "already");
 
   if (train && pp > 1 && ppChunks > 1 && target != Target::Cpu)
     return fail("--train with --pp-chunks runs on CPU ranks (MPI) in this "
@@ -961,9 +961,9 @@ int main(int argc, char **argv) {
         // ZeRO 1-3's started reduce-scatters hide nothing on CPU ranks
         // (MPI moves them only in its calls; docs/benchmarks.md), so they
         // are off there unless --bucket-mb asks for them.
-        // A pipelined step under ZeRO 0: each gradient's all-reduce starts
-        // in its last W pass when asked for (no sizes: every gradient is
-        // its own bucket).
+        // A pipelined step: each gradient's all-reduce (ZeRO 0) or
+        // reduce-scatter (1-3) starts in its last W pass when asked for (no
+        // sizes: every gradient is its own bucket).
         bool pipelinedBuckets = bucketMb.getNumOccurrences() && bucketMb != 0;
         data.bucketBytes =
             offloading                                     ? 0
