@@ -252,10 +252,23 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
       if (auto m = training.getAs<IntegerAttr>("microbatches"))
         microbatches = m.getInt();
     int64_t moved = 0, tpMoved = 0;
+    // The data-parallel collectives in the program, by how they run.
+    int64_t prefetched = 0, startedScatters = 0, bucketStarts = 0,
+            blocking = 0;
     for (func::FuncOp f : module.getOps<func::FuncOp>()) {
       auto phase = f->getAttrOfType<StringAttr>(pcc::kPhaseAttrName);
       if (!phase)
         continue;
+      f.walk([&](Operation *op) {
+        if (isa<pcc::BucketStartOp>(op))
+          ++bucketStarts;
+        else if (isa<pcc::AllGatherStartOp>(op))
+          ++prefetched;
+        else if (isa<pcc::ReduceScatterStartOp>(op))
+          ++startedScatters;
+        else if (auto c = dyn_cast<pcc::CollectiveOpInterface>(op))
+          blocking += c.getMeshAxis() == "dp";
+      });
       int64_t times = phase.getValue() == pcc::kPhaseNames[0] ||
                               phase.getValue() == pcc::kPhaseNames[1]
                           ? microbatches
@@ -294,6 +307,12 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
          << llvm::format("%.3f", moved / (4.0 * psi)) << " Psi = "
          << llvm::format("%.3f", moved / 1048576.0)
          << " MiB (pcc-run measures it)\n";
+    if (moved > 0)
+      os << "    data-parallel collectives in the program: " << bucketStarts
+         << " gradient buckets and " << startedScatters
+         << " reduce-scatters started during the backward pass, "
+         << prefetched << " weight gathers started ahead (--zero-prefetch), "
+         << blocking << " blocking\n";
   }
 }
 
