@@ -175,7 +175,6 @@ struct DataParallelPass
                                       const llvm::StringSet<> &gradNames) {
     // (pipeline rank, gradient) -> the W phases accumulating it there.
     std::map<std::pair<int64_t, std::string>, int> writers;
-    llvm::StringSet<> everywhere;
     SmallVector<std::pair<func::FuncOp, AccumulateOp>> last;
     for (func::FuncOp phase : phases) {
       auto name = phase->getAttrOfType<StringAttr>(kPhaseAttrName);
@@ -192,7 +191,6 @@ struct DataParallelPass
       });
       for (auto &[grad, acc] : lastHere) {
         ++writers[{rank, grad.str()}];
-        everywhere.insert(grad);
         last.push_back({phase, acc});
       }
     }
@@ -211,9 +209,7 @@ struct DataParallelPass
       OpBuilder b(acc->getContext());
       b.setInsertionPointAfter(acc);
       Value flatGrad = ReshapeOp::create(
-          b, acc.getLoc(),
-          RankedTensorType::get({type.getNumElements()},
-                                type.getElementType()),
+          b, acc.getLoc(), RankedTensorType::get({n}, type.getElementType()),
           acc.getState());
       BucketStartOp::create(
           b, acc.getLoc(), flatGrad, b.getStringAttr(kDataParallelAxis),

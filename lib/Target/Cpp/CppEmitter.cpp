@@ -850,10 +850,11 @@ FailureOr<TargetCode> CppEmitter::emit() {
   for (auto [i, v] : llvm::enumerate(ret.getOperands()))
     returnedAt.try_emplace(v, static_cast<unsigned>(i));
   // Once a collective has started, each later matmul or convolution lets
-  // it advance (MPI moves data only inside its calls). After every op, as
-  // before, the calls cost more than they moved: ZeRO 3's prefetch on the
-  // GPT at dp=2 went from 21% to 9% more time in collectives than blocking
-  // gathers (bench/dp_overlap.py --what prefetch).
+  // it advance (MPI moves data only inside its calls). Calling MPI after
+  // every op, as the code did first, cost more than it moved: ZeRO 3's
+  // prefetch on the GPT at dp=2 took 21% more time in collectives than
+  // blocking gathers then, and is within noise of them now
+  // (bench/dp_overlap.py --what prefetch).
   std::optional<std::string> started;
   for (Operation &op : block.without_terminator()) {
     if (failed(emitOp(&op)))
