@@ -40,7 +40,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def make_model(path, layers, hidden, in_features=0, out_features=0):
+def make_model(path, layers, hidden, in_features=0, out_features=0,
+               activation="gelu"):
     import torch
 
     class Block(torch.nn.Module):
@@ -49,7 +50,9 @@ def make_model(path, layers, hidden, in_features=0, out_features=0):
             self.fc = torch.nn.Linear(hidden, hidden)
 
         def forward(self, x):
-            return x + torch.nn.functional.gelu(self.fc(x))
+            h = self.fc(x)
+            return x + (torch.relu(h) if activation == "relu"
+                        else torch.nn.functional.gelu(h))
 
     torch.manual_seed(0)
     blocks = [Block() for _ in range(layers)]
@@ -90,6 +93,9 @@ def main():
                     help="with --train: an input projection Linear(N, hidden) before "
                          "the blocks, the way a transformer starts with its embedding "
                          "(0: none)")
+    ap.add_argument("--activation", choices=["gelu", "relu"], default="gelu",
+                    help="the blocks' activation: GELU (an erf, so F is longer "
+                         "than B and W) or ReLU (F, B and W about equal)")
     ap.add_argument("--out-features", type=int, default=0,
                     help="with --train: an output projection Linear(hidden, N) after "
                          "the blocks, the way a transformer ends with its LM head, so "
@@ -157,7 +163,7 @@ def train(args):
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.path.join(tmp, "deep_mlp.onnx")
         make_model(onnx_path, args.layers, args.hidden, args.in_features,
-                   args.out_features)
+                   args.out_features, args.activation)
         for p in args.stages:
             for m in args.microbatches:
                 rows = m * args.rows
