@@ -663,6 +663,7 @@ int CommBinding::allGatherStart(void *group, const void *send, void *recv,
       count * self->abi.size * dtypeSize(static_cast<DType>(dtype));
   ++self->moved.calls;
   ++self->moved.started;
+  ++self->moved.startedGathers;
   return self->check(self->comm->allGatherStart(send, recv, count,
                                                 static_cast<DType>(dtype)));
 }

@@ -763,6 +763,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
       t.reduceScatter += m.reduceScatter;
       t.calls += m.calls;
       t.started += m.started;
+      t.startedGathers += m.startedGathers;
       t.seconds += m.seconds;
     }
     return t;
@@ -776,6 +777,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     into.reduceScatter += after.reduceScatter - before.reduceScatter;
     into.calls += after.calls - before.calls;
     into.started += after.started - before.started;
+    into.startedGathers += after.startedGathers - before.startedGathers;
     into.seconds += after.seconds - before.seconds;
   };
   int64_t trafficSteps = 0;
@@ -1017,15 +1019,23 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                 stepTraffic.allGather / n / 1048576.0, stepTraffic.calls / n,
                 static_cast<long long>(psi));
     // What the rank waited for them: blocking collectives whole, started
-    // ones (gradient buckets) only where they were not done by the time
-    // they were needed (bench/dp_overlap.py compares the two).
+    // ones (gradient buckets, prefetched weight gathers) only where they
+    // were not done by the time they were needed (bench/dp_overlap.py
+    // compares the two).
+    bool buckets = stepTraffic.started > stepTraffic.startedGathers;
+    bool gathers = stepTraffic.startedGathers > 0;
     std::printf("time in data-parallel collectives per step on each rank: "
                 "%.3f ms (%s)\n",
                 stepTraffic.seconds / n * 1e3,
-                stepTraffic.started > 0
-                    ? "gradient buckets started during the backward pass; "
-                      "the time waited for them"
-                    : "blocking");
+                buckets && gathers
+                    ? "gradient buckets started during the backward pass "
+                      "and weight gathers started ahead; the time waited "
+                      "for them"
+                : buckets ? "gradient buckets started during the backward "
+                            "pass; the time waited for them"
+                : gathers ? "weight gathers started ahead (ZeRO-3 "
+                            "prefetch); the time waited for them"
+                          : "blocking");
   }
   if (!o.lossSvg.empty() && ranks.leader) {
     // The whole curve when the log holds earlier steps of a resumed run.

@@ -186,8 +186,9 @@ public:
   /// that over a ring.
   struct Traffic {
     int64_t allReduce = 0, allGather = 0, reduceScatter = 0, calls = 0;
-    /// Of the calls, those started to complete later (gradient buckets).
-    int64_t started = 0;
+    /// Of the calls, those started to complete later (gradient buckets),
+    /// and of those the gathers (ZeRO 3's prefetch).
+    int64_t started = 0, startedGathers = 0;
     /// Seconds the calls kept this rank waiting: blocking collectives
     /// whole, started ones in their start, progress and wait calls only.
     double seconds = 0;
