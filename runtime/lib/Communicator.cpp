@@ -630,15 +630,22 @@ struct Timed {
   double &into;
   std::chrono::steady_clock::time_point begin;
 };
+
+/// Counts a started collective moving `bytes` (in the units of `kind`).
+void countStarted(CommBinding::Traffic &t,
+                  int64_t CommBinding::Traffic::*kind, int64_t bytes) {
+  t.*kind += bytes;
+  ++t.calls;
+  ++t.started;
+}
 } // namespace
 
 int CommBinding::allReduceStart(void *group, void *buffer, int64_t count,
                                 int32_t dtype) {
   auto *self = static_cast<CommBinding *>(group);
   Timed t(self->moved.seconds);
-  self->moved.allReduce += 2 * count * dtypeSize(static_cast<DType>(dtype));
-  ++self->moved.calls;
-  ++self->moved.started;
+  countStarted(self->moved, &Traffic::allReduce,
+               2 * count * dtypeSize(static_cast<DType>(dtype)));
   return self->check(
       self->comm->allReduceStart(buffer, count, static_cast<DType>(dtype)));
 }
@@ -647,10 +654,8 @@ int CommBinding::reduceScatterStart(void *group, const void *send, void *recv,
                                     int64_t count, int32_t dtype) {
   auto *self = static_cast<CommBinding *>(group);
   Timed t(self->moved.seconds);
-  self->moved.reduceScatter +=
-      count * self->abi.size * dtypeSize(static_cast<DType>(dtype));
-  ++self->moved.calls;
-  ++self->moved.started;
+  countStarted(self->moved, &Traffic::reduceScatter,
+               count * self->abi.size * dtypeSize(static_cast<DType>(dtype)));
   return self->check(self->comm->reduceScatterStart(
       send, recv, count, static_cast<DType>(dtype)));
 }
@@ -659,10 +664,8 @@ int CommBinding::allGatherStart(void *group, const void *send, void *recv,
                                 int64_t count, int32_t dtype) {
   auto *self = static_cast<CommBinding *>(group);
   Timed t(self->moved.seconds);
-  self->moved.allGather +=
-      count * self->abi.size * dtypeSize(static_cast<DType>(dtype));
-  ++self->moved.calls;
-  ++self->moved.started;
+  countStarted(self->moved, &Traffic::allGather,
+               count * self->abi.size * dtypeSize(static_cast<DType>(dtype)));
   ++self->moved.startedGathers;
   return self->check(self->comm->allGatherStart(send, recv, count,
                                                 static_cast<DType>(dtype)));
