@@ -571,7 +571,24 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
     rank's piece (sharded gradients, m times the traffic). Stage 3 gathers
     the weights in every F, B and W phase, or, with
     `reshard-after-forward=false`, once per step into `<weight>@gathered`
-    in the zero-grad phase. Buckets are not built for it.
+    in the zero-grad phase. With `bucket-bytes` (any non-zero value: each
+    gradient is its own bucket), the W phase that completes a gradient in
+    the step's last micro-batch starts its all-reduce (stage 0) or its
+    in-place reduce-scatter (stages 1 to 3, when its elements divide over
+    dp) with `pcc.bucket_start`, and the optimizer waits once.
+
+    With `prefetch` N > 0 (stage 3), each weight's all-gather becomes a
+    `pcc.all_gather_start` begun N gathers earlier in program order (right
+    after the wait of the gather N places before it) and completed by a
+    `pcc.wait_collectives` where the blocking gather was.
+
+    ```mlir
+    %p1 = pcc.param "fc2.weight" shard(#pcc.shard<dp, flat>) of [256, 256] : tensor<32768xf32>
+    %s1 = pcc.all_gather_start %p1 axis = "dp" : tensor<32768xf32> -> tensor<2x32768xf32>
+    ... (fc1's bias-add and GELU)
+    %g1 = pcc.wait_collectives axis = "dp"(%s1) reading(%p1)
+        : (tensor<2x32768xf32>), (tensor<32768xf32>) -> tensor<2x32768xf32>
+    ```
   }];
   let options = [
     Option<"dataParallel", "dp", "int64_t", /*default=*/"1",
@@ -596,10 +613,10 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
            "ahead, so that it overlaps the compute before its use (0: "
            "each gathered where it is read, blocking)">,
     Option<"bucketBytes", "bucket-bytes", "int64_t", /*default=*/"0",
-           "ZeRO 0: gradient buckets of about this many bytes (-1: chosen "
-           "from the model), each all-reduced as soon as the last "
-           "micro-batch's backward pass has produced it (0: every "
-           "gradient all-reduced in the optimizer phase)">
+           "gradient buckets of about this many bytes (-1: chosen from "
+           "the model; in a pipelined step any non-zero value, each "
+           "gradient its own bucket), whose sums over dp start while the "
+           "backward pass goes on (0: none, every collective blocking)">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
