@@ -810,8 +810,12 @@ int main(int argc, char **argv) {
           shapeString(library->batchShape(info->outputs[i])).c_str());
     std::printf("  %d weights in %s, arena %lld bytes\n", info->num_weights,
                 info->weights_file, static_cast<long long>(info->arena_bytes));
-    std::printf("  mesh: %s (%lld ranks)\n", library->describeMesh().c_str(),
-                static_cast<long long>(library->meshRanks()));
+    if (library->meshRanks() > 1)
+      std::printf("  mesh: %s (%lld ranks)\n",
+                  library->describeMesh().c_str(),
+                  static_cast<long long>(library->meshRanks()));
+    else
+      std::printf("  mesh: %s\n", library->describeMesh().c_str());
     if (library->isPipelined()) {
       std::printf(
           "  pipeline: %d stages on %d pipeline ranks, %d "
