@@ -630,3 +630,80 @@ func.func @nested() {
 // expected-error @below {{pcc.mesh is not an attribute: the mesh is an op in the module, in the rank grid's order, e.g. pcc.mesh @mesh [dp = 2, pp = 1, tp = 2]}}
 module attributes {pcc.mesh = {dp = 2 : i64}} {
 }
+
+// -----
+
+// Tests that a started gather stacks one piece per rank of its axis.
+module {
+  pcc.mesh @mesh [dp = 2]
+  func.func @gather_start_shape(%x: tensor<4xf32>) -> tensor<3x4xf32> {
+    // expected-error @below {{the stacked tensor must be 'tensor<2x4xf32>' for 2 ranks of 'dp', got 'tensor<3x4xf32>'}}
+    %a = pcc.all_gather_start %x axis = "dp" : tensor<4xf32> -> tensor<3x4xf32>
+    %r = pcc.wait_collectives axis = "dp"(%a) reading(%x) : (tensor<3x4xf32>), (tensor<4xf32>) -> tensor<3x4xf32>
+    return %r : tensor<3x4xf32>
+  }
+}
+
+// -----
+
+// Tests that only a wait may read a started gather's result.
+module {
+  pcc.mesh @mesh [dp = 2]
+  func.func @gather_start_read(%x: tensor<4xf32>) -> tensor<2x4xf32> {
+    // expected-error @below {{the result must be used by one pcc.wait_collectives and nothing else}}
+    %a = pcc.all_gather_start %x axis = "dp" : tensor<4xf32> -> tensor<2x4xf32>
+    %b = pcc.neg %a : tensor<2x4xf32>
+    return %b : tensor<2x4xf32>
+  }
+}
+
+// -----
+
+// Tests that only a wait may read a started reduce-scatter's result.
+module {
+  pcc.mesh @mesh [dp = 2]
+  func.func @scatter_start_read(%x: tensor<2x4xf32>) -> tensor<4xf32> {
+    // expected-error @below {{the result must be used by one pcc.wait_collectives and nothing else}}
+    %a = pcc.reduce_scatter_start %x axis = "dp" : tensor<2x4xf32> -> tensor<4xf32>
+    return %a : tensor<4xf32>
+  }
+}
+
+// -----
+
+// Tests that a wait completes collectives started over its own axis.
+module {
+  pcc.mesh @mesh [dp = 2, tp = 2]
+  func.func @wait_axis(%x: tensor<4xf32>) -> tensor<2x4xf32> {
+    %a = pcc.all_gather_start %x axis = "tp" : tensor<4xf32> -> tensor<2x4xf32>
+    // expected-error @below {{started operand is not a collective started over 'dp'}}
+    %r = pcc.wait_collectives axis = "dp"(%a) reading(%x) : (tensor<2x4xf32>), (tensor<4xf32>) -> tensor<2x4xf32>
+    return %r : tensor<2x4xf32>
+  }
+}
+
+// -----
+
+// Tests that a wait keeps the inputs of what it completes.
+module {
+  pcc.mesh @mesh [dp = 2]
+  func.func @wait_reading(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<2x4xf32> {
+    %a = pcc.all_gather_start %x axis = "dp" : tensor<4xf32> -> tensor<2x4xf32>
+    // expected-error @below {{does not keep the input of a collective it completes ('reading' lacks it)}}
+    %r = pcc.wait_collectives axis = "dp"(%a) reading(%y) : (tensor<2x4xf32>), (tensor<4xf32>) -> tensor<2x4xf32>
+    return %r : tensor<2x4xf32>
+  }
+}
+
+// -----
+
+// Tests that a wait's result has its started value's type.
+module {
+  pcc.mesh @mesh [dp = 2]
+  func.func @wait_type(%x: tensor<4xf32>) -> tensor<8xf32> {
+    %a = pcc.all_gather_start %x axis = "dp" : tensor<4xf32> -> tensor<2x4xf32>
+    // expected-error @below {{result type 'tensor<8xf32>' differs from its started value's 'tensor<2x4xf32>'}}
+    %r = pcc.wait_collectives axis = "dp"(%a) reading(%x) : (tensor<2x4xf32>), (tensor<4xf32>) -> tensor<8xf32>
+    return %r : tensor<8xf32>
+  }
+}

@@ -268,3 +268,24 @@ module {
     return
   }
 }
+
+// -----
+
+// Tests that started collectives and their wait round-trip: a gather
+// started ahead and a reduce-scatter, completed by one wait that keeps both
+// inputs.
+// CHECK-LABEL: func.func @started
+// CHECK: %[[G:.*]] = pcc.all_gather_start %{{.*}} axis = "dp" : tensor<4xf32> -> tensor<2x4xf32>
+// CHECK: %[[S:.*]] = pcc.reduce_scatter_start %{{.*}} axis = "dp" : tensor<2x8xf32> -> tensor<8xf32>
+// CHECK: pcc.wait_collectives axis = "dp"(%[[G]], %[[S]]) reading(%{{.*}}, %{{.*}})
+module {
+  pcc.mesh @mesh [dp = 2]
+  func.func @started(%g: tensor<2x8xf32>) -> (tensor<2x4xf32>, tensor<8xf32>) {
+    %w = pcc.param "w" shard(#pcc.shard<dp, flat>) of [8] : tensor<4xf32>
+    %a = pcc.all_gather_start %w axis = "dp" : tensor<4xf32> -> tensor<2x4xf32>
+    %b = pcc.reduce_scatter_start %g axis = "dp" : tensor<2x8xf32> -> tensor<8xf32>
+    %r:2 = pcc.wait_collectives axis = "dp"(%a, %b) reading(%w, %g)
+        : (tensor<2x4xf32>, tensor<8xf32>), (tensor<4xf32>, tensor<2x8xf32>) -> tensor<2x4xf32>, tensor<8xf32>
+    return %r#0, %r#1 : tensor<2x4xf32>, tensor<8xf32>
+  }
+}

@@ -509,9 +509,4 @@ int pcc_nccl_wait_oldest(pcc_nccl_comm *comm, int64_t count,
   return rc;
 }
 
-int pcc_nccl_wait_started(pcc_nccl_comm *comm, int64_t timeout_ms) {
-  return pcc_nccl_wait_oldest(comm, int64_t(comm->started.size()),
-                              timeout_ms);
-}
-
 } // extern "C"

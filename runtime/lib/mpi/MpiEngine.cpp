@@ -318,9 +318,8 @@ int pcc_mpi_iall_gather(pcc_mpi_comm *comm, const void *send, void *recv,
   MPI_Datatype type;
   if (prepare(count_per_rank, dtype, type))
     return 1;
-  int rank = 0, size = 1, width = 0;
+  int rank = 0, width = 0;
   MPI_Comm_rank(comm->comm, &rank);
-  MPI_Comm_size(comm->comm, &size);
   MPI_Type_size(type, &width);
   size_t bytes = static_cast<size_t>(count_per_rank) * width;
   bool inPlace = send == static_cast<const char *>(recv) + rank * bytes;
@@ -357,11 +356,6 @@ int pcc_mpi_wait_oldest(pcc_mpi_comm *comm, int64_t count) {
   }
   comm->moves = std::move(later);
   return rc == MPI_SUCCESS ? 0 : fail("MPI_Waitall", rc);
-}
-
-int pcc_mpi_wait_collectives(pcc_mpi_comm *comm) {
-  return pcc_mpi_wait_oldest(comm,
-                             static_cast<int64_t>(comm->collectives.size()));
 }
 
 void pcc_mpi_test_collectives(pcc_mpi_comm *comm) {

@@ -53,7 +53,7 @@ int pcc_mpi_isend(pcc_mpi_comm *comm, const void *buffer, int64_t count,
                   int dtype, int peer);
 int pcc_mpi_wait_sends(pcc_mpi_comm *comm);
 /* A started in-place sum (MPI_Iallreduce), completed by
- * pcc_mpi_wait_collectives with every other one started on `comm`;
+ * pcc_mpi_wait_oldest in the order the collectives of `comm` started;
  * pcc_mpi_test_collectives lets them advance (MPI_Testall). */
 int pcc_mpi_iall_reduce(pcc_mpi_comm *comm, void *buffer, int64_t count,
                         int dtype);
@@ -67,7 +67,6 @@ int pcc_mpi_ireduce_scatter(pcc_mpi_comm *comm, const void *send, void *recv,
  * count_per_rank], MPI_Iallgather), completed with the others. */
 int pcc_mpi_iall_gather(pcc_mpi_comm *comm, const void *send, void *recv,
                         int64_t count_per_rank, int dtype);
-int pcc_mpi_wait_collectives(pcc_mpi_comm *comm);
 /* Completes the `count` oldest started collectives still running on
  * `comm`; the later ones may still run. */
 int pcc_mpi_wait_oldest(pcc_mpi_comm *comm, int64_t count);
@@ -119,10 +118,6 @@ int pcc_nccl_all_reduce_start(pcc_nccl_comm *comm, void *buffer,
 int pcc_nccl_reduce_scatter_start(pcc_nccl_comm *comm, const void *send,
                                   void *recv, int64_t count_per_rank,
                                   int dtype);
-/* Work enqueued after this waits for every started sum; the host waits for
- * them too, up to timeout_ms (aborting the communicator, as
- * pcc_nccl_wait). */
-int pcc_nccl_wait_started(pcc_nccl_comm *comm, int64_t timeout_ms);
 /* A started ncclAllGather on the same stream as the started sums. */
 int pcc_nccl_all_gather_start(pcc_nccl_comm *comm, const void *send,
                               void *recv, int64_t count_per_rank, int dtype);
