@@ -29,6 +29,21 @@ Schedule make(Policy policy, int p, int m, int v = 1, bool fwdOnly = false) {
   return g.schedule ? *g.schedule : Schedule{o, {}};
 }
 
+/// A rank's list from describe()'s words.
+std::vector<Instr> parseList(const std::string &text) {
+  std::vector<Instr> list;
+  size_t from = 0;
+  while (from < text.size()) {
+    size_t space = std::min(text.find(' ', from), text.size());
+    std::optional<Instr> i = parseInstr(text.substr(from, space - from));
+    EXPECT_TRUE(i) << text.substr(from, space - from);
+    if (i)
+      list.push_back(*i);
+    from = space + 1;
+  }
+  return list;
+}
+
 Simulation run(const Schedule &s, Durations d = {}) {
   SimulateResult r = simulate(s, d);
   EXPECT_TRUE(r.simulation) << r.error << "\n" << s.describe();
@@ -53,10 +68,8 @@ TEST(Schedule, EveryPolicyReplays) {
                          (fwd ? " forward-only" : ""));
             Schedule s = make(policy, p, m, v, fwd);
             run(s, {1, 2, 1, 0.25});
-            // What the runtime issues as NCCL groups does not deadlock
-            // (interleaved training lists are not run yet and do).
-            if (fwd || v == 1)
-              EXPECT_EQ(checkGroupedTransfers(s), "") << s.describe();
+            // What the runtime issues as NCCL groups does not deadlock.
+            EXPECT_EQ(checkGroupedTransfers(s), "") << s.describe();
           }
 }
 
@@ -163,6 +176,17 @@ TEST(Schedule, Describe) {
                           "rank 1: recv_fwd0.0<0 F0.0 send_fwd0.0>0 "
                           "recv_fwd1.0<0 F1.0 send_fwd1.0>0 recv_fwd0.1<0 "
                           "F0.1 recv_fwd1.1<0 F1.1\n");
+  // Interleaved training exchanges between units as Megatron-LM does:
+  // rank 0 receives B0.1's gradient before F2.0 (a compute early), and
+  // sends F2.0's activations with B0.1's gradient; W0.1 runs after that
+  // group.
+  Schedule t = make(Policy::Interleaved, 2, 4, 2);
+  EXPECT_NE(t.describeRank(0).find(
+                "recv_bwd0.1<1 F2.0 B0.1 send_fwd2.0>1 send_bwd0.1>1 "
+                "recv_bwd1.1<1 W0.1 F3.0 B1.1 send_fwd3.0>1 send_bwd1.1>1 "
+                "recv_fwd2.1<1 recv_bwd0.0<1 W1.1 F2.1 B0.0"),
+            std::string::npos)
+      << t.describeRank(0);
 }
 
 // Tests that parseInstr reads back every instruction describe() writes, and
@@ -242,21 +266,23 @@ TEST(Schedule, SimulateRejectsBrokenLists) {
             "rank 1 runs F0 before recv_fwd0 of virtual stage 1, which it "
             "needs");
 
+  // Rank 0 runs B0 before F1, whose output rank 1 wants before its B0.
   Schedule cycle = make(Policy::OneFOneB, 2, 2);
-  // Rank 0 waits for a gradient before sending the activation it needs.
-  auto &r0 = cycle.ranks[0];
+  cycle.ranks = {parseList("F0 send_fwd0>1 recv_bwd0<1 B0 W0 F1 send_fwd1>1 "
+                           "recv_bwd1<1 B1 W1"),
+                 parseList("recv_fwd0<0 F0 recv_fwd1<0 F1 B0 send_bwd0>0 W0 "
+                           "B1 send_bwd1>0 W1")};
+  EXPECT_EQ(simulate(cycle).error, "deadlock: rank 0 waits at B0; rank 1 "
+                                   "waits at F1");
+  // A receive is posted, not waited in: posting the gradient's receive
+  // first is no deadlock.
+  Schedule posted = make(Policy::OneFOneB, 2, 2);
+  auto &r0 = posted.ranks[0];
   auto recv = std::find_if(r0.begin(), r0.end(), [](const Instr &i) {
     return i.op == Op::RecvBackward;
   });
-  Instr moved = *recv;
-  r0.erase(recv);
-  r0.insert(r0.begin(), moved);
-  EXPECT_EQ(simulate(cycle).error.rfind("deadlock: rank 0 waits at "
-                                        "recv_bwd0<1; rank 1 waits at "
-                                        "recv_fwd0<0",
-                                        0),
-            0u)
-      << simulate(cycle).error;
+  std::rotate(r0.begin(), recv, recv + 1);
+  EXPECT_TRUE(simulate(posted).simulation) << simulate(posted).error;
 
   // Both receives are posted before either compute: the replay can run
   // it, but the transports pair messages between two ranks in order.
@@ -269,10 +295,28 @@ TEST(Schedule, SimulateRejectsBrokenLists) {
             "to virtual stage 1 there (messages between two ranks pair up in "
             "order)");
 
-  // Interleaved training lists would deadlock as NCCL groups: each rank's
-  // backward send waits for a receive the other rank posts only after its
-  // next compute.
-  EXPECT_EQ(checkGroupedTransfers(make(Policy::Interleaved, 2, 2, 2)),
+  // Interleaved training lists with each receive just before the compute
+  // that reads it deadlock as NCCL groups: each rank's backward send waits
+  // for a receive the other rank posts only after its next compute.
+  Schedule late = make(Policy::Interleaved, 2, 2, 2);
+  for (std::vector<Instr> &list : late.ranks) {
+    std::vector<Instr> out;
+    for (const Instr &i : list) {
+      if (i.op == Op::RecvForward || i.op == Op::RecvBackward)
+        continue;
+      if (i.op == Op::Forward || i.op == Op::Backward) {
+        Op recv = i.op == Op::Forward ? Op::RecvForward : Op::RecvBackward;
+        for (const Instr &j : list)
+          if (j.op == recv && j.microbatch == i.microbatch &&
+              j.chunk == i.chunk)
+            out.push_back(j);
+      }
+      out.push_back(i);
+    }
+    list = out;
+  }
+  EXPECT_TRUE(simulate(late).simulation) << simulate(late).error;
+  EXPECT_EQ(checkGroupedTransfers(late),
             "deadlock with the transfers between two computes grouped (as "
             "NCCL runs them): rank 0 waits in {send_bwd0.1>1}; rank 1 waits "
             "in {send_bwd1.1>0}");

@@ -199,6 +199,11 @@ private:
       return std::nullopt;
     return it->second;
   }
+  /// When what `op` of virtual stage `vs` sends has arrived.
+  std::optional<double> arrival(Op op, int32_t mb, int32_t vs) const {
+    auto t = done(op, mb, vs);
+    return t ? std::optional<double>(*t + d.transfer) : std::nullopt;
+  }
   void execute(int32_t rank, const Instr &i, double start);
   std::string checkChannels() const;
 
@@ -229,25 +234,20 @@ std::optional<double> Replay::ready(int32_t rank, const Instr &i,
   case Op::Forward:
     if (vs == 0)
       return 0.0;
-    if (implicit) {
-      auto t = done(Op::Forward, mb, vs - 1);
-      return t ? std::optional<double>(*t + d.transfer) : std::nullopt;
-    }
-    return sameRank(Op::RecvForward, vs);
+    // With explicit transfers the receive must have been posted on this
+    // rank; either way the data is there a transfer after its send.
+    if (!implicit && !sameRank(Op::RecvForward, vs))
+      return std::nullopt;
+    return arrival(implicit ? Op::Forward : Op::SendForward, mb, vs - 1);
   case Op::Backward: {
     auto f = sameRank(Op::Forward, vs);
     if (!f)
       return std::nullopt;
     if (vs == V - 1)
       return f;
-    std::optional<double> g;
-    if (implicit) {
-      g = done(Op::Backward, mb, vs + 1);
-      if (g)
-        *g += d.transfer;
-    } else {
-      g = sameRank(Op::RecvBackward, vs);
-    }
+    if (!implicit && !sameRank(Op::RecvBackward, vs))
+      return std::nullopt;
+    auto g = arrival(implicit ? Op::Backward : Op::SendBackward, mb, vs + 1);
     if (!g)
       return std::nullopt;
     return std::max(*f, *g);
@@ -258,14 +258,11 @@ std::optional<double> Replay::ready(int32_t rank, const Instr &i,
     return sameRank(Op::Forward, vs);
   case Op::SendBackward:
     return sameRank(Op::Backward, vs);
-  case Op::RecvForward: {
-    auto t = done(Op::SendForward, mb, vs - 1);
-    return t ? std::optional<double>(*t + d.transfer) : std::nullopt;
-  }
-  case Op::RecvBackward: {
-    auto t = done(Op::SendBackward, mb, vs + 1);
-    return t ? std::optional<double>(*t + d.transfer) : std::nullopt;
-  }
+  case Op::RecvForward:
+  case Op::RecvBackward:
+    // A receive is posted: it waits for nothing, and the compute that
+    // reads it waits for the data.
+    return 0.0;
   }
   return std::nullopt;
 }
@@ -462,32 +459,53 @@ std::string Replay::checkChannels() const {
   return "";
 }
 
-/// See checkGroupedTransfers: a rank gets past a group only when every
-/// send and receive in it has its partner in a group its peer has reached.
+/// See checkGroupedTransfers. Each rank has two queues, as on a GPU: its
+/// computes run in list order, each once the groups holding its receives
+/// have completed; its groups run in list order too, each entered once the
+/// computes before it in the list are done (its sends read them) and the
+/// group before it has completed, and completed once every send and
+/// receive in it has its partner in a group the peer has entered.
 std::string Replay::checkGroups() const {
-  // Per rank, its groups as [begin, end) ranges of its list, and for each
-  // transfer the (peer rank, peer group) holding its partner. A transfer
-  // is the n-th message of its channel (sender, receiver) on its side.
+  // Per rank, its groups as [begin, end) ranges of its list, how many
+  // computes come before each, and for each transfer the (peer rank, peer
+  // group) holding its partner. A transfer is the n-th message of its
+  // channel (sender, receiver) on its side.
   struct Group {
     size_t begin, end;
+    size_t computesBefore;
     std::vector<std::pair<int32_t, size_t>> partners;
+  };
+  struct Compute {
+    size_t at;         // index in the list
+    size_t needsGroup; // 1 + the last group holding its receives (0: none)
   };
   using Message = std::tuple<int32_t, int32_t, size_t, bool>;
   std::vector<std::vector<Group>> groups(p);
+  std::vector<std::vector<Compute>> computes(p);
   std::map<std::pair<int32_t, int32_t>, size_t> sentCount, receivedCount;
   std::map<Message, size_t> groupOf;
   std::vector<std::pair<int32_t, Message>> transfers; // (rank, message)
   for (int32_t r = 0; r < p; ++r) {
     const std::vector<Instr> &list = lists[r];
+    // The group each (compute op, micro-batch, chunk) receives in.
+    std::map<std::tuple<int, int32_t, int32_t>, size_t> receivedIn;
     for (size_t i = 0; i < list.size();) {
       if (isCompute(list[i].op)) {
+        auto it = receivedIn.find(
+            {static_cast<int>(list[i].op), list[i].microbatch, list[i].chunk});
+        computes[r].push_back(
+            {i, it == receivedIn.end() ? 0 : it->second + 1});
         ++i;
         continue;
       }
-      Group g{i, i, {}};
+      Group g{i, i, computes[r].size(), {}};
       for (; g.end < list.size() && !isCompute(list[g.end].op); ++g.end) {
         const Instr &t = list[g.end];
         bool isSend = t.op == Op::SendForward || t.op == Op::SendBackward;
+        if (!isSend)
+          receivedIn[{static_cast<int>(t.op == Op::RecvForward ? Op::Forward
+                                                               : Op::Backward),
+                      t.microbatch, t.chunk}] = groups[r].size();
         std::pair<int32_t, int32_t> channel =
             isSend ? std::pair{r, t.peer} : std::pair{t.peer, r};
         size_t n = isSend ? sentCount[channel]++ : receivedCount[channel]++;
@@ -512,33 +530,46 @@ std::string Replay::checkGroups() const {
     if (peer != r)
       groups[r][groupOf[m]].partners.push_back({peer, partner->second});
   }
-  // Replay: reached[r] is the group rank r waits in (all before it done).
-  std::vector<size_t> reached(p, 0);
+  // Replay: completed[r] groups and ran[r] computes of rank r are done.
+  std::vector<size_t> completed(p, 0), ran(p, 0);
+  auto entered = [&](int32_t r, size_t g) {
+    return g < completed[r] ||
+           (g == completed[r] && g < groups[r].size() &&
+            groups[r][g].computesBefore <= ran[r]);
+  };
   for (bool progressed = true; progressed;) {
     progressed = false;
     for (int32_t r = 0; r < p; ++r) {
-      if (reached[r] >= groups[r].size())
+      if (ran[r] < computes[r].size() &&
+          computes[r][ran[r]].needsGroup <= completed[r]) {
+        ++ran[r];
+        progressed = true;
+      }
+      if (completed[r] >= groups[r].size() || !entered(r, completed[r]))
         continue;
-      const Group &g = groups[r][reached[r]];
-      bool ready = std::all_of(
-          g.partners.begin(), g.partners.end(), [&](const auto &partner) {
-            return reached[partner.first] >= partner.second;
-          });
-      if (ready) {
-        ++reached[r];
+      const Group &g = groups[r][completed[r]];
+      if (std::all_of(g.partners.begin(), g.partners.end(),
+                      [&](const auto &partner) {
+                        return entered(partner.first, partner.second);
+                      })) {
+        ++completed[r];
         progressed = true;
       }
     }
   }
   std::string stuck;
   for (int32_t r = 0; r < p; ++r) {
-    if (reached[r] >= groups[r].size())
-      continue;
-    const Group &g = groups[r][reached[r]];
-    stuck += " rank " + std::to_string(r) + " waits in {";
-    for (size_t i = g.begin; i < g.end; ++i)
-      stuck += (i == g.begin ? "" : " ") + describeInstr(lists[r][i], o.chunks);
-    stuck += "};";
+    if (completed[r] < groups[r].size() && entered(r, completed[r])) {
+      const Group &g = groups[r][completed[r]];
+      stuck += " rank " + std::to_string(r) + " waits in {";
+      for (size_t i = g.begin; i < g.end; ++i)
+        stuck +=
+            (i == g.begin ? "" : " ") + describeInstr(lists[r][i], o.chunks);
+      stuck += "};";
+    } else if (ran[r] < computes[r].size()) {
+      stuck += " rank " + std::to_string(r) + " waits at " +
+               describeInstr(lists[r][computes[r][ran[r]].at], o.chunks) + ";";
+    }
   }
   if (stuck.empty())
     return "";
@@ -589,6 +620,13 @@ Order oneFOneB(const Options &o, int32_t rank, bool withW) {
   return out;
 }
 
+/// The forwards rank `rank` runs before its first backward in the
+/// interleaved order (all of them when that is fewer).
+int32_t interleavedWarmup(const Options &o, int32_t rank) {
+  int32_t p = o.stages, v = o.chunks, total = o.microbatches * v;
+  return std::min((p - rank - 1) * 2 + (v - 1) * p, total);
+}
+
 /// Megatron-LM's interleaved order: micro-batches in groups of p, each
 /// group through every chunk before the next group starts.
 Order interleaved(const Options &o, int32_t rank) {
@@ -608,7 +646,7 @@ Order interleaved(const Options &o, int32_t rank) {
     }
     return out;
   }
-  int32_t warmup = std::min((p - rank - 1) * 2 + (v - 1) * p, total);
+  int32_t warmup = interleavedWarmup(o, rank);
   for (int32_t k = 0; k < warmup; ++k) {
     auto [mb, c] = unit(k, true);
     out.push_back({Op::Forward, mb, c});
@@ -650,6 +688,75 @@ std::vector<Order> withTransfers(const Options &o,
     }
   }
   return out;
+}
+
+/// Megatron-LM's exchange for interleaved training. The forwards and
+/// backwards run in units: a warm-up F; in the steady state an F with the
+/// B after it; a cool-down B. All transfers sit between units, each
+/// unit's sends with the next unit's receives, as one group. So a steady
+/// B's gradient is received before the F that shares its unit (posted a
+/// compute early), and that F's activations leave after the B. A W runs
+/// right after the group that follows its B, so the B's send does not
+/// wait for it. Every interleaved training list then passes
+/// checkGroupedTransfers (the unit tests try p up to 8, m up to 16, v up
+/// to 3), where receives right before their computes deadlock.
+void exchangeBetweenUnits(const Options &o, std::vector<Order> &lists) {
+  int32_t total = o.microbatches * o.chunks;
+  for (int32_t r = 0; r < o.stages; ++r) {
+    Order &list = lists[r];
+    // Units of F and B, in order, the first total - warmup backwards
+    // joining the forward before them; each unit's Ws apart.
+    int32_t paired = total - interleavedWarmup(o, r), backwards = 0;
+    std::vector<Order> units, weightGrads;
+    for (const Instr &i : list) {
+      if (!isCompute(i.op))
+        continue;
+      if (i.op == Op::WeightGrad) {
+        weightGrads.back().push_back(i);
+        continue;
+      }
+      if (units.empty() ||
+          !(i.op == Op::Backward && backwards++ < paired)) {
+        units.emplace_back();
+        weightGrads.emplace_back();
+      }
+      units.back().push_back(i);
+    }
+    // Each transfer's unit: that of the compute it sends from or
+    // receives for.
+    std::map<std::tuple<int, int32_t, int32_t>, size_t> unitOf;
+    for (size_t u = 0; u < units.size(); ++u)
+      for (const Instr &i : units[u])
+        unitOf[{static_cast<int>(i.op), i.microbatch, i.chunk}] = u;
+    std::vector<Order> sends(units.size()), receives(units.size());
+    for (const Instr &i : list) {
+      if (isCompute(i.op))
+        continue;
+      Op of = i.op == Op::SendForward || i.op == Op::RecvForward
+                  ? Op::Forward
+                  : Op::Backward;
+      size_t u = unitOf[{static_cast<int>(of), i.microbatch, i.chunk}];
+      (i.op == Op::SendForward || i.op == Op::SendBackward ? sends : receives)[u]
+          .push_back(i);
+    }
+    Order out;
+    auto append = [&](const Order &more) {
+      out.insert(out.end(), more.begin(), more.end());
+    };
+    for (size_t u = 0; u < units.size(); ++u) {
+      if (u > 0)
+        append(sends[u - 1]);
+      append(receives[u]);
+      if (u > 0)
+        append(weightGrads[u - 1]);
+      append(units[u]);
+    }
+    if (!units.empty()) {
+      append(sends.back());
+      append(weightGrads.back());
+    }
+    list = std::move(out);
+  }
 }
 
 } // namespace
@@ -702,6 +809,10 @@ GenerateResult generate(const Options &o) {
   Schedule s;
   s.options = o;
   s.ranks = withTransfers(o, compute);
+  // Interleaved training lists deadlock as NCCL groups with each receive
+  // just before the compute that reads it (every other list passes).
+  if (o.policy == Policy::Interleaved && !o.forwardOnly)
+    exchangeBetweenUnits(o, s.ranks);
   return GenerateResult{std::move(s), ""};
 }
 

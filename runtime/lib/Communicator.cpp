@@ -6,6 +6,7 @@
 
 #include "Loader.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -245,6 +246,31 @@ public:
     return check(startGather(send, recv, countPerRank, int(type)),
                  "all_gather (started)", countPerRank, type);
   }
+  /// Posted receives, through the engine's postReceive and waitReceives;
+  /// a wait is watched and named by the receive it completes.
+  Status postRecv(void *buffer, int64_t count, DType type,
+                  int peer) override {
+    ++receiveTicket;
+    postedFrom.push_back({peer, count, type});
+    return check(postReceive(buffer, count, int(type), peer),
+                 "recv from rank " + std::to_string(peer) + " (posted)", count,
+                 type);
+  }
+  int64_t postedReceives() const override { return receiveTicket; }
+  Status waitReceivesThrough(int64_t through) override {
+    through = std::min(through, receiveTicket);
+    if (through <= receivesDone)
+      return Status::success();
+    int64_t n = through - receivesDone;
+    const Posted &last = postedFrom[static_cast<size_t>(n - 1)];
+    std::string what = "wait for recv from rank " + std::to_string(last.peer) +
+                       (n > 1 ? " (and " + std::to_string(n - 1) + " before)"
+                              : std::string());
+    postedFrom.erase(postedFrom.begin(), postedFrom.begin() + n);
+    receivesDone = through;
+    Watched w(*this, what, last.count, last.type);
+    return check(waitReceives(n), what, last.count, last.type);
+  }
   int64_t startedCollectives() const override { return ticket; }
   Status waitCollectives() override { return waitCollectivesThrough(ticket); }
   Status waitCollectivesThrough(int64_t through) override {
@@ -279,6 +305,19 @@ protected:
                           int dtype) = 0;
   /// Completes the `count` oldest started collectives.
   virtual int waitOldest(int64_t count) = 0;
+  virtual int postReceive(void *buffer, int64_t count, int dtype,
+                          int peer) = 0;
+  /// Completes the `count` oldest posted receives.
+  virtual int waitReceives(int64_t count) = 0;
+  /// The posted receives not yet waited for: numbers receivesDone + 1 to
+  /// receiveTicket.
+  struct Posted {
+    int peer;
+    int64_t count;
+    DType type;
+  };
+  std::vector<Posted> postedFrom;
+  int64_t receiveTicket = 0, receivesDone = 0;
   /// The started collectives not yet waited for, oldest first: numbers
   /// completed + 1 to ticket.
   struct Started {
@@ -347,6 +386,8 @@ struct MpiApi {
   decltype(&pcc_mpi_recv) recv;
   decltype(&pcc_mpi_isend) isend;
   decltype(&pcc_mpi_wait_sends) waitSends;
+  decltype(&pcc_mpi_irecv) irecv;
+  decltype(&pcc_mpi_wait_receives) waitReceives;
   decltype(&pcc_mpi_iall_reduce) iallReduce;
   decltype(&pcc_mpi_ireduce_scatter) ireduceScatter;
   decltype(&pcc_mpi_iall_gather) iallGather;
@@ -378,6 +419,8 @@ Result<MpiApi> loadMpiApi() {
             bindSymbol(*handle, api.recv, "pcc_mpi_recv") &&
             bindSymbol(*handle, api.isend, "pcc_mpi_isend") &&
             bindSymbol(*handle, api.waitSends, "pcc_mpi_wait_sends") &&
+            bindSymbol(*handle, api.irecv, "pcc_mpi_irecv") &&
+            bindSymbol(*handle, api.waitReceives, "pcc_mpi_wait_receives") &&
             bindSymbol(*handle, api.iallReduce, "pcc_mpi_iall_reduce") &&
             bindSymbol(*handle, api.ireduceScatter,
                        "pcc_mpi_ireduce_scatter") &&
@@ -421,6 +464,12 @@ public:
   int waitOldest(int64_t count) override {
     return api.waitOldest(comm, count);
   }
+  int postReceive(void *buffer, int64_t count, int dtype, int peer) override {
+    return api.irecv(comm, buffer, count, dtype, peer);
+  }
+  int waitReceives(int64_t count) override {
+    return api.waitReceives(comm, count);
+  }
   Status barrier() override {
     return check(api.barrier(comm), "barrier", 0, DType::U8);
   }
@@ -462,6 +511,9 @@ struct NcclApi {
   decltype(&pcc_nccl_reduce_scatter_start) reduceScatterStart;
   decltype(&pcc_nccl_all_gather_start) allGatherStart;
   decltype(&pcc_nccl_wait_oldest) waitOldest;
+  decltype(&pcc_nccl_recv_post) recvPost;
+  decltype(&pcc_nccl_wait_receives) waitReceives;
+  decltype(&pcc_nccl_join_stream) joinStream;
 };
 
 Result<NcclApi> loadNcclApi() {
@@ -495,7 +547,10 @@ Result<NcclApi> loadNcclApi() {
                        "pcc_nccl_reduce_scatter_start") &&
             bindSymbol(*handle, api.allGatherStart,
                        "pcc_nccl_all_gather_start") &&
-            bindSymbol(*handle, api.waitOldest, "pcc_nccl_wait_oldest");
+            bindSymbol(*handle, api.waitOldest, "pcc_nccl_wait_oldest") &&
+            bindSymbol(*handle, api.recvPost, "pcc_nccl_recv_post") &&
+            bindSymbol(*handle, api.waitReceives, "pcc_nccl_wait_receives") &&
+            bindSymbol(*handle, api.joinStream, "pcc_nccl_join_stream");
   if (!ok)
     return Error{"libpcc_runtime_cuda.so has no NCCL engine (pcc was built "
                  "without NCCL, or the library belongs to another pcc "
@@ -543,6 +598,15 @@ public:
   }
   int waitOldest(int64_t count) override {
     return api.waitOldest(comm, count, /*timeout_ms=*/600000);
+  }
+  int postReceive(void *buffer, int64_t count, int dtype, int peer) override {
+    return api.recvPost(comm, buffer, count, dtype, peer);
+  }
+  int waitReceives(int64_t count) override {
+    return api.waitReceives(comm, count, /*timeout_ms=*/600000);
+  }
+  Status joinTransfers() override {
+    return call(api.joinStream(comm), "joining the transfer stream");
   }
   Status transfersAfterCompute() override {
     return call(api.afterCompute(comm), "transfers after compute");

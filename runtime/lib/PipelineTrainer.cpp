@@ -32,6 +32,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <tuple>
 
 namespace pccrt {
 
@@ -308,6 +310,10 @@ Result<StepResult> Trainer::pipelineStep(
            " of stage " + std::to_string(k) + ", micro-batch " +
            std::to_string(mb) + ": ";
   };
+  // The receives posted for a forward or backward (its op, stage and
+  // micro-batch): the number to wait through before it runs, and the peer.
+  std::map<std::tuple<int32_t, int32_t, int32_t>, std::pair<int64_t, int32_t>>
+      posted;
   auto execute = [&](const pcc_pipeline_instr &instr) -> Status {
     int32_t mb = instr.microbatch;
     int32_t k = instr.stage;
@@ -343,8 +349,10 @@ Result<StepResult> Trainer::pipelineStep(
     case PCC_PIPE_RECV_FORWARD: {
       const pcc_stage_info &prev = info.stages[k - 1];
       for (int j = 0; j < prev.num_outputs && st.ok(); ++j)
-        st = pipe->recv(slot.recv[j].data(), count(prev.outputs[j]),
-                        static_cast<DType>(prev.outputs[j].dtype), instr.peer);
+        st = pipe->postRecv(slot.recv[j].data(), count(prev.outputs[j]),
+                            static_cast<DType>(prev.outputs[j].dtype),
+                            instr.peer);
+      posted[{PCC_PIPE_FORWARD, k, mb}] = {pipe->postedReceives(), instr.peer};
       break;
     }
     case PCC_PIPE_FORWARD: {
@@ -381,9 +389,11 @@ Result<StepResult> Trainer::pipelineStep(
     case PCC_PIPE_RECV_BACKWARD:
       for (int j = 0; j < me.num_outputs && st.ok(); ++j)
         if (isFloat(me.outputs[j].dtype))
-          st = pipe->recv(slot.gradOut[j].data(), count(me.outputs[j]),
-                          static_cast<DType>(me.outputs[j].dtype),
-                          instr.peer);
+          st = pipe->postRecv(slot.gradOut[j].data(), count(me.outputs[j]),
+                              static_cast<DType>(me.outputs[j].dtype),
+                              instr.peer);
+      posted[{PCC_PIPE_BACKWARD, k, mb}] = {pipe->postedReceives(),
+                                            instr.peer};
       break;
     case PCC_PIPE_BACKWARD: {
       what = "backward";
@@ -438,8 +448,12 @@ Result<StepResult> Trainer::pipelineStep(
       return Error{where(what, k, mb) + st.error()};
     return Status::success();
   };
-  // The transfers between two computes go as one group (NCCL), sends
-  // first: other engines' receives block.
+  // The transfers between two computes go as one group (NCCL), after the
+  // compute before them (what the sends read, the slots the receives
+  // fill), on a queue of their own (NCCL: a second stream). Receives are
+  // posted (interleaved lists post some a compute early: the schedule
+  // pass checked that the groups cannot deadlock), and each forward or
+  // backward waits for its own before it runs.
   const pcc_pipeline_instr *list = info.schedules[pipeRank];
   int32_t length = info.schedule_lengths[pipeRank];
   auto isSend = [](int32_t op) {
@@ -451,9 +465,27 @@ Result<StepResult> Trainer::pipelineStep(
   // Runs one instruction, and with tracing records when it ran (a compute
   // step until the device is done with it).
   auto run = [&](const pcc_pipeline_instr &instr) -> Status {
+    auto received = posted.find({instr.op, instr.stage, instr.microbatch});
+    if (received != posted.end()) {
+      double waitStart = tracingStep ? now() : 0;
+      Status st = pipe->waitReceivesThrough(received->second.first);
+      if (!st.ok())
+        return Error{where(instr.op == PCC_PIPE_FORWARD ? "the input of the "
+                                                          "forward"
+                                                        : "the gradient of "
+                                                          "the backward",
+                           instr.stage, instr.microbatch) +
+                     st.error()};
+      if (tracingStep)
+        events.push_back({TraceEvent::Kind::Recv, instr.stage,
+                          instr.microbatch, received->second.second, waitStart,
+                          now()});
+      posted.erase(received);
+    }
     double start = tracingStep ? now() : 0;
     Status st = execute(instr);
-    if (!tracingStep || !st.ok())
+    // A receive is traced when its compute waits for it.
+    if (!tracingStep || !st.ok() || isRecv(instr.op))
       return st;
     bool compute = !isSend(instr.op) && !isRecv(instr.op);
     if (compute && !device->isHost())
@@ -469,6 +501,11 @@ Result<StepResult> Trainer::pipelineStep(
     events.push_back(e);
     return st;
   };
+  if (length > 0) {
+    Status separate = pipe->separateTransfers();
+    if (!separate.ok())
+      return Error{separate.error()};
+  }
   for (int32_t n = 0; n < length;) {
     if (!isSend(list[n].op) && !isRecv(list[n].op)) {
       Status st = run(list[n++]);
@@ -479,11 +516,16 @@ Result<StepResult> Trainer::pipelineStep(
     int32_t end = n;
     while (end < length && (isSend(list[end].op) || isRecv(list[end].op)))
       ++end;
-    Status st = pipe->beginGroup();
+    Status st = pipe->transfersAfterCompute();
+    if (st.ok())
+      st = pipe->beginGroup();
+    if (!st.ok())
+      return Error{st.error()};
     for (bool sends : {true, false})
       for (int32_t t = n; t < end && st.ok(); ++t)
         if (isSend(list[t].op) == sends)
           st = run(list[t]);
+    // Ended on every path: an open NCCL group would swallow later calls.
     Status closed = pipe->endGroup();
     if (st.ok())
       st = closed;
@@ -491,8 +533,22 @@ Result<StepResult> Trainer::pipelineStep(
       return Error{st.error()};
     n = end;
   }
+  if (!posted.empty())
+    return Error{"the schedule of pipeline rank " + std::to_string(pipeRank) +
+                 " receives for micro-batch " +
+                 std::to_string(std::get<2>(posted.begin()->first)) +
+                 " of stage " +
+                 std::to_string(std::get<1>(posted.begin()->first)) +
+                 " but never computes it"};
   double waitStart = tracingStep ? now() : 0;
+  // The step's sends are done (NCCL: the transfer stream, bounded, so a
+  // stalled peer is reported), and the optimizer's collectives over pp run
+  // on the compute stream again.
   Status sent = pipe->completeSends();
+  if (sent.ok() && length > 0)
+    sent = pipe->wait(/*timeoutMs=*/600000);
+  if (sent.ok() && length > 0)
+    sent = pipe->joinTransfers();
   if (!sent.ok())
     return Error{sent.error()};
   if (tracingStep)

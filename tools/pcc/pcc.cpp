@@ -731,11 +731,6 @@ int main(int argc, char **argv) {
                 "--zero-grad-sync=microbatch every W pass reduce-scatters "
                 "already");
 
-  if (train && pp > 1 && ppChunks > 1 && target != Target::Cpu)
-    return fail("--train with --pp-chunks runs on CPU ranks (MPI) in this "
-                "version of pcc: interleaved training lists would deadlock "
-                "as NCCL groups until each activation's send is paired with "
-                "the next gradient's receive");
   if (train && pp > 1 && offload != "none")
     return fail("--offload=optimizer does not go with --pp yet");
 
@@ -917,9 +912,8 @@ int main(int argc, char **argv) {
       if (train && pp > 1) {
         // Cut first (the loss lands on the last stage), then differentiate
         // each stage: a schedule places its forward and backward phases.
-        // Interleaved training lists deadlock as NCCL groups (Megatron-LM
-        // pairs each activation's send with the next gradient's receive;
-        // pcc does not reorder them yet): they run on MPI ranks.
+        // GPU ranks run each list's transfers as NCCL groups, which the
+        // schedule pass checks cannot deadlock.
         addPipelineCut(/*groupedTransfers=*/target != Target::Cpu);
         pcc::PipelineTrainingOptions stages;
         stages.kind = optimizerKind;

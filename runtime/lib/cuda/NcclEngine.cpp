@@ -27,7 +27,16 @@ struct pcc_nccl_comm {
   cudaStream_t stream = nullptr;
   /// The context's (compute) stream.
   cudaStream_t compute = nullptr;
+  /// The communicator's own stream, once pcc_nccl_own_stream made it;
+  /// `ownStream` while the calls go there.
+  cudaStream_t transfers = nullptr;
   bool ownStream = false;
+  /// Posted receives (pcc_nccl_recv_post) by number: how many were posted,
+  /// have an event marking them, and were waited for; each mark is the
+  /// number of the last receive it covers and its event on `stream`.
+  int64_t receivesPosted = 0, receivesMarked = 0, receivesCompleted = 0;
+  std::deque<std::pair<int64_t, cudaEvent_t>> receiveMarks;
+  bool inGroup = false;
   /// Fences between the two streams (no timing).
   cudaEvent_t computeDone = nullptr, callsDone = nullptr;
   /// Started all-reduces (gradient buckets) run on a stream of their own,
@@ -182,18 +191,20 @@ void pcc_nccl_free(pcc_nccl_comm *comm) {
   if (comm->comm)
     (void)(comm->aborted ? ncclCommAbort(comm->comm)
                          : ncclCommDestroy(comm->comm));
+  for (cudaEvent_t e : comm->started)
+    (void)cudaEventDestroy(e);
+  for (auto &mark : comm->receiveMarks)
+    (void)cudaEventDestroy(mark.second);
+  for (cudaEvent_t e : comm->spareEvents)
+    (void)cudaEventDestroy(e);
   if (comm->side) {
     (void)cudaEventDestroy(comm->sideReady);
-    for (cudaEvent_t e : comm->started)
-      (void)cudaEventDestroy(e);
-    for (cudaEvent_t e : comm->spareEvents)
-      (void)cudaEventDestroy(e);
     (void)cudaStreamDestroy(comm->side);
   }
-  if (comm->ownStream) {
+  if (comm->transfers) {
     (void)cudaEventDestroy(comm->computeDone);
     (void)cudaEventDestroy(comm->callsDone);
-    (void)cudaStreamDestroy(comm->stream);
+    (void)cudaStreamDestroy(comm->transfers);
   }
   delete comm;
 }
@@ -273,6 +284,11 @@ int pcc_nccl_recv(pcc_nccl_comm *comm, void *buffer, int64_t count, int dtype,
 int pcc_nccl_own_stream(pcc_nccl_comm *comm) {
   if (comm->ownStream)
     return 0;
+  if (comm->transfers) {
+    comm->stream = comm->transfers;
+    comm->ownStream = true;
+    return 0;
+  }
   if (cudaError_t err = cudaSetDevice(comm->device))
     return failWith(std::string("cudaSetDevice: ") + cudaGetErrorString(err));
   cudaStream_t stream = nullptr;
@@ -291,6 +307,7 @@ int pcc_nccl_own_stream(pcc_nccl_comm *comm) {
     return failWith(std::string("cudaEventCreateWithFlags: ") +
                     cudaGetErrorString(err));
   }
+  comm->transfers = stream;
   comm->stream = stream;
   comm->computeDone = a;
   comm->callsDone = b;
@@ -331,20 +348,81 @@ int pcc_nccl_before_compute(pcc_nccl_comm *comm) {
                "ordering compute after transfers");
 }
 
+int pcc_nccl_join_stream(pcc_nccl_comm *comm) {
+  if (failIfAborted(comm))
+    return 1;
+  if (!comm->ownStream)
+    return 0;
+  if (streamWait(comm->callsDone, comm->stream, comm->compute,
+                 "ordering compute after transfers"))
+    return 1;
+  comm->stream = comm->compute;
+  comm->ownStream = false;
+  return 0;
+}
+
+} // extern "C"
+
+namespace {
+/// An event from the spare ones, or a new one.
+int takeEvent(pcc_nccl_comm *comm, cudaEvent_t &event, const char *what) {
+  if (!comm->spareEvents.empty()) {
+    event = comm->spareEvents.back();
+    comm->spareEvents.pop_back();
+    return 0;
+  }
+  if (cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming))
+    return failWith(std::string(what) + ": cudaEventCreate: " +
+                    cudaGetErrorString(err));
+  return 0;
+}
+
+/// Marks the receives posted since the last mark with an event on the
+/// calls' stream, after them.
+int markReceives(pcc_nccl_comm *comm) {
+  if (comm->receivesPosted == comm->receivesMarked)
+    return 0;
+  cudaEvent_t event = nullptr;
+  if (takeEvent(comm, event, "marking posted receives"))
+    return 1;
+  if (cudaError_t err = cudaEventRecord(event, comm->stream)) {
+    comm->spareEvents.push_back(event);
+    return failWith(std::string("marking posted receives: cudaEventRecord: ") +
+                    cudaGetErrorString(err));
+  }
+  comm->receiveMarks.push_back({comm->receivesPosted, event});
+  comm->receivesMarked = comm->receivesPosted;
+  return 0;
+}
+} // namespace
+
+extern "C" {
+
 int pcc_nccl_group_start(pcc_nccl_comm *comm) {
   if (failIfAborted(comm))
     return 1;
   if (ncclResult_t rc = ncclGroupStart())
     return fail("ncclGroupStart", rc, comm);
+  comm->inGroup = true;
   return 0;
 }
 
 int pcc_nccl_group_end(pcc_nccl_comm *comm) {
   // Always ends the group, even on an aborted communicator: an open group
   // would swallow every later NCCL call of this thread.
+  comm->inGroup = false;
   if (ncclResult_t rc = ncclGroupEnd())
     return fail("ncclGroupEnd", rc, comm);
-  return 0;
+  // The group's receives complete with it.
+  return markReceives(comm);
+}
+
+int pcc_nccl_recv_post(pcc_nccl_comm *comm, void *buffer, int64_t count,
+                       int dtype, int peer) {
+  if (pcc_nccl_recv(comm, buffer, count, dtype, peer))
+    return 1;
+  ++comm->receivesPosted;
+  return comm->inGroup ? 0 : markReceives(comm);
 }
 
 /// Polls `query` (a stream's or an event's) until it is done, up to
@@ -396,6 +474,40 @@ int pcc_nccl_wait(pcc_nccl_comm *comm, int64_t timeout_ms) {
                    [&] { return cudaStreamQuery(comm->stream); });
 }
 
+int pcc_nccl_wait_receives(pcc_nccl_comm *comm, int64_t count,
+                           int64_t timeout_ms) {
+  if (failIfAborted(comm))
+    return 1;
+  int64_t through = comm->receivesCompleted + (count < 0 ? 0 : count);
+  if (through > comm->receivesPosted)
+    through = comm->receivesPosted;
+  if (through <= comm->receivesCompleted)
+    return 0;
+  if (through > comm->receivesMarked)
+    return failWith("waiting for receives posted in a group that has not "
+                    "ended");
+  // The first mark covering receive `through`: the calls' stream runs in
+  // order, so its event covers every receive before it.
+  cudaEvent_t event = nullptr;
+  for (auto &mark : comm->receiveMarks)
+    if (mark.first >= through) {
+      event = mark.second;
+      break;
+    }
+  if (cudaError_t err = cudaStreamWaitEvent(comm->compute, event, 0))
+    return failWith(std::string("waiting for posted receives: "
+                                "cudaStreamWaitEvent: ") +
+                    cudaGetErrorString(err));
+  int rc = waitUntil(comm, timeout_ms, [&] { return cudaEventQuery(event); });
+  while (!comm->receiveMarks.empty() &&
+         comm->receiveMarks.front().first <= through) {
+    comm->spareEvents.push_back(comm->receiveMarks.front().second);
+    comm->receiveMarks.pop_front();
+  }
+  comm->receivesCompleted = through;
+  return rc;
+}
+
 } // extern "C"
 
 namespace {
@@ -417,14 +529,8 @@ int startOnSide(pcc_nccl_comm *comm, const char *what) {
 /// Marks the end of the collective just enqueued on the side stream.
 int noteStarted(pcc_nccl_comm *comm, const char *what) {
   cudaEvent_t event = nullptr;
-  if (!comm->spareEvents.empty()) {
-    event = comm->spareEvents.back();
-    comm->spareEvents.pop_back();
-  } else if (cudaError_t err =
-                 cudaEventCreateWithFlags(&event, cudaEventDisableTiming)) {
-    return failWith(std::string(what) + ": cudaEventCreate: " +
-                    cudaGetErrorString(err));
-  }
+  if (takeEvent(comm, event, what))
+    return 1;
   if (cudaError_t err = cudaEventRecord(event, comm->side)) {
     comm->spareEvents.push_back(event);
     return failWith(std::string(what) + ": cudaEventRecord: " +

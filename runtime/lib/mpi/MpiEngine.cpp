@@ -12,6 +12,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,9 @@ struct pcc_mpi_comm {
   MPI_Comm comm;
   /// Sends started by pcc_mpi_isend and not yet waited for.
   std::vector<MPI_Request> pending;
+  /// Receives posted by pcc_mpi_irecv and not yet waited for, oldest
+  /// first.
+  std::vector<MPI_Request> receives;
   /// Collectives started by pcc_mpi_iall_reduce, pcc_mpi_ireduce_scatter
   /// or pcc_mpi_iall_gather and not yet waited for, oldest first.
   std::vector<MPI_Request> collectives;
@@ -269,6 +273,30 @@ int pcc_mpi_wait_sends(pcc_mpi_comm *comm) {
   if (rc)
     return fail("MPI_Waitall (sends)", rc);
   return 0;
+}
+
+int pcc_mpi_irecv(pcc_mpi_comm *comm, void *buffer, int64_t count, int dtype,
+                  int peer) {
+  MPI_Datatype type;
+  if (prepare(count, dtype, type))
+    return 1;
+  MPI_Request request;
+  if (int rc =
+          MPI_Irecv(buffer, int(count), type, peer, 0, comm->comm, &request))
+    return fail("MPI_Irecv", rc);
+  comm->receives.push_back(request);
+  return 0;
+}
+
+int pcc_mpi_wait_receives(pcc_mpi_comm *comm, int64_t count) {
+  size_t n = count < 0 ? 0 : static_cast<size_t>(count);
+  n = std::min(n, comm->receives.size());
+  if (n == 0)
+    return 0;
+  int rc = MPI_Waitall(static_cast<int>(n), comm->receives.data(),
+                       MPI_STATUSES_IGNORE);
+  comm->receives.erase(comm->receives.begin(), comm->receives.begin() + n);
+  return rc == MPI_SUCCESS ? 0 : fail("MPI_Waitall (receives)", rc);
 }
 
 int pcc_mpi_iall_reduce(pcc_mpi_comm *comm, void *buffer, int64_t count,

@@ -127,6 +127,20 @@ public:
   }
   /// Completes every sendAsync issued so far.
   virtual Status completeSends() { return Status::success(); }
+  /// A receive that may still run when the call returns (MPI_Irecv; NCCL:
+  /// a receive in the current group): a pipeline's receive posted a
+  /// compute early. Posted receives are numbered 1, 2, ... in the order
+  /// they are posted; waitReceivesThrough(n) completes 1 to n, after which
+  /// their buffers hold the data and compute issued later reads it. By
+  /// default the receive is done before the call returns.
+  virtual Status postRecv(void *buffer, int64_t count, DType type, int peer) {
+    return recv(buffer, count, type, peer);
+  }
+  virtual int64_t postedReceives() const { return 0; }
+  virtual Status waitReceivesThrough(int64_t ticket) {
+    (void)ticket;
+    return Status::success();
+  }
   /// Sends and receives issued between these two progress together (NCCL
   /// groups), so that a send that waits for its receive cannot hold up a
   /// receive of the same group. Issue a group's sends before its receives:
@@ -141,6 +155,10 @@ public:
   /// stream), ordered with it only by the two fences below. Engines whose calls
   /// complete on return need no queue, and their fences do nothing.
   virtual Status separateTransfers() { return Status::success(); }
+  /// Undoes separateTransfers: compute issued from now on waits for the
+  /// transfers issued so far, and later calls (a step's collectives) run on
+  /// the device's queue again, ordered with compute.
+  virtual Status joinTransfers() { return Status::success(); }
   /// Transfers issued from now on wait for the compute issued so far.
   virtual Status transfersAfterCompute() { return Status::success(); }
   /// Compute issued from now on waits for the transfers issued so far.

@@ -52,6 +52,12 @@ int pcc_mpi_barrier(pcc_mpi_comm *comm);
 int pcc_mpi_isend(pcc_mpi_comm *comm, const void *buffer, int64_t count,
                   int dtype, int peer);
 int pcc_mpi_wait_sends(pcc_mpi_comm *comm);
+/* A receive that returns at once (MPI_Irecv, a pipeline's receive posted
+ * a compute early); pcc_mpi_wait_receives completes the `count` oldest
+ * posted receives still pending. */
+int pcc_mpi_irecv(pcc_mpi_comm *comm, void *buffer, int64_t count, int dtype,
+                  int peer);
+int pcc_mpi_wait_receives(pcc_mpi_comm *comm, int64_t count);
 /* A started in-place sum (MPI_Iallreduce), completed by
  * pcc_mpi_wait_oldest in the order the collectives of `comm` started;
  * pcc_mpi_test_collectives lets them advance (MPI_Testall). */
@@ -140,6 +146,22 @@ int pcc_nccl_before_compute(pcc_nccl_comm *comm);
  * progress together. */
 int pcc_nccl_group_start(pcc_nccl_comm *comm);
 int pcc_nccl_group_end(pcc_nccl_comm *comm);
+/* A receive enqueued as pcc_nccl_recv, numbered among the posted ones; the
+ * end of its group (or the call, outside a group) is marked with an event,
+ * so that pcc_nccl_wait_receives waits for it and not for the transfers
+ * enqueued after it. */
+int pcc_nccl_recv_post(pcc_nccl_comm *comm, void *buffer, int64_t count,
+                       int dtype, int peer);
+/* Completes the `count` oldest posted receives still pending: compute
+ * enqueued on the context's stream from now on reads them, and the host
+ * waits for them up to timeout_ms (then the communicator is aborted). */
+int pcc_nccl_wait_receives(pcc_nccl_comm *comm, int64_t count,
+                           int64_t timeout_ms);
+/* Undoes pcc_nccl_own_stream: compute enqueued from now on waits for the
+ * calls enqueued so far, and later calls go to the context's stream again
+ * (collectives ordered with compute). pcc_nccl_own_stream moves them back
+ * to the same own stream. */
+int pcc_nccl_join_stream(pcc_nccl_comm *comm);
 
 #ifdef __cplusplus
 }
