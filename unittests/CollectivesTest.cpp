@@ -231,6 +231,45 @@ TEST(Collectives, SendRecvRing) {
   EXPECT_EQ(theirs[0], float(prev));
 }
 
+// Tests receives posted before their sends, as a pipeline posts them a
+// compute early: numbered in order, each wait completes the ones before
+// it, and later ones stay pending.
+TEST(Collectives, PostedReceivesCompleteInOrder) {
+  int r = world->rank(), p = world->size();
+  if (p == 1)
+    GTEST_SKIP() << "point-to-point needs two ranks";
+  const int64_t n = 1 << 10;
+  int next = (r + 1) % p, prev = (r + p - 1) % p;
+  Buffer first(std::vector<float>(n, -1)), second(std::vector<float>(n, -1));
+  Buffer a(ramp(n, float(10 * r))), b(ramp(n, float(10 * r + 5)));
+  int64_t before = world->postedReceives();
+  ASSERT_TRUE(world->beginGroup().ok());
+  Status st = world->postRecv(first.data(), n, DType::F32, prev);
+  int64_t one = world->postedReceives();
+  if (st.ok())
+    st = world->postRecv(second.data(), n, DType::F32, prev);
+  if (st.ok())
+    st = world->sendAsync(a.data(), n, DType::F32, next);
+  if (st.ok())
+    st = world->sendAsync(b.data(), n, DType::F32, next);
+  Status ended = world->endGroup();
+  ASSERT_TRUE(st.ok()) << st.error();
+  ASSERT_TRUE(ended.ok()) << ended.error();
+  EXPECT_EQ(one, before + 1);
+  EXPECT_EQ(world->postedReceives(), before + 2);
+  ASSERT_TRUE(world->waitReceivesThrough(one).ok());
+  std::vector<float> got = first.read();
+  for (int64_t i = 0; i < n; i += 37)
+    ASSERT_EQ(got[i], float(10 * prev + i));
+  ASSERT_TRUE(world->waitReceivesThrough(world->postedReceives()).ok());
+  // Waiting again through a completed one does nothing.
+  ASSERT_TRUE(world->waitReceivesThrough(one).ok());
+  got = second.read();
+  for (int64_t i = 0; i < n; i += 37)
+    ASSERT_EQ(got[i], float(10 * prev + 5 + i));
+  ASSERT_TRUE(world->completeSends().ok());
+}
+
 TEST(Collectives, SplitByParity) {
   if (engine == "nccl")
     GTEST_SKIP() << "NCCL groups are made from split MPI groups";

@@ -3,6 +3,8 @@
 // Generation builds each rank's order of compute (F, B, W) from the
 // policy, then inserts the transfers around it: a receive before F (B)
 // when the previous (next) virtual stage produced its input, a send after.
+// Interleaved training lists then move their transfers between units of
+// compute (Megatron-LM's exchange), so that they run as NCCL groups.
 // ZB-H1's W positions come from replaying the 1F1B order with unit
 // durations and running a pending W whenever the rank would otherwise
 // wait. `simulate` is the same replay over a finished list.

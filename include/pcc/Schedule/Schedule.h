@@ -10,7 +10,8 @@
 //   1f1b         PipeDream-Flush: warm up, then one forward per backward
 //                (peak p in flight, same bubble as GPipe)
 //   interleaved  1f1b over v chunks per rank (virtual stage c*p + r on rank
-//                r); the bubble shrinks by v
+//                r); the bubble shrinks by v. Training lists exchange
+//                between units as Megatron-LM does (see generate)
 //   zb-h1        1f1b with B and W split and each W moved into the idle
 //                time after its B (about a third of 1f1b's bubble, same
 //                peak)
@@ -129,8 +130,10 @@ struct Simulation {
 /// Replays `schedule` with `durations`: each rank runs its list in order,
 /// and an instruction starts when its rank is free and what it depends on
 /// has finished (F of the previous virtual stage, B of the next, F before
-/// B, B before W, a receive after its send). Checks that every piece of
-/// work appears exactly once and that sends and receives pair up.
+/// B, B before W). A receive is posted: it waits for nothing, and the F
+/// or B that reads it starts a transfer after the matching send (which
+/// must be posted before it on its rank). Checks that every piece of work
+/// appears exactly once and that sends and receives pair up.
 struct SimulateResult {
   std::optional<Simulation> simulation;
   std::string error; // e.g. "deadlock: rank 1 waits at recv_fwd(mb 3) ..."
@@ -141,12 +144,14 @@ SimulateResult simulate(const Schedule &schedule,
 /// Checks that `schedule` also runs on a rendezvous transport (NCCL, where
 /// a send may wait until its receive is posted) when each run of transfers
 /// between two computes on a rank is issued as one group, as the runtime
-/// does (ncclGroupStart/End): a rank gets past a group once every transfer
-/// in it has its partner in a group the peer has reached. Returns "" or
-/// the deadlock, naming the group each rank waits in. Every forward-only
-/// schedule and the one-chunk training schedules pass; interleaved
-/// training lists do not yet (their receives would have to be posted a
-/// compute earlier, as Megatron-LM does).
+/// does (ncclGroupStart/End), on a queue of its own. Each rank has two
+/// queues: its groups run in order, each entered once the computes before
+/// it in the list are done and completed once every transfer in it has
+/// its partner in a group the peer has entered; its computes run in order,
+/// each once the groups holding its receives have completed. Returns "" or
+/// the deadlock, naming the group (or compute) each rank waits in. Every
+/// list `generate` makes passes; interleaved training lists with each
+/// receive just before its compute would not.
 std::string checkGroupedTransfers(const Schedule &schedule);
 
 /// The bubble fraction of GPipe and 1F1B, (p - 1) / (m + p - 1), and of
