@@ -12,7 +12,7 @@ faster), pcc's model-state, saved-activation and arena bytes, and `pcc
 --explain`'s predicted training memory against the high-water mark pcc-run
 measures.
 
-    ~/.cache/pcc/zoo-venv/bin/python bench/train_step.py [--threads 2] [--steps 60]
+    ~/.cache/pcc/zoo-venv/bin/python bench/train_step.py [--threads 2] [--steps 60] [--rounds 5]
 
 On a GPU (`--device cuda`) both sides run on cuda:0 in fp32 (TF32 off) and
 each step ends with a synchronisation (pcc-run reads the loss every step,
@@ -102,23 +102,39 @@ def time_pcc(name, batch, x, y, steps, threads, tmp, run_binary, device):
                        out.stdout)
     measured = float(re.search(r"memory high-water ([\d.]+) MiB",
                                out.stdout).group(1))
-    return statistics.median(ms[5:]), memory.groups(), measured
+    return ms[5:], memory.groups(), measured
 
 
-def time_torch(name, loss, x, y, steps, threads, device):
-    torch.set_num_threads(threads)
-    model, _, _ = make_reference.prepare(name)
-    model.train()
-    model.to(device)
-    cuda = device.startswith("cuda")
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    # foreach=False on the CPU (one update per tensor, as pcc's CPU loop);
-    # PyTorch's default multi-tensor update on the GPU, its fast path there.
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4,
-                            foreach=True if cuda else False)
-    xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+class TorchStep:
+    """PyTorch's eager training step of the model, timed a round at a
+    time (the model and optimizer carry on from round to round)."""
+
+    def __init__(self, name, loss, x, y, threads, device):
+        torch.set_num_threads(threads)
+        self.model, _, _ = make_reference.prepare(name)
+        self.model.train()
+        self.model.to(device)
+        self.cuda = device.startswith("cuda")
+        if self.cuda:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        # foreach=False on the CPU (one update per tensor, as pcc's CPU
+        # loop); PyTorch's default multi-tensor update on the GPU, its fast
+        # path there.
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4,
+                                     foreach=True if self.cuda else False)
+        self.loss = loss
+        self.xt = torch.from_numpy(x).to(device)
+        self.yt = torch.from_numpy(y).to(device)
+
+    def round(self, steps):
+        """Step times in ms, the first 5 (warm-up) left out."""
+        return time_torch_steps(self, steps)
+
+
+def time_torch_steps(t, steps):
+    model, opt, loss, xt, yt, cuda = (t.model, t.opt, t.loss, t.xt, t.yt,
+                                      t.cuda)
     times = []
     for _ in range(steps):
         if cuda:
@@ -135,7 +151,7 @@ def time_torch(name, loss, x, y, steps, threads, device):
         if cuda:
             torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times[5:])
+    return times[5:]
 
 
 def cases(device):
@@ -151,7 +167,10 @@ def cases(device):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=60,
+                    help="steps per round (the first 5 are not timed)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds per model, pcc and PyTorch taking turns")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--prepare", metavar="DIR",
                     help="compile only, into DIR (no GPU needed)")
@@ -175,8 +194,9 @@ def main():
     rng = np.random.default_rng(0)
     where = ("%d threads" % args.threads if args.device == "cpu" else
              torch.cuda.get_device_name(0) + ", fp32, TF32 off")
-    print("training step, AdamW, %s, median of %d steps"
-          % (where, args.steps - 5))
+    print("training step, AdamW, %s, median of %d rounds of %d steps, "
+          "pcc and PyTorch taking turns" % (where, args.rounds,
+                                            args.steps - 5))
     print("| model | batch | pcc ms | PyTorch eager ms | PyTorch / pcc | "
           "pcc state / saved activations / arena MiB | predicted (--explain) "
           "/ measured high-water MiB | error |")
@@ -192,11 +212,20 @@ def main():
                 predicted[tag] = compile_pcc(name, flags, loss, batch, target,
                                              tmp)
             x, y = data(name, batch, rng)
-            pcc_ms, mem, measured = time_pcc(
-                name, batch, x, y, args.steps, args.threads, tmp, run_binary,
-                args.device)
-            torch_ms = time_torch(name, loss, x, y, args.steps, args.threads,
-                                  args.device)
+            # The two take turns, a round each, so that a slow spell of a
+            # shared machine falls on both alike; each side's time is the
+            # median over all its rounds' steps.
+            torch_step = TorchStep(name, loss, x, y, args.threads,
+                                   args.device)
+            pcc_times, torch_times = [], []
+            for _ in range(args.rounds):
+                times, mem, measured = time_pcc(
+                    name, batch, x, y, args.steps, args.threads, tmp,
+                    run_binary, args.device)
+                pcc_times += times
+                torch_times += torch_step.round(args.steps)
+            pcc_ms = statistics.median(pcc_times)
+            torch_ms = statistics.median(torch_times)
             print("| %s | %d | %.2f | %.2f | %.2fx | %s / %s / %s | %.3f / "
                   "%.3f | %.2f%% |"
                   % (name, batch, pcc_ms, torch_ms, torch_ms / pcc_ms, *mem,
