@@ -69,6 +69,13 @@ def main():
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
     rng = np.random.default_rng(0)
     print(f"threads {args.threads}, {args.runs} timed runs each, onnxruntime {ort.__version__}")
+    # Each side uses its own kernels for this CPU: onnxruntime's MLAS does
+    # not read OPENBLAS_CORETYPE, which would hold pcc to older ones.
+    forced = os.environ.pop("OPENBLAS_CORETYPE", None)
+    if forced:
+        print(f"(OPENBLAS_CORETYPE={forced} in the environment is not passed to "
+              "pcc-run: OpenBLAS picks its kernels for this CPU, as "
+              "onnxruntime's MLAS does)")
     print("| model | batch | pcc p50 ms | onnxruntime p50 ms | ratio (ort / pcc) | max abs diff |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as workdir:

@@ -90,6 +90,9 @@ def time_pcc(name, batch, x, y, steps, threads, tmp, run_binary, device):
     log = os.path.join(tmp, tag + ".csv")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads),
                OPENBLAS_NUM_THREADS=str(threads))
+    # Each side uses its BLAS's own kernels for this CPU (main() says when
+    # the environment forced OpenBLAS's).
+    env.pop("OPENBLAS_CORETYPE", None)
     out = subprocess.run([run_binary, lib, "--device", device,
                           "--steps", str(steps), "--input",
                           os.path.join(tmp, "x.npy"), "--labels",
@@ -197,6 +200,12 @@ def main():
     print("training step, AdamW, %s, median of %d rounds of %d steps, "
           "pcc and PyTorch taking turns" % (where, args.rounds,
                                             args.steps - 5))
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        # PyTorch's MKL does not read it; left in, it would hold pcc to
+        # older kernels than PyTorch's on the same CPU.
+        print("(OPENBLAS_CORETYPE=%s in the environment is not passed to "
+              "pcc-run: OpenBLAS picks its kernels for this CPU, as PyTorch's "
+              "MKL does)" % os.environ["OPENBLAS_CORETYPE"])
     print("| model | batch | pcc ms | PyTorch eager ms | PyTorch / pcc | "
           "pcc state / saved activations / arena MiB | predicted (--explain) "
           "/ measured high-water MiB | error |")
