@@ -62,9 +62,17 @@ struct PipelineSchedulePass
       main.emitError("pipeline schedule: ") << result.error;
       return signalPassFailure();
     }
+    // Every list replays: each piece of work once, after what it needs,
+    // and the messages between two ranks received in the order they are
+    // sent (the transports pair them in order, with no tags).
+    ::pcc::schedule::SimulateResult replayed =
+        ::pcc::schedule::simulate(*result.schedule);
+    if (!replayed.simulation) {
+      main.emitError("pipeline schedule: ") << replayed.error;
+      return signalPassFailure();
+    }
     // The runtime issues the transfers between two computes as one group;
-    // on NCCL that must not deadlock. (MPI ranks send asynchronously and
-    // receive in list order: the generator's replay checked that.)
+    // on NCCL that must not deadlock either.
     std::string grouped =
         groupedTransfers
             ? ::pcc::schedule::checkGroupedTransfers(*result.schedule)

@@ -250,11 +250,16 @@ public:
   /// a wait is watched and named by the receive it completes.
   Status postRecv(void *buffer, int64_t count, DType type,
                   int peer) override {
-    ++receiveTicket;
-    postedFrom.push_back({peer, count, type});
-    return check(postReceive(buffer, count, int(type), peer),
-                 "recv from rank " + std::to_string(peer) + " (posted)", count,
-                 type);
+    Status posted = check(postReceive(buffer, count, int(type), peer),
+                          "recv from rank " + std::to_string(peer) +
+                              " (posted)",
+                          count, type);
+    // Numbered as the engine numbers it: only once it is posted.
+    if (posted.ok()) {
+      ++receiveTicket;
+      postedFrom.push_back({peer, count, type});
+    }
+    return posted;
   }
   int64_t postedReceives() const override { return receiveTicket; }
   Status waitReceivesThrough(int64_t through) override {
