@@ -16,7 +16,8 @@
 # reference outputs. Training: every parity model (test/Training/parity.py)
 # trains its reference's 20 SGD and AdamW steps on the GPU against
 # PyTorch's losses and weights, and a checkpoint resumes bit for bit on the
-# GPU (also one saved by a CPU run).
+# GPU (also one saved by a CPU run). Communicators: pcc-collective-tests on
+# the NCCL engine in a world of one.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -92,6 +93,9 @@ LIST
   # CUDA libraries are installed.
   mkdir -p "$out/bin" "$out/lib"
   cp "$build/bin/pcc-run" "$out/bin/"
+  # The communicator tests, for the NCCL engine in a world of one.
+  [ -x "$build/bin/pcc-collective-tests" ] &&
+    cp "$build/bin/pcc-collective-tests" "$out/bin/"
   cp "$build"/lib/libpcc_runtime*.so "$out/lib/"
   local dep
   for dep in $(ldd "$build/lib/libpcc_runtime.so" |
@@ -166,7 +170,24 @@ run_prepared() {
   local status=0
   PCC_RUN="$run" "$root/scripts/run-exported.sh" "$out" cuda || status=1
   run_training "$out" "$run" || status=1
+  run_collectives "$out" || status=1
   return "$status"
+}
+
+# The NCCL engine on one GPU (a world of one): every collective, the
+# started ones (gradient buckets, ZeRO's reduce-scatters and prefetched
+# gathers) completed in order. Sends and posted receives need two GPUs.
+run_collectives() {
+  local out="$1" tests="$out/bin/pcc-collective-tests"
+  [ -x "$tests" ] || tests="$build/bin/pcc-collective-tests"
+  [ -x "$tests" ] || return 0
+  echo "== the NCCL engine on one GPU"
+  if LD_LIBRARY_PATH="$out/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"        "$tests" --engine=nccl --gtest_brief=1 >"$out/collectives.log" 2>&1; then
+    echo "PASS collectives/nccl: $(grep -m1 'PASSED' "$out/collectives.log")"
+  else
+    echo "FAIL collectives/nccl:"; tail -n 12 "$out/collectives.log" | sed 's/^/    /'
+    return 1
+  fi
 }
 
 case "$mode" in
@@ -195,6 +216,6 @@ case "$mode" in
       echo "GPU suite skipped: $("$run" --list-devices | grep '^cuda' | head -1)"
       exit 0
     fi
-    run_training "$dir" "$run" ;;
+    run_training "$dir" "$run" && run_collectives "$dir" ;;
   *) echo "usage: test-gpu.sh [--prepare DIR | --run DIR | --prepare-train DIR | --run-train DIR]" >&2; exit 2 ;;
 esac
