@@ -76,6 +76,10 @@ def main():
         print(f"(OPENBLAS_CORETYPE={forced} in the environment is not passed to "
               "pcc-run: OpenBLAS picks its kernels for this CPU, as "
               "onnxruntime's MLAS does)")
+    cpu = subprocess.run([os.path.join(args.build, "bin", "pcc-run"), "--list-devices"],
+                         capture_output=True, text=True).stdout
+    if cpu:
+        print("pcc-run: " + cpu.splitlines()[0])
     print("| model | batch | pcc p50 ms | onnxruntime p50 ms | ratio (ort / pcc) | max abs diff |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as workdir:

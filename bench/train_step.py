@@ -200,6 +200,12 @@ def main():
     print("training step, AdamW, %s, median of %d rounds of %d steps, "
           "pcc and PyTorch taking turns" % (where, args.rounds,
                                             args.steps - 5))
+    if args.device == "cpu":
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+        env.pop("OPENBLAS_CORETYPE", None)
+        cpu = subprocess.run([run_binary, "--list-devices"], env=env,
+                             capture_output=True, text=True).stdout
+        print("pcc-run: " + cpu.splitlines()[0] if cpu else "")
     if os.environ.get("OPENBLAS_CORETYPE"):
         # PyTorch's MKL does not read it; left in, it would hold pcc to
         # older kernels than PyTorch's on the same CPU.

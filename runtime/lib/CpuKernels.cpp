@@ -14,6 +14,7 @@
 #include "pcc/runtime/Philox.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -98,6 +99,21 @@ PCC_ROW_KERNEL void rowScale(float *y, float scale, int64_t n) {
 extern "C" {
 
 const char *pcc_cpu_last_error(void) { return lastError.c_str(); }
+
+const char *pcc_cpu_describe(void) {
+  static const std::string text = [] {
+    // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...": its first two words.
+    std::string config = openblas_get_config();
+    size_t space = config.find(' ');
+    if (space != std::string::npos)
+      space = config.find(' ', space + 1);
+    int threads = omp_get_max_threads();
+    return config.substr(0, space) + ", " + openblas_get_corename() +
+           " kernels, " + std::to_string(threads) + " OpenMP thread" +
+           (threads == 1 ? "" : "s");
+  }();
+  return text.c_str();
+}
 
 void pcc_cpu_matmul_f32(const float *a, const float *b, float *c, int64_t batch,
                         int64_t m, int64_t n, int64_t k, int trans_a,

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "pcc/runtime/Communicator.h"
+#include "pcc/runtime/CpuKernels.h"
 #include "pcc/runtime/DType.h"
 #include "pcc/runtime/Device.h"
 #include "pcc/runtime/HalfFloat.h"
@@ -710,9 +711,10 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
 
 } // namespace
 
-/// Prints "cpu" and every usable CUDA device, or why there is none.
+/// Prints the CPU (with its BLAS and threads) and every usable CUDA
+/// device, or why there is none.
 int listDevices() {
-  std::printf("cpu\n");
+  std::printf("cpu (%s)\n", pcc_cpu_describe());
   auto count = Device::cudaDeviceCount();
   if (!count.ok()) {
     std::printf("cuda: not available: %s\n", count.error().c_str());

@@ -43,6 +43,11 @@ enum pcc_reduce_kind {
 /* The message of the last failing kernel on this thread. */
 const char *pcc_cpu_last_error(void);
 
+/* What the CPU kernels run on: "OpenBLAS 0.3.21, Cooperlake kernels, 2
+ * OpenMP threads" (OpenBLAS's kernels for this CPU, or those
+ * OPENBLAS_CORETYPE names). */
+const char *pcc_cpu_describe(void);
+
 /* c[b] = op(a[b]) x op(b[b]) for b < batch; op transposes when trans* is
  * set. a is m x k (k x m if transposed), b is k x n (n x k). stride_a and
  * stride_b are the elements between batch entries (0: shared matrix). */
