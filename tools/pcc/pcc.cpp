@@ -196,7 +196,8 @@ static cl::opt<double> bucketMb(
              "backward pass goes on (0: none, each gradient blocking; "
              "-1 and the default: chosen from the model, a quarter of the "
              "gradients within 64 KiB to 25 MiB; by default none for ZeRO "
-             "1-3 on --target=cpu; with --pp none unless asked for: each "
+             "1-3 on --target=cpu and with --offload; with --pp none unless "
+             "asked for: each "
              "gradient's all-reduce or reduce-scatter starts in its last W "
              "pass)"),
     cl::init(-1), cl::cat(trainCategory));
@@ -720,10 +721,6 @@ int main(int argc, char **argv) {
     return fail("--offload=optimizer is for GPU ranks (--target=cuda or "
                 "all): on the CPU the optimizer state already lives in host "
                 "memory");
-  if (offloading && bucketMb.getNumOccurrences() && bucketMb > 0)
-    return fail("--bucket-mb with --offload=optimizer: gradient buckets are "
-                "not combined with an offloaded optimizer yet (the "
-                "gradients are copied to the host after the backward pass)");
   if (train && pp > 1 && dp > 1 && bucketMb.getNumOccurrences() &&
       bucketMb != 0 && zero >= 2 && zeroGradSync == "microbatch")
     return fail("--bucket-mb with --pp starts each gradient's sum over dp in "
@@ -954,13 +951,14 @@ int main(int argc, char **argv) {
         data.reduceEachMicrobatch = eachMicrobatch;
         // ZeRO 1-3's started reduce-scatters hide nothing on CPU ranks
         // (MPI moves them only in its calls; docs/benchmarks.md), so they
-        // are off there unless --bucket-mb asks for them.
+        // are off there unless --bucket-mb asks for them; so are an
+        // offloaded optimizer's buckets (untried on GPUs).
         // A pipelined step: each gradient's all-reduce (ZeRO 0) or
         // reduce-scatter (1-3) starts in its last W pass when asked for (no
         // sizes: every gradient is its own bucket).
         bool pipelinedBuckets = bucketMb.getNumOccurrences() && bucketMb != 0;
         data.bucketBytes =
-            offloading                                     ? 0
+            offloading && !bucketMb.getNumOccurrences()    ? 0
             : pp > 1                                       ? (pipelinedBuckets ? -1 : 0)
             : bucketMb >= 0                                ? static_cast<int64_t>(
                                                                  bucketMb * 1048576.0)
