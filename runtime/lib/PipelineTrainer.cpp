@@ -468,7 +468,15 @@ Result<StepResult> Trainer::pipelineStep(
     auto received = posted.find({instr.op, instr.stage, instr.microbatch});
     if (received != posted.end()) {
       double waitStart = tracingStep ? now() : 0;
+      // The watchdog's message names what the wait is for.
+      std::string label =
+          std::string(instr.op == PCC_PIPE_FORWARD ? "the input" : "the gradient") +
+          " of stage " + std::to_string(instr.stage) + "'s " +
+          (instr.op == PCC_PIPE_FORWARD ? "forward" : "backward") +
+          ", micro-batch " + std::to_string(instr.microbatch);
+      pipe->setLabel(label.c_str());
       Status st = pipe->waitReceivesThrough(received->second.first);
+      pipe->setLabel(nullptr);
       if (!st.ok())
         return Error{where(instr.op == PCC_PIPE_FORWARD ? "the input of the "
                                                           "forward"
