@@ -73,8 +73,12 @@ def read_timeline(out):
     bubble = re.search(r"mean bubble ([0-9.]+); \(p-1\)/\([v*]*m\+p-1\) = ([0-9.]+)", out)
     span = re.search(r"makespan ([0-9.]+) ms", out)
     ranks = re.findall(r"stage[s]? [0-9, ]+: compute [0-9.]+ ms, bubble ([0-9.]+)", out)
-    return (float(bubble.group(1)), float(bubble.group(2)), float(span.group(1)),
-            "/".join(ranks))
+    busiest = re.search(r"busiest rank's bubble ([0-9.]+) \(the schedule's\); compute "
+                        r"imbalance ([0-9.]+)", out)
+    per = "/".join(ranks)
+    if busiest:
+        per += " (busiest %s, imbalance %s)" % (busiest.group(1), busiest.group(2))
+    return (float(bubble.group(1)), float(bubble.group(2)), float(span.group(1)), per)
 
 
 def write_input(path, rows, hidden):

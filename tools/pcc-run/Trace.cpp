@@ -78,6 +78,9 @@ Status reportTimeline(const TraceInfo &info, const std::vector<RankTrace> &rows,
                       const std::string &svg) {
   double span = makespan(rows);
   double mean = 0;
+  // The busiest rank's compute sets the step; the others' extra idle time
+  // is the stages' imbalance, not the schedule's.
+  double busiest = 0, totalCompute = 0, busiestBubble = 0;
   std::printf("timeline of the last run: makespan %.3f ms\n", span * 1e3);
   for (const RankTrace &r : rows) {
     double compute = 0, zeroGrad = 0, optimizer = 0;
@@ -91,6 +94,11 @@ Status reportTimeline(const TraceInfo &info, const std::vector<RankTrace> &rows,
     }
     double bubble = bubbleFraction(r, span);
     mean += bubble / static_cast<double>(rows.size());
+    totalCompute += compute;
+    if (compute > busiest) {
+      busiest = compute;
+      busiestBubble = bubble;
+    }
     std::printf("  rank %d [%s] %s: compute %.3f ms, bubble %.3f", r.rank,
                 r.coords.c_str(), r.stages.c_str(), compute * 1e3, bubble);
     // A training step's phases around the pipeline.
@@ -109,6 +117,12 @@ Status reportTimeline(const TraceInfo &info, const std::vector<RankTrace> &rows,
                              info.chunks),
               info.pipelineRanks, info.microbatches);
   std::printf(info.chunks > 1 ? ", v=%d\n" : "\n", info.chunks);
+  if (rows.size() > 1 && totalCompute > 0)
+    std::printf("  busiest rank's bubble %.3f (the schedule's); compute "
+                "imbalance %.3f (busiest / mean rank), which the other ranks "
+                "wait out\n",
+                busiestBubble,
+                busiest / (totalCompute / static_cast<double>(rows.size())));
   if (!json.empty()) {
     Status s = writeChromeTrace(json, info, rows);
     if (!s.ok())
