@@ -90,9 +90,6 @@ def time_pcc(name, batch, x, y, steps, threads, tmp, run_binary, device):
     log = os.path.join(tmp, tag + ".csv")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads),
                OPENBLAS_NUM_THREADS=str(threads))
-    # Each side uses its BLAS's own kernels for this CPU (main() says when
-    # the environment forced OpenBLAS's).
-    env.pop("OPENBLAS_CORETYPE", None)
     out = subprocess.run([run_binary, lib, "--device", device,
                           "--steps", str(steps), "--input",
                           os.path.join(tmp, "x.npy"), "--labels",
@@ -132,29 +129,24 @@ class TorchStep:
 
     def round(self, steps):
         """Step times in ms, the first 5 (warm-up) left out."""
-        return time_torch_steps(self, steps)
-
-
-def time_torch_steps(t, steps):
-    model, opt, loss, xt, yt, cuda = (t.model, t.opt, t.loss, t.xt, t.yt,
-                                      t.cuda)
-    times = []
-    for _ in range(steps):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        out = model(xt)
-        if loss == "mse":
-            l = F.mse_loss(out, yt)
-        else:
-            l = F.cross_entropy(out.reshape(-1, out.shape[-1]), yt.reshape(-1))
-        l.backward()
-        opt.step()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1000)
-    return times[5:]
+        times = []
+        for _ in range(steps):
+            if self.cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            self.opt.zero_grad(set_to_none=True)
+            out = self.model(self.xt)
+            if self.loss == "mse":
+                l = F.mse_loss(out, self.yt)
+            else:
+                l = F.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                    self.yt.reshape(-1))
+            l.backward()
+            self.opt.step()
+            if self.cuda:
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1000)
+        return times[5:]
 
 
 def cases(device):
@@ -200,18 +192,19 @@ def main():
     print("training step, AdamW, %s, median of %d rounds of %d steps, "
           "pcc and PyTorch taking turns" % (where, args.rounds,
                                             args.steps - 5))
-    if args.device == "cpu":
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-        env.pop("OPENBLAS_CORETYPE", None)
-        cpu = subprocess.run([run_binary, "--list-devices"], env=env,
-                             capture_output=True, text=True).stdout
-        print("pcc-run: " + cpu.splitlines()[0] if cpu else "")
-    if os.environ.get("OPENBLAS_CORETYPE"):
-        # PyTorch's MKL does not read it; left in, it would hold pcc to
-        # older kernels than PyTorch's on the same CPU.
+    # Each side uses its BLAS's own kernels for this CPU: PyTorch's MKL does
+    # not read OPENBLAS_CORETYPE, which would hold pcc to older ones.
+    forced = os.environ.pop("OPENBLAS_CORETYPE", None)
+    if forced:
         print("(OPENBLAS_CORETYPE=%s in the environment is not passed to "
               "pcc-run: OpenBLAS picks its kernels for this CPU, as PyTorch's "
-              "MKL does)" % os.environ["OPENBLAS_CORETYPE"])
+              "MKL does)" % forced)
+    if args.device == "cpu":
+        cpu = subprocess.run(
+            [run_binary, "--list-devices"], capture_output=True, text=True,
+            env=dict(os.environ, OMP_NUM_THREADS=str(args.threads))).stdout
+        if cpu:
+            print("pcc-run: " + cpu.splitlines()[0])
     print("| model | batch | pcc ms | PyTorch eager ms | PyTorch / pcc | "
           "pcc state / saved activations / arena MiB | predicted (--explain) "
           "/ measured high-water MiB | error |")
