@@ -468,21 +468,17 @@ Result<StepResult> Trainer::pipelineStep(
     auto received = posted.find({instr.op, instr.stage, instr.microbatch});
     if (received != posted.end()) {
       double waitStart = tracingStep ? now() : 0;
-      // The watchdog's message names what the wait is for.
-      std::string label =
-          std::string(instr.op == PCC_PIPE_FORWARD ? "the input" : "the gradient") +
-          " of stage " + std::to_string(instr.stage) + "'s " +
-          (instr.op == PCC_PIPE_FORWARD ? "forward" : "backward") +
-          ", micro-batch " + std::to_string(instr.microbatch);
+      // The wait's messages (the watchdog's too) name what it is for.
+      bool forward = instr.op == PCC_PIPE_FORWARD;
+      std::string label = std::string(forward ? "the input" : "the gradient") +
+                          " of stage " + std::to_string(instr.stage) + "'s " +
+                          (forward ? "forward" : "backward") +
+                          ", micro-batch " + std::to_string(instr.microbatch);
       pipe->setLabel(label.c_str());
       Status st = pipe->waitReceivesThrough(received->second.first);
       pipe->setLabel(nullptr);
       if (!st.ok())
-        return Error{where(instr.op == PCC_PIPE_FORWARD ? "the input of the "
-                                                          "forward"
-                                                        : "the gradient of "
-                                                          "the backward",
-                           instr.stage, instr.microbatch) +
+        return Error{"pipeline rank " + std::to_string(pipeRank) + ": " +
                      st.error()};
       if (tracingStep)
         events.push_back({TraceEvent::Kind::Recv, instr.stage,
