@@ -18,10 +18,13 @@ that should run at once are time-sliced, which the table flags.
 
 With --train the same MLP is compiled for training (`--train --loss=mse`)
 under --schedules (gpipe, 1f1b, zb-h1) and trained for a few steps with
-`pcc-run --trace`: the bubble of the last step's F, B and W per rank,
-against (p - 1) / (m + p - 1), the bubble of GPipe and 1F1B when F, B and
-W each take the same time on every stage. ZB-H1's target is half of 1F1B's
-or less.
+`pcc-run --trace`. Per schedule the table gives the busiest rank's bubble
+in the last step (the schedule's: the rank computing longest sets the
+step), the schedule's own analytic value (its lists replayed with F, B and
+W one unit each), the replay with the run's measured F, B and W per stage
+(what is left is transfers and the runtime's waits), and the ratio to
+(p - 1) / (m + p - 1), the bubble of GPipe and of the textbook 1F1B whose
+backward is one piece. ZB-H1's target is half of that or less.
 
 usage: bench/pp_bubble.py [--pcc build/bin/pcc] [--rows 32] [--hidden 512]
                           [--layers 8] [--trials 3] [--chunks 1 2]
@@ -68,17 +71,27 @@ def make_model(path, layers, hidden, in_features=0, out_features=0,
 
 
 def read_timeline(out):
-    """(mean bubble, analytic bubble, makespan ms, per-rank bubbles "a/b")
-    from what pcc-run --trace prints."""
+    """What pcc-run --trace prints, as a dict: mean (bubble over ranks),
+    analytic ((p-1)/(v m+p-1)), span (makespan ms), per (per-rank bubbles
+    "a/b"), and for pipelines of two or more ranks busiest (the busiest
+    rank's bubble), imbalance, and the schedule's lists replayed: unit (F, B
+    and W one unit each) and replay (the run's own F, B and W per stage,
+    free transfers), both the busiest rank's."""
     bubble = re.search(r"mean bubble ([0-9.]+); \(p-1\)/\([v*]*m\+p-1\) = ([0-9.]+)", out)
     span = re.search(r"makespan ([0-9.]+) ms", out)
     ranks = re.findall(r"stage[s]? [0-9, ]+: compute [0-9.]+ ms, bubble ([0-9.]+)", out)
     busiest = re.search(r"busiest rank's bubble ([0-9.]+) \(the schedule's\); compute "
                         r"imbalance ([0-9.]+)", out)
-    per = "/".join(ranks)
+    replay = re.search(r"replayed: with F, B and W one unit each, busiest rank's bubble "
+                       r"([0-9.]+) \(mean [0-9.]+\); with this run's F, B and W per stage "
+                       r"and free transfers, ([0-9.]+)", out)
+    t = {"mean": float(bubble.group(1)), "analytic": float(bubble.group(2)),
+         "span": float(span.group(1)), "per": "/".join(ranks)}
     if busiest:
-        per += " (busiest %s, imbalance %s)" % (busiest.group(1), busiest.group(2))
-    return (float(bubble.group(1)), float(bubble.group(2)), float(span.group(1)), per)
+        t["busiest"], t["imbalance"] = float(busiest.group(1)), float(busiest.group(2))
+    if replay:
+        t["unit"], t["replay"] = float(replay.group(1)), float(replay.group(2))
+    return t
 
 
 def write_input(path, rows, hidden):
@@ -146,7 +159,8 @@ def main():
                         [args.pcc_run, "-n", str(p), lib, "--input", data, "--bench", "3",
                          "--trace", os.path.join(tmp, "t.json")],
                         check=True, capture_output=True, text=True).stdout
-                    trials.append(read_timeline(out)[:3])
+                    t = read_timeline(out)
+                    trials.append((t["mean"], t["analytic"], t["span"]))
                 trials.sort()
                 measured, analytic, span = trials[len(trials) // 2]
                 note = "" if p <= cores else f"{p} ranks on {cores} cores: time-sliced"
@@ -160,9 +174,16 @@ def train(args):
     print(f"deep MLP training (mse): {args.layers} x (Linear {args.hidden}x{args.hidden} "
           f"+ GELU, residual), {args.rows} rows per micro-batch, fp32, AdamW, "
           f"CPU ranks on {cores} cores; the bubble of the last of {args.steps} steps\n")
-    print("| p | m | schedule | measured bubble (mean over ranks) | per rank "
-          "| analytic (p-1)/(m+p-1) | measured - analytic | makespan ms | note |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("The busiest rank's bubble is the schedule's (the rank computing longest sets "
+          "the step; the others also wait out the stages' imbalance). Each is shown "
+          "with the schedule's lists replayed (pcc::schedule::simulate) with F, B and "
+          "W one unit each (its analytic value) and with the run's own F, B and W per "
+          "stage and free transfers; and against (p-1)/(m+p-1), the bubble of GPipe "
+          "and of the textbook 1F1B, whose backward is one piece.\n")
+    print("| p | m | schedule | busiest rank's bubble | analytic (F = B = W) "
+          "| replay, measured F/B/W | / (p-1)/(m+p-1) | mean over ranks | per rank "
+          "| imbalance | makespan ms | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     import numpy as np
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.path.join(tmp, "deep_mlp.onnx")
@@ -195,11 +216,14 @@ def train(args):
                             check=True, capture_output=True, text=True).stdout
                         trials[policy].append(read_timeline(out))
                 for policy in args.schedules:
-                    runs = sorted(trials[policy])
-                    measured, analytic, span, per = runs[len(runs) // 2]
+                    # The median trial by the busiest rank's bubble.
+                    runs = sorted(trials[policy], key=lambda t: t["busiest"])
+                    t = runs[len(runs) // 2]
                     note = "" if p <= cores else f"{p} ranks on {cores} cores: time-sliced"
-                    print(f"| {p} | {m} | {policy} | {measured:.3f} | {per} | {analytic:.3f} | "
-                          f"{measured - analytic:+.3f} | {span:.2f} | {note} |")
+                    print(f"| {p} | {m} | {policy} | {t['busiest']:.3f} | {t['unit']:.3f} | "
+                          f"{t['replay']:.3f} | {t['busiest'] / t['analytic']:.2f} of "
+                          f"{t['analytic']:.3f} | {t['mean']:.3f} | {t['per']} | "
+                          f"{t['imbalance']:.3f} | {t['span']:.2f} | {note} |")
                 sys.stdout.flush()
 
 if __name__ == "__main__":

@@ -145,7 +145,32 @@ TEST(Schedule, ZeroBubbleH1) {
       EXPECT_LE(idleZb, idleSplit / 2 + 1e-9) << "p=" << p << " m=" << m;
       EXPECT_GT(idleZb, 0);
       EXPECT_EQ(zb.peakInFlight[0], std::min(p, m));
+      // No synchronous step can idle less: the last rank's first F waits
+      // for p - 1 forwards before it, and then the rank has 3 m units of
+      // work. ZB-H1 attains that bound (with m >= p).
+      EXPECT_DOUBLE_EQ(idleZb, p - 1.0) << "p=" << p << " m=" << m;
     }
+}
+
+// Tests that per-stage durations replace the scalar ones: forward-only
+// GPipe with stage 1 twice as slow takes one F of stage 0, then m of stage
+// 1, and stage 0 idles the difference.
+TEST(Schedule, PerStageDurations) {
+  for (int m : {1, 4, 8}) {
+    Durations d;
+    d.forwardOf = {1, 2};
+    Simulation sim = run(make(Policy::GPipe, 2, m, 1, /*fwdOnly=*/true), d);
+    EXPECT_DOUBLE_EQ(sim.makespan, 1 + 2.0 * m);
+    EXPECT_DOUBLE_EQ(sim.bubbleFraction[0], 1 - m / (1 + 2.0 * m));
+    EXPECT_DOUBLE_EQ(sim.bubbleFraction[1], 1 / (1 + 2.0 * m));
+  }
+  // A stage without an entry keeps the scalar duration.
+  Durations d;
+  d.forward = 3;
+  d.backwardOf = {0.5};
+  Simulation sim = run(make(Policy::OneFOneB, 2, 1), d);
+  // F on stage 0 (3), F and B on stage 1 (3 + 1), B on stage 0 (0.5), W (1).
+  EXPECT_DOUBLE_EQ(sim.makespan, 3 + 4 + 0.5 + 1);
 }
 
 // Tests the in-flight peaks: p for 1F1B (first rank), m for GPipe.

@@ -178,14 +178,17 @@ private:
   int32_t vstage(int32_t rank, int32_t chunk) const {
     return virtualStage(p, rank, chunk);
   }
-  double duration(Op op) const {
+  double duration(Op op, int32_t vs) const {
+    auto of = [&](const std::vector<double> &perStage, double all) {
+      return vs < static_cast<int32_t>(perStage.size()) ? perStage[vs] : all;
+    };
     switch (op) {
     case Op::Forward:
-      return d.forward;
+      return of(d.forwardOf, d.forward);
     case Op::Backward:
-      return d.backward;
+      return of(d.backwardOf, d.backward);
     case Op::WeightGrad:
-      return d.weightGrad;
+      return of(d.weightGradOf, d.weightGrad);
     default:
       return 0;
     }
@@ -270,8 +273,8 @@ std::optional<double> Replay::ready(int32_t rank, const Instr &i,
 }
 
 void Replay::execute(int32_t rank, const Instr &i, double start) {
-  double end = start + duration(i.op);
   int32_t vs = vstage(rank, i.chunk);
+  double end = start + duration(i.op, vs);
   finished[{static_cast<int>(i.op), i.microbatch, vs}] = end;
   freeAt[rank] = end;
   order[rank].push_back(i);

@@ -2,6 +2,8 @@
 
 #include "Trace.h"
 
+#include "pcc/Schedule/Schedule.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -123,6 +125,19 @@ Status reportTimeline(const TraceInfo &info, const std::vector<RankTrace> &rows,
                 "wait out\n",
                 busiestBubble,
                 busiest / (totalCompute / static_cast<double>(rows.size())));
+  if (info.tables && info.pipelineRanks > 1) {
+    auto replay = replaySchedule(*info.tables, rows);
+    if (!replay.ok())
+      return Error{"replaying the schedule: " + replay.error()};
+    const ScheduleReplay &r = *replay;
+    bool training = info.tables->num_phases > 0;
+    std::printf("  the schedule's lists replayed: with %s one unit%s, busiest "
+                "rank's bubble %.3f (mean %.3f); with this run's %s per stage "
+                "and free transfers, %.3f (mean %.3f)\n",
+                training ? "F, B and W" : "every F", training ? " each" : "",
+                r.unitBusiest, r.unitMean, training ? "F, B and W" : "F",
+                r.measuredBusiest, r.measuredMean);
+  }
   if (!json.empty()) {
     Status s = writeChromeTrace(json, info, rows);
     if (!s.ok())
@@ -137,6 +152,95 @@ Status reportTimeline(const TraceInfo &info, const std::vector<RankTrace> &rows,
     std::printf("  wrote %s\n", svg.c_str());
   }
   return Status::success();
+}
+
+pccrt::Result<ScheduleReplay>
+replaySchedule(const pcc_model_info &model,
+               const std::vector<RankTrace> &rows) {
+  namespace sch = pcc::schedule;
+  int32_t p = model.num_pipeline_ranks, stages = model.num_stages;
+  if (p < 1 || stages % p != 0)
+    return Error{std::to_string(stages) + " stages over " + std::to_string(p) +
+                 " pipeline ranks"};
+  sch::Schedule schedule;
+  schedule.options.stages = p;
+  schedule.options.microbatches = model.microbatches;
+  schedule.options.chunks = stages / p;
+  schedule.options.forwardOnly = model.num_phases == 0;
+  if (auto policy = sch::parsePolicy(model.schedule_policy ? model.schedule_policy : ""))
+    schedule.options.policy = *policy;
+  schedule.ranks.resize(static_cast<size_t>(p));
+  for (int32_t r = 0; r < p; ++r)
+    for (int32_t n = 0; n < model.schedule_lengths[r]; ++n) {
+      const pcc_pipeline_instr &in = model.schedules[r][n];
+      sch::Op op;
+      switch (in.op) {
+      case PCC_PIPE_FORWARD:
+        op = sch::Op::Forward;
+        break;
+      case PCC_PIPE_BACKWARD:
+        op = sch::Op::Backward;
+        break;
+      case PCC_PIPE_WEIGHT_GRAD:
+        op = sch::Op::WeightGrad;
+        break;
+      case PCC_PIPE_SEND_FORWARD:
+        op = sch::Op::SendForward;
+        break;
+      case PCC_PIPE_RECV_FORWARD:
+        op = sch::Op::RecvForward;
+        break;
+      case PCC_PIPE_SEND_BACKWARD:
+        op = sch::Op::SendBackward;
+        break;
+      case PCC_PIPE_RECV_BACKWARD:
+        op = sch::Op::RecvBackward;
+        break;
+      default:
+        return Error{"an unknown instruction " + std::to_string(in.op)};
+      }
+      schedule.ranks[r].push_back({op, in.microbatch, in.stage / p, in.peer});
+    }
+  // Each stage's mean F, B and W over its micro-batches and over the ranks
+  // that run it (data- and tensor-parallel replicas).
+  sch::Durations measured;
+  std::vector<double> sum[3], count[3];
+  for (int k = 0; k < 3; ++k) {
+    sum[k].assign(static_cast<size_t>(stages), 0);
+    count[k].assign(static_cast<size_t>(stages), 0);
+  }
+  for (const RankTrace &row : rows)
+    for (const TraceEvent &e : row.events) {
+      if (e.kind != TraceEvent::Kind::Compute || e.stage < 0 ||
+          e.stage >= stages)
+        continue;
+      int k = e.work == 'F' ? 0 : e.work == 'B' ? 1 : 2;
+      sum[k][e.stage] += e.end - e.start;
+      count[k][e.stage] += 1;
+    }
+  std::vector<double> *of[3] = {&measured.forwardOf, &measured.backwardOf,
+                                &measured.weightGradOf};
+  for (int k = 0; k < 3; ++k)
+    for (int32_t s = 0; s < stages; ++s)
+      of[k]->push_back(count[k][s] > 0 ? sum[k][s] / count[k][s] : 0);
+  auto bubbles = [&](const sch::Durations &d,
+                     double &busiest, double &mean) -> pccrt::Status {
+    sch::SimulateResult sim = sch::simulate(schedule, d);
+    if (!sim.simulation)
+      return Error{sim.error};
+    const std::vector<double> &b = sim.simulation->bubbleFraction;
+    // The rank computing longest idles least.
+    busiest = b.empty() ? 0 : *std::min_element(b.begin(), b.end());
+    mean = sim.simulation->meanBubbleFraction();
+    return pccrt::Status::success();
+  };
+  ScheduleReplay out;
+  pccrt::Status s = bubbles(sch::Durations{}, out.unitBusiest, out.unitMean);
+  if (s.ok())
+    s = bubbles(measured, out.measuredBusiest, out.measuredMean);
+  if (!s.ok())
+    return Error{s.error()};
+  return out;
 }
 
 double makespan(const std::vector<RankTrace> &ranks) {

@@ -40,7 +40,23 @@ struct TraceInfo {
   int microbatches = 1;
   /// Model chunks per pipeline rank (the interleaved schedule).
   int chunks = 1;
+  /// The library's schedule tables, replayed beside the measurement (none:
+  /// not replayed).
+  const pcc_model_info *tables = nullptr;
 };
+
+/// What replaying the library's schedule lists gives (pcc::schedule's
+/// simulate): with F, B and W one unit each, and with the run's measured
+/// mean F, B and W of every stage and no transfer time. Bubbles are
+/// per-rank shares of the replay's makespan; "busiest" is that of the rank
+/// computing longest, the one that sets the step.
+struct ScheduleReplay {
+  double unitBusiest = 0, unitMean = 0;
+  double measuredBusiest = 0, measuredMean = 0;
+};
+/// The replay, or an error (a library whose lists do not replay).
+pccrt::Result<ScheduleReplay> replaySchedule(const pcc_model_info &model,
+                                             const std::vector<RankTrace> &rows);
 
 /// The run's makespan: the latest end of any rank's step, not counting a
 /// training step's optimizer after the pipeline's flush.

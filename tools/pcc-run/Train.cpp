@@ -967,7 +967,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
         model = model.substr(model.find_last_of('/') + 1);
         pccrun::TraceInfo ti{model, info.schedule_policy,
                              info.num_pipeline_ranks, info.microbatches,
-                             library.chunksPerPipelineRank()};
+                             library.chunksPerPipelineRank(), &info};
         std::printf("the last step's pipeline (F, B and W of every "
                     "micro-batch):\n");
         Status s = pccrun::reportTimeline(ti, rows, !device.isHost(), o.trace,

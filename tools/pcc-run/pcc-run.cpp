@@ -699,7 +699,7 @@ int runPipelined(Options &opts, const ModelLibrary &library, Device &device,
       model = model.substr(model.find_last_of('/') + 1);
       int chunks = library.chunksPerPipelineRank();
       pccrun::TraceInfo ti{model, info.schedule_policy, info.num_pipeline_ranks,
-                           info.microbatches, chunks};
+                           info.microbatches, chunks, &info};
       Status s = pccrun::reportTimeline(ti, rows, !device.isHost(), opts.trace,
                                         opts.traceSvg);
       if (!s.ok())

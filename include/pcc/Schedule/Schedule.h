@@ -108,6 +108,9 @@ GenerateResult generate(const Options &options);
 /// receiver's.
 struct Durations {
   double forward = 1, backward = 1, weightGrad = 1, transfer = 0;
+  /// Per virtual stage, when given (a measured run's stages differ):
+  /// these replace forward, backward and weightGrad for that stage.
+  std::vector<double> forwardOf, backwardOf, weightGradOf;
 };
 
 struct Interval {
