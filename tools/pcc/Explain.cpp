@@ -399,10 +399,19 @@ void explain(ModuleOp module, const ExplainSettings &s, llvm::raw_ostream &os) {
          << " chunks per rank (\"F3.1\": micro-batch 3 on chunk 1, stage 1 x "
          << pp << " + rank)";
     os << "; per pipeline rank:\n";
+    std::vector<std::string> lines;
     for (auto [r, line] :
-         llvm::enumerate(cast<ArrayAttr>(schedule.get("ranks"))))
+         llvm::enumerate(cast<ArrayAttr>(schedule.get("ranks")))) {
       os << "    rank " << r << ": " << cast<StringAttr>(line).getValue()
          << "\n";
+      lines.push_back(cast<StringAttr>(line).getValue().str());
+    }
+    auto chunks = schedule.getAs<IntegerAttr>("chunks");
+    if (pp > 1)
+      os << scheduleBubbleLine(
+          cast<StringAttr>(schedule.get("policy")).getValue().str(), pp,
+          cast<IntegerAttr>(schedule.get("microbatches")).getInt(),
+          chunks ? chunks.getInt() : 1, lines);
   }
   llvm::StringMap<int64_t> histogram;
   int64_t fusions = 0, fused = 0, intermediate = 0, flops = 0;
