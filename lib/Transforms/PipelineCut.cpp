@@ -347,7 +347,11 @@ void PipelineCutPass::runOnOperation() {
            (chunks > 1 ? " (rank " + std::to_string(s % ranks) + ")"
                        : std::string());
   };
-  CostModel cost;
+  if (device != "gpu" && device != "cpu") {
+    main.emitError("pipeline cut: device '") << device << "' is not gpu or cpu";
+    return signalPassFailure();
+  }
+  CostModel cost = device == "cpu" ? CostModel::cpuCore() : CostModel();
   CutModel m = analyse(main, cost);
 
   std::vector<size_t> chosen;

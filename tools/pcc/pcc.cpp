@@ -899,6 +899,9 @@ int main(int argc, char **argv) {
         cut.emitRemarks = explainPlan;
         cut.chunks = ppChunks;
         cut.cuts.assign(ppCuts.begin(), ppCuts.end());
+        // CPU ranks' stages are balanced for a CPU core; GPU (and
+        // --target=all) libraries for the GPU.
+        cut.device = target == Target::Cpu ? "cpu" : "gpu";
         pm.addPass(pcc::createPipelineCut(cut));
         pcc::PipelineScheduleOptions sched;
         sched.policy = policy;

@@ -340,7 +340,11 @@ def PipelineCut : Pass<"pcc-pipeline-cut", "ModuleOp"> {
                "order)">,
     Option<"emitRemarks", "emit-remarks", "bool", /*default=*/"false",
            "report each stage's ops, predicted time, weight and activation "
-           "bytes, and the imbalance, as remarks">
+           "bytes, and the imbalance, as remarks">,
+    Option<"device", "device", "std::string", /*default=*/"\"gpu\"",
+           "the machine the stages are balanced for: gpu (an H100's rates) "
+           "or cpu (one core's: GEMM FLOPs weigh more against memory "
+           "traffic)">
   ];
   let statistics = [
     Statistic<"transferBytes", "transfer-bytes",
