@@ -308,7 +308,9 @@ def PipelineCut : Pass<"pcc-pipeline-cut", "ModuleOp"> {
     point between the model's first and last matmul (between transformer
     layers: only the residual stream). Among those, the cuts minimise the predicted time of
     the slowest stage (matmul FLOPs and other ops' memory traffic), then the
-    bytes transferred. Layers need not divide evenly by the stages: 3
+    bytes transferred. The rates are an H100's, or with `device=cpu` one
+    CPU core's (pcc sets it for CPU ranks). Layers need not divide evenly
+    by the stages: 3
     layers on 2 stages give 2 + 1 with the embedding and LM head weighed
     in. `cuts` forces the cuts after the named ONNX nodes instead.
 
