@@ -170,7 +170,8 @@ replaySchedule(const pcc_model_info &model,
   schedule.options.microbatches = model.microbatches;
   schedule.options.chunks = stages / p;
   schedule.options.forwardOnly = model.num_phases == 0;
-  if (auto policy = sch::parsePolicy(model.schedule_policy ? model.schedule_policy : ""))
+  if (auto policy = sch::parsePolicy(
+          model.schedule_policy ? model.schedule_policy : ""))
     schedule.options.policy = *policy;
   schedule.ranks.resize(static_cast<size_t>(p));
   for (int32_t r = 0; r < p; ++r)
