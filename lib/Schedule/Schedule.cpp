@@ -143,6 +143,12 @@ double Simulation::meanBubbleFraction() const {
   return sum / bubbleFraction.size();
 }
 
+double Simulation::busiestBubbleFraction() const {
+  return bubbleFraction.empty()
+             ? 0
+             : *std::min_element(bubbleFraction.begin(), bubbleFraction.end());
+}
+
 double analyticBubbleFraction(const Options &o) {
   double p = o.stages, m = o.microbatches;
   double v = o.policy == Policy::Interleaved ? o.chunks : 1;

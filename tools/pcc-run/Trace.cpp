@@ -157,6 +157,22 @@ Status reportTimeline(const TraceInfo &info, const std::vector<RankTrace> &rows,
   return Status::success();
 }
 
+static_assert(pcc::schedule::abiCode(pcc::schedule::Op::Forward) ==
+                  PCC_PIPE_FORWARD &&
+              pcc::schedule::abiCode(pcc::schedule::Op::SendForward) ==
+                  PCC_PIPE_SEND_FORWARD &&
+              pcc::schedule::abiCode(pcc::schedule::Op::RecvForward) ==
+                  PCC_PIPE_RECV_FORWARD &&
+              pcc::schedule::abiCode(pcc::schedule::Op::Backward) ==
+                  PCC_PIPE_BACKWARD &&
+              pcc::schedule::abiCode(pcc::schedule::Op::WeightGrad) ==
+                  PCC_PIPE_WEIGHT_GRAD &&
+              pcc::schedule::abiCode(pcc::schedule::Op::SendBackward) ==
+                  PCC_PIPE_SEND_BACKWARD &&
+              pcc::schedule::abiCode(pcc::schedule::Op::RecvBackward) ==
+                  PCC_PIPE_RECV_BACKWARD,
+              "pcc::schedule::kAbiOps follows enum pcc_pipeline_op");
+
 pccrt::Result<ScheduleReplay>
 replaySchedule(const pcc_model_info &model,
                const std::vector<RankTrace> &rows) {
@@ -177,32 +193,9 @@ replaySchedule(const pcc_model_info &model,
   for (int32_t r = 0; r < p; ++r)
     for (int32_t n = 0; n < model.schedule_lengths[r]; ++n) {
       const pcc_pipeline_instr &in = model.schedules[r][n];
-      sch::Op op;
-      switch (in.op) {
-      case PCC_PIPE_FORWARD:
-        op = sch::Op::Forward;
-        break;
-      case PCC_PIPE_BACKWARD:
-        op = sch::Op::Backward;
-        break;
-      case PCC_PIPE_WEIGHT_GRAD:
-        op = sch::Op::WeightGrad;
-        break;
-      case PCC_PIPE_SEND_FORWARD:
-        op = sch::Op::SendForward;
-        break;
-      case PCC_PIPE_RECV_FORWARD:
-        op = sch::Op::RecvForward;
-        break;
-      case PCC_PIPE_SEND_BACKWARD:
-        op = sch::Op::SendBackward;
-        break;
-      case PCC_PIPE_RECV_BACKWARD:
-        op = sch::Op::RecvBackward;
-        break;
-      default:
+      if (in.op < 0 || in.op >= sch::kNumAbiOps)
         return Error{"an unknown instruction " + std::to_string(in.op)};
-      }
+      sch::Op op = sch::kAbiOps[in.op];
       schedule.ranks[r].push_back({op, in.microbatch, in.stage / p, in.peer});
     }
   // Each stage's mean F, B and W over its micro-batches and over the ranks
@@ -232,9 +225,7 @@ replaySchedule(const pcc_model_info &model,
     sch::SimulateResult sim = sch::simulate(schedule, d);
     if (!sim.simulation)
       return Error{sim.error};
-    const std::vector<double> &b = sim.simulation->bubbleFraction;
-    // The rank computing longest idles least.
-    busiest = b.empty() ? 0 : *std::min_element(b.begin(), b.end());
+    busiest = sim.simulation->busiestBubbleFraction();
     mean = sim.simulation->meanBubbleFraction();
     return pccrt::Status::success();
   };

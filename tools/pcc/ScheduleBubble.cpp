@@ -8,7 +8,6 @@
 #include "Explain.h"
 #include "pcc/Schedule/Schedule.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -40,14 +39,13 @@ std::string scheduleBubbleLine(const std::string &policy, int64_t pp,
   sch::SimulateResult sim = sch::simulate(s);
   if (!sim.simulation || sim.simulation->bubbleFraction.empty())
     return "";
-  const std::vector<double> &b = sim.simulation->bubbleFraction;
   char text[400];
   std::snprintf(
       text, sizeof(text),
       "    bubble with %s one unit%s: %.3f on the busiest rank (mean %.3f); "
       "%s = %.3f%s; pcc-run --trace measures it\n",
       backward ? "F, B and W" : "every F", backward ? " each" : "",
-      *std::min_element(b.begin(), b.end()),
+      sim.simulation->busiestBubbleFraction(),
       sim.simulation->meanBubbleFraction(),
       chunks > 1 ? "(p-1)/(v*m+p-1)" : "(p-1)/(m+p-1)",
       sch::analyticBubbleFraction(s.options),

@@ -54,6 +54,22 @@ enum class Op : uint8_t {
 /// "F", "B", "W", "send_fwd", "recv_fwd", "send_bwd", "recv_bwd".
 const char *opName(Op op);
 
+/// The ops in the order of the model ABI's codes (enum pcc_pipeline_op in
+/// pcc/runtime/ModelAbi.h): kAbiOps[code] is that code's op. The library
+/// emitter writes the codes; pcc-run reads them back.
+inline constexpr Op kAbiOps[] = {Op::Forward,      Op::SendForward,
+                                 Op::RecvForward,  Op::Backward,
+                                 Op::WeightGrad,   Op::SendBackward,
+                                 Op::RecvBackward};
+inline constexpr int32_t kNumAbiOps = sizeof(kAbiOps) / sizeof(kAbiOps[0]);
+/// The model ABI's code of `op`.
+constexpr int32_t abiCode(Op op) {
+  for (int32_t code = 0; code < kNumAbiOps; ++code)
+    if (kAbiOps[code] == op)
+      return code;
+  return -1;
+}
+
 struct Instr {
   Op op;
   int32_t microbatch;
@@ -128,6 +144,9 @@ struct Simulation {
   /// (whose activations are held), or forwarded at all when forward-only.
   std::vector<int32_t> peakInFlight;
   double meanBubbleFraction() const;
+  /// The bubble of the rank computing longest (the least idle), the one
+  /// that sets the step.
+  double busiestBubbleFraction() const;
 };
 
 /// Replays `schedule` with `durations`: each rank runs its list in order,

@@ -166,34 +166,7 @@ FailureOr<std::string> scheduleSource(func::FuncOp main,
       if (!instr)
         return main.emitError("code generation: pcc.schedule rank ")
                << r << ": '" << word << "' is not an instruction";
-      int code = 0;
-      switch (instr->op) {
-      case ::pcc::schedule::Op::Forward:
-        code = 0;
-        break;
-      case ::pcc::schedule::Op::SendForward:
-        code = 1;
-        break;
-      case ::pcc::schedule::Op::RecvForward:
-        code = 2;
-        break;
-      case ::pcc::schedule::Op::Backward:
-        code = 3;
-        break;
-      case ::pcc::schedule::Op::WeightGrad:
-        code = 4;
-        break;
-      case ::pcc::schedule::Op::SendBackward:
-        code = 5;
-        break;
-      case ::pcc::schedule::Op::RecvBackward:
-        code = 6;
-        break;
-      default:
-        return main.emitError("code generation: pcc.schedule rank ")
-               << r << ": '" << word
-               << "' is backward work, which inference libraries do not run";
-      }
+      int code = ::pcc::schedule::abiCode(instr->op);
       int64_t stage = ::pcc::schedule::virtualStage(
           static_cast<int32_t>(p), static_cast<int32_t>(r), instr->chunk);
       if (stage >= stages)
