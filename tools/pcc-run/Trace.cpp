@@ -157,21 +157,18 @@ Status reportTimeline(const TraceInfo &info, const std::vector<RankTrace> &rows,
   return Status::success();
 }
 
-static_assert(pcc::schedule::abiCode(pcc::schedule::Op::Forward) ==
-                  PCC_PIPE_FORWARD &&
-              pcc::schedule::abiCode(pcc::schedule::Op::SendForward) ==
-                  PCC_PIPE_SEND_FORWARD &&
-              pcc::schedule::abiCode(pcc::schedule::Op::RecvForward) ==
-                  PCC_PIPE_RECV_FORWARD &&
-              pcc::schedule::abiCode(pcc::schedule::Op::Backward) ==
-                  PCC_PIPE_BACKWARD &&
-              pcc::schedule::abiCode(pcc::schedule::Op::WeightGrad) ==
-                  PCC_PIPE_WEIGHT_GRAD &&
-              pcc::schedule::abiCode(pcc::schedule::Op::SendBackward) ==
-                  PCC_PIPE_SEND_BACKWARD &&
-              pcc::schedule::abiCode(pcc::schedule::Op::RecvBackward) ==
-                  PCC_PIPE_RECV_BACKWARD,
+namespace {
+using pcc::schedule::kAbiOps;
+using SOp = pcc::schedule::Op;
+static_assert(kAbiOps[PCC_PIPE_FORWARD] == SOp::Forward &&
+                  kAbiOps[PCC_PIPE_SEND_FORWARD] == SOp::SendForward &&
+                  kAbiOps[PCC_PIPE_RECV_FORWARD] == SOp::RecvForward &&
+                  kAbiOps[PCC_PIPE_BACKWARD] == SOp::Backward &&
+                  kAbiOps[PCC_PIPE_WEIGHT_GRAD] == SOp::WeightGrad &&
+                  kAbiOps[PCC_PIPE_SEND_BACKWARD] == SOp::SendBackward &&
+                  kAbiOps[PCC_PIPE_RECV_BACKWARD] == SOp::RecvBackward,
               "pcc::schedule::kAbiOps follows enum pcc_pipeline_op");
+} // namespace
 
 pccrt::Result<ScheduleReplay>
 replaySchedule(const pcc_model_info &model,
