@@ -166,6 +166,16 @@ struct PlanShardingPass
              << (role.empty() ? "" : " = " + role) << " -> local ["
              << shapeString(localType(param.getType(), chosen, *ranks)) << "]";
       }
+      // Dimensions no split of this degree can take (a vocabulary of 97):
+      // kept whole, and which degrees would split them.
+      for (auto [d, size] : llvm::enumerate(param.getType().getShape()))
+        if (size > 1 && size % *ranks != 0) {
+          std::string would = ranksThatDivide(size);
+          diag << "; dim " << d << " (" << size << ") does not divide over "
+               << *ranks << " " << axis << " ranks";
+          if (would != "none")
+            diag << " (--" << axis << "=" << would << " would)";
+        }
       diag << alternativesOf(param, chosen);
     });
     // The blocks the search split together, and why.

@@ -49,7 +49,7 @@ sys.path.insert(0, EXAMPLES)
 import make_examples  # noqa: E402  (the model classes and build())
 
 MODELS = ["mlp", "transformer_postnorm", "transformer_prenorm", "gpt",
-          "resnet18", "zoo-gpt2", "zoo-llama", "resnet18_train"]
+          "resnet18", "zoo-gpt2", "zoo-llama", "resnet18_train", "user-gpt"]
 STEPS = 20
 BATCH = 4
 # Models trained with another batch: batch normalisation over 4 images
@@ -77,6 +77,16 @@ def is_zoo(name):
     return name in ZOO
 
 
+# Modules written in plain PyTorch as users write them (user_models.py),
+# exported for training into test/Training/user/<name>/model.onnx.
+USER = {"user-gpt": "gpt"}
+USER_DIR = os.path.join(HERE, "user")
+
+
+def is_user(name):
+    return name in USER
+
+
 class MappingError(RuntimeError):
     pass
 
@@ -98,6 +108,15 @@ def make_data(name):
         y = np.full_like(x, IGNORE)
         y[:, :-1] = x[:, 1:]                       # next token
         drop = rng.random_sample((ROWS, 15)) < 0.1  # ~10% more ignored
+        y[:, :-1][drop] = IGNORE
+    elif is_user(name):
+        import user_models
+        cfg = user_models.USER_GPT
+        x = rng.randint(0, cfg["vocab"], size=(ROWS, cfg["seq"])).astype(
+            np.int64)
+        y = np.full_like(x, IGNORE)
+        y[:, :-1] = x[:, 1:]                       # next token
+        drop = rng.random_sample((ROWS, cfg["seq"] - 1)) < 0.1
         y[:, :-1][drop] = IGNORE
     elif name in ("resnet18", "resnet18_train"):
         x = rng.standard_normal((ROWS, 3, 32, 32)).astype(np.float32)
@@ -139,7 +158,7 @@ def loss_fn(name, out, y):
 
 def optimizer_config(name, opt):
     # The zoo's language models train as the bundled gpt does.
-    gpt_like = name == "gpt" or is_zoo(name)
+    gpt_like = name == "gpt" or is_zoo(name) or is_user(name)
     if opt == "sgd":
         # Batch-norm training with SGD is stable to float32 rounding only
         # at a small step (see ref/README.md).
@@ -562,11 +581,73 @@ def prepare_zoo(name, export=False):
     return wrapper, mapping, notes
 
 
+def prepare_user(name, export=False):
+    """A user_models.py module, exported as its user would: the TorchScript
+    exporter, opset 17, a dynamic batch, in training mode without constant
+    folding (so that equal initial weights stay distinct initializers)."""
+    import user_models
+    model = user_models.build_user_gpt()
+    path = os.path.join(USER_DIR, USER[name], "model.onnx")
+    if export or not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        x0 = torch.zeros((BATCH, user_models.USER_GPT["seq"]),
+                         dtype=torch.int64)
+        m = copy.deepcopy(model).train()
+        import contextlib
+        import io
+        import warnings
+        with warnings.catch_warnings(), \
+                contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(m, (x0,), path, dynamo=False, opset_version=17,
+                              training=torch.onnx.TrainingMode.TRAINING,
+                              do_constant_folding=False,
+                              input_names=["idx"], output_names=["logits"],
+                              dynamic_axes={"idx": {0: "batch"},
+                                            "logits": {0: "batch"}})
+        print("  %s: exported %s (%d bytes)" % (
+            name, os.path.relpath(path, ROOT), os.path.getsize(path)))
+    onnx_model = onnx.load(path)
+    check_no_dropout(model)
+    # The causal masks are non-persistent buffers: Constant nodes.
+    persistent = set(model.state_dict().keys())
+    constant_buffers = {n for n, _ in model.named_buffers()
+                        if n not in persistent}
+    mapping, arrays = build_mapping(name, model, onnx_model, {},
+                                    constant_buffers)
+    load_from_onnx(model, mapping, arrays)
+    notes = dict(onnx=os.path.relpath(path, ROOT),
+                 module="test/Training/user_models.py",
+                 batchnorm_folded_by_exporter=False)
+    try:
+        import onnxruntime as ort
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        sess = ort.InferenceSession(path, so,
+                                    providers=["CPUExecutionProvider"])
+        x, _ = make_data(name)
+        got = sess.run(None, {"idx": x})[0]
+        model.eval()
+        with torch.no_grad():
+            out = model(torch.from_numpy(x)).numpy()
+        err = float(np.abs(out - got).max() / np.abs(out).max())
+        if err > 1e-5:
+            raise RuntimeError("%s: onnxruntime's output differs from the "
+                               "module's (%g)" % (name, err))
+        notes["onnxruntime_vs_torch_max_rel_diff"] = err
+    except ImportError:
+        pass
+    return model, mapping, notes
+
+
 def prepare(name, export=False):
     """The module with the ONNX's weights, the mapping and the model's
     structure notes."""
     if is_zoo(name):
         return prepare_zoo(name, export)
+    if is_user(name):
+        return prepare_user(name, export)
     model, _, _ = make_examples.build(name)
     onnx_model = onnx.load(os.path.join(EXAMPLES, name + ".onnx"))
     ops = {n.op_type for n in onnx_model.graph.node}

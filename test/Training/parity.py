@@ -37,12 +37,16 @@ MODELS = {
     # The zoo's tiny Hugging Face models; inputs input_ids and attention_mask.
     "zoo-gpt2": (["--dim=batch=4", "--dim=seq=16"], "cross_entropy"),
     "zoo-llama": (["--dim=batch=4", "--dim=seq=16"], "cross_entropy"),
+    # A GPT written in plain PyTorch (user_models.py), dynamic batch.
+    "user-gpt": (["--batch=4"], "cross_entropy"),
 }
 
 
 def onnx_path(model):
     if model.startswith("zoo-"):
         return os.path.join(HERE, "zoo", model[len("zoo-"):], "model.onnx")
+    if model.startswith("user-"):
+        return os.path.join(HERE, "user", model[len("user-"):], "model.onnx")
     return os.path.join(ROOT, "examples", model + ".onnx")
 
 

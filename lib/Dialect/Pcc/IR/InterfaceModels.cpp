@@ -469,9 +469,31 @@ int64_t bytesOf(Value v) {
 template <typename OpT>
 struct ShardingModel
     : public ShardingOpInterface::ExternalModel<ShardingModel<OpT>, OpT> {
+  /// Total for any input: a layout an operand is said to have that does
+  /// not fit it (a split of a dimension too small for the ranks, of a
+  /// dimension that does not exist, partial integers) is read as whole,
+  /// and only options whose every layout fits its value come back.
   void getShardingOptions(Operation *op, ArrayRef<Shard> operands,
                           int64_t ranks, Options &options) const {
-    shardingOptions(cast<OpT>(op), operands, ranks, options);
+    if (ranks < 1 || operands.size() != op->getNumOperands())
+      return;
+    SmallVector<Shard> in(operands);
+    for (auto [v, s] : llvm::zip(op->getOperands(), in))
+      if (!layoutFits(s, typeOf(v), ranks))
+        s = Shard::replicated();
+    SmallVector<ShardingOption> candidates;
+    shardingOptions(cast<OpT>(op), in, ranks, candidates);
+    auto fitsAll = [&](ValueRange values, ArrayRef<Shard> shards) {
+      return values.size() == shards.size() &&
+             llvm::all_of(llvm::zip(values, shards), [&](auto p) {
+               return layoutFits(std::get<1>(p), typeOf(std::get<0>(p)),
+                                 ranks);
+             });
+    };
+    for (ShardingOption &o : candidates)
+      if (fitsAll(op->getOperands(), o.operands) &&
+          fitsAll(op->getResults(), o.results))
+        options.push_back(std::move(o));
   }
   SmallVector<Value> partitionLocal(Operation *op, OpBuilder &builder,
                                     ArrayRef<Shard> operands, int64_t ranks,

@@ -60,20 +60,50 @@ RankedTensorType mlir::pcc::localType(RankedTensorType type, Shard shard,
 }
 
 bool mlir::pcc::layoutFits(Shard shard, RankedTensorType type, int64_t ranks) {
+  if (ranks < 1)
+    return false;
   if (shard.isReplicated())
     return true;
   if (shard.isPartial())
     return isa<FloatType>(type.getElementType());
-  return shard.dim >= 0 && shard.dim < type.getRank() && shard.stripes >= 1 &&
-         type.getDimSize(shard.dim) % (shard.stripes * ranks) == 0;
+  if (shard.dim < 0 || shard.dim >= type.getRank() || shard.stripes < 1)
+    return false;
+  int64_t size = type.getDimSize(shard.dim);
+  // A zero-size (or dynamic) dimension has no pieces to hand out.
+  return size > 0 && size % (shard.stripes * ranks) == 0;
+}
+
+std::string mlir::pcc::ranksThatDivide(int64_t size, int64_t limit) {
+  SmallVector<int64_t> ranks;
+  for (int64_t r = 2; r <= std::min(size, limit); ++r)
+    if (size % r == 0)
+      ranks.push_back(r);
+  if (ranks.empty())
+    return "none";
+  std::string s;
+  for (auto [i, r] : llvm::enumerate(ranks)) {
+    if (i)
+      s += i + 1 == ranks.size() ? " or " : ", ";
+    s += std::to_string(r);
+  }
+  return s;
 }
 
 /// A split seen on the flattened tensor: element f belongs to rank
 /// (f / block) mod ranks. Reshapes keep the flat order, so a split survives
 /// a reshape exactly when some result dimension can express this block.
+/// Total: a split that does not fit the input (or a zero-size tensor on
+/// either side) has no image.
 std::optional<Shard> mlir::pcc::reshapeSplit(ArrayRef<int64_t> in,
                                              ArrayRef<int64_t> out, Shard s,
                                              int64_t ranks) {
+  if (!s.isSplit() || ranks < 1 || s.stripes < 1 || s.dim < 0 ||
+      s.dim >= static_cast<int64_t>(in.size()))
+    return std::nullopt;
+  auto positive = [](int64_t d) { return d > 0; };
+  if (!llvm::all_of(in, positive) || !llvm::all_of(out, positive) ||
+      in[s.dim] % (s.stripes * ranks) != 0)
+    return std::nullopt;
   int64_t inner = 1;
   for (size_t k = s.dim + 1; k < in.size(); ++k)
     inner *= in[k];

@@ -64,6 +64,11 @@ RankedTensorType localType(RankedTensorType type, Shard shard, int64_t ranks);
 /// of floats.
 bool layoutFits(Shard shard, RankedTensorType type, int64_t ranks);
 
+/// The rank counts above 1 (up to `limit`) that divide `size`, for error
+/// messages and --explain: "2, 3, 4 or 6", "97", or "none" (a size of 1 or
+/// a prime above the limit).
+std::string ranksThatDivide(int64_t size, int64_t limit = 1024);
+
 /// The split of a reshape's result that holds, on every rank, exactly the
 /// elements the split `s` of its input holds (reshapes keep the flat
 /// order), or none when no result dimension expresses it.
