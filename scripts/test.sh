@@ -6,25 +6,9 @@ set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${PCC_BUILD_DIR:-$root/build}"
-# PCC_SANITIZE=1: the same suite on pcc built with ASan + UBSan by clang 22,
-# in its own build directory (the model libraries pcc builds stay
-# uninstrumented; the instrumented pcc-run loads them).
-if [ "${PCC_SANITIZE:-0}" = 1 ]; then
-  build="${PCC_BUILD_DIR:-$root/build-asan}"
-  export PCC_BUILD_DIR="$build"
-  export PCC_EXTRA_PACKAGES="${PCC_EXTRA_PACKAGES:-} clang-22 libclang-rt-22-dev libomp-22-dev llvm-22"
-  export PCC_CMAKE_FLAGS="${PCC_CMAKE_FLAGS:-} -DPCC_SANITIZE=ON \
-    -DCMAKE_C_COMPILER=/usr/lib/llvm-22/bin/clang \
-    -DCMAKE_CXX_COMPILER=/usr/lib/llvm-22/bin/clang++ \
-    -DCMAKE_CXX_FLAGS=-gline-tables-only"
-  # No leak checks by default: OpenMPI's components, unloaded by
-  # MPI_Finalize, leave ~120 KB per rank that LSan reports with no usable
-  # stack (so no suppression can name it). The tests without MPI also pass
-  # with ASAN_OPTIONS=detect_leaks=1.
-  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}"
-  export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
-  export ASAN_SYMBOLIZER_PATH=/usr/lib/llvm-22/bin/llvm-symbolizer
-fi
+# PCC_SANITIZE=1: the same suite on pcc built with ASan + UBSan.
+# shellcheck source=scripts/sanitize-env.sh
+. "$root/scripts/sanitize-env.sh"
 "$root/scripts/setup.sh" || exit 1
 export PATH="/usr/lib/llvm-22/bin:$PATH"
 
