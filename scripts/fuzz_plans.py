@@ -597,8 +597,10 @@ def run_lib(tools, case, lib, work, ranks, expect):
     return None
 
 
-def run_case(tools, case, work):
-    """Runs one (model, plan) pair. Returns a result dict."""
+def prepare(tools, case, work):
+    """Writes the case's model and inputs into `work` and runs its one-device
+    reference there. None when that worked, else the result of every pair
+    of this model (the model refused, or a finding on one device)."""
     os.makedirs(work, exist_ok=True)
     text, inputs, out_shape = model_text(case["spec"], case["seed"])
     if case.get("model_file"):
@@ -611,16 +613,20 @@ def run_case(tools, case, work):
     case["input_files"], case["labels"] = write_inputs(
         work, inputs, out_shape, case["loss"] if case["train"] else None,
         case["seed"], case["spec"])
-    result = dict(case=strip(case))
     r = reference(tools, case, work)
-    if r:
-        if r[0] == "refusal":
-            result.update(outcome="model-refused", message=r[1])
-        else:
-            result.update(outcome="finding", kind=r[1], detail=r[2],
-                          where="one device")
-        return result
-    plan_dir = os.path.join(work, "plan")
+    if not r:
+        return None
+    if r[0] == "refusal":
+        return dict(outcome="model-refused", message=r[1])
+    return dict(outcome="finding", kind=r[1], detail=r[2],
+                where="one device")
+
+
+def run_plan(tools, case, work, name="plan"):
+    """Compiles and runs the case's plan in work/<name> and compares it with
+    the reference prepare() left in `work`. Returns a result dict."""
+    result = dict(case=strip(case))
+    plan_dir = os.path.join(work, name)
     os.makedirs(plan_dir, exist_ok=True)
     lib = os.path.join(plan_dir, "m.so")
     flags = train_flags(case) + plan_flags(case["plan"])
@@ -648,20 +654,47 @@ def run_case(tools, case, work):
             result.update(outcome="finding", kind="mismatch", detail=why)
             return result
     result["outcome"] = "match"
+    shutil.rmtree(plan_dir, ignore_errors=True)
     return result
 
 
+def run_case(tools, case, work):
+    """Runs one (model, plan) pair. Returns a result dict."""
+    r = prepare(tools, case, work)
+    if r:
+        return dict(r, case=strip(case))
+    return run_plan(tools, case, work)
+
+
+def run_group(tools, cases, work):
+    """Runs pairs that share one model (one reference run for all)."""
+    r = prepare(tools, cases[0], work)
+    results = []
+    for i, case in enumerate(cases):
+        if r:
+            results.append(dict(r, case=strip(case)))
+            continue
+        for k in ("model", "input_files", "labels"):
+            case[k] = cases[0][k]
+        results.append(run_plan(tools, case, work, "plan-%d" % i))
+    return results
+
+
 def strip(case):
-    return {k: case[k] for k in ("seed", "spec", "plan", "train", "loss")}
+    return {k: case[k] for k in ("seed", "spec", "plan", "train", "loss",
+                                 "pair") if k in case}
 
 
-def make_case(seed):
+def make_group(seed, plans):
+    """`plans` pairs of one random model: the same model, data and loss, and
+    random plans. The batch divides over the first plan's dp x
+    micro-batches (most of the time: else pcc must refuse clearly), and
+    the other plans are drawn to divide it too, where a few tries find
+    one."""
     rng = random.Random(seed)
     train = rng.random() < 0.5
-    plan = random_plan(rng, train)
-    # A batch that usually divides over dp x micro-batches (sometimes not,
-    # which pcc must refuse clearly).
-    pieces = plan.get("dp", 1) * plan.get("microbatches", 1)
+    first = random_plan(rng, train)
+    pieces = first.get("dp", 1) * first.get("microbatches", 1)
     batch = pieces * rng.choice([1, 1, 2]) if rng.random() < 0.9 else \
         rng.choice([1, 2, 3, 5])
     spec = random_model(rng, batch)
@@ -670,7 +703,20 @@ def make_case(seed):
         loss = "mse" if (spec["family"] == "transformer" and
                          not spec["tokens"]) or rng.random() < 0.15 \
             else "cross_entropy"
-    return dict(seed=seed, spec=spec, plan=plan, train=train, loss=loss)
+    chosen = [first]
+    while len(chosen) < plans:
+        for _ in range(20):
+            plan = random_plan(rng, train)
+            if batch % (plan.get("dp", 1) * plan.get("microbatches", 1)) == 0:
+                break
+        chosen.append(plan)
+    # One optimizer per model: the one-device run is the reference of all.
+    for plan in chosen[1:]:
+        if train:
+            plan["optimizer"] = first["optimizer"]
+    # Every pair has its own seed: the group's seed x 16 + its index.
+    return [dict(seed=seed, spec=spec, plan=p, train=train, loss=loss,
+                 pair=seed * 16 + i) for i, p in enumerate(chosen)]
 
 
 # --------------------------------------------------------------------------
@@ -766,22 +812,22 @@ def shrink(tools, case, kind, work, budget=300):
 # Driver
 # --------------------------------------------------------------------------
 def one(args_tuple):
-    tools, seed, root, keep = args_tuple
-    case = make_case(seed)
-    work = os.path.join(root, "case-%d" % seed)
+    tools, seed, plans, root, keep = args_tuple
+    cases = make_group(seed, plans)
+    work = os.path.join(root, "model-%d" % seed)
     try:
-        r = run_case(tools, case, work)
+        rs = run_group(tools, cases, work)
     except Exception as e:  # the fuzzer's own bug: report, do not hide
-        r = dict(case=strip(case), outcome="finding", kind="fuzzer-error",
-                 detail=repr(e))
-    if r["outcome"] != "finding" and not keep:
+        rs = [dict(case=strip(c), outcome="finding", kind="fuzzer-error",
+                   detail=repr(e)) for c in cases]
+    if all(r["outcome"] != "finding" for r in rs) and not keep:
         shutil.rmtree(work, ignore_errors=True)
-    return r
+    return rs
 
 
 def save_finding(tools, r, root, do_shrink):
     case = r["case"]
-    name = "finding-%s-%d" % (r["kind"], case["seed"])
+    name = "finding-%s-%d" % (r["kind"], case.get("pair", case["seed"]))
     d = os.path.join(root, name)
     os.makedirs(d, exist_ok=True)
     shrunk, sr = (case, r)
@@ -822,8 +868,8 @@ def summarize(results, seconds, jobs):
             print("    %5d  %s" % (n, m))
     findings = [r for r in results if r["outcome"] == "finding"]
     for r in findings:
-        print("  FINDING %s (seed %d, %s %s): %s" % (
-            r["kind"], r["case"]["seed"], r["case"]["spec"]["family"],
+        print("  FINDING %s (pair %d, %s %s): %s" % (
+            r["kind"], r["case"].get("pair", r["case"]["seed"]), r["case"]["spec"]["family"],
             describe_plan(r["case"]["plan"]),
             r["detail"].strip().splitlines()[-1][:300] if r["detail"].strip()
             else ""))
@@ -853,7 +899,11 @@ def check(tools, path, work):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=0)
-    ap.add_argument("--cases", type=int, default=0)
+    ap.add_argument("--cases", type=int, default=0,
+                    help="run this many pairs (rounded up to whole models)")
+    ap.add_argument("--plans-per-model", type=int, default=4,
+                    help="random plans tried on each random model (one "
+                    "one-device reference run serves them all)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--work", default=None)
@@ -911,11 +961,13 @@ def main():
 
         def more():
             nonlocal submitted
-            if args.cases and submitted >= args.cases:
+            if args.cases and submitted * args.plans_per_model >= \
+                    args.cases:
                 return False
             if args.seconds and time.time() - start >= args.seconds:
                 return False
-            pending.add(pool.submit(one, (tools, seed + submitted, work,
+            pending.add(pool.submit(one, (tools, seed + submitted,
+                                          args.plans_per_model, work,
                                           args.keep)))
             submitted += 1
             return True
@@ -926,18 +978,18 @@ def main():
                 pending, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:
                 pending.remove(fut)
-                r = fut.result()
-                results.append(r)
-                if log:
-                    log.write(json.dumps(r) + "\n")
-                    log.flush()
-                if r["outcome"] == "finding":
-                    print("fuzz-plans: finding %s (seed %d): %s" % (
-                        r["kind"], r["case"]["seed"],
-                        r["detail"].strip()[-400:]), flush=True)
-                if len(results) % 50 == 0:
-                    print("fuzz-plans: %d pairs, %.0f s" % (
-                        len(results), time.time() - start), flush=True)
+                for r in fut.result():
+                    results.append(r)
+                    if log:
+                        log.write(json.dumps(r) + "\n")
+                        log.flush()
+                    if r["outcome"] == "finding":
+                        print("fuzz-plans: finding %s (pair %d): %s" % (
+                            r["kind"], r["case"]["pair"],
+                            r["detail"].strip()[-400:]), flush=True)
+                    if len(results) % 200 == 0:
+                        print("fuzz-plans: %d pairs, %.0f s" % (
+                            len(results), time.time() - start), flush=True)
                 more()
     findings = summarize(results, time.time() - start, args.jobs)
     if findings:
