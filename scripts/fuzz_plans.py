@@ -406,6 +406,9 @@ def describe_plan(plan):
 class Tools:
     def __init__(self, pcc, pcc_run, compile_timeout, run_timeout):
         self.pcc, self.run = pcc, pcc_run
+        # pcc-fd-gradients, beside pcc (the build's bin directory).
+        fd = os.path.join(os.path.dirname(pcc), "pcc-fd-gradients")
+        self.fd = fd if os.path.dirname(pcc) and os.path.exists(fd) else None
         self.compile_timeout = compile_timeout
         self.run_timeout = run_timeout
 
@@ -555,12 +558,55 @@ def reference(tools, case, work):
     os.makedirs(ref, exist_ok=True)
     lib = os.path.join(ref, "m.so")
     flags = train_flags(case)
-    status, out, secs = execute([tools.pcc, case["model"]] + flags +
+    check_gradients = (case["train"] and tools.fd and
+                       case["plan"].get("optimizer", "sgd") == "sgd")
+    ir = ["--dump-ir=" + os.path.join(ref, "ir")] if check_gradients else []
+    status, out, secs = execute([tools.pcc, case["model"]] + flags + ir +
                                 ["-o", lib], tools.compile_timeout, ref)
     c = classify_compile(status, out)
     if c:
         return c + (("one device: " + " ".join(flags)),)
-    return run_lib(tools, case, lib, ref, 1, None)
+    r = run_lib(tools, case, lib, ref, 1, None)
+    if r or not check_gradients:
+        return r
+    return gradients(tools, case, lib, ref)
+
+
+def gradients(tools, case, lib, ref):
+    """One plain SGD step (lr 1) of the one-device library: its loss and
+    gradients against float64 central differences of the reference
+    interpreter (pcc-fd-gradients) on the IR after pcc-loss."""
+    work = os.path.join(ref, "grad")
+    os.makedirs(work, exist_ok=True)
+    cmd = [tools.run, lib] + sum((["--input", f]
+                                  for f in case["input_files"]), []) + [
+        "--steps", "1", "--labels", case["labels"], "--lr", "1",
+        "--momentum", "0", "--weight-decay", "0",
+        "--loss-log", os.path.join(work, "loss.csv"),
+        "--save-dir", os.path.join(work, "ckpt")]
+    status, out, _ = execute(cmd, tools.run_timeout, work)
+    if status != 0:
+        return ("finding", "run-failed", " ".join(cmd) + "\n" + out[-3000:])
+    irs = sorted(f for f in os.listdir(os.path.join(ref, "ir"))
+                 if f.endswith("-pcc-loss.mlir"))
+    if not irs:
+        return ("finding", "fuzzer-error", "no IR after pcc-loss in " + ref)
+    cmd = [tools.fd, os.path.join(ref, "ir", irs[0]),
+           "--weights", os.path.join(ref, "m.safetensors"),
+           "--stepped", os.path.join(work, "ckpt", "step-00000001",
+                                     "weights.safetensors"),
+           "--lr", "1", "--labels", case["labels"],
+           "--loss-log", os.path.join(work, "loss.csv")] + sum(
+               (["--input", f] for f in case["input_files"]), [])
+    status, out, _ = execute(cmd, tools.run_timeout, work)
+    if status == 1:
+        return ("finding", "gradient-mismatch", " ".join(cmd) + "\n" +
+                out[-3000:])
+    if status != 0:
+        return ("finding", "fuzzer-error", " ".join(cmd) + "\n" +
+                out[-3000:])
+    case["gradients_checked"] = True
+    return None
 
 
 def train_flags(case):
@@ -677,6 +723,8 @@ def run_group(tools, cases, work):
         for k in ("model", "input_files", "labels"):
             case[k] = cases[0][k]
         results.append(run_plan(tools, case, work, "plan-%d" % i))
+    if cases[0].get("gradients_checked"):
+        results[0]["gradients_checked"] = True
     return results
 
 
@@ -862,6 +910,9 @@ def summarize(results, seconds, jobs):
                                       len(results) - train))
     for k in ("match", "refused", "model-refused", "finding"):
         print("  %-14s %d" % (k, outcomes.get(k, 0)))
+    print("  one step's loss and gradients of %d one-device models checked "
+          "against float64 differences" % sum(
+              1 for r in results if r.get("gradients_checked")))
     if refusals:
         print("  refusals (clear errors), by kind:")
         for m, n in sorted(refusals.items(), key=lambda x: -x[1]):

@@ -116,7 +116,9 @@ struct SplitBatchPass
     if (batch < 0)
       return func.emitError()
              << "the model has no inputs to split into micro-batches";
-    if (batch % m != 0)
+    if (batch % m != 0) {
+      // What would work: the piece counts that divide the batch.
+      std::string would = ranksThatDivide(batch);
       return func.emitError()
              << "batch " << batch << " (dimension 0 of input '" << first
              << "') does not divide into " << m
@@ -125,7 +127,18 @@ struct SplitBatchPass
                            " micro-batch(es) on each of " +
                            std::to_string(dataParallel) +
                            " data-parallel ranks, --dp)"
-                     : std::string(" micro-batches"));
+                     : std::string(" micro-batches"))
+             << "; "
+             << (would == "none"
+                     ? std::string("a batch of ") + std::to_string(batch) +
+                           " cannot be split: use --batch (or --dim) to "
+                           "compile for a larger one"
+                     : std::string(dataParallel > 1
+                                       ? "--dp x --microbatches"
+                                       : "--microbatches") +
+                           " must divide it: " + would + " would (or "
+                           "compile for another batch with --batch)");
+    }
     return success();
   }
 
