@@ -169,6 +169,20 @@ def linear(g, x, d_in, d_out, name, spec_bias=True, gemm=False):
     return y
 
 
+def rms_norm(g, x, d, name):
+    """Llama's RMSNorm as exporters write it: x / sqrt(mean(x^2) + eps) * w."""
+    ms = g.op("ReduceMean", [g.op("Mul", [x, x])], {"axes": [-1],
+                                                      "keepdims": 1})
+    eps = g.constant(np.float32(1e-6), shape=[])
+    r = g.op("Div", [x, g.op("Sqrt", [g.op("Add", [ms, eps])])])
+    return g.op("Mul", [r, g.weight(name + "_weight", [d], 0.1, offset=1.0)])
+
+
+def norm(g, x, d, name, kind):
+    return rms_norm(g, x, d, name) if kind == "rms" else \
+        layer_norm(g, x, d, name)
+
+
 def layer_norm(g, x, d, name):
     return g.op("LayerNormalization",
                 [x, g.weight(name + "_scale", [d], 0.1, offset=1.0),
@@ -206,7 +220,9 @@ def attention(g, x, s, i, mask):
         q = linear(g, x, D, D, name + "q", s["bias"])
         k = linear(g, x, D, D, name + "k", s["bias"])
         v = linear(g, x, D, D, name + "v", s["bias"])
-    heads = g.constant(np.array([B, T, H, dh], np.int64), dtype="int64")
+    # An exported model with a dynamic batch reshapes with -1 there.
+    lead = -1 if s.get("symbolic_batch") else B
+    heads = g.constant(np.array([lead, T, H, dh], np.int64), dtype="int64")
 
     def split_heads(t):
         return g.op("Transpose", [g.op("Reshape", [t, heads])],
@@ -221,7 +237,7 @@ def attention(g, x, s, i, mask):
     p = g.op("Softmax", [scores], {"axis": -1})
     y = g.op("MatMul", [p, v])
     y = g.op("Transpose", [y], {"perm": [0, 2, 1, 3]})
-    y = g.op("Reshape", [y, g.constant(np.array([B, T, D], np.int64),
+    y = g.op("Reshape", [y, g.constant(np.array([lead, T, D], np.int64),
                                        dtype="int64")])
     return linear(g, y, D, D, name + "proj", s["bias"])
 
@@ -250,19 +266,27 @@ def build_transformer(g, s):
         mask = "mask"
     for i in range(s["layers"]):
         name = "b%d_" % i
-        h = layer_norm(g, x, D, name + "ln1") if s["prenorm"] else x
+        kind = s.get("norm", "layer")
+        h = norm(g, x, D, name + "ln1", kind) if s["prenorm"] else x
         x = g.op("Add", [x, attention(g, h, s, i, mask)])
         if not s["prenorm"]:
-            x = layer_norm(g, x, D, name + "ln1")
-        h = layer_norm(g, x, D, name + "ln2") if s["prenorm"] else x
+            x = norm(g, x, D, name + "ln1", kind)
+        h = norm(g, x, D, name + "ln2", kind) if s["prenorm"] else x
         hidden = s["mlp"] * D
-        h = linear(g, h, D, hidden, name + "fc", s["bias"])
-        h = activation(g, h, s["act"])
+        if s.get("swiglu"):
+            # Llama's MLP: down(silu(gate(x)) * up(x)).
+            gate = linear(g, h, D, hidden, name + "gate", s["bias"])
+            silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
+            h = g.op("Mul", [silu, linear(g, h, D, hidden, name + "up",
+                                          s["bias"])])
+        else:
+            h = linear(g, h, D, hidden, name + "fc", s["bias"])
+            h = activation(g, h, s["act"])
         x = g.op("Add", [x, linear(g, h, hidden, D, name + "out", s["bias"])])
         if not s["prenorm"]:
-            x = layer_norm(g, x, D, name + "ln2")
+            x = norm(g, x, D, name + "ln2", kind)
     if s["final_norm"]:
-        x = layer_norm(g, x, D, "ln_f")
+        x = norm(g, x, D, "ln_f", s.get("norm", "layer"))
     if s["tokens"]:
         if s["tied"]:
             x = g.op("MatMul", [x, g.op("Transpose", ["tok_weight"],
@@ -306,6 +330,12 @@ ODD = [1, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
 
 
 def random_model(rng, batch):
+    spec = random_family(rng, batch)
+    spec["symbolic_batch"] = rng.random() < 0.3
+    return spec
+
+
+def random_family(rng, batch):
     family = rng.choice(["mlp", "transformer", "transformer", "conv"])
     act = rng.choice(["relu", "gelu", "tanh", "sigmoid", "none"])
     if family == "mlp":
@@ -325,7 +355,9 @@ def random_model(rng, batch):
                     fused_qkv=rng.random() < 0.5, bias=rng.random() < 0.8,
                     prenorm=rng.random() < 0.7, mlp=rng.choice([1, 2, 4]),
                     final_norm=rng.random() < 0.7, tied=rng.random() < 0.4,
-                    act=rng.choice(["relu", "gelu", "tanh"]))
+                    act=rng.choice(["relu", "gelu", "tanh"]),
+                    norm=rng.choice(["layer", "layer", "rms"]),
+                    swiglu=rng.random() < 0.3)
     return dict(family=family, batch=batch, channels=rng.choice([1, 2, 3]),
                 size=rng.choice([1, 2, 3, 4, 6]),
                 widths=[rng.choice([1, 2, 3, 4, 8])
@@ -337,7 +369,22 @@ def random_model(rng, batch):
 def model_text(spec, seed):
     g = Graph(seed)
     out_shape = BUILDERS[spec["family"]](g, spec)
-    return g.text(), g.inputs, out_shape
+    text = g.text()
+    if spec.get("symbolic_batch"):
+        # Dimension 0 of every input and output is the symbolic "batch"
+        # (pcc --batch binds it), as exporters write a dynamic batch.
+        sig = text.index("fuzz (")
+        end = text.index("\n", sig)
+        line = re.sub(r"\[%d," % spec["batch"], "[batch,", text[sig:end])
+        text = text[:sig] + line + text[end:]
+    return text, g.inputs, out_shape
+
+
+def model_flags(case):
+    """pcc options the model itself needs (its dynamic batch bound)."""
+    if case["spec"].get("symbolic_batch"):
+        return ["--batch=%d" % case["spec"]["batch"]]
+    return []
 
 
 # --------------------------------------------------------------------------
@@ -370,6 +417,10 @@ def random_plan(rng, train):
                     plan["microbatches"] = pp * rng.choice([1, 2])
         if rng.random() < 0.25:
             plan["recompute"] = rng.choice(["selective", "full"])
+        if pp == 1 and rng.random() < 0.03:
+            # ZeRO-Offload's host optimizer, from a CPU + CUDA library run
+            # on CPU ranks (nvcc makes these compiles slow: few of them).
+            plan["offload"] = "optimizer"
         plan["optimizer"] = rng.choice(["sgd", "sgd", "adamw"])
     if tp > 1 and rng.random() < (0.3 if train else 0.03):
         plan["sp"] = True
@@ -388,6 +439,8 @@ def plan_flags(plan):
             flags.append("%s=%s" % (flag, plan[key]))
     if plan.get("sp"):
         flags.append("--sp")
+    if plan.get("offload"):
+        flags += ["--offload=" + plan["offload"], "--target=all"]
     return flags
 
 
@@ -611,8 +664,8 @@ def gradients(tools, case, lib, ref):
 
 def train_flags(case):
     if not case["train"]:
-        return []
-    return ["--train", "--loss=" + case["loss"],
+        return model_flags(case)
+    return model_flags(case) + ["--train", "--loss=" + case["loss"],
             "--optimizer=" + case["plan"].get("optimizer", "sgd")]
 
 
@@ -795,8 +848,10 @@ def simpler(case):
     for key in ("mask", "pos"):
         if spec.get(key, "none") != "none":
             with_spec(**{key: "none"})
-    for key in ("bias", "norm", "final_norm", "fused_qkv", "tied", "pool",
-                "gemm"):
+    if spec.get("norm") == "rms":
+        with_spec(norm="layer")
+    for key in ("bias", "final_norm", "fused_qkv", "tied", "pool", "gemm",
+                "swiglu") + (("norm",) if spec["family"] == "mlp" else ()):
         if spec.get(key):
             with_spec(**{key: False})
     if spec.get("act", "none") != "none" and spec["family"] != "transformer":
@@ -810,12 +865,14 @@ def simpler(case):
     for key in ("vocab", "seq", "features", "classes", "size"):
         if spec.get(key, 1) > 2:
             with_spec(**{key: max(2, spec[key] // 2)})
-    for key in ("recompute", "bucket_mb", "sp", "pp_chunks"):
+    for key in ("recompute", "bucket_mb", "sp", "pp_chunks", "offload"):
         if key in plan:
             with_plan(drop=key, **({"schedule": "1f1b"}
                                    if key == "pp_chunks" else {}))
     if plan.get("zero", 0) > 0:
         with_plan(zero=0)
+    if spec.get("symbolic_batch"):
+        with_spec(symbolic_batch=False)
     if plan.get("schedule") not in (None, "1f1b"):
         with_plan(schedule="1f1b")
     if plan.get("optimizer") == "adamw":
