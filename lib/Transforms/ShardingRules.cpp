@@ -49,9 +49,9 @@ mlir::pcc::decisionWeights(func::FuncOp func) {
 std::vector<Shard> mlir::pcc::candidateShards(RankedTensorType type,
                                               int64_t ranks) {
   std::vector<Shard> out{Shard::replicated()};
-  for (int64_t d = 0; d < type.getRank(); ++d) {
+  for (int64_t d = 0; ranks >= 1 && d < type.getRank(); ++d) {
     int64_t size = type.getDimSize(d);
-    if (size % ranks != 0)
+    if (size <= 0 || size % ranks != 0)
       continue;
     for (int64_t s = 1; s <= size / ranks; ++s)
       if ((size / ranks) % s == 0)

@@ -52,7 +52,8 @@ std::string Shard::describe() const {
 
 RankedTensorType mlir::pcc::localType(RankedTensorType type, Shard shard,
                                       int64_t ranks) {
-  if (!shard.isSplit())
+  // Only a layout that fits has pieces (the planners never make another).
+  if (!shard.isSplit() || !layoutFits(shard, type, ranks))
     return type;
   SmallVector<int64_t> shape(type.getShape());
   shape[shard.dim] /= ranks;

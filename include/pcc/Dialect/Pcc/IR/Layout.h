@@ -56,7 +56,8 @@ struct ShardingOption {
   SmallVector<Shard> operands, results;
 };
 
-/// The shape one rank holds of a tensor of global type `type`.
+/// The shape one rank holds of a tensor of global type `type` (the whole
+/// type for a layout that does not fit it: such a layout has no pieces).
 RankedTensorType localType(RankedTensorType type, Shard shard, int64_t ranks);
 
 /// Whether `shard` can lay out a tensor of `type` over `ranks` ranks: a
