@@ -43,14 +43,7 @@ using ::pcc::testing::interpret;
 
 namespace pcc_gradcheck {
 
-MLIRContext &context() {
-  static MLIRContext *ctx = [] {
-    auto *c = new MLIRContext();
-    c->loadDialect<PccDialect, func::FuncDialect>();
-    return c;
-  }();
-  return *ctx;
-}
+MLIRContext &context() { return ::pcc::testing::testContext(); }
 
 Tensor noParam(StringRef) { return {}; }
 

@@ -1,5 +1,6 @@
 //===- InterfacesTest.cpp - the op interfaces and the layout algebra -----===//
 
+#include "Interpreter.h"
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -14,14 +15,7 @@ using namespace mlir::pcc;
 
 namespace {
 
-MLIRContext &context() {
-  static MLIRContext *ctx = [] {
-    auto *c = new MLIRContext();
-    c->loadDialect<PccDialect, func::FuncDialect>();
-    return c;
-  }();
-  return *ctx;
-}
+MLIRContext &context() { return ::pcc::testing::testContext(); }
 
 /// The first op named `name` in `source`.
 Operation *firstOp(OwningOpRef<ModuleOp> &module, StringRef name) {

@@ -24,6 +24,7 @@
 #include "pcc/runtime/Philox.h"
 
 #include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SmallVector.h"
@@ -1301,3 +1302,12 @@ interpret(mlir::func::FuncOp func, ArrayRef<Tensor> args,
 }
 
 } // namespace pcc::testing
+
+mlir::MLIRContext &pcc::testing::testContext() {
+  static mlir::MLIRContext *ctx = [] {
+    auto *c = new mlir::MLIRContext();
+    c->loadDialect<mlir::pcc::PccDialect, mlir::func::FuncDialect>();
+    return c;
+  }();
+  return *ctx;
+}

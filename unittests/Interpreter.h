@@ -35,6 +35,10 @@ namespace pcc::testing {
 inline constexpr uint64_t kInterpreterSeed = 0;
 inline constexpr uint32_t kInterpreterStep = 1;
 
+/// One context with the pcc and func dialects loaded, shared by the unit
+/// tests of one process.
+mlir::MLIRContext &testContext();
+
 /// A row-major host tensor. Integers and booleans are stored as doubles.
 struct Tensor {
   std::vector<int64_t> shape;

@@ -27,14 +27,7 @@ using ::pcc::testing::Tensor;
 
 namespace {
 
-MLIRContext &context() {
-  static MLIRContext *ctx = [] {
-    auto *c = new MLIRContext();
-    c->loadDialect<mlir::pcc::PccDialect, func::FuncDialect>();
-    return c;
-  }();
-  return *ctx;
-}
+MLIRContext &context() { return ::pcc::testing::testContext(); }
 
 Tensor noParam(StringRef) { return {}; }
 

@@ -45,14 +45,7 @@ using ::pcc::testing::Tensor;
 
 namespace {
 
-MLIRContext &context() {
-  static MLIRContext *ctx = [] {
-    auto *c = new MLIRContext();
-    c->loadDialect<PccDialect, func::FuncDialect>();
-    return c;
-  }();
-  return *ctx;
-}
+MLIRContext &context() { return ::pcc::testing::testContext(); }
 
 using Rng = std::mt19937_64;
 

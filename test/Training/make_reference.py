@@ -547,6 +547,20 @@ def tied_parameters(model):
     return out
 
 
+def map_and_load(name, model, onnx_model):
+    """Maps the ONNX's initializers to the module's tensors and loads their
+    values. Non-persistent buffers (rotary inverse frequencies, causal
+    masks) are Constant nodes in an export, not initializers. Returns the
+    mapping and those buffers' names."""
+    persistent = set(model.state_dict().keys())
+    constant_buffers = {n for n, _ in model.named_buffers()
+                        if n not in persistent}
+    mapping, arrays = build_mapping(name, model, onnx_model, {},
+                                    constant_buffers)
+    load_from_onnx(model, mapping, arrays)
+    return mapping, constant_buffers
+
+
 def prepare_zoo(name, export=False):
     wrapper, config = build_zoo(name)
     build_err = check_zoo_build(name, wrapper)
@@ -558,14 +572,7 @@ def prepare_zoo(name, export=False):
     if "Dropout" in ops:
         raise RuntimeError("%s has Dropout nodes" % path)
     check_no_dropout(wrapper)
-    # Non-persistent buffers (the rotary inverse frequencies) are Constant
-    # nodes in the export, not initializers.
-    persistent = set(wrapper.state_dict().keys())
-    constant_buffers = {n for n, _ in wrapper.named_buffers()
-                        if n not in persistent}
-    mapping, arrays = build_mapping(name, wrapper, onnx_model, {},
-                                    constant_buffers)
-    load_from_onnx(wrapper, mapping, arrays)
+    mapping, constant_buffers = map_and_load(name, wrapper, onnx_model)
     x, _ = make_data(name)
     onnx_err = check_zoo_onnx(name, wrapper, path, x)
     rel = os.path.relpath(path, ROOT)
@@ -610,13 +617,7 @@ def prepare_user(name, export=False):
             name, os.path.relpath(path, ROOT), os.path.getsize(path)))
     onnx_model = onnx.load(path)
     check_no_dropout(model)
-    # The causal masks are non-persistent buffers: Constant nodes.
-    persistent = set(model.state_dict().keys())
-    constant_buffers = {n for n, _ in model.named_buffers()
-                        if n not in persistent}
-    mapping, arrays = build_mapping(name, model, onnx_model, {},
-                                    constant_buffers)
-    load_from_onnx(model, mapping, arrays)
+    mapping, _ = map_and_load(name, model, onnx_model)
     notes = dict(onnx=os.path.relpath(path, ROOT),
                  module="test/Training/user_models.py",
                  batchnorm_folded_by_exporter=False)
