@@ -974,6 +974,8 @@ def summarize(results, seconds, jobs):
         print("  refusals (clear errors), by kind:")
         for m, n in sorted(refusals.items(), key=lambda x: -x[1]):
             print("    %5d  %s" % (n, m))
+    cov = coverage(results)
+    print("  coverage: " + ", ".join("%s %d" % kv for kv in sorted(cov.items())))
     findings = [r for r in results if r["outcome"] == "finding"]
     for r in findings:
         print("  FINDING %s (pair %d, %s %s): %s" % (
@@ -982,6 +984,38 @@ def summarize(results, seconds, jobs):
             r["detail"].strip().splitlines()[-1][:300] if r["detail"].strip()
             else ""))
     return findings
+
+
+def coverage(results):
+    """What the pairs exercised: families and plan features, counted."""
+    count = {}
+
+    def add(key):
+        count[key] = count.get(key, 0) + 1
+    for r in results:
+        c = r["case"]
+        p, spec = c["plan"], c["spec"]
+        add("family " + spec["family"])
+        add("training" if c["train"] else "inference")
+        for axis in ("tp", "pp", "dp"):
+            if p.get(axis, 1) > 1:
+                add("%s > 1" % axis)
+        if p.get("tp", 1) > 1 and p.get("pp", 1) > 1 and p.get("dp", 1) > 1:
+            add("tp x pp x dp")
+        for key in ("zero", "schedule", "recompute"):
+            if key in p:
+                add("%s %s" % (key, p[key]))
+        for key in ("sp", "offload", "bucket_mb"):
+            if key in p:
+                add(key)
+        for key in ("tied", "swiglu", "symbolic_batch"):
+            if spec.get(key):
+                add(key)
+        if spec.get("mask") in ("input", "causal"):
+            add("mask " + spec["mask"])
+        if spec.get("norm") == "rms":
+            add("rms norm")
+    return count
 
 
 def check(tools, path, work):
@@ -1028,6 +1062,8 @@ def main():
     ap.add_argument("--shrink", help="shrink one saved case.json (a "
                     "finding) and save the result under --work")
     ap.add_argument("--log", help="append one JSON line per pair")
+    ap.add_argument("--stats", nargs="+", metavar="LOG",
+                    help="summarize the pairs of --log files and exit")
     args = ap.parse_args()
     def tool(name, given):
         if given:
@@ -1037,6 +1073,13 @@ def main():
         return name
     tools = Tools(tool("pcc", args.pcc), tool("pcc-run", args.pcc_run),
                   args.compile_timeout, args.run_timeout)
+    if args.stats:
+        results = []
+        for path in args.stats:
+            with open(path) as f:
+                results += [json.loads(line) for line in f if line.strip()]
+        summarize(results, 0, 0)
+        return
     work = args.work or tempfile.mkdtemp(prefix="pcc-fuzz-plans-")
     os.makedirs(work, exist_ok=True)
     if args.check:

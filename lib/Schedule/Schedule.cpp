@@ -790,7 +790,10 @@ GenerateResult generate(const Options &o) {
                 "the " +
                 std::to_string(o.stages) + " pipeline ranks; " +
                 std::to_string(o.microbatches) +
-                " micro-batches is not a multiple");
+                " micro-batches is not a multiple (--microbatches=" +
+                std::to_string(o.stages) + ", " +
+                std::to_string(2 * o.stages) +
+                ", ... would; or another schedule)");
   std::vector<Order> compute(o.stages);
   for (int32_t r = 0; r < o.stages; ++r) {
     switch (o.policy) {
