@@ -323,8 +323,10 @@ collectPipelinePhases(ModuleOp module, ArrayRef<StageProgram> stages) {
           phase.sources.push_back(stage.sources[i]);
           continue;
         }
-        StringRef argName = nameOf(f->getArgAttrDict(i), "");
-        std::string full = argName.str();
+        // The name lives in `full`: argName views it (nameOf returns a
+        // string, and a view of that temporary would dangle).
+        std::string full = nameOf(f->getArgAttrDict(i), "");
+        StringRef argName = full;
         int32_t source = INT32_MIN;
         if (argName == "loss_grad")
           source = -1000000;
