@@ -858,6 +858,9 @@ def simpler(case):
         with_spec(act="none")
     if spec.get("mlp", 1) > 1:
         with_spec(mlp=1)
+    pieces = plan.get("dp", 1) * plan.get("microbatches", 1)
+    if spec["batch"] > pieces and spec["batch"] % pieces == 0:
+        with_spec(batch=pieces)
     if spec.get("dim", 0) > spec.get("heads", 1):
         with_spec(dim=spec["heads"] * max(1, spec["dim"] // spec["heads"] // 2))
     if spec.get("heads", 1) > 1:
