@@ -151,11 +151,15 @@ template <typename OpT> struct Rule;
 using Values = std::initializer_list<Value>;
 
 PCC_UNARY_RULE(NegOp, (Values{}), gb.neg(g))
-PCC_UNARY_RULE(AbsOp, (Values{x}),
-               gb.select(gb.cmp(ComparePredicate::gt, x, gb.like(x, 0.0)), g,
-                         gb.mask(gb.cmp(ComparePredicate::lt, x,
-                                        gb.like(x, 0.0)),
-                                 gb.neg(g))))
+PCC_UNARY_RULE(AbsOp, (Values{x}), [&] {
+  // One op per statement: C++ leaves the order in which arguments are
+  // evaluated open, and the IR's order must not depend on the compiler.
+  Value positive = gb.cmp(ComparePredicate::gt, x, gb.like(x, 0.0));
+  Value negative = gb.cmp(ComparePredicate::lt, x, gb.like(x, 0.0));
+  Value flipped = gb.neg(g);
+  Value onNegative = gb.mask(negative, flipped);
+  return gb.select(positive, g, onNegative);
+}())
 PCC_UNARY_RULE(SqrtOp, (Values{y}), gb.div(g, gb.scale(y, 2.0)))
 PCC_UNARY_RULE(ReciprocalOp, (Values{y}), gb.neg(gb.mul(g, gb.mul(y, y))))
 PCC_UNARY_RULE(ExpOp, (Values{y}), gb.mul(g, y))
@@ -192,9 +196,12 @@ template <> struct Rule<GeluOp> {
       Value inner = gb.scale(gb.add(x, gb.scale(gb.mul(x2, x), c)), k);
       Value t = TanhOp::create(gb.b, gb.loc, inner);
       Value dInner = gb.scale(gb.add(one, gb.scale(x2, 3.0 * c)), k);
-      slope = gb.add(gb.mul(half, gb.add(one, t)),
-                     gb.mul(gb.mul(half, x),
-                            gb.mul(gb.sub(one, gb.mul(t, t)), dInner)));
+      // One op per statement (see AbsOp's rule).
+      Value left = gb.mul(half, gb.add(one, t));
+      Value halfX = gb.mul(half, x);
+      Value sech2 = gb.sub(one, gb.mul(t, t));
+      Value right = gb.mul(halfX, gb.mul(sech2, dInner));
+      slope = gb.add(left, right);
     } else {
       // Phi(x) + x phi(x)
       Value cdf = gb.mul(
@@ -303,16 +310,17 @@ template <> struct Rule<PowOp> {
     Value dx;
     if (needed[0]) {
       Value powm1 = PowOp::create(gb.b, gb.loc, x, gb.sub(e, gb.like(e, 1.0)));
-      dx = gb.mask(gb.cmp(ComparePredicate::ne, e, gb.like(e, 0.0)),
-                   gb.mul(g, gb.mul(e, powm1)));
+      Value nonzero = gb.cmp(ComparePredicate::ne, e, gb.like(e, 0.0));
+      Value slope = gb.mul(g, gb.mul(e, powm1));
+      dx = gb.mask(nonzero, slope);
     }
     // d/de = x^e log x, 0 where x == 0 and e >= 0.
     Value de;
     if (needed[1]) {
       Value zero = gb.like(x, 0.0);
-      Value keep = OrOp::create(
-          gb.b, gb.loc, gb.cmp(ComparePredicate::ne, x, zero),
-          gb.cmp(ComparePredicate::lt, e, gb.like(e, 0.0)));
+      Value nonzero = gb.cmp(ComparePredicate::ne, x, zero);
+      Value negative = gb.cmp(ComparePredicate::lt, e, gb.like(e, 0.0));
+      Value keep = OrOp::create(gb.b, gb.loc, nonzero, negative);
       de = gb.mask(keep, gb.mul(g, gb.mul(y, LogOp::create(gb.b, gb.loc, x))));
     }
     grads.append({dx, de});
@@ -331,8 +339,10 @@ template <typename OpT, ComparePredicate Wins> struct ExtremumRule {
     Value x = op.getLhs(), y = op.getRhs(), g = rg[0];
     Value half = gb.scale(g, 0.5);
     Value tie = gb.cmp(ComparePredicate::eq, x, y);
-    Value lhs = gb.select(gb.cmp(Wins, x, y), g, gb.mask(tie, half));
-    Value rhs = gb.select(gb.cmp(Wins, y, x), g, gb.mask(tie, half));
+    Value xWins = gb.cmp(Wins, x, y);
+    Value lhs = gb.select(xWins, g, gb.mask(tie, half));
+    Value yWins = gb.cmp(Wins, y, x);
+    Value rhs = gb.select(yWins, g, gb.mask(tie, half));
     grads.append({lhs, rhs});
     return success();
   }
@@ -448,9 +458,10 @@ template <> struct Rule<LayerNormOp> {
                                            op.getEpsilon().convertToFloat()))));
     Value xhat = gb.mul(centered, rstd);
     Value dxhat = gb.mul(g, gb.broadcast(op.getScale(), type.getShape()));
-    Value dx = gb.mul(rstd, gb.sub(gb.sub(dxhat, meanBroadcast(dxhat)),
-                                   gb.mul(xhat, meanBroadcast(
-                                                    gb.mul(dxhat, xhat)))));
+    // One op per statement (see AbsOp's rule).
+    Value dxhatCentered = gb.sub(dxhat, meanBroadcast(dxhat));
+    Value projection = gb.mul(xhat, meanBroadcast(gb.mul(dxhat, xhat)));
+    Value dx = gb.mul(rstd, gb.sub(dxhatCentered, projection));
     auto paramGrad = [&](Value v) {
       return gb.reshape(gb.sumKeep(v, lead),
                         typeOf(op.getScale()).getShape());
