@@ -58,6 +58,10 @@ STEPS = 3
 # --------------------------------------------------------------------------
 # Models: a spec (a dict of choices) and the ONNX text it generates
 # --------------------------------------------------------------------------
+class Literal(str):
+    """An attribute written as it is (a tensor literal)."""
+
+
 class Graph:
     """An ONNX graph written in ONNX's text format."""
 
@@ -79,10 +83,16 @@ class Graph:
         return name
 
     def constant(self, values, dtype="float", shape=None):
+        """A Constant node, as exporters write masks, scales and shapes
+        (an initializer would be a weight that training updates)."""
         values = np.asarray(values)
         shape = list(values.shape) if shape is None else shape
         name = self.fresh("c")
-        self.inits.append((dtype, shape, name, values.reshape(-1)))
+        literal = "%s {%s}" % (self._type(dtype, shape), ", ".join(
+            ("%.9g" % v if dtype == "float" else str(int(v)))
+            for v in values.reshape(-1)))
+        self.nodes.append(("Constant", [], {"value": Literal(literal)},
+                           [name]))
         return name
 
     def op(self, op_type, inputs, attrs=None, outputs=1):
@@ -92,6 +102,8 @@ class Graph:
 
     @staticmethod
     def _attr(v):
+        if isinstance(v, Literal):
+            return str(v)
         if isinstance(v, bool):
             return str(int(v))
         if isinstance(v, float):
@@ -179,6 +191,12 @@ def rms_norm(g, x, d, name):
 
 
 def norm(g, x, d, name, kind):
+    # A norm over fewer than 4 elements is numerically singular (over 2,
+    # a row whose two values nearly agree divides rounding by sqrt(eps)):
+    # two correct float32 runs part after a few steps. Tiny widths stay
+    # for the planner's sake, without the norm.
+    if d < 4:
+        return x
     return rms_norm(g, x, d, name) if kind == "rms" else \
         layer_norm(g, x, d, name)
 
@@ -197,7 +215,7 @@ def build_mlp(g, s):
     for i, width in enumerate(s["widths"]):
         x = linear(g, x, d, width, "fc%d" % i, s["bias"],
                    gemm=s["gemm"] and i % 2 == 0)
-        if s["norm"] and i + 1 < len(s["widths"]):
+        if s["norm"] and i + 1 < len(s["widths"]) and width >= 4:
             x = layer_norm(g, x, width, "ln%d" % i)
         if i + 1 < len(s["widths"]):
             x = activation(g, x, s["act"])
