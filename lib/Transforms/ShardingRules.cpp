@@ -506,11 +506,7 @@ ShardingPlan Propagator::run() {
         counted.push_back({v, s});
         seconds += conversionSeconds(v, s, &op);
       }
-      // A near tie keeps the earlier option: costs that differ in their
-      // last bits (sums in another order, another compiler's rounding)
-      // must not decide a plan.
-      if (seconds < bestSeconds * (1 - 1e-9) ||
-          (best == nullptr && seconds <= bestSeconds)) {
+      if (seconds < bestSeconds) {
         bestSeconds = seconds;
         best = &o;
       }

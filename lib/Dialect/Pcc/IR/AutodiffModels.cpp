@@ -153,11 +153,13 @@ using Values = std::initializer_list<Value>;
 PCC_UNARY_RULE(NegOp, (Values{}), gb.neg(g))
 PCC_UNARY_RULE(AbsOp, (Values{x}), [&] {
   // One op per statement: C++ leaves the order in which arguments are
-  // evaluated open, and the IR's order must not depend on the compiler.
-  Value positive = gb.cmp(ComparePredicate::gt, x, gb.like(x, 0.0));
-  Value negative = gb.cmp(ComparePredicate::lt, x, gb.like(x, 0.0));
+  // evaluated open, and the IR's order must not depend on the compiler
+  // (the planners walk it in order). The order is the one GCC gave the
+  // nested form these rules had, which the suite's plans were made with.
   Value flipped = gb.neg(g);
+  Value negative = gb.cmp(ComparePredicate::lt, x, gb.like(x, 0.0));
   Value onNegative = gb.mask(negative, flipped);
+  Value positive = gb.cmp(ComparePredicate::gt, x, gb.like(x, 0.0));
   return gb.select(positive, g, onNegative);
 }())
 PCC_UNARY_RULE(SqrtOp, (Values{y}), gb.div(g, gb.scale(y, 2.0)))
@@ -197,10 +199,11 @@ template <> struct Rule<GeluOp> {
       Value t = TanhOp::create(gb.b, gb.loc, inner);
       Value dInner = gb.scale(gb.add(one, gb.scale(x2, 3.0 * c)), k);
       // One op per statement (see AbsOp's rule).
-      Value left = gb.mul(half, gb.add(one, t));
-      Value halfX = gb.mul(half, x);
       Value sech2 = gb.sub(one, gb.mul(t, t));
-      Value right = gb.mul(halfX, gb.mul(sech2, dInner));
+      Value chain = gb.mul(sech2, dInner);
+      Value halfX = gb.mul(half, x);
+      Value right = gb.mul(halfX, chain);
+      Value left = gb.mul(half, gb.add(one, t));
       slope = gb.add(left, right);
     } else {
       // Phi(x) + x phi(x)
@@ -310,16 +313,16 @@ template <> struct Rule<PowOp> {
     Value dx;
     if (needed[0]) {
       Value powm1 = PowOp::create(gb.b, gb.loc, x, gb.sub(e, gb.like(e, 1.0)));
-      Value nonzero = gb.cmp(ComparePredicate::ne, e, gb.like(e, 0.0));
       Value slope = gb.mul(g, gb.mul(e, powm1));
+      Value nonzero = gb.cmp(ComparePredicate::ne, e, gb.like(e, 0.0));
       dx = gb.mask(nonzero, slope);
     }
     // d/de = x^e log x, 0 where x == 0 and e >= 0.
     Value de;
     if (needed[1]) {
       Value zero = gb.like(x, 0.0);
-      Value nonzero = gb.cmp(ComparePredicate::ne, x, zero);
       Value negative = gb.cmp(ComparePredicate::lt, e, gb.like(e, 0.0));
+      Value nonzero = gb.cmp(ComparePredicate::ne, x, zero);
       Value keep = OrOp::create(gb.b, gb.loc, nonzero, negative);
       de = gb.mask(keep, gb.mul(g, gb.mul(y, LogOp::create(gb.b, gb.loc, x))));
     }
@@ -339,10 +342,12 @@ template <typename OpT, ComparePredicate Wins> struct ExtremumRule {
     Value x = op.getLhs(), y = op.getRhs(), g = rg[0];
     Value half = gb.scale(g, 0.5);
     Value tie = gb.cmp(ComparePredicate::eq, x, y);
+    Value lhsTie = gb.mask(tie, half);
     Value xWins = gb.cmp(Wins, x, y);
-    Value lhs = gb.select(xWins, g, gb.mask(tie, half));
+    Value lhs = gb.select(xWins, g, lhsTie);
+    Value rhsTie = gb.mask(tie, half);
     Value yWins = gb.cmp(Wins, y, x);
-    Value rhs = gb.select(yWins, g, gb.mask(tie, half));
+    Value rhs = gb.select(yWins, g, rhsTie);
     grads.append({lhs, rhs});
     return success();
   }
@@ -459,8 +464,8 @@ template <> struct Rule<LayerNormOp> {
     Value xhat = gb.mul(centered, rstd);
     Value dxhat = gb.mul(g, gb.broadcast(op.getScale(), type.getShape()));
     // One op per statement (see AbsOp's rule).
-    Value dxhatCentered = gb.sub(dxhat, meanBroadcast(dxhat));
     Value projection = gb.mul(xhat, meanBroadcast(gb.mul(dxhat, xhat)));
+    Value dxhatCentered = gb.sub(dxhat, meanBroadcast(dxhat));
     Value dx = gb.mul(rstd, gb.sub(dxhatCentered, projection));
     auto paramGrad = [&](Value v) {
       return gb.reshape(gb.sumKeep(v, lead),
