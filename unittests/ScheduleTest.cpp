@@ -268,7 +268,8 @@ TEST(Schedule, GenerateErrors) {
   o.chunks = 2;
   EXPECT_EQ(generate(o).error,
             "the interleaved schedule runs micro-batches in groups of the 4 "
-            "pipeline ranks; 6 micro-batches is not a multiple");
+            "pipeline ranks; 6 micro-batches is not a multiple "
+            "(--microbatches=4, 8, ... would; or another schedule)");
   o.policy = Policy::OneFOneB;
   EXPECT_EQ(generate(o).error,
             "only the interleaved schedule runs several chunks per rank "
