@@ -170,8 +170,12 @@ PCC_UNARY_RULE(ErfOp, (Values{x}),
                gb.mul(g, gb.scale(ExpOp::create(gb.b, gb.loc,
                                                 gb.neg(gb.mul(x, x))),
                                   2.0 / std::sqrt(M_PI))))
-PCC_UNARY_RULE(TanhOp, (Values{y}),
-               gb.mul(g, gb.sub(gb.like(y, 1.0), gb.mul(y, y))))
+PCC_UNARY_RULE(TanhOp, (Values{y}), [&] {
+  // One op per statement (see AbsOp's rule).
+  Value square = gb.mul(y, y);
+  Value one = gb.like(y, 1.0);
+  return gb.mul(g, gb.sub(one, square));
+}())
 PCC_UNARY_RULE(SigmoidOp, (Values{y}),
                gb.mul(g, gb.mul(y, gb.sub(gb.like(y, 1.0), y))))
 PCC_UNARY_RULE(ReluOp, (Values{y}),
@@ -227,9 +231,10 @@ template <> struct Rule<LeakyReluOp> {
   static LogicalResult vjp(LeakyReluOp op, GradBuilder &gb, ArrayRef<Value> rg,
                            ArrayRef<bool>, SmallVectorImpl<Value> &grads) {
     Value x = op.getInput(), g = rg[0];
-    grads.push_back(gb.select(
-        gb.cmp(ComparePredicate::gt, x, gb.like(x, 0.0)), g,
-        gb.scale(g, op.getAlpha().convertToFloat())));
+    // One op per statement (see AbsOp's rule).
+    Value scaled = gb.scale(g, op.getAlpha().convertToFloat());
+    Value positive = gb.cmp(ComparePredicate::gt, x, gb.like(x, 0.0));
+    grads.push_back(gb.select(positive, g, scaled));
     return success();
   }
 };
@@ -241,12 +246,12 @@ template <> struct Rule<ClampOp> {
   static LogicalResult vjp(ClampOp op, GradBuilder &gb, ArrayRef<Value> rg,
                            ArrayRef<bool>, SmallVectorImpl<Value> &grads) {
     Value x = op.getInput(), g = rg[0];
-    Value inside = AndOp::create(
-        gb.b, gb.loc,
-        gb.cmp(ComparePredicate::ge, x,
-               gb.like(x, op.getMin().convertToDouble())),
-        gb.cmp(ComparePredicate::le, x,
-               gb.like(x, op.getMax().convertToDouble())));
+    // One op per statement (see AbsOp's rule).
+    Value belowMax = gb.cmp(ComparePredicate::le, x,
+                            gb.like(x, op.getMax().convertToDouble()));
+    Value aboveMin = gb.cmp(ComparePredicate::ge, x,
+                            gb.like(x, op.getMin().convertToDouble()));
+    Value inside = AndOp::create(gb.b, gb.loc, aboveMin, belowMax);
     grads.push_back(gb.mask(inside, g));
     return success();
   }
@@ -707,7 +712,8 @@ template <typename OpT> struct ExtremeReduceRule : ReduceRule<OpT> {
       return NoGradient<OpT>::vjp(op, gb, rg, needed, grads);
     Value hit = gb.cmp(ComparePredicate::eq, x,
                        Base::expand(op, gb, op.getResult()));
-    Value ones = gb.select(hit, gb.like(x, 1.0), gb.like(x, 0.0));
+    Value zeros = gb.like(x, 0.0);
+    Value ones = gb.select(hit, gb.like(x, 1.0), zeros);
     Value count = gb.sumBroadcast(ones, op.getAxes());
     grads.push_back(gb.div(gb.mul(ones, Base::expand(op, gb, rg[0])), count));
     return success();
