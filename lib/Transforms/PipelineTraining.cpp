@@ -490,9 +490,12 @@ LogicalResult mlir::pcc::buildRankPhases(
                            [&](StringRef what) {
                              return state(b, name, what, stage > 0);
                            });
-      if (stage == 1 || stage == 2)
-        AssignOp::create(b, at, state(b, name, "", false),
-                         flat.allGather(b, at, p, typeOf.lookup(name)));
+      if (stage == 1 || stage == 2) {
+        // One op-building call per statement: the order of arguments'
+        // evaluation is the compiler's (GCC's order kept).
+        Value whole = flat.allGather(b, at, p, typeOf.lookup(name));
+        AssignOp::create(b, at, state(b, name, "", false), whole);
+      }
     }
     func::ReturnOp::create(b, loc, ValueRange{norm});
 
@@ -511,10 +514,10 @@ LogicalResult mlir::pcc::buildRankPhases(
         break;
       Location at =
           NameLoc::get(zb.getStringAttr("the gathered '" + name.str() + "'"));
-      AssignOp::create(zb, at,
-                       flat.local(zb, at, stateName(name, kGatheredState),
-                                  type),
-                       flat.allGather(zb, at, state(zb, name, "", true), type));
+      Value whole = flat.allGather(zb, at, state(zb, name, "", true), type);
+      AssignOp::create(
+          zb, at, flat.local(zb, at, stateName(name, kGatheredState), type),
+          whole);
     }
     func::ReturnOp::create(zb, loc, ValueRange{});
   }

@@ -430,8 +430,10 @@ template <> struct Rule<LogSoftmaxOp> {
     // dx = g - exp(y) sum(g)
     Value y = op.getResult(), g = rg[0];
     int64_t axis = static_cast<int64_t>(op.getAxis());
-    grads.push_back(gb.sub(
-        g, gb.mul(ExpOp::create(gb.b, gb.loc, y), gb.sumBroadcast(g, {axis}))));
+    // One op per statement (see AbsOp's rule).
+    Value total = gb.sumBroadcast(g, {axis});
+    Value softmax = ExpOp::create(gb.b, gb.loc, y);
+    grads.push_back(gb.sub(g, gb.mul(softmax, total)));
     return success();
   }
 };
