@@ -554,7 +554,7 @@ std::string checkOption(Rng &rng, ModuleOp module, Operation *op,
       llvm::formatv("pcc.mesh @mesh [tp = {0}]", ranks).str(), &context());
   Operation *mesh = meshSource->getBody()->front().clone();
   module.getBody()->push_front(mesh);
-  auto cleanup = llvm::make_scope_exit([&] {
+  llvm::scope_exit cleanup([&] {
     program.erase();
     mesh->erase();
   });
