@@ -11,7 +11,7 @@
 
 #include "pcc/Dialect/Pcc/IR/ShapeRules.h"
 
-#include "pcc/Transforms/Training.h"
+#include "pcc/Support/ShortestDecimal.h"
 
 #include <cmath>
 #include <functional>

@@ -113,7 +113,8 @@ struct LossPass : public mlir::pcc::impl::LossBase<LossPass> {
         {b.getNamedAttr("pcc.name", b.getStringAttr("loss"))})});
 
     SmallVector<NamedAttribute> training{
-        b.getNamedAttr("loss", b.getStringAttr(kind))};
+        b.getNamedAttr("loss", b.getStringAttr(kind)),
+        b.getNamedAttr("microbatches", b.getI64IntegerAttr(microbatches))};
     if (kind == "cross_entropy")
       training.push_back(b.getNamedAttr(
           "ignore_index", b.getI64IntegerAttr(ignoreIndex.getValue())));

@@ -2,7 +2,7 @@
 //-------------------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
-#include "pcc/Transforms/CostModel.h"
+#include "pcc/Analysis/CostModel.h"
 #include "pcc/Transforms/Passes.h"
 
 #include "llvm/ADT/StringSet.h"

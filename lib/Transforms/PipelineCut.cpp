@@ -11,7 +11,7 @@
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
-#include "pcc/Transforms/CostModel.h"
+#include "pcc/Analysis/CostModel.h"
 #include "pcc/Transforms/Training.h"
 #include "pcc/Transforms/Passes.h"
 

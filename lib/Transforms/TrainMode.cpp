@@ -10,6 +10,7 @@
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
+#include "pcc/Support/ShortestDecimal.h"
 #include "pcc/Transforms/Training.h"
 
 

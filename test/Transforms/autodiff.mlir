@@ -13,7 +13,7 @@ func.func @main(%x: tensor<4x8xf32>) -> tensor<4x3xf32> {
   return %z : tensor<4x3xf32>
 }
 
-// CHECK: module attributes {pcc.training = {ignore_index = -100 : i64, loss = "cross_entropy", weights = ["fc.bias", "fc.weight"]}}
+// CHECK: module attributes {pcc.training = {ignore_index = -100 : i64, loss = "cross_entropy", microbatches = 1 : i64, weights = ["fc.bias", "fc.weight"]}}
 // CHECK-LABEL: func.func @train_forward(
 // CHECK-SAME: %[[X:.*]]: tensor<4x8xf32>, %[[L:.*]]: tensor<4xi64> {pcc.name = "labels"})
 // CHECK-SAME: -> (tensor<f32> {pcc.name = "loss"}, tensor<4x3xf32> {pcc.name = "saved0"}, tensor<4xi64> {pcc.name = "saved1"}, tensor<4x8xf32> {pcc.name = "saved2"})

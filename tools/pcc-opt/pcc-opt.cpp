@@ -2,6 +2,7 @@
 //---------------------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Pipelines/Compile.h"
 #include "pcc/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -14,6 +15,7 @@ int main(int argc, char **argv) {
   mlir::registerCSEPass();
   mlir::pcc::registerPccPasses();
   mlir::pcc::registerPccPipelines();
+  mlir::pcc::registerCompilePipeline();
 
   mlir::DialectRegistry registry;
   registry.insert<mlir::pcc::PccDialect, mlir::func::FuncDialect>();

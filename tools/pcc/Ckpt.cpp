@@ -110,14 +110,13 @@ int inspect(const std::string &dir) {
     std::printf("  sharded: %lld rank files, put together below\n",
                 static_cast<long long>(saved->files));
   for (const char *name : kFiles) {
-    const SafetensorsFile *file = name == std::string(kFiles[0])
-                                      ? &*saved->weights
-                                      : &*saved->optimizer;
+    const SafetensorsFile *file =
+        name == std::string(kFiles[0]) ? &*saved->weights : &*saved->optimizer;
     int64_t bytes = 0;
     for (const TensorEntry &e : file->tensors())
       bytes += static_cast<int64_t>(e.end - e.begin);
-    std::printf("  %s: %zu tensors, %lld bytes\n", name,
-                file->tensors().size(), static_cast<long long>(bytes));
+    std::printf("  %s: %zu tensors, %lld bytes\n", name, file->tensors().size(),
+                static_cast<long long>(bytes));
     for (const TensorEntry &e : file->tensors()) {
       Stats s = statsOf(*file, e);
       std::printf("    %-40s %s %-14s", e.name.c_str(),
@@ -141,9 +140,8 @@ int verify(const std::string &dir) {
   if (!saved.ok())
     return fail(saved.error());
   for (const char *name : kFiles) {
-    const SafetensorsFile *file = name == std::string(kFiles[0])
-                                      ? &*saved->weights
-                                      : &*saved->optimizer;
+    const SafetensorsFile *file =
+        name == std::string(kFiles[0]) ? &*saved->weights : &*saved->optimizer;
     for (const TensorEntry &e : file->tensors()) {
       Stats s = statsOf(*file, e);
       if (s.nonFinite)
@@ -190,8 +188,9 @@ int exportSafetensors(const std::string &dir, const std::string &output) {
   SafetensorsWriter writer;
   for (const TensorEntry &e : file->tensors()) {
     const uint8_t *data = file->data(e);
-    Status added = writer.add(e.name, e.dtype, e.shape,
-                              std::vector<uint8_t>(data, data + (e.end - e.begin)));
+    Status added =
+        writer.add(e.name, e.dtype, e.shape,
+                   std::vector<uint8_t>(data, data + (e.end - e.begin)));
     if (!added.ok())
       return fail(added.error());
   }

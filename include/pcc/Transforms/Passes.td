@@ -5,6 +5,26 @@
 
 include "mlir/Pass/PassBase.td"
 
+def SetMesh : Pass<"pcc-set-mesh", "ModuleOp"> {
+  let summary = "declares the module's device mesh";
+  let description = [{
+    Replaces the module's `pcc.mesh @mesh` (if any) with one of the given
+    axes, slowest first (the rank grid's order: the last axis varies
+    fastest). The first pass of `pcc-compile`: every later pass reads the
+    mesh's axis sizes.
+
+    ```mlir
+    // pcc-opt --pcc-set-mesh='axes=dp=2,pp=1,tp=4'
+    pcc.mesh @mesh [dp = 2, pp = 1, tp = 4]
+    ```
+  }];
+  let options = [
+    ListOption<"axes", "axes", "std::string",
+               "name=size for each axis, slowest first">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def ModelStats : Pass<"pcc-model-stats", "func::FuncOp"> {
   let summary = "counts ops, weights and the FLOPs of matmuls and convolutions";
   let description = [{
@@ -446,7 +466,8 @@ def Loss : Pass<"pcc-loss", "ModuleOp"> {
     over the number of labels of the whole batch (over all micro-batches),
     so gradient accumulation and data parallelism give the mean over the
     global batch exactly, as `torch.nn.functional.cross_entropy` does. The
-    module's `pcc.training` attribute records the loss.
+    module's `pcc.training` attribute records the loss and the number of
+    micro-batches a step accumulates (`microbatches`).
 
     ```mlir
     func.func @main(%x: tensor<4x64xf32>, %labels: tensor<4xi64>) -> tensor<f32> {
@@ -461,7 +482,10 @@ def Loss : Pass<"pcc-loss", "ModuleOp"> {
     Option<"kind", "kind", "std::string", /*default=*/"\"cross_entropy\"",
            "cross_entropy, mse or none">,
     Option<"ignoreIndex", "ignore-index", "int64_t", /*default=*/"-100",
-           "cross_entropy: the label value that is ignored">
+           "cross_entropy: the label value that is ignored">,
+    Option<"microbatches", "microbatches", "int64_t", /*default=*/"1",
+           "the micro-batches one step accumulates (recorded for the "
+           "runtime)">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }

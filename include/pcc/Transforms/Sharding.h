@@ -18,7 +18,7 @@
 #define PCC_TRANSFORMS_SHARDING_H
 
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
-#include "pcc/Transforms/CostModel.h"
+#include "pcc/Analysis/CostModel.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/DenseMap.h"

@@ -14,7 +14,6 @@
 #include "FunctionEmitter.h"
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
-#include "pcc/Import/OnnxImporter.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"

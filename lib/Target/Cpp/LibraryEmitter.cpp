@@ -12,7 +12,7 @@
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Schedule/Schedule.h"
-#include "pcc/Transforms/Training.h"
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
 
 #include "llvm/ADT/StringSet.h"
 #include <climits>

@@ -6,13 +6,12 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Explain.h"
-#include "Memory.h"
+#include "pcc/Analysis/Explain.h"
+#include "pcc/Analysis/CostModel.h"
+#include "pcc/Analysis/MemoryModel.h"
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
-#include "pcc/Import/OnnxImporter.h"
-#include "pcc/Transforms/Sharding.h"
-#include "pcc/Transforms/Training.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/StringSet.h"
@@ -24,7 +23,7 @@
 
 using namespace mlir;
 
-namespace pcctool {
+namespace mlir::pcc {
 
 int64_t rankArenaBytes(ModuleOp module) {
   int64_t arena = 0;
@@ -66,7 +65,6 @@ int64_t bytesOf(Type type) {
   return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
 }
 
-
 /// The memory a training library needs on one device, by pool, as the
 /// runtime allocates it (pccrt::Trainer): every state tensor, the forward
 /// phase's inputs and saved activations, and one arena for the largest
@@ -89,8 +87,8 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
           module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
     if (auto buckets = training.getAs<ArrayAttr>("buckets"))
       for (auto bucket : buckets.getAsRange<DictionaryAttr>())
-        for (StringRef g : bucket.getAs<ArrayAttr>("grads")
-                               .getAsValueRange<StringAttr>())
+        for (StringRef g :
+             bucket.getAs<ArrayAttr>("grads").getAsValueRange<StringAttr>())
           inBucket.insert(g);
   // --offload=optimizer: state in host memory alone, and host copies.
   llvm::StringSet<> hostOnly, hostCopy;
@@ -98,8 +96,8 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
           module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
     if (auto offload = training.getAs<DictionaryAttr>("offload"))
       for (StringRef key : {"host", "to_host", "to_device"})
-        for (StringRef name : offload.getAs<ArrayAttr>(key)
-                                  .getAsValueRange<StringAttr>())
+        for (StringRef name :
+             offload.getAs<ArrayAttr>(key).getAsValueRange<StringAttr>())
           (key == StringRef("host") ? hostOnly : hostCopy).insert(name);
   bool offloaded = !hostOnly.empty() || !hostCopy.empty();
   int64_t host = 0, crossing = 0;
@@ -121,7 +119,7 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
     }
     if (kind == "bucket")
       bucketGaps += bytes;
-    (kind.empty() ? weights
+    (kind.empty()                         ? weights
      : kind == "grad" || kind == "bucket" ? grads
                                           : optimizer) += bytes;
   });
@@ -253,8 +251,7 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
         microbatches = m.getInt();
     int64_t moved = 0, tpMoved = 0;
     // The data-parallel collectives in the program, by how they run.
-    int64_t prefetched = 0, startedScatters = 0, bucketStarts = 0,
-            blocking = 0;
+    int64_t prefetched = 0, startedScatters = 0, bucketStarts = 0, blocking = 0;
     for (func::FuncOp f : module.getOps<func::FuncOp>()) {
       auto phase = f->getAttrOfType<StringAttr>(pcc::kPhaseAttrName);
       if (!phase)
@@ -304,15 +301,15 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
             "pcc-run measures it)\n";
     if (moved > 0)
       os << "    communication per step on each rank: "
-         << llvm::format("%.3f", moved / (4.0 * psi)) << " Psi = "
-         << llvm::format("%.3f", moved / 1048576.0)
+         << llvm::format("%.3f", moved / (4.0 * psi))
+         << " Psi = " << llvm::format("%.3f", moved / 1048576.0)
          << " MiB (pcc-run measures it)\n";
     if (moved > 0)
       os << "    data-parallel collectives in the program: " << bucketStarts
          << " gradient buckets and " << startedScatters
-         << " reduce-scatters started during the backward pass, "
-         << prefetched << " weight gathers started ahead (--zero-prefetch), "
-         << blocking << " blocking\n";
+         << " reduce-scatters started during the backward pass, " << prefetched
+         << " weight gathers started ahead (--zero-prefetch), " << blocking
+         << " blocking\n";
   }
 }
 
@@ -327,8 +324,8 @@ static void explainPipelineMemory(ModuleOp module, const ExplainSettings &s,
   };
   os << "  training memory per pipeline rank (MiB; predicted; pcc-run "
         "prints each rank's measured high-water mark"
-     << (tp * dp > 1 ? ", the same on each of its " +
-                           std::to_string(tp * dp) + " tp x dp ranks"
+     << (tp * dp > 1 ? ", the same on each of its " + std::to_string(tp * dp) +
+                           " tp x dp ranks"
                      : std::string())
      << "):\n";
   for (auto [r, mem] : llvm::enumerate(ranks)) {
@@ -338,10 +335,10 @@ static void explainPipelineMemory(ModuleOp module, const ExplainSettings &s,
       sets += (c ? "+" : "") + std::to_string(mem.stashCounts[c]);
     }
     os << "    rank " << r << ": " << mib(mem.total()) << " = state "
-       << mib(mem.state) << " + " << slots << " stash slots "
-       << mib(mem.slots) << " + " << sets << " B-to-W sets "
-       << mib(mem.stash) << " + sends " << mib(mem.sendGrad) << " + arena "
-       << mib(mem.arena) << " + " << mem.other << " bytes\n";
+       << mib(mem.state) << " + " << slots << " stash slots " << mib(mem.slots)
+       << " + " << sets << " B-to-W sets " << mib(mem.stash) << " + sends "
+       << mib(mem.sendGrad) << " + arena " << mib(mem.arena) << " + "
+       << mem.other << " bytes\n";
   }
   if (dp <= 1 || zero < 2)
     return;
@@ -490,4 +487,4 @@ void explain(ModuleOp module, const ExplainSettings &s, llvm::raw_ostream &os) {
        << ")\n";
 }
 
-} // namespace pcctool
+} // namespace mlir::pcc

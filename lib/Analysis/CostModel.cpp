@@ -1,6 +1,6 @@
 //===- CostModel.cpp - predicted time of pcc ops --------------------------===//
 
-#include "pcc/Transforms/CostModel.h"
+#include "pcc/Analysis/CostModel.h"
 
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 

@@ -1,10 +1,11 @@
 //===- Memory.cpp - predicted memory of a pipelined training step ---------===//
 
-#include "Memory.h"
+#include "pcc/Analysis/MemoryModel.h"
+#include "pcc/Analysis/PipelineStages.h"
 
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Schedule/Schedule.h"
-#include "pcc/Transforms/Training.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/StringMap.h"
@@ -37,9 +38,8 @@ int64_t arenaOf(func::FuncOp f) {
 
 std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
   auto main = module.lookupSymbol<func::FuncOp>("main");
-  auto schedule =
-      main ? main->getAttrOfType<DictionaryAttr>("pcc.schedule")
-           : DictionaryAttr();
+  auto schedule = main ? main->getAttrOfType<DictionaryAttr>("pcc.schedule")
+                       : DictionaryAttr();
   auto lists = schedule ? schedule.getAs<ArrayAttr>("ranks") : ArrayAttr();
   if (!lists || lists.empty()) {
     module.emitError("memory: the module has no pipeline schedule");
@@ -87,11 +87,13 @@ std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
     std::vector<int32_t> inFlight(static_cast<size_t>(chunks), 0),
         stashing(static_cast<size_t>(chunks), 0);
     std::vector<std::vector<int8_t>> started(
-        static_cast<size_t>(chunks), std::vector<int8_t>(static_cast<size_t>(m)));
+        static_cast<size_t>(chunks),
+        std::vector<int8_t>(static_cast<size_t>(m)));
     SmallVector<StringRef> words;
     cast<StringAttr>(lists[r]).getValue().split(words, ' ', -1, false);
     for (StringRef word : words) {
-      std::optional<::pcc::schedule::Instr> instr = ::pcc::schedule::parseInstr(word.str());
+      std::optional<::pcc::schedule::Instr> instr =
+          ::pcc::schedule::parseInstr(word.str());
       if (!instr || instr->chunk >= chunks || instr->microbatch >= m)
         continue;
       auto c = static_cast<size_t>(instr->chunk);

@@ -1,13 +1,12 @@
-//===- CostModel.h - predicted time of pcc ops --------------------*- C++
-//-*-===//
+//===- CostModel.h - predicted time of pcc ops ------------------*- C++ -*-===//
 //
 // One machine model for the planners: the sharding planner prices layouts
 // with it and the pipeline cut balances stages with it.
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef PCC_TRANSFORMS_COSTMODEL_H
-#define PCC_TRANSFORMS_COSTMODEL_H
+#ifndef PCC_ANALYSIS_COSTMODEL_H
+#define PCC_ANALYSIS_COSTMODEL_H
 
 #include "pcc/Dialect/Pcc/IR/Layout.h"
 
@@ -64,4 +63,4 @@ int64_t tensorBytes(Value v);
 
 } // namespace mlir::pcc
 
-#endif // PCC_TRANSFORMS_COSTMODEL_H
+#endif // PCC_ANALYSIS_COSTMODEL_H

@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef PCC_TOOLS_PCC_EXPLAIN_H
-#define PCC_TOOLS_PCC_EXPLAIN_H
+#ifndef PCC_ANALYSIS_EXPLAIN_H
+#define PCC_ANALYSIS_EXPLAIN_H
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/raw_ostream.h"
@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-namespace pcctool {
+namespace mlir::pcc {
 
 /// Remarks for the --explain report, by what made them: the importer
 /// (weights stored once), the sharding passes, the pipeline passes (whose
@@ -52,6 +52,6 @@ std::string scheduleBubbleLine(const std::string &policy, int64_t pp,
                                int64_t microbatches, int64_t chunks,
                                const std::vector<std::string> &ranks);
 
-} // namespace pcctool
+} // namespace mlir::pcc
 
-#endif // PCC_TOOLS_PCC_EXPLAIN_H
+#endif // PCC_ANALYSIS_EXPLAIN_H

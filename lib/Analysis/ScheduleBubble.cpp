@@ -5,18 +5,18 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Explain.h"
+#include "pcc/Analysis/Explain.h"
 #include "pcc/Schedule/Schedule.h"
 
 #include <cstdio>
 #include <sstream>
 
-namespace pcctool {
+namespace mlir::pcc {
 
 std::string scheduleBubbleLine(const std::string &policy, int64_t pp,
                                int64_t microbatches, int64_t chunks,
                                const std::vector<std::string> &ranks) {
-  namespace sch = pcc::schedule;
+  namespace sch = ::pcc::schedule;
   sch::Schedule s;
   s.options.stages = static_cast<int32_t>(pp);
   s.options.microbatches = static_cast<int32_t>(microbatches);
@@ -55,4 +55,4 @@ std::string scheduleBubbleLine(const std::string &policy, int64_t pp,
   return text;
 }
 
-} // namespace pcctool
+} // namespace mlir::pcc

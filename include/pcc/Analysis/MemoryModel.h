@@ -12,8 +12,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef PCC_TOOLS_PCC_MEMORY_H
-#define PCC_TOOLS_PCC_MEMORY_H
+#ifndef PCC_ANALYSIS_MEMORYMODEL_H
+#define PCC_ANALYSIS_MEMORYMODEL_H
 
 #include "mlir/IR/BuiltinOps.h"
 
@@ -45,4 +45,4 @@ std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module);
 
 } // namespace mlir::pcc
 
-#endif // PCC_TOOLS_PCC_MEMORY_H
+#endif // PCC_ANALYSIS_MEMORYMODEL_H

@@ -1,0 +1,88 @@
+//===- Contracts.h - names the passes, the back end and the runtime share -*-
+//C++ -*-===//
+//
+// Model state beyond the weights is named after its weight: `<weight>@grad`,
+// `<weight>@exp_avg`, `<weight>@exp_avg_sq`, `<weight>@momentum_buffer`
+// (PyTorch's optimizer state names). The phases of a training module are
+// functions marked `pcc.phase`; the module's `pcc.training` dictionary
+// records the loss and the optimizer. The passes write these names, the
+// C++ emitter and --explain read them: they belong to the dialect.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_DIALECT_PCC_IR_CONTRACTS_H
+#define PCC_DIALECT_PCC_IR_CONTRACTS_H
+
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/StringRef.h"
+
+#include <string>
+#include <utility>
+
+namespace mlir::pcc {
+
+inline constexpr llvm::StringLiteral kTrainingAttrName = "pcc.training";
+inline constexpr llvm::StringLiteral kPhaseAttrName = "pcc.phase";
+
+/// The phases, in the order of the model ABI's enum pcc_phase.
+inline constexpr llvm::StringLiteral kPhaseNames[] = {"forward", "backward",
+                                                      "optimizer", "zero_grad"};
+inline constexpr llvm::StringLiteral kPhaseFunctions[] = {
+    "train_forward", "train_backward", "train_optimizer", "train_zero_grad"};
+
+/// Pipelined training (pcc-pipeline-training): the phase functions of
+/// stage k are @stage<k>_forward, _backward and _weight_grad, each marked
+/// with this attribute holding k ...
+inline constexpr llvm::StringLiteral kPipelineStageAttrName =
+    "pcc.pipeline_stage";
+/// ... and @rank<r>_optimizer and _zero_grad, the phases of pipeline rank
+/// r (the weights of all its stages), are marked with this one holding r.
+inline constexpr llvm::StringLiteral kPipelineRankAttrName =
+    "pcc.pipeline_rank";
+
+/// `pcc --offload=optimizer` (pcc-offload-optimizer): the device's parts of
+/// the optimizer step, before and after the host's update; phases 4 and 5
+/// of enum pcc_phase.
+inline constexpr llvm::StringLiteral kOffloadPhaseNames[] = {"optimizer_pre",
+                                                             "optimizer_post"};
+inline constexpr llvm::StringLiteral kOffloadPhaseFunctions[] = {
+    "train_optimizer_pre", "train_optimizer_post"};
+
+/// ZeRO-1 and -2: the shard of a weight that a rank's optimizer updates
+/// (`<weight>@master`, the fp32 master partition of DeepSpeed), all-gathered
+/// into the whole weight after the step. Loaded from the weight, not saved.
+inline constexpr llvm::StringLiteral kMasterState = "master";
+
+/// ZeRO-3 in a pipeline with the weights kept gathered through a step
+/// (`--zero-reshard-after-forward=false`): the whole copy the zero-grad
+/// phase all-gathers and every micro-batch's phases read. Not saved.
+inline constexpr llvm::StringLiteral kGatheredState = "gathered";
+
+/// `<weight>@<kind>`.
+inline std::string stateName(llvm::StringRef weight, llvm::StringRef kind) {
+  return (weight + "@" + kind).str();
+}
+
+/// (weight, kind) of a state name; kind is empty for a weight itself.
+inline std::pair<llvm::StringRef, llvm::StringRef>
+splitStateName(llvm::StringRef name) {
+  size_t at = name.rfind('@');
+  if (at == llvm::StringRef::npos)
+    return {name, llvm::StringRef()};
+  return {name.take_front(at), name.drop_front(at + 1)};
+}
+
+/// Merges `entries` into the module's pcc.training dictionary.
+inline void setTrainingAttr(ModuleOp module,
+                            llvm::ArrayRef<NamedAttribute> entries) {
+  NamedAttrList list;
+  if (auto old = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName))
+    list.append(old.getValue());
+  for (const NamedAttribute &entry : entries)
+    list.set(entry.getName(), entry.getValue());
+  module->setAttr(kTrainingAttrName, list.getDictionary(module.getContext()));
+}
+
+} // namespace mlir::pcc
+
+#endif // PCC_DIALECT_PCC_IR_CONTRACTS_H

@@ -1,0 +1,160 @@
+//===- Compile.cpp - the compile pipeline
+//-----------------------------------===//
+
+#include "pcc/Pipelines/Compile.h"
+#include "MemoryFit.h"
+
+#include "pcc/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Transforms/Passes.h"
+#include "llvm/ADT/StringExtras.h"
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+/// The stage cut and the micro-batch schedule of --pp.
+static void addPipelineCut(OpPassManager &pm, const CompileOptions &o,
+                           bool groupedTransfers) {
+  PipelineCutOptions cut;
+  cut.emitRemarks = o.emitRemarks;
+  cut.chunks = o.ppChunks;
+  cut.cuts.assign(o.ppCuts.begin(), o.ppCuts.end());
+  // CPU ranks' stages are balanced for a CPU core; GPU (and --target=all)
+  // libraries for the GPU.
+  cut.device = o.target == DeviceTarget::Cpu ? "cpu" : "gpu";
+  pm.addPass(createPipelineCut(cut));
+  PipelineScheduleOptions sched;
+  sched.policy = o.getSchedule();
+  sched.microbatches = o.microbatches;
+  sched.groupedTransfers = groupedTransfers;
+  pm.addPass(createPipelineSchedule(sched));
+}
+
+/// The training step: loss, then (cut first, so that the loss lands on the
+/// last stage) the differentiation of each stage, or of the whole step.
+static void addTraining(OpPassManager &pm, const CompileOptions &o,
+                        const MemoryChoices &choices) {
+  TrainModeOptions trainMode;
+  trainMode.dataParallel = o.dp;
+  pm.addNestedPass<func::FuncOp>(createTrainMode(trainMode));
+  LossOptions loss;
+  loss.kind = o.getLoss();
+  loss.ignoreIndex = o.getIgnoreIndex();
+  loss.microbatches = o.microbatches;
+  pm.addPass(createLoss(loss));
+  pm.addPass(createCanonicalizerPass());
+  if (o.pp > 1) {
+    // A schedule places each stage's forward and backward phases. GPU
+    // ranks run each list's transfers as NCCL groups, which the schedule
+    // pass checks cannot deadlock.
+    addPipelineCut(pm, o, /*groupedTransfers=*/o.target != DeviceTarget::Cpu);
+    PipelineTrainingOptions stages;
+    stages.kind = o.getOptimizer();
+    for (StringRef r : llvm::split(StringRef(choices.recompute), ','))
+      stages.recompute.push_back(r.str());
+    pm.addPass(createPipelineTraining(stages));
+  } else {
+    AutodiffOptions autodiff;
+    autodiff.recompute = choices.recompute;
+    pm.addPass(createAutodiff(autodiff));
+    OptimizerOptions optimizer;
+    optimizer.kind = o.getOptimizer();
+    pm.addPass(createOptimizer(optimizer));
+  }
+  pm.addPass(createCanonicalizerPass());
+  pm.addPass(createCSEPass());
+}
+
+/// --bucket-mb as the data-parallel pass's bucket bytes (-1: chosen from
+/// the model, 0: none).
+static int64_t bucketBytes(const CompileOptions &o) {
+  // An offloaded optimizer's buckets are untried on GPUs. A pipelined
+  // step's gradient all-reduce (ZeRO 0) or reduce-scatter (1-3) starts in
+  // its last W pass when asked for (every gradient its own bucket). ZeRO
+  // 1-3's started reduce-scatters hide nothing on CPU ranks (MPI moves them
+  // only in its calls; docs/benchmarks.md).
+  if (o.isOffloading() && !o.bucketMb)
+    return 0;
+  if (o.pp > 1)
+    return o.bucketMb && *o.bucketMb != 0 ? -1 : 0;
+  if (o.bucketMb && *o.bucketMb >= 0)
+    return static_cast<int64_t>(*o.bucketMb * 1048576.0);
+  if (o.zero > 0 && o.target == DeviceTarget::Cpu && !o.bucketMb)
+    return 0;
+  return -1;
+}
+
+void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
+                                   const MemoryChoices &choices) {
+  buildImportCleanupPipeline(pm);
+  if (o.microbatches * o.dp > 1) {
+    // The model is imported at its whole batch; the analysis finds the rows
+    // and rewrites the program to one micro-batch of one data-parallel rank
+    // (micro-batch j of rank r: rows [(j dp + r) b, ...)).
+    SplitBatchOptions split;
+    split.microbatches = o.microbatches;
+    split.dataParallel = o.dp;
+    pm.addNestedPass<func::FuncOp>(createSplitBatch(split));
+    pm.addPass(createCanonicalizerPass());
+  }
+  if (o.train)
+    addTraining(pm, o, choices);
+  if (o.train && o.tp > 1) {
+    // One plan for the whole step (each pipeline stage's), made on the
+    // forward phase; every phase partitioned with it.
+    PlanShardingOptions plan;
+    plan.emitRemarks = o.emitRemarks;
+    pm.addNestedPass<func::FuncOp>(createPlanSharding(plan));
+    PartitionTrainingOptions partition;
+    partition.emitRemarks = o.emitRemarks;
+    partition.sequenceParallel = o.sequenceParallel;
+    pm.addPass(createPartitionTraining(partition));
+    pm.addPass(createCanonicalizerPass());
+    pm.addPass(createCSEPass());
+  }
+  if (o.train && o.dp > 1) {
+    DataParallelOptions data;
+    data.dataParallel = o.dp;
+    data.zero = o.zero;
+    data.reshardAfterForward = choices.reshardAfterForward;
+    data.prefetch = choices.prefetch;
+    data.reduceEachMicrobatch = choices.reduceEachMicrobatch;
+    data.bucketBytes = bucketBytes(o);
+    pm.addPass(createDataParallel(data));
+    pm.addPass(createCanonicalizerPass());
+  }
+  if (o.isOffloading()) {
+    pm.addPass(createOffloadOptimizer());
+    pm.addPass(createCanonicalizerPass());
+  }
+  if (o.tp > 1 && !o.train) {
+    PlanShardingOptions plan;
+    plan.emitRemarks = o.emitRemarks;
+    pm.addNestedPass<func::FuncOp>(createPlanSharding(plan));
+    PartitionOptions partition;
+    partition.emitRemarks = o.emitRemarks;
+    pm.addNestedPass<func::FuncOp>(createPartition(partition));
+    pm.addPass(createCanonicalizerPass());
+  }
+  if (o.pp > 1 && !o.train)
+    addPipelineCut(pm, o, /*groupedTransfers=*/true);
+  if (o.tp * o.pp * o.dp > 1)
+    pm.addPass(createCheckCollectives());
+  if (o.planMemory) {
+    pm.addNestedPass<func::FuncOp>(createFuseElementwise());
+    pm.addNestedPass<func::FuncOp>(createPlanMemory());
+  }
+}
+
+void mlir::pcc::buildCompilePipeline(OpPassManager &pm,
+                                     const CompileOptions &o) {
+  SetMeshOptions mesh;
+  std::vector<std::string> axes = o.getMeshAxes();
+  mesh.axes.assign(axes.begin(), axes.end());
+  pm.addPass(createSetMesh(mesh));
+  if (o.memCapBytes > 0)
+    pm.addPass(createMemoryFitPass(o));
+  else
+    buildCompilePasses(pm, o, getDefaultMemoryChoices(o));
+}

@@ -1,0 +1,44 @@
+//===- Flags.h - pcc's command line -------------------------------*- C++
+//-*-===//
+//
+// pcc's flags, read into the driver's settings and the compile's options
+// (mlir::pcc::CompileOptions, which verifies how they go together).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_TOOLS_PCC_FLAGS_H
+#define PCC_TOOLS_PCC_FLAGS_H
+
+#include "pcc/Import/OnnxImporter.h"
+#include "pcc/Pipelines/Compile.h"
+
+#include <string>
+#include <vector>
+
+namespace pcctool {
+
+enum class Emit { Auto, Mlir, MlirImported, Weights, Cpp, SharedLibrary };
+
+/// What the driver does with the compiled module.
+struct DriverFlags {
+  std::string inputFile, outputFile;
+  Emit emit = Emit::Auto;
+  bool emitGiven = false;
+  std::string dumpIr;
+  bool keepSource = false;
+  std::vector<std::string> cudaArch;
+  bool explain = false;
+};
+
+/// Parses the command line (pcc's flags and MLIR's IR-printing ones; --help
+/// shows those alone).
+void parseCommandLine(int argc, char **argv);
+
+/// The parsed flags, or the message of the first that is not valid (the
+/// compile options' verify() included).
+std::string readFlags(DriverFlags &driver, mlir::pcc::OnnxImportOptions &import,
+                      mlir::pcc::CompileOptions &compile);
+
+} // namespace pcctool
+
+#endif // PCC_TOOLS_PCC_FLAGS_H
