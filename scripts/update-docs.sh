@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates the generated parts of docs/: the ONNX conformance table and
 # the op support list. Run after changing the importer. With --refs, only
-# the dialect and pass references (quick: no conformance run).
+# the dialect and pass references and the flag reference (quick: no
+# conformance run).
 set -euo pipefail
 refs_only=0
 [ "${1:-}" = "--refs" ] && refs_only=1
@@ -76,3 +77,8 @@ inc=(-I "$root/include" -I /usr/lib/llvm-22/include)
   "$tblgen" -gen-pass-doc "${inc[@]}" "$root/include/pcc/Transforms/Passes.td"
 } > "$root/docs/passes.md"
 echo "wrote docs/dialect.md docs/passes.md"
+
+# The flag reference: every tool's --help (test/Driver/flag-reference.test
+# checks that it matches the tools).
+bash "$root/scripts/flag-reference.sh" "$build/bin" > "$root/docs/reference/flags.md"
+echo "wrote docs/reference/flags.md"

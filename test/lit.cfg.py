@@ -24,7 +24,8 @@ llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
 llvm_config.use_default_substitutions()
 
 tool_dirs = [config.pcc_tools_dir, config.llvm_tools_dir]
-tools = ["pcc", "pcc-opt", "pcc-onnx-conformance", "pcc-run", "not", "count",
+tools = ["pcc", "pcc-opt", "pcc-translate", "pcc-onnx-conformance", "pcc-run",
+         "not", "count",
          "pcc-fd-gradients",
          "split-file", "pcc-collective-tests"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)

@@ -1,4 +1,4 @@
-//===- Explain.cpp - the pcc --explain report ----------------------------===//
+//===- Explain.cpp - the pcc --explain report -----------------------------===//
 //
 // What the lowering pipeline made of a model: the plan, the remarks the
 // passes made, the schedule, the op mix, the memory plan, and for training
@@ -264,7 +264,7 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
         else if (isa<pcc::ReduceScatterStartOp>(op))
           ++startedScatters;
         else if (auto c = dyn_cast<pcc::CollectiveOpInterface>(op))
-          blocking += c.getMeshAxis() == "dp";
+          blocking += c.getMeshAxis() == kDataParallelAxis;
       });
       int64_t times = phase.getValue() == pcc::kPhaseNames[0] ||
                               phase.getValue() == pcc::kPhaseNames[1]
@@ -285,7 +285,8 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
         auto collective = dyn_cast<pcc::CollectiveOpInterface>(op);
         if (!collective)
           return;
-        int64_t &into = collective.getMeshAxis() == "tp" ? tpMoved : moved;
+        int64_t &into =
+            collective.getMeshAxis() == kTensorParallelAxis ? tpMoved : moved;
         if (isa<pcc::AllReduceOp>(op))
           into += times * 2 * bytesOf(op->getResult(0).getType());
         else if (isa<pcc::AllGatherOp, pcc::AllGatherStartOp>(op))
@@ -346,7 +347,7 @@ static void explainPipelineMemory(ModuleOp module, const ExplainSettings &s,
   bool sharded = false;
   module.walk([&](pcc::ParamOp p) {
     if (pcc::splitStateName(p.getName()).second == "grad" && p.getShardAttr() &&
-        p.getShardAttr().getAxis() == "dp")
+        p.getShardAttr().getAxis() == kDataParallelAxis)
       sharded = true;
   });
   os << "  gradients (ZeRO " << zero << " over dp=" << dp << "): "

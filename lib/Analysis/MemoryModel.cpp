@@ -1,4 +1,4 @@
-//===- Memory.cpp - predicted memory of a pipelined training step ---------===//
+//===- MemoryModel.cpp - predicted memory of a pipelined step -------------===//
 
 #include "pcc/Analysis/MemoryModel.h"
 #include "pcc/Analysis/PipelineStages.h"

@@ -1,4 +1,4 @@
-//===- PipelineStages.cpp - a pipelined module's stages ---------------------===//
+//===- PipelineStages.cpp - a pipelined module's stages -------------------===//
 
 #include "pcc/Analysis/PipelineStages.h"
 
@@ -24,4 +24,3 @@ mlir::pcc::getPipelineStagePhases(ModuleOp module) {
   }
   return stages;
 }
-

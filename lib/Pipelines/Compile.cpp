@@ -1,5 +1,4 @@
-//===- Compile.cpp - the compile pipeline
-//-----------------------------------===//
+//===- Compile.cpp - the compile pipeline ---------------------------------===//
 
 #include "pcc/Pipelines/Compile.h"
 #include "MemoryFit.h"

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Pipelines/Compile.h"
 
 #include "llvm/ADT/SmallVector.h"
@@ -24,9 +25,9 @@ std::vector<std::string> CompileOptions::getMeshAxes() const {
   std::vector<std::string> axes;
   for (StringRef a : llvm::split(StringRef(meshOrder), ','))
     axes.push_back((a + "=" +
-                    std::to_string(a == "dp"   ? dp
-                                   : a == "pp" ? pp
-                                               : tp))
+                    std::to_string(a == kDataParallelAxis ? dp
+                                   : a == kPipelineAxis   ? pp
+                                                          : tp))
                        .str());
   return axes;
 }
@@ -70,7 +71,9 @@ static std::string verifyMesh(const CompileOptions &o) {
   llvm::StringSet<> seen;
   bool valid = true;
   for (StringRef a : llvm::split(StringRef(o.meshOrder), ','))
-    valid &= (a == "dp" || a == "pp" || a == "tp") && seen.insert(a).second;
+    valid &= (a == kDataParallelAxis || a == kPipelineAxis ||
+              a == kTensorParallelAxis) &&
+             seen.insert(a).second;
   if (!valid || seen.size() != 3)
     return "--mesh-order=" + o.meshOrder +
            " must name dp, pp and tp once each, slowest first";

@@ -1,5 +1,4 @@
-//===- MemoryFit.cpp - the --mem-cap fit
-//------------------------------------===//
+//===- MemoryFit.cpp - the --mem-cap fit ----------------------------------===//
 //
 // The least activation recomputation whose predicted memory fits on every
 // pipeline rank. Every stage starts saving everything; each rank over the

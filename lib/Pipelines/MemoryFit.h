@@ -1,5 +1,4 @@
-//===- MemoryFit.h - the --mem-cap fit as a pass ------------------*- C++
-//-*-===//
+//===- MemoryFit.h - the --mem-cap fit as a pass ----------------*- C++ -*-===//
 
 #ifndef PCC_LIB_PIPELINES_MEMORYFIT_H
 #define PCC_LIB_PIPELINES_MEMORYFIT_H

@@ -1,5 +1,4 @@
-//===- Registration.cpp - pcc-compile{...} for pcc-opt
-//----------------------===//
+//===- Registration.cpp - pcc-compile{...} for pcc-opt --------------------===//
 //
 // `pcc-opt --pass-pipeline='builtin.module(pcc-compile{tp=2 train=true})'`
 // on `pcc --emit=mlir-imported` output gives what `pcc --emit=mlir` gives

@@ -1,4 +1,5 @@
-//===- CheckCollectives.cpp - every group's ranks issue the same collectives ===//
+//===- CheckCollectives.cpp - every group's ranks issue the same collectives
+//===//
 //
 // pcc-check-collectives (see Passes.td). pcc knows the program of every
 // rank: the training phases, @main, or a pipeline rank's stages. For each
@@ -66,7 +67,7 @@ struct CheckCollectivesPass
     // interleaved schedule's placement; one stage each otherwise), every
     // micro-batch in stage order. Every other rank runs the whole program.
     int64_t pp = 1;
-    if (std::optional<int64_t> size = mesh.getAxisSize("pp"))
+    if (std::optional<int64_t> size = mesh.getAxisSize(kPipelineAxis))
       pp = *size;
     SmallVector<func::FuncOp> stages;
     module.walk([&](func::FuncOp f) {
@@ -84,11 +85,12 @@ struct CheckCollectivesPass
     SmallVector<func::FuncOp> zeroGrads, optimizers;
     for (func::FuncOp f : module.getOps<func::FuncOp>())
       if (auto r = f->getAttrOfType<IntegerAttr>(kPipelineRankAttrName)) {
-        auto &into = f->getAttrOfType<StringAttr>(kPhaseAttrName) &&
-                             f->getAttrOfType<StringAttr>(kPhaseAttrName)
-                                     .getValue() == kPhaseNames[3]
-                         ? zeroGrads
-                         : optimizers;
+        auto &into =
+            f->getAttrOfType<StringAttr>(kPhaseAttrName) &&
+                    f->getAttrOfType<StringAttr>(kPhaseAttrName).getValue() ==
+                        kPhaseNames[3]
+                ? zeroGrads
+                : optimizers;
         if (into.size() <= static_cast<size_t>(r.getInt()))
           into.resize(r.getInt() + 1);
         into[r.getInt()] = f;
@@ -136,7 +138,7 @@ struct CheckCollectivesPass
     // and so run one program, and matching holds by construction.
     for (auto [axis, size] : llvm::zip(mesh.getAxes(), mesh.getShape())) {
       StringRef name = cast<StringAttr>(axis).getValue();
-      if (size <= 1 || name != "pp")
+      if (size <= 1 || name != kPipelineAxis)
         continue;
       SmallVector<SmallVector<Operation *>> issued;
       for (auto &program : programs)
@@ -158,8 +160,8 @@ struct CheckCollectivesPass
             if (i < ops.size())
               diag << "collective #" << i + 1 << " " << describe(ops[i]);
             else
-              diag << "no collective #" << i + 1 << " (it issues "
-                   << ops.size() << ")";
+              diag << "no collective #" << i + 1 << " (it issues " << ops.size()
+                   << ")";
           };
           say(0, first);
           diag << " but ";

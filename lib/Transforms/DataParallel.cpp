@@ -38,7 +38,8 @@ struct DataParallelPass
     if (dataParallel <= 1)
       return;
     if (zero < 0 || zero > 3) {
-      module.emitError("data parallel: ZeRO stage ") << zero << " (0 to 3)";
+      module.emitError("data parallel: ZeRO stage ")
+          << static_cast<int64_t>(zero) << " is not 0 to 3";
       return signalPassFailure();
     }
     if (!module.lookupSymbol(kPhaseFunctions[0]) &&
@@ -47,11 +48,11 @@ struct DataParallelPass
         })) {
       if (failed(runPipelined(module)))
         return signalPassFailure();
-      setTrainingAttr(module, {NamedAttribute(
-                                  StringAttr::get(module.getContext(), "zero"),
-                                  IntegerAttr::get(IntegerType::get(
-                                                       module.getContext(), 64),
-                                                   zero))});
+      setTrainingAttr(
+          module, {NamedAttribute(
+                      StringAttr::get(module.getContext(), "zero"),
+                      IntegerAttr::get(
+                          IntegerType::get(module.getContext(), 64), zero))});
       return;
     }
     func::FuncOp phases[4];
@@ -67,11 +68,11 @@ struct DataParallelPass
                : bucketBytes != 0 ? bucketGradients(phases, module, nullptr)
                                   : allReduceGradients(phases[2])))
       return signalPassFailure();
-    setTrainingAttr(module,
-                    {NamedAttribute(StringAttr::get(module.getContext(), "zero"),
-                                    IntegerAttr::get(IntegerType::get(
-                                                         module.getContext(), 64),
-                                                     zero))});
+    setTrainingAttr(
+        module,
+        {NamedAttribute(StringAttr::get(module.getContext(), "zero"),
+                        IntegerAttr::get(
+                            IntegerType::get(module.getContext(), 64), zero))});
   }
 
   /// A pipelined step (pcc-pipeline-training, maybe partitioned over tp):
@@ -145,10 +146,10 @@ struct DataParallelPass
               keep ? flat.local(b, p.getLoc(),
                                 stateName(p.getName(), kGatheredState),
                                 p.getType())
-                   : flat.allGather(b, p.getLoc(),
-                                    flat.param(b, p.getLoc(), p.getName(),
-                                               p.getType()),
-                                    p.getType());
+                   : flat.allGather(
+                         b, p.getLoc(),
+                         flat.param(b, p.getLoc(), p.getName(), p.getType()),
+                         p.getType());
           p.getResult().replaceAllUsesWith(whole);
           p.erase();
         }
@@ -181,7 +182,7 @@ struct DataParallelPass
       if (!name || name.getValue() != "weight_grad")
         continue;
       auto stage = phase->getAttrOfType<IntegerAttr>(kPipelineStageAttrName);
-      FailureOr<int64_t> pp = getMeshAxisSize(phase, "pp");
+      FailureOr<int64_t> pp = getMeshAxisSize(phase, kPipelineAxis);
       int64_t rank = stage && succeeded(pp) ? stage.getInt() % *pp : -1;
       llvm::MapVector<StringRef, AccumulateOp> lastHere;
       phase.walk([&](AccumulateOp acc) {
@@ -233,13 +234,14 @@ struct DataParallelPass
     for (ParamOp g : grads) {
       if (!seen.insert(g.getName()).second)
         return g.emitError("data parallel: gradient '")
-               << g.getName() << "' is read by two pcc.param ops (run CSE first)";
+               << g.getName()
+               << "' is read by two pcc.param ops (run CSE first)";
       OpBuilder b(g->getContext());
       b.setInsertionPointAfter(g);
       auto sum = AllReduceOp::create(
-          b, NameLoc::get(b.getStringAttr("the gradient of '" +
-                                          splitStateName(g.getName()).first +
-                                          "'")),
+          b,
+          NameLoc::get(b.getStringAttr(
+              "the gradient of '" + splitStateName(g.getName()).first + "'")),
           g.getResult(), b.getStringAttr(kDataParallelAxis));
       g.getResult().replaceAllUsesExcept(sum.getResult(), sum);
     }
@@ -273,8 +275,7 @@ struct DataParallelPass
     if (order.empty())
       return phases[1].emitError("data parallel: no gradient to bucket");
     auto typeOf = [&](StringRef name) {
-      return cast<RankedTensorType>(
-          last.lookup(name).getState().getType());
+      return cast<RankedTensorType>(last.lookup(name).getState().getType());
     };
     // The elements a gradient takes in its bucket.
     auto slot = [&](RankedTensorType type) {
@@ -293,8 +294,7 @@ struct DataParallelPass
     SmallVector<Bucket> buckets;
     for (auto &[name, acc] : order) {
       RankedTensorType type = typeOf(name);
-      if (buckets.empty() ||
-          buckets.back().elements * 4 >= target ||
+      if (buckets.empty() || buckets.back().elements * 4 >= target ||
           buckets.back().element != type.getElementType())
         buckets.push_back({{}, {}, {}, 0, type.getElementType()});
       Bucket &b = buckets.back();
@@ -341,11 +341,12 @@ struct DataParallelPass
       if (table.size() == 1) {
         Value waited = ParamOp::create(
             wait, loc, type, attrs.getStringAttr(name), ShardingAttr());
-        BucketWaitOp::create(wait, loc, waited, attrs.getStringAttr(kDataParallelAxis));
+        BucketWaitOp::create(wait, loc, waited,
+                             attrs.getStringAttr(kDataParallelAxis));
       }
     }
-    setTrainingAttr(module, {attrs.getNamedAttr("buckets",
-                                                attrs.getArrayAttr(table))});
+    setTrainingAttr(module,
+                    {attrs.getNamedAttr("buckets", attrs.getArrayAttr(table))});
     return success();
   }
 
@@ -431,16 +432,16 @@ struct DataParallelPass
         });
         // In one order: forward result k + 1 is backward argument k, and
         // the loss gradient stays last.
-        auto ret = cast<func::ReturnOp>(
-            phases[0].getBody().front().getTerminator());
+        auto ret =
+            cast<func::ReturnOp>(phases[0].getBody().front().getTerminator());
         func::FuncOp backward = phases[1];
         for (auto &[name, value] : gathered) {
           if (!readBack.contains(name))
             continue;
           auto attrs = DictionaryAttr::get(
-              ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
-                                   StringAttr::get(ctx, "gathered:" +
-                                                            name.str()))});
+              ctx,
+              {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
+                              StringAttr::get(ctx, "gathered:" + name.str()))});
           if (failed(phases[0].insertResult(phases[0].getNumResults(),
                                             value.getType(), attrs)))
             return failure();
@@ -469,8 +470,8 @@ struct DataParallelPass
     Value splitTotal, total;
     for (auto &[name, type] : weights) {
       std::string gradName = stateName(name, "grad");
-      Location loc = NameLoc::get(
-          b.getStringAttr("the gradient of '" + name.str() + "'"));
+      Location loc =
+          NameLoc::get(b.getStringAttr("the gradient of '" + name.str() + "'"));
       Value g;
       if (zero == 1 && bucketBytes != 0) {
         // Reduce-scattered in place in its bucket by the backward phase.
@@ -494,15 +495,13 @@ struct DataParallelPass
       auto &[name, type] = entry;
       Location loc =
           NameLoc::get(b.getStringAttr("the update of '" + name.str() + "'"));
-      Value p = flat.param(b, loc,
-                           zero == 3 ? name.str()
-                                     : stateName(name, kMasterState),
-                           type);
-      buildOptimizerUpdate(
-          b, loc, sgd ? "sgd" : "adamw", p, grads[i], norm,
-          [&](StringRef what) {
-            return flat.param(b, loc, stateName(name, what), type);
-          });
+      Value p = flat.param(
+          b, loc, zero == 3 ? name.str() : stateName(name, kMasterState), type);
+      buildOptimizerUpdate(b, loc, sgd ? "sgd" : "adamw", p, grads[i], norm,
+                           [&](StringRef what) {
+                             return flat.param(b, loc, stateName(name, what),
+                                               type);
+                           });
       if (zero < 3) {
         Value whole = flat.allGather(b, loc, p, type);
         AssignOp::create(b, loc, flat.local(b, loc, name, type), whole);
@@ -630,14 +629,13 @@ void mlir::pcc::scatterGradientAccumulations(func::FuncOp phase,
   SmallVector<SmallVector<Value>> stacked(buckets.size()),
       started(buckets.size());
   auto finish = [&](OpBuilder &b, size_t k) {
-    Location loc = NameLoc::get(b.getStringAttr(
-        "the gradient bucket of '" + buckets[k].front()->name + "' ...'" +
-        buckets[k].back()->name + "'"));
+    Location loc = NameLoc::get(
+        b.getStringAttr("the gradient bucket of '" + buckets[k].front()->name +
+                        "' ...'" + buckets[k].back()->name + "'"));
     SmallVector<Type> types;
     for (Value v : started[k])
       types.push_back(v.getType());
-    auto wait = WaitCollectivesOp::create(b, loc, types, started[k],
-                                          stacked[k],
+    auto wait = WaitCollectivesOp::create(b, loc, types, started[k], stacked[k],
                                           b.getStringAttr(kDataParallelAxis));
     for (auto [d, piece] : llvm::zip(buckets[k], wait.getResults())) {
       Value sharded = flat.param(b, loc, d->name, d->type);

@@ -19,8 +19,6 @@
 
 namespace mlir::pcc {
 
-inline constexpr llvm::StringLiteral kDataParallelAxis = "dp";
-
 /// Builds the flat-shard views of the tensors of one weight over dp ranks.
 struct FlatShards {
   MLIRContext *ctx;
@@ -71,14 +69,14 @@ struct FlatShards {
     auto type = cast<RankedTensorType>(whole.getType());
     Type element = type.getElementType();
     int64_t n = elements(type), s = piece(type);
-    Value flat = ReshapeOp::create(b, loc, RankedTensorType::get({n}, element),
-                                   whole);
+    Value flat =
+        ReshapeOp::create(b, loc, RankedTensorType::get({n}, element), whole);
     if (n != ranks * s)
       flat = PadOp::create(b, loc, RankedTensorType::get({ranks * s}, element),
                            flat, b.getDenseI64ArrayAttr({0}),
                            b.getDenseI64ArrayAttr({1}));
-    return ReshapeOp::create(b, loc,
-                             RankedTensorType::get({ranks, s}, element), flat);
+    return ReshapeOp::create(b, loc, RankedTensorType::get({ranks, s}, element),
+                             flat);
   }
 
   /// The global norm's sum of squares from its two kinds of terms: those
@@ -134,9 +132,9 @@ struct FlatShards {
                   RankedTensorType type) const {
     Type element = type.getElementType();
     int64_t n = elements(type), s = this->piece(type);
-    Value stacked = AllGatherOp::create(
-        b, loc, RankedTensorType::get({ranks, s}, element), piece,
-        b.getStringAttr(kDataParallelAxis));
+    Value stacked =
+        AllGatherOp::create(b, loc, RankedTensorType::get({ranks, s}, element),
+                            piece, b.getStringAttr(kDataParallelAxis));
     Value flat = ReshapeOp::create(
         b, loc, RankedTensorType::get({ranks * s}, element), stacked);
     if (n != ranks * s)
@@ -204,11 +202,12 @@ tiedWeights(ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held);
 /// `started` have their gradients' sums over dp started by the W phases
 /// (pcc.bucket_start): the optimizer waits for them instead of summing.
 /// Defined in PipelineTraining.cpp.
-LogicalResult buildRankPhases(
-    ModuleOp module,
-    ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
-    const FlatShards &flat, int64_t zero, bool gatherWeights = false,
-    bool shardedGradients = false, const llvm::StringSet<> *started = nullptr);
+LogicalResult
+buildRankPhases(ModuleOp module,
+                ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
+                const FlatShards &flat, int64_t zero,
+                bool gatherWeights = false, bool shardedGradients = false,
+                const llvm::StringSet<> *started = nullptr);
 
 } // namespace mlir::pcc
 

@@ -9,11 +9,12 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "pcc/Analysis/CostModel.h"
+#include "pcc/Analysis/CutSearch.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
-#include "pcc/Analysis/CostModel.h"
-#include "pcc/Transforms/Training.h"
 #include "pcc/Transforms/Passes.h"
+#include "pcc/Transforms/Training.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
@@ -78,6 +79,8 @@ struct CutModel {
   std::vector<int64_t> carried;
   /// Per op index: the values crossing just before it.
   llvm::DenseMap<Operation *, size_t> index;
+  /// What the cut search reads (lib/Analysis/CutSearch).
+  CutProfile profile;
 };
 
 /// An op's share of a step: its forward time, and for a training step
@@ -93,8 +96,7 @@ double stepSeconds(Operation *op, const CostModel &cost, bool training) {
 }
 
 CutModel analyse(func::FuncOp main, const CostModel &cost) {
-  bool training =
-      main->getParentOfType<ModuleOp>()->hasAttr(kTrainingAttrName);
+  bool training = main->getParentOfType<ModuleOp>()->hasAttr(kTrainingAttrName);
   CutModel m;
   for (Operation &op : main.getBody().front())
     if (isClonedGiven(&op, m.cloned))
@@ -142,163 +144,12 @@ CutModel analyse(func::FuncOp main, const CostModel &cost) {
     m.carried[c] = live;
     m.crossing[c] = live + args;
   }
-  return m;
-}
-
-/// Where a cut may go: positions with compute on both sides where no more
-/// bytes are live than at the narrowest point between the model's layers
-/// (between its first and last matmul or convolution), one per run of free
-/// ops. Measuring the narrowest point between layers keeps a thin spot in
-/// the prologue (a tensor-parallel embedding scattered over the ranks)
-/// from ruling out every cut between layers.
-std::vector<size_t> candidateCuts(const CutModel &m) {
-  size_t n = m.ops.size();
-  std::vector<int64_t> flops(n + 1, 0);
+  m.profile.seconds = m.prefix;
+  m.profile.crossing = m.crossing;
+  m.profile.flops.assign(n + 1, 0);
   for (size_t i = 0; i < n; ++i)
-    flops[i + 1] = flops[i] + opFlops(m.ops[i]);
-  auto interior = [&](size_t c) {
-    return m.prefix[c] > 0 && m.prefix[n] - m.prefix[c] > 0;
-  };
-  auto betweenLayers = [&](size_t c) {
-    return flops[c] > 0 && flops[n] - flops[c] > 0;
-  };
-  bool layered = false;
-  for (size_t c = 1; c < n; ++c)
-    layered |= betweenLayers(c);
-  int64_t least = std::numeric_limits<int64_t>::max();
-  for (size_t c = 1; c < n; ++c)
-    if (layered ? betweenLayers(c) : interior(c))
-      least = std::min(least, m.crossing[c]);
-  std::vector<size_t> out;
-  for (size_t c = 1; c < n; ++c)
-    if (interior(c) && m.crossing[c] <= least &&
-        (out.empty() || m.prefix[c] > m.prefix[out.back()]))
-      out.push_back(c);
-  return out;
-}
-
-/// The stages - 1 candidates minimising (slowest stage, bytes crossing).
-std::vector<size_t> balance(const CutModel &m,
-                            const std::vector<size_t> &candidates,
-                            int64_t stages) {
-  size_t k = candidates.size(), n = m.ops.size();
-  using Score = std::pair<double, int64_t>;
-  const Score worst{std::numeric_limits<double>::infinity(), 0};
-  // best[s][j]: s + 1 stages ending at candidate j (cut after stage s).
-  std::vector<std::vector<Score>> best(stages, std::vector<Score>(k, worst));
-  std::vector<std::vector<int>> from(stages, std::vector<int>(k, -1));
-  auto better = [](Score a, Score b) {
-    if (a.first != b.first)
-      return a.first < b.first * (1 - 1e-12);
-    return a.second < b.second;
-  };
-  for (size_t j = 0; j < k; ++j)
-    best[0][j] = {m.prefix[candidates[j]], m.crossing[candidates[j]]};
-  for (int64_t s = 1; s < stages - 1; ++s)
-    for (size_t j = 0; j < k; ++j)
-      for (size_t i = 0; i < j; ++i) {
-        if (best[s - 1][i].first == worst.first)
-          continue;
-        double stage = m.prefix[candidates[j]] - m.prefix[candidates[i]];
-        Score sc{std::max(best[s - 1][i].first, stage),
-                 best[s - 1][i].second + m.crossing[candidates[j]]};
-        if (better(sc, best[s][j])) {
-          best[s][j] = sc;
-          from[s][j] = static_cast<int>(i);
-        }
-      }
-  // The last stage runs from the last cut to the end.
-  Score total = worst;
-  int last = -1;
-  for (size_t j = 0; j < k; ++j) {
-    if (best[stages - 2][j].first == worst.first)
-      continue;
-    Score sc{std::max(best[stages - 2][j].first,
-                      m.prefix[n] - m.prefix[candidates[j]]),
-             best[stages - 2][j].second};
-    // On a tie the later cut: earlier stages take the extra layer, since
-    // the last one usually also holds the head.
-    if (last < 0 || !better(total, sc)) {
-      total = sc;
-      last = static_cast<int>(j);
-    }
-  }
-  std::vector<size_t> cuts;
-  for (int64_t s = stages - 2; s >= 0; --s) {
-    cuts.push_back(candidates[last]);
-    last = from[s][last];
-  }
-  std::reverse(cuts.begin(), cuts.end());
-  return cuts;
-}
-
-/// Predicted seconds of each pipeline rank per micro-batch when stage k of
-/// the cut `cuts` runs on rank k mod `ranks`.
-std::vector<double> rankSeconds(const CutModel &m, ArrayRef<size_t> cuts,
-                                int64_t ranks) {
-  std::vector<double> out(ranks, 0);
-  size_t begin = 0;
-  for (size_t s = 0; s <= cuts.size(); ++s) {
-    size_t end = s < cuts.size() ? cuts[s] : m.ops.size();
-    out[s % ranks] += m.prefix[end] - m.prefix[begin];
-    begin = end;
-  }
-  return out;
-}
-
-/// With several chunks per rank, a rank's work per micro-batch is the sum
-/// of its stages, and the busiest rank bounds the pipeline's rate. Starting
-/// from the stage-balanced cuts, moves single cuts to neighbouring
-/// candidates while that lowers (busiest rank, slowest stage, bytes).
-void balanceRanks(const CutModel &m, const std::vector<size_t> &candidates,
-                  std::vector<size_t> &cuts, int64_t ranks) {
-  auto score = [&](const std::vector<size_t> &c) {
-    std::vector<double> perRank = rankSeconds(m, c, ranks);
-    double slowest = 0;
-    int64_t bytes = 0;
-    for (size_t s = 0; s <= c.size(); ++s) {
-      size_t b = s ? c[s - 1] : 0, e = s < c.size() ? c[s] : m.ops.size();
-      slowest = std::max(slowest, m.prefix[e] - m.prefix[b]);
-      if (s < c.size())
-        bytes += m.crossing[c[s]];
-    }
-    return std::make_tuple(*std::max_element(perRank.begin(), perRank.end()),
-                           slowest, bytes);
-  };
-  auto better = [](auto a, auto b) {
-    if (std::get<0>(a) != std::get<0>(b))
-      return std::get<0>(a) < std::get<0>(b) * (1 - 1e-12);
-    if (std::get<1>(a) != std::get<1>(b))
-      return std::get<1>(a) < std::get<1>(b) * (1 - 1e-12);
-    return std::get<2>(a) < std::get<2>(b);
-  };
-  std::vector<size_t> at; // cuts as candidate indices
-  for (size_t c : cuts)
-    at.push_back(std::find(candidates.begin(), candidates.end(), c) -
-                 candidates.begin());
-  auto current = score(cuts);
-  for (bool moved = true; moved;) {
-    moved = false;
-    for (size_t i = 0; i < at.size(); ++i)
-      for (int step : {-1, 1}) {
-        int64_t to = static_cast<int64_t>(at[i]) + step;
-        int64_t lo = i ? static_cast<int64_t>(at[i - 1]) : -1;
-        int64_t hi = i + 1 < at.size()
-                         ? static_cast<int64_t>(at[i + 1])
-                         : static_cast<int64_t>(candidates.size());
-        if (to <= lo || to >= hi)
-          continue;
-        std::vector<size_t> trial = cuts;
-        trial[i] = candidates[to];
-        auto s = score(trial);
-        if (better(s, current)) {
-          current = s;
-          cuts = std::move(trial);
-          at[i] = to;
-          moved = true;
-        }
-      }
-  }
+    m.profile.flops[i + 1] = m.profile.flops[i] + opFlops(m.ops[i]);
+  return m;
 }
 
 struct PipelineCutPass
@@ -321,14 +172,15 @@ void PipelineCutPass::runOnOperation() {
   }
   int64_t ranks = stages;
   if (ranks == 0) {
-    FailureOr<int64_t> pp = getMeshAxisSize(main, "pp");
+    FailureOr<int64_t> pp = getMeshAxisSize(main, kPipelineAxis);
     if (failed(pp))
       return signalPassFailure();
     ranks = *pp;
   }
   if (ranks < 1 || chunks < 1) {
     main.emitError("pipeline cut: ")
-        << ranks << " pipeline ranks with " << chunks << " chunks each";
+        << ranks << " pipeline ranks with " << static_cast<int64_t>(chunks)
+        << " chunks each";
     return signalPassFailure();
   }
   int64_t n = ranks * chunks;
@@ -382,7 +234,7 @@ void PipelineCutPass::runOnOperation() {
       chosen.push_back(*at);
     }
   } else {
-    std::vector<size_t> candidates = candidateCuts(m);
+    std::vector<size_t> candidates = candidateCuts(m.profile);
     if (static_cast<int64_t>(candidates.size()) < n - 1) {
       auto diag = main.emitError("pipeline cut: ")
                   << n << " stages"
@@ -396,9 +248,9 @@ void PipelineCutPass::runOnOperation() {
            << ", or --pp-cuts to cut elsewhere";
       return signalPassFailure();
     }
-    chosen = balance(m, candidates, n);
+    chosen = balanceStages(m.profile, candidates, n);
     if (chunks > 1)
-      balanceRanks(m, candidates, chosen, ranks);
+      balanceRanks(m.profile, candidates, chosen, ranks);
   }
 
   if (emitRemarks) {
@@ -432,7 +284,7 @@ void PipelineCutPass::runOnOperation() {
           prefix);
     }
     if (chunks > 1) {
-      std::vector<double> perRank = rankSeconds(m, chosen, ranks);
+      std::vector<double> perRank = rankSeconds(m.profile, chosen, ranks);
       double busiest = *std::max_element(perRank.begin(), perRank.end());
       std::string loads;
       for (int64_t r = 0; r < ranks; ++r)

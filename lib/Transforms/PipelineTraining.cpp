@@ -68,7 +68,8 @@ FailureOr<SmallVector<StageCall>> collectCalls(func::FuncOp main) {
     stage.callee = callee;
     for (Value arg : call.getOperands()) {
       if (auto block = dyn_cast<BlockArgument>(arg)) {
-        stage.sources.push_back(-1 - static_cast<int32_t>(block.getArgNumber()));
+        stage.sources.push_back(-1 -
+                                static_cast<int32_t>(block.getArgNumber()));
         continue;
       }
       auto transfer = arg.getDefiningOp<TransferOp>();
@@ -130,17 +131,17 @@ func::FuncOp splitWeightGradients(func::FuncOp bwd, StringRef name) {
 
   OpBuilder mb(bwd);
   mb.setInsertionPointAfter(bwd);
-  auto w = func::FuncOp::create(mb, bwd.getLoc(), name,
-                                mb.getFunctionType({}, {}));
+  auto w =
+      func::FuncOp::create(mb, bwd.getLoc(), name, mb.getFunctionType({}, {}));
   Block *wBody = w.addEntryBlock();
   OpBuilder b = OpBuilder::atBlockEnd(wBody);
   IRMapping map;
   SmallVector<Value> stash;
   SmallVector<Operation *> moved;
   auto named = [&](StringRef n) {
-    return DictionaryAttr::get(
-        ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
-                             StringAttr::get(ctx, n))});
+    return DictionaryAttr::get(ctx,
+                               {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
+                                               StringAttr::get(ctx, n))});
   };
   auto argument = [&](Value v, DictionaryAttr attrs) {
     unsigned i = w.getNumArguments();
@@ -153,7 +154,8 @@ func::FuncOp splitWeightGradients(func::FuncOp bwd, StringRef name) {
     for (Value v : usedValues(&op)) {
       if (map.contains(v)) // W's own value, or already read
         continue;
-      if (auto arg = dyn_cast<BlockArgument>(v); arg && arg.getOwner() == &body) {
+      if (auto arg = dyn_cast<BlockArgument>(v);
+          arg && arg.getOwner() == &body) {
         argument(v, bwd.getArgAttrDict(arg.getArgNumber()));
         continue;
       }
@@ -221,14 +223,14 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     func::FuncOp f = call.callee;
     auto ret = cast<func::ReturnOp>(f.getBody().front().getTerminator());
     bool last = k + 1 == n;
-    if (last && (ret.getNumOperands() != 1 ||
-                 cast<RankedTensorType>(ret.getOperand(0).getType())
-                         .getRank() != 0))
+    if (last &&
+        (ret.getNumOperands() != 1 ||
+         cast<RankedTensorType>(ret.getOperand(0).getType()).getRank() != 0))
       return f.emitError("pipeline training: the last stage must return the "
                          "scalar loss alone");
     DifferentiateSpec spec;
     if (!recompute.empty()) {
-      StringRef name = recompute.size() == 1 ? StringRef(recompute[0])
+      StringRef name = recompute.size() == 1  ? StringRef(recompute[0])
                        : k < recompute.size() ? StringRef(recompute[k])
                                               : StringRef();
       std::optional<Recompute> policy = parseRecompute(name);
@@ -254,16 +256,16 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     result->forward->setAttr(kPipelineStageAttrName, stageAttr);
     result->backward->setAttr(kPipelineStageAttrName, stageAttr);
     for (auto [j, i] : llvm::enumerate(result->gradOf))
-      result->backward.setResultAttr(j, "pcc.grad_of",
-                                     IntegerAttr::get(IntegerType::get(ctx, 32), i));
+      result->backward.setResultAttr(
+          j, "pcc.grad_of", IntegerAttr::get(IntegerType::get(ctx, 32), i));
     func::FuncOp weightGrad = splitWeightGradients(
         result->backward, "stage" + std::to_string(k) + "_weight_grad");
     weightGrad->setAttr(kPipelineStageAttrName, stageAttr);
     weightGrad->setAttr(kPhaseAttrName, StringAttr::get(ctx, "weight_grad"));
     weightGrad.walk([&](AccumulateOp op) {
       auto state = op.getState().getDefiningOp<ParamOp>();
-      weights[k].insert({splitStateName(state.getName()).first,
-                         state.getType()});
+      weights[k].insert(
+          {splitStateName(state.getName()).first, state.getType()});
     });
     for (auto &[name, type] : weights[k]) {
       if (!type.getElementType().isF32())
@@ -296,13 +298,12 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
   SmallVector<Attribute> tiedNames;
   for (StringRef name : tied)
     tiedNames.push_back(StringAttr::get(ctx, name));
-  setTrainingAttr(module,
-                  {NamedAttribute(StringAttr::get(ctx, "weights"),
-                                  ArrayAttr::get(ctx, names)),
-                   NamedAttribute(StringAttr::get(ctx, "optimizer"),
-                                  StringAttr::get(ctx, kind)),
-                   NamedAttribute(StringAttr::get(ctx, "tied"),
-                                  ArrayAttr::get(ctx, tiedNames))});
+  setTrainingAttr(module, {NamedAttribute(StringAttr::get(ctx, "weights"),
+                                          ArrayAttr::get(ctx, names)),
+                           NamedAttribute(StringAttr::get(ctx, "optimizer"),
+                                          StringAttr::get(ctx, kind)),
+                           NamedAttribute(StringAttr::get(ctx, "tied"),
+                                          ArrayAttr::get(ctx, tiedNames))});
   return buildRankPhases(module, held, FlatShards{ctx, 1}, /*zero=*/0);
 }
 
@@ -352,8 +353,7 @@ LogicalResult mlir::pcc::buildRankPhases(
     return module.emitError("pipeline training: the module records no "
                             "optimizer (run pcc-pipeline-training first)");
   StringRef kind = kindAttr.getValue();
-  for (auto func :
-       llvm::make_early_inc_range(module.getOps<func::FuncOp>()))
+  for (auto func : llvm::make_early_inc_range(module.getOps<func::FuncOp>()))
     if (func->hasAttr(kPipelineRankAttrName))
       func.erase();
   unsigned ranks = held.size();
@@ -385,9 +385,9 @@ LogicalResult mlir::pcc::buildRankPhases(
   auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
   for (unsigned k = 0; k < ranks; ++k) {
     auto rankAttr = IntegerAttr::get(IntegerType::get(ctx, 64), k);
-    auto opt = func::FuncOp::create(
-        mb, loc, "rank" + std::to_string(k) + "_optimizer",
-        mb.getFunctionType({}, {scalar}));
+    auto opt =
+        func::FuncOp::create(mb, loc, "rank" + std::to_string(k) + "_optimizer",
+                             mb.getFunctionType({}, {scalar}));
     opt->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[2]));
     opt->setAttr(kPipelineRankAttrName, rankAttr);
     opt.setAllResultAttrs(ArrayRef<DictionaryAttr>{DictionaryAttr::get(
@@ -407,8 +407,7 @@ LogicalResult mlir::pcc::buildRankPhases(
       auto type = cast<RankedTensorType>(g.getType());
       Value flatGrad = ReshapeOp::create(
           b, loc,
-          RankedTensorType::get({type.getNumElements()},
-                                type.getElementType()),
+          RankedTensorType::get({type.getNumElements()}, type.getElementType()),
           g);
       BucketWaitOp::create(b, loc, flatGrad,
                            b.getStringAttr(kDataParallelAxis));
@@ -423,8 +422,8 @@ LogicalResult mlir::pcc::buildRankPhases(
       Value g = holds ? state(b, name, "grad", gradPieces)
                       : ConstantOp::create(b, loc, getSplatAttr(gradType, 0.0))
                             .getResult();
-      Value sum =
-          AllReduceOp::create(b, loc, gradType, g, b.getStringAttr("pp"));
+      Value sum = AllReduceOp::create(b, loc, gradType, g,
+                                      b.getStringAttr(kPipelineAxis));
       if (holds)
         AssignOp::create(b, loc, state(b, name, "grad", gradPieces), sum);
     }
@@ -433,8 +432,8 @@ LogicalResult mlir::pcc::buildRankPhases(
     SmallVector<Value> grads;
     for (auto &entry : held[k]) {
       StringRef name = entry.first;
-      Location at = NameLoc::get(
-          b.getStringAttr("the gradient of '" + name.str() + "'"));
+      Location at =
+          NameLoc::get(b.getStringAttr("the gradient of '" + name.str() + "'"));
       Value g = state(b, name, "grad", gradPieces);
       if (stage == 0 && flat.ranks > 1 && !isStarted(name))
         g = AllReduceOp::create(b, at, g, b.getStringAttr(kDataParallelAxis));
@@ -459,7 +458,8 @@ LogicalResult mlir::pcc::buildRankPhases(
     if (stage > 0)
       total = AllReduceOp::create(b, loc, scalar, total,
                                   b.getStringAttr(kDataParallelAxis));
-    total = AllReduceOp::create(b, loc, scalar, total, b.getStringAttr("pp"));
+    total = AllReduceOp::create(b, loc, scalar, total,
+                                b.getStringAttr(kPipelineAxis));
     Value norm = SqrtOp::create(b, loc, total);
     for (auto [i, entry] : llvm::enumerate(held[k])) {
       StringRef name = entry.first;
@@ -468,10 +468,9 @@ LogicalResult mlir::pcc::buildRankPhases(
       Value p = stage == 0   ? state(b, name, "", false)
                 : stage == 3 ? state(b, name, "", true)
                              : state(b, name, kMasterState, true);
-      buildOptimizerUpdate(b, at, kind, p, grads[i], norm,
-                           [&](StringRef what) {
-                             return state(b, name, what, stage > 0);
-                           });
+      buildOptimizerUpdate(b, at, kind, p, grads[i], norm, [&](StringRef what) {
+        return state(b, name, what, stage > 0);
+      });
       if (stage == 1 || stage == 2) {
         // One op-building call per statement: the order of arguments'
         // evaluation is the compiler's (GCC's order kept).
@@ -481,9 +480,9 @@ LogicalResult mlir::pcc::buildRankPhases(
     }
     func::ReturnOp::create(b, loc, ValueRange{norm});
 
-    auto zeroGrad = func::FuncOp::create(
-        mb, loc, "rank" + std::to_string(k) + "_zero_grad",
-        mb.getFunctionType({}, {}));
+    auto zeroGrad =
+        func::FuncOp::create(mb, loc, "rank" + std::to_string(k) + "_zero_grad",
+                             mb.getFunctionType({}, {}));
     zeroGrad->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[3]));
     zeroGrad->setAttr(kPipelineRankAttrName, rankAttr);
     OpBuilder zb = OpBuilder::atBlockEnd(zeroGrad.addEntryBlock());

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Transforms/Sharding.h"
 
 #include "llvm/ADT/DenseSet.h"
@@ -78,7 +79,7 @@ public:
     plan.axis = axis.str();
     plan.ranks = ranks;
     if (auto module = func->getParentOfType<ModuleOp>())
-      sequenceParallel = axis == "tp" &&
+      sequenceParallel = axis == kTensorParallelAxis &&
                          module->hasAttr(kSequenceParallelAttrName);
   }
 
@@ -98,8 +99,7 @@ private:
     auto fitsAll = [&](ValueRange values, ArrayRef<Shard> shards) {
       return values.size() == shards.size() &&
              llvm::all_of(llvm::zip(values, shards), [&](auto p) {
-               return layoutFits(std::get<1>(p), typeOf(std::get<0>(p)),
-                                 ranks);
+               return layoutFits(std::get<1>(p), typeOf(std::get<0>(p)), ranks);
              });
     };
     return fitsAll(op->getOperands(), o.operands) &&
@@ -196,8 +196,8 @@ double Propagator::partialFanOutSeconds(Operation *op,
                                         const Option &option) const {
   if (!sequenceParallel)
     return 0;
-  bool fansOut = llvm::any_of(
-      llvm::zip(op->getOperands(), option.operands), [&](auto p) {
+  bool fansOut =
+      llvm::any_of(llvm::zip(op->getOperands(), option.operands), [&](auto p) {
         Value v = std::get<0>(p);
         return std::get<1>(p).isPartial() && of(v).isPartial() &&
                llvm::is_contained(op->getResultTypes(), v.getType()) &&
@@ -209,8 +209,8 @@ double Propagator::partialFanOutSeconds(Operation *op,
   double seconds = 0;
   for (auto [result, shard] : llvm::zip(op->getResults(), option.results))
     if (shard.isPartial())
-      seconds += collectiveSeconds(CollectiveKind::ReduceScatter,
-                                   tensorBytes(result));
+      seconds +=
+          collectiveSeconds(CollectiveKind::ReduceScatter, tensorBytes(result));
   return seconds;
 }
 
@@ -224,9 +224,10 @@ double Propagator::conversionSeconds(Value v, Shard to,
   if (to.isPartial())
     return std::numeric_limits<double>::infinity();
   if (to.isReplicated()) {
-    double seconds = collectiveSeconds(
-        from.isPartial() ? CollectiveKind::AllReduce : CollectiveKind::AllGather,
-        bytes);
+    double seconds =
+        collectiveSeconds(from.isPartial() ? CollectiveKind::AllReduce
+                                           : CollectiveKind::AllGather,
+                          bytes);
     if (auto param = v.getDefiningOp<ParamOp>();
         param && param.getType().getRank() >= 2)
       seconds *= cost.weightGatherFactor;
@@ -293,8 +294,8 @@ void Propagator::convert(Value v, Shard to, Operation *consumer) {
 /// works on its share). An op that only carries partial sums through
 /// (p * scale) does the whole work on every rank.
 double Propagator::computeSeconds(Operation *op, const Option &option) const {
-  bool divided = llvm::any_of(option.operands,
-                              [](const Shard &s) { return s.isSplit(); });
+  bool divided =
+      llvm::any_of(option.operands, [](const Shard &s) { return s.isSplit(); });
   double seconds = cost.opSeconds(op);
   return divided ? seconds / ranks : seconds;
 }
@@ -348,12 +349,10 @@ std::vector<Option> Propagator::options(Operation *op) {
       sharding.getShardingOptions(split, ranks, more);
       for (Option &o : more)
         if (o.results.size() == 1 && o.results[0] == tokens &&
-            llvm::all_of(llvm::zip(op->getOperands(), o.operands),
-                         [&](auto p) {
-                           return std::get<0>(p).getType() !=
-                                      result.getType() ||
-                                  std::get<1>(p) == tokens;
-                         }))
+            llvm::all_of(llvm::zip(op->getOperands(), o.operands), [&](auto p) {
+              return std::get<0>(p).getType() != result.getType() ||
+                     std::get<1>(p) == tokens;
+            }))
           candidates.push_back(std::move(o));
     }
   }
@@ -363,8 +362,7 @@ std::vector<Option> Propagator::options(Operation *op) {
   return out;
 }
 
-SmallVector<Option> Propagator::optionsFor(Operation *op,
-                                           ArrayRef<Shard> in) {
+SmallVector<Option> Propagator::optionsFor(Operation *op, ArrayRef<Shard> in) {
   SmallVector<Option> out;
   auto sharding = dyn_cast<ShardingOpInterface>(op);
   if (!sharding)
@@ -418,8 +416,8 @@ ShardingPlan Propagator::run() {
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       SmallVector<Shard> targets;
       for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
-        Shard to = keptResult(i) && of(v).isSplit() ? of(v)
-                                                    : Shard::replicated();
+        Shard to =
+            keptResult(i) && of(v).isSplit() ? of(v) : Shard::replicated();
         convert(v, to, nullptr);
         targets.push_back(to);
       }
@@ -492,8 +490,7 @@ ShardingPlan Propagator::run() {
             Value v = std::get<0>(p);
             // --sp: a partial sum may be reduce-scattered along the tokens.
             return (!s.isReplicated() && of(v) == s) ||
-                   (sequenceParallel && of(v).isPartial() &&
-                    alongTokens(v, s));
+                   (sequenceParallel && of(v).isPartial() && alongTokens(v, s));
           });
       if (!fromOperand)
         continue;

@@ -9,10 +9,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
-#include "pcc/Transforms/Passes.h"
 #include "pcc/Support/ShortestDecimal.h"
+#include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Training.h"
-
 
 namespace mlir::pcc {
 #define GEN_PASS_DEF_TRAINMODE
@@ -70,7 +69,7 @@ LogicalResult toTrainingMode(BatchNormOp bn, int64_t dp) {
     if (dp == 1)
       return ReduceMeanOp::create(b, loc, v, axes, /*keep_dims=*/true);
     Value sum = ReduceSumOp::create(b, loc, v, axes, /*keep_dims=*/true);
-    sum = AllReduceOp::create(b, loc, sum, b.getStringAttr("dp"));
+    sum = AllReduceOp::create(b, loc, sum, b.getStringAttr(kDataParallelAxis));
     return MulOp::create(b, loc, sum, splat(statType, 1.0 / count));
   };
   Value batchMean = batchAverage(x);
@@ -86,9 +85,10 @@ LogicalResult toTrainingMode(BatchNormOp bn, int64_t dp) {
   y = MulOp::create(b, loc, y, perChannel(bn.getScale()));
   y = AddOp::create(b, loc, y, perChannel(bn.getBias()));
 
-  double momentum = bn.getMomentumAttr()
-                        ? shortestDecimal(bn.getMomentumAttr().getValueAsDouble())
-                        : 0.9;
+  double momentum =
+      bn.getMomentumAttr()
+          ? shortestDecimal(bn.getMomentumAttr().getValueAsDouble())
+          : 0.9;
   auto vecType = cast<RankedTensorType>(mean.getType());
   EmaUpdateOp::create(b, loc, mean,
                       ReshapeOp::create(b, loc, vecType, batchMean),

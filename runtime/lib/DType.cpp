@@ -1,6 +1,7 @@
 //===- DType.cpp - element types ------------------------------------------===//
 
 #include "pcc/runtime/DType.h"
+#include "pcc/runtime/HalfFloat.h"
 
 namespace pccrt {
 
@@ -52,6 +53,29 @@ std::string shapeString(const std::vector<int64_t> &shape) {
   for (size_t i = 0; i < shape.size(); ++i)
     s += (i ? "x" : "") + std::to_string(shape[i]);
   return s;
+}
+
+double elementAsDouble(const uint8_t *data, DType type, int64_t i) {
+  switch (type) {
+  case DType::F32:
+    return reinterpret_cast<const float *>(data)[i];
+  case DType::F64:
+    return reinterpret_cast<const double *>(data)[i];
+  case DType::F16:
+    return halfToFloat(reinterpret_cast<const uint16_t *>(data)[i]);
+  case DType::BF16:
+    return bf16ToFloat(reinterpret_cast<const uint16_t *>(data)[i]);
+  case DType::I64:
+    return double(reinterpret_cast<const int64_t *>(data)[i]);
+  case DType::I32:
+    return reinterpret_cast<const int32_t *>(data)[i];
+  case DType::I16:
+    return reinterpret_cast<const int16_t *>(data)[i];
+  case DType::I8:
+    return reinterpret_cast<const int8_t *>(data)[i];
+  default:
+    return data[i];
+  }
 }
 
 } // namespace pccrt

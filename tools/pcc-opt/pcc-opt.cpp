@@ -1,5 +1,4 @@
-//===- pcc-opt.cpp - run pcc passes on MLIR files
-//---------------------------===//
+//===- pcc-opt.cpp - run pcc passes on MLIR files -------------------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Pipelines/Compile.h"

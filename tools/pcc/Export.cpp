@@ -1,11 +1,10 @@
-//===- Export.cpp - pcc export: a checkpoint's weights in the ONNX model
-//----===//
+//===- Export.cpp - pcc export: a checkpoint's weights in the ONNX model --===//
 
 #include "Ckpt.h"
 
 #include "pcc/Import/OnnxImporter.h"
 #include "pcc/runtime/Checkpoint.h"
-#include "pcc/runtime/Safetensors.h"
+#include "pcc/runtime/CheckpointTools.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
@@ -87,20 +86,8 @@ int exportCheckpoint(int argc, char **argv) {
   std::string weightsPath = *dir + "/weights.safetensors";
   std::string temporary;
   if (!llvm::sys::fs::exists(weightsPath)) {
-    auto saved = pccrt::readCheckpointState(*dir);
-    if (!saved.ok())
-      return fail(saved.error());
     temporary = output + ".weights.tmp.safetensors";
-    pccrt::SafetensorsWriter writer;
-    for (const pccrt::TensorEntry &e : saved->weights->tensors()) {
-      const uint8_t *data = saved->weights->data(e);
-      if (!writer
-               .add(e.name, e.dtype, e.shape,
-                    std::vector<uint8_t>(data, data + (e.end - e.begin)))
-               .ok())
-        return fail("pcc export: cannot put '" + e.name + "' together");
-    }
-    pccrt::Status written = writer.write(temporary);
+    auto written = pccrt::writeCheckpointWeights(*dir, temporary);
     if (!written.ok())
       return fail(written.error());
     weightsPath = temporary;

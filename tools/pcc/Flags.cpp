@@ -1,5 +1,4 @@
-//===- Flags.cpp - pcc's command line
-//---------------------------------------===//
+//===- Flags.cpp - pcc's command line -------------------------------------===//
 
 #include "Flags.h"
 

@@ -1,5 +1,4 @@
-//===- Flags.h - pcc's command line -------------------------------*- C++
-//-*-===//
+//===- Flags.h - pcc's command line -----------------------------*- C++ -*-===//
 //
 // pcc's flags, read into the driver's settings and the compile's options
 // (mlir::pcc::CompileOptions, which verifies how they go together).

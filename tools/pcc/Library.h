@@ -1,5 +1,4 @@
-//===- Library.h - pcc -o model.so -------------------------------*- C++
-//-*-===//
+//===- Library.h - pcc -o model.so ------------------------------*- C++ -*-===//
 
 #ifndef PCC_TOOLS_PCC_LIBRARY_H
 #define PCC_TOOLS_PCC_LIBRARY_H

@@ -1,5 +1,4 @@
-//===- pcc.cpp - the pcc compiler driver
-//------------------------------------===//
+//===- pcc.cpp - the pcc compiler driver ----------------------------------===//
 //
 // pcc model.onnx [flags] [-o model.so]: imports the model, runs the compile
 // pipeline (lib/Pipelines) with the options of its flags, and prints the IR

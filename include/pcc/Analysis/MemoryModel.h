@@ -1,4 +1,4 @@
-//===- Memory.h - predicted memory of a pipelined training step -*- C++ -*-===//
+//===- MemoryModel.h - predicted memory of a pipelined step -----*- C++ -*-===//
 //
 // What each pipeline rank of a `pcc --train --pp` library allocates, as
 // the runtime allocates it (runtime/lib/PipelineTrainer.cpp): the state of

@@ -10,13 +10,13 @@
 #include "FunctionEmitter.h"
 #include "pcc/Target/Cpp.h"
 
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Schedule/Schedule.h"
-#include "pcc/Dialect/Pcc/IR/Contracts.h"
 
 #include "llvm/ADT/StringSet.h"
-#include <climits>
 #include "llvm/Support/FormatVariadic.h"
+#include <climits>
 
 using namespace mlir;
 using namespace mlir::pcc;
@@ -280,7 +280,8 @@ FailureOr<std::vector<StageProgram>> collectPhases(ModuleOp module) {
   if (phases.size() == 5)
     return module.emitError("code generation: an offloaded optimizer needs "
                             "both @")
-           << kOffloadPhaseFunctions[0] << " and @" << kOffloadPhaseFunctions[1];
+           << kOffloadPhaseFunctions[0] << " and @"
+           << kOffloadPhaseFunctions[1];
   if (phases[1].func.getNumArguments() != phases[0].func.getNumResults())
     return phases[1].func.emitError(
         "code generation: the backward phase must take the forward phase's "
@@ -356,9 +357,8 @@ collectPipelinePhases(ModuleOp module, ArrayRef<StageProgram> stages) {
       phases.push_back(std::move(phase));
     }
   }
-  for (int32_t r = 0; module.lookupSymbol("rank" + std::to_string(r) +
-                                          "_optimizer");
-       ++r) {
+  for (int32_t r = 0;
+       module.lookupSymbol("rank" + std::to_string(r) + "_optimizer"); ++r) {
     for (int p = 2; p < 4; ++p) {
       auto f = lookup("rank" + std::to_string(r) +
                       (p == 2 ? "_optimizer" : "_zero_grad"));
@@ -390,9 +390,9 @@ std::string phaseSource(ArrayRef<StageProgram> phases, std::string &shapes) {
                       tensorTypeOf(arg));
     auto ret = cast<func::ReturnOp>(f.getBody().front().getTerminator());
     for (auto [i, v] : llvm::enumerate(ret.getOperands()))
-      out.emplace_back(nameOf(f.getResultAttrDict(i),
-                              "out" + std::to_string(i)),
-                       tensorTypeOf(v));
+      out.emplace_back(
+          nameOf(f.getResultAttrDict(i), "out" + std::to_string(i)),
+          tensorTypeOf(v));
     source += specArray(prefix + "Inputs", in, shapes);
     source += specArray(prefix + "Outputs", out, shapes);
     source += "static const int32_t " + prefix + "Sources[] = {" +
@@ -408,12 +408,11 @@ std::string phaseSource(ArrayRef<StageProgram> phases, std::string &shapes) {
     info += llvm::formatv(
         "    {{{0}, {1}, {2}Inputs, {2}Sources, {3}, {2}Outputs, {4}, "
         "{2}State, {5}, {6}, {7}},\n",
-        phase.kind >= 0 ? phase.kind : static_cast<int>(k),
-        f.getNumArguments(), prefix, f.getNumResults(),
-        phase.weightIndices.size(), phase.arenaBytes(), phase.stage, targets);
+        phase.kind >= 0 ? phase.kind : static_cast<int>(k), f.getNumArguments(),
+        prefix, f.getNumResults(), phase.weightIndices.size(),
+        phase.arenaBytes(), phase.stage, targets);
   }
-  return source + "static const pcc_phase_info kPhases[] = {\n" + info +
-         "};\n";
+  return source + "static const pcc_phase_info kPhases[] = {\n" + info + "};\n";
 }
 
 /// Includes and the helpers every entry point uses (error reporting).
@@ -557,11 +556,14 @@ void writeSwitch(raw_ostream &os, StringRef what, size_t cases, bool cpu,
     os << "    break;\n";
   }
   os << "  default:\n"
-        "    return fail(\"pcc_model_run_" << what << "\", \"no such " << what
+        "    return fail(\"pcc_model_run_"
+     << what << "\", \"no such " << what
      << "\");\n"
         "  }\n"
         "  (void)in; (void)out; (void)state; (void)bytes;\n"
-        "  return fail(\"pcc_model_run_" << what << "\", \"this library has "
+        "  return fail(\"pcc_model_run_"
+     << what
+     << "\", \"this library has "
         "no code for the requested target (it was compiled for "
      << targetName << ")\");\n}\n\n";
 }
@@ -694,15 +696,14 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
     for (unsigned i = 0; i < count; ++i) {
       DictionaryAttr attrs =
           results ? func.getResultAttrDict(i) : func.getArgAttrDict(i);
-      auto dim = attrs ? attrs.getAs<IntegerAttr>("pcc.batch_dim")
-                       : IntegerAttr();
+      auto dim =
+          attrs ? attrs.getAs<IntegerAttr>("pcc.batch_dim") : IntegerAttr();
       table += std::to_string(dim ? dim.getInt() : 0) + ", ";
     }
     return table + "0};\n";
   };
-  std::string batchTables =
-      batchDims("kInputBatchDims", inputs.size(), false) +
-      batchDims("kOutputBatchDims", outputs.size(), true);
+  std::string batchTables = batchDims("kInputBatchDims", inputs.size(), false) +
+                            batchDims("kOutputBatchDims", outputs.size(), true);
   std::string shapes;
   std::string specs = specArray("kInputs", inputs, shapes);
   specs += specArray("kOutputs", outputs, shapes);
@@ -730,12 +731,12 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
         weightIndex.try_emplace(w.first, i);
     for (auto [i, w] : llvm::enumerate(weights)) {
       auto [owner, kind] = splitStateName(w.first);
-      int code = kind.empty()          ? 0
-                 : kind == "grad"        ? 1
-                 : kind == kMasterState  ? 3
-                 : kind == "bucket"      ? 4
+      int code = kind.empty()             ? 0
+                 : kind == "grad"         ? 1
+                 : kind == kMasterState   ? 3
+                 : kind == "bucket"       ? 4
                  : kind == kGatheredState ? 5
-                                         : 2;
+                                          : 2;
       auto it = weightIndex.find(owner);
       if (it == weightIndex.end())
         return module.emitError("code generation: state '")
@@ -749,8 +750,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   // Where offloaded state lives and when it is copied (ABI 10).
   std::string offloadTable = "static const int32_t kWeightOffload[] = {";
   {
-    auto offload = training ? training.getAs<DictionaryAttr>("offload")
-                            : DictionaryAttr();
+    auto offload =
+        training ? training.getAs<DictionaryAttr>("offload") : DictionaryAttr();
     llvm::StringMap<int32_t> flags;
     auto mark = [&](StringRef key, int32_t bit) {
       if (auto names = offload ? offload.getAs<ArrayAttr>(key) : ArrayAttr())
@@ -769,8 +770,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   std::string aliases = "static const pcc_weight_alias kWeightAliases[] = {";
   {
     llvm::StringMap<std::pair<std::string, int64_t>> inBucket;
-    if (auto table = training ? training.getAs<ArrayAttr>("buckets")
-                              : ArrayAttr())
+    if (auto table =
+            training ? training.getAs<ArrayAttr>("buckets") : ArrayAttr())
       for (auto bucket : table.getAsRange<DictionaryAttr>()) {
         auto state = bucket.getAs<StringAttr>("state");
         auto grads = bucket.getAs<ArrayAttr>("grads");
@@ -779,9 +780,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
             grads.size() != offsets.asArrayRef().size())
           return module.emitError("code generation: a malformed gradient "
                                   "bucket in pcc.training");
-        for (auto [g, offset] :
-             llvm::zip(grads.getAsValueRange<StringAttr>(),
-                       offsets.asArrayRef()))
+        for (auto [g, offset] : llvm::zip(grads.getAsValueRange<StringAttr>(),
+                                          offsets.asArrayRef()))
           inBucket[g] = {state.getValue().str(), offset};
       }
     llvm::StringMap<int32_t> indexOf;
@@ -789,8 +789,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
       indexOf[w.first] = static_cast<int32_t>(j);
     for (auto &w : weights) {
       auto it = inBucket.find(w.first);
-      auto bucket = it == inBucket.end() ? indexOf.end()
-                                         : indexOf.find(it->second.first);
+      auto bucket =
+          it == inBucket.end() ? indexOf.end() : indexOf.find(it->second.first);
       int32_t index = bucket == indexOf.end() ? -1 : bucket->second;
       if (it != inBucket.end() && index < 0)
         return module.emitError("code generation: the bucket of '")
@@ -825,7 +825,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
       microbatches = count.getInt();
     if (auto name = schedule.getAs<StringAttr>("policy"))
       policy = name.str();
-    auto pp = meshAxes.find("pp");
+    auto pp = meshAxes.find(kPipelineAxis);
     if (pp == meshAxes.end())
       return module.emitError("code generation: a pipelined module needs a "
                               "'pp' axis in its pcc.mesh");
@@ -874,16 +874,16 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << (!pipeStages.empty() ? pipeStages.size()
          : training          ? 1
                              : stages.size())
-     << ", kStages, " << pipelineAxis
-     << ", " << pipelineRanks << ", kScheduleLengths, kSchedules, "
-     << quoted(policy) << ", kInputBatchDims, kOutputBatchDims, "
+     << ", kStages, " << pipelineAxis << ", " << pipelineRanks
+     << ", kScheduleLengths, kSchedules, " << quoted(policy)
+     << ", kInputBatchDims, kOutputBatchDims, "
      << (training ? stages.size() : 0) << ", kPhases, kWeightKinds, "
      << "kWeightOwners, " << trainingString("loss") << ", "
      << trainingString("optimizer") << ", " << ignoreIndex
      << "LL, kWholeWeights, kWeightAliases, kWeightOffload};\n\n"
      << "} // namespace\n\n";
   writeEntryPoints(os, stages.size(), static_cast<bool>(schedule),
-                   static_cast<bool>(training), cpu, cuda,
-                   meshRanks, targetName, space);
+                   static_cast<bool>(training), cpu, cuda, meshRanks,
+                   targetName, space);
   return success();
 }

@@ -41,9 +41,13 @@ template <typename OpT> constexpr PartialSums partialSumsOf() {
 }
 
 /// Ops with no rule of their own: Elementwise ops follow their operands'
-/// split; every other op runs on whole tensors.
+/// split; RunsWhole ops run on whole tensors.
 template <typename OpT>
-void shardingOptions(OpT op, ArrayRef<Shard> in, int64_t, Options &out) {
+void genericShardingOptions(OpT op, ArrayRef<Shard> in, int64_t, Options &out) {
+  static_assert(OpT::template hasTrait<OpTrait::Elementwise>() ||
+                    OpT::template hasTrait<RunsWhole>(),
+                "an op without a sharding rule must be Elementwise or "
+                "RunsWhole");
   if constexpr (OpT::template hasTrait<OpTrait::Elementwise>())
     sameShapeShardingOptions(op, in, partialSumsOf<OpT>(), out);
 }
@@ -347,8 +351,8 @@ void shardingOptions(MatmulOp op, ArrayRef<Shard> in, int64_t, Options &out) {
 //===----------------------------------------------------------------------===//
 
 template <typename OpT>
-SmallVector<Value> partitionLocal(OpT op, OpBuilder &, ArrayRef<Shard>,
-                                  int64_t, StringRef) {
+SmallVector<Value> partitionLocal(OpT op, OpBuilder &, ArrayRef<Shard>, int64_t,
+                                  StringRef) {
   return SmallVector<Value>(op->getResults());
 }
 
@@ -359,10 +363,9 @@ SmallVector<Value> partitionLocal(GatherOp op, OpBuilder &builder,
   if (!in[0].isSplit() || in[0].dim != static_cast<int64_t>(op.getAxis()))
     return {op.getResult()};
   builder.setInsertionPoint(op);
-  auto local = ShardGatherOp::create(builder, op.getLoc(), op.getType(),
-                                     op.getData(), op.getIndices(),
-                                     op.getAxisAttr(),
-                                     builder.getStringAttr(axis));
+  auto local = ShardGatherOp::create(
+      builder, op.getLoc(), op.getType(), op.getData(), op.getIndices(),
+      op.getAxisAttr(), builder.getStringAttr(axis));
   op.erase();
   return {local.getResult()};
 }
@@ -466,6 +469,17 @@ int64_t bytesOf(Value v) {
   return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
 }
 
+/// Whether `OpT` has a sharding rule of its own (an overload of
+/// shardingOptions above).
+template <typename OpT, typename = void>
+struct HasShardingRule : std::false_type {};
+template <typename OpT>
+struct HasShardingRule<OpT,
+                       std::void_t<decltype(shardingOptions(
+                           std::declval<OpT>(), std::declval<ArrayRef<Shard>>(),
+                           int64_t(), std::declval<Options &>()))>>
+    : std::true_type {};
+
 template <typename OpT>
 struct ShardingModel
     : public ShardingOpInterface::ExternalModel<ShardingModel<OpT>, OpT> {
@@ -482,12 +496,14 @@ struct ShardingModel
       if (!layoutFits(s, typeOf(v), ranks))
         s = Shard::replicated();
     SmallVector<ShardingOption> candidates;
-    shardingOptions(cast<OpT>(op), in, ranks, candidates);
+    if constexpr (HasShardingRule<OpT>::value)
+      shardingOptions(cast<OpT>(op), in, ranks, candidates);
+    else
+      genericShardingOptions(cast<OpT>(op), in, ranks, candidates);
     auto fitsAll = [&](ValueRange values, ArrayRef<Shard> shards) {
       return values.size() == shards.size() &&
              llvm::all_of(llvm::zip(values, shards), [&](auto p) {
-               return layoutFits(std::get<1>(p), typeOf(std::get<0>(p)),
-                                 ranks);
+               return layoutFits(std::get<1>(p), typeOf(std::get<0>(p)), ranks);
              });
     };
     for (ShardingOption &o : candidates)
@@ -500,8 +516,7 @@ struct ShardingModel
                                     StringRef axis) const {
     return ::partitionLocal(cast<OpT>(op), builder, operands, ranks, axis);
   }
-  std::string getSplitRole(Operation *op, unsigned operand,
-                           Shard shard) const {
+  std::string getSplitRole(Operation *op, unsigned operand, Shard shard) const {
     return splitRole(cast<OpT>(op), operand, shard);
   }
 };
@@ -549,10 +564,20 @@ struct CollectiveModel
   }
 };
 
+/// Every op gets the cost model. The sharding model goes to ops with a
+/// rule of their own and to those that say they need none (Elementwise or
+/// RunsWhole): a new op with neither has no sharding interface, which
+/// InterfacesTest's "every op has rules" reports.
+template <typename OpT> void attachModels(MLIRContext *context) {
+  OpT::template attachInterface<CostModelImpl<OpT>>(*context);
+  if constexpr (HasShardingRule<OpT>::value ||
+                OpT::template hasTrait<OpTrait::Elementwise>() ||
+                OpT::template hasTrait<RunsWhole>())
+    OpT::template attachInterface<ShardingModel<OpT>>(*context);
+}
+
 template <typename... Ops> void attachToAll(MLIRContext *context) {
-  (Ops::template attachInterface<ShardingModel<Ops>, CostModelImpl<Ops>>(
-       *context),
-   ...);
+  (attachModels<Ops>(context), ...);
 }
 
 } // namespace

@@ -1,9 +1,10 @@
 //===- PccDialect.cpp - pcc dialect registration, attributes ------------===//
 
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
 
-#include "llvm/ADT/StringSet.h"
 #include "pcc/Dialect/Pcc/IR/Layout.h"
+#include "llvm/ADT/StringSet.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -140,8 +141,7 @@ FailureOr<int64_t> mlir::pcc::getMeshAxisSize(Operation *op, StringRef axis) {
   return *size;
 }
 
-DenseElementsAttr mlir::pcc::getSplatAttr(RankedTensorType type,
-                                          double value) {
+DenseElementsAttr mlir::pcc::getSplatAttr(RankedTensorType type, double value) {
   Attribute element;
   if (auto floatType = dyn_cast<FloatType>(type.getElementType()))
     element = FloatAttr::get(floatType, value);
@@ -161,7 +161,7 @@ int64_t mlir::pcc::getPipelineChunks(Operation *op) {
 }
 
 FailureOr<int64_t> mlir::pcc::getPipelineStageCount(Operation *op) {
-  FailureOr<int64_t> pp = getMeshAxisSize(op, "pp");
+  FailureOr<int64_t> pp = getMeshAxisSize(op, kPipelineAxis);
   if (failed(pp))
     return failure();
   return *pp * getPipelineChunks(op);

@@ -22,6 +22,9 @@ std::string_view dtypeName(DType type);
 std::optional<DType> dtypeFromName(std::string_view name);
 
 /// Element count of a shape (1 for a scalar).
+/// Element i of a buffer of `type` as a double (for comparisons and
+/// printing); unsigned bytes for types without a case.
+double elementAsDouble(const uint8_t *data, DType type, int64_t i);
 int64_t elementCount(const std::vector<int64_t> &shape);
 /// "2x16x64" ("scalar" for rank 0), for messages.
 std::string shapeString(const std::vector<int64_t> &shape);

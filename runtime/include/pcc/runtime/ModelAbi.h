@@ -38,6 +38,12 @@ extern "C" {
 
 #define PCC_MODEL_ABI_VERSION 12
 
+/* The mesh axes pcc plans, as the mesh table (mesh_axes) names them; the
+ * compiler's dialect spells them the same (Contracts.h). */
+#define PCC_MESH_AXIS_DP "dp"
+#define PCC_MESH_AXIS_PP "pp"
+#define PCC_MESH_AXIS_TP "tp"
+
 /* Targets, as bits of pcc_model_info.targets. */
 enum pcc_target { PCC_TARGET_CPU = 1, PCC_TARGET_CUDA = 2 };
 
@@ -256,7 +262,7 @@ typedef struct pcc_model_info {
   int32_t num_pipeline_ranks;
   const int32_t *schedule_lengths;            /* per pipeline rank */
   const pcc_pipeline_instr *const *schedules; /* per pipeline rank */
-  const char *schedule_policy; /* "gpipe", "1f1b", ...; "" unpipelined */
+  const char *schedule_policy;      /* "gpipe", "1f1b", ...; "" unpipelined */
   const int32_t *input_batch_dims;  /* per input (ABI 5) */
   const int32_t *output_batch_dims; /* per output (ABI 5) */
   /* Training (ABI 6); num_phases is 0 for an inference library. A
@@ -267,13 +273,13 @@ typedef struct pcc_model_info {
    * r, r + P, ... (P pipeline ranks). Its stages table gives each stage's
    * forward inputs and outputs, and schedules the F/B/W order per rank. */
   int32_t num_phases;
-  const pcc_phase_info *phases;     /* indexed by enum pcc_phase */
-  const int32_t *weight_kinds;      /* per weight: enum pcc_state_kind */
-  const int32_t *weight_owners;     /* per weight: the weight it belongs to
-                                       (itself for a weight) */
-  const char *loss;                 /* "cross_entropy", "mse", "none"; "" */
-  const char *optimizer;            /* "sgd", "adamw"; "" */
-  int64_t ignore_index;             /* cross_entropy's ignored label */
+  const pcc_phase_info *phases; /* indexed by enum pcc_phase */
+  const int32_t *weight_kinds;  /* per weight: enum pcc_state_kind */
+  const int32_t *weight_owners; /* per weight: the weight it belongs to
+                                   (itself for a weight) */
+  const char *loss;             /* "cross_entropy", "mse", "none"; "" */
+  const char *optimizer;        /* "sgd", "adamw"; "" */
+  int64_t ignore_index;         /* cross_entropy's ignored label */
   /* Per weight (ABI 8): the whole tensor, as stored in the weights file and
    * in checkpoints (the weights' specs above are this rank's pieces). */
   const pcc_tensor_spec *whole_weights;
@@ -354,8 +360,8 @@ typedef int (*pcc_model_run_stage_fn)(int32_t stage,
 typedef int (*pcc_model_run_phase_fn)(int32_t phase,
                                       const pcc_run_context *context,
                                       const void *const *inputs,
-                                      void *const *outputs,
-                                      void *const *state, void *arena);
+                                      void *const *outputs, void *const *state,
+                                      void *arena);
 typedef const char *(*pcc_model_last_error_fn)(void);
 
 /* Exported by every model library. pcc_model_run returns 0 on success, the

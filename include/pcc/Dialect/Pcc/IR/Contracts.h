@@ -1,5 +1,4 @@
-//===- Contracts.h - names the passes, the back end and the runtime share -*-
-//C++ -*-===//
+//===- Contracts.h - the names of phases and state --------------*- C++ -*-===//
 //
 // Model state beyond the weights is named after its weight: `<weight>@grad`,
 // `<weight>@exp_avg`, `<weight>@exp_avg_sq`, `<weight>@momentum_buffer`
@@ -20,6 +19,12 @@
 #include <utility>
 
 namespace mlir::pcc {
+
+/// The mesh axes pcc plans, as `pcc.mesh` and the collectives name them
+/// (the model ABI's mesh table spells them the same).
+inline constexpr llvm::StringLiteral kDataParallelAxis = "dp";
+inline constexpr llvm::StringLiteral kPipelineAxis = "pp";
+inline constexpr llvm::StringLiteral kTensorParallelAxis = "tp";
 
 inline constexpr llvm::StringLiteral kTrainingAttrName = "pcc.training";
 inline constexpr llvm::StringLiteral kPhaseAttrName = "pcc.phase";

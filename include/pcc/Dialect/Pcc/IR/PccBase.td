@@ -47,6 +47,13 @@ def Pcc_Dialect : Dialect {
 class Pcc_Op<string mnemonic, list<Trait> traits = []>
     : Op<Pcc_Dialect, mnemonic, traits>;
 
+// An op that every parallel plan runs on whole tensors (pcc::RunsWhole
+// in PccDialect.h): the sharding interface's generic model is attached
+// only to these and to Elementwise ops; every other op needs a rule.
+def Pcc_RunsWhole : NativeOpTrait<"RunsWhole"> {
+  let cppNamespace = "::mlir::pcc";
+}
+
 // Element types pcc handles. Signed ONNX integers map to signless MLIR
 // integers; uint8 keeps its sign for quantised inputs.
 def Pcc_ElementType : AnyTypeOf<[F16, BF16, F32, F64, I1, I8, I16, I32, I64,

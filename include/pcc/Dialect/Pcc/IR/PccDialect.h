@@ -36,6 +36,13 @@ std::pair<std::string, std::string> getOnnxNodeOfLocation(Location loc);
 /// A splat of `value` with `type` (integers truncate): what a
 /// `pcc.constant` holds for a filled tensor.
 DenseElementsAttr getSplatAttr(RankedTensorType type, double value);
+
+/// An op the sharding planner never splits: every plan runs it on whole
+/// tensors (a weight, a loss, a collective, an optimizer update). Ops with
+/// neither a sharding rule of their own, nor Elementwise, nor this trait
+/// get no sharding interface, and the "every op has rules" test fails.
+template <typename ConcreteType>
+class RunsWhole : public ::mlir::OpTrait::TraitBase<ConcreteType, RunsWhole> {};
 } // namespace mlir::pcc
 
 #define GET_OP_CLASSES

@@ -22,7 +22,8 @@ include "mlir/IR/SymbolInterfaces.td"
 // Values: parameters and constants
 //===----------------------------------------------------------------------===//
 
-def Pcc_MeshOp : Pcc_Op<"mesh", [Symbol, HasParent<"::mlir::ModuleOp">]> {
+def Pcc_MeshOp : Pcc_Op<"mesh", [Pcc_RunsWhole, Symbol,
+                                 HasParent<"::mlir::ModuleOp">]> {
   let summary = "the device mesh: named axes and their sizes, in rank-grid order";
   let description = [{
     The module's device mesh (one per module, `@mesh`). Its axes are in the
@@ -48,7 +49,7 @@ def Pcc_MeshOp : Pcc_Op<"mesh", [Symbol, HasParent<"::mlir::ModuleOp">]> {
   }];
 }
 
-def Pcc_ParamOp : Pcc_Op<"param", [Pure]> {
+def Pcc_ParamOp : Pcc_Op<"param", [Pcc_RunsWhole, Pure]> {
   let summary = "a model weight, named after its ONNX initializer";
   let description = [{
     Reads the weight called `name` from the model's weight store. The data is
@@ -110,7 +111,7 @@ def Pcc_ParamOp : Pcc_Op<"param", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Pcc_ConstantOp : Pcc_Op<"constant", [ConstantLike, Pure,
+def Pcc_ConstantOp : Pcc_Op<"constant", [Pcc_RunsWhole, ConstantLike, Pure,
     AllTypesMatch<["value", "result"]>]> {
   let summary = "a small constant tensor";
   let description = [{
@@ -377,7 +378,7 @@ def Pcc_CastOp : Pcc_Op<"cast", [Pure, AllShapesMatch<["input", "result"]>]> {
 // Fusion
 //===----------------------------------------------------------------------===//
 
-def Pcc_FusionOp : Pcc_Op<"fusion", [IsolatedFromAbove,
+def Pcc_FusionOp : Pcc_Op<"fusion", [Pcc_RunsWhole, IsolatedFromAbove,
     RecursiveMemoryEffects, RecursivelySpeculatable,
     SingleBlockImplicitTerminator<"YieldOp">]> {
   let summary = "elementwise ops computed together in one loop";
@@ -407,7 +408,7 @@ def Pcc_FusionOp : Pcc_Op<"fusion", [IsolatedFromAbove,
   let hasVerifier = 1;
 }
 
-def Pcc_YieldOp : Pcc_Op<"yield", [Pure, Terminator,
+def Pcc_YieldOp : Pcc_Op<"yield", [Pcc_RunsWhole, Pure, Terminator,
                                    HasParent<"FusionOp">]> {
   let summary = "the results of a pcc.fusion";
   let arguments = (ins Variadic<Pcc_Tensor>:$values);
@@ -753,7 +754,8 @@ def Pcc_AvgPoolOp : Pcc_PoolOp<"avg_pool", "average",
 // Collectives have no traits: every rank must run the same ones in the same
 // order, so no pass may drop, hoist or merge one on its own.
 
-def Pcc_AllReduceOp : Pcc_Op<"all_reduce", [SameOperandsAndResultType]> {
+def Pcc_AllReduceOp : Pcc_Op<"all_reduce", [Pcc_RunsWhole,
+                                            SameOperandsAndResultType]> {
   let summary = "sums a tensor over the ranks of one mesh axis";
   let description = [{
     Turns a `partial` tensor into a replicated one: every rank of the group
@@ -770,7 +772,7 @@ def Pcc_AllReduceOp : Pcc_Op<"all_reduce", [SameOperandsAndResultType]> {
   let hasVerifier = 1;
 }
 
-def Pcc_AllGatherOp : Pcc_Op<"all_gather"> {
+def Pcc_AllGatherOp : Pcc_Op<"all_gather", [Pcc_RunsWhole]> {
   let summary = "stacks every rank's tensor along a new leading dimension";
   let description = [{
     The result's leading dimension is the size of the mesh axis, and slice r
@@ -790,7 +792,7 @@ def Pcc_AllGatherOp : Pcc_Op<"all_gather"> {
   let hasVerifier = 1;
 }
 
-def Pcc_ReduceScatterOp : Pcc_Op<"reduce_scatter"> {
+def Pcc_ReduceScatterOp : Pcc_Op<"reduce_scatter", [Pcc_RunsWhole]> {
   let summary = "sums stacked tensors over the ranks and keeps this rank's slice";
   let description = [{
     The input's leading dimension is the size of the mesh axis. Rank r gets
@@ -809,7 +811,7 @@ def Pcc_ReduceScatterOp : Pcc_Op<"reduce_scatter"> {
   let hasVerifier = 1;
 }
 
-def Pcc_ShardSliceOp : Pcc_Op<"shard_slice", [Pure]> {
+def Pcc_ShardSliceOp : Pcc_Op<"shard_slice", [Pcc_RunsWhole, Pure]> {
   let summary = "this rank's slice of a replicated tensor";
   let description = [{
     Takes the part of a whole tensor that `#pcc.shard<axis, dim, stripes>`
@@ -832,7 +834,7 @@ def Pcc_ShardSliceOp : Pcc_Op<"shard_slice", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Pcc_ShardGatherOp : Pcc_Op<"shard_gather", [Pure]> {
+def Pcc_ShardGatherOp : Pcc_Op<"shard_gather", [Pcc_RunsWhole, Pure]> {
   let summary = "a gather from this rank's block of a table split on its axis";
   let description = [{
     `data` is this rank's block of a table whose dimension `axis` is split
@@ -864,7 +866,8 @@ def Pcc_ShardGatherOp : Pcc_Op<"shard_gather", [Pure]> {
 // Pipeline stages
 //===----------------------------------------------------------------------===//
 
-def Pcc_TransferOp : Pcc_Op<"transfer", [Pure, SameOperandsAndResultType]> {
+def Pcc_TransferOp : Pcc_Op<"transfer", [Pcc_RunsWhole, Pure,
+                                         SameOperandsAndResultType]> {
   let summary = "moves a tensor from one pipeline stage to a later one";
   let description = [{
     After `pcc-pipeline-cut`, `@main` calls one function per stage (marked
@@ -891,7 +894,7 @@ def Pcc_TransferOp : Pcc_Op<"transfer", [Pure, SameOperandsAndResultType]> {
 // Gradients and training (built by pcc-autodiff, pcc-loss, pcc-optimizer)
 //===----------------------------------------------------------------------===//
 
-def Pcc_ScatterAddOp : Pcc_Op<"scatter_add", [Pure]> {
+def Pcc_ScatterAddOp : Pcc_Op<"scatter_add", [Pcc_RunsWhole, Pure]> {
   let summary = "adds slices into a zero tensor at the given indices (gather's gradient)";
   let description = [{
     The transpose of `pcc.gather` along `axis`: the result (of the table's
@@ -937,7 +940,7 @@ def Pcc_PadOp : Pcc_Op<"pad", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Pcc_CrossEntropyOp : Pcc_Op<"cross_entropy", [Pure]> {
+def Pcc_CrossEntropyOp : Pcc_Op<"cross_entropy", [Pcc_RunsWhole, Pure]> {
   let summary = "per-row cross-entropy of logits against class labels";
   let description = [{
     For every row n of `logits` (`[N, V]`): `logsumexp(logits[n]) -
@@ -961,7 +964,8 @@ def Pcc_CrossEntropyOp : Pcc_Op<"cross_entropy", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Pcc_CrossEntropyGradOp : Pcc_Op<"cross_entropy_grad", [Pure]> {
+def Pcc_CrossEntropyGradOp : Pcc_Op<"cross_entropy_grad",
+                                     [Pcc_RunsWhole, Pure]> {
   let summary = "gradient of pcc.cross_entropy with respect to the logits";
   let description = [{
     Row n of the result is `(softmax(logits[n]) - onehot(labels[n])) *
@@ -983,7 +987,7 @@ def Pcc_CrossEntropyGradOp : Pcc_Op<"cross_entropy_grad", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Pcc_DropoutOp : Pcc_Op<"dropout", [Pure,
+def Pcc_DropoutOp : Pcc_Op<"dropout", [Pcc_RunsWhole, Pure,
     AllTypesMatch<["input", "result"]>]> {
   let summary = "training-mode dropout with counter-based random numbers";
   let description = [{
@@ -1009,7 +1013,7 @@ def Pcc_DropoutOp : Pcc_Op<"dropout", [Pure,
   let hasVerifier = 1;
 }
 
-def Pcc_ConvGradInputOp : Pcc_Op<"conv_grad_input", [Pure,
+def Pcc_ConvGradInputOp : Pcc_Op<"conv_grad_input", [Pcc_RunsWhole, Pure,
     SameOperandsElementType]> {
   let summary = "gradient of pcc.conv with respect to its input";
   let description = [{
@@ -1036,7 +1040,7 @@ def Pcc_ConvGradInputOp : Pcc_Op<"conv_grad_input", [Pure,
   let hasVerifier = 1;
 }
 
-def Pcc_ConvGradWeightOp : Pcc_Op<"conv_grad_weight", [Pure,
+def Pcc_ConvGradWeightOp : Pcc_Op<"conv_grad_weight", [Pcc_RunsWhole, Pure,
     SameOperandsElementType]> {
   let summary = "gradient of pcc.conv with respect to its weight";
   let description = [{
@@ -1061,7 +1065,7 @@ def Pcc_ConvGradWeightOp : Pcc_Op<"conv_grad_weight", [Pure,
   let hasVerifier = 1;
 }
 
-def Pcc_MaxPoolGradOp : Pcc_Op<"max_pool_grad", [Pure,
+def Pcc_MaxPoolGradOp : Pcc_Op<"max_pool_grad", [Pcc_RunsWhole, Pure,
     SameOperandsElementType, AllTypesMatch<["input", "result"]>]> {
   let summary = "gradient of pcc.max_pool with respect to its input";
   let description = [{
@@ -1090,7 +1094,7 @@ def Pcc_MaxPoolGradOp : Pcc_Op<"max_pool_grad", [Pure,
   let hasVerifier = 1;
 }
 
-def Pcc_AvgPoolGradOp : Pcc_Op<"avg_pool_grad", [Pure,
+def Pcc_AvgPoolGradOp : Pcc_Op<"avg_pool_grad", [Pcc_RunsWhole, Pure,
     SameOperandsAndResultElementType]> {
   let summary = "gradient of pcc.avg_pool with respect to its input";
   let description = [{
@@ -1120,7 +1124,7 @@ def Pcc_AvgPoolGradOp : Pcc_Op<"avg_pool_grad", [Pure,
 // optimizer moment or a weight) in place. They have no results; their
 // memory effect keeps them where the pass put them and alive.
 
-def Pcc_AccumulateOp : Pcc_Op<"accumulate", [
+def Pcc_AccumulateOp : Pcc_Op<"accumulate", [Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>, AllTypesMatch<["state", "value"]>]> {
   let summary = "adds a gradient into its state tensor in place";
   let description = [{
@@ -1138,7 +1142,7 @@ def Pcc_AccumulateOp : Pcc_Op<"accumulate", [
   let hasVerifier = 1;
 }
 
-def Pcc_EmaUpdateOp : Pcc_Op<"ema_update", [
+def Pcc_EmaUpdateOp : Pcc_Op<"ema_update", [Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>, AllTypesMatch<["state", "value"]>]> {
   let summary = "moving average of a state tensor, in place (running statistics)";
   let description = [{
@@ -1161,7 +1165,8 @@ def Pcc_EmaUpdateOp : Pcc_Op<"ema_update", [
   let hasVerifier = 1;
 }
 
-def Pcc_ZeroOp : Pcc_Op<"zero", [MemoryEffects<[MemWrite]>]> {
+def Pcc_ZeroOp : Pcc_Op<"zero", [Pcc_RunsWhole,
+                                 MemoryEffects<[MemWrite]>]> {
   let summary = "sets a state tensor to zero in place";
   let description = [{
     ```mlir
@@ -1173,7 +1178,7 @@ def Pcc_ZeroOp : Pcc_Op<"zero", [MemoryEffects<[MemWrite]>]> {
   let hasVerifier = 1;
 }
 
-def Pcc_AssignOp : Pcc_Op<"assign", [
+def Pcc_AssignOp : Pcc_Op<"assign", [Pcc_RunsWhole,
     MemoryEffects<[MemWrite]>, AllTypesMatch<["state", "value"]>]> {
   let summary = "overwrites a state tensor in place";
   let description = [{
@@ -1190,7 +1195,7 @@ def Pcc_AssignOp : Pcc_Op<"assign", [
   let hasVerifier = 1;
 }
 
-def Pcc_BucketStartOp : Pcc_Op<"bucket_start", [
+def Pcc_BucketStartOp : Pcc_Op<"bucket_start", [Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>]> {
   let summary = "starts the sum of a gradient bucket over an axis";
   let description = [{
@@ -1220,7 +1225,7 @@ def Pcc_BucketStartOp : Pcc_Op<"bucket_start", [
   let hasVerifier = 1;
 }
 
-def Pcc_BucketWaitOp : Pcc_Op<"bucket_wait", [
+def Pcc_BucketWaitOp : Pcc_Op<"bucket_wait", [Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>]> {
   let summary = "completes the all-reduces started over an axis";
   let description = [{
@@ -1236,7 +1241,7 @@ def Pcc_BucketWaitOp : Pcc_Op<"bucket_wait", [
   let hasVerifier = 1;
 }
 
-def Pcc_ReduceScatterStartOp : Pcc_Op<"reduce_scatter_start", [
+def Pcc_ReduceScatterStartOp : Pcc_Op<"reduce_scatter_start", [Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>]> {
   let summary = "starts a reduce-scatter that a later op completes";
   let description = [{
@@ -1260,7 +1265,7 @@ def Pcc_ReduceScatterStartOp : Pcc_Op<"reduce_scatter_start", [
   let hasVerifier = 1;
 }
 
-def Pcc_AllGatherStartOp : Pcc_Op<"all_gather_start", [
+def Pcc_AllGatherStartOp : Pcc_Op<"all_gather_start", [Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>]> {
   let summary = "starts an all-gather that a later op completes";
   let description = [{
@@ -1284,7 +1289,7 @@ def Pcc_AllGatherStartOp : Pcc_Op<"all_gather_start", [
   let hasVerifier = 1;
 }
 
-def Pcc_WaitCollectivesOp : Pcc_Op<"wait_collectives", [
+def Pcc_WaitCollectivesOp : Pcc_Op<"wait_collectives", [Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>, AttrSizedOperandSegments]> {
   let summary = "completes the collectives started over an axis";
   let description = [{
@@ -1311,7 +1316,7 @@ def Pcc_WaitCollectivesOp : Pcc_Op<"wait_collectives", [
   let hasVerifier = 1;
 }
 
-def Pcc_SgdUpdateOp : Pcc_Op<"sgd_update", [
+def Pcc_SgdUpdateOp : Pcc_Op<"sgd_update", [Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>,
     AllTypesMatch<["param", "grad", "momentum_buffer"]>]> {
   let summary = "one SGD step of a weight, in place (torch.optim.SGD)";
@@ -1338,7 +1343,7 @@ def Pcc_SgdUpdateOp : Pcc_Op<"sgd_update", [
   let hasVerifier = 1;
 }
 
-def Pcc_AdamwUpdateOp : Pcc_Op<"adamw_update", [
+def Pcc_AdamwUpdateOp : Pcc_Op<"adamw_update", [Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>,
     AllTypesMatch<["param", "grad", "exp_avg", "exp_avg_sq"]>]> {
   let summary = "one AdamW step of a weight, in place (torch.optim.AdamW)";

@@ -1,7 +1,7 @@
 //===- Train.h - pcc-run's training mode ------------------------*- C++ -*-===//
 
-#ifndef PCC_TOOLS_PCC_RUN_TRAIN_H
-#define PCC_TOOLS_PCC_RUN_TRAIN_H
+#ifndef PCC_TOOLING_TRAIN_H
+#define PCC_TOOLING_TRAIN_H
 
 #include "pcc/runtime/Communicator.h"
 #include "pcc/runtime/Device.h"
@@ -19,9 +19,9 @@ struct TrainOptions {
   int64_t steps = 0;
   std::vector<std::string> inputs;
   std::string labels;
-  std::string data;              // --data tokens.bin
+  std::string data; // --data tokens.bin
   std::string dataDtype = "uint16";
-  int64_t seq = 0;               // --seq
+  int64_t seq = 0; // --seq
   Hyperparameters hyper;
   bool lrGiven = false, weightDecayGiven = false;
   int64_t warmup = 0;
@@ -68,4 +68,4 @@ int runTraining(const TrainOptions &o, const ModelLibrary &library,
 
 } // namespace pccrt
 
-#endif // PCC_TOOLS_PCC_RUN_TRAIN_H
+#endif // PCC_TOOLING_TRAIN_H

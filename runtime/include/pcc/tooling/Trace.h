@@ -1,5 +1,4 @@
-//===- Trace.h - pipeline timelines: Chrome trace, SVG, bubble ----*- C++
-//-*-===//
+//===- Trace.h - pipeline timelines: Chrome trace, SVG, bubble --*- C++ -*-===//
 //
 // Every rank's steps of one pipelined run (pccrt::TraceEvent), gathered on
 // rank 0, become a Chrome-trace / Perfetto JSON file (compute, send, recv
@@ -9,8 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef PCC_RUN_TRACE_H
-#define PCC_RUN_TRACE_H
+#ifndef PCC_TOOLING_TRACE_H
+#define PCC_TOOLING_TRACE_H
 
 #include "pcc/runtime/Communicator.h"
 #include "pcc/runtime/ModelLibrary.h"
@@ -55,8 +54,8 @@ struct ScheduleReplay {
   double measuredBusiest = 0, measuredMean = 0;
 };
 /// The replay, or an error (a library whose lists do not replay).
-pccrt::Result<ScheduleReplay> replaySchedule(const pcc_model_info &model,
-                                             const std::vector<RankTrace> &rows);
+pccrt::Result<ScheduleReplay>
+replaySchedule(const pcc_model_info &model, const std::vector<RankTrace> &rows);
 
 /// The run's makespan: the latest end of any rank's step, not counting a
 /// training step's optimizer after the pipeline's flush.
@@ -95,4 +94,4 @@ pccrt::Status writeSvg(const std::string &path, const TraceInfo &info,
 
 } // namespace pccrun
 
-#endif // PCC_RUN_TRACE_H
+#endif // PCC_TOOLING_TRACE_H

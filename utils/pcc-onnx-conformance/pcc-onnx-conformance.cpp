@@ -1,5 +1,4 @@
-//===- pcc-onnx-conformance.cpp - import ONNX's own test models
-//------------===//
+//===- pcc-onnx-conformance.cpp - import ONNX's own test models -----------===//
 //
 // Imports every model.onnx under the given test-data directories (ONNX's
 // node, pytorch-converted and pytorch-operator suites) and classifies each:
@@ -115,30 +114,6 @@ std::string flatten(std::string text) {
   if (text.size() > 200)
     text = text.substr(0, 200) + "...";
   return text;
-}
-
-double valueAt(const uint8_t *data, pccrt::DType type, int64_t i) {
-  using pccrt::DType;
-  switch (type) {
-  case DType::F32:
-    return reinterpret_cast<const float *>(data)[i];
-  case DType::F64:
-    return reinterpret_cast<const double *>(data)[i];
-  case DType::F16:
-    return pccrt::halfToFloat(reinterpret_cast<const uint16_t *>(data)[i]);
-  case DType::BF16:
-    return pccrt::bf16ToFloat(reinterpret_cast<const uint16_t *>(data)[i]);
-  case DType::I64:
-    return double(reinterpret_cast<const int64_t *>(data)[i]);
-  case DType::I32:
-    return reinterpret_cast<const int32_t *>(data)[i];
-  case DType::I16:
-    return reinterpret_cast<const int16_t *>(data)[i];
-  case DType::I8:
-    return reinterpret_cast<const int8_t *>(data)[i];
-  default:
-    return data[i];
-  }
 }
 
 /// The test's test_data_set_* directories, sorted.
@@ -372,7 +347,8 @@ void runTest(Row &row, const std::string &dir, ModuleOp module,
       const auto *want = reinterpret_cast<const uint8_t *>(ref->bytes.data());
       int64_t count = pccrt::elementCount(ref->shape);
       for (int64_t j = 0; j < count; ++j) {
-        double x = valueAt(got, type, j), r = valueAt(want, type, j);
+        double x = pccrt::elementAsDouble(got, type, j),
+               r = pccrt::elementAsDouble(want, type, j);
         // Equal values (equal infinities included) and NaN where NaN is
         // expected match.
         if (x == r || (std::isnan(x) && std::isnan(r)))

@@ -8,8 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Train.h"
-#include "Trace.h"
+#include "pcc/tooling/Train.h"
+#include "pcc/tooling/Trace.h"
 
 #include "pcc/runtime/Checkpoint.h"
 #include "pcc/runtime/Npy.h"
@@ -89,8 +89,8 @@ class DataSource {
 public:
   virtual ~DataSource() = default;
   /// Fills micro-batch `j` of step `k` (0-based).
-  virtual void fill(int64_t k, int64_t j, std::vector<std::vector<uint8_t>> &
-                                               buffers) = 0;
+  virtual void fill(int64_t k, int64_t j,
+                    std::vector<std::vector<uint8_t>> &buffers) = 0;
   virtual std::string describe() const = 0;
   /// Tokens per sample (0: not a token stream).
   virtual int64_t tokensPerSample() const { return 0; }
@@ -154,8 +154,8 @@ public:
   TokenSource(std::vector<int64_t> tokens, int64_t seq, int64_t microRows,
               int64_t batch, DType idType, DType labelType,
               std::optional<uint64_t> shuffle)
-      : tokens(std::move(tokens)), seq(seq), microRows(microRows),
-        batch(batch), idType(idType), labelType(labelType), shuffle(shuffle) {}
+      : tokens(std::move(tokens)), seq(seq), microRows(microRows), batch(batch),
+        idType(idType), labelType(labelType), shuffle(shuffle) {}
 
   void fill(int64_t k, int64_t j,
             std::vector<std::vector<uint8_t>> &buffers) override {
@@ -176,8 +176,8 @@ public:
   }
   std::string describe() const override {
     return std::to_string(tokens.size()) + " tokens, windows of " +
-           std::to_string(seq) + (shuffle ? " at seeded random offsets"
-                                          : " one after another");
+           std::to_string(seq) +
+           (shuffle ? " at seeded random offsets" : " one after another");
   }
   int64_t tokensPerSample() const override { return seq; }
 
@@ -217,8 +217,7 @@ NpyArray convertTo(NpyArray a, DType want, const std::string &file) {
     if (want == DType::I64)
       reinterpret_cast<int64_t *>(out.data.data())[i] = v;
     else
-      reinterpret_cast<int32_t *>(out.data.data())[i] =
-          static_cast<int32_t>(v);
+      reinterpret_cast<int32_t *>(out.data.data())[i] = static_cast<int32_t>(v);
   }
   return out;
 }
@@ -305,9 +304,9 @@ std::string hyperDescription(const TrainOptions &o, const char *optimizer) {
   char buf[256];
   const Hyperparameters &h = o.hyper;
   if (std::string(optimizer) == "sgd")
-    std::snprintf(buf, sizeof(buf),
-                  "sgd lr %g momentum %g%s weight-decay %g", h.lr, h.momentum,
-                  h.nesterov ? " (nesterov)" : "", h.weightDecay);
+    std::snprintf(buf, sizeof(buf), "sgd lr %g momentum %g%s weight-decay %g",
+                  h.lr, h.momentum, h.nesterov ? " (nesterov)" : "",
+                  h.weightDecay);
   else
     std::snprintf(buf, sizeof(buf),
                   "adamw lr %g betas %g,%g eps %g weight-decay %g", h.lr,
@@ -389,8 +388,7 @@ bool parseTrainOption(const std::string &a, TrainOptions &o,
     if (seed >= (int64_t(1) << 53))
       fail("--seed " + std::to_string(seed) + " must be below 2^53");
     o.seed = static_cast<uint64_t>(seed);
-  }
-  else if (a == "--log-every")
+  } else if (a == "--log-every")
     o.logEvery = std::max<int64_t>(parseCount(a, value()), 1);
   else
     return false;
@@ -402,7 +400,8 @@ bool parseTrainOption(const std::string &a, TrainOptions &o,
 static int64_t zeroStage(const pcc_model_info &info) {
   int64_t stage = 0;
   for (int i = 0; i < info.num_weights; ++i) {
-    bool flat = info.weight_shards[i].axis >= 0 && info.weight_shards[i].dim < 0;
+    bool flat =
+        info.weight_shards[i].axis >= 0 && info.weight_shards[i].dim < 0;
     if (info.weight_kinds[i] == PCC_STATE_MASTER)
       stage = std::max<int64_t>(stage, 1);
     else if (flat && info.weight_kinds[i] == PCC_STATE_GRAD)
@@ -429,8 +428,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     if (!ranks.dataParallel)
       return value;
     double total = 0;
-    Status summed = ranks.dataParallel->allReduce(&value, &total, 1,
-                                                  DType::F64, ReduceOp::Sum);
+    Status summed = ranks.dataParallel->allReduce(&value, &total, 1, DType::F64,
+                                                  ReduceOp::Sum);
     if (!summed.ok())
       fail(summed.error());
     return total;
@@ -447,7 +446,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     fail("training needs --steps N: the step at which the run ends");
   if (o.schedule != "constant" && o.schedule != "cosine" &&
       o.schedule != "linear")
-    fail("--schedule-lr " + o.schedule + " is not a schedule (constant, "
+    fail("--schedule-lr " + o.schedule +
+         " is not a schedule (constant, "
          "cosine or linear)");
   if (!(o.hyper.lr > 0))
     fail("--lr must be positive");
@@ -457,7 +457,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     o.hyper.weightDecay = 0; // PyTorch's SGD default
   if (optimizer != "sgd" && (o.hyper.momentum != 0 || o.hyper.nesterov))
     fail("--momentum and --nesterov are SGD's; this library was compiled "
-         "with --optimizer=" + optimizer);
+         "with --optimizer=" +
+         optimizer);
   if (o.hyper.nesterov && o.hyper.momentum <= 0)
     fail("--nesterov needs --momentum above 0 (as torch.optim.SGD)");
   if (!o.saveDir.empty() && o.saveEvery < 0)
@@ -485,9 +486,11 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
            std::to_string(nin - 1) + " input(s)");
     int64_t seq = fwd.inputs[0].shape[1];
     if (o.seq && o.seq != seq)
-      fail("--seq " + std::to_string(o.seq) + " does not match the model, "
-           "which was compiled for sequences of " + std::to_string(seq) +
-           " (pcc --dim=seq=" + std::to_string(o.seq) + ")");
+      fail("--seq " + std::to_string(o.seq) +
+           " does not match the model, "
+           "which was compiled for sequences of " +
+           std::to_string(seq) + " (pcc --dim=seq=" + std::to_string(o.seq) +
+           ")");
     if (o.dataDtype != "uint16" && o.dataDtype != "int32")
       fail("--data-dtype " + o.dataDtype + " is not uint16 or int32");
     auto text = readTextFile(o.data);
@@ -495,8 +498,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
       fail("cannot read --data '" + o.data + "'");
     size_t width = o.dataDtype == "uint16" ? 2 : 4;
     if (text->size() % width)
-      fail("--data '" + o.data + "' is not a whole number of " +
-           o.dataDtype + " tokens");
+      fail("--data '" + o.data + "' is not a whole number of " + o.dataDtype +
+           " tokens");
     std::vector<int64_t> tokens(text->size() / width);
     for (size_t i = 0; i < tokens.size(); ++i) {
       if (width == 2) {
@@ -534,8 +537,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
       auto a = readNpy(files[i]);
       if (!a.ok())
         fail(a.error());
-      NpyArray array =
-          convertTo(a.take(), static_cast<DType>(fwd.inputs[i].dtype), files[i]);
+      NpyArray array = convertTo(
+          a.take(), static_cast<DType>(fwd.inputs[i].dtype), files[i]);
       std::vector<int64_t> want = specShape(fwd.inputs[i]);
       std::vector<int64_t> got = array.shape;
       if (got.empty() || want.empty() ||
@@ -553,8 +556,10 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
       arrays.push_back(std::move(array));
     }
     if (rows < batch)
-      fail("the data holds " + std::to_string(rows) + " rows, fewer than one "
-           "batch of " + std::to_string(batch) + " (pcc --batch)");
+      fail("the data holds " + std::to_string(rows) +
+           " rows, fewer than one "
+           "batch of " +
+           std::to_string(batch) + " (pcc --batch)");
     std::vector<std::string> names;
     for (int i = 0; i < nin; ++i)
       names.push_back(fwd.inputs[i].name);
@@ -562,10 +567,10 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                                            microRows, batch, o.shuffle);
   }
 
-  auto trainer = library.isPipelined()
-                     ? Trainer::create(library, device, ranks.pipelineRank,
-                                       ranks.pipeline)
-                     : Trainer::create(library, device);
+  auto trainer =
+      library.isPipelined()
+          ? Trainer::create(library, device, ranks.pipelineRank, ranks.pipeline)
+          : Trainer::create(library, device);
   if (!trainer.ok())
     fail(trainer.error());
   trainer->setCommunicators(ranks.comms);
@@ -583,9 +588,9 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     if (!dir.ok())
       fail(dir.error());
     auto text = readTextFile(*dir + "/trainer.json");
-    nlohmann::json state =
-        text.ok() ? nlohmann::json::parse(*text, nullptr, false)
-                  : nlohmann::json();
+    nlohmann::json state = text.ok()
+                               ? nlohmann::json::parse(*text, nullptr, false)
+                               : nlohmann::json();
     if (state.is_discarded() || !state.contains("step"))
       fail("checkpoint '" + *dir + "': trainer.json is unreadable");
     if (state.value("optimizer", "") != optimizer)
@@ -636,7 +641,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
 
   int64_t tp = 1;
   for (int a = 0; a < info.num_mesh_axes; ++a)
-    if (std::string(info.mesh_axes[a]) == "tp")
+    if (std::string(info.mesh_axes[a]) == PCC_MESH_AXIS_TP)
       tp = info.mesh_sizes[a];
   std::string ranksText =
       dp > 1 ? " on each of " + std::to_string(dp) + " data-parallel ranks"
@@ -645,9 +650,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     ranksText += std::string(dp > 1 ? "," : "") + " split over " +
                  std::to_string(tp) + " tensor-parallel ranks";
   if (library.isPipelined())
-    ranksText += std::string(dp > 1 || tp > 1 ? "," : "") +
-                 " pipelined over " + std::to_string(info.num_pipeline_ranks) +
-                 " ranks";
+    ranksText += std::string(dp > 1 || tp > 1 ? "," : "") + " pipelined over " +
+                 std::to_string(info.num_pipeline_ranks) + " ranks";
   std::printf("training %s on %s: %s, batch %lld (%lld micro-batch%s of "
               "%lld%s), loss %s, %s\n",
               libraryPath.c_str(), device.describe().c_str(),
@@ -718,8 +722,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                             {"optimizer", optimizer},
                             {"batch", batch},
                             {"microbatches", m},
-                            {"dp", dp},
-                            {"tp", tp},
+                            {PCC_MESH_AXIS_DP, dp},
+                            {PCC_MESH_AXIS_TP, tp},
                             {"zero", zeroStage(info)},
                             {"samples_seen", step * batch}};
     if (o.shuffle)
@@ -753,7 +757,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   auto traffic = [&](bool overTp) {
     CommBinding::Traffic t;
     for (int a = 0; ranks.comms && a < info.num_mesh_axes; ++a) {
-      if ((std::string(info.mesh_axes[a]) == "tp") != overTp ||
+      if ((std::string(info.mesh_axes[a]) == PCC_MESH_AXIS_TP) != overTp ||
           a == info.pipeline_axis)
         continue;
       const auto &m =
@@ -834,10 +838,10 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
         if (!met.ok())
           fail("the barrier before the traced step: " + met.error());
       }
-      trainer->traceNextStep(std::chrono::duration<double>(
-                                 std::chrono::steady_clock::now()
-                                     .time_since_epoch())
-                                 .count());
+      trainer->traceNextStep(
+          std::chrono::duration<double>(
+              std::chrono::steady_clock::now().time_since_epoch())
+              .count());
     }
     auto t0 = std::chrono::steady_clock::now();
     CommBinding::Traffic before = traffic(false), tpBefore = traffic(true);
@@ -863,7 +867,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     double samples = batch / (ms / 1000.0);
     if (!std::isfinite(stepLoss) && count > 0)
       fail("step " + std::to_string(s) + ": the loss is " +
-           std::to_string(stepLoss) + " (diverged; lower --lr or add "
+           std::to_string(stepLoss) +
+           " (diverged; lower --lr or add "
            "--clip-grad-norm)");
     if (log) {
       std::fprintf(log, "%lld,%.9g,%.9g,%.9g,%.6g,%.4g\n",
@@ -888,9 +893,9 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     save(o.steps);
   if (log)
     std::fclose(log);
-  double seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - begin)
-                       .count();
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin)
+          .count();
   std::printf("trained steps %lld to %lld in %.2f s; last loss %.6f\n",
               static_cast<long long>(start + 1),
               static_cast<long long>(o.steps), seconds, lastLoss);
@@ -911,13 +916,13 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
         all(peaks.size(), 0.0);
     peaks[static_cast<size_t>(ranks.worldRank)] =
         static_cast<double>(device.peakBytes());
-    Status gathered = ranks.world->allReduce(
-        peaks.data(), all.data(), static_cast<int64_t>(peaks.size()),
-        DType::F64, ReduceOp::Sum);
+    Status gathered = ranks.world->allReduce(peaks.data(), all.data(),
+                                             static_cast<int64_t>(peaks.size()),
+                                             DType::F64, ReduceOp::Sum);
     if (!gathered.ok())
       fail("gathering the ranks' high-water marks: " + gathered.error());
-    std::vector<double> perStage(
-        static_cast<size_t>(info.num_pipeline_ranks), 0.0);
+    std::vector<double> perStage(static_cast<size_t>(info.num_pipeline_ranks),
+                                 0.0);
     for (size_t w = 0; w < all.size(); ++w) {
       // The pipeline coordinate of world rank w (the last axis fastest).
       int64_t rest = static_cast<int64_t>(w), coord = 0;
@@ -950,14 +955,14 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     std::printf("pipeline stash: %s micro-batches in flight at most on "
                 "pipeline ranks 0 to %d (%s schedule, %d micro-batches, %d "
                 "stages)\n",
-                list.c_str(), info.num_pipeline_ranks - 1,
-                info.schedule_policy, info.microbatches, info.num_stages);
+                list.c_str(), info.num_pipeline_ranks - 1, info.schedule_policy,
+                info.microbatches, info.num_stages);
     if (!o.trace.empty() || !o.traceSvg.empty()) {
-      auto all = ranks.world ? pccrun::gatherEvents(*ranks.world,
-                                                    trainer->trace())
-                             : Result<std::vector<std::vector<TraceEvent>>>(
-                                   std::vector<std::vector<TraceEvent>>{
-                                       trainer->trace()});
+      auto all =
+          ranks.world
+              ? pccrun::gatherEvents(*ranks.world, trainer->trace())
+              : Result<std::vector<std::vector<TraceEvent>>>(
+                    std::vector<std::vector<TraceEvent>>{trainer->trace()});
       if (!all.ok())
         fail(all.error());
       if (ranks.leader) {
@@ -965,9 +970,12 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
             pccrun::timelineRows(library, all.take());
         std::string model = info.source;
         model = model.substr(model.find_last_of('/') + 1);
-        pccrun::TraceInfo ti{model, info.schedule_policy,
-                             info.num_pipeline_ranks, info.microbatches,
-                             library.chunksPerPipelineRank(), &info};
+        pccrun::TraceInfo ti{model,
+                             info.schedule_policy,
+                             info.num_pipeline_ranks,
+                             info.microbatches,
+                             library.chunksPerPipelineRank(),
+                             &info};
         std::printf("the last step's pipeline (F, B and W of every "
                     "micro-batch):\n");
         Status s = pccrun::reportTimeline(ti, rows, !device.isHost(), o.trace,

@@ -1,6 +1,6 @@
 //===- Trace.cpp - pipeline timelines: Chrome trace, SVG, bubble ----------===//
 
-#include "Trace.h"
+#include "pcc/tooling/Trace.h"
 
 #include "pcc/Schedule/Schedule.h"
 
@@ -36,15 +36,15 @@ timelineRows(const pccrt::ModelLibrary &library,
       if (info.mesh_sizes[a] > 1)
         coords += (coords.empty() ? "" : ", ") +
                   std::string(info.mesh_axes[a]) + "=" + std::to_string(c[a]);
-    int32_t pipeRank =
-        info.pipeline_axis >= 0 ? static_cast<int32_t>(c[info.pipeline_axis])
-                                : 0;
+    int32_t pipeRank = info.pipeline_axis >= 0
+                           ? static_cast<int32_t>(c[info.pipeline_axis])
+                           : 0;
     std::vector<int32_t> held = library.stagesOf(pipeRank);
     std::string stages = held.size() > 1 ? "stages " : "stage ";
     for (size_t i = 0; i < held.size(); ++i)
       stages += (i ? ", " : "") + std::to_string(held[i]);
-    rows.push_back({static_cast<int>(rank), coords, stages,
-                    std::move(events[rank])});
+    rows.push_back(
+        {static_cast<int>(rank), coords, stages, std::move(events[rank])});
   }
   return rows;
 }
@@ -113,11 +113,11 @@ Status reportTimeline(const TraceInfo &info, const std::vector<RankTrace> &rows,
     std::printf("  (on CUDA, a compute step is timed until its stream is "
                 "done and a receive until its data arrived; sends are timed "
                 "as queued, on the transfer stream)\n");
-  std::printf("  mean bubble %.3f; %s = %.3f for p=%d, m=%d", mean,
-              analyticBubbleFormula(info.chunks),
-              analyticBubble(info.pipelineRanks, info.microbatches,
-                             info.chunks),
-              info.pipelineRanks, info.microbatches);
+  std::printf(
+      "  mean bubble %.3f; %s = %.3f for p=%d, m=%d", mean,
+      analyticBubbleFormula(info.chunks),
+      analyticBubble(info.pipelineRanks, info.microbatches, info.chunks),
+      info.pipelineRanks, info.microbatches);
   std::printf(info.chunks > 1 ? ", v=%d\n" : "\n", info.chunks);
   if (rows.size() > 1 && totalCompute > 0)
     std::printf("  busiest rank's bubble %.3f (the schedule's); compute "
@@ -183,8 +183,8 @@ replaySchedule(const pcc_model_info &model,
   schedule.options.microbatches = model.microbatches;
   schedule.options.chunks = stages / p;
   schedule.options.forwardOnly = model.num_phases == 0;
-  if (auto policy = sch::parsePolicy(
-          model.schedule_policy ? model.schedule_policy : ""))
+  if (auto policy =
+          sch::parsePolicy(model.schedule_policy ? model.schedule_policy : ""))
     schedule.options.policy = *policy;
   schedule.ranks.resize(static_cast<size_t>(p));
   for (int32_t r = 0; r < p; ++r)
@@ -217,8 +217,8 @@ replaySchedule(const pcc_model_info &model,
   for (int k = 0; k < 3; ++k)
     for (int32_t s = 0; s < stages; ++s)
       of[k]->push_back(count[k][s] > 0 ? sum[k][s] / count[k][s] : 0);
-  auto bubbles = [&](const sch::Durations &d,
-                     double &busiest, double &mean) -> pccrt::Status {
+  auto bubbles = [&](const sch::Durations &d, double &busiest,
+                     double &mean) -> pccrt::Status {
     sch::SimulateResult sim = sch::simulate(schedule, d);
     if (!sim.simulation)
       return Error{sim.error};
@@ -489,8 +489,7 @@ Status writeSvg(const std::string &path, const TraceInfo &info,
      << "\">coloured: compute (one colour per micro-batch"
      << (info.chunks > 1 ? "; Fm.c: chunk c, darker for later chunks" : "")
      << "); grey bars: send and receive; light grey: idle"
-     << (drawn > span ? "; dark: zero-grad and optimizer" : "")
-     << "</text>\n";
+     << (drawn > span ? "; dark: zero-grad and optimizer" : "") << "</text>\n";
   os << "</svg>\n";
   return writeFile(path, os.str());
 }

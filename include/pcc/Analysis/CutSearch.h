@@ -1,0 +1,58 @@
+//===- CutSearch.h - where to cut a program into stages ---------*- C++ -*-===//
+//
+// The search behind pcc-pipeline-cut, on numbers alone: a program in
+// topological order is a profile of positions (position c is before op c;
+// the program has n ops and n + 1 positions), each with the predicted
+// seconds and FLOPs before it and the bytes live across it. Candidates are
+// the narrowest positions; the stages are chosen by dynamic programming to
+// minimise the slowest stage and then the bytes crossing; with several
+// chunks per rank the cuts move to balance the busiest rank.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_ANALYSIS_CUTSEARCH_H
+#define PCC_ANALYSIS_CUTSEARCH_H
+
+#include "llvm/ADT/ArrayRef.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace mlir::pcc {
+
+struct CutProfile {
+  /// seconds[c]: the predicted seconds of ops [0, c) (n + 1 entries).
+  std::vector<double> seconds;
+  /// flops[c]: the FLOPs of ops [0, c) (n + 1 entries).
+  std::vector<int64_t> flops;
+  /// crossing[c]: the bytes live across position c (n + 1 entries).
+  std::vector<int64_t> crossing;
+  size_t size() const { return seconds.empty() ? 0 : seconds.size() - 1; }
+};
+
+/// Where a cut may go: positions with compute on both sides where no more
+/// bytes are live than at the narrowest point between the model's layers
+/// (between its first and last op with FLOPs), one per run of free ops.
+std::vector<size_t> candidateCuts(const CutProfile &profile);
+
+/// The stages - 1 candidates minimising (slowest stage, bytes crossing);
+/// on a tie the later cut. `candidates` must hold stages - 1 or more.
+std::vector<size_t> balanceStages(const CutProfile &profile,
+                                  const std::vector<size_t> &candidates,
+                                  int64_t stages);
+
+/// Predicted seconds of each pipeline rank per micro-batch when stage k of
+/// the cut `cuts` runs on rank k mod `ranks`.
+std::vector<double> rankSeconds(const CutProfile &profile,
+                                llvm::ArrayRef<size_t> cuts, int64_t ranks);
+
+/// With several chunks per rank: moves single cuts to neighbouring
+/// candidates while that lowers (busiest rank, slowest stage, bytes).
+void balanceRanks(const CutProfile &profile,
+                  const std::vector<size_t> &candidates,
+                  std::vector<size_t> &cuts, int64_t ranks);
+
+} // namespace mlir::pcc
+
+#endif // PCC_ANALYSIS_CUTSEARCH_H

@@ -1,0 +1,168 @@
+//===- CutSearch.cpp - where to cut a program into pipeline stages --------===//
+
+#include "pcc/Analysis/CutSearch.h"
+
+#include <algorithm>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+/// Where a cut may go: positions with compute on both sides where no more
+/// bytes are live than at the narrowest point between the model's layers
+/// (between its first and last matmul or convolution), one per run of free
+/// ops. Measuring the narrowest point between layers keeps a thin spot in
+/// the prologue (a tensor-parallel embedding scattered over the ranks)
+/// from ruling out every cut between layers.
+std::vector<size_t> mlir::pcc::candidateCuts(const CutProfile &p) {
+  size_t n = p.size();
+  const std::vector<int64_t> &flops = p.flops;
+  auto interior = [&](size_t c) {
+    return p.seconds[c] > 0 && p.seconds[n] - p.seconds[c] > 0;
+  };
+  auto betweenLayers = [&](size_t c) {
+    return flops[c] > 0 && flops[n] - flops[c] > 0;
+  };
+  bool layered = false;
+  for (size_t c = 1; c < n; ++c)
+    layered |= betweenLayers(c);
+  int64_t least = std::numeric_limits<int64_t>::max();
+  for (size_t c = 1; c < n; ++c)
+    if (layered ? betweenLayers(c) : interior(c))
+      least = std::min(least, p.crossing[c]);
+  std::vector<size_t> out;
+  for (size_t c = 1; c < n; ++c)
+    if (interior(c) && p.crossing[c] <= least &&
+        (out.empty() || p.seconds[c] > p.seconds[out.back()]))
+      out.push_back(c);
+  return out;
+}
+
+/// The stages - 1 candidates minimising (slowest stage, bytes crossing).
+std::vector<size_t>
+mlir::pcc::balanceStages(const CutProfile &p,
+                         const std::vector<size_t> &candidates,
+                         int64_t stages) {
+  size_t k = candidates.size(), n = p.size();
+  using Score = std::pair<double, int64_t>;
+  const Score worst{std::numeric_limits<double>::infinity(), 0};
+  // best[s][j]: s + 1 stages ending at candidate j (cut after stage s).
+  std::vector<std::vector<Score>> best(stages, std::vector<Score>(k, worst));
+  std::vector<std::vector<int>> from(stages, std::vector<int>(k, -1));
+  auto better = [](Score a, Score b) {
+    if (a.first != b.first)
+      return a.first < b.first * (1 - 1e-12);
+    return a.second < b.second;
+  };
+  for (size_t j = 0; j < k; ++j)
+    best[0][j] = {p.seconds[candidates[j]], p.crossing[candidates[j]]};
+  for (int64_t s = 1; s < stages - 1; ++s)
+    for (size_t j = 0; j < k; ++j)
+      for (size_t i = 0; i < j; ++i) {
+        if (best[s - 1][i].first == worst.first)
+          continue;
+        double stage = p.seconds[candidates[j]] - p.seconds[candidates[i]];
+        Score sc{std::max(best[s - 1][i].first, stage),
+                 best[s - 1][i].second + p.crossing[candidates[j]]};
+        if (better(sc, best[s][j])) {
+          best[s][j] = sc;
+          from[s][j] = static_cast<int>(i);
+        }
+      }
+  // The last stage runs from the last cut to the end.
+  Score total = worst;
+  int last = -1;
+  for (size_t j = 0; j < k; ++j) {
+    if (best[stages - 2][j].first == worst.first)
+      continue;
+    Score sc{std::max(best[stages - 2][j].first,
+                      p.seconds[n] - p.seconds[candidates[j]]),
+             best[stages - 2][j].second};
+    // On a tie the later cut: earlier stages take the extra layer, since
+    // the last one usually also holds the head.
+    if (last < 0 || !better(total, sc)) {
+      total = sc;
+      last = static_cast<int>(j);
+    }
+  }
+  std::vector<size_t> cuts;
+  for (int64_t s = stages - 2; s >= 0; --s) {
+    cuts.push_back(candidates[last]);
+    last = from[s][last];
+  }
+  std::reverse(cuts.begin(), cuts.end());
+  return cuts;
+}
+
+/// Predicted seconds of each pipeline rank per micro-batch when stage k of
+/// the cut `cuts` runs on rank k mod `ranks`.
+std::vector<double> mlir::pcc::rankSeconds(const CutProfile &p,
+                                           llvm::ArrayRef<size_t> cuts,
+                                           int64_t ranks) {
+  std::vector<double> out(ranks, 0);
+  size_t begin = 0;
+  for (size_t s = 0; s <= cuts.size(); ++s) {
+    size_t end = s < cuts.size() ? cuts[s] : p.size();
+    out[s % ranks] += p.seconds[end] - p.seconds[begin];
+    begin = end;
+  }
+  return out;
+}
+
+/// With several chunks per rank, a rank's work per micro-batch is the sum
+/// of its stages, and the busiest rank bounds the pipeline's rate. Starting
+/// from the stage-balanced cuts, moves single cuts to neighbouring
+/// candidates while that lowers (busiest rank, slowest stage, bytes).
+void mlir::pcc::balanceRanks(const CutProfile &p,
+                             const std::vector<size_t> &candidates,
+                             std::vector<size_t> &cuts, int64_t ranks) {
+  auto score = [&](const std::vector<size_t> &c) {
+    std::vector<double> perRank = rankSeconds(p, c, ranks);
+    double slowest = 0;
+    int64_t bytes = 0;
+    for (size_t s = 0; s <= c.size(); ++s) {
+      size_t b = s ? c[s - 1] : 0, e = s < c.size() ? c[s] : p.size();
+      slowest = std::max(slowest, p.seconds[e] - p.seconds[b]);
+      if (s < c.size())
+        bytes += p.crossing[c[s]];
+    }
+    return std::make_tuple(*std::max_element(perRank.begin(), perRank.end()),
+                           slowest, bytes);
+  };
+  auto better = [](auto a, auto b) {
+    if (std::get<0>(a) != std::get<0>(b))
+      return std::get<0>(a) < std::get<0>(b) * (1 - 1e-12);
+    if (std::get<1>(a) != std::get<1>(b))
+      return std::get<1>(a) < std::get<1>(b) * (1 - 1e-12);
+    return std::get<2>(a) < std::get<2>(b);
+  };
+  std::vector<size_t> at; // cuts as candidate indices
+  for (size_t c : cuts)
+    at.push_back(std::find(candidates.begin(), candidates.end(), c) -
+                 candidates.begin());
+  auto current = score(cuts);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t i = 0; i < at.size(); ++i)
+      for (int step : {-1, 1}) {
+        int64_t to = static_cast<int64_t>(at[i]) + step;
+        int64_t lo = i ? static_cast<int64_t>(at[i - 1]) : -1;
+        int64_t hi = i + 1 < at.size()
+                         ? static_cast<int64_t>(at[i + 1])
+                         : static_cast<int64_t>(candidates.size());
+        if (to <= lo || to >= hi)
+          continue;
+        std::vector<size_t> trial = cuts;
+        trial[i] = candidates[to];
+        auto s = score(trial);
+        if (better(s, current)) {
+          current = s;
+          cuts = std::move(trial);
+          at[i] = to;
+          moved = true;
+        }
+      }
+  }
+}

@@ -1,0 +1,162 @@
+//===- AnalysisTest.cpp - the cut search and the cost model ---------------===//
+//
+// lib/Analysis on numbers: the pipeline cut's candidates and its dynamic
+// programme on synthetic profiles whose best cuts are known, and the cost
+// model's prices of ops parsed from IR.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Interpreter.h"
+
+#include "pcc/Analysis/CostModel.h"
+#include "pcc/Analysis/CutSearch.h"
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
+#include "pcc/runtime/ModelAbi.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Parser/Parser.h"
+
+#include <gtest/gtest.h>
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+namespace {
+
+/// A profile of ops with these seconds and FLOPs, and `crossing` bytes
+/// live across each position (n + 1 entries).
+CutProfile profile(const std::vector<double> &seconds,
+                   const std::vector<int64_t> &flops,
+                   const std::vector<int64_t> &crossing) {
+  CutProfile p;
+  p.seconds.assign(1, 0);
+  p.flops.assign(1, 0);
+  for (size_t i = 0; i < seconds.size(); ++i) {
+    p.seconds.push_back(p.seconds.back() + seconds[i]);
+    p.flops.push_back(p.flops.back() + flops[i]);
+  }
+  p.crossing = crossing;
+  return p;
+}
+
+CutProfile uniform(size_t n, int64_t bytes) {
+  return profile(std::vector<double>(n, 1.0), std::vector<int64_t>(n, 1),
+                 std::vector<int64_t>(n + 1, bytes));
+}
+
+TEST(CutSearch, UniformLayersSplitEvenly) {
+  CutProfile p = uniform(8, 100);
+  std::vector<size_t> candidates = candidateCuts(p);
+  EXPECT_EQ(candidates, (std::vector<size_t>{1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(balanceStages(p, candidates, 2), (std::vector<size_t>{4}));
+  EXPECT_EQ(balanceStages(p, candidates, 4), (std::vector<size_t>{2, 4, 6}));
+  EXPECT_EQ(balanceStages(p, candidates, 8),
+            (std::vector<size_t>{1, 2, 3, 4, 5, 6, 7}));
+}
+
+TEST(CutSearch, CutsOnlyAtTheNarrowestPoints) {
+  // Six equal ops; activations are narrow only after ops 2 and 4.
+  CutProfile p =
+      profile(std::vector<double>(6, 1.0), std::vector<int64_t>(6, 1),
+              {0, 900, 50, 900, 50, 900, 0});
+  std::vector<size_t> candidates = candidateCuts(p);
+  EXPECT_EQ(candidates, (std::vector<size_t>{2, 4}));
+  // Two stages: after op 2 leaves 4 s behind, after op 4 leaves 4 s ahead;
+  // equal slowest stages and bytes: the later cut.
+  EXPECT_EQ(balanceStages(p, candidates, 2), (std::vector<size_t>{4}));
+  EXPECT_EQ(balanceStages(p, candidates, 3), (std::vector<size_t>{2, 4}));
+}
+
+TEST(CutSearch, SlowestStageFirstThenBytes) {
+  // Ops of 1, 3, 1, 1, 3, 1 seconds: the best two-stage cut is after op 3
+  // (5 s and 5 s), though after op 2 crosses fewer bytes.
+  CutProfile p = profile({1, 3, 1, 1, 3, 1}, std::vector<int64_t>(6, 1),
+                         {0, 10, 5, 10, 10, 10, 0});
+  std::vector<size_t> candidates = candidateCuts(p);
+  // Narrowest point between layers: 5 bytes, after op 2 alone.
+  EXPECT_EQ(candidates, (std::vector<size_t>{2}));
+  p.crossing = {0, 10, 10, 10, 10, 10, 0};
+  candidates = candidateCuts(p);
+  EXPECT_EQ(balanceStages(p, candidates, 2), (std::vector<size_t>{3}));
+  // Between two equally slow cuts the one crossing fewer bytes wins.
+  CutProfile q = profile({2, 1, 2}, {1, 1, 1}, {0, 7, 7, 0});
+  EXPECT_EQ(balanceStages(q, candidateCuts(q), 2), (std::vector<size_t>{2}));
+  q.crossing = {0, 3, 7, 0};
+  EXPECT_EQ(balanceStages(q, {1, 2}, 2), (std::vector<size_t>{1}));
+}
+
+TEST(CutSearch, PrologueDoesNotSetTheNarrowestPoint) {
+  // A thin spot before the first layer (an embedding, no FLOPs) must not
+  // rule out the cuts between layers, where more bytes are live.
+  CutProfile p =
+      profile({1, 1, 1, 1, 1}, {0, 0, 5, 5, 5}, {0, 10, 40, 40, 40, 0});
+  std::vector<size_t> candidates = candidateCuts(p);
+  EXPECT_EQ(candidates, (std::vector<size_t>{1, 2, 3, 4}));
+  EXPECT_EQ(balanceStages(p, candidates, 2), (std::vector<size_t>{3}));
+}
+
+TEST(CutSearch, RanksBalanceChunks) {
+  // Eight unit stages on two ranks with two chunks each: stages 0 and 2 on
+  // rank 0, 1 and 3 on rank 1.
+  CutProfile p = uniform(8, 1);
+  EXPECT_EQ(rankSeconds(p, {2, 4, 6}, 2), (std::vector<double>{4, 4}));
+  // Ops of 3, 1, 1, ... seconds: the stage-balanced cuts (after ops 1, 4
+  // and 7: stages of 3, 3, 3 and 1 s) leave rank 0 with 6 s and rank 1
+  // with 4; moving the middle cut one op later evens them at 5 and 5.
+  CutProfile q = profile({3, 1, 1, 1, 1, 1, 1, 1}, std::vector<int64_t>(8, 1),
+                         std::vector<int64_t>(9, 1));
+  std::vector<size_t> candidates = candidateCuts(q);
+  std::vector<size_t> cuts = balanceStages(q, candidates, 4);
+  EXPECT_EQ(cuts, (std::vector<size_t>{1, 4, 7}));
+  EXPECT_EQ(rankSeconds(q, cuts, 2), (std::vector<double>{6, 4}));
+  balanceRanks(q, candidates, cuts, 2);
+  EXPECT_EQ(cuts, (std::vector<size_t>{1, 5, 7}));
+  EXPECT_EQ(rankSeconds(q, cuts, 2), (std::vector<double>{5, 5}));
+  // The moves are single steps, so the search can stop short: on 4, 1, 1,
+  // 4, 1, 1, 1, 1 it keeps 8 s and 6 s, though cuts after ops 1, 4 and 7
+  // give 7 and 7 (two moves away). Pinned here so that a better search
+  // shows up as a change.
+  CutProfile r = profile({4, 1, 1, 4, 1, 1, 1, 1}, std::vector<int64_t>(8, 1),
+                         std::vector<int64_t>(9, 1));
+  candidates = candidateCuts(r);
+  cuts = balanceStages(r, candidates, 4);
+  balanceRanks(r, candidates, cuts, 2);
+  EXPECT_EQ(rankSeconds(r, cuts, 2), (std::vector<double>{8, 6}));
+  EXPECT_EQ(rankSeconds(r, {1, 4, 7}, 2), (std::vector<double>{7, 7}));
+}
+
+TEST(CostModel, PricesMatmulsByFlopsAndTheRestByBytes) {
+  MLIRContext *context = &::pcc::testing::testContext();
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
+    func.func @main(%a: tensor<64x128xf32>, %b: tensor<128x32xf32>) -> tensor<64x32xf32> {
+      %c = pcc.matmul %a, %b : tensor<64x128xf32>, tensor<128x32xf32> -> tensor<64x32xf32>
+      %d = pcc.add %c, %c : tensor<64x32xf32>
+      return %d : tensor<64x32xf32>
+    })mlir",
+                                                             context);
+  ASSERT_TRUE(module);
+  auto main = cast<func::FuncOp>(module->lookupSymbol("main"));
+  Operation *matmul = &main.getBody().front().front();
+  Operation *add = matmul->getNextNode();
+  EXPECT_EQ(opFlops(matmul), 2 * 64 * 128 * 32);
+  EXPECT_EQ(opFlops(add), 0);
+  EXPECT_EQ(tensorBytes(add->getResult(0)), 64 * 32 * 4);
+  CostModel cpu = CostModel::cpuCore();
+  EXPECT_DOUBLE_EQ(cpu.opSeconds(matmul), 2.0 * 64 * 128 * 32 / 50e9);
+  EXPECT_DOUBLE_EQ(cpu.opSeconds(add), 64.0 * 32 * 4 / 50e9);
+  // A ring all-reduce moves 2 (n - 1) / n of the bytes, after a latency.
+  EXPECT_DOUBLE_EQ(cpu.collectiveSeconds(CollectiveKind::AllReduce, 1 << 20, 4),
+                   5e-6 + 2.0 * 3 / 4 * (1 << 20) / 5e9);
+  EXPECT_DOUBLE_EQ(cpu.collectiveSeconds(CollectiveKind::AllGather, 1 << 20, 2),
+                   5e-6 + 0.5 * (1 << 20) / 5e9);
+}
+
+TEST(Contracts, MeshAxisNamesMatchTheAbi) {
+  // The compiler names the axes in the mesh table the runtime reads.
+  EXPECT_EQ(kDataParallelAxis, PCC_MESH_AXIS_DP);
+  EXPECT_EQ(kPipelineAxis, PCC_MESH_AXIS_PP);
+  EXPECT_EQ(kTensorParallelAxis, PCC_MESH_AXIS_TP);
+}
+
+} // namespace
