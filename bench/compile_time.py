@@ -15,6 +15,10 @@ Needs torch and transformers: run it with the zoo's virtual environment
 
   ~/.cache/pcc/zoo-venv/bin/python bench/compile_time.py
   ... --layers 24 48 96 --width 128 --configs tp1 tp4 pp4 tp2xpp2
+
+--baseline OTHER_PCC times a second pcc (an older build) in alternating
+rounds on the same models and adds its time and the ratio: whether a change
+made compiling slower.
 """
 import argparse
 import os
@@ -73,12 +77,13 @@ def main():
     ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--configs", nargs="+", default=["tp1", "tp4", "pp4", "tp2xpp2"])
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--baseline", help="another pcc, timed in alternating rounds")
     ap.add_argument("--emit", default="lib", choices=["lib", "mlir"],
                     help="lib: the whole compile; mlir: stop before code generation")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="pcc-compile-time-")
-    times = {}
+    times, baseline = {}, {}
     for layers in args.layers:
         model = os.path.join(work, f"gpt{layers}.onnx")
         export_gpt(model, layers, args.width, args.heads, args.vocab, args.seq)
@@ -87,26 +92,38 @@ def main():
             cmd = [args.pcc, model, "--dim=batch=8", f"--dim=seq={args.seq}", *flags(config), "-o", out]
             if args.emit == "mlir":
                 cmd.append("--emit=mlir")
-            runs = []
+            runs, base = [], []
             for _ in range(args.trials):
-                start = time.perf_counter()
-                subprocess.run(cmd, check=True, capture_output=True)
-                runs.append(time.perf_counter() - start)
+                for binary, into in ((args.pcc, runs), (args.baseline, base)):
+                    if not binary:
+                        continue
+                    start = time.perf_counter()
+                    subprocess.run([binary] + cmd[1:], check=True, capture_output=True)
+                    into.append(time.perf_counter() - start)
             times[(layers, config)] = statistics.median(runs)
-            print(f"  {layers} layers {config}: {times[(layers, config)]:.2f} s", flush=True)
+            if base:
+                baseline[(layers, config)] = statistics.median(base)
+            print(f"  {layers} layers {config}: {times[(layers, config)]:.2f} s"
+                  + (f" (baseline {baseline[(layers, config)]:.2f} s)" if base else ""),
+                  flush=True)
 
     base_layers = args.layers[0]
     print(f"\nGPT-2 width {args.width}, {args.heads} heads, vocab {args.vocab}, seq {args.seq}, "
           f"batch 8; pcc -o {'model.so' if args.emit == 'lib' else 'model.mlir'}; "
           f"median of {args.trials}\n")
+    extra = " baseline seconds | vs baseline |" if baseline else ""
     print(f"| layers | config | seconds | vs tp1, same depth | vs {base_layers} layers, "
-          "same config (layer ratio) |")
-    print("|---|---|---|---|---|")
+          f"same config (layer ratio) |{extra}")
+    print("|---|---|---|---|---|" + ("---|---|" if baseline else ""))
     for layers in args.layers:
         for config in args.configs:
             t = times[(layers, config)]
-            print(f"| {layers} | {config} | {t:.2f} | {t / times[(layers, 'tp1')]:.2f}x "
-                  f"| {t / times[(base_layers, config)]:.2f}x (x{layers / base_layers:g}) |")
+            row = (f"| {layers} | {config} | {t:.2f} | {t / times[(layers, 'tp1')]:.2f}x "
+                   f"| {t / times[(base_layers, config)]:.2f}x (x{layers / base_layers:g}) |")
+            if baseline:
+                b = baseline[(layers, config)]
+                row += f" {b:.2f} | {t / b:.3f}x |"
+            print(row)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@
 # pairs run, matches, clear refusals by kind and findings; each finding is
 # shrunk and saved (model.onnxtxt, case.json) under the work directory,
 # ready to be committed as a regression case in test/Fuzz/Inputs/plans.
-# Exits 1 when there was a finding.
+# Exits 1 when there was a finding. The run tests a snapshot of the tools,
+# the runtime's headers and its libraries ($work/snapshot), so rebuilding
+# the tree while it runs changes nothing it tests.
 #
 # Environment:
 #   PCC_FUZZ_PLANS_WORK  work directory (default $build/fuzz-plans/seed-SEED)
@@ -35,6 +37,6 @@ mkdir -p "$work"
 echo "fuzz-plans: $seconds s, seed $seed, tools in $build/bin, work in $work"
 # shellcheck disable=SC2086
 exec /usr/bin/python3 "$root/scripts/fuzz_plans.py" --bin "$build/bin" \
-  --seconds "$seconds" --seed "$seed" \
+  --snapshot "$work/snapshot" --seconds "$seconds" --seed "$seed" \
   --jobs "${PCC_FUZZ_PLANS_JOBS:-$(nproc)}" --work "$work" \
   --log "$work/pairs.jsonl" ${PCC_FUZZ_PLANS_ARGS:-}

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "pcc/Schedule/Schedule.h"
+#include "pcc/Schedule/StashSlots.h"
 
 #include <gtest/gtest.h>
 
@@ -351,6 +352,60 @@ TEST(Schedule, SimulateRejectsBrokenLists) {
   twice.ranks[0].push_back(twice.ranks[0][0]);
   EXPECT_EQ(simulate(twice).error,
             "F of micro-batch 0 on virtual stage 0 runs 2 times, not once");
+}
+
+/// Rank r's compute instructions as the slot walk reads them.
+std::vector<SlotStep> slotSteps(const Schedule &s, size_t r) {
+  std::vector<SlotStep> steps;
+  for (const Instr &i : s.ranks[r])
+    if (i.op == Op::Forward || i.op == Op::Backward || i.op == Op::WeightGrad)
+      steps.push_back({i.chunk, i.microbatch, i.op == Op::Backward,
+                       i.op == Op::WeightGrad});
+  return steps;
+}
+
+// The runtime allocates and the memory model predicts the stash slots with
+// one walk: GPipe keeps every micro-batch in flight on rank 0, 1F1B at most
+// p - r, and the slots are reused once a W frees them.
+TEST(StashSlots, InFlightMicrobatchesPerPolicy) {
+  Schedule gpipe = make(Policy::GPipe, 2, 4);
+  StashSlots g = assignStashSlots(slotSteps(gpipe, 0), 1, 4);
+  EXPECT_TRUE(g.error.empty()) << g.error;
+  EXPECT_EQ(g.slotCount, std::vector<int32_t>{4});
+  Schedule ofob = make(Policy::OneFOneB, 4, 8);
+  for (size_t r = 0; r < 4; ++r) {
+    StashSlots s = assignStashSlots(slotSteps(ofob, r), 1, 8);
+    EXPECT_TRUE(s.error.empty()) << s.error;
+    EXPECT_EQ(s.slotCount[0], static_cast<int32_t>(4 - r)) << "rank " << r;
+    // GPipe and 1F1B run W right after B: one set of B's values.
+    EXPECT_EQ(s.stashCount[0], 1);
+    for (int32_t mb = 0; mb < 8; ++mb)
+      EXPECT_LT(s.slotOf[0][static_cast<size_t>(mb)], s.slotCount[0]);
+  }
+  // ZB-H1 defers some W past later B: more sets of B's values than 1F1B
+  // on some rank; a micro-batch keeps its slot until its W, so every rank
+  // holds up to p of them (1F1B's rank 0).
+  Schedule zb = make(Policy::ZeroBubbleH1, 4, 8);
+  int32_t mostSets = 0;
+  for (size_t r = 0; r < 4; ++r) {
+    StashSlots z = assignStashSlots(slotSteps(zb, r), 1, 8);
+    EXPECT_TRUE(z.error.empty()) << z.error;
+    EXPECT_LE(z.slotCount[0], 4) << "rank " << r;
+    mostSets = std::max(mostSets, z.stashCount[0]);
+  }
+  EXPECT_GT(mostSets, 1);
+}
+
+TEST(StashSlots, RejectsListsOutOfOrder) {
+  EXPECT_EQ(assignStashSlots({{0, 0, false, true}}, 1, 1).error,
+            "runs W of micro-batch 0 before its B");
+  EXPECT_EQ(assignStashSlots({{0, 0, false, false},
+                              {0, 0, true, false},
+                              {0, 0, false, true},
+                              {0, 0, false, false}},
+                             1, 1)
+                .error,
+            "uses micro-batch 0 after its weight gradients");
 }
 
 } // namespace

@@ -6,6 +6,7 @@
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Schedule/Schedule.h"
+#include "pcc/Schedule/StashSlots.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/StringMap.h"
@@ -82,13 +83,7 @@ std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
       mem.state += entry.getValue();
 
     // Slots and stash sets: the runtime's walk of the list.
-    mem.slotCounts.assign(static_cast<size_t>(chunks), 0);
-    mem.stashCounts.assign(static_cast<size_t>(chunks), 0);
-    std::vector<int32_t> inFlight(static_cast<size_t>(chunks), 0),
-        stashing(static_cast<size_t>(chunks), 0);
-    std::vector<std::vector<int8_t>> started(
-        static_cast<size_t>(chunks),
-        std::vector<int8_t>(static_cast<size_t>(m)));
+    std::vector<::pcc::schedule::SlotStep> steps;
     SmallVector<StringRef> words;
     cast<StringAttr>(lists[r]).getValue().split(words, ' ', -1, false);
     for (StringRef word : words) {
@@ -96,19 +91,14 @@ std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
           ::pcc::schedule::parseInstr(word.str());
       if (!instr || instr->chunk >= chunks || instr->microbatch >= m)
         continue;
-      auto c = static_cast<size_t>(instr->chunk);
-      auto mb = static_cast<size_t>(instr->microbatch);
-      if (!started[c][mb]) {
-        started[c][mb] = 1;
-        mem.slotCounts[c] = std::max(mem.slotCounts[c], ++inFlight[c]);
-      }
-      if (instr->op == ::pcc::schedule::Op::Backward)
-        mem.stashCounts[c] = std::max(mem.stashCounts[c], ++stashing[c]);
-      if (instr->op == ::pcc::schedule::Op::WeightGrad) {
-        --inFlight[c];
-        --stashing[c];
-      }
+      steps.push_back({instr->chunk, instr->microbatch,
+                       instr->op == ::pcc::schedule::Op::Backward,
+                       instr->op == ::pcc::schedule::Op::WeightGrad});
     }
+    ::pcc::schedule::StashSlots assigned = ::pcc::schedule::assignStashSlots(
+        steps, chunks, static_cast<int32_t>(m));
+    mem.slotCounts = assigned.slotCount;
+    mem.stashCounts = assigned.stashCount;
 
     for (int32_t c = 0; c < chunks; ++c) {
       int32_t k = r + c * p;

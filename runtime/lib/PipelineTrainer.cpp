@@ -15,9 +15,9 @@
 // in a stash slot; each chunk has as many slots as the list keeps
 // micro-batches of it in flight at once (p - r for 1F1B), found by walking
 // the list. The values B computes for W live from the B to the W in sets
-// of their own: one under GPipe and 1F1B, which run W right after B. The cotangents B sends back have
-// a buffer per micro-batch: an asynchronous send may still read it after
-// the slot is reused.
+// of their own: one under GPipe and 1F1B, which run W right after B. The
+// cotangents B sends back have a buffer per micro-batch: an asynchronous send
+// may still read it after the slot is reused.
 //
 // Messages between two ranks match in the order they are posted (no
 // tags): a forward transfer carries every output of the sending stage in
@@ -27,6 +27,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "pcc/Schedule/StashSlots.h"
 #include "pcc/runtime/Trainer.h"
 
 #include <algorithm>
@@ -72,22 +73,10 @@ Status Trainer::createPipeline() {
   for (int32_t c = 0; c < chunks; ++c)
     stages.push_back(pipeRank + c * P);
 
-  // Stash slots: walk the list, a micro-batch holding one of its chunk's
-  // slots from its first instruction to its W.
+  // Stash slots and B-to-W sets: the walk the memory model predicts with
+  // (pcc/Schedule/StashSlots.h).
   const pcc_pipeline_instr *list = info.schedules[pipeRank];
-  slotOf.assign(static_cast<size_t>(chunks),
-                std::vector<int32_t>(static_cast<size_t>(m), -1));
-  // Per (chunk, micro-batch): 0 not started, 1 holding its slot, 2 done.
-  std::vector<std::vector<int8_t>> held(
-      static_cast<size_t>(chunks), std::vector<int8_t>(static_cast<size_t>(m)));
-  std::vector<std::vector<int32_t>> freeSlots(static_cast<size_t>(chunks));
-  std::vector<int32_t> slotCount(static_cast<size_t>(chunks), 0);
-  // The stash B leaves for W: held from the B to the W (one set under
-  // GPipe and 1F1B, which run W right after B).
-  stashOf.assign(static_cast<size_t>(chunks),
-                 std::vector<int32_t>(static_cast<size_t>(m), -1));
-  std::vector<std::vector<int32_t>> freeStashes(static_cast<size_t>(chunks));
-  std::vector<int32_t> stashCount(static_cast<size_t>(chunks), 0);
+  std::vector<::pcc::schedule::SlotStep> steps;
   for (int32_t n = 0; n < info.schedule_lengths[pipeRank]; ++n) {
     const pcc_pipeline_instr &instr = list[n];
     if (instr.stage < 0 || instr.stage >= info.num_stages ||
@@ -96,35 +85,19 @@ Status Trainer::createPipeline() {
       return Error{"the schedule of pipeline rank " + std::to_string(pipeRank) +
                    " names micro-batch " + std::to_string(instr.microbatch) +
                    " of stage " + std::to_string(instr.stage)};
-    auto c = static_cast<size_t>(instr.stage / P);
-    auto mb = static_cast<size_t>(instr.microbatch);
-    if (held[c][mb] == 2)
-      return Error{"the schedule of pipeline rank " + std::to_string(pipeRank) +
-                   " uses micro-batch " + std::to_string(instr.microbatch) +
-                   " after its weight gradients"};
-    if (held[c][mb] == 0) {
-      if (freeSlots[c].empty())
-        freeSlots[c].push_back(slotCount[c]++);
-      slotOf[c][mb] = freeSlots[c].back();
-      freeSlots[c].pop_back();
-      held[c][mb] = 1;
-    }
-    if (instr.op == PCC_PIPE_BACKWARD) {
-      if (freeStashes[c].empty())
-        freeStashes[c].push_back(stashCount[c]++);
-      stashOf[c][mb] = freeStashes[c].back();
-      freeStashes[c].pop_back();
-    }
-    if (instr.op == PCC_PIPE_WEIGHT_GRAD) {
-      if (stashOf[c][mb] < 0)
-        return Error{"the schedule of pipeline rank " +
-                     std::to_string(pipeRank) + " runs W of micro-batch " +
-                     std::to_string(instr.microbatch) + " before its B"};
-      freeStashes[c].push_back(stashOf[c][mb]);
-      freeSlots[c].push_back(slotOf[c][mb]);
-      held[c][mb] = 2;
-    }
+    steps.push_back({instr.stage / P, instr.microbatch,
+                     instr.op == PCC_PIPE_BACKWARD,
+                     instr.op == PCC_PIPE_WEIGHT_GRAD});
   }
+  ::pcc::schedule::StashSlots assigned =
+      ::pcc::schedule::assignStashSlots(steps, chunks, m);
+  if (!assigned.error.empty())
+    return Error{"the schedule of pipeline rank " + std::to_string(pipeRank) +
+                 " " + assigned.error};
+  slotOf = std::move(assigned.slotOf);
+  stashOf = std::move(assigned.stashOf);
+  const std::vector<int32_t> &slotCount = assigned.slotCount;
+  const std::vector<int32_t> &stashCount = assigned.stashCount;
 
   auto make = [&](std::vector<DeviceBuffer> &into,
                   const pcc_tensor_spec &spec) -> Status {
@@ -196,14 +169,15 @@ Status Trainer::createPipeline() {
         if (Status s = make(send, bwd.outputs[o]); !s.ok())
           return s;
       }
-    for (int32_t kind : {PCC_PHASE_FORWARD, PCC_PHASE_BACKWARD,
-                         PCC_PHASE_WEIGHT_GRAD})
-      arenaTotal = std::max(arenaTotal,
-                            info.phases[stagePhase(kind, k)].arena_bytes);
+    for (int32_t kind :
+         {PCC_PHASE_FORWARD, PCC_PHASE_BACKWARD, PCC_PHASE_WEIGHT_GRAD})
+      arenaTotal =
+          std::max(arenaTotal, info.phases[stagePhase(kind, k)].arena_bytes);
   }
   for (int32_t kind : {PCC_PHASE_OPTIMIZER, PCC_PHASE_ZERO_GRAD})
     arenaTotal = std::max(arenaTotal, info.phases[rankPhase(kind)].arena_bytes);
-  auto seedBuffer = DeviceBuffer::zeros(*device, 4), normBuffer = DeviceBuffer::zeros(*device, 4),
+  auto seedBuffer = DeviceBuffer::zeros(*device, 4),
+       normBuffer = DeviceBuffer::zeros(*device, 4),
        arenaBuffer = DeviceBuffer::zeros(*device, arenaTotal);
   if (!seedBuffer.ok() || !normBuffer.ok() || !arenaBuffer.ok())
     return Error{"cannot allocate the training arena of " +
@@ -260,15 +234,15 @@ Status Trainer::gatherOverPipeline(int i, void *whole, int64_t bytes) const {
   }
   if (comm.all_reduce(comm.group, buffer->data(), buffer->data(), count(spec),
                       spec.dtype) != 0)
-    return Error{std::string("gathering '") + spec.name +
-                 "' over the pipeline for a checkpoint: " +
-                 comm.last_error(comm.group)};
+    return Error{
+        std::string("gathering '") + spec.name +
+        "' over the pipeline for a checkpoint: " + comm.last_error(comm.group)};
   return device->copyToHost(whole, buffer->data(), bytes);
 }
 
 Result<StepResult> Trainer::pipelineStep(
-    const std::vector<std::vector<const void *>> &microbatches,
-    double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper) {
+    const std::vector<std::vector<const void *>> &microbatches, double lossGrad,
+    const std::array<double, PCC_NUM_HYPER> &hyper) {
   const pcc_model_info &info = library->info();
   int32_t m = std::max<int32_t>(info.microbatches, 1);
   if (microbatches.size() != static_cast<size_t>(m))
@@ -296,7 +270,8 @@ Result<StepResult> Trainer::pipelineStep(
       events.push_back({traced, -1, -1, -1, start, now()});
     return st;
   };
-  Status ran = aroundPipeline(PCC_PHASE_ZERO_GRAD, {}, TraceEvent::Kind::ZeroGrad);
+  Status ran =
+      aroundPipeline(PCC_PHASE_ZERO_GRAD, {}, TraceEvent::Kind::ZeroGrad);
   if (!ran.ok())
     return Error{ran.error()};
   float seedValue = static_cast<float>(lossGrad);
@@ -318,7 +293,8 @@ Result<StepResult> Trainer::pipelineStep(
     int32_t mb = instr.microbatch;
     int32_t k = instr.stage;
     auto c = static_cast<size_t>(k / info.num_pipeline_ranks);
-    Slot &slot = slots[c][static_cast<size_t>(slotOf[c][static_cast<size_t>(mb)])];
+    Slot &slot =
+        slots[c][static_cast<size_t>(slotOf[c][static_cast<size_t>(mb)])];
     int32_t set = stashOf[c][static_cast<size_t>(mb)];
     auto stash = [&](int o) {
       return stashes[c][static_cast<size_t>(set)][static_cast<size_t>(o)]
@@ -364,8 +340,7 @@ Result<StepResult> Trainer::pipelineStep(
           in.push_back(slot.recv[s].data());
           continue;
         }
-        st = device->copyToDevice(slot.in[i].data(),
-                                  microbatches[mb][-1 - s],
+        st = device->copyToDevice(slot.in[i].data(), microbatches[mb][-1 - s],
                                   specBytes(fwd.inputs[i]));
         in.push_back(slot.in[i].data());
       }
@@ -373,8 +348,8 @@ Result<StepResult> Trainer::pipelineStep(
       for (DeviceBuffer &b : slot.out)
         out.push_back(b.data());
       if (st.ok())
-        st = runPhase(stagePhase(PCC_PHASE_FORWARD, k), in, out,
-                      mbHyper.data());
+        st =
+            runPhase(stagePhase(PCC_PHASE_FORWARD, k), in, out, mbHyper.data());
       // The loss leaves the slot before the slot is reused.
       if (st.ok() && k + 1 == info.num_stages)
         st = device->copyToHost(&loss[mb], slot.out[0].data(), 4);
@@ -392,8 +367,7 @@ Result<StepResult> Trainer::pipelineStep(
           st = pipe->postRecv(slot.gradOut[j].data(), count(me.outputs[j]),
                               static_cast<DType>(me.outputs[j].dtype),
                               instr.peer);
-      posted[{PCC_PIPE_BACKWARD, k, mb}] = {pipe->postedReceives(),
-                                            instr.peer};
+      posted[{PCC_PIPE_BACKWARD, k, mb}] = {pipe->postedReceives(), instr.peer};
       break;
     case PCC_PIPE_BACKWARD: {
       what = "backward";
@@ -402,10 +376,8 @@ Result<StepResult> Trainer::pipelineStep(
         in.push_back(source(bwd.input_sources[i]));
       std::vector<void *> out;
       for (int o = 0; o < bwd.num_outputs; ++o)
-        out.push_back(bwd.output_targets[o] >= 0 ? send[o].data()
-                                                 : stash(o));
-      st = runPhase(stagePhase(PCC_PHASE_BACKWARD, k), in, out,
-                    mbHyper.data());
+        out.push_back(bwd.output_targets[o] >= 0 ? send[o].data() : stash(o));
+      st = runPhase(stagePhase(PCC_PHASE_BACKWARD, k), in, out, mbHyper.data());
       break;
     }
     case PCC_PIPE_WEIGHT_GRAD: {
@@ -481,9 +453,8 @@ Result<StepResult> Trainer::pipelineStep(
         return Error{"pipeline rank " + std::to_string(pipeRank) + ": " +
                      st.error()};
       if (tracingStep)
-        events.push_back({TraceEvent::Kind::Recv, instr.stage,
-                          instr.microbatch, received->second.second, waitStart,
-                          now()});
+        events.push_back({TraceEvent::Kind::Recv, instr.stage, instr.microbatch,
+                          received->second.second, waitStart, now()});
       posted.erase(received);
     }
     double start = tracingStep ? now() : 0;
@@ -494,11 +465,14 @@ Result<StepResult> Trainer::pipelineStep(
     bool compute = !isSend(instr.op) && !isRecv(instr.op);
     if (compute && !device->isHost())
       st = device->synchronize();
-    TraceEvent e{compute          ? TraceEvent::Kind::Compute
+    TraceEvent e{compute            ? TraceEvent::Kind::Compute
                  : isSend(instr.op) ? TraceEvent::Kind::Send
                                     : TraceEvent::Kind::Recv,
-                 instr.stage, instr.microbatch, compute ? -1 : instr.peer,
-                 start, now()};
+                 instr.stage,
+                 instr.microbatch,
+                 compute ? -1 : instr.peer,
+                 start,
+                 now()};
     e.work = instr.op == PCC_PIPE_BACKWARD      ? 'B'
              : instr.op == PCC_PIPE_WEIGHT_GRAD ? 'W'
                                                 : 'F';
@@ -556,15 +530,16 @@ Result<StepResult> Trainer::pipelineStep(
   if (!sent.ok())
     return Error{sent.error()};
   if (tracingStep)
-    events.push_back({TraceEvent::Kind::WaitSends, -1, -1, -1, waitStart,
-                      now()});
+    events.push_back(
+        {TraceEvent::Kind::WaitSends, -1, -1, -1, waitStart, now()});
 
   ran = aroundPipeline(PCC_PHASE_OPTIMIZER, {norm.data()},
                        TraceEvent::Kind::Optimizer);
   if (!ran.ok())
     return Error{ran.error()};
   // The losses are on the last stage's rank: every rank gets them.
-  auto sums = DeviceBuffer::zeros(*device, 4 * static_cast<int64_t>(loss.size()));
+  auto sums =
+      DeviceBuffer::zeros(*device, 4 * static_cast<int64_t>(loss.size()));
   if (!sums.ok())
     return Error{sums.error()};
   Status copied = device->copyToDevice(sums->data(), loss.data(),

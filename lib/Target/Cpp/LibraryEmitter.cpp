@@ -808,6 +808,11 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   auto ignoreAttr =
       training ? training.getAs<IntegerAttr>("ignore_index") : IntegerAttr();
   int64_t ignoreIndex = ignoreAttr ? ignoreAttr.getInt() : -100;
+  // The ZeRO stage the data-parallel pass applied (ABI 13), so that the
+  // runtime need not infer it from the shard table.
+  auto zeroAttr =
+      training ? training.getAs<IntegerAttr>("zero") : IntegerAttr();
+  int64_t zeroStage = zeroAttr ? zeroAttr.getInt() : 0;
   // A rank runs one stage: its arena is the largest.
   int64_t arenaBytes = 0;
   for (const StageProgram &stage : stages)
@@ -880,7 +885,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << (training ? stages.size() : 0) << ", kPhases, kWeightKinds, "
      << "kWeightOwners, " << trainingString("loss") << ", "
      << trainingString("optimizer") << ", " << ignoreIndex
-     << "LL, kWholeWeights, kWeightAliases, kWeightOffload};\n\n"
+     << "LL, kWholeWeights, kWeightAliases, kWeightOffload, " << zeroStage
+     << "};\n\n"
      << "} // namespace\n\n";
   writeEntryPoints(os, stages.size(), static_cast<bool>(schedule),
                    static_cast<bool>(training), cpu, cuda, meshRanks,

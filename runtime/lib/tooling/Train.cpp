@@ -395,23 +395,6 @@ bool parseTrainOption(const std::string &a, TrainOptions &o,
   return true;
 }
 
-/// The ZeRO stage a library was compiled for, from how its state is
-/// sharded: flat weights (3), flat gradients (2), master pieces (1).
-static int64_t zeroStage(const pcc_model_info &info) {
-  int64_t stage = 0;
-  for (int i = 0; i < info.num_weights; ++i) {
-    bool flat =
-        info.weight_shards[i].axis >= 0 && info.weight_shards[i].dim < 0;
-    if (info.weight_kinds[i] == PCC_STATE_MASTER)
-      stage = std::max<int64_t>(stage, 1);
-    else if (flat && info.weight_kinds[i] == PCC_STATE_GRAD)
-      stage = std::max<int64_t>(stage, 2);
-    else if (flat && info.weight_kinds[i] == PCC_STATE_WEIGHT)
-      stage = 3;
-  }
-  return stage;
-}
-
 int runTraining(const TrainOptions &given, const ModelLibrary &library,
                 Device &device, const std::string &libraryPath,
                 const TrainRanks &ranks) {
@@ -724,7 +707,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                             {"microbatches", m},
                             {PCC_MESH_AXIS_DP, dp},
                             {PCC_MESH_AXIS_TP, tp},
-                            {"zero", zeroStage(info)},
+                            {"zero", info.zero_stage},
                             {"samples_seen", step * batch}};
     if (o.shuffle)
       state["shuffle"] = *o.shuffle;

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 12
+#define PCC_MODEL_ABI_VERSION 13
 
 /* The mesh axes pcc plans, as the mesh table (mesh_axes) names them; the
  * compiler's dialect spells them the same (Contracts.h). */
@@ -287,6 +287,8 @@ typedef struct pcc_model_info {
   const pcc_weight_alias *weight_aliases;
   /* Per weight (ABI 10): enum pcc_offload bits; 0 without --offload. */
   const int32_t *weight_offload;
+  /* The ZeRO stage (0 to 3) it was compiled for (ABI 13). */
+  int32_t zero_stage;
 } pcc_model_info;
 
 /* The collectives of one mesh axis, bound by the runtime to MPI or NCCL.
