@@ -117,12 +117,19 @@ LogicalResult mlir::pcc::buildSharedLibrary(MLIRContext *context,
                   "-Xlinker=-rpath," + std::string(PCC_CUDA_LIBRARY_DIR)});
   } else {
     // Neither -fno-trapping-math nor -fno-math-errno changes a value (no
-    // reassociation, no finite-math assumptions); they let GCC if-convert
-    // and vectorise the generated loops, whose selects and sqrt calls
-    // would otherwise count as trapping or errno-setting.
+    // reassociation, no finite-math assumptions); they let GCC vectorise
+    // the generated loops, whose sqrt calls would otherwise count as
+    // errno-setting. -fno-tree-loop-if-convert: GCC 12.2 at -O3 for
+    // x86-64-v3 (the AVX2 clone of every kernel) miscompiles a select
+    // whose taken side is a load, c ? x[i] : 0, in a loop nest over rows
+    // and a short inner dimension (the masked loads of if-conversion drop
+    // elements): a ReLU's gradient lost a column (the plan fuzzer, seed
+    // 307; test/Fuzz/Inputs/plans/recompute-relu-first-stage). Such selects
+    // then run as branches.
     llvm::append_range(
         args, std::vector<std::string>{"-fPIC", "-w", "-fno-trapping-math",
-                                       "-fno-math-errno", "-fopenmp",
+                                       "-fno-math-errno",
+                                       "-fno-tree-loop-if-convert", "-fopenmp",
                                        "-lpcc_runtime",
                                        "-Wl,-rpath," + libraryDir});
   }
