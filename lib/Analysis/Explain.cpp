@@ -82,23 +82,22 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
           arena = 0;
   // Gradients in a bucket are views of it: the bucket counts, with the
   // gaps that align each gradient.
+  std::optional<pcc::TrainingConfig> training =
+      pcc::getTrainingConfig(module);
   llvm::StringSet<> inBucket;
-  if (auto training =
-          module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
-    if (auto buckets = training.getAs<ArrayAttr>("buckets"))
-      for (auto bucket : buckets.getAsRange<DictionaryAttr>())
-        for (StringRef g :
-             bucket.getAs<ArrayAttr>("grads").getAsValueRange<StringAttr>())
-          inBucket.insert(g);
   // --offload=optimizer: state in host memory alone, and host copies.
   llvm::StringSet<> hostOnly, hostCopy;
-  if (auto training =
-          module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
-    if (auto offload = training.getAs<DictionaryAttr>("offload"))
-      for (StringRef key : {"host", "to_host", "to_device"})
-        for (StringRef name :
-             offload.getAs<ArrayAttr>(key).getAsValueRange<StringAttr>())
-          (key == StringRef("host") ? hostOnly : hostCopy).insert(name);
+  if (training) {
+    for (const pcc::GradientBucket &bucket : training->buckets)
+      for (const std::string &g : bucket.grads)
+        inBucket.insert(g);
+    for (const std::string &name : training->offloadHost)
+      hostOnly.insert(name);
+    for (const auto *copies :
+         {&training->offloadToHost, &training->offloadToDevice})
+      for (const std::string &name : *copies)
+        hostCopy.insert(name);
+  }
   bool offloaded = !hostOnly.empty() || !hostCopy.empty();
   int64_t host = 0, crossing = 0;
   int64_t bucketGaps = 0;
@@ -182,11 +181,7 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
   // partition: K + 4); other weights (running statistics) on top. A
   // sharded tensor is padded to a multiple of dp elements.
   if (grads > 0) {
-    int64_t stage = 0;
-    if (auto training =
-            module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
-      if (auto z = training.getAs<IntegerAttr>("zero"))
-        stage = z.getInt();
+    int64_t stage = training ? training->zero : 0;
     int64_t ranks = dp > 1 ? dp : 1;
     // Psi and the elements of one rank's pieces, from the gradients.
     int64_t psi = 0, pieces = 0;
@@ -244,11 +239,7 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
     // The collectives' bytes per step, in the units pcc-run measures them
     // (an all-reduce of B bytes counts 2B, a gather or scatter its whole
     // tensor): the forward and backward phases run once per micro-batch.
-    int64_t microbatches = 1;
-    if (auto training =
-            module->getAttrOfType<DictionaryAttr>(pcc::kTrainingAttrName))
-      if (auto m = training.getAs<IntegerAttr>("microbatches"))
-        microbatches = m.getInt();
+    int64_t microbatches = training ? training->microbatches : 1;
     int64_t moved = 0, tpMoved = 0;
     // The data-parallel collectives in the program, by how they run.
     int64_t prefetched = 0, startedScatters = 0, bucketStarts = 0, blocking = 0;
@@ -387,30 +378,8 @@ void explain(ModuleOp module, const ExplainSettings &s, llvm::raw_ostream &os) {
       os << "    " << note << "\n";
     }
   }
-  if (auto schedule = main ? main->getAttrOfType<DictionaryAttr>("pcc.schedule")
-                           : DictionaryAttr()) {
-    os << "  schedule: " << cast<StringAttr>(schedule.get("policy")).getValue()
-       << ", " << cast<IntegerAttr>(schedule.get("microbatches")).getInt()
-       << " micro-batches of the batch";
-    if (auto chunks = schedule.getAs<IntegerAttr>("chunks"))
-      os << ", " << chunks.getInt()
-         << " chunks per rank (\"F3.1\": micro-batch 3 on chunk 1, stage 1 x "
-         << pp << " + rank)";
-    os << "; per pipeline rank:\n";
-    std::vector<std::string> lines;
-    for (auto [r, line] :
-         llvm::enumerate(cast<ArrayAttr>(schedule.get("ranks")))) {
-      os << "    rank " << r << ": " << cast<StringAttr>(line).getValue()
-         << "\n";
-      lines.push_back(cast<StringAttr>(line).getValue().str());
-    }
-    auto chunks = schedule.getAs<IntegerAttr>("chunks");
-    if (pp > 1)
-      os << scheduleBubbleLine(
-          cast<StringAttr>(schedule.get("policy")).getValue().str(), pp,
-          cast<IntegerAttr>(schedule.get("microbatches")).getInt(),
-          chunks ? chunks.getInt() : 1, lines);
-  }
+  if (main)
+    os << describeSchedule(main, pp);
   llvm::StringMap<int64_t> histogram;
   int64_t fusions = 0, fused = 0, intermediate = 0, flops = 0;
   llvm::StringSet<> weightNames;

@@ -5,6 +5,7 @@
 
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Dialect/Pcc/IR/ScheduleAttr.h"
 #include "pcc/Schedule/Schedule.h"
 #include "pcc/Schedule/StashSlots.h"
 
@@ -39,15 +40,14 @@ int64_t arenaOf(func::FuncOp f) {
 
 std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
   auto main = module.lookupSymbol<func::FuncOp>("main");
-  auto schedule = main ? main->getAttrOfType<DictionaryAttr>("pcc.schedule")
-                       : DictionaryAttr();
-  auto lists = schedule ? schedule.getAs<ArrayAttr>("ranks") : ArrayAttr();
-  if (!lists || lists.empty()) {
+  std::optional<::pcc::schedule::Schedule> schedule =
+      getPipelineSchedule(main);
+  if (!schedule) {
     module.emitError("memory: the module has no pipeline schedule");
     return {};
   }
-  auto p = static_cast<int32_t>(lists.size());
-  int64_t m = cast<IntegerAttr>(schedule.get("microbatches")).getInt();
+  auto p = static_cast<int32_t>(schedule->ranks.size());
+  int64_t m = schedule->options.microbatches;
   // Each stage's F, B and W; each pipeline rank's optimizer and zero-grad.
   SmallVector<std::array<func::FuncOp, 3>> stages =
       getPipelineStagePhases(module);
@@ -84,16 +84,12 @@ std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
 
     // Slots and stash sets: the runtime's walk of the list.
     std::vector<::pcc::schedule::SlotStep> steps;
-    SmallVector<StringRef> words;
-    cast<StringAttr>(lists[r]).getValue().split(words, ' ', -1, false);
-    for (StringRef word : words) {
-      std::optional<::pcc::schedule::Instr> instr =
-          ::pcc::schedule::parseInstr(word.str());
-      if (!instr || instr->chunk >= chunks || instr->microbatch >= m)
+    for (const ::pcc::schedule::Instr &instr : schedule->ranks[r]) {
+      if (instr.chunk >= chunks)
         continue;
-      steps.push_back({instr->chunk, instr->microbatch,
-                       instr->op == ::pcc::schedule::Op::Backward,
-                       instr->op == ::pcc::schedule::Op::WeightGrad});
+      steps.push_back({instr.chunk, instr.microbatch,
+                       instr.op == ::pcc::schedule::Op::Backward,
+                       instr.op == ::pcc::schedule::Op::WeightGrad});
     }
     ::pcc::schedule::StashSlots assigned = ::pcc::schedule::assignStashSlots(
         steps, chunks, static_cast<int32_t>(m));

@@ -1,4 +1,4 @@
-//===- ScheduleBubble.cpp - --explain's bubble line for a schedule --------===//
+//===- ScheduleBubble.cpp - --explain's schedule section ------------------===//
 //
 // Apart from Explain.cpp: pcc::schedule's namespace would make that file's
 // `pcc::` (mlir::pcc) ambiguous.
@@ -6,36 +6,21 @@
 //===----------------------------------------------------------------------===//
 
 #include "pcc/Analysis/Explain.h"
+#include "pcc/Dialect/Pcc/IR/ScheduleAttr.h"
 #include "pcc/Schedule/Schedule.h"
 
+#include "llvm/Support/raw_ostream.h"
+
 #include <cstdio>
-#include <sstream>
 
 namespace mlir::pcc {
 
-std::string scheduleBubbleLine(const std::string &policy, int64_t pp,
-                               int64_t microbatches, int64_t chunks,
-                               const std::vector<std::string> &ranks) {
+namespace {
+
+std::string bubbleLine(const ::pcc::schedule::Schedule &s) {
   namespace sch = ::pcc::schedule;
-  sch::Schedule s;
-  s.options.stages = static_cast<int32_t>(pp);
-  s.options.microbatches = static_cast<int32_t>(microbatches);
-  s.options.chunks = static_cast<int32_t>(chunks);
-  if (auto p = sch::parsePolicy(policy))
-    s.options.policy = *p;
-  bool backward = false;
-  for (const std::string &line : ranks) {
-    s.ranks.emplace_back();
-    std::istringstream words(line);
-    for (std::string word; words >> word;) {
-      std::optional<sch::Instr> i = sch::parseInstr(word);
-      if (!i)
-        return "";
-      backward |= i->op == sch::Op::Backward;
-      s.ranks.back().push_back(*i);
-    }
-  }
-  s.options.forwardOnly = !backward;
+  bool backward = !s.options.forwardOnly;
+  int64_t chunks = s.options.chunks;
   sch::SimulateResult sim = sch::simulate(s);
   if (!sim.simulation || sim.simulation->bubbleFraction.empty())
     return "";
@@ -52,6 +37,30 @@ std::string scheduleBubbleLine(const std::string &policy, int64_t pp,
       backward && chunks == 1
           ? " (GPipe's, and 1F1B's with its backward as one piece)"
           : "");
+  return text;
+}
+
+} // namespace
+
+std::string describeSchedule(Operation *main, int64_t pp) {
+  std::optional<::pcc::schedule::Schedule> schedule =
+      getPipelineSchedule(main);
+  if (!schedule)
+    return "";
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  const ::pcc::schedule::Options &options = schedule->options;
+  os << "  schedule: " << ::pcc::schedule::policyName(options.policy) << ", "
+     << options.microbatches << " micro-batches of the batch";
+  if (options.chunks > 1)
+    os << ", " << options.chunks
+       << " chunks per rank (\"F3.1\": micro-batch 3 on chunk 1, stage 1 x "
+       << pp << " + rank)";
+  os << "; per pipeline rank:\n";
+  for (size_t r = 0; r < schedule->ranks.size(); ++r)
+    os << "    rank " << r << ": " << schedule->describeRank(r) << "\n";
+  if (pp > 1)
+    os << bubbleLine(*schedule);
   return text;
 }
 

@@ -63,6 +63,7 @@ static void addTraining(OpPassManager &pm, const CompileOptions &o,
   }
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
+  pm.addNestedPass<func::FuncOp>(createMergeStateLoads());
 }
 
 /// --bucket-mb as the data-parallel pass's bucket bytes (-1: chosen from
@@ -111,6 +112,7 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
     pm.addPass(createPartitionTraining(partition));
     pm.addPass(createCanonicalizerPass());
     pm.addPass(createCSEPass());
+    pm.addNestedPass<func::FuncOp>(createMergeStateLoads());
   }
   if (o.train && o.dp > 1) {
     DataParallelOptions data;

@@ -33,8 +33,9 @@ struct CompilePipelineOptions
   Opt<std::string> meshOrder{*this, "mesh-order",
                              llvm::cl::desc("mesh axes, slowest first"),
                              llvm::cl::init("dp,pp,tp")};
-  Opt<bool> sp{*this, "sp", llvm::cl::desc("sequence parallelism"),
-               llvm::cl::init(false)};
+  Opt<bool> sequenceParallel{*this, "sp",
+                             llvm::cl::desc("sequence parallelism"),
+                             llvm::cl::init(false)};
   List<std::string> ppCuts{*this, "pp-cuts",
                            llvm::cl::desc("cut after these ONNX nodes")};
   Opt<int64_t> ppChunks{*this, "pp-chunks",
@@ -59,12 +60,13 @@ struct CompilePipelineOptions
                     llvm::cl::init(0)};
   Opt<double> bucketMb{*this, "bucket-mb",
                        llvm::cl::desc("gradient bucket MiB")};
-  Opt<bool> reshard{*this, "zero-reshard-after-forward",
-                    llvm::cl::desc("ZeRO 3: gather again for backward")};
-  Opt<int64_t> prefetch{*this, "zero-prefetch",
-                        llvm::cl::desc("ZeRO 3: gathers ahead")};
-  Opt<std::string> gradSync{*this, "zero-grad-sync",
-                            llvm::cl::desc("step or microbatch")};
+  Opt<bool> reshardAfterForward{
+      *this, "zero-reshard-after-forward",
+      llvm::cl::desc("ZeRO 3: gather again for backward")};
+  Opt<int64_t> zeroPrefetch{*this, "zero-prefetch",
+                            llvm::cl::desc("ZeRO 3: gathers ahead")};
+  Opt<std::string> zeroGradSync{*this, "zero-grad-sync",
+                                llvm::cl::desc("step or microbatch")};
   Opt<std::string> offload{*this, "offload",
                            llvm::cl::desc("none or optimizer"),
                            llvm::cl::init("none")};
@@ -80,30 +82,8 @@ struct CompilePipelineOptions
 
   /// The options, or a message saying which is not valid.
   std::string toCompileOptions(CompileOptions &o) const {
-    auto given = [](const auto &opt) {
-      using T = std::decay_t<decltype(opt.getValue())>;
-      return opt.hasValue() ? std::optional<T>(opt.getValue()) : std::nullopt;
-    };
-    o.tp = tp;
-    o.pp = pp;
-    o.dp = dp;
-    o.meshOrder = meshOrder;
-    o.sequenceParallel = sp;
-    o.ppCuts.assign(ppCuts.begin(), ppCuts.end());
-    o.ppChunks = ppChunks;
-    o.microbatches = microbatches;
-    o.schedule = given(schedule);
-    o.train = train;
-    o.loss = given(loss);
-    o.ignoreIndex = given(ignoreIndex);
-    o.optimizer = given(optimizer);
-    o.recompute = given(recompute);
-    o.zero = zero;
-    o.bucketMb = given(bucketMb);
-    o.reshardAfterForward = given(reshard);
-    o.zeroPrefetch = given(prefetch);
-    o.zeroGradSync = given(gradSync);
-    o.offload = offload;
+    setSharedOptions(o, *this,
+                     [](const auto &option) { return option.hasValue(); });
     if (memCap.hasValue() && (o.memCapBytes = parseBytes(memCap)) <= 0)
       return "mem-cap=" + memCap.getValue() + " is not an amount of memory";
     if (target != "cpu" && target != "cuda" && target != "all")

@@ -125,7 +125,7 @@ struct DataParallelPass
     if (shardedGradients)
       for (func::FuncOp phase : stagePhases)
         if (auto name = phase->getAttrOfType<StringAttr>(kPhaseAttrName);
-            name && name.getValue() == "weight_grad")
+            name && name.getValue() == kWeightGradPhaseName)
           scatterGradientAccumulations(phase, flat, gradNames);
     // ZeRO 3 gathers each weight where a phase reads it; or, keeping the
     // weights gathered through the step (reshard-after-forward=false), the
@@ -179,7 +179,7 @@ struct DataParallelPass
     SmallVector<std::pair<func::FuncOp, AccumulateOp>> last;
     for (func::FuncOp phase : phases) {
       auto name = phase->getAttrOfType<StringAttr>(kPhaseAttrName);
-      if (!name || name.getValue() != "weight_grad")
+      if (!name || name.getValue() != kWeightGradPhaseName)
         continue;
       auto stage = phase->getAttrOfType<IntegerAttr>(kPipelineStageAttrName);
       FailureOr<int64_t> pp = getMeshAxisSize(phase, kPipelineAxis);
@@ -224,7 +224,7 @@ struct DataParallelPass
   /// ZeRO 0: each gradient the optimizer reads, all-reduced.
   LogicalResult allReduceGradients(func::FuncOp opt) {
     // pcc-optimizer reads the gradients first in backward order (the global
-    // norm); after CSE each gradient is one pcc.param.
+    // norm); after pcc-merge-state-loads each gradient is one pcc.param.
     SmallVector<ParamOp> grads;
     llvm::StringSet<> seen;
     opt.walk([&](ParamOp p) {
@@ -235,7 +235,7 @@ struct DataParallelPass
       if (!seen.insert(g.getName()).second)
         return g.emitError("data parallel: gradient '")
                << g.getName()
-               << "' is read by two pcc.param ops (run CSE first)";
+               << "' is read by two pcc.param ops (run pcc-merge-state-loads first)";
       OpBuilder b(g->getContext());
       b.setInsertionPointAfter(g);
       auto sum = AllReduceOp::create(
@@ -503,7 +503,10 @@ struct DataParallelPass
                                                type);
                            });
       if (zero < 3) {
-        Value whole = flat.allGather(b, loc, p, type);
+        // The updated piece: a load after the update's store.
+        Value updated =
+            flat.param(b, loc, stateName(name, kMasterState), type);
+        Value whole = flat.allGather(b, loc, updated, type);
         AssignOp::create(b, loc, flat.local(b, loc, name, type), whole);
       }
     }

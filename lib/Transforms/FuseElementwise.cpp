@@ -7,6 +7,8 @@
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/SetVector.h"
 
+#include <memory>
+
 namespace mlir::pcc {
 #define GEN_PASS_DEF_FUSEELEMENTWISE
 #include "pcc/Transforms/Passes.h.inc"
@@ -52,6 +54,20 @@ struct FuseElementwisePass
         candidates.push_back(op);
     });
     llvm::SmallPtrSet<Operation *, 32> done;
+    // A group computes at its root: a producer that reads loaded state
+    // joins only when no store to that state lies between the load and the
+    // root (the fusion would read the stored value).
+    llvm::DenseMap<Block *, std::unique_ptr<StateStores>> stores;
+    auto readsStoredState = [&](Operation *producer, Operation *root) {
+      std::unique_ptr<StateStores> &block = stores[root->getBlock()];
+      if (!block)
+        block = std::make_unique<StateStores>(*root->getBlock());
+      return llvm::any_of(producer->getOperands(), [&](Value v) {
+        auto load = v.getDefiningOp<ParamOp>();
+        return load && load->getBlock() == root->getBlock() &&
+               block->storeBetween(load.getName(), load, root);
+      });
+    };
     for (Operation *root : llvm::reverse(candidates)) {
       if (done.contains(root))
         continue;
@@ -65,7 +81,7 @@ struct FuseElementwisePass
           Operation *producer = operand.getDefiningOp();
           if (!producer || group.contains(producer) ||
               producer->getBlock() != root->getBlock() ||
-              !canAbsorb(producer, shape))
+              !canAbsorb(producer, shape) || readsStoredState(producer, root))
             continue;
           // Broadcasts and splat constants cost nothing to recompute, so a
           // group takes its own copy even when they have other users. Other

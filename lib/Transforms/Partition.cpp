@@ -289,7 +289,7 @@ LogicalResult Partitioner::run() {
   for (Operation &op : block)
     all.push_back(&op);
   for (Operation *op : llvm::reverse(all))
-    if (op->use_empty() && isPure(op) && !op->hasTrait<OpTrait::IsTerminator>())
+    if (isOpTriviallyDead(op))
       op->erase();
   return success();
 }

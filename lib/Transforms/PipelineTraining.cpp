@@ -261,7 +261,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     func::FuncOp weightGrad = splitWeightGradients(
         result->backward, "stage" + std::to_string(k) + "_weight_grad");
     weightGrad->setAttr(kPipelineStageAttrName, stageAttr);
-    weightGrad->setAttr(kPhaseAttrName, StringAttr::get(ctx, "weight_grad"));
+    weightGrad->setAttr(kPhaseAttrName, StringAttr::get(ctx, kWeightGradPhaseName));
     weightGrad.walk([&](AccumulateOp op) {
       auto state = op.getState().getDefiningOp<ParamOp>();
       weights[k].insert(
@@ -346,13 +346,11 @@ LogicalResult mlir::pcc::buildRankPhases(
     bool shardedGradients, const llvm::StringSet<> *started) {
   MLIRContext *ctx = module.getContext();
   Location loc = module.getLoc();
-  auto training = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName);
-  auto kindAttr =
-      training ? training.getAs<StringAttr>("optimizer") : StringAttr();
-  if (!kindAttr)
+  std::optional<TrainingConfig> training = getTrainingConfig(module);
+  if (!training || training->optimizer.empty())
     return module.emitError("pipeline training: the module records no "
                             "optimizer (run pcc-pipeline-training first)");
-  StringRef kind = kindAttr.getValue();
+  std::string kind = training->optimizer;
   for (auto func : llvm::make_early_inc_range(module.getOps<func::FuncOp>()))
     if (func->hasAttr(kPipelineRankAttrName))
       func.erase();
@@ -474,7 +472,9 @@ LogicalResult mlir::pcc::buildRankPhases(
       if (stage == 1 || stage == 2) {
         // One op-building call per statement: the order of arguments'
         // evaluation is the compiler's (GCC's order kept).
-        Value whole = flat.allGather(b, at, p, typeOf.lookup(name));
+        // The updated piece: a load after the update's store.
+        Value updated = state(b, name, kMasterState, true);
+        Value whole = flat.allGather(b, at, updated, typeOf.lookup(name));
         AssignOp::create(b, at, state(b, name, "", false), whole);
       }
     }

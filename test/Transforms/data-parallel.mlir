@@ -1,13 +1,13 @@
 // RUN: split-file %s %t
-// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-data-parallel=dp=2 --canonicalize | FileCheck %s --check-prefix=Z0
-// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-data-parallel='dp=2 zero=1' --canonicalize | FileCheck %s --check-prefix=Z1
-// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-data-parallel='dp=2 zero=2' --canonicalize | FileCheck %s --check-prefix=Z2
-// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-data-parallel='dp=2 zero=3 prefetch=1' --canonicalize | FileCheck %s --check-prefix=Z3
-// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-data-parallel='dp=2 zero=3 reshard-after-forward=false' --canonicalize | FileCheck %s --check-prefix=KEEP
-// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-data-parallel='dp=2 bucket-bytes=256' --canonicalize | FileCheck %s --check-prefix=BUCKET
-// RUN: pcc-opt %t/pipelined.mlir --pcc-pipeline-training=kind=sgd --cse --pcc-data-parallel='dp=2 zero=2 reduce-each-microbatch=1' --canonicalize | FileCheck %s --check-prefix=PP
-// RUN: not pcc-opt %t/pipelined.mlir --pcc-pipeline-training=kind=sgd --cse --pcc-data-parallel='dp=2 zero=2 reduce-each-microbatch=1 bucket-bytes=-1' 2>&1 | FileCheck %s --check-prefix=PP-ERR
-// RUN: not pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-data-parallel='dp=2 zero=4' 2>&1 | FileCheck %s --check-prefix=STAGE
+// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel=dp=2 --canonicalize | FileCheck %s --check-prefix=Z0
+// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=1' --canonicalize | FileCheck %s --check-prefix=Z1
+// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=2' --canonicalize | FileCheck %s --check-prefix=Z2
+// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=3 prefetch=1' --canonicalize | FileCheck %s --check-prefix=Z3
+// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=3 reshard-after-forward=false' --canonicalize | FileCheck %s --check-prefix=KEEP
+// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 bucket-bytes=256' --canonicalize | FileCheck %s --check-prefix=BUCKET
+// RUN: pcc-opt %t/pipelined.mlir --pcc-pipeline-training=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=2 reduce-each-microbatch=1' --canonicalize | FileCheck %s --check-prefix=PP
+// RUN: not pcc-opt %t/pipelined.mlir --pcc-pipeline-training=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=2 reduce-each-microbatch=1 bucket-bytes=-1' 2>&1 | FileCheck %s --check-prefix=PP-ERR
+// RUN: not pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=4' 2>&1 | FileCheck %s --check-prefix=STAGE
 // RUN: not pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --pcc-data-parallel=dp=2 2>&1 | FileCheck %s --check-prefix=CSE
 // RUN: pcc-opt %t/errors.mlir --split-input-file --pcc-data-parallel='dp=2 zero=1' -verify-diagnostics
 // One data-parallel rank's training step (cross-entropy, SGD).
@@ -139,7 +139,7 @@ module {
 
 // PP-ERR: error: data parallel: gradient buckets in a pipelined step go with the gradients reduced once per step
 // STAGE: error: data parallel: ZeRO stage 4 is not 0 to 3
-// CSE: error: data parallel: gradient 'fc2.bias@grad' is read by two pcc.param ops (run CSE first)
+// CSE: error: data parallel: gradient 'fc2.bias@grad' is read by two pcc.param ops (run pcc-merge-state-loads first)
 
 //--- errors.mlir
 // expected-error @below {{data parallel: no @train_forward (run pcc-optimizer first)}}

@@ -72,3 +72,46 @@ func.func @boundaries(%x: tensor<4x8xi64>) -> tensor<4xf32> {
   %n = pcc.neg %r : tensor<4xf32>
   return %n : tensor<4xf32>
 }
+
+// -----
+
+// Tests that a group does not move a read of loaded state past a store to
+// that state: %s reads the gradient as loaded before the accumulate, so it
+// stays before it and only %r and %e (after the store) fuse.
+// CHECK-LABEL: func.func @state_store_between
+// CHECK:         %[[G:.*]] = pcc.param "w@grad"
+// CHECK-NEXT:    %[[S:.*]] = pcc.mul %[[G]], %[[G]]
+// CHECK-NEXT:    pcc.accumulate %[[G]]
+// CHECK-NEXT:    %[[F:.*]] = pcc.fusion(%[[S]])
+// CHECK:           pcc.relu
+// CHECK-NEXT:      pcc.exp
+// CHECK-NEXT:      pcc.yield
+// CHECK:         return %[[F]]
+func.func @state_store_between(%d: tensor<8xf32>) -> tensor<8xf32> {
+  %g = pcc.param "w@grad" : tensor<8xf32>
+  %s = pcc.mul %g, %g : tensor<8xf32>
+  pcc.accumulate %g, %d : tensor<8xf32>
+  %r = pcc.relu %s : tensor<8xf32>
+  %e = pcc.exp %r : tensor<8xf32>
+  return %e : tensor<8xf32>
+}
+
+// -----
+
+// Tests that a store to other state does not stop a group.
+// CHECK-LABEL: func.func @other_state_store
+// CHECK:         pcc.param "v@grad"
+// CHECK-NEXT:    pcc.accumulate
+// CHECK-NEXT:    %[[F:.*]] = pcc.fusion
+// CHECK:           pcc.mul
+// CHECK-NEXT:      pcc.relu
+// CHECK-NEXT:      pcc.yield
+// CHECK:         return %[[F]]
+func.func @other_state_store(%d: tensor<8xf32>) -> tensor<8xf32> {
+  %g = pcc.param "w@grad" : tensor<8xf32>
+  %s = pcc.mul %g, %g : tensor<8xf32>
+  %v = pcc.param "v@grad" : tensor<8xf32>
+  pcc.accumulate %v, %d : tensor<8xf32>
+  %r = pcc.relu %s : tensor<8xf32>
+  return %r : tensor<8xf32>
+}

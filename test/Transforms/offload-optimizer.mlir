@@ -1,6 +1,6 @@
 // RUN: split-file %s %t
-// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=adamw --cse --pcc-data-parallel='dp=2 zero=1' --canonicalize --pcc-offload-optimizer | FileCheck %s
-// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=adamw --cse --pcc-offload-optimizer | FileCheck %s --check-prefix=ONE
+// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=adamw --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=1' --canonicalize --pcc-offload-optimizer | FileCheck %s
+// RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=adamw --cse --pcc-merge-state-loads --pcc-offload-optimizer | FileCheck %s --check-prefix=ONE
 // RUN: pcc-opt %t/errors.mlir --split-input-file --pcc-offload-optimizer -verify-diagnostics
 
 // Tests ZeRO-Offload of a ZeRO 1 step over dp = 2: the device keeps the

@@ -14,6 +14,7 @@ namespace cl = llvm::cl;
 using Target = mlir::pcc::DeviceTarget;
 
 static cl::OptionCategory pccCategory("pcc options");
+static cl::OptionCategory trainCategory("pcc training options");
 
 static cl::opt<std::string> inputFile(cl::Positional,
                                       cl::desc("<model.onnx | model.onnxtxt>"),
@@ -48,79 +49,133 @@ static cl::opt<int64_t> batch("batch",
 static cl::list<std::string>
     dims("dim", cl::desc("bind a symbolic dimension by name (repeatable)"),
          cl::value_desc("name=N"), cl::cat(pccCategory));
-static cl::opt<int64_t> tp("tp", cl::desc("tensor-parallel degree"),
-                           cl::init(1), cl::cat(pccCategory));
-static cl::opt<bool> sequenceParallel(
-    "sp",
-    cl::desc("sequence parallelism with --tp (Megatron's): the norms and "
-             "elementwise ops between tensor-parallel blocks run on a part "
-             "of the sequence; reduce-scatter and all-gather replace each "
-             "block's all-reduce"),
-    cl::init(false), cl::cat(pccCategory));
-static cl::opt<bool> reshardAfterForward(
-    "zero-reshard-after-forward",
-    cl::desc("with --zero=3: gather each weight again in the backward pass "
-             "(FSDP's default, true); false keeps the forward pass's "
-             "gathered weights until the backward pass (more memory, fewer "
-             "bytes moved); with --pp, false gathers each weight once per "
-             "step for all its micro-batches (with --mem-cap pcc chooses, "
-             "keeping them gathered when that fits)"),
-    cl::init(true), cl::cat(pccCategory));
-static cl::opt<int> zeroPrefetch(
-    "zero-prefetch",
-    cl::desc("with --zero=3: start each weight's all-gather this many "
-             "gathers before its use, so it overlaps the compute before "
-             "(FSDP's prefetch, chosen from the program's order; 0: gather "
-             "where it is read, blocking; default 1 for GPU targets, 0 on "
-             "--target=cpu, where MPI gains nothing from it)"),
-    cl::init(1), cl::cat(pccCategory));
-static cl::opt<std::string> zeroGradSync(
-    "zero-grad-sync",
-    cl::desc("with --pp and --zero=2 or 3: when each gradient is "
-             "reduce-scattered over dp: step (once per step; it accumulates "
-             "whole over the micro-batches; the default) or microbatch (in "
-             "every W pass, into sharded accumulators: less memory, m times "
-             "the traffic); with --mem-cap pcc chooses"),
-    cl::init("step"), cl::cat(pccCategory));
-static cl::opt<std::string> meshOrder(
-    "mesh-order",
-    cl::desc("the order of the mesh axes in the rank grid, slowest first: "
-             "the last varies fastest, so its groups are neighbouring ranks "
-             "(put tp last to keep it within a node)"),
-    cl::value_desc("dp,pp,tp"), cl::init("dp,pp,tp"), cl::cat(pccCategory));
-static cl::opt<int64_t> pp("pp", cl::desc("pipeline-parallel degree"),
-                           cl::init(1), cl::cat(pccCategory));
-static cl::opt<int64_t> dp("dp", cl::desc("data-parallel degree"), cl::init(1),
-                           cl::cat(pccCategory));
-static cl::opt<int64_t>
-    zero("zero",
-         cl::desc("ZeRO stage with --dp: 0 replicates the model state on "
-                  "every rank, 1 shards the optimizer state over dp, 2 also "
-                  "the gradients, 3 also the weights"),
-         cl::init(0), cl::cat(pccCategory));
-static cl::list<std::string>
-    ppCuts("pp-cuts",
-           cl::desc("cut the pipeline after these ONNX nodes (pp x v - 1 "
-                    "names, in program order) instead of where the cost "
-                    "model would"),
-           cl::value_desc("node,node"), cl::CommaSeparated,
-           cl::cat(pccCategory));
-static cl::opt<int64_t>
-    ppChunks("pp-chunks",
-             cl::desc("model chunks per pipeline rank for the interleaved "
-                      "schedule (implies it): pp x v stages, rank r runs "
-                      "stages r, r + pp, ..."),
-             cl::init(1), cl::value_desc("v"), cl::cat(pccCategory));
-static cl::opt<int64_t>
-    microbatches("microbatches",
-                 cl::desc("split each batch into this many micro-batches "
-                          "that flow through the pipeline stages"),
-                 cl::init(1), cl::value_desc("m"), cl::cat(pccCategory));
-static cl::opt<std::string>
-    schedulePolicy("schedule",
-                   cl::desc("micro-batch schedule: gpipe, 1f1b (default), "
-                            "interleaved or zb-h1"),
-                   cl::init("1f1b"), cl::cat(pccCategory));
+/// The flags that are options of the compile (mlir::pcc::CompileOptions),
+/// each named as the field it sets, as the pcc-compile pipeline's are:
+/// pcc::setSharedOptions reads either.
+static struct SharedFlags {
+  cl::opt<int64_t> tp{"tp", cl::desc("tensor-parallel degree"), cl::init(1),
+                      cl::cat(pccCategory)};
+  cl::opt<int64_t> pp{"pp", cl::desc("pipeline-parallel degree"), cl::init(1),
+                      cl::cat(pccCategory)};
+  cl::opt<int64_t> dp{"dp", cl::desc("data-parallel degree"), cl::init(1),
+                      cl::cat(pccCategory)};
+  cl::opt<std::string> meshOrder{
+      "mesh-order",
+      cl::desc("the order of the mesh axes in the rank grid, slowest first: "
+               "the last varies fastest, so its groups are neighbouring ranks "
+               "(put tp last to keep it within a node)"),
+      cl::value_desc("dp,pp,tp"), cl::init("dp,pp,tp"), cl::cat(pccCategory)};
+  cl::opt<bool> sequenceParallel{
+      "sp",
+      cl::desc("sequence parallelism with --tp (Megatron's): the norms and "
+               "elementwise ops between tensor-parallel blocks run on a part "
+               "of the sequence; reduce-scatter and all-gather replace each "
+               "block's all-reduce"),
+      cl::init(false), cl::cat(pccCategory)};
+  cl::list<std::string> ppCuts{
+      "pp-cuts",
+      cl::desc("cut the pipeline after these ONNX nodes (pp x v - 1 "
+               "names, in program order) instead of where the cost "
+               "model would"),
+      cl::value_desc("node,node"), cl::CommaSeparated, cl::cat(pccCategory)};
+  cl::opt<int64_t> ppChunks{
+      "pp-chunks",
+      cl::desc("model chunks per pipeline rank for the interleaved "
+               "schedule (implies it): pp x v stages, rank r runs "
+               "stages r, r + pp, ..."),
+      cl::init(1), cl::value_desc("v"), cl::cat(pccCategory)};
+  cl::opt<int64_t> microbatches{
+      "microbatches",
+      cl::desc("split each batch into this many micro-batches "
+               "that flow through the pipeline stages"),
+      cl::init(1), cl::value_desc("m"), cl::cat(pccCategory)};
+  cl::opt<std::string> schedule{
+      "schedule",
+      cl::desc("micro-batch schedule: gpipe, 1f1b (default), "
+               "interleaved or zb-h1"),
+      cl::init("1f1b"), cl::cat(pccCategory)};
+  cl::opt<bool> train{
+      "train",
+      cl::desc("compile a training step (forward, backward, optimizer, "
+               "zero-grad phases) instead of inference; pcc-run --steps "
+               "trains it"),
+      cl::cat(trainCategory)};
+  cl::opt<std::string> loss{
+      "loss",
+      cl::desc("the loss of the first output: cross_entropy (its last "
+               "dimension against int64 labels, mean over labels, "
+               "ignore-index ignored), mse (mean squared error against "
+               "a float target), none (the output is the loss)"),
+      cl::init("cross_entropy"), cl::cat(trainCategory)};
+  cl::opt<int64_t> ignoreIndex{"ignore-index",
+                               cl::desc("cross_entropy: the label that "
+                                        "is ignored"),
+                               cl::init(-100), cl::cat(trainCategory)};
+  cl::opt<std::string> optimizer{
+      "optimizer",
+      cl::desc("sgd or adamw (hyperparameters are pcc-run's: "
+               "--lr, --momentum, --betas, --weight-decay, ...)"),
+      cl::init("adamw"), cl::cat(trainCategory)};
+  cl::opt<std::string> recompute{
+      "recompute",
+      cl::desc("activation recomputation: none; selective (save what matmuls, "
+               "convolutions and lookups produce, compute the elementwise "
+               "ops, norms, softmax and dropout after them again in the "
+               "backward pass); full (save each stage's or the step's inputs "
+               "alone, compute the whole forward again); with --pp one value "
+               "per stage may be given, comma-separated"),
+      cl::init("none"), cl::cat(trainCategory)};
+  cl::opt<int64_t> zero{
+      "zero",
+      cl::desc("ZeRO stage with --dp: 0 replicates the model state on "
+               "every rank, 1 shards the optimizer state over dp, 2 also "
+               "the gradients, 3 also the weights"),
+      cl::init(0), cl::cat(pccCategory)};
+  cl::opt<double> bucketMb{
+      "bucket-mb",
+      cl::desc("with --dp: gradient buckets of about this many MiB, each "
+               "all-reduced (ZeRO 0) or reduce-scattered (ZeRO 1-3) while the "
+               "backward pass goes on (0: none, each gradient blocking; "
+               "-1 and the default: chosen from the model, a quarter of the "
+               "gradients within 64 KiB to 25 MiB; by default none for ZeRO "
+               "1-3 on --target=cpu and with --offload; with --pp none unless "
+               "asked for: each "
+               "gradient's all-reduce or reduce-scatter starts in its last W "
+               "pass)"),
+      cl::init(-1), cl::cat(trainCategory)};
+  cl::opt<bool> reshardAfterForward{
+      "zero-reshard-after-forward",
+      cl::desc("with --zero=3: gather each weight again in the backward pass "
+               "(FSDP's default, true); false keeps the forward pass's "
+               "gathered weights until the backward pass (more memory, fewer "
+               "bytes moved); with --pp, false gathers each weight once per "
+               "step for all its micro-batches (with --mem-cap pcc chooses, "
+               "keeping them gathered when that fits)"),
+      cl::init(true), cl::cat(pccCategory)};
+  cl::opt<int> zeroPrefetch{
+      "zero-prefetch",
+      cl::desc("with --zero=3: start each weight's all-gather this many "
+               "gathers before its use, so it overlaps the compute before "
+               "(FSDP's prefetch, chosen from the program's order; 0: gather "
+               "where it is read, blocking; default 1 for GPU targets, 0 on "
+               "--target=cpu, where MPI gains nothing from it)"),
+      cl::init(1), cl::cat(pccCategory)};
+  cl::opt<std::string> zeroGradSync{
+      "zero-grad-sync",
+      cl::desc("with --pp and --zero=2 or 3: when each gradient is "
+               "reduce-scattered over dp: step (once per step; it accumulates "
+               "whole over the micro-batches; the default) or microbatch (in "
+               "every W pass, into sharded accumulators: less memory, m times "
+               "the traffic); with --mem-cap pcc chooses"),
+      cl::init("step"), cl::cat(pccCategory)};
+  cl::opt<std::string> offload{
+      "offload",
+      cl::desc("none or optimizer: keep the optimizer state and run the "
+               "update in host memory on GPU ranks (ZeRO-Offload); the "
+               "device keeps the forward, backward and collectives"),
+      cl::init("none"), cl::cat(trainCategory)};
+} flags;
+
 static cl::opt<std::string>
     dumpIr("dump-ir",
            cl::desc("write the IR after import and after each pass to "
@@ -155,34 +210,6 @@ static cl::opt<bool> noOnnxCheck("no-onnx-check",
                                  cl::desc("skip onnx::checker before import"),
                                  cl::cat(pccCategory));
 
-static cl::OptionCategory trainCategory("pcc training options");
-static cl::opt<double> bucketMb(
-    "bucket-mb",
-    cl::desc("with --dp: gradient buckets of about this many MiB, each "
-             "all-reduced (ZeRO 0) or reduce-scattered (ZeRO 1-3) while the "
-             "backward pass goes on (0: none, each gradient blocking; "
-             "-1 and the default: chosen from the model, a quarter of the "
-             "gradients within 64 KiB to 25 MiB; by default none for ZeRO "
-             "1-3 on --target=cpu and with --offload; with --pp none unless "
-             "asked for: each "
-             "gradient's all-reduce or reduce-scatter starts in its last W "
-             "pass)"),
-    cl::init(-1), cl::cat(trainCategory));
-static cl::opt<std::string>
-    offload("offload",
-            cl::desc("none or optimizer: keep the optimizer state and run the "
-                     "update in host memory on GPU ranks (ZeRO-Offload); the "
-                     "device keeps the forward, backward and collectives"),
-            cl::init("none"), cl::cat(trainCategory));
-static cl::opt<std::string> recompute(
-    "recompute",
-    cl::desc("activation recomputation: none; selective (save what matmuls, "
-             "convolutions and lookups produce, compute the elementwise "
-             "ops, norms, softmax and dropout after them again in the "
-             "backward pass); full (save each stage's or the step's inputs "
-             "alone, compute the whole forward again); with --pp one value "
-             "per stage may be given, comma-separated"),
-    cl::init("none"), cl::cat(trainCategory));
 static cl::opt<std::string> memCap(
     "mem-cap",
     cl::desc("with --train --pp: the device memory each rank may use (such "
@@ -191,28 +218,6 @@ static cl::opt<std::string> memCap(
              "selective, then full, stage by stage) until each fits, and "
              "prints what it chose"),
     cl::init(""), cl::cat(trainCategory));
-static cl::opt<bool>
-    train("train",
-          cl::desc("compile a training step (forward, backward, optimizer, "
-                   "zero-grad phases) instead of inference; pcc-run --steps "
-                   "trains it"),
-          cl::cat(trainCategory));
-static cl::opt<std::string>
-    lossKind("loss",
-             cl::desc("the loss of the first output: cross_entropy (its last "
-                      "dimension against int64 labels, mean over labels, "
-                      "ignore-index ignored), mse (mean squared error against "
-                      "a float target), none (the output is the loss)"),
-             cl::init("cross_entropy"), cl::cat(trainCategory));
-static cl::opt<int64_t> ignoreIndex("ignore-index",
-                                    cl::desc("cross_entropy: the label that "
-                                             "is ignored"),
-                                    cl::init(-100), cl::cat(trainCategory));
-static cl::opt<std::string>
-    optimizerKind("optimizer",
-                  cl::desc("sgd or adamw (hyperparameters are pcc-run's: "
-                           "--lr, --momentum, --betas, --weight-decay, ...)"),
-                  cl::init("adamw"), cl::cat(trainCategory));
 
 static const char *kOverview = R"(pcc: the pcc auto-partitioning compiler
 
@@ -278,11 +283,6 @@ void pcctool::parseCommandLine(int argc, char **argv) {
   cl::ParseCommandLineOptions(argc, argv, kOverview);
 }
 
-template <typename T> static std::optional<T> given(const cl::opt<T> &flag) {
-  return flag.getNumOccurrences() ? std::optional<T>(flag.getValue())
-                                  : std::nullopt;
-}
-
 std::string pcctool::readFlags(DriverFlags &driver,
                                pcc::OnnxImportOptions &import,
                                pcc::CompileOptions &o) {
@@ -299,7 +299,7 @@ std::string pcctool::readFlags(DriverFlags &driver,
 
   import.runChecker = !noOnnxCheck;
   import.remarkSharedWeights = explainPlan;
-  import.training = train;
+  import.training = flags.train;
   if (batch.getNumOccurrences()) {
     if (batch < 1)
       return "--batch=" + std::to_string(batch.getValue()) +
@@ -315,26 +315,8 @@ std::string pcctool::readFlags(DriverFlags &driver,
     import.dimBindings[name] = n;
   }
 
-  o.tp = tp;
-  o.pp = pp;
-  o.dp = dp;
-  o.meshOrder = meshOrder;
-  o.sequenceParallel = sequenceParallel;
-  o.ppCuts.assign(ppCuts.begin(), ppCuts.end());
-  o.ppChunks = ppChunks;
-  o.microbatches = microbatches;
-  o.schedule = given(schedulePolicy);
-  o.train = train;
-  o.loss = given(lossKind);
-  o.ignoreIndex = given(ignoreIndex);
-  o.optimizer = given(optimizerKind);
-  o.recompute = given(recompute);
-  o.zero = zero;
-  o.bucketMb = given(bucketMb);
-  o.reshardAfterForward = given(reshardAfterForward);
-  o.zeroPrefetch = given(zeroPrefetch);
-  o.zeroGradSync = given(zeroGradSync);
-  o.offload = offload;
+  pcc::setSharedOptions(
+      o, flags, [](const auto &flag) { return flag.getNumOccurrences() > 0; });
   o.target = target;
   o.emitRemarks = explainPlan;
   if (!memCap.empty()) {

@@ -45,12 +45,11 @@ int64_t bytesOf(mlir::Type type);
 /// 1234567 as "1,234,567".
 std::string grouped(int64_t n);
 
-/// "    bubble with F, B and W one unit each: ..." for a schedule's rank
-/// lists (as --explain prints them), replayed with pcc::schedule::simulate;
-/// "" when they do not read back or replay.
-std::string scheduleBubbleLine(const std::string &policy, int64_t pp,
-                               int64_t microbatches, int64_t chunks,
-                               const std::vector<std::string> &ranks);
+/// --explain's schedule section for a pipelined `main` over `pp` pipeline
+/// ranks: the policy, each rank's list and, with pp > 1, the bubble of the
+/// lists replayed by pcc::schedule::simulate with F, B and W one unit
+/// each; "" when `main` has no schedule.
+std::string describeSchedule(mlir::Operation *main, int64_t pp);
 
 } // namespace mlir::pcc
 

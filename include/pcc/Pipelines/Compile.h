@@ -19,6 +19,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mlir::pcc {
@@ -87,6 +88,39 @@ struct CompileOptions {
   /// and what would work; empty when they go together.
   std::string verify() const;
 };
+
+/// Sets the options that pcc's flags and the pcc-compile pipeline's
+/// options share (the mesh, the pipeline, training, data parallelism and
+/// ZeRO) from either: `flags` has one member per option, named as the
+/// field it sets, and `given(member)` says whether the user gave it (the
+/// optional fields stay unset otherwise).
+template <typename Flags, typename Given>
+void setSharedOptions(CompileOptions &o, const Flags &flags, Given given) {
+  auto ifGiven = [&](const auto &flag) {
+    using T = std::decay_t<decltype(flag.getValue())>;
+    return given(flag) ? std::optional<T>(flag.getValue()) : std::nullopt;
+  };
+  o.tp = flags.tp;
+  o.pp = flags.pp;
+  o.dp = flags.dp;
+  o.meshOrder = flags.meshOrder;
+  o.sequenceParallel = flags.sequenceParallel;
+  o.ppCuts.assign(flags.ppCuts.begin(), flags.ppCuts.end());
+  o.ppChunks = flags.ppChunks;
+  o.microbatches = flags.microbatches;
+  o.schedule = ifGiven(flags.schedule);
+  o.train = flags.train;
+  o.loss = ifGiven(flags.loss);
+  o.ignoreIndex = ifGiven(flags.ignoreIndex);
+  o.optimizer = ifGiven(flags.optimizer);
+  o.recompute = ifGiven(flags.recompute);
+  o.zero = flags.zero;
+  o.bucketMb = ifGiven(flags.bucketMb);
+  o.reshardAfterForward = ifGiven(flags.reshardAfterForward);
+  o.zeroPrefetch = ifGiven(flags.zeroPrefetch);
+  o.zeroGradSync = ifGiven(flags.zeroGradSync);
+  o.offload = flags.offload;
+}
 
 /// What the memory fit chooses (otherwise the options' own values).
 struct MemoryChoices {

@@ -55,6 +55,29 @@ def ModelStats : Pass<"pcc-model-stats", "func::FuncOp"> {
   ];
 }
 
+def MergeStateLoads : Pass<"pcc-merge-state-loads", "func::FuncOp"> {
+  let summary = "merges the loads of model state that read the same thing";
+  let description = [{
+    A `pcc.param` loads model state at its place, so CSE merges two loads
+    only with no store between them, to any state (MLIR's CSE does not look
+    at which state an op stores to). This pass replaces a load with an
+    earlier one of the same state (name, type and shard) in the same block
+    when no store to that state lies between them, or when it is used only
+    to name the state that ops store to (the state operand of
+    `pcc.accumulate` and the optimizer updates). The training passes leave
+    one load per state and phase this way, as they expect.
+
+    ```mlir
+    // before
+    %a = pcc.param "w@grad" : tensor<4xf32>
+    pcc.accumulate %a, %d1 : tensor<4xf32>
+    %b = pcc.param "w@grad" : tensor<4xf32>
+    pcc.accumulate %b, %d2 : tensor<4xf32>
+    // after: %b is %a (it only names the state stored to)
+    ```
+  }];
+}
+
 def FuseElementwise : Pass<"pcc-fuse-elementwise", "func::FuncOp"> {
   let summary = "groups chains of elementwise ops into pcc.fusion ops";
   let description = [{

@@ -12,6 +12,7 @@
 
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Dialect/Pcc/IR/ScheduleAttr.h"
 #include "pcc/Schedule/Schedule.h"
 
 #include "llvm/ADT/StringSet.h"
@@ -138,43 +139,30 @@ FailureOr<std::vector<StageProgram>> collectStages(ModuleOp module,
 /// pcc.schedule as pcc_pipeline_instr initialisers ("{op, microbatch,
 /// stage, peer}"), under a comment with its text. Without a schedule, one
 /// rank computes the one stage. `ranks` is set to the pipeline ranks.
-FailureOr<std::string> scheduleSource(func::FuncOp main,
-                                      DictionaryAttr schedule, int64_t stages,
-                                      int64_t &ranks) {
+FailureOr<std::string>
+scheduleSource(func::FuncOp main,
+               const std::optional<::pcc::schedule::Schedule> &schedule,
+               int64_t stages, int64_t &ranks) {
   std::vector<std::pair<std::string, std::vector<std::string>>> tables;
   if (!schedule)
     tables.push_back({"F0", {"{0, 0, 0, -1}"}});
-  auto rankLists = schedule ? schedule.getAs<ArrayAttr>("ranks") : ArrayAttr();
-  if (schedule &&
-      (!rankLists || rankLists.empty() || stages % rankLists.size() != 0))
+  if (schedule && stages % schedule->ranks.size() != 0)
     return main.emitError("code generation: pcc.schedule needs one "
                           "instruction list per pipeline rank");
-  int64_t p = rankLists ? rankLists.size() : 1;
-  for (auto [r, attr] : llvm::enumerate(rankLists ? rankLists.getValue()
-                                                  : ArrayRef<Attribute>())) {
-    auto text = dyn_cast<StringAttr>(attr);
-    if (!text)
-      return main.emitError("code generation: pcc.schedule rank ")
-             << r << " is not a string";
-    tables.push_back({text.str(), {}});
+  int64_t p = schedule ? schedule->ranks.size() : 1;
+  for (size_t r = 0; schedule && r < schedule->ranks.size(); ++r) {
+    tables.push_back({schedule->describeRank(r), {}});
     std::vector<std::string> &table = tables.back().second;
-    SmallVector<StringRef> words;
-    text.getValue().split(words, ' ', -1, /*KeepEmpty=*/false);
-    for (StringRef word : words) {
-      std::optional<::pcc::schedule::Instr> instr =
-          ::pcc::schedule::parseInstr(word.str());
-      if (!instr)
-        return main.emitError("code generation: pcc.schedule rank ")
-               << r << ": '" << word << "' is not an instruction";
-      int code = ::pcc::schedule::abiCode(instr->op);
+    for (const ::pcc::schedule::Instr &instr : schedule->ranks[r]) {
+      int code = ::pcc::schedule::abiCode(instr.op);
       int64_t stage = ::pcc::schedule::virtualStage(
-          static_cast<int32_t>(p), static_cast<int32_t>(r), instr->chunk);
+          static_cast<int32_t>(p), static_cast<int32_t>(r), instr.chunk);
       if (stage >= stages)
         return main.emitError("code generation: pcc.schedule rank ")
-               << r << ": '" << word << "' names stage " << stage
-               << " of a model cut into " << stages;
+               << r << " names stage " << stage << " of a model cut into "
+               << stages;
       table.push_back(llvm::formatv("{{{0}, {1}, {2}, {3}}", code,
-                                    instr->microbatch, stage, instr->peer)
+                                    instr.microbatch, stage, instr.peer)
                           .str());
     }
   }
@@ -574,7 +562,9 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
                                  const CppEmitOptions &options) {
   // A training module's entry points are its phases; the forward phase
   // stands for the model's signature.
-  auto training = module->getAttrOfType<DictionaryAttr>(kTrainingAttrName);
+  std::optional<TrainingConfig> training = getTrainingConfig(module);
+  if (!training && module->hasAttr(kTrainingAttrName))
+    return failure();
   // A pipelined one's @main (the calls of its stages) does.
   StringRef entry = training && !module.lookupSymbol("train_forward")
                         ? StringRef("main")
@@ -588,6 +578,9 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   bool cpu = options.targets & kTargetCpu, cuda = options.targets & kTargetCuda;
   if (!cpu && !cuda)
     return module.emitError("code generation: no target");
+  // The generated code reads a loaded weight or state from its buffer.
+  if (failed(verifyStateOrder(module)))
+    return failure();
   // The mesh: axis names in the module's order, and their sizes.
   llvm::StringMap<int> meshAxes;
   std::string meshNames, meshSizes;
@@ -604,7 +597,10 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   }
 
   // The entry points: @main, or the pipeline stages it calls.
-  auto schedule = func->getAttrOfType<DictionaryAttr>("pcc.schedule");
+  std::optional<::pcc::schedule::Schedule> schedule =
+      getPipelineSchedule(func);
+  if (!schedule && func->hasAttr(kScheduleAttrName))
+    return failure();
   std::vector<StageProgram> stages;
   // A pipelined training library: the stages' wiring, and their phases as
   // the programs.
@@ -750,18 +746,17 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   // Where offloaded state lives and when it is copied (ABI 10).
   std::string offloadTable = "static const int32_t kWeightOffload[] = {";
   {
-    auto offload =
-        training ? training.getAs<DictionaryAttr>("offload") : DictionaryAttr();
     llvm::StringMap<int32_t> flags;
-    auto mark = [&](StringRef key, int32_t bit) {
-      if (auto names = offload ? offload.getAs<ArrayAttr>(key) : ArrayAttr())
-        for (StringRef name : names.getAsValueRange<StringAttr>())
-          flags[name] |= bit;
+    auto mark = [&](const std::vector<std::string> &names, int32_t bit) {
+      for (const std::string &name : names)
+        flags[name] |= bit;
     };
     // enum pcc_offload's bits.
-    mark("host", 1);
-    mark("to_host", 2);
-    mark("to_device", 4);
+    if (training) {
+      mark(training->offloadHost, 1);
+      mark(training->offloadToHost, 2);
+      mark(training->offloadToDevice, 4);
+    }
     for (auto &w : weights)
       offloadTable += std::to_string(flags.lookup(w.first)) + ", ";
     offloadTable += "0};\n";
@@ -770,20 +765,10 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   std::string aliases = "static const pcc_weight_alias kWeightAliases[] = {";
   {
     llvm::StringMap<std::pair<std::string, int64_t>> inBucket;
-    if (auto table =
-            training ? training.getAs<ArrayAttr>("buckets") : ArrayAttr())
-      for (auto bucket : table.getAsRange<DictionaryAttr>()) {
-        auto state = bucket.getAs<StringAttr>("state");
-        auto grads = bucket.getAs<ArrayAttr>("grads");
-        auto offsets = bucket.getAs<DenseI64ArrayAttr>("offsets");
-        if (!state || !grads || !offsets ||
-            grads.size() != offsets.asArrayRef().size())
-          return module.emitError("code generation: a malformed gradient "
-                                  "bucket in pcc.training");
-        for (auto [g, offset] : llvm::zip(grads.getAsValueRange<StringAttr>(),
-                                          offsets.asArrayRef()))
-          inBucket[g] = {state.getValue().str(), offset};
-      }
+    if (training)
+      for (const GradientBucket &bucket : training->buckets)
+        for (auto [g, offset] : llvm::zip(bucket.grads, bucket.offsets))
+          inBucket[g] = {bucket.state, offset};
     llvm::StringMap<int32_t> indexOf;
     for (auto [j, w] : llvm::enumerate(weights))
       indexOf[w.first] = static_cast<int32_t>(j);
@@ -801,18 +786,13 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
     }
     aliases += "{-1, 0}};\n";
   }
-  auto trainingString = [&](StringRef key) {
-    auto value = training ? training.getAs<StringAttr>(key) : StringAttr();
-    return quoted(value ? value.getValue() : "");
-  };
-  auto ignoreAttr =
-      training ? training.getAs<IntegerAttr>("ignore_index") : IntegerAttr();
-  int64_t ignoreIndex = ignoreAttr ? ignoreAttr.getInt() : -100;
+  std::string loss = quoted(training ? training->loss : "");
+  std::string optimizer = quoted(training ? training->optimizer : "");
+  int64_t ignoreIndex =
+      training ? training->ignoreIndex.value_or(-100) : int64_t(-100);
   // The ZeRO stage the data-parallel pass applied (ABI 13), so that the
   // runtime need not infer it from the shard table.
-  auto zeroAttr =
-      training ? training.getAs<IntegerAttr>("zero") : IntegerAttr();
-  int64_t zeroStage = zeroAttr ? zeroAttr.getInt() : 0;
+  int64_t zeroStage = training ? training->zero : 0;
   // A rank runs one stage: its arena is the largest.
   int64_t arenaBytes = 0;
   for (const StageProgram &stage : stages)
@@ -823,13 +803,10 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   int pipelineAxis = -1;
   std::string policy;
   if (training)
-    if (auto count = training.getAs<IntegerAttr>("microbatches"))
-      microbatches = count.getInt();
+    microbatches = training->microbatches;
   if (schedule) {
-    if (auto count = schedule.getAs<IntegerAttr>("microbatches"))
-      microbatches = count.getInt();
-    if (auto name = schedule.getAs<StringAttr>("policy"))
-      policy = name.str();
+    microbatches = schedule->options.microbatches;
+    policy = ::pcc::schedule::policyName(schedule->options.policy);
     auto pp = meshAxes.find(kPipelineAxis);
     if (pp == meshAxes.end())
       return module.emitError("code generation: a pipelined module needs a "
@@ -883,8 +860,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << ", kScheduleLengths, kSchedules, " << quoted(policy)
      << ", kInputBatchDims, kOutputBatchDims, "
      << (training ? stages.size() : 0) << ", kPhases, kWeightKinds, "
-     << "kWeightOwners, " << trainingString("loss") << ", "
-     << trainingString("optimizer") << ", " << ignoreIndex
+     << "kWeightOwners, " << loss << ", " << optimizer << ", " << ignoreIndex
      << "LL, kWholeWeights, kWeightAliases, kWeightOffload, " << zeroStage
      << "};\n\n"
      << "} // namespace\n\n";

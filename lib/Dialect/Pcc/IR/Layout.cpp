@@ -27,6 +27,8 @@ ShardingAttr Shard::toAttr(MLIRContext *context, StringRef axis) const {
     return ShardingAttr::partial(context, axis);
   case ShardKind::split:
     return ShardingAttr::split(context, axis, dim, stripes);
+  case ShardKind::flat:
+    return ShardingAttr::flat(context, axis);
   }
   return {};
 }

@@ -4,12 +4,14 @@
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
 
 #include "pcc/Dialect/Pcc/IR/Layout.h"
+#include "pcc/Dialect/Pcc/IR/ScheduleAttr.h"
 #include "llvm/ADT/StringSet.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/DialectImplementation.h"
+#include "mlir/Interfaces/FunctionInterfaces.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
@@ -231,6 +233,42 @@ LogicalResult PccDialect::verifyOperationAttribute(Operation *op,
       if (failed(verifySharding(op, sharding, op->getResult(i).getType(), i)))
         return failure();
     }
+    return success();
+  }
+  // What the passes tell each other (Contracts.h).
+  StringRef name = attr.getName().getValue();
+  auto error = [&] { return op->emitError(); };
+  if (name == kTrainingAttrName) {
+    auto dict = dyn_cast<DictionaryAttr>(attr.getValue());
+    if (!isa<ModuleOp>(op) || !dict)
+      return op->emitError("pcc.training must be a dictionary on the module");
+    TrainingConfig config;
+    return parseTrainingAttr(dict, config, error);
+  }
+  if (name == kScheduleAttrName) {
+    auto dict = dyn_cast<DictionaryAttr>(attr.getValue());
+    if (!isa<FunctionOpInterface>(op) || !dict)
+      return op->emitError("pcc.schedule must be a dictionary on a function");
+    ::pcc::schedule::Schedule schedule;
+    return parseScheduleAttr(dict, schedule, error);
+  }
+  if (name == kPhaseAttrName) {
+    auto phase = dyn_cast<StringAttr>(attr.getValue());
+    auto known = [&](StringRef p) {
+      return llvm::is_contained(kPhaseNames, p) ||
+             llvm::is_contained(kOffloadPhaseNames, p) ||
+             p == kWeightGradPhaseName;
+    };
+    if (!isa<FunctionOpInterface>(op) || !phase || !known(phase.getValue()))
+      return op->emitError("pcc.phase must name a phase on a function "
+                           "(forward, backward, weight_grad, optimizer, "
+                           "zero_grad, optimizer_pre, optimizer_post)");
+    return success();
+  }
+  if (name == kPipelineStageAttrName || name == kPipelineRankAttrName) {
+    auto index = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!isa<FunctionOpInterface>(op) || !index || index.getInt() < 0)
+      return op->emitError(name) << " must be an integer >= 0 on a function";
     return success();
   }
   // pcc.opset, pcc.source, pcc.buffer_offsets, ...: checked by their users.

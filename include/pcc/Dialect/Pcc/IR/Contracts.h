@@ -1,11 +1,15 @@
-//===- Contracts.h - the names of phases and state --------------*- C++ -*-===//
+//===- Contracts.h - what the passes tell each other ------------*- C++ -*-===//
 //
 // Model state beyond the weights is named after its weight: `<weight>@grad`,
 // `<weight>@exp_avg`, `<weight>@exp_avg_sq`, `<weight>@momentum_buffer`
 // (PyTorch's optimizer state names). The phases of a training module are
 // functions marked `pcc.phase`; the module's `pcc.training` dictionary
-// records the loss and the optimizer. The passes write these names, the
-// C++ emitter and --explain read them: they belong to the dialect.
+// records the loss, the optimizer, the trained weights, ZeRO and the
+// buckets; a pipelined @main's `pcc.schedule` holds each pipeline rank's
+// instructions. The passes write these, the C++ emitter, the analyses and
+// --explain read them: they belong to the dialect, which verifies them
+// (PccDialect::verifyOperationAttribute) and reads them into the typed
+// TrainingConfig below and ::pcc::schedule::Schedule (ScheduleAttr.h).
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,10 +17,15 @@
 #define PCC_DIALECT_PCC_IR_CONTRACTS_H
 
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringRef.h"
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace mlir::pcc {
 
@@ -28,12 +37,18 @@ inline constexpr llvm::StringLiteral kTensorParallelAxis = "tp";
 
 inline constexpr llvm::StringLiteral kTrainingAttrName = "pcc.training";
 inline constexpr llvm::StringLiteral kPhaseAttrName = "pcc.phase";
+/// On a pipelined @main (pcc-pipeline-schedule): the schedule.
+inline constexpr llvm::StringLiteral kScheduleAttrName = "pcc.schedule";
 
 /// The phases, in the order of the model ABI's enum pcc_phase.
 inline constexpr llvm::StringLiteral kPhaseNames[] = {"forward", "backward",
                                                       "optimizer", "zero_grad"};
 inline constexpr llvm::StringLiteral kPhaseFunctions[] = {
     "train_forward", "train_backward", "train_optimizer", "train_zero_grad"};
+
+/// The phase of a pipeline stage that computes its weights' gradients
+/// (the W of a zero-bubble schedule).
+inline constexpr llvm::StringLiteral kWeightGradPhaseName = "weight_grad";
 
 /// Pipelined training (pcc-pipeline-training): the phase functions of
 /// stage k are @stage<k>_forward, _backward and _weight_grad, each marked
@@ -87,6 +102,43 @@ inline void setTrainingAttr(ModuleOp module,
     list.set(entry.getName(), entry.getValue());
   module->setAttr(kTrainingAttrName, list.getDictionary(module.getContext()));
 }
+
+/// A gradient bucket (pcc-data-parallel): the state `state` holds the
+/// gradients `grads`, each from its element offset.
+struct GradientBucket {
+  std::string state;
+  std::vector<std::string> grads;
+  std::vector<int64_t> offsets;
+};
+
+/// The module's `pcc.training`, typed. Each pass adds its entries.
+struct TrainingConfig {
+  /// pcc-loss: "cross_entropy", "mse" or "none"; cross_entropy's ignored
+  /// label; the micro-batches of a step.
+  std::string loss;
+  std::optional<int64_t> ignoreIndex;
+  int64_t microbatches = 1;
+  /// pcc-optimizer (or pcc-pipeline-training): "sgd" or "adamw", the
+  /// trained weights, and those read in several pipeline stages.
+  std::string optimizer;
+  std::vector<std::string> weights, tied;
+  /// pcc-data-parallel: the ZeRO stage and the gradient buckets.
+  int64_t zero = 0;
+  std::vector<GradientBucket> buckets;
+  /// pcc-offload-optimizer: state kept in host memory, copied to the host
+  /// after the backward pass, and back to the device after the update.
+  bool offloaded = false;
+  std::vector<std::string> offloadHost, offloadToHost, offloadToDevice;
+};
+
+/// Reads a `pcc.training` dictionary; an unknown entry or one of the wrong
+/// kind is an error through `emitError`.
+LogicalResult
+parseTrainingAttr(DictionaryAttr attr, TrainingConfig &config,
+                  llvm::function_ref<InFlightDiagnostic()> emitError);
+/// The module's training configuration (verified with the module), or
+/// nullopt for an inference module.
+std::optional<TrainingConfig> getTrainingConfig(ModuleOp module);
 
 } // namespace mlir::pcc
 

@@ -12,6 +12,7 @@
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "llvm/ADT/StringMap.h"
 
 #include "pcc/Dialect/Pcc/IR/PccEnums.h.inc"
 #include "pcc/Dialect/Pcc/IR/PccOpsDialect.h.inc"
@@ -43,6 +44,12 @@ DenseElementsAttr getSplatAttr(RankedTensorType type, double value);
 /// get no sharding interface, and the "every op has rules" test fails.
 template <typename ConcreteType>
 class RunsWhole : public ::mlir::OpTrait::TraitBase<ConcreteType, RunsWhole> {};
+
+/// Model state (PccOps.td, Pcc_StateResource): what `pcc.param` loads and
+/// the in-place updates store to.
+struct StateResource : public SideEffects::Resource::Base<StateResource> {
+  StringRef getName() final { return "pcc.state"; }
+};
 } // namespace mlir::pcc
 
 #define GET_OP_CLASSES
@@ -57,6 +64,40 @@ MeshOp getMesh(Operation *op);
 /// replacing any other.
 void setMesh(ModuleOp module,
              llvm::ArrayRef<std::pair<llvm::StringRef, int64_t>> axes);
+
+/// The state `op` stores to: the loads (`pcc.param`) of the operands it
+/// writes through, by its effects on StateResource.
+llvm::SmallVector<ParamOp> getStoredState(Operation *op);
+
+/// The stores to model state in one block, in program order.
+class StateStores {
+public:
+  explicit StateStores(Block &block);
+  /// The first op of the block strictly between `from` and `to` (ops of
+  /// the block, `from` before `to`) that stores to state `name`, or null.
+  Operation *storeBetween(llvm::StringRef name, Operation *from,
+                          Operation *to) const;
+
+private:
+  llvm::DenseMap<Operation *, unsigned> position;
+  llvm::StringMap<llvm::SmallVector<unsigned>> stores;
+  llvm::SmallVector<Operation *> ops;
+};
+
+/// Whether `use` names the state its op stores to (the state operand of an
+/// in-place update) rather than reading a loaded value.
+bool namesStoredState(OpOperand &use);
+
+/// Replaces loads of model state with earlier loads of the same state in
+/// the same block where that reads the same (pcc-merge-state-loads).
+/// Returns the number of loads replaced.
+unsigned mergeStateLoads(Block &block);
+
+/// The contract of code that reads a loaded state from the state's own
+/// buffer (the C++ back end does, without a copy): no use of a `pcc.param`
+/// follows, in its block, an op that stores to the same state, other than
+/// that use itself. Fails with an error on the use, naming the store.
+LogicalResult verifyStateOrder(Operation *root);
 } // namespace mlir::pcc
 
 #endif // PCC_DIALECT_PCC_IR_PCCDIALECT_H

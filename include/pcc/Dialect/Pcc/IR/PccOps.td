@@ -18,6 +18,25 @@ include "mlir/Interfaces/InferTypeOpInterface.td"
 include "mlir/IR/BuiltinAttributeInterfaces.td"
 include "mlir/IR/SymbolInterfaces.td"
 
+// Model state: the weights and the buffers named after them (gradients,
+// optimizer moments, buckets, running statistics) that `pcc.param` reads by
+// name and that live across calls of the model's phases. A `pcc.param` is
+// a load of its state at its place in the block; the ops that update state
+// in place store through their state operands. The effects say so, so no
+// pass may move a load past a store of the same state (CSE does not merge
+// two loads across a store), and the C++ back end, which reads a loaded
+// value from the state's buffer without a copy, checks that no use of a
+// load follows a store to its state (pcc::verifyStateOrder).
+def Pcc_StateResource : Resource<"::mlir::pcc::StateResource">;
+
+// A state operand that an op updates in place.
+class Pcc_UpdatedState<string desc>
+    : Arg<Pcc_FloatTensor, desc,
+          [MemRead<Pcc_StateResource>, MemWrite<Pcc_StateResource>]>;
+// A state operand that an op overwrites whole.
+class Pcc_OverwrittenState<string desc>
+    : Arg<Pcc_FloatTensor, desc, [MemWrite<Pcc_StateResource>]>;
+
 //===----------------------------------------------------------------------===//
 // Values: parameters and constants
 //===----------------------------------------------------------------------===//
@@ -49,7 +68,8 @@ def Pcc_MeshOp : Pcc_Op<"mesh", [Pcc_RunsWhole, Symbol,
   }];
 }
 
-def Pcc_ParamOp : Pcc_Op<"param", [Pcc_RunsWhole, Pure]> {
+def Pcc_ParamOp : Pcc_Op<"param", [Pcc_RunsWhole,
+    MemoryEffects<[MemRead<Pcc_StateResource>]>]> {
   let summary = "a model weight, named after its ONNX initializer";
   let description = [{
     Reads the weight called `name` from the model's weight store. The data is
@@ -86,6 +106,10 @@ def Pcc_ParamOp : Pcc_Op<"param", [Pcc_RunsWhole, Pure]> {
     %m = pcc.param "fc1.weight@exp_avg" shard(#pcc.shard<dp, flat>) of [256, 64]
         within(#pcc.shard<tp, dim = 0>) : tensor<2048xf32>
     ```
+
+    A `pcc.param` loads the state at its place: ops that update the state
+    later do not change the loaded value (load the state again after them
+    to read the update).
   }];
   let arguments = (ins StrAttr:$name, OptionalAttr<Pcc_ShardingAttr>:$shard,
                        OptionalAttr<DenseI64ArrayAttr>:$whole,
@@ -1122,10 +1146,11 @@ def Pcc_AvgPoolGradOp : Pcc_Op<"avg_pool_grad", [Pcc_RunsWhole, Pure,
 
 // The ops below write model state (a `pcc.param` naming a gradient, an
 // optimizer moment or a weight) in place. They have no results; their
-// memory effect keeps them where the pass put them and alive.
+// effects on the state they write keep them where the pass put them and
+// alive.
 
 def Pcc_AccumulateOp : Pcc_Op<"accumulate", [Pcc_RunsWhole,
-    MemoryEffects<[MemRead, MemWrite]>, AllTypesMatch<["state", "value"]>]> {
+    AllTypesMatch<["state", "value"]>]> {
   let summary = "adds a gradient into its state tensor in place";
   let description = [{
     `state += value`, where `state` is the `pcc.param` of a gradient
@@ -1137,13 +1162,14 @@ def Pcc_AccumulateOp : Pcc_Op<"accumulate", [Pcc_RunsWhole,
     pcc.accumulate %gw, %dw : tensor<256x64xf32>
     ```
   }];
-  let arguments = (ins Pcc_FloatTensor:$state, Pcc_FloatTensor:$value);
+  let arguments = (ins Pcc_UpdatedState<"the gradient">:$state,
+                       Pcc_FloatTensor:$value);
   let assemblyFormat = "$state `,` $value attr-dict `:` type($state)";
   let hasVerifier = 1;
 }
 
 def Pcc_EmaUpdateOp : Pcc_Op<"ema_update", [Pcc_RunsWhole,
-    MemoryEffects<[MemRead, MemWrite]>, AllTypesMatch<["state", "value"]>]> {
+    AllTypesMatch<["state", "value"]>]> {
   let summary = "moving average of a state tensor, in place (running statistics)";
   let description = [{
     `state = momentum * state + (1 - momentum) * scale * value`, computed in
@@ -1156,7 +1182,8 @@ def Pcc_EmaUpdateOp : Pcc_Op<"ema_update", [Pcc_RunsWhole,
     pcc.ema_update %rm, %mean momentum = 0.9 scale = 1.0 : tensor<8xf32>
     ```
   }];
-  let arguments = (ins Pcc_FloatTensor:$state, Pcc_FloatTensor:$value,
+  let arguments = (ins Pcc_UpdatedState<"the running statistic">:$state,
+                       Pcc_FloatTensor:$value,
                        F64Attr:$momentum, F64Attr:$scale);
   let assemblyFormat = [{
     $state `,` $value `momentum` `=` $momentum `scale` `=` $scale attr-dict
@@ -1165,21 +1192,20 @@ def Pcc_EmaUpdateOp : Pcc_Op<"ema_update", [Pcc_RunsWhole,
   let hasVerifier = 1;
 }
 
-def Pcc_ZeroOp : Pcc_Op<"zero", [Pcc_RunsWhole,
-                                 MemoryEffects<[MemWrite]>]> {
+def Pcc_ZeroOp : Pcc_Op<"zero", [Pcc_RunsWhole]> {
   let summary = "sets a state tensor to zero in place";
   let description = [{
     ```mlir
     pcc.zero %gw : tensor<256x64xf32>
     ```
   }];
-  let arguments = (ins Pcc_FloatTensor:$state);
+  let arguments = (ins Pcc_OverwrittenState<"the state zeroed">:$state);
   let assemblyFormat = "$state attr-dict `:` type($state)";
   let hasVerifier = 1;
 }
 
 def Pcc_AssignOp : Pcc_Op<"assign", [Pcc_RunsWhole,
-    MemoryEffects<[MemWrite]>, AllTypesMatch<["state", "value"]>]> {
+    AllTypesMatch<["state", "value"]>]> {
   let summary = "overwrites a state tensor in place";
   let description = [{
     `state = value`. ZeRO-1 and -2 write the all-gathered shards of the
@@ -1190,7 +1216,8 @@ def Pcc_AssignOp : Pcc_Op<"assign", [Pcc_RunsWhole,
     pcc.assign %w, %gathered : tensor<256x64xf32>
     ```
   }];
-  let arguments = (ins Pcc_FloatTensor:$state, Pcc_FloatTensor:$value);
+  let arguments = (ins Pcc_OverwrittenState<"the state overwritten">:$state,
+                       Pcc_FloatTensor:$value);
   let assemblyFormat = "$state `,` $value attr-dict `:` type($state)";
   let hasVerifier = 1;
 }
@@ -1219,7 +1246,8 @@ def Pcc_BucketStartOp : Pcc_Op<"bucket_start", [Pcc_RunsWhole,
         : tensor<8224xf32>
     ```
   }];
-  let arguments = (ins Pcc_FloatTensor:$bucket, StrAttr:$axis,
+  let arguments = (ins Pcc_UpdatedState<"the bucket summed in place">:$bucket,
+                       StrAttr:$axis,
                        OptionalAttr<DenseI64ArrayAttr>:$scatter);
   let assemblyFormat = "$bucket `axis` `=` $axis attr-dict `:` type($bucket)";
   let hasVerifier = 1;
@@ -1236,7 +1264,8 @@ def Pcc_BucketWaitOp : Pcc_Op<"bucket_wait", [Pcc_RunsWhole,
     pcc.bucket_wait %b axis = "dp" : tensor<8224xf32>
     ```
   }];
-  let arguments = (ins Pcc_FloatTensor:$bucket, StrAttr:$axis);
+  let arguments = (ins Pcc_UpdatedState<"the bucket summed in place">:$bucket,
+                       StrAttr:$axis);
   let assemblyFormat = "$bucket `axis` `=` $axis attr-dict `:` type($bucket)";
   let hasVerifier = 1;
 }
@@ -1317,7 +1346,6 @@ def Pcc_WaitCollectivesOp : Pcc_Op<"wait_collectives", [Pcc_RunsWhole,
 }
 
 def Pcc_SgdUpdateOp : Pcc_Op<"sgd_update", [Pcc_RunsWhole,
-    MemoryEffects<[MemRead, MemWrite]>,
     AllTypesMatch<["param", "grad", "momentum_buffer"]>]> {
   let summary = "one SGD step of a weight, in place (torch.optim.SGD)";
   let description = [{
@@ -1333,8 +1361,9 @@ def Pcc_SgdUpdateOp : Pcc_Op<"sgd_update", [Pcc_RunsWhole,
     pcc.sgd_update %p, %g, %buf, %norm : tensor<256x64xf32>, tensor<f32>
     ```
   }];
-  let arguments = (ins Pcc_FloatTensor:$param, Pcc_FloatTensor:$grad,
-                       Pcc_FloatTensor:$momentum_buffer,
+  let arguments = (ins Pcc_UpdatedState<"the weight">:$param,
+                       Pcc_FloatTensor:$grad,
+                       Pcc_UpdatedState<"the momentum buffer">:$momentum_buffer,
                        Pcc_FloatTensor:$norm);
   let assemblyFormat = [{
     $param `,` $grad `,` $momentum_buffer `,` $norm attr-dict `:`
@@ -1344,7 +1373,6 @@ def Pcc_SgdUpdateOp : Pcc_Op<"sgd_update", [Pcc_RunsWhole,
 }
 
 def Pcc_AdamwUpdateOp : Pcc_Op<"adamw_update", [Pcc_RunsWhole,
-    MemoryEffects<[MemRead, MemWrite]>,
     AllTypesMatch<["param", "grad", "exp_avg", "exp_avg_sq"]>]> {
   let summary = "one AdamW step of a weight, in place (torch.optim.AdamW)";
   let description = [{
@@ -1357,8 +1385,10 @@ def Pcc_AdamwUpdateOp : Pcc_Op<"adamw_update", [Pcc_RunsWhole,
     pcc.adamw_update %p, %g, %m, %v, %norm : tensor<256x64xf32>, tensor<f32>
     ```
   }];
-  let arguments = (ins Pcc_FloatTensor:$param, Pcc_FloatTensor:$grad,
-                       Pcc_FloatTensor:$exp_avg, Pcc_FloatTensor:$exp_avg_sq,
+  let arguments = (ins Pcc_UpdatedState<"the weight">:$param,
+                       Pcc_FloatTensor:$grad,
+                       Pcc_UpdatedState<"the first moment">:$exp_avg,
+                       Pcc_UpdatedState<"the second moment">:$exp_avg_sq,
                        Pcc_FloatTensor:$norm);
   let assemblyFormat = [{
     $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $norm attr-dict `:`
