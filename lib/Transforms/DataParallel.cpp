@@ -209,9 +209,11 @@ struct DataParallelPass
         continue;
       OpBuilder b(acc->getContext());
       b.setInsertionPointAfter(acc);
+      // The sum of the accumulated gradient: a load after the store.
+      Value summed = b.clone(*state)->getResult(0);
       Value flatGrad = ReshapeOp::create(
           b, acc.getLoc(), RankedTensorType::get({n}, type.getElementType()),
-          acc.getState());
+          summed);
       BucketStartOp::create(
           b, acc.getLoc(), flatGrad, b.getStringAttr(kDataParallelAxis),
           zero > 0 ? b.getDenseI64ArrayAttr({0, n / dataParallel})

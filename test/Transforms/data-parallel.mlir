@@ -41,7 +41,8 @@ module {
 
 // ZeRO 1: each gradient reduce-scattered (the 5-element bias padded to
 // 2 x 3), this rank's master piece and momentum updated, the pieces
-// gathered back into the whole weight; the norm's squares all-reduced.
+// (loaded again after the update) gathered back into the whole weight; the
+// norm's squares all-reduced.
 // Z1-LABEL: func.func @train_optimizer
 // Z1: pcc.pad %{{.*}} starts = [0] steps = [1] : tensor<5xf32> -> tensor<6xf32>
 // Z1: %[[GS:.*]] = pcc.reduce_scatter %{{.*}} axis = "dp" : tensor<2x3xf32> -> tensor<3xf32>
@@ -50,7 +51,8 @@ module {
 // Z1-NEXT: %[[P:.*]] = pcc.param "fc2.bias@master" shard(#pcc.shard<dp, flat>) of [5] : tensor<3xf32>
 // Z1-NEXT: %[[M:.*]] = pcc.param "fc2.bias@momentum_buffer" shard(#pcc.shard<dp, flat>) of [5] : tensor<3xf32>
 // Z1-NEXT: pcc.sgd_update %[[P]], %[[GS]], %[[M]], %[[NORM]] : tensor<3xf32>, tensor<f32>
-// Z1-NEXT: %[[AG:.*]] = pcc.all_gather %[[P]] axis = "dp" : tensor<3xf32> -> tensor<2x3xf32>
+// Z1-NEXT: %[[UP:.*]] = pcc.param "fc2.bias@master" shard(#pcc.shard<dp, flat>) of [5] : tensor<3xf32>
+// Z1-NEXT: %[[AG:.*]] = pcc.all_gather %[[UP]] axis = "dp" : tensor<3xf32> -> tensor<2x3xf32>
 // Z1: %[[W:.*]] = pcc.slice %{{.*}} starts = [0] limits = [5] steps = [1] : tensor<6xf32> -> tensor<5xf32>
 // Z1-NEXT: %[[DST:.*]] = pcc.param "fc2.bias" : tensor<5xf32>
 // Z1-NEXT: pcc.assign %[[DST]], %[[W]] : tensor<5xf32>

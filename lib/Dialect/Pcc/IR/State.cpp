@@ -23,11 +23,16 @@ SmallVector<ParamOp> mlir::pcc::getStoredState(Operation *op) {
     return stored;
   SmallVector<MemoryEffects::EffectInstance> list;
   effects.getEffectsOnResource(StateResource::get(), list);
-  for (const MemoryEffects::EffectInstance &effect : list)
-    if (isa<MemoryEffects::Write>(effect.getEffect()))
-      if (Value value = effect.getValue())
-        if (auto param = value.getDefiningOp<ParamOp>())
-          stored.push_back(param);
+  for (const MemoryEffects::EffectInstance &effect : list) {
+    Value value = effect.getValue();
+    if (!isa<MemoryEffects::Write>(effect.getEffect()) || !value)
+      continue;
+    // A reshape of a load is a view of the state (a bucket's flat view).
+    while (auto view = value.getDefiningOp<ReshapeOp>())
+      value = view.getInput();
+    if (auto param = value.getDefiningOp<ParamOp>())
+      stored.push_back(param);
+  }
   return stored;
 }
 
