@@ -125,13 +125,19 @@ LogicalResult mlir::pcc::buildSharedLibrary(MLIRContext *context,
     // and a short inner dimension (the masked loads of if-conversion drop
     // elements): a ReLU's gradient lost a column (the plan fuzzer, seed
     // 307; test/Fuzz/Inputs/plans/recompute-relu-first-stage). Such selects
-    // then run as branches.
+    // then run as branches. The flag is GCC's: clang, which has no such
+    // pass and refuses the flag, gets none.
     llvm::append_range(
         args, std::vector<std::string>{"-fPIC", "-w", "-fno-trapping-math",
-                                       "-fno-math-errno",
-                                       "-fno-tree-loop-if-convert", "-fopenmp",
+                                       "-fno-math-errno", "-fopenmp",
                                        "-lpcc_runtime",
                                        "-Wl,-rpath," + libraryDir});
+    SmallString<256> real;
+    StringRef name = llvm::sys::fs::real_path(*program, real)
+                         ? llvm::sys::path::filename(*program)
+                         : llvm::sys::path::filename(real);
+    if (!name.contains("clang"))
+      args.push_back("-fno-tree-loop-if-convert");
   }
   SmallVector<StringRef> argRefs(args.begin(), args.end());
   std::optional<StringRef> redirects[] = {std::nullopt, logPath.str(),
