@@ -24,3 +24,35 @@ mlir::pcc::getPipelineStagePhases(ModuleOp module) {
   }
   return stages;
 }
+
+FailureOr<TrainingStep> mlir::pcc::getTrainingStep(ModuleOp module,
+                                                   StringRef pass) {
+  TrainingStep step;
+  step.pipelined =
+      !module.lookupSymbol(kPhaseFunctions[0]) &&
+      llvm::any_of(module.getOps<func::FuncOp>(), [](func::FuncOp f) {
+        return f->hasAttr(kPipelineStageAttrName);
+      });
+  if (step.pipelined) {
+    for (auto [k, phases] : llvm::enumerate(getPipelineStagePhases(module))) {
+      if (!phases[0] || !phases[1] || !phases[2])
+        return module.emitError(pass)
+               << ": pipeline stage " << k
+               << " lacks its forward, backward or weight-gradient phase";
+      step.stages.emplace_back(phases.begin(), phases.end());
+    }
+    return step;
+  }
+  SmallVector<func::FuncOp, 4> phases;
+  for (StringRef name : kPhaseFunctions) {
+    auto phase = module.lookupSymbol<func::FuncOp>(name);
+    if (!phase)
+      return module.emitError(pass)
+             << ": the module has no @" << name
+             << " (run pcc-autodiff and pcc-optimizer first)";
+    phases.push_back(phase);
+  }
+  step.stages.push_back({phases[0], phases[1]});
+  step.stepPhases.assign(phases.begin() + 2, phases.end());
+  return step;
+}

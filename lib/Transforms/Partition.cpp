@@ -239,9 +239,8 @@ LogicalResult Partitioner::run() {
           to = layoutOf(operand.get());
         operand.set(as(operand.get(), to));
       }
-      func.setType(FunctionType::get(func.getContext(),
-                                     block.getArgumentTypes(),
-                                     ret->getOperandTypes()));
+      func.setType(FunctionType::get(
+          func.getContext(), block.getArgumentTypes(), ret->getOperandTypes()));
       continue;
     }
     auto targets = plan.operandShards.lookup(op);
@@ -296,9 +295,10 @@ LogicalResult Partitioner::run() {
 
 } // namespace
 
-FailureOr<PartitionStats>
-mlir::pcc::partitionFunction(func::FuncOp func, const ShardingPlan &plan,
-                             bool keepResultLayouts, bool stateWeights) {
+FailureOr<PartitionStats> mlir::pcc::partitionFunction(func::FuncOp func,
+                                                       const ShardingPlan &plan,
+                                                       bool keepResultLayouts,
+                                                       bool stateWeights) {
   Partitioner partitioner(func, plan, keepResultLayouts, stateWeights);
   if (failed(partitioner.run()))
     return failure();
@@ -423,11 +423,12 @@ struct PartitionTrainingPass
           acc = AddOp::create(b, loc, acc, t);
         return acc;
       };
-      Value reduced = AllReduceOp::create(b, loc, sum(partial),
-                                          b.getStringAttr(axis));
+      Value reduced =
+          AllReduceOp::create(b, loc, sum(partial), b.getStringAttr(axis));
       Value total =
-          whole.empty() ? reduced : AddOp::create(b, loc, sum(whole), reduced)
-                                        .getResult();
+          whole.empty()
+              ? reduced
+              : AddOp::create(b, loc, sum(whole), reduced).getResult();
       root->setOperand(0, total);
       for (Operation *op : chain)
         op->erase();
@@ -438,82 +439,79 @@ struct PartitionTrainingPass
     return saved;
   }
 
-  /// A pipelined step (pcc-pipeline-training): every stage's F, B and W
-  /// and every pipeline rank's optimizer and zero-grad, partitioned with
-  /// the layouts planned on the stages' forward phases. What crosses a
-  /// stage boundary (activations, their cotangents) travels whole; what
-  /// one phase leaves for a later one of the same stage (saved
-  /// activations, B's stash for W) stays in its layout.
-  void runPipelined(ModuleOp module) {
-    SmallVector<std::array<func::FuncOp, 3>> stages =
-        getPipelineStagePhases(module);
-    for (auto [k, phases] : llvm::enumerate(stages))
-      if (!phases[0] || !phases[1] || !phases[2]) {
-        module.emitError("pcc-partition-training: pipeline stage ")
-            << k << " lacks its forward, backward or weight-gradient phase";
-        return signalPassFailure();
-      }
-    FailureOr<int64_t> ranks = getMeshAxisSize(stages.front()[0], axis);
+  /// A training step, pipelined or not (TrainingStep): every stage's
+  /// phases partitioned with the layouts planned on the stages' forward
+  /// phases, in order, each phase reading what an earlier one of its stage
+  /// left for it (saved activations, B's stash for W) in the layout that
+  /// one returned it in; what crosses a stage boundary (activations, their
+  /// cotangents) travels whole. Then the step's phases: an unpipelined
+  /// step's optimizer and zero-grad partitioned as planned, a pipelined
+  /// step's per-rank ones rebuilt over the weights' pieces.
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<TrainingStep> step =
+        getTrainingStep(module, "pcc-partition-training");
+    if (failed(step))
+      return signalPassFailure();
+    FailureOr<int64_t> ranks = getMeshAxisSize(step->stages.front()[0], axis);
     if (failed(ranks))
       return signalPassFailure();
     // A weight on several stages (a tied embedding and LM head) was
     // planned on each: the first stage's layout holds, and the later
     // stages' values flow around it.
     llvm::StringMap<Shard> decisions;
-    for (auto &phases : stages) {
+    for (auto &phases : step->stages) {
       llvm::StringMap<Shard> own;
       if (failed(recordedDecisions(phases[0], own)))
         return signalPassFailure();
       for (auto &entry : own)
         decisions.try_emplace(entry.getKey(), entry.getValue());
     }
-    // --sp changes how layouts flow within each stage; what crosses a
-    // stage boundary is whole.
+    // --sp changes how layouts flow, not the weights' plan.
     if (!beginStep(module, *ranks, decisions))
       return;
     PartitionStats total;
+    // The phases after a stage's forward read the weights it read: they
+    // work on their pieces (Megatron's input gradients) rather than
+    // gathering a weight to keep an activation's split. Under --sp the
+    // forward phase keeps the weights split too: with the norms on part of
+    // the sequence, gathering a projection's weight would tie with
+    // gathering its input on small models, and the weight would then be
+    // gathered in every micro-batch (Llama's attention did).
     CostModel keepWeightsSplit;
     keepWeightsSplit.weightGatherFactor = 1e3;
-    // The layouts of the values `func` returns for a later phase, by name.
-    auto returned = [](func::FuncOp func, const ShardingPlan &plan,
-                       llvm::StringMap<Shard> &into) {
-      auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
-      SmallVector<Shard> layouts = plan.operandShards.lookup(ret);
-      for (unsigned i = 0; i < func.getNumResults(); ++i)
-        if (auto name = func.getResultAttrOfType<StringAttr>(i, "pcc.name"))
-          into[name.getValue()] =
-              i < layouts.size() ? layouts[i] : Shard::replicated();
-    };
-    auto argLayouts = [](func::FuncOp func,
-                         const llvm::StringMap<Shard> &known) {
-      SmallVector<Shard> layouts;
-      for (unsigned i = 0; i < func.getNumArguments(); ++i) {
-        auto name = func.getArgAttrOfType<StringAttr>(i, "pcc.name");
-        auto it = name ? known.find(name.getValue()) : known.end();
-        layouts.push_back(it == known.end() ? Shard::replicated()
-                                            : it->second);
-      }
-      return layouts;
-    };
-    for (auto &[forward, backward, weightGrad] : stages) {
+    for (auto &phases : step->stages) {
+      // The layouts of the values a phase returns for a later one, by name.
       llvm::StringMap<Shard> later;
-      ShardingPlan plan =
-          propagateShardings(forward, axis, *ranks, decisions,
-                             sequenceParallel ? keepWeightsSplit : CostModel());
-      returned(forward, plan, later);
-      if (failed(partitionPhase(forward, plan, *ranks, total)))
-        return signalPassFailure();
-      plan = propagateShardings(backward, axis, *ranks, decisions,
-                                keepWeightsSplit, argLayouts(backward, later));
-      returned(backward, plan, later);
-      if (failed(partitionPhase(backward, plan, *ranks, total)))
-        return signalPassFailure();
-      plan = propagateShardings(weightGrad, axis, *ranks, decisions,
-                                keepWeightsSplit,
-                                argLayouts(weightGrad, later));
-      if (failed(partitionPhase(weightGrad, plan, *ranks, total)))
-        return signalPassFailure();
+      for (auto [i, phase] : llvm::enumerate(phases)) {
+        func::FuncOp func = phase;
+        SmallVector<Shard> args;
+        if (i > 0)
+          for (unsigned a = 0; a < func.getNumArguments(); ++a) {
+            auto name = func.getArgAttrOfType<StringAttr>(a, "pcc.name");
+            args.push_back(name ? later.lookup(name.getValue())
+                                : Shard::replicated());
+          }
+        ShardingPlan plan = propagateShardings(
+            func, axis, *ranks, decisions,
+            i > 0 || sequenceParallel ? keepWeightsSplit : CostModel(), args);
+        auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
+        SmallVector<Shard> layouts = plan.operandShards.lookup(ret);
+        for (unsigned r = 0; r < func.getNumResults(); ++r)
+          if (auto name = func.getResultAttrOfType<StringAttr>(r, "pcc.name"))
+            later[name.getValue()] =
+                r < layouts.size() ? layouts[r] : Shard::replicated();
+        if (failed(partitionPhase(func, plan, *ranks, total)))
+          return signalPassFailure();
+      }
     }
+    for (func::FuncOp func : step->stepPhases)
+      if (failed(partitionPhase(
+              func, propagateShardings(func, axis, *ranks, decisions), *ranks,
+              total)))
+        return signalPassFailure();
+    if (!step->pipelined)
+      return remarkStep(module, *ranks, "training step", total);
     // Every pipeline rank's optimizer and zero-grad, rebuilt over its
     // weights' pieces (the tied weights' sums over pp on the pieces, one
     // all-reduce over tp for the norm's split terms).
@@ -599,80 +597,6 @@ struct PartitionTrainingPass
                         << stats->counts[2] << " reduce_scatter; "
                         << stats->bytes << " bytes per run";
     return success();
-  }
-
-  void runOnOperation() override {
-    ModuleOp module = getOperation();
-    if (!module.lookupSymbol(kPhaseFunctions[0]) &&
-        llvm::any_of(module.getOps<func::FuncOp>(), [](func::FuncOp f) {
-          return f->hasAttr(kPipelineStageAttrName);
-        }))
-      return runPipelined(module);
-    SmallVector<func::FuncOp> phases;
-    for (StringRef name : kPhaseFunctions) {
-      auto phase = module.lookupSymbol<func::FuncOp>(name);
-      if (!phase) {
-        module.emitError("pcc-partition-training: the module has no @")
-            << name << " (run pcc-autodiff and pcc-optimizer first)";
-        return signalPassFailure();
-      }
-      phases.push_back(phase);
-    }
-    func::FuncOp forward = phases[0], backward = phases[1];
-    FailureOr<int64_t> ranks = getMeshAxisSize(forward, axis);
-    if (failed(ranks))
-      return signalPassFailure();
-    llvm::StringMap<Shard> decisions;
-    if (failed(recordedDecisions(forward, decisions)))
-      return signalPassFailure();
-    // --sp changes how layouts flow, not the weights' plan.
-    if (!beginStep(module, *ranks, decisions))
-      return;
-
-    PartitionStats total;
-    auto partition = [&](func::FuncOp func, const ShardingPlan &plan) {
-      return partitionPhase(func, plan, *ranks, total);
-    };
-    // The forward phase first: its saved activations' layouts are the
-    // backward phase's argument layouts (matched by name).
-    // Under --sp the forward phase keeps the weights split too: with the
-    // norms on part of the sequence, gathering a projection's weight would
-    // tie with gathering its input on small models, and the weight would
-    // then be gathered in every micro-batch (Llama's attention did).
-    CostModel forwardCost;
-    if (sequenceParallel)
-      forwardCost.weightGatherFactor = 1e3;
-    ShardingPlan forwardPlan = propagateShardings(forward, axis, *ranks,
-                                                  decisions, forwardCost);
-    llvm::StringMap<Shard> saved;
-    auto ret = cast<func::ReturnOp>(forward.getBody().front().getTerminator());
-    SmallVector<Shard> returned = forwardPlan.operandShards.lookup(ret);
-    for (unsigned i = 0; i < forward.getNumResults(); ++i)
-      if (auto name = forward.getResultAttrOfType<StringAttr>(i, "pcc.name"))
-        saved[name.getValue()] =
-            i < returned.size() ? returned[i] : Shard::replicated();
-    if (failed(partition(forward, forwardPlan)))
-      return signalPassFailure();
-    // The backward phase reads the weights the forward phase read: it
-    // works on their pieces (Megatron's input gradients) rather than
-    // gathering a weight to keep an activation's split.
-    CostModel keepWeightsSplit;
-    keepWeightsSplit.weightGatherFactor = 1e3;
-    SmallVector<Shard> argLayouts;
-    for (unsigned i = 0; i < backward.getNumArguments(); ++i) {
-      auto name = backward.getArgAttrOfType<StringAttr>(i, "pcc.name");
-      argLayouts.push_back(name ? saved.lookup(name.getValue())
-                                : Shard::replicated());
-    }
-    if (failed(partition(backward,
-                         propagateShardings(backward, axis, *ranks, decisions,
-                                            keepWeightsSplit, argLayouts))))
-      return signalPassFailure();
-    for (func::FuncOp func : ArrayRef(phases).drop_front(2))
-      if (failed(partition(func, propagateShardings(func, axis, *ranks,
-                                                    decisions))))
-        return signalPassFailure();
-    remarkStep(module, *ranks, "training step", total);
   }
 };
 
