@@ -1,6 +1,8 @@
 //===- NodeImporter.cpp - per-node context for ONNX converters ------------===//
 
 #include "GraphImporter.h"
+#include "pcc/Import/OnnxImporter.h"
+#include "pcc/runtime/DType.h"
 
 #include "pcc/Dialect/Pcc/IR/ShapeRules.h"
 
@@ -12,32 +14,52 @@ using namespace mlir::pcc::onnx_import;
 // Element types
 //===----------------------------------------------------------------------===//
 
+namespace {
+/// An ONNX element type pcc reads: its MLIR type and the runtime's.
+struct ElementType {
+  int32_t onnx;
+  Type (*get)(MLIRContext *);
+  ::pccrt::DType runtime;
+};
+
+template <typename T> Type get(MLIRContext *ctx) { return T::get(ctx); }
+template <unsigned Width> Type getInt(MLIRContext *ctx) {
+  return IntegerType::get(ctx, Width);
+}
+
+constexpr ElementType kElementTypes[] = {
+    {onnx::TensorProto::FLOAT, get<Float32Type>, ::pccrt::DType::F32},
+    {onnx::TensorProto::DOUBLE, get<Float64Type>, ::pccrt::DType::F64},
+    {onnx::TensorProto::FLOAT16, get<Float16Type>, ::pccrt::DType::F16},
+    {onnx::TensorProto::BFLOAT16, get<BFloat16Type>, ::pccrt::DType::BF16},
+    {onnx::TensorProto::BOOL, getInt<1>, ::pccrt::DType::Bool},
+    {onnx::TensorProto::INT8, getInt<8>, ::pccrt::DType::I8},
+    {onnx::TensorProto::INT16, getInt<16>, ::pccrt::DType::I16},
+    {onnx::TensorProto::INT32, getInt<32>, ::pccrt::DType::I32},
+    {onnx::TensorProto::INT64, getInt<64>, ::pccrt::DType::I64},
+    {onnx::TensorProto::UINT8,
+     [](MLIRContext *ctx) -> Type {
+       return IntegerType::get(ctx, 8, IntegerType::Unsigned);
+     },
+     ::pccrt::DType::U8},
+};
+
+const ElementType *findElementType(int32_t onnxType) {
+  for (const ElementType &t : kElementTypes)
+    if (t.onnx == onnxType)
+      return &t;
+  return nullptr;
+}
+} // namespace
+
 Type onnx_import::convertOnnxElementType(MLIRContext *ctx, int32_t onnxType) {
-  Builder b(ctx);
-  switch (onnxType) {
-  case onnx::TensorProto::FLOAT:
-    return b.getF32Type();
-  case onnx::TensorProto::DOUBLE:
-    return b.getF64Type();
-  case onnx::TensorProto::FLOAT16:
-    return b.getF16Type();
-  case onnx::TensorProto::BFLOAT16:
-    return b.getBF16Type();
-  case onnx::TensorProto::BOOL:
-    return b.getI1Type();
-  case onnx::TensorProto::INT8:
-    return b.getI8Type();
-  case onnx::TensorProto::INT16:
-    return b.getI16Type();
-  case onnx::TensorProto::INT32:
-    return b.getI32Type();
-  case onnx::TensorProto::INT64:
-    return b.getI64Type();
-  case onnx::TensorProto::UINT8:
-    return b.getIntegerType(8, /*isSigned=*/false);
-  default:
-    return nullptr;
-  }
+  const ElementType *t = findElementType(onnxType);
+  return t ? t->get(ctx) : Type();
+}
+
+std::optional<::pccrt::DType> mlir::pcc::getRuntimeDType(int32_t onnxType) {
+  const ElementType *t = findElementType(onnxType);
+  return t ? std::optional(t->runtime) : std::nullopt;
 }
 
 std::string onnx_import::onnxElementTypeName(int32_t onnxType) {

@@ -609,34 +609,6 @@ mlir::pcc::summarizeOnnxWeights(StringRef path, MLIRContext *context) {
   return out;
 }
 
-std::optional<::pccrt::DType> mlir::pcc::getRuntimeDType(int32_t onnxType) {
-  using ::pccrt::DType;
-  switch (onnxType) {
-  case onnx::TensorProto::FLOAT:
-    return DType::F32;
-  case onnx::TensorProto::DOUBLE:
-    return DType::F64;
-  case onnx::TensorProto::FLOAT16:
-    return DType::F16;
-  case onnx::TensorProto::BFLOAT16:
-    return DType::BF16;
-  case onnx::TensorProto::INT64:
-    return DType::I64;
-  case onnx::TensorProto::INT32:
-    return DType::I32;
-  case onnx::TensorProto::INT16:
-    return DType::I16;
-  case onnx::TensorProto::INT8:
-    return DType::I8;
-  case onnx::TensorProto::UINT8:
-    return DType::U8;
-  case onnx::TensorProto::BOOL:
-    return DType::Bool;
-  default:
-    return std::nullopt;
-  }
-}
-
 LogicalResult mlir::pcc::writeOnnxWeights(StringRef modelPath,
                                           ArrayRef<std::string> names,
                                           StringRef outputPath,

@@ -12,6 +12,7 @@
 #include "pcc/runtime/HalfFloat.h"
 #include "pcc/runtime/ModelAbi.h"
 #include "pcc/runtime/Philox.h"
+#include "pcc/runtime/ReduceIdentity.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -354,13 +355,7 @@ void reduce(const T *x, T *y, int64_t rank, const int64_t *shape,
       outCount *= shape[d];
     }
   }
-  T init = 0;
-  if (kind == PCC_REDUCE_MAX)
-    init = std::numeric_limits<T>::lowest();
-  else if (kind == PCC_REDUCE_MIN)
-    init = std::numeric_limits<T>::max();
-  else if (kind == PCC_REDUCE_PROD)
-    init = 1;
+  T init = pccrt::reduceIdentity<T>(kind);
   std::vector<double> acc(outCount, static_cast<double>(init));
   // Fast path: the dimensions merge into [outer, reduced, inner] (the
   // common row sums, column sums and middle reductions). Every output still

@@ -31,7 +31,7 @@ Result<ModelLibrary> ModelLibrary::open(const std::string &path) {
     return Error{"cannot load '" + path + "': " + dlerror()};
   ModelLibrary lib;
   lib.path = path;
-  lib.handle = handle;
+  lib.handle.reset(handle);
   auto getInfo = reinterpret_cast<pcc_model_get_info_fn>(
       dlsym(handle, "pcc_model_get_info"));
   lib.runFn =
@@ -68,26 +68,7 @@ Result<ModelLibrary> ModelLibrary::open(const std::string &path) {
   return lib;
 }
 
-ModelLibrary::ModelLibrary(ModelLibrary &&other) noexcept {
-  *this = std::move(other);
-}
-
-ModelLibrary &ModelLibrary::operator=(ModelLibrary &&other) noexcept {
-  std::swap(path, other.path);
-  std::swap(handle, other.handle);
-  std::swap(modelInfo, other.modelInfo);
-  std::swap(runFn, other.runFn);
-  std::swap(lastErrorFn, other.lastErrorFn);
-  std::swap(runStageFn, other.runStageFn);
-  std::swap(runPhaseFn, other.runPhaseFn);
-  std::swap(shardBuffers, other.shardBuffers);
-  return *this;
-}
-
-ModelLibrary::~ModelLibrary() {
-  if (handle)
-    dlclose(handle);
-}
+void ModelLibrary::Closer::operator()(void *handle) const { dlclose(handle); }
 
 std::string ModelLibrary::defaultWeightsPath() const {
   size_t slash = path.find_last_of('/');

@@ -121,24 +121,8 @@ std::vector<uint8_t> SafetensorsWriter::serialize() const {
 // Reader
 //===----------------------------------------------------------------------===//
 
-SafetensorsFile::SafetensorsFile(SafetensorsFile &&other) noexcept {
-  *this = std::move(other);
-}
-
-SafetensorsFile &SafetensorsFile::operator=(SafetensorsFile &&other) noexcept {
-  std::swap(path, other.path);
-  std::swap(mapping, other.mapping);
-  std::swap(mappedSize, other.mappedSize);
-  std::swap(dataStart, other.dataStart);
-  std::swap(entries, other.entries);
-  std::swap(metadata, other.metadata);
-  std::swap(owned, other.owned);
-  return *this;
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  if (mapping)
-    munmap(mapping, mappedSize);
+void SafetensorsFile::Unmapper::operator()(void *mapping) const {
+  munmap(mapping, size);
 }
 
 const TensorEntry *SafetensorsFile::find(std::string_view name) const {
@@ -171,8 +155,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string &path,
 
   SafetensorsFile file;
   file.path = path;
-  file.mapping = mapping;
-  file.mappedSize = size;
+  file.mapping = std::unique_ptr<void, Unmapper>(mapping, Unmapper{size});
   return parse(std::move(file), static_cast<const uint8_t *>(mapping), size,
                verifyChecksum);
 }

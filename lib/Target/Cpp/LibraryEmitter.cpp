@@ -185,6 +185,21 @@ scheduleSource(func::FuncOp main,
   return source + "};\n";
 }
 
+/// A stage's or phase's tables: its input and output specs (shapes appended
+/// to `shapes`), its input sources and its weight or state indices, named
+/// `<prefix>Inputs`, `<prefix>Outputs`, `<prefix>Sources` and
+/// `<prefix><indices>`.
+std::string programTables(const std::string &prefix, const Specs &in,
+                          const Specs &out, const StageProgram &program,
+                          StringRef indices, std::string &shapes) {
+  // One statement per table: each appends its shapes in order.
+  std::string source = specArray(prefix + "Inputs", in, shapes);
+  source += specArray(prefix + "Outputs", out, shapes);
+  return source + "static const int32_t " + prefix + "Sources[] = {" +
+         list(program.sources) + "};\nstatic const int32_t " + prefix +
+         indices.str() + "[] = {" + list(program.weightIndices) + "};\n";
+}
+
 /// The stage tables of the model info: each stage's input and output specs
 /// (shapes appended to `shapes`), input sources, weight indices and arena.
 std::string stageSource(ArrayRef<StageProgram> stages, const Specs &inputs,
@@ -208,12 +223,7 @@ std::string stageSource(ArrayRef<StageProgram> stages, const Specs &inputs,
                             : "stage" + std::to_string(k) + ".out" +
                                   std::to_string(i),
                        tensorTypeOf(v));
-    source += specArray(prefix + "Inputs", in, shapes);
-    source += specArray(prefix + "Outputs", out, shapes);
-    source += "static const int32_t " + prefix + "Sources[] = {" +
-              list(stage.sources) + "};\n";
-    source += "static const int32_t " + prefix + "Weights[] = {" +
-              list(stage.weightIndices) + "};\n";
+    source += programTables(prefix, in, out, stage, "Weights", shapes);
     info += llvm::formatv(
         "    {{{0}, {1}Inputs, {1}Sources, {2}, {1}Outputs, {3}, {1}Weights, "
         "{4}},\n",
@@ -381,12 +391,7 @@ std::string phaseSource(ArrayRef<StageProgram> phases, std::string &shapes) {
       out.emplace_back(
           nameOf(f.getResultAttrDict(i), "out" + std::to_string(i)),
           tensorTypeOf(v));
-    source += specArray(prefix + "Inputs", in, shapes);
-    source += specArray(prefix + "Outputs", out, shapes);
-    source += "static const int32_t " + prefix + "Sources[] = {" +
-              list(phase.sources) + "};\n";
-    source += "static const int32_t " + prefix + "State[] = {" +
-              list(phase.weightIndices) + "};\n";
+    source += programTables(prefix, in, out, phase, "State", shapes);
     std::string targets = "nullptr";
     if (!phase.targets.empty()) {
       source += "static const int32_t " + prefix + "Targets[] = {" +

@@ -23,6 +23,7 @@
 #include "pcc/runtime/CpuKernels.h"
 #include "pcc/runtime/HalfFloat.h"
 #include "pcc/runtime/ModelAbi.h"
+#include "pcc/runtime/ReduceIdentity.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -883,13 +884,7 @@ void reduce(pcc_cuda_context *ctx, const char *what, const T *x, T *y,
   }
   if (g.outCount == 0)
     return;
-  T init = 0;
-  if (kind == PCC_REDUCE_MAX)
-    init = std::numeric_limits<T>::lowest();
-  else if (kind == PCC_REDUCE_MIN)
-    init = std::numeric_limits<T>::max();
-  else if (kind == PCC_REDUCE_PROD)
-    init = 1;
+  T init = pccrt::reduceIdentity<T>(kind);
   // A block per output pays off when each output has many inputs and either
   // they are contiguous or there are too few outputs to fill the device.
   bool blockPerOutput = g.reducedCount >= kThreads &&

@@ -19,6 +19,7 @@
 #include <deque>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 struct pcc_nccl_comm {
@@ -81,36 +82,20 @@ int failWith(const std::string &message) {
   return 1;
 }
 
+/// The NCCL type of each pcc element type NCCL can move.
+constexpr std::pair<int, ncclDataType_t> kNcclTypes[] = {
+    {PCC_F32, ncclFloat32},   {PCC_F64, ncclFloat64}, {PCC_F16, ncclFloat16},
+    {PCC_BF16, ncclBfloat16}, {PCC_I64, ncclInt64},   {PCC_I32, ncclInt32},
+    {PCC_I8, ncclInt8},       {PCC_U8, ncclUint8},    {PCC_BOOL, ncclUint8},
+};
+
 bool ncclTypeOf(int dtype, ncclDataType_t &type) {
-  switch (dtype) {
-  case PCC_F32:
-    type = ncclFloat32;
-    return true;
-  case PCC_F64:
-    type = ncclFloat64;
-    return true;
-  case PCC_F16:
-    type = ncclFloat16;
-    return true;
-  case PCC_BF16:
-    type = ncclBfloat16;
-    return true;
-  case PCC_I64:
-    type = ncclInt64;
-    return true;
-  case PCC_I32:
-    type = ncclInt32;
-    return true;
-  case PCC_I8:
-    type = ncclInt8;
-    return true;
-  case PCC_U8:
-  case PCC_BOOL:
-    type = ncclUint8;
-    return true;
-  default:
-    return false;
-  }
+  for (auto [pcc, nccl] : kNcclTypes)
+    if (pcc == dtype) {
+      type = nccl;
+      return true;
+    }
+  return false;
 }
 
 int prepare(pcc_nccl_comm *comm, int dtype, ncclDataType_t &type) {

@@ -333,6 +333,18 @@ bool groupsFit(pcc_cuda_context *ctx, const char *what, int64_t groups,
   return false;
 }
 
+/// windowFor and groupsFit for a convolution of `inShape` [N, C, ...] by
+/// `wShape` [M, C / groups, ...].
+bool convWindowFor(pcc_cuda_context *ctx, const char *what, Window &w,
+                   int64_t rank, const int64_t *inShape, const int64_t *wShape,
+                   const int64_t *outShape, const int64_t *strides,
+                   const int64_t *pads, const int64_t *dilations,
+                   int64_t groups) {
+  return windowFor(ctx, what, w, rank, inShape, outShape, wShape + 2, strides,
+                   pads, dilations) &&
+         groupsFit(ctx, what, groups, inShape[1], wShape[0]);
+}
+
 /// The coordinates of offset `i` within a [n0, n1, n2] block.
 __device__ inline void unflatten(int64_t i, const int64_t n[3], int64_t c[3]) {
   c[2] = i % n[2];
@@ -576,14 +588,12 @@ void pcc_cuda_conv_grad_input_f32(pcc_cuda_context *ctx, const float *dy,
                                   const int64_t *out_shape,
                                   const int64_t *strides, const int64_t *pads,
                                   const int64_t *dilations, int64_t groups) {
-  const char *what = "pcc_cuda_conv_grad_input_f32";
   Window win;
-  if (!windowFor(ctx, what, win, spatial_rank, in_shape, out_shape,
-                 w_shape + 2, strides, pads, dilations))
+  if (!convWindowFor(ctx, "pcc_cuda_conv_grad_input_f32", win, spatial_rank,
+                     in_shape, w_shape, out_shape, strides, pads, dilations,
+                     groups))
     return;
   int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
-  if (!groupsFit(ctx, what, groups, c, m))
-    return;
   int64_t count = n * c * win.inCount;
   if (count == 0)
     return;
@@ -591,22 +601,17 @@ void pcc_cuda_conv_grad_input_f32(pcc_cuda_context *ctx, const float *dy,
       dy, w, dx, win, c, m, c / groups, m / groups, count);
 }
 
-void pcc_cuda_conv_grad_weight_f32(pcc_cuda_context *ctx, const float *x,
-                                   const float *dy, float *dw,
-                                   int64_t spatial_rank,
-                                   const int64_t *in_shape,
-                                   const int64_t *w_shape,
-                                   const int64_t *out_shape,
-                                   const int64_t *strides, const int64_t *pads,
-                                   const int64_t *dilations, int64_t groups) {
-  const char *what = "pcc_cuda_conv_grad_weight_f32";
+void pcc_cuda_conv_grad_weight_f32(
+    pcc_cuda_context *ctx, const float *x, const float *dy, float *dw,
+    int64_t spatial_rank, const int64_t *in_shape, const int64_t *w_shape,
+    const int64_t *out_shape, const int64_t *strides, const int64_t *pads,
+    const int64_t *dilations, int64_t groups) {
   Window win;
-  if (!windowFor(ctx, what, win, spatial_rank, in_shape, out_shape,
-                 w_shape + 2, strides, pads, dilations))
+  if (!convWindowFor(ctx, "pcc_cuda_conv_grad_weight_f32", win, spatial_rank,
+                     in_shape, w_shape, out_shape, strides, pads, dilations,
+                     groups))
     return;
   int64_t n = in_shape[0], c = in_shape[1], m = w_shape[0];
-  if (!groupsFit(ctx, what, groups, c, m))
-    return;
   int64_t cg = c / groups, mg = m / groups;
   int64_t count = m * cg * win.kernelCount; // dw elements
   if (count == 0)

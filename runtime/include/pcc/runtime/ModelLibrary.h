@@ -34,12 +34,6 @@ public:
   /// speaks (PCC_MODEL_ABI_VERSION).
   static Result<ModelLibrary> open(const std::string &path);
 
-  ModelLibrary(ModelLibrary &&other) noexcept;
-  ModelLibrary &operator=(ModelLibrary &&other) noexcept;
-  ModelLibrary(const ModelLibrary &) = delete;
-  ModelLibrary &operator=(const ModelLibrary &) = delete;
-  ~ModelLibrary();
-
   const pcc_model_info &info() const { return *modelInfo; }
   /// The weights file named by the model, beside the library.
   std::string defaultWeightsPath() const;
@@ -97,8 +91,12 @@ private:
   Status checkPipeline() const;
   /// Checks the phase and state tables of a training library.
   Status checkPhases() const;
+  /// dlclose()s the library.
+  struct Closer {
+    void operator()(void *handle) const;
+  };
   std::string path;
-  void *handle = nullptr;
+  std::unique_ptr<void, Closer> handle;
   const pcc_model_info *modelInfo = nullptr;
   pcc_model_run_fn runFn = nullptr;
   pcc_model_run_stage_fn runStageFn = nullptr;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,12 +69,6 @@ public:
   static Result<SafetensorsFile> fromBytes(std::vector<uint8_t> bytes,
                                            const std::string &name);
 
-  SafetensorsFile(SafetensorsFile &&other) noexcept;
-  SafetensorsFile &operator=(SafetensorsFile &&other) noexcept;
-  SafetensorsFile(const SafetensorsFile &) = delete;
-  SafetensorsFile &operator=(const SafetensorsFile &) = delete;
-  ~SafetensorsFile();
-
   const std::vector<TensorEntry> &tensors() const { return entries; }
   const TensorEntry *find(std::string_view name) const;
   const uint8_t *data(const TensorEntry &entry) const {
@@ -90,8 +85,12 @@ private:
                                        bool verifyChecksum);
   std::string path;
   std::vector<uint8_t> owned; // fromBytes: the bytes themselves
-  void *mapping = nullptr;
-  size_t mappedSize = 0;
+  /// munmap()s the file's mapping.
+  struct Unmapper {
+    size_t size;
+    void operator()(void *mapping) const;
+  };
+  std::unique_ptr<void, Unmapper> mapping;
   const uint8_t *dataStart = nullptr;
   std::vector<TensorEntry> entries;
   std::map<std::string, std::string> metadata;
