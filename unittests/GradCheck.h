@@ -57,10 +57,10 @@
 
 namespace pcc_gradcheck {
 
-using ::pcc::testing::Tensor;
 using mlir::ModuleOp;
 using mlir::Operation;
 using mlir::OwningOpRef;
+using ::pcc::testing::Tensor;
 namespace func = mlir::func;
 
 /// The context every case parses into (pcc and func dialects loaded).
@@ -133,6 +133,30 @@ struct Rng {
       v[i] = lo + (i + 0.25 + 0.5 * uniform(0.0, 1.0)) * step;
     std::shuffle(v.begin(), v.end(), gen);
     return v;
+  }
+};
+
+/// How a table-driven case draws its values (Rng).
+struct Sample {
+  enum Kind { Uniform, AwayFromZero, Distinct } kind;
+  double lo, hi;
+  std::vector<double> draw(Rng &r, int64_t n) const {
+    switch (kind) {
+    case AwayFromZero:
+      return r.awayFromZero(n, lo, hi);
+    case Distinct:
+      return r.distinct(n, lo, hi);
+    case Uniform:
+      break;
+    }
+    return r.uniform(n, lo, hi);
+  }
+};
+
+/// A name for each instance of a table-driven test: the case's `name`.
+struct CaseName {
+  template <typename Info> std::string operator()(const Info &info) const {
+    return info.param.name;
   }
 };
 

@@ -1,4 +1,5 @@
-//===- GradCheckElementwiseTest.cpp - VJP rules of elementwise ops ---------===//
+//===- GradCheckElementwiseTest.cpp - VJP rules of elementwise ops
+//---------===//
 //
 // Finite-difference checks (GradCheck.h) of the elementwise, softmax and
 // normalisation rules.
@@ -24,81 +25,42 @@ namespace {
 // Elementwise unary
 //===----------------------------------------------------------------------===//
 
-TEST(GradCheck, Neg) {
+/// A unary op.
+struct UnaryCase {
+  const char *name;
+  const char *op;
+  Sample x;
+};
+
+const UnaryCase kUnaryCases[] = {
+    {"Neg", "pcc.neg %x", {Sample::Uniform, -2, 2}},
+    {"Abs", "pcc.abs %x", {Sample::AwayFromZero, 0.1, 2}},
+    {"Sqrt", "pcc.sqrt %x", {Sample::Uniform, 0.2, 3}},
+    {"Reciprocal", "pcc.reciprocal %x", {Sample::AwayFromZero, 0.3, 2}},
+    {"Exp", "pcc.exp %x", {Sample::Uniform, -2, 2}},
+    {"Log", "pcc.log %x", {Sample::Uniform, 0.2, 3}},
+    {"Erf", "pcc.erf %x", {Sample::Uniform, -2, 2}},
+    {"Tanh", "pcc.tanh %x", {Sample::Uniform, -2, 2}},
+    {"Sigmoid", "pcc.sigmoid %x", {Sample::Uniform, -3, 3}},
+    {"Relu", "pcc.relu %x", {Sample::AwayFromZero, 0.1, 2}},
+    {"Sin", "pcc.sin %x", {Sample::Uniform, -3, 3}},
+    {"Cos", "pcc.cos %x", {Sample::Uniform, -3, 3}},
+    {"Gelu_Erf", "pcc.gelu %x", {Sample::Uniform, -3, 3}},
+    {"Gelu_Tanh", "pcc.gelu %x {tanh_approximation}", {Sample::Uniform, -3, 3}},
+    {"LeakyRelu",
+     "pcc.leaky_relu %x alpha = 1.000000e-02",
+     {Sample::AwayFromZero, 0.1, 2}},
+};
+
+class GradCheckUnary : public ::testing::TestWithParam<UnaryCase> {};
+
+TEST_P(GradCheckUnary, MatchesFiniteDifferences) {
   Rng r;
-  gradCheck(unaryCase("pcc.neg %x", r.uniform(6, -2, 2)));
+  gradCheck(unaryCase(GetParam().op, GetParam().x.draw(r, 6)));
 }
 
-TEST(GradCheck, Abs) {
-  Rng r;
-  gradCheck(unaryCase("pcc.abs %x", r.awayFromZero(6, 0.1, 2)));
-}
-
-TEST(GradCheck, Sqrt) {
-  Rng r;
-  gradCheck(unaryCase("pcc.sqrt %x", r.uniform(6, 0.2, 3)));
-}
-
-TEST(GradCheck, Reciprocal) {
-  Rng r;
-  gradCheck(unaryCase("pcc.reciprocal %x", r.awayFromZero(6, 0.3, 2)));
-}
-
-TEST(GradCheck, Exp) {
-  Rng r;
-  gradCheck(unaryCase("pcc.exp %x", r.uniform(6, -2, 2)));
-}
-
-TEST(GradCheck, Log) {
-  Rng r;
-  gradCheck(unaryCase("pcc.log %x", r.uniform(6, 0.2, 3)));
-}
-
-TEST(GradCheck, Erf) {
-  Rng r;
-  gradCheck(unaryCase("pcc.erf %x", r.uniform(6, -2, 2)));
-}
-
-TEST(GradCheck, Tanh) {
-  Rng r;
-  gradCheck(unaryCase("pcc.tanh %x", r.uniform(6, -2, 2)));
-}
-
-TEST(GradCheck, Sigmoid) {
-  Rng r;
-  gradCheck(unaryCase("pcc.sigmoid %x", r.uniform(6, -3, 3)));
-}
-
-TEST(GradCheck, Relu) {
-  Rng r;
-  gradCheck(unaryCase("pcc.relu %x", r.awayFromZero(6, 0.1, 2)));
-}
-
-TEST(GradCheck, Sin) {
-  Rng r;
-  gradCheck(unaryCase("pcc.sin %x", r.uniform(6, -3, 3)));
-}
-
-TEST(GradCheck, Cos) {
-  Rng r;
-  gradCheck(unaryCase("pcc.cos %x", r.uniform(6, -3, 3)));
-}
-
-TEST(GradCheck, Gelu_Erf) {
-  Rng r;
-  gradCheck(unaryCase("pcc.gelu %x", r.uniform(6, -3, 3)));
-}
-
-TEST(GradCheck, Gelu_Tanh) {
-  Rng r;
-  gradCheck(unaryCase("pcc.gelu %x {tanh_approximation}", r.uniform(6, -3, 3)));
-}
-
-TEST(GradCheck, LeakyRelu) {
-  Rng r;
-  gradCheck(unaryCase("pcc.leaky_relu %x alpha = 1.000000e-02",
-                      r.awayFromZero(6, 0.1, 2)));
-}
+INSTANTIATE_TEST_SUITE_P(GradCheck, GradCheckUnary,
+                         ::testing::ValuesIn(kUnaryCases), CaseName());
 
 TEST(GradCheck, Clamp) {
   Rng r;
@@ -136,42 +98,54 @@ TEST(GradCheck, Kinks_ClampPassesAtBounds) {
 // Elementwise binary
 //===----------------------------------------------------------------------===//
 
-TEST(GradCheck, Add) {
+/// A binary op.
+struct BinaryCase {
+  const char *name;
+  const char *op;
+  Sample a, b;
+};
+
+const BinaryCase kBinaryCases[] = {
+    {"Add",
+     "pcc.add %a, %b",
+     {Sample::Uniform, -2, 2},
+     {Sample::Uniform, -2, 2}},
+    {"Sub",
+     "pcc.sub %a, %b",
+     {Sample::Uniform, -2, 2},
+     {Sample::Uniform, -2, 2}},
+    {"Mul",
+     "pcc.mul %a, %b",
+     {Sample::Uniform, -2, 2},
+     {Sample::Uniform, -2, 2}},
+    {"Div",
+     "pcc.div %a, %b",
+     {Sample::Uniform, -2, 2},
+     {Sample::AwayFromZero, 0.5, 2}},
+    {"Pow",
+     "pcc.pow %a, %b",
+     {Sample::Uniform, 0.3, 2.5},
+     {Sample::Uniform, -2, 2}},
+};
+
+class GradCheckBinary : public ::testing::TestWithParam<BinaryCase> {};
+
+TEST_P(GradCheckBinary, MatchesFiniteDifferences) {
   Rng r;
-  gradCheck(binaryCase("pcc.add %a, %b", r.uniform(6, -2, 2),
-                       r.uniform(6, -2, 2)));
+  const BinaryCase &c = GetParam();
+  std::vector<double> a = c.a.draw(r, 6);
+  gradCheck(binaryCase(c.op, a, c.b.draw(r, 6)));
 }
 
-TEST(GradCheck, Sub) {
-  Rng r;
-  gradCheck(binaryCase("pcc.sub %a, %b", r.uniform(6, -2, 2),
-                       r.uniform(6, -2, 2)));
-}
-
-TEST(GradCheck, Mul) {
-  Rng r;
-  gradCheck(binaryCase("pcc.mul %a, %b", r.uniform(6, -2, 2),
-                       r.uniform(6, -2, 2)));
-}
+INSTANTIATE_TEST_SUITE_P(GradCheck, GradCheckBinary,
+                         ::testing::ValuesIn(kBinaryCases), CaseName());
 
 TEST(GradCheck, Mul_OnlyRhsNeeded) {
   Rng r;
-  GradCase c = binaryCase("pcc.mul %a, %b", r.uniform(6, -2, 2),
-                          r.uniform(6, -2, 2));
+  GradCase c =
+      binaryCase("pcc.mul %a, %b", r.uniform(6, -2, 2), r.uniform(6, -2, 2));
   c.needed = {false, true};
   gradCheck(c);
-}
-
-TEST(GradCheck, Div) {
-  Rng r;
-  gradCheck(binaryCase("pcc.div %a, %b", r.uniform(6, -2, 2),
-                       r.awayFromZero(6, 0.5, 2)));
-}
-
-TEST(GradCheck, Pow) {
-  Rng r;
-  gradCheck(binaryCase("pcc.pow %a, %b", r.uniform(6, 0.3, 2.5),
-                       r.uniform(6, -2, 2)));
 }
 
 TEST(GradCheck, Pow_ZeroExponent) {
@@ -190,18 +164,14 @@ TEST(GradCheck, Pow_NegativeBaseIntegerExponent) {
   gradCheck(c);
 }
 
-TEST(GradCheck, Max) {
-  Rng r;
-  std::vector<double> v = r.distinct(12, -2, 2);
-  gradCheck(binaryCase("pcc.max %a, %b", {v.begin(), v.begin() + 6},
-                       {v.begin() + 6, v.end()}));
-}
-
-TEST(GradCheck, Min) {
-  Rng r;
-  std::vector<double> v = r.distinct(12, -2, 2);
-  gradCheck(binaryCase("pcc.min %a, %b", {v.begin(), v.begin() + 6},
-                       {v.begin() + 6, v.end()}));
+TEST(GradCheck, MaxMin) {
+  for (const char *op : {"pcc.max %a, %b", "pcc.min %a, %b"}) {
+    SCOPED_TRACE(op);
+    Rng r;
+    std::vector<double> v = r.distinct(12, -2, 2);
+    gradCheck(
+        binaryCase(op, {v.begin(), v.begin() + 6}, {v.begin() + 6, v.end()}));
+  }
 }
 
 // Ties split the gradient in halves; finite differences cannot see this.
@@ -231,19 +201,14 @@ std::vector<double> awayFromMultiples(Rng &r, const std::vector<double> &y) {
 
 TEST(GradCheck, Mod) {
   // Only the dividend: the rule refuses the divisor (below).
-  Rng r;
-  std::vector<double> y = r.awayFromZero(6, 0.7, 2);
-  GradCase c = binaryCase("pcc.mod %a, %b", awayFromMultiples(r, y), y);
-  c.needed = {true, false};
-  gradCheck(c);
-}
-
-TEST(GradCheck, Mod_Fmod) {
-  Rng r;
-  std::vector<double> y = r.awayFromZero(6, 0.7, 2);
-  GradCase c = binaryCase("pcc.mod %a, %b {fmod}", awayFromMultiples(r, y), y);
-  c.needed = {true, false};
-  gradCheck(c);
+  for (const char *op : {"pcc.mod %a, %b", "pcc.mod %a, %b {fmod}"}) {
+    SCOPED_TRACE(op);
+    Rng r;
+    std::vector<double> y = r.awayFromZero(6, 0.7, 2);
+    GradCase c = binaryCase(op, awayFromMultiples(r, y), y);
+    c.needed = {true, false};
+    gradCheck(c);
+  }
 }
 
 TEST(GradCheck, Mod_DivisorRefused) {
@@ -268,30 +233,19 @@ TEST(GradCheck, Select) {
 
 // The interpreter computes every type in double, so a cast between float
 // types is the identity there and f64 tolerances apply.
-TEST(GradCheck, Cast_F64ToF32) {
-  Rng r;
-  GradCase c;
-  c.ir = R"mlir(
-    func.func @f(%x: tensor<2x3xf64>) -> tensor<2x3xf32> {
-      %y = pcc.cast %x : tensor<2x3xf64> -> tensor<2x3xf32>
-      return %y : tensor<2x3xf32>
-    }
-  )mlir";
-  c.args = {r.uniform(6, -2, 2)};
-  gradCheck(c);
-}
-
-TEST(GradCheck, Cast_F32ToF64) {
-  Rng r;
-  GradCase c;
-  c.ir = R"mlir(
-    func.func @f(%x: tensor<2x3xf32>) -> tensor<2x3xf64> {
-      %y = pcc.cast %x : tensor<2x3xf32> -> tensor<2x3xf64>
-      return %y : tensor<2x3xf64>
-    }
-  )mlir";
-  c.args = {r.uniform(6, -2, 2)};
-  gradCheck(c);
+TEST(GradCheck, Cast) {
+  for (auto [from, to] : {std::pair("f64", "f32"), std::pair("f32", "f64")}) {
+    SCOPED_TRACE(std::string(from) + " to " + to);
+    Rng r;
+    GradCase c;
+    std::string in = std::string("tensor<2x3x") + from + ">",
+                out = std::string("tensor<2x3x") + to + ">";
+    c.ir = "func.func @f(%x: " + in + ") -> " + out +
+           " {\n  %y = pcc.cast %x : " + in + " -> " + out +
+           "\n  return %y : " + out + "\n}\n";
+    c.args = {r.uniform(6, -2, 2)};
+    gradCheck(c);
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -305,14 +259,14 @@ GradCase softmaxCase(const std::string &op, int64_t axis, Rng &r) {
   return c;
 }
 
-TEST(GradCheck, Softmax_LastAxis) {
-  Rng r;
-  gradCheck(softmaxCase("pcc.softmax", 2, r));
-}
-
-TEST(GradCheck, Softmax_MiddleAxis) {
-  Rng r;
-  gradCheck(softmaxCase("pcc.softmax", 1, r));
+TEST(GradCheck, Softmax) {
+  for (auto [op, axis] :
+       {std::pair("pcc.softmax", 2), std::pair("pcc.softmax", 1),
+        std::pair("pcc.log_softmax", 2), std::pair("pcc.log_softmax", 0)}) {
+    SCOPED_TRACE(std::string(op) + " axis " + std::to_string(axis));
+    Rng r;
+    gradCheck(softmaxCase(op, axis, r));
+  }
 }
 
 TEST(GradCheck, Softmax_NanToZeroMaskedRows) {
@@ -336,16 +290,6 @@ TEST(GradCheck, Softmax_NanToZeroMaskedRows) {
   ASSERT_TRUE(built.grads[0]);
   for (int j = 4; j < 8; ++j)
     EXPECT_EQ(built.grads[0]->data[j], 0.0) << "element " << j;
-}
-
-TEST(GradCheck, LogSoftmax_LastAxis) {
-  Rng r;
-  gradCheck(softmaxCase("pcc.log_softmax", 2, r));
-}
-
-TEST(GradCheck, LogSoftmax_FirstAxis) {
-  Rng r;
-  gradCheck(softmaxCase("pcc.log_softmax", 0, r));
 }
 
 TEST(GradCheck, LogSoftmax_NanToZeroRefused) {

@@ -28,53 +28,67 @@ namespace {
 GradCase movement(const std::string &op, const std::string &in,
                   const std::string &out, std::vector<double> x) {
   GradCase c;
-  c.ir = "func.func @f(%x: " + in + ") -> " + out + " {\n  %y = " + op +
-         " : " + in + " -> " + out + "\n  return %y : " + out + "\n}\n";
+  c.ir = "func.func @f(%x: " + in + ") -> " + out + " {\n  %y = " + op + " : " +
+         in + " -> " + out + "\n  return %y : " + out + "\n}\n";
   c.args = {std::move(x)};
   return c;
 }
 
-TEST(GradCheck, Reshape) {
+/// A data movement op on `n` values drawn uniformly from [-2, 2].
+struct MovementCase {
+  const char *name;
+  const char *op;
+  const char *in, *out;
+  int64_t n;
+};
+
+const MovementCase kMovementCases[] = {
+    {"Reshape", "pcc.reshape %x", "tensor<2x3x4xf64>", "tensor<6x4xf64>", 24},
+    {"Transpose_Heads", "pcc.transpose %x [0, 2, 1, 3]", "tensor<2x3x2x2xf64>",
+     "tensor<2x2x3x2xf64>", 24},
+    {"Transpose", "pcc.transpose %x [2, 0, 1]", "tensor<2x3x4xf64>",
+     "tensor<4x2x3xf64>", 24},
+    {"Broadcast_NewLeadingDims", "pcc.broadcast %x", "tensor<3xf64>",
+     "tensor<2x4x3xf64>", 3},
+    {"Broadcast_SizeOneDims", "pcc.broadcast %x", "tensor<2x1x3x1xf64>",
+     "tensor<2x4x3x2xf64>", 6},
+    {"Broadcast_LeadingAndSizeOne", "pcc.broadcast %x", "tensor<4x1xf64>",
+     "tensor<2x4x3xf64>", 4},
+    {"Broadcast_Scalar", "pcc.broadcast %x", "tensor<f64>", "tensor<2x3xf64>",
+     1},
+    {"Slice_Step2",
+     "pcc.slice %x starts = [1, 0] limits = [3, 6] steps = [1, 2]",
+     "tensor<3x6xf64>", "tensor<2x3xf64>", 18},
+    {"Slice_NegativeStep",
+     "pcc.slice %x starts = [0, 5] limits = [3, -1] steps = [1, -1]",
+     "tensor<3x6xf64>", "tensor<3x6xf64>", 18},
+    // Columns 4, 2, 0: the pad's limit 4 - 3 * 2 = -2 runs below -1.
+    {"Slice_NegativeStep2",
+     "pcc.slice %x starts = [2, 4] limits = [0, -1] steps = [-1, -2]",
+     "tensor<3x6xf64>", "tensor<2x3xf64>", 18},
+    {"Pad_NegativeStep", "pcc.pad %x starts = [0, 4] steps = [1, -2]",
+     "tensor<2x3xf64>", "tensor<2x5xf64>", 6},
+    // Rows 1, 3 of 4 and columns 0, 3, 6 of 7: start + n * step (5 and 9)
+    // lies past the dimensions (4, 7); the rule's slice must stop at the
+    // edge.
+    {"Pad_Strided", "pcc.pad %x starts = [1, 0] steps = [2, 3]",
+     "tensor<2x3xf64>", "tensor<4x7xf64>", 6},
+    // Rows 0, 2 of 4 and columns 0, 2, 4 of 6: the rule's slice limits are
+    // 4 and 6, exactly the dimensions, so the bug of Pad_Strided is avoided.
+    {"Pad_StridedEndingAtTheEdge", "pcc.pad %x starts = [0, 0] steps = [2, 2]",
+     "tensor<2x3xf64>", "tensor<4x6xf64>", 6},
+};
+
+class GradCheckMovement : public ::testing::TestWithParam<MovementCase> {};
+
+TEST_P(GradCheckMovement, MatchesFiniteDifferences) {
+  const MovementCase &c = GetParam();
   Rng r;
-  gradCheck(movement("pcc.reshape %x", "tensor<2x3x4xf64>", "tensor<6x4xf64>",
-                     r.uniform(24, -2, 2)));
+  gradCheck(movement(c.op, c.in, c.out, r.uniform(c.n, -2, 2)));
 }
 
-TEST(GradCheck, Transpose_Heads) {
-  Rng r;
-  gradCheck(movement("pcc.transpose %x [0, 2, 1, 3]", "tensor<2x3x2x2xf64>",
-                     "tensor<2x2x3x2xf64>", r.uniform(24, -2, 2)));
-}
-
-TEST(GradCheck, Transpose) {
-  Rng r;
-  gradCheck(movement("pcc.transpose %x [2, 0, 1]", "tensor<2x3x4xf64>",
-                     "tensor<4x2x3xf64>", r.uniform(24, -2, 2)));
-}
-
-TEST(GradCheck, Broadcast_NewLeadingDims) {
-  Rng r;
-  gradCheck(movement("pcc.broadcast %x", "tensor<3xf64>", "tensor<2x4x3xf64>",
-                     r.uniform(3, -2, 2)));
-}
-
-TEST(GradCheck, Broadcast_SizeOneDims) {
-  Rng r;
-  gradCheck(movement("pcc.broadcast %x", "tensor<2x1x3x1xf64>",
-                     "tensor<2x4x3x2xf64>", r.uniform(6, -2, 2)));
-}
-
-TEST(GradCheck, Broadcast_LeadingAndSizeOne) {
-  Rng r;
-  gradCheck(movement("pcc.broadcast %x", "tensor<4x1xf64>",
-                     "tensor<2x4x3xf64>", r.uniform(4, -2, 2)));
-}
-
-TEST(GradCheck, Broadcast_Scalar) {
-  Rng r;
-  gradCheck(movement("pcc.broadcast %x", "tensor<f64>", "tensor<2x3xf64>",
-                     r.uniform(1, -2, 2)));
-}
+INSTANTIATE_TEST_SUITE_P(GradCheck, GradCheckMovement,
+                         ::testing::ValuesIn(kMovementCases), CaseName());
 
 GradCase concatCase(Rng &r) {
   GradCase c;
@@ -140,215 +154,109 @@ TEST(GradCheck, Split_OneResultWithoutGradient) {
   gradCheck(c);
 }
 
-TEST(GradCheck, Slice_Step2) {
+/// A gather or scatter_add of `n` values drawn uniformly from [-2, 2] at
+/// `indices`.
+struct IndexedCase {
+  const char *name;
+  const char *op;
+  int64_t axis;
+  const char *in, *indexType, *out;
+  int64_t n;
+  std::vector<double> indices;
+};
+
+// clang-format off
+const IndexedCase kIndexedCases[] = {
+    // Repeated (0, -1 twice) and negative indices.
+    {"Gather_Axis0", "pcc.gather", 0, "tensor<4x3xf64>", "tensor<2x3xi64>", "tensor<2x3x3xf64>", 12, {0, -1, 2, 0, 3, -1}},
+    {"Gather_Axis1", "pcc.gather", 1, "tensor<3x4xf64>", "tensor<3xi32>", "tensor<3x3xf64>", 12, {1, -1, 1}},
+    {"Gather_ScalarIndex", "pcc.gather", 0, "tensor<4x3xf64>", "tensor<i64>", "tensor<3xf64>", 12, {-2}},
+    {"Gather_Axis1_2DIndices", "pcc.gather", 1, "tensor<2x4x3xf64>", "tensor<2x2xi64>", "tensor<2x2x2x3xf64>", 24, {3, -1, 0, 3}},
+    {"ScatterAdd_Axis0", "pcc.scatter_add", 0, "tensor<2x3x3xf64>", "tensor<2x3xi64>", "tensor<4x3xf64>", 18, {0, -1, 2, 0, 3, -1}},
+    {"ScatterAdd_Axis1", "pcc.scatter_add", 1, "tensor<3x3xf64>", "tensor<3xi32>", "tensor<3x4xf64>", 9, {1, -1, 1}},
+};
+// clang-format on
+
+class GradCheckIndexed : public ::testing::TestWithParam<IndexedCase> {};
+
+TEST_P(GradCheckIndexed, MatchesFiniteDifferences) {
+  const IndexedCase &c = GetParam();
   Rng r;
-  gradCheck(movement(
-      "pcc.slice %x starts = [1, 0] limits = [3, 6] steps = [1, 2]",
-      "tensor<3x6xf64>", "tensor<2x3xf64>", r.uniform(18, -2, 2)));
+  GradCase g;
+  std::string in = c.in, index = c.indexType, out = c.out;
+  g.ir = "func.func @f(%x: " + in + ", %i: " + index + ") -> " + out +
+         " {\n  %y = " + c.op + " %x[%i] axis = " + std::to_string(c.axis) +
+         " : " + in + ", " + index + " -> " + out + "\n  return %y : " + out +
+         "\n}\n";
+  g.args = {r.uniform(c.n, -2, 2), c.indices};
+  gradCheck(g);
 }
 
-TEST(GradCheck, Slice_NegativeStep) {
-  Rng r;
-  gradCheck(movement(
-      "pcc.slice %x starts = [0, 5] limits = [3, -1] steps = [1, -1]",
-      "tensor<3x6xf64>", "tensor<3x6xf64>", r.uniform(18, -2, 2)));
-}
-
-TEST(GradCheck, Slice_NegativeStep2) {
-  // Columns 4, 2, 0: the pad's limit 4 - 3 * 2 = -2 runs below -1.
-  Rng r;
-  gradCheck(movement(
-      "pcc.slice %x starts = [2, 4] limits = [0, -1] steps = [-1, -2]",
-      "tensor<3x6xf64>", "tensor<2x3xf64>", r.uniform(18, -2, 2)));
-}
-
-TEST(GradCheck, Pad_NegativeStep) {
-  Rng r;
-  gradCheck(movement("pcc.pad %x starts = [0, 4] steps = [1, -2]",
-                     "tensor<2x3xf64>", "tensor<2x5xf64>",
-                     r.uniform(6, -2, 2)));
-}
-
-TEST(GradCheck, Pad_Strided) {
-  // Rows 1, 3 of 4 and columns 0, 3, 6 of 7: start + n * step (5 and 9)
-  // lies past the dimensions (4, 7); the rule's slice must stop at the edge.
-  Rng r;
-  gradCheck(movement("pcc.pad %x starts = [1, 0] steps = [2, 3]",
-                     "tensor<2x3xf64>", "tensor<4x7xf64>",
-                     r.uniform(6, -2, 2)));
-}
-
-TEST(GradCheck, Pad_StridedEndingAtTheEdge) {
-  // Rows 0, 2 of 4 and columns 0, 2, 4 of 6: the rule's slice limits are
-  // 4 and 6, exactly the dimensions, so the bug of Pad_Strided is avoided.
-  Rng r;
-  gradCheck(movement("pcc.pad %x starts = [0, 0] steps = [2, 2]",
-                     "tensor<2x3xf64>", "tensor<4x6xf64>",
-                     r.uniform(6, -2, 2)));
-}
-
-TEST(GradCheck, Gather_Axis0) {
-  // Repeated (0, -1 twice) and negative indices.
-  Rng r;
-  GradCase c;
-  c.ir = R"mlir(
-    func.func @f(%t: tensor<4x3xf64>, %i: tensor<2x3xi64>) -> tensor<2x3x3xf64> {
-      %y = pcc.gather %t[%i] axis = 0 : tensor<4x3xf64>, tensor<2x3xi64> -> tensor<2x3x3xf64>
-      return %y : tensor<2x3x3xf64>
-    }
-  )mlir";
-  c.args = {r.uniform(12, -2, 2), {0, -1, 2, 0, 3, -1}};
-  gradCheck(c);
-}
-
-TEST(GradCheck, Gather_Axis1) {
-  Rng r;
-  GradCase c;
-  c.ir = R"mlir(
-    func.func @f(%t: tensor<3x4xf64>, %i: tensor<3xi32>) -> tensor<3x3xf64> {
-      %y = pcc.gather %t[%i] axis = 1 : tensor<3x4xf64>, tensor<3xi32> -> tensor<3x3xf64>
-      return %y : tensor<3x3xf64>
-    }
-  )mlir";
-  c.args = {r.uniform(12, -2, 2), {1, -1, 1}};
-  gradCheck(c);
-}
-
-TEST(GradCheck, Gather_ScalarIndex) {
-  Rng r;
-  GradCase c;
-  c.ir = R"mlir(
-    func.func @f(%t: tensor<4x3xf64>, %i: tensor<i64>) -> tensor<3xf64> {
-      %y = pcc.gather %t[%i] axis = 0 : tensor<4x3xf64>, tensor<i64> -> tensor<3xf64>
-      return %y : tensor<3xf64>
-    }
-  )mlir";
-  c.args = {r.uniform(12, -2, 2), {-2}};
-  gradCheck(c);
-}
-
-TEST(GradCheck, Gather_Axis1_2DIndices) {
-  Rng r;
-  GradCase c;
-  c.ir = R"mlir(
-    func.func @f(%t: tensor<2x4x3xf64>, %i: tensor<2x2xi64>) -> tensor<2x2x2x3xf64> {
-      %y = pcc.gather %t[%i] axis = 1 : tensor<2x4x3xf64>, tensor<2x2xi64> -> tensor<2x2x2x3xf64>
-      return %y : tensor<2x2x2x3xf64>
-    }
-  )mlir";
-  c.args = {r.uniform(24, -2, 2), {3, -1, 0, 3}};
-  gradCheck(c);
-}
-
-TEST(GradCheck, ScatterAdd_Axis0) {
-  Rng r;
-  GradCase c;
-  c.ir = R"mlir(
-    func.func @f(%u: tensor<2x3x3xf64>, %i: tensor<2x3xi64>) -> tensor<4x3xf64> {
-      %y = pcc.scatter_add %u[%i] axis = 0 : tensor<2x3x3xf64>, tensor<2x3xi64> -> tensor<4x3xf64>
-      return %y : tensor<4x3xf64>
-    }
-  )mlir";
-  c.args = {r.uniform(18, -2, 2), {0, -1, 2, 0, 3, -1}};
-  gradCheck(c);
-}
-
-TEST(GradCheck, ScatterAdd_Axis1) {
-  Rng r;
-  GradCase c;
-  c.ir = R"mlir(
-    func.func @f(%u: tensor<3x3xf64>, %i: tensor<3xi32>) -> tensor<3x4xf64> {
-      %y = pcc.scatter_add %u[%i] axis = 1 : tensor<3x3xf64>, tensor<3xi32> -> tensor<3x4xf64>
-      return %y : tensor<3x4xf64>
-    }
-  )mlir";
-  c.args = {r.uniform(9, -2, 2), {1, -1, 1}};
-  gradCheck(c);
-}
+INSTANTIATE_TEST_SUITE_P(GradCheck, GradCheckIndexed,
+                         ::testing::ValuesIn(kIndexedCases), CaseName());
 
 //===----------------------------------------------------------------------===//
 // Reductions
 //===----------------------------------------------------------------------===//
 
 /// @f(%x: tensor<2x3x4xf64>) -> `op %x axes = axes [keep]`.
-GradCase reduceCase(const std::string &op, const std::string &axes,
-                    bool keep, const std::string &out,
-                    std::vector<double> x) {
+GradCase reduceCase(const std::string &op, const std::string &axes, bool keep,
+                    const std::string &out, std::vector<double> x) {
   return movement(op + " %x axes = " + axes + (keep ? " {keep_dims}" : ""),
                   "tensor<2x3x4xf64>", out, std::move(x));
 }
 
-TEST(GradCheck, ReduceSum) {
+/// A reduction of 24 values. Max and min draw distinct values (no ties).
+struct ReduceCase {
+  const char *name;
+  const char *op;
+  const char *axes;
+  bool keep;
+  const char *out;
+  Sample x;
+};
+
+constexpr Sample kAny{Sample::Uniform, -2, 2}, kNoTies{Sample::Distinct, -2, 2},
+    // No zero factor (the rule divides by x).
+    kNoZero{Sample::AwayFromZero, 0.5, 1.5};
+
+const ReduceCase kReduceCases[] = {
+    {"ReduceSum", "pcc.reduce_sum", "[1]", false, "tensor<2x4xf64>", kAny},
+    {"ReduceSum_KeepDimsTwoAxes", "pcc.reduce_sum", "[0, 2]", true,
+     "tensor<1x3x1xf64>", kAny},
+    {"ReduceSum_AllAxes", "pcc.reduce_sum", "[0, 1, 2]", false, "tensor<f64>",
+     kAny},
+    {"ReduceSum_UnsortedAxes", "pcc.reduce_sum", "[2, 0]", false,
+     "tensor<3xf64>", kAny},
+    {"ReduceMean_AllAxesKeepDims", "pcc.reduce_mean", "[0, 1, 2]", true,
+     "tensor<1x1x1xf64>", kAny},
+    {"ReduceMean_KeepDims", "pcc.reduce_mean", "[2]", true, "tensor<2x3x1xf64>",
+     kAny},
+    {"ReduceMean_TwoAxes", "pcc.reduce_mean", "[0, 2]", false, "tensor<3xf64>",
+     kAny},
+    {"ReduceMax", "pcc.reduce_max", "[1]", false, "tensor<2x4xf64>", kNoTies},
+    {"ReduceMax_KeepDimsTwoAxes", "pcc.reduce_max", "[0, 2]", true,
+     "tensor<1x3x1xf64>", kNoTies},
+    {"ReduceMax_UnsortedAxes", "pcc.reduce_max", "[2, 1]", false,
+     "tensor<2xf64>", kNoTies},
+    {"ReduceMin", "pcc.reduce_min", "[2]", false, "tensor<2x3xf64>", kNoTies},
+    {"ReduceMin_KeepDimsTwoAxes", "pcc.reduce_min", "[0, 1]", true,
+     "tensor<1x1x4xf64>", kNoTies},
+    {"ReduceProd", "pcc.reduce_prod", "[1]", false, "tensor<2x4xf64>", kNoZero},
+    {"ReduceProd_KeepDimsTwoAxes", "pcc.reduce_prod", "[0, 2]", true,
+     "tensor<1x3x1xf64>", kNoZero},
+};
+
+class GradCheckReduce : public ::testing::TestWithParam<ReduceCase> {};
+
+TEST_P(GradCheckReduce, MatchesFiniteDifferences) {
+  const ReduceCase &c = GetParam();
   Rng r;
-  gradCheck(reduceCase("pcc.reduce_sum", "[1]", false, "tensor<2x4xf64>",
-                       r.uniform(24, -2, 2)));
+  gradCheck(reduceCase(c.op, c.axes, c.keep, c.out, c.x.draw(r, 24)));
 }
 
-TEST(GradCheck, ReduceSum_KeepDimsTwoAxes) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_sum", "[0, 2]", true, "tensor<1x3x1xf64>",
-                       r.uniform(24, -2, 2)));
-}
-
-TEST(GradCheck, ReduceSum_AllAxes) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_sum", "[0, 1, 2]", false, "tensor<f64>",
-                       r.uniform(24, -2, 2)));
-}
-
-TEST(GradCheck, ReduceSum_UnsortedAxes) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_sum", "[2, 0]", false, "tensor<3xf64>",
-                       r.uniform(24, -2, 2)));
-}
-
-TEST(GradCheck, ReduceMean_AllAxesKeepDims) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_mean", "[0, 1, 2]", true,
-                       "tensor<1x1x1xf64>", r.uniform(24, -2, 2)));
-}
-
-TEST(GradCheck, ReduceMean_KeepDims) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_mean", "[2]", true, "tensor<2x3x1xf64>",
-                       r.uniform(24, -2, 2)));
-}
-
-TEST(GradCheck, ReduceMean_TwoAxes) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_mean", "[0, 2]", false, "tensor<3xf64>",
-                       r.uniform(24, -2, 2)));
-}
-
-TEST(GradCheck, ReduceMax) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_max", "[1]", false, "tensor<2x4xf64>",
-                       r.distinct(24, -2, 2)));
-}
-
-TEST(GradCheck, ReduceMax_KeepDimsTwoAxes) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_max", "[0, 2]", true, "tensor<1x3x1xf64>",
-                       r.distinct(24, -2, 2)));
-}
-
-TEST(GradCheck, ReduceMax_UnsortedAxes) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_max", "[2, 1]", false, "tensor<2xf64>",
-                       r.distinct(24, -2, 2)));
-}
-
-TEST(GradCheck, ReduceMin) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_min", "[2]", false, "tensor<2x3xf64>",
-                       r.distinct(24, -2, 2)));
-}
-
-TEST(GradCheck, ReduceMin_KeepDimsTwoAxes) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_min", "[0, 1]", true, "tensor<1x1x4xf64>",
-                       r.distinct(24, -2, 2)));
-}
+INSTANTIATE_TEST_SUITE_P(GradCheck, GradCheckReduce,
+                         ::testing::ValuesIn(kReduceCases), CaseName());
 
 // amax/amin: ties share the gradient evenly.
 TEST(GradCheck, ReduceMax_TiesSplitEvenly) {
@@ -359,24 +267,11 @@ TEST(GradCheck, ReduceMax_TiesSplitEvenly) {
 }
 
 TEST(GradCheck, ReduceMin_TiesSplitEvenly) {
-  GradCase c = movement("pcc.reduce_min %x axes = [0] {keep_dims}",
-                        "tensor<2x3xf64>", "tensor<1x3xf64>",
-                        {1, 3, -2, 1, 2, -2});
+  GradCase c =
+      movement("pcc.reduce_min %x axes = [0] {keep_dims}", "tensor<2x3xf64>",
+               "tensor<1x3xf64>", {1, 3, -2, 1, 2, -2});
   c.gy = {{4, 6, 8}};
   expectGradients(c, {{2, 0, 4, 2, 6, 4}});
-}
-
-TEST(GradCheck, ReduceProd) {
-  // No zero factor (the rule divides by x).
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_prod", "[1]", false, "tensor<2x4xf64>",
-                       r.awayFromZero(24, 0.5, 1.5)));
-}
-
-TEST(GradCheck, ReduceProd_KeepDimsTwoAxes) {
-  Rng r;
-  gradCheck(reduceCase("pcc.reduce_prod", "[0, 2]", true, "tensor<1x3x1xf64>",
-                       r.awayFromZero(24, 0.5, 1.5)));
 }
 
 //===----------------------------------------------------------------------===//
@@ -394,77 +289,55 @@ GradCase matmulCase(Rng &r, const std::string &lhs, int64_t lhsN,
   return c;
 }
 
-TEST(GradCheck, Matmul) {
+/// A matrix product of values drawn uniformly from [-1, 1].
+struct MatmulCase {
+  const char *name;
+  const char *lhs;
+  int64_t lhsN;
+  const char *rhs;
+  int64_t rhsN;
+  const char *out;
+  const char *attrs;
+};
+
+const MatmulCase kMatmulCases[] = {
+    {"Matmul", "tensor<3x4xf64>", 12, "tensor<4x5xf64>", 20, "tensor<3x5xf64>",
+     ""},
+    {"Matmul_TransposeA", "tensor<4x3xf64>", 12, "tensor<4x5xf64>", 20,
+     "tensor<3x5xf64>", "{transpose_a}"},
+    {"Matmul_TransposeB", "tensor<3x4xf64>", 12, "tensor<5x4xf64>", 20,
+     "tensor<3x5xf64>", "{transpose_b}"},
+    {"Matmul_TransposeAB", "tensor<4x3xf64>", 12, "tensor<5x4xf64>", 20,
+     "tensor<3x5xf64>", "{transpose_a, transpose_b}"},
+    {"Matmul_BatchedSharedRhs", "tensor<2x3x4xf64>", 24, "tensor<4x5xf64>", 20,
+     "tensor<2x3x5xf64>", ""},
+    {"Matmul_BatchedSharedRhs_TransposeB", "tensor<2x3x4xf64>", 24,
+     "tensor<5x4xf64>", 20, "tensor<2x3x5xf64>", "{transpose_b}"},
+    {"Matmul_BatchedSharedRhs_TransposeA", "tensor<2x4x3xf64>", 24,
+     "tensor<4x5xf64>", 20, "tensor<2x3x5xf64>", "{transpose_a}"},
+    {"Matmul_BatchedSharedRhs_TransposeAB", "tensor<2x4x3xf64>", 24,
+     "tensor<5x4xf64>", 20, "tensor<2x3x5xf64>", "{transpose_a, transpose_b}"},
+    {"Matmul_Batched4DSharedRhs", "tensor<2x2x3x4xf64>", 48, "tensor<4x5xf64>",
+     20, "tensor<2x2x3x5xf64>", ""},
+    {"Matmul_BatchedPerBatchRhs", "tensor<2x3x4xf64>", 24, "tensor<2x4x5xf64>",
+     40, "tensor<2x3x5xf64>", ""},
+    {"Matmul_BatchedPerBatchRhs_TransposeAB", "tensor<2x4x3xf64>", 24,
+     "tensor<2x5x4xf64>", 40, "tensor<2x3x5xf64>",
+     "{transpose_a, transpose_b}"},
+    {"Matmul_Batched4DPerBatchRhs_TransposeB", "tensor<2x2x3x4xf64>", 48,
+     "tensor<2x2x5x4xf64>", 80, "tensor<2x2x3x5xf64>", "{transpose_b}"},
+};
+
+class GradCheckMatmul : public ::testing::TestWithParam<MatmulCase> {};
+
+TEST_P(GradCheckMatmul, MatchesFiniteDifferences) {
+  const MatmulCase &c = GetParam();
   Rng r;
-  gradCheck(matmulCase(r, "tensor<3x4xf64>", 12, "tensor<4x5xf64>", 20,
-                       "tensor<3x5xf64>", ""));
+  gradCheck(matmulCase(r, c.lhs, c.lhsN, c.rhs, c.rhsN, c.out, c.attrs));
 }
 
-TEST(GradCheck, Matmul_TransposeA) {
-  Rng r;
-  gradCheck(matmulCase(r, "tensor<4x3xf64>", 12, "tensor<4x5xf64>", 20,
-                       "tensor<3x5xf64>", "{transpose_a}"));
-}
-
-TEST(GradCheck, Matmul_TransposeB) {
-  Rng r;
-  gradCheck(matmulCase(r, "tensor<3x4xf64>", 12, "tensor<5x4xf64>", 20,
-                       "tensor<3x5xf64>", "{transpose_b}"));
-}
-
-TEST(GradCheck, Matmul_TransposeAB) {
-  Rng r;
-  gradCheck(matmulCase(r, "tensor<4x3xf64>", 12, "tensor<5x4xf64>", 20,
-                       "tensor<3x5xf64>", "{transpose_a, transpose_b}"));
-}
-
-TEST(GradCheck, Matmul_BatchedSharedRhs) {
-  Rng r;
-  gradCheck(matmulCase(r, "tensor<2x3x4xf64>", 24, "tensor<4x5xf64>", 20,
-                       "tensor<2x3x5xf64>", ""));
-}
-
-TEST(GradCheck, Matmul_BatchedSharedRhs_TransposeB) {
-  Rng r;
-  gradCheck(matmulCase(r, "tensor<2x3x4xf64>", 24, "tensor<5x4xf64>", 20,
-                       "tensor<2x3x5xf64>", "{transpose_b}"));
-}
-
-TEST(GradCheck, Matmul_BatchedSharedRhs_TransposeA) {
-  Rng r;
-  gradCheck(matmulCase(r, "tensor<2x4x3xf64>", 24, "tensor<4x5xf64>", 20,
-                       "tensor<2x3x5xf64>", "{transpose_a}"));
-}
-
-TEST(GradCheck, Matmul_BatchedSharedRhs_TransposeAB) {
-  Rng r;
-  gradCheck(matmulCase(r, "tensor<2x4x3xf64>", 24, "tensor<5x4xf64>", 20,
-                       "tensor<2x3x5xf64>", "{transpose_a, transpose_b}"));
-}
-
-TEST(GradCheck, Matmul_Batched4DSharedRhs) {
-  Rng r;
-  gradCheck(matmulCase(r, "tensor<2x2x3x4xf64>", 48, "tensor<4x5xf64>", 20,
-                       "tensor<2x2x3x5xf64>", ""));
-}
-
-TEST(GradCheck, Matmul_BatchedPerBatchRhs) {
-  Rng r;
-  gradCheck(matmulCase(r, "tensor<2x3x4xf64>", 24, "tensor<2x4x5xf64>", 40,
-                       "tensor<2x3x5xf64>", ""));
-}
-
-TEST(GradCheck, Matmul_BatchedPerBatchRhs_TransposeAB) {
-  Rng r;
-  gradCheck(matmulCase(r, "tensor<2x4x3xf64>", 24, "tensor<2x5x4xf64>", 40,
-                       "tensor<2x3x5xf64>", "{transpose_a, transpose_b}"));
-}
-
-TEST(GradCheck, Matmul_Batched4DPerBatchRhs_TransposeB) {
-  Rng r;
-  gradCheck(matmulCase(r, "tensor<2x2x3x4xf64>", 48, "tensor<2x2x5x4xf64>",
-                       80, "tensor<2x2x3x5xf64>", "{transpose_b}"));
-}
+INSTANTIATE_TEST_SUITE_P(GradCheck, GradCheckMatmul,
+                         ::testing::ValuesIn(kMatmulCases), CaseName());
 
 //===----------------------------------------------------------------------===//
 // Losses
@@ -672,11 +545,10 @@ TEST(GradCheck, NoGradient_IntegerOperands) {
   expectNoGradient(binary("pcc.div %a, %b", "tensor<2x3xi64>"),
                    /*noSaved=*/false);
   for (const char *op : {"pcc.reduce_max", "pcc.reduce_min", "pcc.reduce_prod"})
-    expectNoGradient(
-        movement(std::string(op) + " %x axes = [1]", "tensor<2x3xi64>",
-                 "tensor<2xi64>", {})
-            .ir,
-        /*noSaved=*/false);
+    expectNoGradient(movement(std::string(op) + " %x axes = [1]",
+                              "tensor<2x3xi64>", "tensor<2xi64>", {})
+                         .ir,
+                     /*noSaved=*/false);
   expectNoGradient(
       movement("pcc.cast %x", "tensor<2x3xi64>", "tensor<2x3xf64>", {}).ir);
   expectNoGradient(
@@ -689,15 +561,30 @@ TEST(GradCheck, NoGradient_IntegerOperands) {
 
 // Gradient ops (no second derivatives yet), collectives and state updates.
 const char *const kRefused[] = {
-    "pcc.conv_grad_input",  "pcc.conv_grad_weight", "pcc.max_pool_grad",
-    "pcc.avg_pool_grad",    "pcc.all_gather",
-    "pcc.reduce_scatter",   "pcc.shard_slice",      "pcc.shard_gather",
-    "pcc.transfer",         "pcc.fusion",           "pcc.yield",
-    "pcc.cross_entropy_grad", "pcc.accumulate",     "pcc.zero",
-    "pcc.assign",           "pcc.bucket_start",     "pcc.bucket_wait",
-    "pcc.ema_update",       "pcc.sgd_update",       "pcc.adamw_update",
-    "pcc.reduce_scatter_start", "pcc.wait_collectives",
-    "pcc.all_gather_start", "pcc.mesh",
+    "pcc.conv_grad_input",
+    "pcc.conv_grad_weight",
+    "pcc.max_pool_grad",
+    "pcc.avg_pool_grad",
+    "pcc.all_gather",
+    "pcc.reduce_scatter",
+    "pcc.shard_slice",
+    "pcc.shard_gather",
+    "pcc.transfer",
+    "pcc.fusion",
+    "pcc.yield",
+    "pcc.cross_entropy_grad",
+    "pcc.accumulate",
+    "pcc.zero",
+    "pcc.assign",
+    "pcc.bucket_start",
+    "pcc.bucket_wait",
+    "pcc.ema_update",
+    "pcc.sgd_update",
+    "pcc.adamw_update",
+    "pcc.reduce_scatter_start",
+    "pcc.wait_collectives",
+    "pcc.all_gather_start",
+    "pcc.mesh",
 };
 
 TEST(GradCheck, NoRule_GradientsCollectivesState) {
@@ -773,9 +660,9 @@ TEST(GradCheck, AllReduce_IsAllReduceOfTheCotangent) {
 // case), a no-gradient rule, or none (refused). A new op must be sorted.
 TEST(GradCheck, EveryOpIsClassified) {
   const llvm::DenseSet<StringRef> noGradient = {
-      "pcc.floor",   "pcc.ceil",   "pcc.not",     "pcc.and",
-      "pcc.or",      "pcc.xor",    "pcc.is_nan",  "pcc.is_inf",
-      "pcc.compare", "pcc.argmax", "pcc.param",   "pcc.constant"};
+      "pcc.floor",   "pcc.ceil",   "pcc.not",    "pcc.and",
+      "pcc.or",      "pcc.xor",    "pcc.is_nan", "pcc.is_inf",
+      "pcc.compare", "pcc.argmax", "pcc.param",  "pcc.constant"};
   const llvm::DenseSet<StringRef> withRule = {
       "pcc.neg",         "pcc.abs",         "pcc.sqrt",
       "pcc.reciprocal",  "pcc.exp",         "pcc.log",
@@ -801,8 +688,8 @@ TEST(GradCheck, EveryOpIsClassified) {
       continue;
     ++count;
     StringRef n = name.getStringRef();
-    int lists = withRule.contains(n) + noGradient.contains(n) +
-                refused.contains(n);
+    int lists =
+        withRule.contains(n) + noGradient.contains(n) + refused.contains(n);
     EXPECT_EQ(lists, 1) << n.str() << " is in " << lists
                         << " of the lists here";
     EXPECT_EQ(name.hasInterface<AutodiffOpInterface>(), !refused.contains(n))
