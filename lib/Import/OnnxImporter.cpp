@@ -76,6 +76,26 @@ static LogicalResult loadModel(StringRef path, MLIRContext *context,
   return success();
 }
 
+namespace {
+/// A model read from `path` for its initializers: where external data lies
+/// and where errors point.
+struct ModelFile {
+  onnx::ModelProto model;
+  std::string baseDir;
+  Location loc;
+};
+} // namespace
+
+static FailureOr<ModelFile> openModelFile(StringRef path,
+                                          MLIRContext *context) {
+  ModelFile file{{},
+                 llvm::sys::path::parent_path(path).str(),
+                 FileLineColLoc::get(context, path, 0, 0)};
+  if (failed(loadModel(path, context, file.model)))
+    return failure();
+  return file;
+}
+
 static LogicalResult runChecker(const onnx::ModelProto &model, StringRef path,
                                 MLIRContext *context) {
   Location loc = FileLineColLoc::get(context, path, 0, 0);
@@ -573,11 +593,10 @@ mlir::pcc::importOnnxFile(StringRef path, MLIRContext *context,
 
 FailureOr<std::vector<OnnxWeightSummary>>
 mlir::pcc::summarizeOnnxWeights(StringRef path, MLIRContext *context) {
-  onnx::ModelProto model;
-  if (failed(loadModel(path, context, model)))
+  FailureOr<ModelFile> onnxFile = openModelFile(path, context);
+  if (failed(onnxFile))
     return failure();
-  std::string baseDir = llvm::sys::path::parent_path(path).str();
-  Location loc = FileLineColLoc::get(context, path, 0, 0);
+  auto &[model, baseDir, loc] = *onnxFile;
   std::vector<OnnxWeightSummary> out;
   for (const onnx::TensorProto &init : model.graph().initializer()) {
     auto tensor = decodeTensor(init, baseDir, loc);
@@ -613,11 +632,10 @@ LogicalResult mlir::pcc::writeOnnxWeights(StringRef modelPath,
                                           ArrayRef<std::string> names,
                                           StringRef outputPath,
                                           MLIRContext *context) {
-  onnx::ModelProto model;
-  if (failed(loadModel(modelPath, context, model)))
+  FailureOr<ModelFile> onnxFile = openModelFile(modelPath, context);
+  if (failed(onnxFile))
     return failure();
-  std::string baseDir = llvm::sys::path::parent_path(modelPath).str();
-  Location loc = FileLineColLoc::get(context, modelPath, 0, 0);
+  auto &[model, baseDir, loc] = *onnxFile;
   llvm::StringMap<const onnx::TensorProto *> byName;
   for (const onnx::TensorProto &init : model.graph().initializer())
     byName[init.name()] = &init;
@@ -653,11 +671,10 @@ FailureOr<int64_t> mlir::pcc::exportTrainedOnnx(StringRef modelPath,
                                                 StringRef weightsPath,
                                                 StringRef outputPath,
                                                 MLIRContext *context) {
-  onnx::ModelProto model;
-  if (failed(loadModel(modelPath, context, model)))
+  FailureOr<ModelFile> onnxFile = openModelFile(modelPath, context);
+  if (failed(onnxFile))
     return failure();
-  std::string baseDir = llvm::sys::path::parent_path(modelPath).str();
-  Location loc = FileLineColLoc::get(context, modelPath, 0, 0);
+  auto &[model, baseDir, loc] = *onnxFile;
   auto file = ::pccrt::SafetensorsFile::open(weightsPath.str());
   if (!file.ok())
     return emitError(FileLineColLoc::get(context, weightsPath, 0, 0))

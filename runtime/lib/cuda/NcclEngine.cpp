@@ -123,6 +123,16 @@ bool ncclOpOf(int op, ncclRedOp_t &out) {
   }
 }
 
+/// prepare() for a reduction: also its NCCL operation.
+int prepare(pcc_nccl_comm *comm, int dtype, ncclDataType_t &type, int op,
+            ncclRedOp_t &red) {
+  if (prepare(comm, dtype, type))
+    return 1;
+  if (!ncclOpOf(op, red))
+    return failWith("unknown reduction " + std::to_string(op));
+  return 0;
+}
+
 std::string versionString;
 } // namespace
 
@@ -198,10 +208,8 @@ int pcc_nccl_all_reduce(pcc_nccl_comm *comm, const void *send, void *recv,
                         int64_t count, int dtype, int op) {
   ncclDataType_t type;
   ncclRedOp_t red;
-  if (prepare(comm, dtype, type))
+  if (prepare(comm, dtype, type, op, red))
     return 1;
-  if (!ncclOpOf(op, red))
-    return failWith("unknown reduction " + std::to_string(op));
   if (ncclResult_t rc = ncclAllReduce(send, recv, size_t(count), type, red,
                                       comm->comm, comm->stream))
     return fail("ncclAllReduce", rc, comm);
@@ -223,10 +231,8 @@ int pcc_nccl_reduce_scatter(pcc_nccl_comm *comm, const void *send, void *recv,
                             int64_t count_per_rank, int dtype, int op) {
   ncclDataType_t type;
   ncclRedOp_t red;
-  if (prepare(comm, dtype, type))
+  if (prepare(comm, dtype, type, op, red))
     return 1;
-  if (!ncclOpOf(op, red))
-    return failWith("unknown reduction " + std::to_string(op));
   if (ncclResult_t rc = ncclReduceScatter(send, recv, size_t(count_per_rank),
                                           type, red, comm->comm, comm->stream))
     return fail("ncclReduceScatter", rc, comm);
