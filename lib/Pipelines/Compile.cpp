@@ -43,24 +43,19 @@ static void addTraining(OpPassManager &pm, const CompileOptions &o,
   loss.microbatches = o.microbatches;
   pm.addPass(createLoss(loss));
   pm.addPass(createCanonicalizerPass());
-  if (o.pp > 1) {
-    // A schedule places each stage's forward and backward phases. GPU
-    // ranks run each list's transfers as NCCL groups, which the schedule
-    // pass checks cannot deadlock.
+  // A schedule places each stage's forward and backward phases. GPU ranks
+  // run each list's transfers as NCCL groups, which the schedule pass
+  // checks cannot deadlock.
+  if (o.pp > 1)
     addPipelineCut(pm, o, /*groupedTransfers=*/o.target != DeviceTarget::Cpu);
-    PipelineTrainingOptions stages;
-    stages.kind = o.getOptimizer();
-    for (StringRef r : llvm::split(StringRef(choices.recompute), ','))
-      stages.recompute.push_back(r.str());
-    pm.addPass(createPipelineTraining(stages));
-  } else {
-    AutodiffOptions autodiff;
-    autodiff.recompute = choices.recompute;
-    pm.addPass(createAutodiff(autodiff));
-    OptimizerOptions optimizer;
-    optimizer.kind = o.getOptimizer();
-    pm.addPass(createOptimizer(optimizer));
-  }
+  // The whole step's phases, or each stage's and each pipeline rank's.
+  AutodiffOptions autodiff;
+  for (StringRef r : llvm::split(StringRef(choices.recompute), ','))
+    autodiff.recompute.push_back(r.str());
+  pm.addPass(createAutodiff(autodiff));
+  OptimizerOptions optimizer;
+  optimizer.kind = o.getOptimizer();
+  pm.addPass(createOptimizer(optimizer));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
   pm.addNestedPass<func::FuncOp>(createMergeStateLoads());

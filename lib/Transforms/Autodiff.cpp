@@ -1,7 +1,8 @@
 //===- Autodiff.cpp - reverse-mode differentiation into phases ------------===//
 //
 // pcc-autodiff: @main (inputs, labels) -> loss becomes @train_forward and
-// @train_backward. The backward program is built in @main, after the
+// @train_backward; a module cut into stages gets each stage's phases
+// instead (StagePhases.cpp). The backward program is built in @main, after the
 // forward ops, by walking them in reverse and asking each op's
 // PccAutodiffOpInterface rule for its operand gradients; then the function
 // is split at that boundary. Forward values the backward ops read become
@@ -10,10 +11,11 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Differentiate.h"
+#include "StagePhases.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 #include "pcc/Transforms/Passes.h"
-#include "Differentiate.h"
 #include "pcc/Transforms/Training.h"
 
 #include "mlir/IR/IRMapping.h"
@@ -95,8 +97,8 @@ mlir::pcc::differentiateFunction(func::FuncOp main,
     seeds.push_back(seed);
     out.seedOf.push_back(static_cast<unsigned>(j));
     Value &slot = grads[r];
-    slot = slot ? AddOp::create(b, main.getLoc(), slot, seed).getResult()
-                : seed;
+    slot =
+        slot ? AddOp::create(b, main.getLoc(), slot, seed).getResult() : seed;
   }
   DenseSet<Value> seedSet(seeds.begin(), seeds.end());
   // Declared saved values of every op whose rule ran (checked below).
@@ -219,9 +221,9 @@ mlir::pcc::differentiateFunction(func::FuncOp main,
   MLIRContext *ctx = main.getContext();
   OpBuilder mb(main);
   auto named = [&](StringRef name) {
-    return DictionaryAttr::get(
-        ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
-                             StringAttr::get(ctx, name))});
+    return DictionaryAttr::get(ctx,
+                               {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
+                                               StringAttr::get(ctx, name))});
   };
 
   // The forward function: the arguments in; the results and residuals out.
@@ -274,11 +276,12 @@ mlir::pcc::differentiateFunction(func::FuncOp main,
   for (unsigned i = 0; i < residuals.size(); ++i)
     bwd.setArgAttrs(i, named("saved" + std::to_string(i)));
   for (auto [k, j] : llvm::enumerate(out.seedOf))
-    bwd.setArgAttrs(residuals.size() + k,
-                    named(fwdResultAttrs[j].getAs<StringAttr>("pcc.name")
-                              .getValue() == "loss"
-                              ? std::string("loss_grad")
-                              : "grad_out" + std::to_string(j)));
+    bwd.setArgAttrs(
+        residuals.size() + k,
+        named(fwdResultAttrs[j].getAs<StringAttr>("pcc.name").getValue() ==
+                      "loss"
+                  ? std::string("loss_grad")
+                  : "grad_out" + std::to_string(j)));
   for (auto [k, i] : llvm::enumerate(out.gradOf))
     bwd.setResultAttrs(k, named("grad_in" + std::to_string(i)));
   Block *bwdBlock = bwd.addEntryBlock();
@@ -328,6 +331,11 @@ struct AutodiffPass : public mlir::pcc::impl::AutodiffBase<AutodiffPass> {
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (isCutIntoStages(module)) {
+      if (failed(differentiateStages(module, recompute)))
+        signalPassFailure();
+      return;
+    }
     auto main = module.lookupSymbol<func::FuncOp>("main");
     if (!main || !main.getBody().hasOneBlock()) {
       module.emitError("autodiff: expects a single-block func.func @main");
@@ -348,10 +356,18 @@ struct AutodiffPass : public mlir::pcc::impl::AutodiffBase<AutodiffPass> {
       return signalPassFailure();
     }
     DifferentiateSpec spec;
-    std::optional<Recompute> policy = parseRecompute(recompute);
+    if (recompute.size() > 1) {
+      module.emitError("autodiff: ")
+          << recompute.size()
+          << " recompute policies, one per stage, for a step not cut into "
+             "stages";
+      return signalPassFailure();
+    }
+    StringRef name = recompute.empty() ? "none" : StringRef(recompute[0]);
+    std::optional<Recompute> policy = parseRecompute(name);
     if (!policy) {
       module.emitError("autodiff: recompute '")
-          << recompute << "' is not none, selective or full";
+          << name << "' is not none, selective or full";
       return signalPassFailure();
     }
     spec.recompute = *policy;

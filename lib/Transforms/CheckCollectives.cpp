@@ -71,7 +71,7 @@ struct CheckCollectivesPass
       pp = *size;
     SmallVector<func::FuncOp> stages;
     module.walk([&](func::FuncOp f) {
-      if (auto k = f->getAttrOfType<IntegerAttr>("pcc.stage")) {
+      if (auto k = f->getAttrOfType<IntegerAttr>(kStageAttrName)) {
         if (static_cast<size_t>(k.getInt()) >= stages.size())
           stages.resize(k.getInt() + 1);
         stages[k.getInt()] = f;

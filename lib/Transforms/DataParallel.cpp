@@ -9,7 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "FlatShards.h"
+#include "StagePhases.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Training.h"
@@ -75,7 +75,7 @@ struct DataParallelPass
                             IntegerType::get(module.getContext(), 64), zero))});
   }
 
-  /// A pipelined step (pcc-pipeline-training, maybe partitioned over tp):
+  /// A pipelined step (pcc-autodiff on stages, maybe partitioned over tp):
   /// every pipeline rank is replicated over dp. ZeRO 2 and 3 reduce-scatter
   /// the gradients once per step in the optimizer (accumulated whole over
   /// the micro-batches, as Megatron's distributed optimizer does), or each

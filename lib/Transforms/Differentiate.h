@@ -1,6 +1,6 @@
 //===- Differentiate.h - reverse mode over one function ---------*- C++ -*-===//
 //
-// The core of pcc-autodiff, shared with pcc-pipeline-training: a function
+// The core of pcc-autodiff, for a whole step and for each stage: a function
 // becomes a forward function (its results, then the values the backward
 // needs) and a backward function (those values and one cotangent per float
 // result in; the cotangents of the chosen arguments out), with every

@@ -1,6 +1,6 @@
 //===- FlatShards.h - ZeRO's flat pieces of model state over dp -*- C++ -*-===//
 //
-// Shared by pcc-data-parallel and pcc-pipeline-training: ZeRO 1-3 keep each
+// Shared by pcc-data-parallel and pcc-optimizer: ZeRO 1-3 keep each
 // weight's tensors flattened, padded to dp x s elements, and rank r holds
 // elements [r s, (r + 1) s) (#pcc.shard<dp, flat>).
 //
@@ -177,37 +177,6 @@ int64_t bucketTarget(int64_t bucketBytes, int64_t total);
 /// ZeRO 2 and 3: `phase`'s zeroing of each gradient of `grads`, on its piece.
 void shardGradientZeros(func::FuncOp phase, const FlatShards &flat,
                         const llvm::StringSet<> &grads);
-
-/// Pipelined training: the weights each pipeline rank's stages train
-/// (name and the rank's tensor type), read from its optimizer phase, in
-/// update order.
-SmallVector<llvm::MapVector<StringRef, RankedTensorType>>
-rankWeights(ModuleOp module);
-
-/// The weights held by more than one pipeline rank, in first-seen order.
-SmallVector<StringRef>
-tiedWeights(ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held);
-
-/// Pipelined training: (re)builds every pipeline rank's @rank<r>_optimizer
-/// and @rank<r>_zero_grad for the weights `held` (by rank, as the rank
-/// holds them: whole, or its tensor-parallel piece as `flat.splits` says)
-/// with the optimizer the module's pcc.training records: tied weights'
-/// gradients summed over pp, then over dp as ZeRO stage `zero` says (when
-/// `flat.ranks` > 1), the global norm over tp, dp and pp, and the
-/// updates; with `gatherWeights` (ZeRO 3 kept gathered) the zero-grad
-/// phase also all-gathers every weight into `<weight>@gathered`. Under
-/// ZeRO 2 and 3 the gradient states are this rank's pieces when
-/// `shardedGradients` (the W phases reduce-scatter into them), else whole,
-/// reduce-scattered here once per step. Under ZeRO 0, the weights in
-/// `started` have their gradients' sums over dp started by the W phases
-/// (pcc.bucket_start): the optimizer waits for them instead of summing.
-/// Defined in PipelineTraining.cpp.
-LogicalResult
-buildRankPhases(ModuleOp module,
-                ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held,
-                const FlatShards &flat, int64_t zero,
-                bool gatherWeights = false, bool shardedGradients = false,
-                const llvm::StringSet<> *started = nullptr);
 
 } // namespace mlir::pcc
 

@@ -1,5 +1,12 @@
 //===- Optimizer.cpp - the optimizer-step and zero-grad phases ------------===//
+//
+// pcc-optimizer: @train_optimizer and @train_zero_grad after pcc-autodiff
+// on a whole step; every pipeline rank's after pcc-autodiff on stages
+// (buildStageOptimizers, StagePhases.cpp).
+//
+//===----------------------------------------------------------------------===//
 
+#include "StagePhases.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Training.h"
@@ -21,15 +28,20 @@ struct OptimizerPass : public mlir::pcc::impl::OptimizerBase<OptimizerPass> {
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto backward = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[1]);
-    if (!backward) {
-      module.emitError("optimizer: no @") << kPhaseFunctions[1]
-                                          << " (run pcc-autodiff first)";
-      return signalPassFailure();
-    }
     if (kind != "sgd" && kind != "adamw") {
       module.emitError("optimizer: unknown optimizer '")
           << kind << "' (sgd or adamw)";
+      return signalPassFailure();
+    }
+    if (isCutIntoStages(module)) {
+      if (failed(buildStageOptimizers(module, kind)))
+        signalPassFailure();
+      return;
+    }
+    auto backward = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[1]);
+    if (!backward) {
+      module.emitError("optimizer: no @")
+          << kPhaseFunctions[1] << " (run pcc-autodiff first)";
       return signalPassFailure();
     }
     // The weights with gradients, in the order the backward phase first
@@ -37,8 +49,7 @@ struct OptimizerPass : public mlir::pcc::impl::OptimizerBase<OptimizerPass> {
     llvm::MapVector<StringRef, RankedTensorType> weights;
     backward.walk([&](AccumulateOp op) {
       auto state = op.getState().getDefiningOp<ParamOp>();
-      weights.insert({splitStateName(state.getName()).first,
-                      state.getType()});
+      weights.insert({splitStateName(state.getName()).first, state.getType()});
     });
     for (auto &[name, type] : weights)
       if (!type.getElementType().isF32()) {
@@ -112,9 +123,9 @@ Value mlir::pcc::buildSquaredSum(OpBuilder &b, Location loc, Value x) {
   return ReduceSumOp::create(b, loc, sq, all, /*keep_dims=*/false);
 }
 
-void mlir::pcc::buildOptimizerUpdate(
-    OpBuilder &b, Location loc, StringRef kind, Value p, Value g, Value norm,
-    function_ref<Value(StringRef)> state) {
+void mlir::pcc::buildOptimizerUpdate(OpBuilder &b, Location loc, StringRef kind,
+                                     Value p, Value g, Value norm,
+                                     function_ref<Value(StringRef)> state) {
   // One statement per state: the IR's order does not depend on the
   // compiler's order of evaluating arguments.
   if (kind == "sgd") {

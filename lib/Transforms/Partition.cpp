@@ -1,6 +1,6 @@
 //===- Partition.cpp - SPMD rewrite to one rank's local shapes -----------===//
 
-#include "FlatShards.h"
+#include "StagePhases.h"
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Sharding.h"
 #include "pcc/Transforms/Training.h"

@@ -376,7 +376,7 @@ LogicalResult PipelineCutPass::outline(func::FuncOp main, const CutModel &m,
                                   ("stage" + std::to_string(s)),
                                   builder.getFunctionType(in, out));
     f.setPrivate();
-    f->setAttr("pcc.stage", builder.getI64IntegerAttr(s));
+    f->setAttr(kStageAttrName, builder.getI64IntegerAttr(s));
     Block *body = f.addEntryBlock();
     OpBuilder b = OpBuilder::atBlockBegin(body);
     IRMapping map;

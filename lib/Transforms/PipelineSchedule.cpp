@@ -30,7 +30,7 @@ struct PipelineSchedulePass
     }
     int64_t stages = 0;
     module.walk([&](func::FuncOp f) {
-      if (f->hasAttr("pcc.stage"))
+      if (f->hasAttr(kStageAttrName))
         ++stages;
     });
     if (stages == 0)

@@ -60,7 +60,7 @@ struct PlanShardingPass
       return;
     // A pipelined step is planned on its stages' forward phases; the
     // stage functions they were made from only record the wiring.
-    if (func->hasAttr("pcc.stage"))
+    if (func->hasAttr(kStageAttrName))
       return;
     FailureOr<int64_t> ranks = getMeshAxisSize(func, axis);
     if (failed(ranks))

@@ -5,8 +5,8 @@
 // RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=3 prefetch=1' --canonicalize | FileCheck %s --check-prefix=Z3
 // RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=3 reshard-after-forward=false' --canonicalize | FileCheck %s --check-prefix=KEEP
 // RUN: pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 bucket-bytes=256' --canonicalize | FileCheck %s --check-prefix=BUCKET
-// RUN: pcc-opt %t/pipelined.mlir --pcc-pipeline-training=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=2 reduce-each-microbatch=1' --canonicalize | FileCheck %s --check-prefix=PP
-// RUN: not pcc-opt %t/pipelined.mlir --pcc-pipeline-training=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=2 reduce-each-microbatch=1 bucket-bytes=-1' 2>&1 | FileCheck %s --check-prefix=PP-ERR
+// RUN: pcc-opt %t/pipelined.mlir --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=2 reduce-each-microbatch=1' --canonicalize | FileCheck %s --check-prefix=PP
+// RUN: not pcc-opt %t/pipelined.mlir --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=2 reduce-each-microbatch=1 bucket-bytes=-1' 2>&1 | FileCheck %s --check-prefix=PP-ERR
 // RUN: not pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-data-parallel='dp=2 zero=4' 2>&1 | FileCheck %s --check-prefix=STAGE
 // RUN: not pcc-opt %t/mlp.mlir --pcc-loss --pcc-autodiff --pcc-optimizer=kind=sgd --pcc-data-parallel=dp=2 2>&1 | FileCheck %s --check-prefix=CSE
 // RUN: pcc-opt %t/errors.mlir --split-input-file --pcc-data-parallel='dp=2 zero=1' -verify-diagnostics

@@ -3,7 +3,7 @@
 // RUN: pcc-opt %t/mlp.mlir --pcc-loss=kind=mse --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-plan-sharding --pcc-partition-training=emit-remarks=1 -mlir-print-op-on-diagnostic=false 2>&1 >/dev/null | FileCheck %s --check-prefix=REMARK
 // RUN: pcc-opt %t/mlp.mlir --pcc-loss=kind=mse --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-plan-sharding --pcc-partition-training=sequence-parallel=1 --canonicalize | FileCheck %s --check-prefix=SP
 // RUN: pcc-opt %t/mlp.mlir --pcc-loss=kind=mse --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-plan-sharding=axis=pp --pcc-partition-training=axis=pp | FileCheck %s --check-prefix=ONE
-// RUN: pcc-opt %t/pipelined.mlir --pcc-pipeline-training=kind=sgd --cse --pcc-merge-state-loads --pcc-plan-sharding --pcc-partition-training --canonicalize | FileCheck %s --check-prefix=PP
+// RUN: pcc-opt %t/pipelined.mlir --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-plan-sharding --pcc-partition-training --canonicalize | FileCheck %s --check-prefix=PP
 // RUN: pcc-opt %t/errors.mlir --split-input-file --pcc-partition-training -verify-diagnostics
 
 // Tests that a training step is partitioned over tp with the plan made on

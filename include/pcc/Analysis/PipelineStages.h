@@ -24,7 +24,7 @@ getPipelineStagePhases(ModuleOp module);
 /// step. An unpipelined step (pcc-autodiff, pcc-optimizer) is one stage
 /// (@train_forward, @train_backward) and its step phases are
 /// @train_optimizer and @train_zero_grad; a pipelined one
-/// (pcc-pipeline-training) has every stage's F, B and W, and its per-rank
+/// (pcc-autodiff on stages) has every stage's F, B and W, and its per-rank
 /// optimizer and zero-grad phases are rebuilt by the passes that change a
 /// rank's state (their `stepPhases` stay empty).
 struct TrainingStep {

@@ -245,7 +245,7 @@ def PartitionTraining : Pass<"pcc-partition-training", "ModuleOp"> {
       updates, `pcc.zero`) works on the state's local piece: its other
       operands are brought to the state's layout.
 
-    A pipelined step (pcc-pipeline-training) is planned on each stage's
+    A pipelined step (pcc-autodiff on stages) is planned on each stage's
     forward phase (a weight on two stages keeps the first one's layout);
     each stage's F, B and W are partitioned in turn, values that cross a
     stage boundary whole, `saved<i>` and `stash<i>` in their layouts; the
@@ -544,10 +544,21 @@ def Autodiff : Pass<"pcc-autodiff", "ModuleOp"> {
     the ops after them again in the backward phase (elementwise ops,
     norms, softmax, dropout with its counter-based mask); `full` saves
     only the phase's inputs and computes the whole forward again.
+
+    On a step pcc-pipeline-cut has cut into stages, each stage k is
+    differentiated instead: `@stage<k>_forward` (the stage's outputs, then
+    the values its backward reads), `@stage<k>_backward` (B: one cotangent
+    per float output in, the cotangents of the float inputs received from
+    stage k - 1 out, marked `pcc.grad_of`, then the values W reads,
+    `stash<i>`) and `@stage<k>_weight_grad` (W: the weights' gradients
+    added into state), all marked `pcc.pipeline_stage = k`. B and W are
+    separate so that a schedule (ZB-H1) can run W later. `recompute` then
+    takes one policy for every stage, or one per stage.
   }];
   let options = [
-    Option<"recompute", "recompute", "std::string", /*default=*/"\"none\"",
-           "none, selective or full">
+    ListOption<"recompute", "recompute", "std::string",
+               "none, selective or full (default none); on a step cut into "
+               "stages, one value for every stage or one per stage">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
@@ -565,6 +576,15 @@ def Optimizer : Pass<"pcc-optimizer", "ModuleOp"> {
       and other hyperparameters the runtime passes at each step;
     - `@train_zero_grad` (`pcc.phase = "zero_grad"`): `pcc.zero` on every
       gradient.
+
+    After pcc-autodiff on a step cut into stages it builds, for pipeline
+    rank r (stages r, r + p, ...), `@rank<r>_optimizer` and
+    `@rank<r>_zero_grad`, marked `pcc.pipeline_rank = r`. The optimizer
+    sums the gradients of weights held by several ranks (a tied embedding
+    and head) over `pp`, counts each weight once in the global norm (a
+    scalar all-reduce over `pp`), and updates the rank's weights.
+    pcc-partition-training (tp) and pcc-data-parallel (dp, ZeRO) rebuild
+    the per-rank phases over their pieces.
   }];
   let options = [
     Option<"kind", "kind", "std::string", /*default=*/"\"adamw\"",
@@ -615,7 +635,7 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
     %w = pcc.all_gather %p axis = "dp" : tensor<8192xf32> -> tensor<2x8192xf32>
     ```
 
-    A pipelined step (pcc-pipeline-training, maybe partitioned over tp
+    A pipelined step (pcc-autodiff on stages, maybe partitioned over tp
     first): every pipeline rank's optimizer is rebuilt over dp (tied
     weights summed over pp, the norm over tp, dp and pp). Stages 2 and 3
     accumulate each gradient whole through the step's micro-batches and
@@ -670,35 +690,6 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
            "the model; in a pipelined step any non-zero value, each "
            "gradient its own bucket), whose sums over dp start while the "
            "backward pass goes on (0: none, every collective blocking)">
-  ];
-  let dependentDialects = ["::mlir::pcc::PccDialect"];
-}
-
-def PipelineTraining : Pass<"pcc-pipeline-training", "ModuleOp"> {
-  let summary = "builds each pipeline stage's training phases";
-  let description = [{
-    Runs on a training program (with its loss) that pcc-pipeline-cut has
-    cut into stages. For stage k it builds `@stage<k>_forward` (the stage's
-    outputs, then the values its backward reads), `@stage<k>_backward` (B:
-    one cotangent per float output in, the cotangents of the float inputs
-    received from stage k - 1 out, marked `pcc.grad_of`, then the values W
-    reads, `stash<i>`) and `@stage<k>_weight_grad` (W: the weights'
-    gradients added into state), all marked `pcc.pipeline_stage = k`; and
-    for pipeline rank r (stages r, r + p, ...) `@rank<r>_optimizer` and
-    `@rank<r>_zero_grad`, marked `pcc.pipeline_rank = r`. The optimizer sums
-    the gradients of weights held by several ranks (a tied embedding and
-    head) over `pp`, counts each weight once in the global norm (a scalar
-    all-reduce over `pp`), and updates the rank's weights.
-
-    pcc-partition-training (tp) and pcc-data-parallel (dp, ZeRO) rebuild
-    the per-rank phases over their pieces.
-  }];
-  let options = [
-    Option<"kind", "kind", "std::string", /*default=*/"\"adamw\"",
-           "sgd or adamw">,
-    ListOption<"recompute", "recompute", "std::string",
-               "activation recomputation per stage (none, selective or "
-               "full, as pcc-autodiff's); one value for every stage">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }

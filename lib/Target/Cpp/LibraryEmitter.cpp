@@ -87,7 +87,7 @@ FailureOr<std::vector<StageProgram>> collectStages(ModuleOp module,
     auto call = dyn_cast<func::CallOp>(op);
     auto callee = call ? module.lookupSymbol<func::FuncOp>(call.getCallee())
                        : func::FuncOp();
-    if (!callee || !callee->hasAttr("pcc.stage"))
+    if (!callee || !callee->hasAttr(kStageAttrName))
       return op.emitError("code generation: a pipelined @main holds only "
                           "calls of pipeline stages and pcc.transfer ops "
                           "(run pcc-pipeline-cut)");
@@ -287,7 +287,7 @@ FailureOr<std::vector<StageProgram>> collectPhases(ModuleOp module) {
   return phases;
 }
 
-/// The phases of a pipelined training module (pcc-pipeline-training):
+/// The phases of a pipelined training module (pcc-autodiff, pcc-optimizer):
 /// stage k's forward, backward and weight-gradient at 3 k + {0, 1, 2},
 /// then pipeline rank r's optimizer and zero-grad at 3 S + 2 r + {0, 1},
 /// with where each input comes from and, for a backward phase, which
@@ -300,7 +300,7 @@ collectPipelinePhases(ModuleOp module, ArrayRef<StageProgram> stages) {
     if (!f || !f.getBody().hasOneBlock())
       return module.emitError("code generation: a pipelined training "
                               "module needs @")
-             << name << " (run pcc-pipeline-training)";
+             << name << " (run pcc-autodiff and pcc-optimizer)";
     return f;
   };
   static const char *const kSuffix[] = {"_forward", "_backward",

@@ -37,6 +37,9 @@ inline constexpr llvm::StringLiteral kTensorParallelAxis = "tp";
 
 inline constexpr llvm::StringLiteral kTrainingAttrName = "pcc.training";
 inline constexpr llvm::StringLiteral kPhaseAttrName = "pcc.phase";
+/// On each function pcc-pipeline-cut cuts @main into: its stage number.
+inline constexpr llvm::StringLiteral kStageAttrName = "pcc.stage";
+
 /// On a pipelined @main (pcc-pipeline-schedule): the schedule.
 inline constexpr llvm::StringLiteral kScheduleAttrName = "pcc.schedule";
 
@@ -50,13 +53,14 @@ inline constexpr llvm::StringLiteral kPhaseFunctions[] = {
 /// (the W of a zero-bubble schedule).
 inline constexpr llvm::StringLiteral kWeightGradPhaseName = "weight_grad";
 
-/// Pipelined training (pcc-pipeline-training): the phase functions of
+/// Pipelined training (pcc-autodiff on stages): the phase functions of
 /// stage k are @stage<k>_forward, _backward and _weight_grad, each marked
 /// with this attribute holding k ...
 inline constexpr llvm::StringLiteral kPipelineStageAttrName =
     "pcc.pipeline_stage";
 /// ... and @rank<r>_optimizer and _zero_grad, the phases of pipeline rank
-/// r (the weights of all its stages), are marked with this one holding r.
+/// r (the weights of all its stages, pcc-optimizer), are marked with this
+/// one holding r.
 inline constexpr llvm::StringLiteral kPipelineRankAttrName =
     "pcc.pipeline_rank";
 
@@ -118,7 +122,7 @@ struct TrainingConfig {
   std::string loss;
   std::optional<int64_t> ignoreIndex;
   int64_t microbatches = 1;
-  /// pcc-optimizer (or pcc-pipeline-training): "sgd" or "adamw", the
+  /// pcc-optimizer: "sgd" or "adamw", the
   /// trained weights, and those read in several pipeline stages.
   std::string optimizer;
   std::vector<std::string> weights, tied;

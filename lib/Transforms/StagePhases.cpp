@@ -1,7 +1,8 @@
-//===- PipelineTraining.cpp - per-stage phases of a pipelined step --------===//
+//===- StagePhases.cpp - the training phases of a step cut into stages ----===//
 //
-// pcc-pipeline-training: after pcc-pipeline-cut has cut @main (with its
-// loss) into stages, every stage k gets the phases of a micro-batch:
+// pcc-autodiff and pcc-optimizer on a module pcc-pipeline-cut has cut
+// @main (with its loss) into stages. pcc-autodiff gives every stage k the
+// phases of a micro-batch:
 //
 //   @stage<k>_forward      the stage's inputs -> its outputs, then residuals
 //   @stage<k>_backward     (B) residuals and one cotangent per float output
@@ -9,8 +10,8 @@
 //                          from stage k - 1, then the values W reads
 //   @stage<k>_weight_grad  (W) the weights' gradients, added into state
 //
-// and every pipeline rank r (running stages r, r + p, ... with
-// interleaved chunks) the phases of a step:
+// and pcc-optimizer every pipeline rank r (running stages r, r + p, ...
+// with interleaved chunks) the phases of a step:
 //
 //   @rank<r>_optimizer     tied weights' gradients summed over pp, the
 //                          global norm (one scalar all-reduce over pp), and
@@ -27,19 +28,14 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "StagePhases.h"
 #include "Differentiate.h"
-#include "FlatShards.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Training.h"
 
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/MapVector.h"
-
-namespace mlir::pcc {
-#define GEN_PASS_DEF_PIPELINETRAINING
-#include "pcc/Transforms/Passes.h.inc"
-} // namespace mlir::pcc
 
 using namespace mlir;
 using namespace mlir::pcc;
@@ -62,8 +58,8 @@ FailureOr<SmallVector<StageCall>> collectCalls(func::FuncOp main) {
     if (!call)
       continue;
     auto callee = module.lookupSymbol<func::FuncOp>(call.getCallee());
-    if (!callee || !callee->hasAttr("pcc.stage"))
-      return call.emitError("pipeline training: @main must call the stages");
+    if (!callee || !callee->hasAttr(kStageAttrName))
+      return call.emitError("autodiff: @main must call the stages");
     StageCall stage;
     stage.callee = callee;
     for (Value arg : call.getOperands()) {
@@ -77,7 +73,7 @@ FailureOr<SmallVector<StageCall>> collectCalls(func::FuncOp main) {
           transfer ? transfer.getInput().getDefiningOp() : nullptr;
       if (!producer || !index.count(producer) ||
           index.lookup(producer) + 1 != calls.size())
-        return call.emitError("pipeline training: stage ")
+        return call.emitError("autodiff: stage ")
                << calls.size()
                << " must read model inputs or the previous stage's outputs";
       stage.sources.push_back(static_cast<int32_t>(
@@ -87,7 +83,7 @@ FailureOr<SmallVector<StageCall>> collectCalls(func::FuncOp main) {
     calls.push_back(std::move(stage));
   }
   if (calls.size() < 2)
-    return main.emitError("pipeline training: expects a module cut into "
+    return main.emitError("autodiff: expects a module cut into "
                           "stages (run pcc-pipeline-cut first)");
   return calls;
 }
@@ -190,25 +186,19 @@ func::FuncOp splitWeightGradients(func::FuncOp bwd, StringRef name) {
   return w;
 }
 
-struct PipelineTrainingPass
-    : public mlir::pcc::impl::PipelineTrainingBase<PipelineTrainingPass> {
-  using PipelineTrainingBase::PipelineTrainingBase;
+} // namespace
 
-  void runOnOperation() override {
-    if (failed(run(getOperation())))
-      signalPassFailure();
-  }
+bool mlir::pcc::isCutIntoStages(ModuleOp module) {
+  return llvm::any_of(module.getOps<func::FuncOp>(), [](func::FuncOp f) {
+    return f->hasAttr(kStageAttrName);
+  });
+}
 
-  LogicalResult run(ModuleOp module);
-};
-
-LogicalResult PipelineTrainingPass::run(ModuleOp module) {
-  if (kind != "sgd" && kind != "adamw")
-    return module.emitError("pipeline training: unknown optimizer '")
-           << kind << "' (sgd or adamw)";
+LogicalResult mlir::pcc::differentiateStages(ModuleOp module,
+                                             ArrayRef<std::string> recompute) {
   auto main = module.lookupSymbol<func::FuncOp>("main");
   if (!main)
-    return module.emitError("pipeline training: no func.func @main");
+    return module.emitError("autodiff: no func.func @main");
   auto calls = collectCalls(main);
   if (failed(calls))
     return failure();
@@ -217,7 +207,6 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
 
   // Differentiate every stage; its weights in the order of their first
   // gradient.
-  SmallVector<llvm::MapVector<StringRef, RankedTensorType>> weights(n);
   llvm::SetVector<StringRef> allTrained;
   for (auto [k, call] : llvm::enumerate(*calls)) {
     func::FuncOp f = call.callee;
@@ -226,7 +215,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     if (last &&
         (ret.getNumOperands() != 1 ||
          cast<RankedTensorType>(ret.getOperand(0).getType()).getRank() != 0))
-      return f.emitError("pipeline training: the last stage must return the "
+      return f.emitError("autodiff: the last stage must return the "
                          "scalar loss alone");
     DifferentiateSpec spec;
     if (!recompute.empty()) {
@@ -235,7 +224,7 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
                                               : StringRef();
       std::optional<Recompute> policy = parseRecompute(name);
       if (!policy)
-        return module.emitError("pipeline training: recompute '")
+        return module.emitError("autodiff: recompute '")
                << name << "' for stage " << k
                << " (none, selective or full; one value, or one per stage)";
       spec.recompute = *policy;
@@ -261,28 +250,51 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
     func::FuncOp weightGrad = splitWeightGradients(
         result->backward, "stage" + std::to_string(k) + "_weight_grad");
     weightGrad->setAttr(kPipelineStageAttrName, stageAttr);
-    weightGrad->setAttr(kPhaseAttrName, StringAttr::get(ctx, kWeightGradPhaseName));
+    weightGrad->setAttr(kPhaseAttrName,
+                        StringAttr::get(ctx, kWeightGradPhaseName));
     weightGrad.walk([&](AccumulateOp op) {
+      auto state = op.getState().getDefiningOp<ParamOp>();
+      allTrained.insert(splitStateName(state.getName()).first);
+    });
+  }
+  if (allTrained.empty())
+    return main.emitError("autodiff: no weight receives a gradient");
+  SmallVector<Attribute> names;
+  for (StringRef name : allTrained)
+    names.push_back(StringAttr::get(ctx, name));
+  setTrainingAttr(module, {NamedAttribute(StringAttr::get(ctx, "weights"),
+                                          ArrayAttr::get(ctx, names))});
+  return success();
+}
+
+LogicalResult mlir::pcc::buildStageOptimizers(ModuleOp module, StringRef kind) {
+  MLIRContext *ctx = module.getContext();
+  SmallVector<std::array<func::FuncOp, 3>> stages =
+      getPipelineStagePhases(module);
+  unsigned n = stages.size();
+  // The weights each stage's W phase trains, in the order of their first
+  // gradient.
+  SmallVector<llvm::MapVector<StringRef, RankedTensorType>> weights(n);
+  for (auto [k, phases] : llvm::enumerate(stages)) {
+    if (!phases[2])
+      return module.emitError("optimizer: pipeline stage ")
+             << k << " has no weight-gradient phase (run pcc-autodiff first)";
+    phases[2].walk([&](AccumulateOp op) {
       auto state = op.getState().getDefiningOp<ParamOp>();
       weights[k].insert(
           {splitStateName(state.getName()).first, state.getType()});
     });
-    for (auto &[name, type] : weights[k]) {
+    for (auto &[name, type] : weights[k])
       if (!type.getElementType().isF32())
-        return f.emitError("pipeline training: weight '")
+        return phases[2].emitError("optimizer: weight '")
                << name << "' is " << type
                << "; the optimizers update float32 weights";
-      allTrained.insert(name);
-    }
   }
-  if (allTrained.empty())
-    return main.emitError("autodiff: no weight receives a gradient");
-
   // Pipeline rank r runs stages r, r + p, ... (interleaved chunks) and
   // updates the weights of all of them.
   int64_t chunks = getPipelineChunks(module);
   if (chunks < 1 || n % chunks != 0)
-    return main.emitError("pipeline training: ")
+    return module.emitError("optimizer: ")
            << n << " stages do not make " << chunks
            << " chunks per pipeline rank";
   unsigned ranks = n / chunks;
@@ -290,24 +302,15 @@ LogicalResult PipelineTrainingPass::run(ModuleOp module) {
   for (unsigned k = 0; k < n; ++k)
     for (auto &[name, type] : weights[k])
       held[k % ranks].insert({name, type});
-  SmallVector<StringRef> tied = tiedWeights(held);
-
-  SmallVector<Attribute> names;
-  for (StringRef name : allTrained)
-    names.push_back(StringAttr::get(ctx, name));
   SmallVector<Attribute> tiedNames;
-  for (StringRef name : tied)
+  for (StringRef name : tiedWeights(held))
     tiedNames.push_back(StringAttr::get(ctx, name));
-  setTrainingAttr(module, {NamedAttribute(StringAttr::get(ctx, "weights"),
-                                          ArrayAttr::get(ctx, names)),
-                           NamedAttribute(StringAttr::get(ctx, "optimizer"),
+  setTrainingAttr(module, {NamedAttribute(StringAttr::get(ctx, "optimizer"),
                                           StringAttr::get(ctx, kind)),
                            NamedAttribute(StringAttr::get(ctx, "tied"),
                                           ArrayAttr::get(ctx, tiedNames))});
   return buildRankPhases(module, held, FlatShards{ctx, 1}, /*zero=*/0);
 }
-
-} // namespace
 
 SmallVector<StringRef> mlir::pcc::tiedWeights(
     ArrayRef<llvm::MapVector<StringRef, RankedTensorType>> held) {
@@ -348,8 +351,8 @@ LogicalResult mlir::pcc::buildRankPhases(
   Location loc = module.getLoc();
   std::optional<TrainingConfig> training = getTrainingConfig(module);
   if (!training || training->optimizer.empty())
-    return module.emitError("pipeline training: the module records no "
-                            "optimizer (run pcc-pipeline-training first)");
+    return module.emitError("optimizer: the module records no optimizer "
+                            "(run pcc-optimizer first)");
   std::string kind = training->optimizer;
   for (auto func : llvm::make_early_inc_range(module.getOps<func::FuncOp>()))
     if (func->hasAttr(kPipelineRankAttrName))

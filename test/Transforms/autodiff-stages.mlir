@@ -1,12 +1,14 @@
 // RUN: split-file %s %t
-// RUN: pcc-opt %t/cut.mlir --pcc-pipeline-training | FileCheck %s
-// RUN: pcc-opt %t/cut.mlir --pcc-pipeline-training=kind=sgd | FileCheck %s --check-prefix=SGD
-// RUN: pcc-opt %t/cut.mlir --pcc-pipeline-training=recompute=none,full | FileCheck %s --check-prefix=FULL
-// RUN: pcc-opt %t/model.mlir --pcc-loss=kind=mse --pcc-pipeline-cut=cuts=act --pcc-pipeline-training=kind=sgd | FileCheck %s --check-prefix=CHAIN
-// RUN: not pcc-opt %t/cut.mlir --pcc-pipeline-training=kind=lamb 2>&1 | FileCheck %s --check-prefix=KIND
-// RUN: not pcc-opt %t/cut.mlir --pcc-pipeline-training=recompute=some 2>&1 | FileCheck %s --check-prefix=RECOMPUTE
-// RUN: pcc-opt %t/errors.mlir --split-input-file --pcc-pipeline-training -verify-diagnostics
+// RUN: pcc-opt %t/cut.mlir --pcc-autodiff --pcc-optimizer | FileCheck %s
+// RUN: pcc-opt %t/cut.mlir --pcc-autodiff --pcc-optimizer=kind=sgd | FileCheck %s --check-prefix=SGD
+// RUN: pcc-opt %t/cut.mlir --pcc-autodiff=recompute=none,full --pcc-optimizer | FileCheck %s --check-prefix=FULL
+// RUN: pcc-opt %t/model.mlir --pcc-loss=kind=mse --pcc-pipeline-cut=cuts=act --pcc-autodiff --pcc-optimizer=kind=sgd | FileCheck %s --check-prefix=CHAIN
+// RUN: not pcc-opt %t/cut.mlir --pcc-autodiff --pcc-optimizer=kind=lamb 2>&1 | FileCheck %s --check-prefix=KIND
+// RUN: not pcc-opt %t/cut.mlir --pcc-autodiff=recompute=some 2>&1 | FileCheck %s --check-prefix=RECOMPUTE
+// RUN: pcc-opt %t/errors.mlir --split-input-file --pcc-autodiff -verify-diagnostics
 
+// pcc-autodiff and pcc-optimizer on a step cut into stages (the whole
+// step's phases are autodiff.mlir's and optimizer.mlir's).
 // Tests the phases of a step cut into 2 stages: for each stage F, B (the
 // cotangent of the activation stage 0 sent, then what W reads) and W (the
 // gradients added into state); for each pipeline rank an optimizer and a
@@ -119,14 +121,18 @@ module {
 // CHAIN: pcc.sgd_update {{.*}} : tensor<8x8xf32>, tensor<f32>
 // CHAIN-LABEL: func.func @rank1_optimizer()
 
-// KIND: error: pipeline training: unknown optimizer 'lamb' (sgd or adamw)
-// RECOMPUTE: error: pipeline training: recompute 'some' for stage 0 (none, selective or full; one value, or one per stage)
+// KIND: error: optimizer: unknown optimizer 'lamb' (sgd or adamw)
+// RECOMPUTE: error: autodiff: recompute 'some' for stage 0 (none, selective or full; one value, or one per stage)
 
 //--- errors.mlir
 module {
-  // expected-error @below {{pipeline training: expects a module cut into stages (run pcc-pipeline-cut first)}}
-  func.func @main(%x: tensor<4x8xf32>) -> tensor<f32> {
+  func.func private @stage0(%x: tensor<4x8xf32>) -> tensor<f32> attributes {pcc.stage = 0 : i64} {
     %l = pcc.reduce_sum %x axes = [0, 1] : tensor<4x8xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+  // expected-error @below {{autodiff: expects a module cut into stages (run pcc-pipeline-cut first)}}
+  func.func @main(%x: tensor<4x8xf32>) -> tensor<f32> {
+    %l = call @stage0(%x) : (tensor<4x8xf32>) -> tensor<f32>
     return %l : tensor<f32>
   }
 }
@@ -140,7 +146,7 @@ module {
     %h = pcc.matmul %x, %w : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
     return %h : tensor<4x8xf32>
   }
-  // expected-error @below {{pipeline training: the last stage must return the scalar loss alone}}
+  // expected-error @below {{autodiff: the last stage must return the scalar loss alone}}
   func.func private @stage1(%h: tensor<4x8xf32>) -> tensor<4x8xf32> attributes {pcc.stage = 1 : i64} {
     return %h : tensor<4x8xf32>
   }
