@@ -10,11 +10,13 @@
 
 #include "pcc/Analysis/CostModel.h"
 #include "pcc/Analysis/CutSearch.h"
+#include "pcc/Analysis/PipelineStages.h"
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/runtime/ModelAbi.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/Parser/Parser.h"
 
 #include <gtest/gtest.h>
@@ -150,6 +152,66 @@ TEST(CostModel, PricesMatmulsByFlopsAndTheRestByBytes) {
                    5e-6 + 2.0 * 3 / 4 * (1 << 20) / 5e9);
   EXPECT_DOUBLE_EQ(cpu.collectiveSeconds(CollectiveKind::AllGather, 1 << 20, 2),
                    5e-6 + 0.5 * (1 << 20) / 5e9);
+}
+
+/// The names of `funcs`.
+std::vector<std::string> names(ArrayRef<func::FuncOp> funcs) {
+  std::vector<std::string> out;
+  for (func::FuncOp f : funcs)
+    out.push_back(f ? f.getSymName().str() : "(none)");
+  return out;
+}
+
+TEST(TrainingStep, AWholeStepIsOneStage) {
+  MLIRContext *context = &::pcc::testing::testContext();
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
+    func.func @train_zero_grad() attributes {pcc.phase = "zero_grad"} { return }
+    func.func @train_forward() attributes {pcc.phase = "forward"} { return }
+    func.func @train_optimizer() attributes {pcc.phase = "optimizer"} { return }
+    func.func @train_backward() attributes {pcc.phase = "backward"} { return }
+  )mlir",
+                                                             context);
+  ASSERT_TRUE(module);
+  FailureOr<TrainingStep> step = getTrainingStep(*module, "test");
+  ASSERT_TRUE(succeeded(step));
+  EXPECT_FALSE(step->pipelined);
+  ASSERT_EQ(step->stages.size(), 1u);
+  EXPECT_EQ(names(step->stages[0]),
+            (std::vector<std::string>{"train_forward", "train_backward"}));
+  EXPECT_EQ(names(step->stepPhases),
+            (std::vector<std::string>{"train_optimizer", "train_zero_grad"}));
+}
+
+TEST(TrainingStep, APipelinedStepHasEachStagesPhasesInOrder) {
+  MLIRContext *context = &::pcc::testing::testContext();
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(R"mlir(
+    func.func @stage1_weight_grad() attributes {pcc.phase = "weight_grad", pcc.pipeline_stage = 1 : i64} { return }
+    func.func @stage0_forward() attributes {pcc.phase = "forward", pcc.pipeline_stage = 0 : i64} { return }
+    func.func @stage1_forward() attributes {pcc.phase = "forward", pcc.pipeline_stage = 1 : i64} { return }
+    func.func @stage0_backward() attributes {pcc.phase = "backward", pcc.pipeline_stage = 0 : i64} { return }
+    func.func @stage0_weight_grad() attributes {pcc.phase = "weight_grad", pcc.pipeline_stage = 0 : i64} { return }
+    func.func @stage1_backward() attributes {pcc.phase = "backward", pcc.pipeline_stage = 1 : i64} { return }
+  )mlir",
+                                                             context);
+  ASSERT_TRUE(module);
+  FailureOr<TrainingStep> step = getTrainingStep(*module, "test");
+  ASSERT_TRUE(succeeded(step));
+  EXPECT_TRUE(step->pipelined);
+  ASSERT_EQ(step->stages.size(), 2u);
+  EXPECT_EQ(names(step->stages[1]),
+            (std::vector<std::string>{"stage1_forward", "stage1_backward",
+                                      "stage1_weight_grad"}));
+  EXPECT_TRUE(step->stepPhases.empty());
+  // A stage without its W phase is named.
+  module->lookupSymbol<func::FuncOp>("stage1_weight_grad").erase();
+  std::string error;
+  ScopedDiagnosticHandler handler(context, [&](Diagnostic &d) {
+    error = d.str();
+    return success();
+  });
+  EXPECT_TRUE(failed(getTrainingStep(*module, "test")));
+  EXPECT_EQ(error, "test: pipeline stage 1 lacks its forward, backward or "
+                   "weight-gradient phase");
 }
 
 TEST(Contracts, MeshAxisNamesMatchTheAbi) {

@@ -14,10 +14,7 @@ int64_t mlir::pcc::opFlops(Operation *op) {
   return cost ? cost.getFlops() : 0;
 }
 
-int64_t mlir::pcc::tensorBytes(Value v) {
-  auto t = cast<RankedTensorType>(v.getType());
-  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
-}
+int64_t mlir::pcc::tensorBytes(Value v) { return getTensorBytes(v.getType()); }
 
 double CostModel::collectiveSeconds(CollectiveKind kind, int64_t wholeBytes,
                                     int64_t ranks) const {

@@ -28,7 +28,7 @@ namespace mlir::pcc {
 int64_t rankArenaBytes(ModuleOp module) {
   int64_t arena = 0;
   module.walk([&](func::FuncOp f) {
-    if (auto a = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
+    if (auto a = f->getAttrOfType<IntegerAttr>(kArenaBytesAttrName))
       arena = std::max(arena, a.getInt());
   });
   return arena;
@@ -60,10 +60,7 @@ std::string grouped(int64_t n) {
   return out;
 }
 
-int64_t bytesOf(Type type) {
-  auto t = cast<RankedTensorType>(type);
-  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
-}
+int64_t bytesOf(Type type) { return getTensorBytes(type); }
 
 /// The memory a training library needs on one device, by pool, as the
 /// runtime allocates it (pccrt::Trainer): every state tensor, the forward
@@ -123,7 +120,7 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
                                           : optimizer) += bytes;
   });
   for (func::FuncOp f : module.getOps<func::FuncOp>()) {
-    auto bytes = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes");
+    auto bytes = f->getAttrOfType<IntegerAttr>(kArenaBytesAttrName);
     // An offloaded update's arena and inputs are in host memory; the
     // device holds the outputs of the collectives before it.
     if (offloaded && f.getSymName() == pcc::kPhaseFunctions[2]) {
@@ -403,7 +400,7 @@ void explain(ModuleOp module, const ExplainSettings &s, llvm::raw_ostream &os) {
       return;
     }
     flops += pcc::opFlops(op);
-    auto offsets = op->getAttrOfType<DenseI64ArrayAttr>("pcc.buffer_offsets");
+    auto offsets = op->getAttrOfType<DenseI64ArrayAttr>(kBufferOffsetsAttrName);
     if (!offsets)
       return;
     for (auto [i, result] : llvm::enumerate(op->getResults()))

@@ -4,6 +4,7 @@
 #include "pcc/Analysis/PipelineStages.h"
 
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
+#include "pcc/Dialect/Pcc/IR/Layout.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Dialect/Pcc/IR/ScheduleAttr.h"
 #include "pcc/Schedule/Schedule.h"
@@ -21,10 +22,7 @@ namespace mlir::pcc {
 
 namespace {
 
-int64_t bytesOf(Type type) {
-  auto t = cast<RankedTensorType>(type);
-  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
-}
+int64_t bytesOf(Type type) { return getTensorBytes(type); }
 
 bool named(func::FuncOp f, unsigned result, StringRef prefix) {
   auto name = f.getResultAttrOfType<StringAttr>(result, "pcc.name");
@@ -32,7 +30,7 @@ bool named(func::FuncOp f, unsigned result, StringRef prefix) {
 }
 
 int64_t arenaOf(func::FuncOp f) {
-  auto bytes = f->getAttrOfType<IntegerAttr>("pcc.arena_bytes");
+  auto bytes = f->getAttrOfType<IntegerAttr>(kArenaBytesAttrName);
   return bytes ? bytes.getInt() : 0;
 }
 

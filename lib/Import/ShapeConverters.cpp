@@ -65,32 +65,25 @@ static void forEachIndex(ArrayRef<int64_t> shape, Fn fn) {
 static LogicalResult convertConstant(NodeImporter &n) {
   MLIRContext *ctx = n.getContext();
   Builder b(ctx);
+  auto output = [&](HostTensor t) {
+    n.setConstantOutput(0, std::move(t));
+    return success();
+  };
   if (const auto *a = n.attr("value")) {
     auto t = decodeTensor(a->t(), "", n.getLoc());
-    if (failed(t))
-      return failure();
-    n.setConstantOutput(0, std::move(*t));
-    return success();
+    return failed(t) ? failure() : output(std::move(*t));
   }
-  if (const auto *a = n.attr("value_float")) {
-    n.setConstantOutput(0, HostTensor::floats(b.getF32Type(), {}, {a->f()}));
-    return success();
-  }
+  if (const auto *a = n.attr("value_float"))
+    return output(HostTensor::floats(b.getF32Type(), {}, {a->f()}));
   if (const auto *a = n.attr("value_floats")) {
     SmallVector<double> v(a->floats().begin(), a->floats().end());
-    n.setConstantOutput(
-        0, HostTensor::floats(b.getF32Type(), {int64_t(v.size())}, v));
-    return success();
+    return output(HostTensor::floats(b.getF32Type(), {int64_t(v.size())}, v));
   }
-  if (const auto *a = n.attr("value_int")) {
-    n.setConstantOutput(0, HostTensor::ints(b.getI64Type(), {}, {a->i()}));
-    return success();
-  }
+  if (const auto *a = n.attr("value_int"))
+    return output(HostTensor::ints(b.getI64Type(), {}, {a->i()}));
   if (const auto *a = n.attr("value_ints")) {
     SmallVector<int64_t> v(a->ints().begin(), a->ints().end());
-    n.setConstantOutput(
-        0, HostTensor::ints(b.getI64Type(), {int64_t(v.size())}, v));
-    return success();
+    return output(HostTensor::ints(b.getI64Type(), {int64_t(v.size())}, v));
   }
   return n.error() << "Constant: only tensor, float(s) and int(s) values are "
                       "supported (not sparse or string constants)";

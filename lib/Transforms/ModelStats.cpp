@@ -1,8 +1,9 @@
 //===- ModelStats.cpp - op, weight and FLOP counts
 //-------------------------===//
 
-#include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Analysis/CostModel.h"
+#include "pcc/Dialect/Pcc/IR/Layout.h"
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
 
 #include "llvm/ADT/StringSet.h"
@@ -32,9 +33,7 @@ struct ModelStatsPass : pcc::impl::ModelStatsBase<ModelStatsPass> {
         if (!seen.insert(param.getName()).second)
           return;
         ++weights;
-        auto type = param.getType();
-        bytes +=
-            type.getNumElements() * ((type.getElementTypeBitWidth() + 7) / 8);
+        bytes += getTensorBytes(param.getType());
       }
     });
     numOps += ops;

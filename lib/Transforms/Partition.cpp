@@ -65,8 +65,7 @@ private:
   }
   void count(CollectiveKind kind, Value v) {
     ++counts[static_cast<int>(kind)];
-    RankedTensorType t = globalOf(v);
-    bytes += t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
+    bytes += getTensorBytes(globalOf(v));
   }
   /// The global type of `v` (an argument's type is its local one by now).
   RankedTensorType globalOf(Value v) const {

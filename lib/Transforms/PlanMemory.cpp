@@ -1,6 +1,8 @@
 //===- PlanMemory.cpp - static arena layout by liveness
 //--------------------===//
 
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
+#include "pcc/Dialect/Pcc/IR/Layout.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
 
@@ -21,12 +23,6 @@ using namespace mlir::pcc;
 namespace {
 
 /// Bytes of a tensor; booleans take one byte each.
-int64_t bytesOf(Type type) {
-  auto tensor = cast<RankedTensorType>(type);
-  int64_t bits = tensor.getElementTypeBitWidth();
-  return tensor.getNumElements() * std::max<int64_t>(1, bits / 8);
-}
-
 /// Whether `op`'s results need no arena space of their own.
 bool needsNoBuffer(Operation *op) {
   return isa<ParamOp, ConstantOp, ReshapeOp, WaitCollectivesOp>(op);
@@ -125,7 +121,7 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
     if (llvm::any_of(body,
                      [](Operation &op) { return isa<func::CallOp>(op); })) {
       func->setAttr(
-          "pcc.arena_bytes",
+          kArenaBytesAttrName,
           IntegerAttr::get(IntegerType::get(func.getContext(), 64), 0));
       return;
     }
@@ -163,14 +159,14 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
       SmallVector<int64_t> offsets;
       for (Value result : op.getResults()) {
         if (needsNoBuffer(&op)) {
-          offsets.push_back(-1);
+          offsets.push_back(kNoBuffer);
           continue;
         }
         if (returned.contains(result)) {
-          offsets.push_back(-2);
+          offsets.push_back(kReturnedBuffer);
           continue;
         }
-        int64_t bytes = bytesOf(result.getType());
+        int64_t bytes = getTensorBytes(result.getType());
         total += bytes;
         int64_t offset = arena.allocate(bytes);
         offsets.push_back(offset);
@@ -180,7 +176,7 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
         if (dies != INT64_MAX)
           dying.emplace(dies, std::make_pair(offset, bytes));
       }
-      op.setAttr("pcc.buffer_offsets", b.getDenseI64ArrayAttr(offsets));
+      op.setAttr(kBufferOffsetsAttrName, b.getDenseI64ArrayAttr(offsets));
       // Buffers whose last use is this op are free for the next ops; an
       // op's own operands stay live until it has written its results.
       auto [from, to] = dying.equal_range(at);
@@ -188,7 +184,7 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
         arena.release(it->second.first, it->second.second);
       dying.erase(from, to);
     }
-    func->setAttr("pcc.arena_bytes", b.getI64IntegerAttr(arena.getPeak()));
+    func->setAttr(kArenaBytesAttrName, b.getI64IntegerAttr(arena.getPeak()));
     arenaBytes += arena.getPeak();
     tensorBytes += total;
     if (emitRemark)

@@ -89,3 +89,52 @@ module {
     return
   }
 }
+
+// -----
+
+// Tests that a collective's axis is an axis of the module's mesh, as a
+// symbol use is checked.
+module {
+  pcc.mesh @mesh [dp = 2, pp = 1, tp = 1]
+  func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+    // expected-error @below {{'pcc.all_reduce' op names mesh axis 'tp2', which is not an axis of @mesh}}
+    %y = pcc.all_reduce %x axis = "tp2" : tensor<4xf32>
+    return %y : tensor<4xf32>
+  }
+}
+
+// -----
+
+module {
+  func.func @f(%x: tensor<4xf32>) -> tensor<8xf32> {
+    // expected-error @below {{'pcc.all_gather' op names mesh axis 'dp', but the module has no pcc.mesh}}
+    %y = pcc.all_gather %x axis = "dp" : tensor<4xf32> -> tensor<8xf32>
+    return %y : tensor<8xf32>
+  }
+}
+
+// -----
+
+// Tests the memory plan: an arena is a size, and every buffer lies in its
+// function's arena.
+// expected-error @below {{pcc.arena_bytes must be an integer >= 0 on a function}}
+func.func @f() attributes {pcc.arena_bytes = -4 : i64} {
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pcc.arena_bytes = 16 : i64} {
+  // expected-error @below {{'pcc.exp' op pcc.buffer_offsets: result 0 lies at bytes [8, 24), past the function's arena of 16 bytes}}
+  %y = pcc.exp %x {pcc.buffer_offsets = array<i64: 8>} : tensor<4xf32>
+  %z = pcc.exp %y {pcc.buffer_offsets = array<i64: -2>} : tensor<4xf32>
+  return %z : tensor<4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pcc.arena_bytes = 16 : i64} {
+  // expected-error @below {{'pcc.exp' op pcc.buffer_offsets needs one offset per result (1)}}
+  %y = pcc.exp %x {pcc.buffer_offsets = array<i64: 0, 0>} : tensor<4xf32>
+  return %y : tensor<4xf32>
+}

@@ -98,7 +98,7 @@ module {
 
 // Tests that collectives need a mesh.
 func.func @no_mesh(%x: tensor<4xf32>) -> tensor<4xf32> {
-  // expected-error @below {{mesh axis 'tp' is not in the module's pcc.mesh}}
+  // expected-error @below {{'pcc.all_reduce' op names mesh axis 'tp', but the module has no pcc.mesh}}
   %r = pcc.all_reduce %x axis = "tp" : tensor<4xf32>
   return %r : tensor<4xf32>
 }
@@ -120,7 +120,7 @@ module {
 module {
   pcc.mesh @mesh [tp = 2]
   func.func @shard_gather_axis(%t: tensor<8x4xf32>, %i: tensor<3xi64>) -> tensor<3x4xf32> {
-    // expected-error @below {{mesh axis 'pp' is not in the module's pcc.mesh}}
+    // expected-error @below {{'pcc.shard_gather' op names mesh axis 'pp', which is not an axis of @mesh}}
     %g = pcc.shard_gather %t[%i] axis = 0 mesh_axis = "pp" : tensor<8x4xf32>, tensor<3xi64> -> tensor<3x4xf32>
     return %g : tensor<3x4xf32>
   }

@@ -584,7 +584,7 @@ module {
   pcc.mesh @mesh [dp = 2]
   func.func @bucket_axis() {
     %b = pcc.param "w@bucket" : tensor<16xf32>
-    // expected-error @below {{mesh axis 'tp' is not in the module's pcc.mesh}}
+    // expected-error @below {{'pcc.bucket_wait' op names mesh axis 'tp', which is not an axis of @mesh}}
     pcc.bucket_wait %b axis = "tp" : tensor<16xf32>
     return
   }

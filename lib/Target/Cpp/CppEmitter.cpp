@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "CppEmitter.h"
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Target/Cpp.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -41,7 +42,7 @@ LogicalResult CppEmitter::defineResult(Operation *op, unsigned i) {
   if (!info)
     return op->emitError("code generation: unsupported element type ")
            << tensorTypeOf(result).getElementType();
-  auto offsets = op->getAttrOfType<DenseI64ArrayAttr>("pcc.buffer_offsets");
+  auto offsets = op->getAttrOfType<DenseI64ArrayAttr>(kBufferOffsetsAttrName);
   if (!offsets || offsets.size() != static_cast<int64_t>(op->getNumResults()))
     return op->emitError("code generation: the op has no buffer offsets; "
                          "run pcc-plan-memory first");
@@ -829,7 +830,7 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
 //===----------------------------------------------------------------------===//
 
 FailureOr<TargetCode> CppEmitter::emit() {
-  if (!func->getAttrOfType<IntegerAttr>("pcc.arena_bytes"))
+  if (!func->getAttrOfType<IntegerAttr>(kArenaBytesAttrName))
     return func.emitError("code generation: @")
            << func.getSymName()
            << " has no pcc.arena_bytes; run pcc-plan-memory first";

@@ -69,7 +69,7 @@ struct StageProgram {
   int kind = -1;
   SmallVector<int32_t> targets;
   int64_t arenaBytes() const {
-    return func->getAttrOfType<IntegerAttr>("pcc.arena_bytes").getInt();
+    return func->getAttrOfType<IntegerAttr>(kArenaBytesAttrName).getInt();
   }
 };
 

@@ -464,10 +464,7 @@ template <typename OpT> constexpr bool writesNothing() {
 // The models
 //===----------------------------------------------------------------------===//
 
-int64_t bytesOf(Value v) {
-  RankedTensorType t = typeOf(v);
-  return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
-}
+int64_t bytesOf(Value v) { return getTensorBytes(v.getType()); }
 
 /// Whether `OpT` has a sharding rule of its own (an overload of
 /// shardingOptions above).

@@ -134,6 +134,18 @@ void mlir::pcc::setMesh(ModuleOp module,
                  b.getDenseI64ArrayAttr(sizes));
 }
 
+FailureOr<int64_t> mlir::pcc::verifyMeshAxisUse(Operation *op, StringRef axis) {
+  MeshOp mesh = getMesh(op);
+  if (!mesh)
+    return op->emitOpError("names mesh axis '")
+           << axis << "', but the module has no pcc.mesh";
+  std::optional<int64_t> size = mesh.getAxisSize(axis);
+  if (!size)
+    return op->emitOpError("names mesh axis '")
+           << axis << "', which is not an axis of @" << mesh.getSymName();
+  return *size;
+}
+
 FailureOr<int64_t> mlir::pcc::getMeshAxisSize(Operation *op, StringRef axis) {
   MeshOp mesh = getMesh(op);
   std::optional<int64_t> size = mesh ? mesh.getAxisSize(axis) : std::nullopt;
@@ -200,6 +212,38 @@ static LogicalResult verifySharding(Operation *op, ShardingAttr sharding,
            << extent << ") does not divide into " << sharding.getStripes()
            << " stripe(s) x " << *size << " ranks of '" << sharding.getAxis()
            << "'";
+  return success();
+}
+
+/// pcc.buffer_offsets (Contracts.h): one entry per result, each buffer
+/// within the arena of the function around `op`.
+static LogicalResult verifyBufferOffsets(Operation *op, Attribute value) {
+  auto offsets = dyn_cast<DenseI64ArrayAttr>(value);
+  if (!offsets || offsets.size() != static_cast<int64_t>(op->getNumResults()))
+    return op->emitOpError(kBufferOffsetsAttrName)
+           << " needs one offset per result (" << op->getNumResults() << ")";
+  auto func = op->getParentOfType<FunctionOpInterface>();
+  auto arena = func ? func->getAttrOfType<IntegerAttr>(kArenaBytesAttrName)
+                    : IntegerAttr();
+  for (auto [i, offset] : llvm::enumerate(offsets.asArrayRef())) {
+    if (offset == kNoBuffer || offset == kReturnedBuffer)
+      continue;
+    auto type = dyn_cast<RankedTensorType>(op->getResult(i).getType());
+    if (offset < 0 || !type)
+      return op->emitOpError(kBufferOffsetsAttrName)
+             << ": result " << i << " has offset " << offset
+             << " (a buffer's offset is >= 0; " << kNoBuffer << ": no buffer, "
+             << kReturnedBuffer << ": the caller's)";
+    if (!arena)
+      return op->emitOpError(kBufferOffsetsAttrName)
+             << " in a function without " << kArenaBytesAttrName;
+    int64_t end = offset + getTensorBytes(type);
+    if (end > arena.getInt())
+      return op->emitOpError(kBufferOffsetsAttrName)
+             << ": result " << i << " lies at bytes [" << offset << ", " << end
+             << "), past the function's arena of " << arena.getInt()
+             << " bytes";
+  }
   return success();
 }
 
@@ -271,7 +315,15 @@ LogicalResult PccDialect::verifyOperationAttribute(Operation *op,
       return op->emitError(name) << " must be an integer >= 0 on a function";
     return success();
   }
-  // pcc.opset, pcc.source, pcc.buffer_offsets, ...: checked by their users.
+  if (name == kArenaBytesAttrName) {
+    auto bytes = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!isa<FunctionOpInterface>(op) || !bytes || bytes.getInt() < 0)
+      return op->emitError(name) << " must be an integer >= 0 on a function";
+    return success();
+  }
+  if (name == kBufferOffsetsAttrName)
+    return verifyBufferOffsets(op, attr.getValue());
+  // pcc.opset, pcc.source, pcc.name, ...: checked by their users.
   return success();
 }
 

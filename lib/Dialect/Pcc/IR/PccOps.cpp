@@ -600,52 +600,47 @@ LogicalResult BucketStartOp::verify() {
   if (getBucket().getType().getRank() != 1)
     return emitOpError("bucket: a gradient bucket is 1-D, not ")
            << getBucket().getType();
-  FailureOr<int64_t> ranks = getMeshAxisSize(*this, getAxis());
-  if (failed(ranks))
-    return failure();
-  if (std::optional<ArrayRef<int64_t>> scatter = getScatter()) {
+  if (std::optional<ArrayRef<int64_t>> scatter = getScatter())
     if (scatter->size() % 2 != 0)
       return emitOpError("scatter: pairs of an offset and a piece size, got ")
              << scatter->size() << " numbers";
-    for (size_t i = 0; i < scatter->size(); i += 2) {
-      int64_t offset = (*scatter)[i], piece = (*scatter)[i + 1];
-      if (offset < 0 || piece < 1 ||
-          offset + *ranks * piece > getBucket().getType().getNumElements())
-        return emitOpError("scatter: segment at ")
-               << offset << " of " << *ranks << " x " << piece
-               << " elements is outside the bucket " << getBucket().getType();
-    }
+  return success();
+}
+
+LogicalResult BucketStartOp::verifyAxisSize(int64_t ranks) {
+  std::optional<ArrayRef<int64_t>> scatter = getScatter();
+  for (size_t i = 0; scatter && i + 1 < scatter->size(); i += 2) {
+    int64_t offset = (*scatter)[i], piece = (*scatter)[i + 1];
+    if (offset < 0 || piece < 1 ||
+        offset + ranks * piece > getBucket().getType().getNumElements())
+      return emitOpError("scatter: segment at ")
+             << offset << " of " << ranks << " x " << piece
+             << " elements is outside the bucket " << getBucket().getType();
   }
   return success();
 }
 
-LogicalResult AllReduceOp::verify() {
-  return getMeshAxisSize(*this, getAxis());
-}
-
-/// Checks that `stacked` is `[n] + piece` for mesh axis `axis` of size n.
-static LogicalResult verifyStacked(Operation *op, StringRef axis,
+/// Checks that `stacked` is `[size] + piece` for mesh axis `axis` of size
+/// `size`.
+static LogicalResult verifyStacked(Operation *op, StringRef axis, int64_t size,
                                    RankedTensorType piece,
                                    RankedTensorType stacked) {
-  FailureOr<int64_t> size = getMeshAxisSize(op, axis);
-  if (failed(size))
-    return failure();
-  SmallVector<int64_t> expected{*size};
+  SmallVector<int64_t> expected{size};
   llvm::append_range(expected, piece.getShape());
   if (stacked.getShape() != ArrayRef<int64_t>(expected) ||
       stacked.getElementType() != piece.getElementType())
     return op->emitOpError("the stacked tensor must be ")
            << RankedTensorType::get(expected, piece.getElementType()) << " for "
-           << *size << " ranks of '" << axis << "', got " << stacked;
+           << size << " ranks of '" << axis << "', got " << stacked;
   return success();
 }
 
-LogicalResult AllGatherOp::verify() {
-  return verifyStacked(*this, getAxis(), getInput().getType(), getType());
+LogicalResult AllGatherOp::verifyAxisSize(int64_t size) {
+  return verifyStacked(*this, getAxis(), size, getInput().getType(), getType());
 }
 
-LogicalResult ReduceScatterOp::verify() {
-  return verifyStacked(*this, getAxis(), getType(), getInput().getType());
+LogicalResult ReduceScatterOp::verifyAxisSize(int64_t size) {
+  return verifyStacked(*this, getAxis(), size, getType(), getInput().getType());
 }
 
 /// A started collective's result holds nothing until its wait: only that
@@ -659,10 +654,10 @@ static LogicalResult verifyWaitedFor(Operation *op) {
   return success();
 }
 
-LogicalResult ReduceScatterStartOp::verify() {
-  if (failed(verifyStacked(*this, getAxis(), getType(), getInput().getType())))
-    return failure();
-  return verifyWaitedFor(*this);
+LogicalResult ReduceScatterStartOp::verify() { return verifyWaitedFor(*this); }
+
+LogicalResult ReduceScatterStartOp::verifyAxisSize(int64_t size) {
+  return verifyStacked(*this, getAxis(), size, getType(), getInput().getType());
 }
 
 //===----------------------------------------------------------------------===//
@@ -696,15 +691,13 @@ LogicalResult MeshOp::verify() {
   return success();
 }
 
-LogicalResult AllGatherStartOp::verify() {
-  if (failed(verifyStacked(*this, getAxis(), getInput().getType(), getType())))
-    return failure();
-  return verifyWaitedFor(*this);
+LogicalResult AllGatherStartOp::verify() { return verifyWaitedFor(*this); }
+
+LogicalResult AllGatherStartOp::verifyAxisSize(int64_t size) {
+  return verifyStacked(*this, getAxis(), size, getInput().getType(), getType());
 }
 
 LogicalResult WaitCollectivesOp::verify() {
-  if (failed(getMeshAxisSize(*this, getAxis())))
-    return failure();
   if (getStarted().size() != getResults().size())
     return emitOpError("has ") << getStarted().size() << " started values but "
                                << getResults().size() << " results";
@@ -729,12 +722,10 @@ LogicalResult BucketWaitOp::verify() {
   if (getBucket().getType().getRank() != 1)
     return emitOpError("bucket: a gradient bucket is 1-D, not ")
            << getBucket().getType();
-  return getMeshAxisSize(*this, getAxis());
+  return success();
 }
 
 LogicalResult ShardGatherOp::verify() {
-  if (failed(getMeshAxisSize(*this, getMeshAxis())))
-    return failure();
   RankedTensorType data = getData().getType();
   int64_t axis = static_cast<int64_t>(getAxis());
   if (failed(checkAxis(getLoc(), axis, data.getRank())))
@@ -762,20 +753,25 @@ LogicalResult TransferOp::verify() {
 }
 
 LogicalResult ShardSliceOp::verify() {
-  FailureOr<int64_t> size = getMeshAxisSize(*this, getAxis());
-  if (failed(size))
-    return failure();
-  RankedTensorType in = getInput().getType(), out = getType();
+  RankedTensorType in = getInput().getType();
   int64_t dim = getDim(), stripes = getStripes();
   if (dim < 0 || dim >= in.getRank() || stripes < 1)
     return emitOpError("dim ")
            << dim << " / stripes " << stripes << " do not fit " << in;
+  return success();
+}
+
+LogicalResult ShardSliceOp::verifyAxisSize(int64_t size) {
+  RankedTensorType in = getInput().getType(), out = getType();
+  int64_t dim = getDim(), stripes = getStripes();
+  if (dim < 0 || dim >= in.getRank() || stripes < 1)
+    return success(); // verify() says so
   SmallVector<int64_t> expected(in.getShape());
-  if (expected[dim] % (stripes * *size) != 0)
+  if (expected[dim] % (stripes * size) != 0)
     return emitOpError("dimension ")
            << dim << " (" << expected[dim] << ") does not divide into "
-           << stripes << " stripe(s) x " << *size << " ranks";
-  expected[dim] /= *size;
+           << stripes << " stripe(s) x " << size << " ranks";
+  expected[dim] /= size;
   if (out.getShape() != ArrayRef<int64_t>(expected) ||
       out.getElementType() != in.getElementType())
     return emitOpError("result must be ")

@@ -15,24 +15,22 @@
 
 namespace pccrt {
 
+/// The bits of `from` read as a `To` of the same size (host and device:
+/// CUDA compiles memcpy of a register to a move).
+template <typename To, typename From>
+PCC_HOST_DEVICE inline To bitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+  To to;
+  memcpy(&to, &from, sizeof(To));
+  return to;
+}
+
 PCC_HOST_DEVICE inline float bitsToFloat(uint32_t bits) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(bits);
-#else
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-#endif
+  return bitCast<float>(bits);
 }
 
 PCC_HOST_DEVICE inline uint32_t floatToBits(float f) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(f);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return bits;
-#endif
+  return bitCast<uint32_t>(f);
 }
 
 PCC_HOST_DEVICE inline float bf16ToFloat(uint16_t h) {

@@ -37,6 +37,15 @@ inline constexpr llvm::StringLiteral kTensorParallelAxis = "tp";
 
 inline constexpr llvm::StringLiteral kTrainingAttrName = "pcc.training";
 inline constexpr llvm::StringLiteral kPhaseAttrName = "pcc.phase";
+/// The memory plan (pcc-plan-memory): on a function, the bytes of its
+/// arena; on each pcc op in it, per result the offset of its buffer in the
+/// arena, or kNoBuffer (a view, a weight, a constant) or kReturnedBuffer
+/// (written straight into the caller's output).
+inline constexpr llvm::StringLiteral kArenaBytesAttrName = "pcc.arena_bytes";
+inline constexpr llvm::StringLiteral kBufferOffsetsAttrName =
+    "pcc.buffer_offsets";
+inline constexpr int64_t kNoBuffer = -1, kReturnedBuffer = -2;
+
 /// On each function pcc-pipeline-cut cuts @main into: its stage number.
 inline constexpr llvm::StringLiteral kStageAttrName = "pcc.stage";
 

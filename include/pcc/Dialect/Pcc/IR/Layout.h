@@ -60,6 +60,13 @@ struct ShardingOption {
 /// type for a layout that does not fit it: such a layout has no pieces).
 RankedTensorType localType(RankedTensorType type, Shard shard, int64_t ranks);
 
+/// The bytes a tensor of ranked tensor type `type` takes: each element
+/// rounded up to whole bytes (an i1 takes one).
+inline int64_t getTensorBytes(Type type) {
+  auto tensor = cast<RankedTensorType>(type);
+  return tensor.getNumElements() * ((tensor.getElementTypeBitWidth() + 7) / 8);
+}
+
 /// Whether `shard` can lay out a tensor of `type` over `ranks` ranks: a
 /// split dimension divides into stripes x ranks pieces; partial sums are
 /// of floats.

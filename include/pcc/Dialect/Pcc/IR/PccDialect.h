@@ -12,7 +12,10 @@
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringMap.h"
+
+#include <utility>
 
 #include "pcc/Dialect/Pcc/IR/PccEnums.h.inc"
 #include "pcc/Dialect/Pcc/IR/PccOpsDialect.h.inc"
@@ -44,6 +47,41 @@ DenseElementsAttr getSplatAttr(RankedTensorType type, double value);
 /// get no sharding interface, and the "every op has rules" test fails.
 template <typename ConcreteType>
 class RunsWhole : public ::mlir::OpTrait::TraitBase<ConcreteType, RunsWhole> {};
+
+/// The size of mesh axis `axis`, which `op` names, in the pcc.mesh of the
+/// module `op` is in; an error on `op` where there is no such axis.
+FailureOr<int64_t> verifyMeshAxisUse(Operation *op, StringRef axis);
+
+/// An op whose `axis` attribute names a mesh axis. Its SymbolUserOpInterface
+/// checks the name against the module's pcc.mesh when the module verifies
+/// (an op's own verifier must not look outside the op), and then the op's
+/// `LogicalResult verifyAxisSize(int64_t)`, where it has one: the checks
+/// that need the axis' size.
+template <typename ConcreteType>
+class MeshAxisUser
+    : public ::mlir::OpTrait::TraitBase<ConcreteType, MeshAxisUser> {
+  template <typename T>
+  using AxisSizeCheck = decltype(std::declval<T &>().verifyAxisSize(int64_t()));
+  /// The op's `mesh_axis`, where `axis` is something else (shard_gather).
+  template <typename T>
+  using MeshAxisAttr = decltype(std::declval<T &>().getMeshAxis());
+
+public:
+  LogicalResult verifySymbolUses(SymbolTableCollection &) {
+    auto op = llvm::cast<ConcreteType>(this->getOperation());
+    StringRef axis;
+    if constexpr (llvm::is_detected<MeshAxisAttr, ConcreteType>::value)
+      axis = op.getMeshAxis();
+    else
+      axis = op.getAxis();
+    FailureOr<int64_t> size = verifyMeshAxisUse(op, axis);
+    if (failed(size))
+      return failure();
+    if constexpr (llvm::is_detected<AxisSizeCheck, ConcreteType>::value)
+      return op.verifyAxisSize(*size);
+    return success();
+  }
+};
 
 /// Model state (PccOps.td, Pcc_StateResource): what `pcc.param` loads and
 /// the in-place updates store to.

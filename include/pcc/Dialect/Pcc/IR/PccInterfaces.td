@@ -85,10 +85,8 @@ def Pcc_CostOpInterface : OpInterface<"CostOpInterface"> {
         weights and constants (stored once, not computed).
       }], "int64_t", "getBytesWritten", (ins), "", [{
         int64_t bytes = 0;
-        for (::mlir::Value r : $_op->getResults()) {
-          auto t = ::llvm::cast<::mlir::RankedTensorType>(r.getType());
-          bytes += t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
-        }
+        for (::mlir::Value r : $_op->getResults())
+          bytes += ::mlir::pcc::getTensorBytes(r.getType());
         return bytes;
       }]>,
   ];

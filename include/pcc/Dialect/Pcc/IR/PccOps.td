@@ -37,6 +37,15 @@ class Pcc_UpdatedState<string desc>
 class Pcc_OverwrittenState<string desc>
     : Arg<Pcc_FloatTensor, desc, [MemWrite<Pcc_StateResource>]>;
 
+// An op whose `axis` attribute names an axis of the module's pcc.mesh
+// (pcc::MeshAxisUser in PccDialect.h): the module's verifier checks the
+// name against the mesh, as it checks a symbol use.
+def Pcc_MeshAxisUserTrait : NativeOpTrait<"MeshAxisUser"> {
+  let cppNamespace = "::mlir::pcc";
+}
+def Pcc_MeshAxisUser
+    : TraitList<[SymbolUserOpInterface, Pcc_MeshAxisUserTrait]>;
+
 //===----------------------------------------------------------------------===//
 // Values: parameters and constants
 //===----------------------------------------------------------------------===//
@@ -778,7 +787,7 @@ def Pcc_AvgPoolOp : Pcc_PoolOp<"avg_pool", "average",
 // Collectives have no traits: every rank must run the same ones in the same
 // order, so no pass may drop, hoist or merge one on its own.
 
-def Pcc_AllReduceOp : Pcc_Op<"all_reduce", [Pcc_RunsWhole,
+def Pcc_AllReduceOp : Pcc_Op<"all_reduce", [Pcc_MeshAxisUser, Pcc_RunsWhole,
                                             SameOperandsAndResultType]> {
   let summary = "sums a tensor over the ranks of one mesh axis";
   let description = [{
@@ -793,10 +802,9 @@ def Pcc_AllReduceOp : Pcc_Op<"all_reduce", [Pcc_RunsWhole,
   let arguments = (ins Pcc_FloatTensor:$input, StrAttr:$axis);
   let results = (outs Pcc_FloatTensor:$result);
   let assemblyFormat = "$input `axis` `=` $axis attr-dict `:` type($input)";
-  let hasVerifier = 1;
 }
 
-def Pcc_AllGatherOp : Pcc_Op<"all_gather", [Pcc_RunsWhole]> {
+def Pcc_AllGatherOp : Pcc_Op<"all_gather", [Pcc_MeshAxisUser, Pcc_RunsWhole]> {
   let summary = "stacks every rank's tensor along a new leading dimension";
   let description = [{
     The result's leading dimension is the size of the mesh axis, and slice r
@@ -813,10 +821,14 @@ def Pcc_AllGatherOp : Pcc_Op<"all_gather", [Pcc_RunsWhole]> {
   let assemblyFormat = [{
     $input `axis` `=` $axis attr-dict `:` type($input) `->` type($result)
   }];
-  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The checks that need the size of the mesh axis (MeshAxisUser).
+    ::mlir::LogicalResult verifyAxisSize(int64_t size);
+  }];
 }
 
-def Pcc_ReduceScatterOp : Pcc_Op<"reduce_scatter", [Pcc_RunsWhole]> {
+def Pcc_ReduceScatterOp : Pcc_Op<"reduce_scatter", [
+    Pcc_MeshAxisUser, Pcc_RunsWhole]> {
   let summary = "sums stacked tensors over the ranks and keeps this rank's slice";
   let description = [{
     The input's leading dimension is the size of the mesh axis. Rank r gets
@@ -832,10 +844,14 @@ def Pcc_ReduceScatterOp : Pcc_Op<"reduce_scatter", [Pcc_RunsWhole]> {
   let assemblyFormat = [{
     $input `axis` `=` $axis attr-dict `:` type($input) `->` type($result)
   }];
-  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The checks that need the size of the mesh axis (MeshAxisUser).
+    ::mlir::LogicalResult verifyAxisSize(int64_t size);
+  }];
 }
 
-def Pcc_ShardSliceOp : Pcc_Op<"shard_slice", [Pcc_RunsWhole, Pure]> {
+def Pcc_ShardSliceOp : Pcc_Op<"shard_slice", [
+    Pcc_MeshAxisUser, Pcc_RunsWhole, Pure]> {
   let summary = "this rank's slice of a replicated tensor";
   let description = [{
     Takes the part of a whole tensor that `#pcc.shard<axis, dim, stripes>`
@@ -856,9 +872,14 @@ def Pcc_ShardSliceOp : Pcc_Op<"shard_slice", [Pcc_RunsWhole, Pure]> {
     `:` type($input) `->` type($result)
   }];
   let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The checks that need the size of the mesh axis (MeshAxisUser).
+    ::mlir::LogicalResult verifyAxisSize(int64_t size);
+  }];
 }
 
-def Pcc_ShardGatherOp : Pcc_Op<"shard_gather", [Pcc_RunsWhole, Pure]> {
+def Pcc_ShardGatherOp : Pcc_Op<"shard_gather", [Pcc_MeshAxisUser,
+    Pcc_RunsWhole, Pure]> {
   let summary = "a gather from this rank's block of a table split on its axis";
   let description = [{
     `data` is this rank's block of a table whose dimension `axis` is split
@@ -1222,7 +1243,7 @@ def Pcc_AssignOp : Pcc_Op<"assign", [Pcc_RunsWhole,
   let hasVerifier = 1;
 }
 
-def Pcc_BucketStartOp : Pcc_Op<"bucket_start", [Pcc_RunsWhole,
+def Pcc_BucketStartOp : Pcc_Op<"bucket_start", [Pcc_MeshAxisUser, Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>]> {
   let summary = "starts the sum of a gradient bucket over an axis";
   let description = [{
@@ -1251,9 +1272,13 @@ def Pcc_BucketStartOp : Pcc_Op<"bucket_start", [Pcc_RunsWhole,
                        OptionalAttr<DenseI64ArrayAttr>:$scatter);
   let assemblyFormat = "$bucket `axis` `=` $axis attr-dict `:` type($bucket)";
   let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The checks that need the size of the mesh axis (MeshAxisUser).
+    ::mlir::LogicalResult verifyAxisSize(int64_t size);
+  }];
 }
 
-def Pcc_BucketWaitOp : Pcc_Op<"bucket_wait", [Pcc_RunsWhole,
+def Pcc_BucketWaitOp : Pcc_Op<"bucket_wait", [Pcc_MeshAxisUser, Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>]> {
   let summary = "completes the all-reduces started over an axis";
   let description = [{
@@ -1270,7 +1295,8 @@ def Pcc_BucketWaitOp : Pcc_Op<"bucket_wait", [Pcc_RunsWhole,
   let hasVerifier = 1;
 }
 
-def Pcc_ReduceScatterStartOp : Pcc_Op<"reduce_scatter_start", [Pcc_RunsWhole,
+def Pcc_ReduceScatterStartOp : Pcc_Op<"reduce_scatter_start", [
+    Pcc_MeshAxisUser, Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>]> {
   let summary = "starts a reduce-scatter that a later op completes";
   let description = [{
@@ -1292,9 +1318,14 @@ def Pcc_ReduceScatterStartOp : Pcc_Op<"reduce_scatter_start", [Pcc_RunsWhole,
     $input `axis` `=` $axis attr-dict `:` type($input) `->` type($result)
   }];
   let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The checks that need the size of the mesh axis (MeshAxisUser).
+    ::mlir::LogicalResult verifyAxisSize(int64_t size);
+  }];
 }
 
-def Pcc_AllGatherStartOp : Pcc_Op<"all_gather_start", [Pcc_RunsWhole,
+def Pcc_AllGatherStartOp : Pcc_Op<"all_gather_start", [
+    Pcc_MeshAxisUser, Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>]> {
   let summary = "starts an all-gather that a later op completes";
   let description = [{
@@ -1316,9 +1347,14 @@ def Pcc_AllGatherStartOp : Pcc_Op<"all_gather_start", [Pcc_RunsWhole,
     $input `axis` `=` $axis attr-dict `:` type($input) `->` type($result)
   }];
   let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The checks that need the size of the mesh axis (MeshAxisUser).
+    ::mlir::LogicalResult verifyAxisSize(int64_t size);
+  }];
 }
 
-def Pcc_WaitCollectivesOp : Pcc_Op<"wait_collectives", [Pcc_RunsWhole,
+def Pcc_WaitCollectivesOp : Pcc_Op<"wait_collectives", [
+    Pcc_MeshAxisUser, Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>, AttrSizedOperandSegments]> {
   let summary = "completes the collectives started over an axis";
   let description = [{
