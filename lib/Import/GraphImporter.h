@@ -47,6 +47,8 @@ public:
 
   // Used by NodeImporter.
   ImportedValue *lookup(llvm::StringRef name);
+  /// lookup(), or an error at `loc` naming a value nothing produced.
+  FailureOr<ImportedValue *> lookupInput(llvm::StringRef name, Location loc);
   FailureOr<Value> materialize(llvm::StringRef name, Location loc);
   FailureOr<const HostTensor *> constantOf(llvm::StringRef name, Location loc);
   void define(llvm::StringRef name, ImportedValue value);

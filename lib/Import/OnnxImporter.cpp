@@ -169,16 +169,24 @@ ImportedValue *GraphImporter::lookup(StringRef name) {
   return it == values.end() ? nullptr : &it->second;
 }
 
+FailureOr<ImportedValue *> GraphImporter::lookupInput(StringRef name,
+                                                     Location loc) {
+  if (ImportedValue *entry = lookup(name))
+    return entry;
+  return emitError(loc) << "input '" << name
+                        << "' is not produced by any earlier node, graph "
+                           "input or initializer";
+}
+
 void GraphImporter::define(StringRef name, ImportedValue value) {
   values[name] = std::move(value);
 }
 
 FailureOr<Value> GraphImporter::materialize(StringRef name, Location loc) {
-  ImportedValue *entry = lookup(name);
-  if (!entry)
-    return emitError(loc) << "input '" << name
-                          << "' is not produced by any earlier node, graph "
-                             "input or initializer";
+  FailureOr<ImportedValue *> found = lookupInput(name, loc);
+  if (failed(found))
+    return failure();
+  ImportedValue *entry = *found;
   if (entry->value)
     return entry->value;
   if (!entry->unsupportedReason.empty())
@@ -226,11 +234,10 @@ FailureOr<Value> GraphImporter::materialize(StringRef name, Location loc) {
 
 FailureOr<const HostTensor *> GraphImporter::constantOf(StringRef name,
                                                         Location loc) {
-  ImportedValue *entry = lookup(name);
-  if (!entry)
-    return emitError(loc) << "input '" << name
-                          << "' is not produced by any earlier node, graph "
-                             "input or initializer";
+  FailureOr<ImportedValue *> found = lookupInput(name, loc);
+  if (failed(found))
+    return failure();
+  ImportedValue *entry = *found;
   if (entry->constant)
     return &*entry->constant;
   if (entry->initializer) {

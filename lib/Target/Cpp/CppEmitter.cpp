@@ -1,12 +1,12 @@
-//===- CppEmitter.cpp - planned pcc IR to C++
-//------------------------------===//
+//===- CppEmitter.cpp - planned pcc IR to C++ -----------------------------===//
 //
 // Every SSA value becomes a typed pointer: graph inputs and weights come from
 // the caller's arrays, constants are static arrays, reshapes alias their
 // input, and every other result points into the arena at the offset
 // pcc-plan-memory chose (or, returned, into the caller's output). The
 // elementwise kernels are ElementwiseEmitter.cpp's; the other ops call the
-// runtime's CPU kernels with static shapes.
+// runtime's kernels with static shapes (by family: MovementEmitter.cpp,
+// ComputeEmitter.cpp, WindowEmitter.cpp; state and communication here).
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,7 +26,6 @@ using namespace mlir::pcc;
 using namespace mlir::pcc::cpp;
 
 namespace mlir::pcc::cpp {
-
 
 LogicalResult CppEmitter::define(Value v, StringRef cType, StringRef init,
                                  bool isConst) {
@@ -50,11 +49,11 @@ LogicalResult CppEmitter::defineResult(Operation *op, unsigned i) {
   // A returned result is computed where the caller wants it.
   if (auto it = returnedAt.find(result); it != returnedAt.end()) {
     writtenInPlace.insert(result);
-    return define(result, info->cType,
-                  llvm::formatv("static_cast<{0} *>(out[{1}])", info->cType,
-                                it->second)
-                      .str(),
-                  /*isConst=*/false);
+    return define(
+        result, info->cType,
+        llvm::formatv("static_cast<{0} *>(out[{1}])", info->cType, it->second)
+            .str(),
+        /*isConst=*/false);
   }
   return define(
       result, info->cType,
@@ -270,12 +269,12 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
     ArrayRef<int64_t> shape = sa.getType().getShape();
     int64_t axis = static_cast<int64_t>(sa.getAxis());
     auto indices = sa.getIndices().getType();
-    std::string args = llvm::formatv(
-        "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}", nameOf(sa.getUpdates()),
-        nameOf(sa.getIndices()), nameOf(sa.getResult()),
-        product(shape.take_front(axis)), shape[axis],
-        product(shape.drop_front(axis + 1)), indices.getNumElements(),
-        isI64(sa.getIndices()));
+    std::string args =
+        llvm::formatv("{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}",
+                      nameOf(sa.getUpdates()), nameOf(sa.getIndices()),
+                      nameOf(sa.getResult()), product(shape.take_front(axis)),
+                      shape[axis], product(shape.drop_front(axis + 1)),
+                      indices.getNumElements(), isI64(sa.getIndices()));
     checkedCall("scatter_add_f32", args,
                 llvm::formatv("an index is outside [-{0}, {0})", shape[axis]),
                 op);
@@ -348,10 +347,10 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
     return success();
   }
   if (auto sgd = dyn_cast<SgdUpdateOp>(op)) {
-    line(llvm::formatv("{0}{1}, {2}, {3}, {4}, rc->hyper, {5});", call("sgd_f32"),
-                       nameOf(sgd.getParam()), nameOf(sgd.getGrad()),
-                       nameOf(sgd.getMomentumBuffer()), count,
-                       nameOf(sgd.getNorm()))
+    line(llvm::formatv("{0}{1}, {2}, {3}, {4}, rc->hyper, {5});",
+                       call("sgd_f32"), nameOf(sgd.getParam()),
+                       nameOf(sgd.getGrad()), nameOf(sgd.getMomentumBuffer()),
+                       count, nameOf(sgd.getNorm()))
              .str());
     return success();
   }
@@ -369,460 +368,160 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
   if (isa<NegOp, AbsOp, SqrtOp, ReciprocalOp, ExpOp, LogOp, ErfOp, TanhOp,
           SigmoidOp, ReluOp, FloorOp, CeilOp, SinOp, CosOp, NotOp, GeluOp,
           LeakyReluOp, ClampOp, AddOp, SubOp, MulOp, DivOp, PowOp, MaxOp, MinOp,
-          AndOp, OrOp, XorOp, CompareOp, SelectOp, IsNaNOp, IsInfOp, ModOp>(
-          op))
+          AndOp, OrOp, XorOp, CompareOp, SelectOp, IsNaNOp, IsInfOp, ModOp>(op))
     return emitElementwise(op);
 
-  if (auto fusion = dyn_cast<FusionOp>(op))
-    return emitFusion(fusion);
-  if (auto param = dyn_cast<ParamOp>(op)) {
-    auto info = elementInfo(param.getType().getElementType());
-    if (!info)
-      return op->emitError("code generation: unsupported weight type ")
-             << param.getType();
-    ShardingAttr shard = param.getShardAttr(), within = param.getWithinAttr();
-    // A flat (ZeRO) shard is dim -1; its whole shape is the op's `of`, and
-    // `within` the split of that whole it is a flat shard of.
-    auto triple = [&](ShardingAttr s) {
-      return s ? llvm::formatv("{0}, {1}, {2}", meshAxes.lookup(s.getAxis()),
-                               s.getDim(), s.getStripes())
-                     .str()
-               : std::string("-1, 0, 0");
-    };
-    std::string shardInit = "{" + triple(shard) + ", " + triple(within) + "}";
-    std::vector<int64_t> whole(param.getType().getShape());
-    if (shard && shard.isFlat())
-      whole.assign(param.getWhole()->begin(), param.getWhole()->end());
-    else if (shard)
-      whole[shard.getDim()] *= *getMeshAxisSize(param, shard.getAxis());
-    auto [it, inserted] = weightIndex.try_emplace(
-        (param.getName() + "|" + shardInit).str(), weights.size());
-    if (inserted) {
-      weights.emplace_back(param.getName().str(), param.getType());
-      weightShards.push_back(shardInit);
-      weightWholes.push_back(std::move(whole));
-    }
-    // Model state is mutable (training updates it in place); inference
-    // code only reads it.
-    return define(param.getResult(), info->cType,
-                  llvm::formatv("static_cast<{0} *>(w[{1}])", info->cType,
-                                it->second)
-                      .str(),
-                  /*isConst=*/false);
-  }
-  if (auto cst = dyn_cast<ConstantOp>(op))
-    return emitConstant(cst);
-  if (auto reshape = dyn_cast<ReshapeOp>(op)) {
-    names[reshape.getResult()] = nameOf(reshape.getInput());
-    return success();
-  }
-  if (auto wait = dyn_cast<WaitCollectivesOp>(op)) {
-    // Each result is its started collective's buffer, complete from here.
-    for (auto [started, result] :
-         llvm::zip(wait.getStarted(), wait.getResults()))
-      names[result] = nameOf(started);
-    // Started collectives complete in order: waiting through the latest
-    // of these completes them all, and leaves later ones running.
-    std::string through;
-    for (Value started : wait.getStarted()) {
-      std::string ticket = tickets.lookup(started);
-      if (ticket.empty())
-        return wait.emitOpError("waits for a collective this function did "
-                                "not start");
-      through = through.empty() ? ticket
-                                : "std::max<int64_t>(" + through + ", " +
-                                      ticket + ")";
-    }
-    line("{ const pcc_comm &c = " + comm(wait.getAxis()) + ";");
-    line("  if (c.set_label) c.set_label(c.group, " + quoted(describeOp(op)) +
-         ");");
-    line("  if (c.wait_through(c.group, " + through + ")) return fail(" +
-         quoted(describeOp(op)) + ", c.last_error(c.group)); }");
-    return success();
-  }
+  // Ops whose results are no arena buffer of their own: fusions (their
+  // roots' results), weights, constants, views and waits (the started
+  // collective's buffer).
+  std::optional<LogicalResult> result =
+      llvm::TypeSwitch<Operation *, std::optional<LogicalResult>>(op)
+          .Case([&](FusionOp fusion) { return emitFusion(fusion); })
+          .Case([&](ConstantOp cst) { return emitConstant(cst); })
+          .Case([&](ReshapeOp reshape) {
+            names[reshape.getResult()] = nameOf(reshape.getInput());
+            return success();
+          })
+          .Case<ParamOp, WaitCollectivesOp>(
+              [&](auto typed) { return emit(typed); })
+          .Default([](Operation *) { return std::nullopt; });
+  if (result)
+    return *result;
 
   // Every other op writes its results into the arena.
   for (unsigned i = 0; i < op->getNumResults(); ++i)
     if (failed(defineResult(op, i)))
       return failure();
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case<AllReduceOp, AllGatherOp, ReduceScatterOp, ReduceScatterStartOp,
+            AllGatherStartOp, ShardSliceOp>(
+          [&](Operation *op) { return emitCollective(op); })
+      .Case<ScatterAddOp, PadOp, CrossEntropyOp, CrossEntropyGradOp,
+            AccumulateOp, AssignOp, ZeroOp, EmaUpdateOp, DropoutOp, SgdUpdateOp,
+            AdamwUpdateOp>([&](Operation *op) { return emitTraining(op); })
+      .Case<BucketStartOp, BucketWaitOp, CastOp, BroadcastOp, TransposeOp,
+            SliceOp, ConcatOp, SplitOp, MatmulOp, LayerNormOp, BatchNormOp,
+            ArgMaxOp, ConvOp>([&](auto typed) { return emit(typed); })
+      .Case<GatherOp, ShardGatherOp>(
+          [&](Operation *op) { return emitGather(op); })
+      .Case<SoftmaxOp, LogSoftmaxOp>(
+          [&](Operation *op) { return emitSoftmax(op); })
+      .Case<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, ReduceMinOp, ReduceProdOp>(
+          [&](Operation *op) { return emitReduce(op); })
+      .Case<MaxPoolOp, AvgPoolOp>([&](Operation *op) { return emitPool(op); })
+      .Case<ConvGradInputOp, ConvGradWeightOp>(
+          [&](Operation *op) { return emitConvGrad(op); })
+      .Case<MaxPoolGradOp, AvgPoolGradOp>(
+          [&](Operation *op) { return emitPoolGrad(op); })
+      .Default([](Operation *op) {
+        return op->emitError("code generation: no lowering for '")
+               << op->getName() << "'";
+      });
+}
 
-  if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ReduceScatterStartOp,
-          AllGatherStartOp, ShardSliceOp>(op))
-    return emitCollective(op);
-  if (auto start = dyn_cast<BucketStartOp>(op)) {
-    // Earlier micro-batches only accumulate into the bucket.
-    auto type = tensorTypeOf(start.getBucket());
-    int code = elementInfo(type.getElementType())->code;
-    std::string bucket = nameOf(start.getBucket());
-    line("if (rc->hyper && rc->hyper[PCC_HYPER_LAST_MICROBATCH] != 0) {");
-    line("  const pcc_comm &c = " + comm(start.getAxis()) + ";");
-    line("  if (c.set_label) c.set_label(c.group, " +
-         quoted(describeOp(op)) + ");");
-    std::optional<ArrayRef<int64_t>> scatter = start.getScatter();
-    if (!scatter) {
-      line(llvm::formatv("  if (c.all_reduce_start(c.group, {0}, {1}, {2}))",
-                         bucket, type.getNumElements(), code)
-               .str());
-      line("    return fail(" + quoted(describeOp(op)) +
-           ", c.last_error(c.group));");
-    }
-    // ZeRO 1: each gradient's segment reduce-scattered in place, rank r's
-    // piece landing at its place r.
-    for (size_t i = 0; scatter && i < scatter->size(); i += 2) {
-      int64_t offset = (*scatter)[i], piece = (*scatter)[i + 1];
-      line(llvm::formatv("  if (c.reduce_scatter_start(c.group, {0} + {1}, "
-                         "{0} + {1} + static_cast<int64_t>(c.rank) * {2}, "
-                         "{2}, {3}))",
-                         bucket, offset, piece, code)
-               .str());
-      line("    return fail(" + quoted(describeOp(op)) +
-           ", c.last_error(c.group));");
-    }
-    line("}");
-    return success();
+LogicalResult CppEmitter::emit(ParamOp param) {
+  Operation *op = param;
+  auto info = elementInfo(param.getType().getElementType());
+  if (!info)
+    return op->emitError("code generation: unsupported weight type ")
+           << param.getType();
+  ShardingAttr shard = param.getShardAttr(), within = param.getWithinAttr();
+  // A flat (ZeRO) shard is dim -1; its whole shape is the op's `of`, and
+  // `within` the split of that whole it is a flat shard of.
+  auto triple = [&](ShardingAttr s) {
+    return s ? llvm::formatv("{0}, {1}, {2}", meshAxes.lookup(s.getAxis()),
+                             s.getDim(), s.getStripes())
+                   .str()
+             : std::string("-1, 0, 0");
+  };
+  std::string shardInit = "{" + triple(shard) + ", " + triple(within) + "}";
+  std::vector<int64_t> whole(param.getType().getShape());
+  if (shard && shard.isFlat())
+    whole.assign(param.getWhole()->begin(), param.getWhole()->end());
+  else if (shard)
+    whole[shard.getDim()] *= *getMeshAxisSize(param, shard.getAxis());
+  auto [it, inserted] = weightIndex.try_emplace(
+      (param.getName() + "|" + shardInit).str(), weights.size());
+  if (inserted) {
+    weights.emplace_back(param.getName().str(), param.getType());
+    weightShards.push_back(shardInit);
+    weightWholes.push_back(std::move(whole));
   }
-  if (auto wait = dyn_cast<BucketWaitOp>(op)) {
-    line("{ const pcc_comm &c = " + comm(wait.getAxis()) + ";");
-    line("  if (c.set_label) c.set_label(c.group, \"the gradient buckets\");");
-    line("  if (c.wait_all(c.group)) return fail(" + quoted(describeOp(op)) +
-         ", c.last_error(c.group)); }");
-    return success();
+  // Model state is mutable (training updates it in place); inference
+  // code only reads it.
+  return define(
+      param.getResult(), info->cType,
+      llvm::formatv("static_cast<{0} *>(w[{1}])", info->cType, it->second)
+          .str(),
+      /*isConst=*/false);
+}
+
+LogicalResult CppEmitter::emit(WaitCollectivesOp wait) {
+  Operation *op = wait;
+  // Each result is its started collective's buffer, complete from here.
+  for (auto [started, result] : llvm::zip(wait.getStarted(), wait.getResults()))
+    names[result] = nameOf(started);
+  // Started collectives complete in order: waiting through the latest
+  // of these completes them all, and leaves later ones running.
+  std::string through;
+  for (Value started : wait.getStarted()) {
+    std::string ticket = tickets.lookup(started);
+    if (ticket.empty())
+      return wait.emitOpError("waits for a collective this function did "
+                              "not start");
+    through = through.empty()
+                  ? ticket
+                  : "std::max<int64_t>(" + through + ", " + ticket + ")";
   }
-  if (isa<ScatterAddOp, PadOp, CrossEntropyOp, CrossEntropyGradOp,
-          AccumulateOp, AssignOp, ZeroOp, EmaUpdateOp, DropoutOp, SgdUpdateOp,
-          AdamwUpdateOp>(op))
-    return emitTraining(op);
-  if (auto cast = dyn_cast<CastOp>(op)) {
-    auto from = elementInfo(cast.getInput().getType().getElementType());
-    auto to = elementInfo(cast.getType().getElementType());
-    line(llvm::formatv("{5}{0}, {1}, {2}, {3}, {4});", nameOf(cast.getInput()),
-                       from->code, nameOf(cast.getResult()), to->code,
-                       cast.getType().getNumElements(), call("cast"))
+  line("{ const pcc_comm &c = " + comm(wait.getAxis()) + ";");
+  line("  if (c.set_label) c.set_label(c.group, " + quoted(describeOp(op)) +
+       ");");
+  line("  if (c.wait_through(c.group, " + through + ")) return fail(" +
+       quoted(describeOp(op)) + ", c.last_error(c.group)); }");
+  return success();
+}
+
+LogicalResult CppEmitter::emit(BucketStartOp start) {
+  Operation *op = start;
+  // Earlier micro-batches only accumulate into the bucket.
+  auto type = tensorTypeOf(start.getBucket());
+  int code = elementInfo(type.getElementType())->code;
+  std::string bucket = nameOf(start.getBucket());
+  line("if (rc->hyper && rc->hyper[PCC_HYPER_LAST_MICROBATCH] != 0) {");
+  line("  const pcc_comm &c = " + comm(start.getAxis()) + ";");
+  line("  if (c.set_label) c.set_label(c.group, " + quoted(describeOp(op)) +
+       ");");
+  std::optional<ArrayRef<int64_t>> scatter = start.getScatter();
+  if (!scatter) {
+    line(llvm::formatv("  if (c.all_reduce_start(c.group, {0}, {1}, {2}))",
+                       bucket, type.getNumElements(), code)
              .str());
-    return success();
+    line("    return fail(" + quoted(describeOp(op)) +
+         ", c.last_error(c.group));");
   }
-  if (auto b = dyn_cast<BroadcastOp>(op)) {
-    ArrayRef<int64_t> in = b.getInput().getType().getShape();
-    ArrayRef<int64_t> out = b.getType().getShape();
-    SmallVector<int64_t> inStrides = stridesOf(in), xs(out.size(), 0);
-    int64_t shift = out.size() - in.size();
-    for (size_t d = 0; d < in.size(); ++d)
-      xs[d + shift] = in[d] == 1 ? 0 : inStrides[d];
-    return emitCopy(b.getInput(), b.getResult(), out, xs, 0, stridesOf(out), 0);
-  }
-  if (auto t = dyn_cast<TransposeOp>(op)) {
-    SmallVector<int64_t> inStrides =
-        stridesOf(t.getInput().getType().getShape());
-    SmallVector<int64_t> xs;
-    for (int64_t p : t.getPermutation())
-      xs.push_back(inStrides[p]);
-    ArrayRef<int64_t> out = t.getType().getShape();
-    return emitCopy(t.getInput(), t.getResult(), out, xs, 0, stridesOf(out), 0);
-  }
-  if (auto s = dyn_cast<SliceOp>(op)) {
-    SmallVector<int64_t> inStrides =
-        stridesOf(s.getInput().getType().getShape());
-    SmallVector<int64_t> xs;
-    int64_t offset = 0;
-    for (size_t d = 0; d < inStrides.size(); ++d) {
-      xs.push_back(inStrides[d] * s.getSteps()[d]);
-      offset += s.getStarts()[d] * inStrides[d];
-    }
-    ArrayRef<int64_t> out = s.getType().getShape();
-    return emitCopy(s.getInput(), s.getResult(), out, xs, offset,
-                    stridesOf(out), 0);
-  }
-  if (auto c = dyn_cast<ConcatOp>(op)) {
-    ArrayRef<int64_t> out = c.getType().getShape();
-    SmallVector<int64_t> outStrides = stridesOf(out);
-    int64_t axis = static_cast<int64_t>(c.getAxis()), at = 0;
-    for (Value in : c.getInputs()) {
-      ArrayRef<int64_t> shape = tensorTypeOf(in).getShape();
-      if (failed(emitCopy(in, c.getResult(), shape, stridesOf(shape), 0,
-                          outStrides, at * outStrides[axis])))
-        return failure();
-      at += shape[axis];
-    }
-    return success();
-  }
-  if (auto s = dyn_cast<SplitOp>(op)) {
-    SmallVector<int64_t> inStrides =
-        stridesOf(s.getInput().getType().getShape());
-    int64_t axis = static_cast<int64_t>(s.getAxis()), at = 0;
-    for (Value r : s.getResults()) {
-      ArrayRef<int64_t> shape = tensorTypeOf(r).getShape();
-      if (failed(emitCopy(s.getInput(), r, shape, inStrides,
-                          at * inStrides[axis], stridesOf(shape), 0)))
-        return failure();
-      at += shape[axis];
-    }
-    return success();
-  }
-  if (isa<GatherOp, ShardGatherOp>(op)) {
-    // A shard_gather reads this rank's block of the gathered dimension.
-    Value data = op->getOperand(0), indices = op->getOperand(1);
-    ArrayRef<int64_t> shape = tensorTypeOf(data).getShape();
-    int64_t axis = op->getAttrOfType<IntegerAttr>("axis").getInt();
-    int64_t block = shape[axis], total = block;
-    std::string start = "0";
-    if (auto sg = dyn_cast<ShardGatherOp>(op)) {
-      FailureOr<int64_t> ranks = getMeshAxisSize(op, sg.getMeshAxis());
-      if (failed(ranks))
-        return failure();
-      total = block * *ranks;
-      start = "static_cast<int64_t>(" + comm(sg.getMeshAxis()) + ".rank) * " +
-              std::to_string(block);
-    }
-    auto indexType = tensorTypeOf(indices);
-    std::string args = llvm::formatv(
-        "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}", nameOf(data),
-        nameOf(indices), nameOf(op->getResult(0)),
-        elementInfo(tensorTypeOf(data).getElementType())->size,
-        product(shape.take_front(axis)), block, start, total,
-        product(shape.drop_front(axis + 1)), indexType.getNumElements(),
-        indexType.getElementType().isInteger(64) ? 1 : 0);
-    if (cuda) {
-      // Checked when the run finishes (see pcc_cuda_finish).
-      sites.push_back(llvm::formatv("{0}: an index is outside [-{1}, {1})",
-                                    describeOp(op), total)
-                          .str());
-      line(call("gather_block") + args + ", " + std::to_string(sites.size()) +
-           ");");
-      return success();
-    }
-    line("if (" + call("gather_block") + args + "))");
-    line("  return fail(" + quoted(describeOp(op)) +
-         ", pcc_cpu_last_error());");
-    return success();
-  }
-  if (auto mm = dyn_cast<MatmulOp>(op)) {
-    if (failed(requireF32(op, mm.getLhs())))
-      return failure();
-    auto lhs = mm.getLhs().getType(), rhs = mm.getRhs().getType();
-    auto out = mm.getType();
-    int64_t r = out.getRank();
-    int64_t m = out.getDimSize(r - 2), n = out.getDimSize(r - 1);
-    int64_t k = mm.getTransposeA() ? lhs.getDimSize(lhs.getRank() - 2)
-                                   : lhs.getDimSize(lhs.getRank() - 1);
-    int64_t batch = product(out.getShape().drop_back(2));
-    line(llvm::formatv("{11}{0}, {1}, {2}, {3}, {4}, {5}, {6}, "
-                       "{7}, {8}, {9}, {10});",
-                       nameOf(mm.getLhs()), nameOf(mm.getRhs()),
-                       nameOf(mm.getResult()), batch, m, n, k,
-                       mm.getTransposeA() ? 1 : 0, mm.getTransposeB() ? 1 : 0,
-                       m * k, rhs.getRank() == 2 ? 0 : k * n,
-                       call("matmul_f32"))
+  // ZeRO 1: each gradient's segment reduce-scattered in place, rank r's
+  // piece landing at its place r.
+  for (size_t i = 0; scatter && i < scatter->size(); i += 2) {
+    int64_t offset = (*scatter)[i], piece = (*scatter)[i + 1];
+    line(llvm::formatv("  if (c.reduce_scatter_start(c.group, {0} + {1}, "
+                       "{0} + {1} + static_cast<int64_t>(c.rank) * {2}, "
+                       "{2}, {3}))",
+                       bucket, offset, piece, code)
              .str());
-    return success();
+    line("    return fail(" + quoted(describeOp(op)) +
+         ", c.last_error(c.group));");
   }
-  if (isa<SoftmaxOp, LogSoftmaxOp>(op)) {
-    if (failed(requireF32(op, op->getOperand(0))))
-      return failure();
-    auto shape = tensorTypeOf(op->getResult(0)).getShape();
-    int64_t axis =
-        static_cast<int64_t>(cast<IntegerAttr>(op->getAttr("axis")).getInt());
-    line(llvm::formatv("{6}{0}, {1}, {2}, {3}, {4}, {5});",
-                       nameOf(op->getOperand(0)), nameOf(op->getResult(0)),
-                       product(shape.take_front(axis)), shape[axis],
-                       product(shape.drop_front(axis + 1)),
-                       // PCC_SOFTMAX_LOG | PCC_SOFTMAX_NAN_TO_ZERO
-                       (isa<LogSoftmaxOp>(op) ? 1 : 0) |
-                           (op->hasAttr("nan_to_zero") ? 2 : 0),
-                       call("softmax_f32"))
-             .str());
-    return success();
-  }
-  if (auto ln = dyn_cast<LayerNormOp>(op)) {
-    if (failed(requireF32(op, ln.getInput())))
-      return failure();
-    auto shape = ln.getType().getShape();
-    int64_t axis = static_cast<int64_t>(ln.getAxis());
-    line(llvm::formatv("{7}{0}, {1}, {2}, {3}, {4}, {5}, {6});",
-                       nameOf(ln.getInput()), nameOf(ln.getScale()),
-                       ln.getBias() ? nameOf(ln.getBias()) : "nullptr",
-                       nameOf(ln.getResult()), product(shape.take_front(axis)),
-                       product(shape.drop_front(axis)),
-                       literal(ln.getEpsilon().convertToDouble(),
-                               ln.getType().getElementType()),
-                       call("layer_norm_f32"))
-             .str());
-    return success();
-  }
-  if (auto bn = dyn_cast<BatchNormOp>(op)) {
-    if (failed(requireF32(op, bn.getInput())))
-      return failure();
-    auto shape = bn.getType().getShape();
-    line(llvm::formatv("{10}{0}, {1}, {2}, {3}, {4}, {5}, "
-                       "{6}, {7}, {8}, {9});",
-                       nameOf(bn.getInput()), nameOf(bn.getScale()),
-                       nameOf(bn.getBias()), nameOf(bn.getMean()),
-                       nameOf(bn.getVariance()), nameOf(bn.getResult()),
-                       shape[0], shape[1], product(shape.drop_front(2)),
-                       literal(bn.getEpsilon().convertToDouble(),
-                               bn.getType().getElementType()),
-                       call("batch_norm_f32"))
-             .str());
-    return success();
-  }
-  if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, ReduceMinOp, ReduceProdOp>(
-          op)) {
-    Value in = op->getOperand(0);
-    auto inType = tensorTypeOf(in);
-    Type e = inType.getElementType();
-    if (!e.isF32() && !e.isInteger(64))
-      return op->emitError("code generation: reductions take f32 and i64 "
-                           "tensors, got ")
-             << e;
-    int kind = isa<ReduceSumOp>(op)    ? 0
-               : isa<ReduceMeanOp>(op) ? 1
-               : isa<ReduceMaxOp>(op)  ? 2
-               : isa<ReduceMinOp>(op)  ? 3
-                                       : 4;
-    SmallVector<int64_t> reduced(inType.getRank(), 0);
-    for (int64_t a : cast<DenseI64ArrayAttr>(op->getAttr("axes")).asArrayRef())
-      reduced[a] = 1;
-    line(llvm::formatv("{ static const int64_t s[] = {{{0}}, r[] = {{{1}};",
-                       intList(inType.getShape()), intList(reduced))
-             .str());
-    line(llvm::formatv("  {0}{1}, {2}, {3}, s, r, {4}); }",
-                       call(e.isF32() ? "reduce_f32" : "reduce_i64"),
-                       nameOf(in), nameOf(op->getResult(0)), inType.getRank(),
-                       kind)
-             .str());
-    return success();
-  }
-  if (auto am = dyn_cast<ArgMaxOp>(op)) {
-    if (failed(requireF32(op, am.getInput())))
-      return failure();
-    auto shape = am.getInput().getType().getShape();
-    int64_t axis = static_cast<int64_t>(am.getAxis());
-    line(llvm::formatv("{5}{0}, {1}, {2}, {3}, {4});", nameOf(am.getInput()),
-                       nameOf(am.getResult()), product(shape.take_front(axis)),
-                       shape[axis], product(shape.drop_front(axis + 1)),
-                       call("argmax_f32"))
-             .str());
-    return success();
-  }
-  if (auto conv = dyn_cast<ConvOp>(op)) {
-    if (failed(requireF32(op, conv.getInput())))
-      return failure();
-    auto in = conv.getInput().getType();
-    line(llvm::formatv(
-             "{ static const int64_t in[] = {{{0}}, w[] = {{{1}}, out[] = "
-             "{{{2}}, st[] = {{{3}}, pd[] = {{{4}}, dl[] = {{{5}};",
-             intList(in.getShape()),
-             intList(conv.getWeight().getType().getShape()),
-             intList(conv.getType().getShape()), intList(conv.getStrides()),
-             intList(conv.getPads()), intList(conv.getDilations()))
-             .str());
-    line(llvm::formatv("  {6}{0}, {1}, {2}, {3}, {4}, in, w, "
-                       "out, st, pd, dl, {5}); }",
-                       nameOf(conv.getInput()), nameOf(conv.getWeight()),
-                       conv.getBias() ? nameOf(conv.getBias()) : "nullptr",
-                       nameOf(conv.getResult()), in.getRank() - 2,
-                       conv.getGroups(), call("conv_f32"))
-             .str());
-    return success();
-  }
-  if (isa<MaxPoolOp, AvgPoolOp>(op)) {
-    Type e = tensorTypeOf(op->getOperand(0)).getElementType();
-    StringRef suffix = e.isF32()                ? "f32"
-                       : e.isUnsignedInteger(8) ? "u8"
-                       : e.isSignlessInteger(8) ? "i8"
-                                                : "";
-    if (suffix.empty() || (isa<AvgPoolOp>(op) && suffix != "f32"))
-      return op->emitError("code generation: ")
-             << op->getName() << " on " << e << " is not supported by the "
-             << (cuda ? "CUDA" : "CPU") << " back end";
-    auto in = tensorTypeOf(op->getOperand(0));
-    auto attr = [&](StringRef name) {
-      return intList(cast<DenseI64ArrayAttr>(op->getAttr(name)).asArrayRef());
-    };
-    line(llvm::formatv("{ static const int64_t in[] = {{{0}}, out[] = {{{1}}, "
-                       "k[] = {{{2}}, st[] = {{{3}}, pd[] = {{{4}}, dl[] = "
-                       "{{{5}};",
-                       intList(in.getShape()),
-                       intList(tensorTypeOf(op->getResult(0)).getShape()),
-                       attr("kernel_shape"), attr("strides"), attr("pads"),
-                       attr("dilations"))
-             .str());
-    if (auto avg = dyn_cast<AvgPoolOp>(op))
-      line(llvm::formatv("  {4}{0}, {1}, {2}, in, out, k, "
-                         "st, pd, dl, {3}); }",
-                         nameOf(avg.getInput()), nameOf(avg.getResult()),
-                         in.getRank() - 2, avg.getCountIncludePad() ? 1 : 0,
-                         call("avg_pool_f32"))
-               .str());
-    else
-      line(llvm::formatv("  {0}{1}, {2}, {3}, in, out, k, "
-                         "st, pd, dl); }",
-                         call(("max_pool_" + suffix).str()),
-                         nameOf(op->getOperand(0)), nameOf(op->getResult(0)),
-                         in.getRank() - 2)
-               .str());
-    return success();
-  }
-  if (isa<ConvGradInputOp, ConvGradWeightOp>(op)) {
-    // (gradient, weight) -> input, or (input, gradient) -> weight; the
-    // kernels take the convolution's three shapes.
-    bool wantInput = isa<ConvGradInputOp>(op);
-    if (failed(requireF32(op, op->getOperand(0))))
-      return failure();
-    auto in = tensorTypeOf(wantInput ? op->getResult(0) : op->getOperand(0));
-    auto w = tensorTypeOf(wantInput ? op->getOperand(1) : op->getResult(0));
-    auto out = tensorTypeOf(op->getOperand(wantInput ? 0 : 1));
-    auto attr = [&](StringRef name) {
-      return intList(cast<DenseI64ArrayAttr>(op->getAttr(name)).asArrayRef());
-    };
-    line(llvm::formatv(
-             "{ static const int64_t in[] = {{{0}}, w[] = {{{1}}, out[] = "
-             "{{{2}}, st[] = {{{3}}, pd[] = {{{4}}, dl[] = {{{5}};",
-             intList(in.getShape()), intList(w.getShape()),
-             intList(out.getShape()), attr("strides"), attr("pads"),
-             attr("dilations"))
-             .str());
-    line(llvm::formatv("  {0}{1}, {2}, {3}, {4}, in, w, out, st, pd, dl, "
-                       "{5}); }",
-                       call(wantInput ? "conv_grad_input_f32"
-                                      : "conv_grad_weight_f32"),
-                       nameOf(op->getOperand(0)), nameOf(op->getOperand(1)),
-                       nameOf(op->getResult(0)), in.getRank() - 2,
-                       op->getAttrOfType<IntegerAttr>("groups").getInt())
-             .str());
-    return success();
-  }
-  if (isa<MaxPoolGradOp, AvgPoolGradOp>(op)) {
-    bool isMax = isa<MaxPoolGradOp>(op);
-    if (failed(requireF32(op, op->getOperand(0))))
-      return failure();
-    auto in = tensorTypeOf(op->getResult(0));
-    auto out = tensorTypeOf(op->getOperand(isMax ? 1 : 0));
-    auto attr = [&](StringRef name) {
-      return intList(cast<DenseI64ArrayAttr>(op->getAttr(name)).asArrayRef());
-    };
-    line(llvm::formatv("{ static const int64_t in[] = {{{0}}, out[] = {{{1}}, "
-                       "k[] = {{{2}}, st[] = {{{3}}, pd[] = {{{4}}, dl[] = "
-                       "{{{5}};",
-                       intList(in.getShape()), intList(out.getShape()),
-                       attr("kernel_shape"), attr("strides"), attr("pads"),
-                       attr("dilations"))
-             .str());
-    if (isMax)
-      line(llvm::formatv("  {0}{1}, {2}, {3}, {4}, in, out, k, st, pd, dl); }",
-                         call("max_pool_grad_f32"), nameOf(op->getOperand(0)),
-                         nameOf(op->getOperand(1)), nameOf(op->getResult(0)),
-                         in.getRank() - 2)
-               .str());
-    else
-      line(llvm::formatv("  {0}{1}, {2}, {3}, in, out, k, st, pd, dl, {4}); }",
-                         call("avg_pool_grad_f32"), nameOf(op->getOperand(0)),
-                         nameOf(op->getResult(0)), in.getRank() - 2,
-                         op->hasAttr("count_include_pad") ? 1 : 0)
-               .str());
-    return success();
-  }
-  return op->emitError("code generation: no lowering for '")
-         << op->getName() << "'";
+  line("}");
+  return success();
+}
+
+LogicalResult CppEmitter::emit(BucketWaitOp wait) {
+  Operation *op = wait;
+  line("{ const pcc_comm &c = " + comm(wait.getAxis()) + ";");
+  line("  if (c.set_label) c.set_label(c.group, \"the gradient buckets\");");
+  line("  if (c.wait_all(c.group)) return fail(" + quoted(describeOp(op)) +
+       ", c.last_error(c.group)); }");
+  return success();
 }
 
 //===----------------------------------------------------------------------===//
@@ -967,4 +666,3 @@ FailureOr<TargetCode> emitFunction(func::FuncOp func, bool cuda,
 }
 
 } // namespace mlir::pcc::cpp
-

@@ -156,6 +156,30 @@ private:
                          const std::string &inOffset,
                          ArrayRef<int64_t> outStrides, int64_t outOffset);
   LogicalResult emitConstant(ConstantOp op);
+  /// Ops by family: state and communication (CppEmitter.cpp), data
+  /// movement (MovementEmitter.cpp), products, norms and reductions
+  /// (ComputeEmitter.cpp), windows (WindowEmitter.cpp).
+  LogicalResult emit(ParamOp param);
+  LogicalResult emit(WaitCollectivesOp wait);
+  LogicalResult emit(BucketStartOp start);
+  LogicalResult emit(BucketWaitOp wait);
+  LogicalResult emit(CastOp cast);
+  LogicalResult emit(BroadcastOp b);
+  LogicalResult emit(TransposeOp t);
+  LogicalResult emit(SliceOp s);
+  LogicalResult emit(ConcatOp c);
+  LogicalResult emit(SplitOp s);
+  LogicalResult emitGather(Operation *op);
+  LogicalResult emit(MatmulOp mm);
+  LogicalResult emitSoftmax(Operation *op);
+  LogicalResult emit(LayerNormOp ln);
+  LogicalResult emit(BatchNormOp bn);
+  LogicalResult emitReduce(Operation *op);
+  LogicalResult emit(ArgMaxOp am);
+  LogicalResult emit(ConvOp conv);
+  LogicalResult emitPool(Operation *op);
+  LogicalResult emitConvGrad(Operation *op);
+  LogicalResult emitPoolGrad(Operation *op);
   LogicalResult emitCollective(Operation *op);
   /// Gradient, loss and optimizer ops (pcc-autodiff, pcc-loss,
   /// pcc-optimizer).

@@ -1,0 +1,132 @@
+//===- ComputeEmitter.cpp - products, norms and reductions ----------------===//
+//
+// Matrix products (the runtime's GEMMs), softmax, the norms, reductions
+// and arg-max as calls of the runtime's kernels with static shapes.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CppEmitter.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+namespace mlir::pcc::cpp {
+
+LogicalResult CppEmitter::emit(MatmulOp mm) {
+  Operation *op = mm;
+  if (failed(requireF32(op, mm.getLhs())))
+    return failure();
+  auto lhs = mm.getLhs().getType(), rhs = mm.getRhs().getType();
+  auto out = mm.getType();
+  int64_t r = out.getRank();
+  int64_t m = out.getDimSize(r - 2), n = out.getDimSize(r - 1);
+  int64_t k = mm.getTransposeA() ? lhs.getDimSize(lhs.getRank() - 2)
+                                 : lhs.getDimSize(lhs.getRank() - 1);
+  int64_t batch = product(out.getShape().drop_back(2));
+  line(llvm::formatv("{11}{0}, {1}, {2}, {3}, {4}, {5}, {6}, "
+                     "{7}, {8}, {9}, {10});",
+                     nameOf(mm.getLhs()), nameOf(mm.getRhs()),
+                     nameOf(mm.getResult()), batch, m, n, k,
+                     mm.getTransposeA() ? 1 : 0, mm.getTransposeB() ? 1 : 0,
+                     m * k, rhs.getRank() == 2 ? 0 : k * n, call("matmul_f32"))
+           .str());
+  return success();
+}
+
+LogicalResult CppEmitter::emitSoftmax(Operation *op) {
+  if (failed(requireF32(op, op->getOperand(0))))
+    return failure();
+  auto shape = tensorTypeOf(op->getResult(0)).getShape();
+  int64_t axis =
+      static_cast<int64_t>(cast<IntegerAttr>(op->getAttr("axis")).getInt());
+  line(llvm::formatv("{6}{0}, {1}, {2}, {3}, {4}, {5});",
+                     nameOf(op->getOperand(0)), nameOf(op->getResult(0)),
+                     product(shape.take_front(axis)), shape[axis],
+                     product(shape.drop_front(axis + 1)),
+                     // PCC_SOFTMAX_LOG | PCC_SOFTMAX_NAN_TO_ZERO
+                     (isa<LogSoftmaxOp>(op) ? 1 : 0) |
+                         (op->hasAttr("nan_to_zero") ? 2 : 0),
+                     call("softmax_f32"))
+           .str());
+  return success();
+}
+
+LogicalResult CppEmitter::emit(LayerNormOp ln) {
+  Operation *op = ln;
+  if (failed(requireF32(op, ln.getInput())))
+    return failure();
+  auto shape = ln.getType().getShape();
+  int64_t axis = static_cast<int64_t>(ln.getAxis());
+  line(llvm::formatv("{7}{0}, {1}, {2}, {3}, {4}, {5}, {6});",
+                     nameOf(ln.getInput()), nameOf(ln.getScale()),
+                     ln.getBias() ? nameOf(ln.getBias()) : "nullptr",
+                     nameOf(ln.getResult()), product(shape.take_front(axis)),
+                     product(shape.drop_front(axis)),
+                     literal(ln.getEpsilon().convertToDouble(),
+                             ln.getType().getElementType()),
+                     call("layer_norm_f32"))
+           .str());
+  return success();
+}
+
+LogicalResult CppEmitter::emit(BatchNormOp bn) {
+  Operation *op = bn;
+  if (failed(requireF32(op, bn.getInput())))
+    return failure();
+  auto shape = bn.getType().getShape();
+  line(llvm::formatv("{10}{0}, {1}, {2}, {3}, {4}, {5}, "
+                     "{6}, {7}, {8}, {9});",
+                     nameOf(bn.getInput()), nameOf(bn.getScale()),
+                     nameOf(bn.getBias()), nameOf(bn.getMean()),
+                     nameOf(bn.getVariance()), nameOf(bn.getResult()), shape[0],
+                     shape[1], product(shape.drop_front(2)),
+                     literal(bn.getEpsilon().convertToDouble(),
+                             bn.getType().getElementType()),
+                     call("batch_norm_f32"))
+           .str());
+  return success();
+}
+
+LogicalResult CppEmitter::emitReduce(Operation *op) {
+  Value in = op->getOperand(0);
+  auto inType = tensorTypeOf(in);
+  Type e = inType.getElementType();
+  if (!e.isF32() && !e.isInteger(64))
+    return op->emitError("code generation: reductions take f32 and i64 "
+                         "tensors, got ")
+           << e;
+  int kind = isa<ReduceSumOp>(op)    ? 0
+             : isa<ReduceMeanOp>(op) ? 1
+             : isa<ReduceMaxOp>(op)  ? 2
+             : isa<ReduceMinOp>(op)  ? 3
+                                     : 4;
+  SmallVector<int64_t> reduced(inType.getRank(), 0);
+  for (int64_t a : cast<DenseI64ArrayAttr>(op->getAttr("axes")).asArrayRef())
+    reduced[a] = 1;
+  line(llvm::formatv("{ static const int64_t s[] = {{{0}}, r[] = {{{1}};",
+                     intList(inType.getShape()), intList(reduced))
+           .str());
+  line(llvm::formatv("  {0}{1}, {2}, {3}, s, r, {4}); }",
+                     call(e.isF32() ? "reduce_f32" : "reduce_i64"), nameOf(in),
+                     nameOf(op->getResult(0)), inType.getRank(), kind)
+           .str());
+  return success();
+}
+
+LogicalResult CppEmitter::emit(ArgMaxOp am) {
+  Operation *op = am;
+  if (failed(requireF32(op, am.getInput())))
+    return failure();
+  auto shape = am.getInput().getType().getShape();
+  int64_t axis = static_cast<int64_t>(am.getAxis());
+  line(llvm::formatv("{5}{0}, {1}, {2}, {3}, {4});", nameOf(am.getInput()),
+                     nameOf(am.getResult()), product(shape.take_front(axis)),
+                     shape[axis], product(shape.drop_front(axis + 1)),
+                     call("argmax_f32"))
+           .str());
+  return success();
+}
+
+} // namespace mlir::pcc::cpp
