@@ -561,56 +561,34 @@ void writeSwitch(raw_ostream &os, StringRef what, size_t cases, bool cpu,
      << targetName << ")\");\n}\n\n";
 }
 
-} // namespace
+/// The mesh: axis names in the rank grid's order (the mesh op's), their
+/// indices and sizes, as the library's tables list them.
+struct MeshInfo {
+  llvm::StringMap<int> axes;
+  std::string names, sizes;
+  int64_t ranks = 1;
+};
 
-LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
-                                 const CppEmitOptions &options) {
-  // A training module's entry points are its phases; the forward phase
-  // stands for the model's signature.
-  std::optional<TrainingConfig> training = getTrainingConfig(module);
-  if (!training && module->hasAttr(kTrainingAttrName))
-    return failure();
-  // A pipelined one's @main (the calls of its stages) does.
-  StringRef entry = training && !module.lookupSymbol("train_forward")
-                        ? StringRef("main")
-                    : training ? StringRef(kPhaseFunctions[0])
-                               : StringRef("main");
-  auto func = module.lookupSymbol<func::FuncOp>(entry);
-  if (!func || !func.getBody().hasOneBlock())
-    return module.emitError("code generation: expects a single-block "
-                            "func.func @")
-           << entry;
-  bool cpu = options.targets & kTargetCpu, cuda = options.targets & kTargetCuda;
-  if (!cpu && !cuda)
-    return module.emitError("code generation: no target");
-  // The generated code reads a loaded weight or state from its buffer.
-  if (failed(verifyStateOrder(module)))
-    return failure();
-  // The mesh: axis names in the module's order, and their sizes.
-  llvm::StringMap<int> meshAxes;
-  std::string meshNames, meshSizes;
-  int64_t meshRanks = 1;
-  if (MeshOp mesh = getMesh(module)) {
-    // In the rank grid's order, the mesh op's.
+MeshInfo getMeshInfo(ModuleOp module) {
+  MeshInfo info;
+  if (MeshOp mesh = getMesh(module))
     for (auto [axis, size] : llvm::zip(mesh.getAxes(), mesh.getShape())) {
       StringRef name = cast<StringAttr>(axis).getValue();
-      meshAxes[name] = meshAxes.size();
-      meshRanks *= size;
-      meshNames += quoted(name) + ", ";
-      meshSizes += std::to_string(size) + ", ";
+      info.axes[name] = info.axes.size();
+      info.ranks *= size;
+      info.names += quoted(name) + ", ";
+      info.sizes += std::to_string(size) + ", ";
     }
-  }
+  return info;
+}
 
-  // The entry points: @main, or the pipeline stages it calls.
-  std::optional<::pcc::schedule::Schedule> schedule =
-      getPipelineSchedule(func);
-  if (!schedule && func->hasAttr(kScheduleAttrName))
-    return failure();
-  std::vector<StageProgram> stages;
-  // A pipelined training library: the stages' wiring, and their phases as
-  // the programs.
-  std::vector<StageProgram> pipeStages;
-  if (training && schedule) {
+/// The programs the library runs: a training module's phases (a pipelined
+/// one's per stage and rank, with the stages' wiring in `pipeStages`), a
+/// pipeline's stages, or @main whole.
+LogicalResult collectPrograms(ModuleOp module, func::FuncOp func, bool training,
+                              bool pipelined, std::vector<StageProgram> &stages,
+                              std::vector<StageProgram> &pipeStages) {
+  if (training && pipelined) {
     auto collected = collectStages(module, func);
     if (failed(collected))
       return failure();
@@ -624,7 +602,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
     if (failed(phases))
       return failure();
     stages = std::move(*phases);
-  } else if (schedule) {
+  } else if (pipelined) {
     auto collected = collectStages(module, func);
     if (failed(collected))
       return failure();
@@ -636,93 +614,45 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
       whole.sources.push_back(-1 - static_cast<int32_t>(k));
     stages.push_back(std::move(whole));
   }
-  for (StageProgram &stage : stages) {
-    for (bool onGpu : {false, true}) {
-      if (!(onGpu ? cuda : cpu))
-        continue;
-      auto code = emitFunction(stage.func, onGpu, meshAxes);
-      if (failed(code))
-        return failure();
-      (onGpu ? stage.cuda : stage.cpu) = std::move(*code);
-    }
-  }
+  return success();
+}
 
-  // The library's weight table: every stage's weights, each (name, shard)
-  // once.
-  Specs weights;
-  Specs wholeWeights;
-  std::vector<std::string> weightShards;
-  llvm::StringMap<int32_t> weightIndex;
-  for (StageProgram &stage : stages) {
-    const TargetCode &code = stage.cpu ? *stage.cpu : *stage.cuda;
+/// The library's weight table: every program's weights and state, each
+/// (name, shard) once, with each program's indices into it.
+struct WeightTable {
+  Specs weights, wholeWeights;
+  std::vector<std::string> shards;
+};
+
+WeightTable collectWeights(MutableArrayRef<StageProgram> programs) {
+  WeightTable table;
+  llvm::StringMap<int32_t> index;
+  for (StageProgram &program : programs) {
+    const TargetCode &code = program.cpu ? *program.cpu : *program.cuda;
     for (auto [i, weight] : llvm::enumerate(code.weights)) {
-      auto [it, inserted] = weightIndex.try_emplace(
-          weight.first + "|" + code.weightShards[i], weights.size());
+      auto [it, inserted] = index.try_emplace(
+          weight.first + "|" + code.weightShards[i], table.weights.size());
       if (inserted) {
-        weights.push_back(weight);
-        weightShards.push_back(code.weightShards[i]);
-        wholeWeights.emplace_back(
+        table.weights.push_back(weight);
+        table.shards.push_back(code.weightShards[i]);
+        table.wholeWeights.emplace_back(
             weight.first,
             RankedTensorType::get(code.weightWholes[i],
                                   weight.second.getElementType()));
       }
-      stage.weightIndices.push_back(it->second);
+      program.weightIndices.push_back(it->second);
     }
   }
+  return table;
+}
 
-  Block &block = func.getBody().front();
-  auto ret = cast<func::ReturnOp>(block.getTerminator());
-  auto nameAttr = [](DictionaryAttr attrs, unsigned i) {
-    return nameOf(attrs, "value" + std::to_string(i));
-  };
-  Specs inputs, outputs;
-  for (BlockArgument arg : block.getArguments())
-    inputs.emplace_back(
-        nameAttr(func.getArgAttrDict(arg.getArgNumber()), arg.getArgNumber()),
-        tensorTypeOf(arg));
-  for (auto [i, v] : llvm::enumerate(ret.getOperands()))
-    outputs.emplace_back(nameAttr(func.getResultAttrDict(i), i),
-                         tensorTypeOf(v));
-  std::string shardTable = "static const pcc_weight_shard kWeightShards[] = {";
-  for (const std::string &shard : weightShards)
-    shardTable += shard + ", ";
-  shardTable += weightShards.empty() ? "{-1, 0, 0, -1, 0, 0}};\n" : "};\n";
-  shardTable += "static const char *const kMeshAxes[] = {" + meshNames +
-                "nullptr};\nstatic const int64_t kMeshSizes[] = {" + meshSizes +
-                "0};\n";
-  // Where each input's and output's batch lies (pcc-split-batch; 0 when
-  // the program is not micro-batched).
-  auto batchDims = [&](StringRef name, unsigned count, bool results) {
-    std::string table = "static const int32_t " + name.str() + "[] = {";
-    for (unsigned i = 0; i < count; ++i) {
-      DictionaryAttr attrs =
-          results ? func.getResultAttrDict(i) : func.getArgAttrDict(i);
-      auto dim =
-          attrs ? attrs.getAs<IntegerAttr>("pcc.batch_dim") : IntegerAttr();
-      table += std::to_string(dim ? dim.getInt() : 0) + ", ";
-    }
-    return table + "0};\n";
-  };
-  std::string batchTables = batchDims("kInputBatchDims", inputs.size(), false) +
-                            batchDims("kOutputBatchDims", outputs.size(), true);
-  std::string shapes;
-  std::string specs = specArray("kInputs", inputs, shapes);
-  specs += specArray("kOutputs", outputs, shapes);
-  specs += specArray("kWeights", weights, shapes);
-  specs += specArray("kWholeWeights", wholeWeights, shapes);
-  // A pipelined training stage's table lists its forward phase's weights.
-  for (auto [k, stage] : llvm::enumerate(pipeStages))
-    stage.weightIndices = stages[3 * k].weightIndices;
-  std::string stageTables =
-      stageSource(!pipeStages.empty() ? ArrayRef<StageProgram>(pipeStages)
-                  : training ? ArrayRef<StageProgram>(stages).take_front(1)
-                             : ArrayRef<StageProgram>(stages),
-                  inputs, outputs, shapes);
-  std::string phaseTables = training
-                                ? phaseSource(stages, shapes)
-                                : std::string("static const pcc_phase_info "
-                                              "*const kPhases = nullptr;\n");
-  // Per state tensor: its kind and the weight it belongs to.
+/// Per state tensor of `weights`: its kind and the weight it belongs to
+/// (kWeightKinds, kWeightOwners), the bucket it lives in
+/// (kWeightAliases, pcc-data-parallel's buckets) and where offloaded state
+/// lives and when it is copied (kWeightOffload, ABI 10).
+FailureOr<std::string>
+stateTables(ModuleOp module, const Specs &weights,
+            const std::optional<TrainingConfig> &training) {
   std::string kinds = "static const int32_t kWeightKinds[] = {",
               owners = "static const int32_t kWeightOwners[] = {";
   {
@@ -791,6 +721,115 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
     }
     aliases += "{-1, 0}};\n";
   }
+  return kinds + owners + aliases + offloadTable;
+}
+
+} // namespace
+
+LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
+                                 const CppEmitOptions &options) {
+  // A training module's entry points are its phases; the forward phase
+  // stands for the model's signature.
+  std::optional<TrainingConfig> training = getTrainingConfig(module);
+  if (!training && module->hasAttr(kTrainingAttrName))
+    return failure();
+  // A pipelined one's @main (the calls of its stages) does.
+  StringRef entry = training && !module.lookupSymbol("train_forward")
+                        ? StringRef("main")
+                    : training ? StringRef(kPhaseFunctions[0])
+                               : StringRef("main");
+  auto func = module.lookupSymbol<func::FuncOp>(entry);
+  if (!func || !func.getBody().hasOneBlock())
+    return module.emitError("code generation: expects a single-block "
+                            "func.func @")
+           << entry;
+  bool cpu = options.targets & kTargetCpu, cuda = options.targets & kTargetCuda;
+  if (!cpu && !cuda)
+    return module.emitError("code generation: no target");
+  // The generated code reads a loaded weight or state from its buffer.
+  if (failed(verifyStateOrder(module)))
+    return failure();
+  MeshInfo mesh = getMeshInfo(module);
+  const llvm::StringMap<int> &meshAxes = mesh.axes;
+
+  // The entry points: @main, or the pipeline stages it calls.
+  std::optional<::pcc::schedule::Schedule> schedule = getPipelineSchedule(func);
+  if (!schedule && func->hasAttr(kScheduleAttrName))
+    return failure();
+  std::vector<StageProgram> stages, pipeStages;
+  if (failed(collectPrograms(module, func, training.has_value(),
+                             schedule.has_value(), stages, pipeStages)))
+    return failure();
+  for (StageProgram &stage : stages) {
+    for (bool onGpu : {false, true}) {
+      if (!(onGpu ? cuda : cpu))
+        continue;
+      auto code = emitFunction(stage.func, onGpu, meshAxes);
+      if (failed(code))
+        return failure();
+      (onGpu ? stage.cuda : stage.cpu) = std::move(*code);
+    }
+  }
+
+  WeightTable table = collectWeights(stages);
+  const Specs &weights = table.weights;
+
+  Block &block = func.getBody().front();
+  auto ret = cast<func::ReturnOp>(block.getTerminator());
+  auto nameAttr = [](DictionaryAttr attrs, unsigned i) {
+    return nameOf(attrs, "value" + std::to_string(i));
+  };
+  Specs inputs, outputs;
+  for (BlockArgument arg : block.getArguments())
+    inputs.emplace_back(
+        nameAttr(func.getArgAttrDict(arg.getArgNumber()), arg.getArgNumber()),
+        tensorTypeOf(arg));
+  for (auto [i, v] : llvm::enumerate(ret.getOperands()))
+    outputs.emplace_back(nameAttr(func.getResultAttrDict(i), i),
+                         tensorTypeOf(v));
+  std::string shardTable = "static const pcc_weight_shard kWeightShards[] = {";
+  for (const std::string &shard : table.shards)
+    shardTable += shard + ", ";
+  shardTable += table.shards.empty() ? "{-1, 0, 0, -1, 0, 0}};\n" : "};\n";
+  shardTable += "static const char *const kMeshAxes[] = {" + mesh.names +
+                "nullptr};\nstatic const int64_t kMeshSizes[] = {" +
+                mesh.sizes + "0};\n";
+  // Where each input's and output's batch lies (pcc-split-batch; 0 when
+  // the program is not micro-batched).
+  auto batchDims = [&](StringRef name, unsigned count, bool results) {
+    std::string table = "static const int32_t " + name.str() + "[] = {";
+    for (unsigned i = 0; i < count; ++i) {
+      DictionaryAttr attrs =
+          results ? func.getResultAttrDict(i) : func.getArgAttrDict(i);
+      auto dim =
+          attrs ? attrs.getAs<IntegerAttr>("pcc.batch_dim") : IntegerAttr();
+      table += std::to_string(dim ? dim.getInt() : 0) + ", ";
+    }
+    return table + "0};\n";
+  };
+  std::string batchTables = batchDims("kInputBatchDims", inputs.size(), false) +
+                            batchDims("kOutputBatchDims", outputs.size(), true);
+  std::string shapes;
+  std::string specs = specArray("kInputs", inputs, shapes);
+  specs += specArray("kOutputs", outputs, shapes);
+  specs += specArray("kWeights", weights, shapes);
+  specs += specArray("kWholeWeights", table.wholeWeights, shapes);
+  // A pipelined training stage's table lists its forward phase's weights.
+  for (auto [k, stage] : llvm::enumerate(pipeStages))
+    stage.weightIndices = stages[3 * k].weightIndices;
+  std::string stageTables =
+      stageSource(!pipeStages.empty() ? ArrayRef<StageProgram>(pipeStages)
+                  : training ? ArrayRef<StageProgram>(stages).take_front(1)
+                             : ArrayRef<StageProgram>(stages),
+                  inputs, outputs, shapes);
+  std::string phaseTables = training
+                                ? phaseSource(stages, shapes)
+                                : std::string("static const pcc_phase_info "
+                                              "*const kPhases = nullptr;\n");
+  FailureOr<std::string> stateTableSource =
+      stateTables(module, weights, training);
+  if (failed(stateTableSource))
+    return failure();
   std::string loss = quoted(training ? training->loss : "");
   std::string optimizer = quoted(training ? training->optimizer : "");
   int64_t ignoreIndex =
@@ -849,8 +888,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   }
   StringRef targetName = cpu && cuda ? "cpu+cuda" : cpu ? "cpu" : "cuda";
   os << shapes << specs << batchTables << shardTable << stageTables
-     << phaseTables << kinds << owners << aliases << offloadTable
-     << *scheduleTable << "\n"
+     << phaseTables << *stateTableSource << *scheduleTable << "\n"
      << "const pcc_model_info kInfo = {PCC_MODEL_ABI_VERSION, "
      << options.targets << ", " << quoted(targetName) << ", "
      << quoted(options.source) << ", " << quoted(options.weightsFile) << ", "
@@ -870,7 +908,7 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << "};\n\n"
      << "} // namespace\n\n";
   writeEntryPoints(os, stages.size(), static_cast<bool>(schedule),
-                   static_cast<bool>(training), cpu, cuda, meshRanks,
+                   static_cast<bool>(training), cpu, cuda, mesh.ranks,
                    targetName, space);
   return success();
 }
