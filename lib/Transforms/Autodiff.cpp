@@ -55,6 +55,130 @@ bool isRecomputable(Value v, Recompute policy) {
 
 } // namespace
 
+/// `{pcc.name = name}`.
+static DictionaryAttr nameAttr(MLIRContext *ctx, StringRef name) {
+  return DictionaryAttr::get(ctx,
+                             {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
+                                             StringAttr::get(ctx, name))});
+}
+
+/// The forward phase of `main` (before its backward ops): the arguments
+/// in; the results, then the residuals, out (named in `fwdResultAttrs`).
+static func::FuncOp
+buildForwardPhase(func::FuncOp main, const DifferentiateSpec &spec,
+                  ArrayRef<Operation *> forward,
+                  const llvm::SetVector<Value> &residuals,
+                  SmallVectorImpl<DictionaryAttr> &fwdResultAttrs) {
+  MLIRContext *ctx = main.getContext();
+  OpBuilder mb(main);
+  auto named = [&](StringRef name) { return nameAttr(ctx, name); };
+  Block &block = main.getBody().front();
+  auto ret = cast<func::ReturnOp>(block.getTerminator());
+  unsigned numArgs = main.getNumArguments();
+  // The forward function: the arguments in; the results and residuals out.
+  SmallVector<Type> fwdInputs;
+  for (unsigned i = 0; i < numArgs; ++i)
+    fwdInputs.push_back(block.getArgument(i).getType());
+  SmallVector<Type> fwdResults(ret.getOperandTypes());
+  for (Value r : residuals)
+    fwdResults.push_back(r.getType());
+  auto fwd = func::FuncOp::create(mb, main.getLoc(), spec.forwardName,
+                                  mb.getFunctionType(fwdInputs, fwdResults));
+  fwd->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[0]));
+  for (unsigned i = 0; i < numArgs; ++i)
+    if (DictionaryAttr attrs = main.getArgAttrDict(i))
+      fwd.setArgAttrs(i, attrs);
+  for (unsigned j = 0; j < ret.getNumOperands(); ++j)
+    fwdResultAttrs.push_back(named(j < spec.resultNames.size()
+                                       ? spec.resultNames[j]
+                                       : "out" + std::to_string(j)));
+  for (unsigned i = 0; i < residuals.size(); ++i)
+    fwdResultAttrs.push_back(named("saved" + std::to_string(i)));
+  fwd.setAllResultAttrs(fwdResultAttrs);
+  Block *fwdBlock = fwd.addEntryBlock();
+  IRMapping fmap;
+  for (unsigned i = 0; i < numArgs; ++i)
+    fmap.map(block.getArgument(i), fwdBlock->getArgument(i));
+  OpBuilder fb = OpBuilder::atBlockEnd(fwdBlock);
+  for (Operation *op : forward)
+    fb.clone(*op, fmap);
+  SmallVector<Value> fwdReturn;
+  for (Value r : ret.getOperands())
+    fwdReturn.push_back(fmap.lookup(r));
+  for (Value r : residuals)
+    fwdReturn.push_back(fmap.lookup(r));
+  func::ReturnOp::create(fb, main.getLoc(), fwdReturn);
+  return fwd;
+}
+
+/// The backward phase: the residuals and the cotangents (`seeds`) in; the
+/// active arguments' cotangents (`argGrads`) out (the weights' gradients
+/// are state), with the `recomputed` forward values computed again where
+/// the `backward` ops read them.
+static func::FuncOp
+buildBackwardPhase(func::FuncOp main, const DifferentiateSpec &spec,
+                   ArrayRef<Operation *> backward,
+                   const llvm::SetVector<Value> &residuals,
+                   ArrayRef<Value> seeds, ArrayRef<Value> argGrads,
+                   const DenseSet<Value> &recomputed, const Differentiated &out,
+                   ArrayRef<DictionaryAttr> fwdResultAttrs) {
+  MLIRContext *ctx = main.getContext();
+  OpBuilder mb(main);
+  auto named = [&](StringRef name) { return nameAttr(ctx, name); };
+  // The backward function: residuals and cotangents in; the active
+  // arguments' cotangents out (the weights' gradients are state).
+  SmallVector<Type> bwdInputs, bwdResults;
+  for (Value r : residuals)
+    bwdInputs.push_back(r.getType());
+  for (Value s : seeds)
+    bwdInputs.push_back(s.getType());
+  for (Value g : argGrads)
+    bwdResults.push_back(g.getType());
+  auto bwd = func::FuncOp::create(mb, main.getLoc(), spec.backwardName,
+                                  mb.getFunctionType(bwdInputs, bwdResults));
+  bwd->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[1]));
+  for (unsigned i = 0; i < residuals.size(); ++i)
+    bwd.setArgAttrs(i, named("saved" + std::to_string(i)));
+  for (auto [k, j] : llvm::enumerate(out.seedOf))
+    bwd.setArgAttrs(
+        residuals.size() + k,
+        named(fwdResultAttrs[j].getAs<StringAttr>("pcc.name").getValue() ==
+                      "loss"
+                  ? std::string("loss_grad")
+                  : "grad_out" + std::to_string(j)));
+  for (auto [k, i] : llvm::enumerate(out.gradOf))
+    bwd.setResultAttrs(k, named("grad_in" + std::to_string(i)));
+  Block *bwdBlock = bwd.addEntryBlock();
+  IRMapping bmap;
+  for (auto [i, r] : llvm::enumerate(residuals))
+    bmap.map(r, bwdBlock->getArgument(i));
+  for (auto [k, s] : llvm::enumerate(seeds))
+    bmap.map(s, bwdBlock->getArgument(residuals.size() + k));
+  OpBuilder bb = OpBuilder::atBlockEnd(bwdBlock);
+  // Weights, constants and their reshapes (and with --recompute the
+  // policy's values) are computed again where needed.
+  std::function<Value(Value)> recompute = [&](Value v) -> Value {
+    if (Value mapped = bmap.lookupOrNull(v))
+      return mapped;
+    Operation *def = v.getDefiningOp();
+    for (Value operand : def->getOperands())
+      recompute(operand);
+    Operation *copy = bb.clone(*def, bmap);
+    return copy->getResult(cast<OpResult>(v).getResultNumber());
+  };
+  for (Operation *op : backward) {
+    for (Value operand : op->getOperands())
+      if (!bmap.contains(operand) && recomputed.contains(operand))
+        recompute(operand);
+    bb.clone(*op, bmap);
+  }
+  SmallVector<Value> bwdReturn;
+  for (Value g : argGrads)
+    bwdReturn.push_back(recompute(g));
+  func::ReturnOp::create(bb, main.getLoc(), bwdReturn);
+  return bwd;
+}
+
 FailureOr<Differentiated>
 mlir::pcc::differentiateFunction(func::FuncOp main,
                                  const DifferentiateSpec &spec,
@@ -218,100 +342,12 @@ mlir::pcc::differentiateFunction(func::FuncOp main,
       return diag;
     }
 
-  MLIRContext *ctx = main.getContext();
-  OpBuilder mb(main);
-  auto named = [&](StringRef name) {
-    return DictionaryAttr::get(ctx,
-                               {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
-                                               StringAttr::get(ctx, name))});
-  };
-
-  // The forward function: the arguments in; the results and residuals out.
-  SmallVector<Type> fwdInputs;
-  for (unsigned i = 0; i < numArgs; ++i)
-    fwdInputs.push_back(block.getArgument(i).getType());
-  SmallVector<Type> fwdResults(ret.getOperandTypes());
-  for (Value r : residuals)
-    fwdResults.push_back(r.getType());
-  auto fwd = func::FuncOp::create(mb, main.getLoc(), spec.forwardName,
-                                  mb.getFunctionType(fwdInputs, fwdResults));
-  fwd->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[0]));
-  for (unsigned i = 0; i < numArgs; ++i)
-    if (DictionaryAttr attrs = main.getArgAttrDict(i))
-      fwd.setArgAttrs(i, attrs);
   SmallVector<DictionaryAttr> fwdResultAttrs;
-  for (unsigned j = 0; j < ret.getNumOperands(); ++j)
-    fwdResultAttrs.push_back(named(j < spec.resultNames.size()
-                                       ? spec.resultNames[j]
-                                       : "out" + std::to_string(j)));
-  for (unsigned i = 0; i < residuals.size(); ++i)
-    fwdResultAttrs.push_back(named("saved" + std::to_string(i)));
-  fwd.setAllResultAttrs(fwdResultAttrs);
-  Block *fwdBlock = fwd.addEntryBlock();
-  IRMapping fmap;
-  for (unsigned i = 0; i < numArgs; ++i)
-    fmap.map(block.getArgument(i), fwdBlock->getArgument(i));
-  OpBuilder fb = OpBuilder::atBlockEnd(fwdBlock);
-  for (Operation *op : forward)
-    fb.clone(*op, fmap);
-  SmallVector<Value> fwdReturn;
-  for (Value r : ret.getOperands())
-    fwdReturn.push_back(fmap.lookup(r));
-  for (Value r : residuals)
-    fwdReturn.push_back(fmap.lookup(r));
-  func::ReturnOp::create(fb, main.getLoc(), fwdReturn);
-
-  // The backward function: residuals and cotangents in; the active
-  // arguments' cotangents out (the weights' gradients are state).
-  SmallVector<Type> bwdInputs, bwdResults;
-  for (Value r : residuals)
-    bwdInputs.push_back(r.getType());
-  for (Value s : seeds)
-    bwdInputs.push_back(s.getType());
-  for (Value g : argGrads)
-    bwdResults.push_back(g.getType());
-  auto bwd = func::FuncOp::create(mb, main.getLoc(), spec.backwardName,
-                                  mb.getFunctionType(bwdInputs, bwdResults));
-  bwd->setAttr(kPhaseAttrName, mb.getStringAttr(kPhaseNames[1]));
-  for (unsigned i = 0; i < residuals.size(); ++i)
-    bwd.setArgAttrs(i, named("saved" + std::to_string(i)));
-  for (auto [k, j] : llvm::enumerate(out.seedOf))
-    bwd.setArgAttrs(
-        residuals.size() + k,
-        named(fwdResultAttrs[j].getAs<StringAttr>("pcc.name").getValue() ==
-                      "loss"
-                  ? std::string("loss_grad")
-                  : "grad_out" + std::to_string(j)));
-  for (auto [k, i] : llvm::enumerate(out.gradOf))
-    bwd.setResultAttrs(k, named("grad_in" + std::to_string(i)));
-  Block *bwdBlock = bwd.addEntryBlock();
-  IRMapping bmap;
-  for (auto [i, r] : llvm::enumerate(residuals))
-    bmap.map(r, bwdBlock->getArgument(i));
-  for (auto [k, s] : llvm::enumerate(seeds))
-    bmap.map(s, bwdBlock->getArgument(residuals.size() + k));
-  OpBuilder bb = OpBuilder::atBlockEnd(bwdBlock);
-  // Weights, constants and their reshapes (and with --recompute the
-  // policy's values) are computed again where needed.
-  std::function<Value(Value)> recompute = [&](Value v) -> Value {
-    if (Value mapped = bmap.lookupOrNull(v))
-      return mapped;
-    Operation *def = v.getDefiningOp();
-    for (Value operand : def->getOperands())
-      recompute(operand);
-    Operation *copy = bb.clone(*def, bmap);
-    return copy->getResult(cast<OpResult>(v).getResultNumber());
-  };
-  for (Operation *op : backward) {
-    for (Value operand : op->getOperands())
-      if (!bmap.contains(operand) && recomputed.contains(operand))
-        recompute(operand);
-    bb.clone(*op, bmap);
-  }
-  SmallVector<Value> bwdReturn;
-  for (Value g : argGrads)
-    bwdReturn.push_back(recompute(g));
-  func::ReturnOp::create(bb, main.getLoc(), bwdReturn);
+  func::FuncOp fwd =
+      buildForwardPhase(main, spec, forward, residuals, fwdResultAttrs);
+  func::FuncOp bwd =
+      buildBackwardPhase(main, spec, backward, residuals, seeds, argGrads,
+                         recomputed, out, fwdResultAttrs);
 
   // Leave `main` as it was.
   for (Operation *op : llvm::reverse(backward))
