@@ -326,6 +326,512 @@ std::string hyperDescription(const TrainOptions &o, const char *optimizer) {
   return s;
 }
 
+/// Refuses options that cannot train this library, and sets what follows
+/// from the optimizer (SGD's weight decay default).
+void checkOptions(TrainOptions &o, const std::string &optimizer) {
+  if (o.steps < 1)
+    fail("training needs --steps N: the step at which the run ends");
+  if (o.schedule != "constant" && o.schedule != "cosine" &&
+      o.schedule != "linear")
+    fail("--schedule-lr " + o.schedule +
+         " is not a schedule (constant, "
+         "cosine or linear)");
+  if (!(o.hyper.lr > 0))
+    fail("--lr must be positive");
+  if (o.minLr < 0 || o.minLr > o.hyper.lr)
+    fail("--min-lr must lie between 0 and --lr");
+  if (optimizer == "sgd" && !o.weightDecayGiven)
+    o.hyper.weightDecay = 0; // PyTorch's SGD default
+  if (optimizer != "sgd" && (o.hyper.momentum != 0 || o.hyper.nesterov))
+    fail("--momentum and --nesterov are SGD's; this library was compiled "
+         "with --optimizer=" +
+         optimizer);
+  if (o.hyper.nesterov && o.hyper.momentum <= 0)
+    fail("--nesterov needs --momentum above 0 (as torch.optim.SGD)");
+  if (!o.saveDir.empty() && o.saveEvery < 0)
+    fail("--save-every must be positive");
+}
+
+/// The training data: --data's token windows for a language model, or
+/// --input and --labels arrays, cut into micro-batches of `microRows` rows
+/// of the forward phase's shapes, `batch` rows a step.
+std::unique_ptr<DataSource> openData(const TrainOptions &o,
+                                     const pcc_model_info &info,
+                                     int64_t microRows, int64_t batch) {
+  const pcc_tensor_spec *inputs = info.inputs;
+  int nin = info.num_inputs;
+  std::string loss = info.loss;
+  std::unique_ptr<DataSource> source;
+  if (!o.data.empty()) {
+    if (!o.inputs.empty() || !o.labels.empty())
+      fail("--data gives both the inputs and the labels; drop --input and "
+           "--labels");
+    if (nin != 2 || inputs[0].rank != 2 || inputs[1].rank != 2)
+      fail("--data feeds language models with one [batch, seq] input of "
+           "token ids and labels of the same shape; this model takes " +
+           std::to_string(nin - 1) + " input(s)");
+    int64_t seq = inputs[0].shape[1];
+    if (o.seq && o.seq != seq)
+      fail("--seq " + std::to_string(o.seq) +
+           " does not match the model, "
+           "which was compiled for sequences of " +
+           std::to_string(seq) + " (pcc --dim=seq=" + std::to_string(o.seq) +
+           ")");
+    if (o.dataDtype != "uint16" && o.dataDtype != "int32")
+      fail("--data-dtype " + o.dataDtype + " is not uint16 or int32");
+    auto text = readTextFile(o.data);
+    if (!text.ok())
+      fail("cannot read --data '" + o.data + "'");
+    size_t width = o.dataDtype == "uint16" ? 2 : 4;
+    if (text->size() % width)
+      fail("--data '" + o.data + "' is not a whole number of " + o.dataDtype +
+           " tokens");
+    std::vector<int64_t> tokens(text->size() / width);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (width == 2) {
+        uint16_t t;
+        std::memcpy(&t, text->data() + 2 * i, 2);
+        tokens[i] = t;
+      } else {
+        int32_t t;
+        std::memcpy(&t, text->data() + 4 * i, 4);
+        tokens[i] = t;
+      }
+    }
+    if (static_cast<int64_t>(tokens.size()) <= seq + 1)
+      fail("--data '" + o.data + "' holds " + std::to_string(tokens.size()) +
+           " tokens, fewer than one window of " + std::to_string(seq + 1));
+    source = std::make_unique<TokenSource>(
+        std::move(tokens), seq, microRows, batch,
+        static_cast<DType>(inputs[0].dtype),
+        static_cast<DType>(inputs[1].dtype), o.shuffle);
+  } else {
+    if (static_cast<int>(o.inputs.size()) != nin - 1)
+      fail("the model takes " + std::to_string(nin - 1) +
+           " input(s) and labels: give --input for each input and --labels "
+           "(or --data tokens.bin for a language model)");
+    if (o.labels.empty())
+      fail("training needs --labels FILE.npy (" +
+           std::string(loss == "mse" ? "the target of the model's output"
+                                     : "the class of every example") +
+           ")");
+    std::vector<NpyArray> arrays;
+    std::vector<std::string> files(o.inputs);
+    files.push_back(o.labels);
+    int64_t rows = -1;
+    for (int i = 0; i < nin; ++i) {
+      auto a = readNpy(files[i]);
+      if (!a.ok())
+        fail(a.error());
+      NpyArray array =
+          convertTo(a.take(), static_cast<DType>(inputs[i].dtype), files[i]);
+      std::vector<int64_t> want = specShape(inputs[i]);
+      std::vector<int64_t> got = array.shape;
+      if (got.empty() || want.empty() ||
+          std::vector<int64_t>(got.begin() + 1, got.end()) !=
+              std::vector<int64_t>(want.begin() + 1, want.end()))
+        fail("'" + files[i] + "' is " + shapeString(got) + " but the model's " +
+             inputs[i].name + " is [N, ...] with rows of " +
+             shapeString(std::vector<int64_t>(want.begin() + 1, want.end())) +
+             " (the rows are examples)");
+      if (rows >= 0 && got[0] != rows)
+        fail("'" + files[i] + "' holds " + std::to_string(got[0]) +
+             " rows but '" + files[0] + "' holds " + std::to_string(rows) +
+             "; every --input and --labels file needs the same rows");
+      rows = got[0];
+      arrays.push_back(std::move(array));
+    }
+    if (rows < batch)
+      fail("the data holds " + std::to_string(rows) +
+           " rows, fewer than one "
+           "batch of " +
+           std::to_string(batch) + " (pcc --batch)");
+    std::vector<std::string> names;
+    for (int i = 0; i < nin; ++i)
+      names.push_back(inputs[i].name);
+    source = std::make_unique<ArraySource>(std::move(arrays), names, rows,
+                                           microRows, batch, o.shuffle);
+  }
+  return source;
+}
+
+/// Loads the weights file of `library` into `trainer`, or --resume's
+/// checkpoint (weights and optimizer state, and the run's seed into
+/// `hyper`); returns the step it starts after.
+int64_t loadState(const TrainOptions &o, Trainer &trainer,
+                  const ModelLibrary &library, const std::string &optimizer,
+                  Hyperparameters &hyper) {
+  int64_t start = 0;
+  if (!o.resume.empty()) {
+    auto dir = openCheckpoint(o.resume, /*verifyChecksums=*/false);
+    if (!dir.ok())
+      fail(dir.error());
+    auto text = readTextFile(*dir + "/trainer.json");
+    nlohmann::json state = text.ok()
+                               ? nlohmann::json::parse(*text, nullptr, false)
+                               : nlohmann::json();
+    if (state.is_discarded() || !state.contains("step"))
+      fail("checkpoint '" + *dir + "': trainer.json is unreadable");
+    if (state.value("optimizer", "") != optimizer)
+      fail("checkpoint '" + *dir + "' holds " +
+           state.value("optimizer", std::string("no")) +
+           " optimizer state; this library trains with " + optimizer);
+    start = state["step"].get<int64_t>();
+    // Dropout's masks depend on the seed: a resumed run keeps it.
+    uint64_t saved = state.value("seed", uint64_t(0));
+    if (o.seed && *o.seed != saved)
+      fail("checkpoint '" + *dir + "' was trained with --seed " +
+           std::to_string(saved) + "; resuming with --seed " +
+           std::to_string(*o.seed) + " would not continue the same run");
+    hyper.seed = saved;
+    // Each rank reads its own pieces of the state it holds, from the files
+    // that hold them (all of them when the layout changed).
+    auto reader = CheckpointReader::open(*dir);
+    if (!reader.ok())
+      fail(reader.error());
+    for (int32_t kind : {PCC_STATE_WEIGHT, PCC_STATE_OPTIMIZER}) {
+      Status loaded = trainer.load(*reader, kind);
+      if (!loaded.ok())
+        fail(loaded.error());
+    }
+    if (reader->sharded())
+      std::printf("resumed from %s at step %lld (rank 0 read %lld of the "
+                  "%lld shard files: those holding its pieces)\n",
+                  dir->c_str(), static_cast<long long>(start),
+                  static_cast<long long>(reader->filesRead()),
+                  static_cast<long long>(reader->files()));
+    else
+      std::printf("resumed from %s at step %lld\n", dir->c_str(),
+                  static_cast<long long>(start));
+    if (start >= o.steps)
+      fail("checkpoint '" + *dir + "' is at step " + std::to_string(start) +
+           "; --steps " + std::to_string(o.steps) +
+           " is the step the run ends at (counted from the start of "
+           "training), so there is nothing left to do");
+  } else {
+    std::string path = library.defaultWeightsPath();
+    auto weights = CheckpointReader::fromFile(path, "weight");
+    if (!weights.ok())
+      fail(weights.error());
+    Status loaded = trainer.load(*weights, PCC_STATE_WEIGHT);
+    if (!loaded.ok())
+      fail(loaded.error());
+  }
+  return start;
+}
+
+/// Opens --loss-log for writing. A resumed run keeps the rows up to its
+/// checkpoint (a killed run may have logged steps after it, which are
+/// done again) and continues the step numbers.
+FILE *openLossLog(const TrainOptions &o, int64_t start) {
+  std::string kept = "step,loss,lr,grad_norm,samples_per_s,step_ms\n";
+  if (start > 0) {
+    std::ifstream existing(o.lossLog);
+    std::string line;
+    if (std::getline(existing, line))
+      while (std::getline(existing, line)) {
+        long long step = 0;
+        if (std::sscanf(line.c_str(), "%lld,", &step) == 1 && step <= start)
+          kept += line + "\n";
+      }
+  }
+  FILE *log = std::fopen(o.lossLog.c_str(), "w");
+  if (!log)
+    fail("cannot write --loss-log '" + o.lossLog + "'");
+  std::fputs(kept.c_str(), log);
+  return log;
+}
+
+/// What the loss of one micro-batch with `labels` is normalised by: its
+/// labels that are not ignored (cross_entropy), its elements (mse), or 1.
+double labelCount(const pcc_model_info &info, const uint8_t *labels) {
+  const pcc_tensor_spec &spec = info.inputs[info.num_inputs - 1];
+  int64_t n = elementCount(specShape(spec));
+  std::string loss = info.loss;
+  if (loss == "mse")
+    return static_cast<double>(n);
+  if (loss != "cross_entropy")
+    return 1;
+  double count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = spec.dtype == static_cast<int32_t>(DType::I64)
+                    ? reinterpret_cast<const int64_t *>(labels)[i]
+                    : reinterpret_cast<const int32_t *>(labels)[i];
+    count += v != info.ignore_index;
+  }
+  return count;
+}
+
+/// The bytes the library's collectives have moved so far (not the
+/// checkpoints' gathers): over the dp axis (gradients, ZeRO's gathers) or,
+/// `overTp`, over the tp axis (activations and their gradients); a
+/// pipeline's (tied weights' gradients, the norm, the losses) in neither.
+CommBinding::Traffic collectiveTraffic(const pcc_model_info &info,
+                                       const pcc_comm *comms, bool overTp) {
+  CommBinding::Traffic t;
+  for (int a = 0; comms && a < info.num_mesh_axes; ++a) {
+    if ((std::string(info.mesh_axes[a]) == PCC_MESH_AXIS_TP) != overTp ||
+        a == info.pipeline_axis)
+      continue;
+    const auto &m = static_cast<const CommBinding *>(comms[a].group)->traffic();
+    t.allReduce += m.allReduce;
+    t.allGather += m.allGather;
+    t.reduceScatter += m.reduceScatter;
+    t.calls += m.calls;
+    t.started += m.started;
+    t.startedGathers += m.startedGathers;
+    t.seconds += m.seconds;
+  }
+  return t;
+}
+
+/// Adds what moved between `before` and `after` to `into`.
+void addTraffic(CommBinding::Traffic &into, const CommBinding::Traffic &before,
+                const CommBinding::Traffic &after) {
+  into.allReduce += after.allReduce - before.allReduce;
+  into.allGather += after.allGather - before.allGather;
+  into.reduceScatter += after.reduceScatter - before.reduceScatter;
+  into.calls += after.calls - before.calls;
+  into.started += after.started - before.started;
+  into.startedGathers += after.startedGathers - before.startedGathers;
+  into.seconds += after.seconds - before.seconds;
+}
+
+/// Prints the collectives' traffic per step (over `steps` steps): over tp,
+/// and over dp in the ZeRO paper's units with the time waited for them.
+void reportCommunication(const pcc_model_info &info, const Trainer &trainer,
+                         const CommBinding::Traffic &tpTraffic,
+                         const CommBinding::Traffic &stepTraffic,
+                         int64_t trafficSteps) {
+  if (tpTraffic.calls > 0) {
+    double n = static_cast<double>(trafficSteps);
+    std::printf("tensor-parallel communication per step on each rank: %.3f "
+                "MiB (all-reduce %.3f, reduce-scatter %.3f, all-gather %.3f "
+                "MiB; %.0f collectives: activations, their gradients and the "
+                "gradient norm)\n",
+                tpTraffic.total() / n / 1048576.0,
+                tpTraffic.allReduce / n / 1048576.0,
+                tpTraffic.reduceScatter / n / 1048576.0,
+                tpTraffic.allGather / n / 1048576.0, tpTraffic.calls / n);
+  }
+  if (stepTraffic.calls > 0) {
+    // In the ZeRO paper's units: Psi trainable parameters of 4 bytes, of
+    // this rank's tensor-parallel piece of the model (of its pipeline
+    // rank's stages).
+    int64_t psi = 0;
+    for (int i = 0; i < info.num_weights; ++i) {
+      if (info.weight_kinds[i] != PCC_STATE_GRAD || !trainer.holds(i))
+        continue;
+      const pcc_weight_shard &shard = info.weight_shards[i];
+      int32_t split = shard.dim >= 0 ? shard.axis : shard.within_axis;
+      psi += elementCount(specShape(info.whole_weights[i])) /
+             (split >= 0 ? info.mesh_sizes[split] : 1);
+    }
+    double n = static_cast<double>(trafficSteps);
+    double unit = 4.0 * static_cast<double>(std::max<int64_t>(psi, 1));
+    std::printf("communication per step on each rank: %.3f Psi = %.3f MiB "
+                "(all-reduce %.3f, reduce-scatter %.3f, all-gather %.3f "
+                "MiB; %.0f collectives; Psi = %lld trainable parameters x 4 "
+                "bytes; a ring sends (n - 1) / n of it)\n",
+                stepTraffic.total() / n / unit,
+                stepTraffic.total() / n / 1048576.0,
+                stepTraffic.allReduce / n / 1048576.0,
+                stepTraffic.reduceScatter / n / 1048576.0,
+                stepTraffic.allGather / n / 1048576.0, stepTraffic.calls / n,
+                static_cast<long long>(psi));
+    // What the rank waited for them: blocking collectives whole, started
+    // ones (gradient buckets, prefetched weight gathers) only where they
+    // were not done by the time they were needed (bench/dp_overlap.py
+    // compares the two).
+    bool buckets = stepTraffic.started > stepTraffic.startedGathers;
+    bool gathers = stepTraffic.startedGathers > 0;
+    std::printf("time in data-parallel collectives per step on each rank: "
+                "%.3f ms (%s)\n",
+                stepTraffic.seconds / n * 1e3,
+                buckets && gathers
+                    ? "gradient buckets started during the backward pass "
+                      "and weight gathers started ahead; the time waited "
+                      "for them"
+                : buckets ? "gradient buckets started during the backward "
+                            "pass; the time waited for them"
+                : gathers ? "weight gathers started ahead (ZeRO-3 "
+                            "prefetch); the time waited for them"
+                          : "blocking");
+  }
+}
+
+/// What a checkpoint's trainer.json records about the run.
+struct RunFacts {
+  const std::string &libraryPath, &loss, &optimizer;
+  int64_t batch, microbatches, dp, tp;
+};
+
+/// Writes the checkpoint of `step` into --save-dir. Every rank gathers the
+/// whole state (ZeRO-sharded tensors are all-gathered over dp; replicated
+/// ones are the same on every rank), and rank 0 writes it in the
+/// one-device format, which any layout loads; with --save-sharded each rank
+/// writes its pieces.
+void saveCheckpoint(const TrainOptions &o, const pcc_model_info &info,
+                    const RunFacts &facts, const TrainRanks &ranks,
+                    Trainer &trainer, uint64_t seed, int64_t step) {
+  std::optional<SafetensorsWriter> weights, opt, shard;
+  if (o.saveSharded) {
+    int64_t held = 0;
+    auto mine = trainer.saveShard(&held);
+    if (!mine.ok())
+      fail(mine.error());
+    if (held > 0)
+      shard.emplace(mine.take());
+  } else {
+    auto w = trainer.save(PCC_STATE_WEIGHT, "weights");
+    auto p = trainer.save(PCC_STATE_OPTIMIZER, "optimizer state");
+    if (!w.ok() || !p.ok())
+      fail(w.ok() ? p.error() : w.error());
+    weights.emplace(w.take());
+    opt.emplace(p.take());
+  }
+  if (!ranks.leader && !o.saveSharded)
+    return;
+  nlohmann::json state = {{"step", step},
+                          {"model", info.source},
+                          {"library", facts.libraryPath},
+                          {"loss", facts.loss},
+                          {"optimizer", facts.optimizer},
+                          {"batch", facts.batch},
+                          {"microbatches", facts.microbatches},
+                          {PCC_MESH_AXIS_DP, facts.dp},
+                          {PCC_MESH_AXIS_TP, facts.tp},
+                          {"zero", info.zero_stage},
+                          {"samples_seen", step * facts.batch}};
+  if (o.shuffle)
+    state["shuffle"] = *o.shuffle;
+  state["seed"] = seed;
+  const char *crash = std::getenv("PCC_TEST_CRASH_IN_SAVE");
+  bool crashNow = crash && std::atoll(crash) == step;
+  state["sharded"] = o.saveSharded;
+  Result<std::string> dir = std::string();
+  if (o.saveSharded)
+    dir = writeShardedCheckpoint(
+        o.saveDir, step, static_cast<int>(ranks.worldRank),
+        shard ? &*shard : nullptr, state.dump(2) + "\n", [&]() {
+          return ranks.world ? ranks.world->barrier() : Status::success();
+        });
+  else
+    dir = writeCheckpoint(
+        o.saveDir, step,
+        {{"weights.safetensors", &*weights}, {"optimizer.safetensors", &*opt}},
+        state.dump(2) + "\n", crashNow);
+  if (!dir.ok())
+    fail(dir.error());
+  std::printf("saved %s%s\n", dir->c_str(),
+              o.saveSharded ? " (sharded: each rank wrote its pieces)" : "");
+}
+
+/// A pipelined run's report: every pipeline rank's memory high-water mark,
+/// its stash, and with --trace or --trace-svg the last step's timeline.
+void reportPipeline(const TrainOptions &o, const ModelLibrary &library,
+                    const Device &device, const TrainRanks &ranks,
+                    const Trainer &trainer) {
+  const pcc_model_info &info = library.info();
+  if (ranks.world) {
+    // Every pipeline rank's high-water mark (the most of its tp x dp
+    // ranks'), next to pcc --explain's prediction.
+    std::vector<double> peaks(static_cast<size_t>(ranks.world->size()), 0.0),
+        all(peaks.size(), 0.0);
+    peaks[static_cast<size_t>(ranks.worldRank)] =
+        static_cast<double>(device.peakBytes());
+    Status gathered = ranks.world->allReduce(peaks.data(), all.data(),
+                                             static_cast<int64_t>(peaks.size()),
+                                             DType::F64, ReduceOp::Sum);
+    if (!gathered.ok())
+      fail("gathering the ranks' high-water marks: " + gathered.error());
+    std::vector<double> perStage(static_cast<size_t>(info.num_pipeline_ranks),
+                                 0.0);
+    for (size_t w = 0; w < all.size(); ++w) {
+      // The pipeline coordinate of world rank w (the last axis fastest).
+      int64_t rest = static_cast<int64_t>(w), coord = 0;
+      for (int a = info.num_mesh_axes - 1; a >= 0; --a) {
+        if (a == info.pipeline_axis)
+          coord = rest % info.mesh_sizes[a];
+        rest /= info.mesh_sizes[a];
+      }
+      double &peak = perStage[static_cast<size_t>(coord)];
+      peak = std::max(peak, all[w]);
+    }
+    std::string list;
+    for (size_t r = 0; r < perStage.size(); ++r) {
+      char text[32];
+      std::snprintf(text, sizeof(text), "%s%.3f", r ? ", " : "",
+                    perStage[r] / 1048576.0);
+      list += text;
+    }
+    std::printf("memory high-water per pipeline rank: %s MiB (pcc --explain "
+                "predicts them)\n",
+                list.c_str());
+  }
+  auto slots = trainer.stashSlotsPerRank();
+  if (!slots.ok())
+    fail(slots.error());
+  std::string list;
+  for (size_t r = 0; r < slots->size(); ++r)
+    list += (r ? ", " : "") + std::to_string((*slots)[r]);
+  std::printf("pipeline stash: %s micro-batches in flight at most on "
+              "pipeline ranks 0 to %d (%s schedule, %d micro-batches, %d "
+              "stages)\n",
+              list.c_str(), info.num_pipeline_ranks - 1, info.schedule_policy,
+              info.microbatches, info.num_stages);
+  if (!o.trace.empty() || !o.traceSvg.empty()) {
+    auto all = ranks.world
+                   ? pccrun::gatherEvents(*ranks.world, trainer.trace())
+                   : Result<std::vector<std::vector<TraceEvent>>>(
+                         std::vector<std::vector<TraceEvent>>{trainer.trace()});
+    if (!all.ok())
+      fail(all.error());
+    if (ranks.leader) {
+      std::vector<pccrun::RankTrace> rows =
+          pccrun::timelineRows(library, all.take());
+      std::string model = info.source;
+      model = model.substr(model.find_last_of('/') + 1);
+      pccrun::TraceInfo ti{model,
+                           info.schedule_policy,
+                           info.num_pipeline_ranks,
+                           info.microbatches,
+                           library.chunksPerPipelineRank(),
+                           &info};
+      std::printf("the last step's pipeline (F, B and W of every "
+                  "micro-batch):\n");
+      Status s = pccrun::reportTimeline(ti, rows, !device.isHost(), o.trace,
+                                        o.traceSvg);
+      if (!s.ok())
+        fail(s.error());
+    }
+  }
+}
+
+/// Writes --loss-svg: the whole curve of --loss-log when it holds earlier
+/// steps of a resumed run, else this run's `curve`.
+void writeLossCurve(const TrainOptions &o,
+                    const std::vector<std::pair<int64_t, double>> &curve,
+                    const std::string &title) {
+  // The whole curve when the log holds earlier steps of a resumed run.
+  std::vector<std::pair<int64_t, double>> points;
+  if (!o.lossLog.empty()) {
+    std::ifstream in(o.lossLog);
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      long long step = 0;
+      double value = 0;
+      if (std::sscanf(line.c_str(), "%lld,%lf", &step, &value) == 2)
+        points.push_back({step, value});
+    }
+  }
+  if (points.empty())
+    points = curve;
+  writeSvg(o.lossSvg, points, title);
+  std::printf("wrote %s\n", o.lossSvg.c_str());
+}
+
 } // namespace
 
 bool parseTrainOption(const std::string &a, TrainOptions &o,
@@ -425,27 +931,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     const pcc_tensor_spec *inputs;
   } fwd{info.num_inputs, info.inputs};
   std::string optimizer = info.optimizer, loss = info.loss;
-  if (o.steps < 1)
-    fail("training needs --steps N: the step at which the run ends");
-  if (o.schedule != "constant" && o.schedule != "cosine" &&
-      o.schedule != "linear")
-    fail("--schedule-lr " + o.schedule +
-         " is not a schedule (constant, "
-         "cosine or linear)");
-  if (!(o.hyper.lr > 0))
-    fail("--lr must be positive");
-  if (o.minLr < 0 || o.minLr > o.hyper.lr)
-    fail("--min-lr must lie between 0 and --lr");
-  if (optimizer == "sgd" && !o.weightDecayGiven)
-    o.hyper.weightDecay = 0; // PyTorch's SGD default
-  if (optimizer != "sgd" && (o.hyper.momentum != 0 || o.hyper.nesterov))
-    fail("--momentum and --nesterov are SGD's; this library was compiled "
-         "with --optimizer=" +
-         optimizer);
-  if (o.hyper.nesterov && o.hyper.momentum <= 0)
-    fail("--nesterov needs --momentum above 0 (as torch.optim.SGD)");
-  if (!o.saveDir.empty() && o.saveEvery < 0)
-    fail("--save-every must be positive");
+  checkOptions(o, optimizer);
 
   // Data: micro-batches of the forward phase's shapes.
   int nin = fwd.num_inputs;
@@ -457,98 +943,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   int64_t microRows = fwd.inputs[0].rank ? fwd.inputs[0].shape[0] : 1;
   int64_t m = std::max<int32_t>(info.microbatches, 1);
   int64_t batch = microRows * m * dp;
-  std::unique_ptr<DataSource> source;
-  std::vector<NpyArray> labelsHost; // for the loss normaliser
-  if (!o.data.empty()) {
-    if (!o.inputs.empty() || !o.labels.empty())
-      fail("--data gives both the inputs and the labels; drop --input and "
-           "--labels");
-    if (nin != 2 || fwd.inputs[0].rank != 2 || fwd.inputs[1].rank != 2)
-      fail("--data feeds language models with one [batch, seq] input of "
-           "token ids and labels of the same shape; this model takes " +
-           std::to_string(nin - 1) + " input(s)");
-    int64_t seq = fwd.inputs[0].shape[1];
-    if (o.seq && o.seq != seq)
-      fail("--seq " + std::to_string(o.seq) +
-           " does not match the model, "
-           "which was compiled for sequences of " +
-           std::to_string(seq) + " (pcc --dim=seq=" + std::to_string(o.seq) +
-           ")");
-    if (o.dataDtype != "uint16" && o.dataDtype != "int32")
-      fail("--data-dtype " + o.dataDtype + " is not uint16 or int32");
-    auto text = readTextFile(o.data);
-    if (!text.ok())
-      fail("cannot read --data '" + o.data + "'");
-    size_t width = o.dataDtype == "uint16" ? 2 : 4;
-    if (text->size() % width)
-      fail("--data '" + o.data + "' is not a whole number of " + o.dataDtype +
-           " tokens");
-    std::vector<int64_t> tokens(text->size() / width);
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (width == 2) {
-        uint16_t t;
-        std::memcpy(&t, text->data() + 2 * i, 2);
-        tokens[i] = t;
-      } else {
-        int32_t t;
-        std::memcpy(&t, text->data() + 4 * i, 4);
-        tokens[i] = t;
-      }
-    }
-    if (static_cast<int64_t>(tokens.size()) <= seq + 1)
-      fail("--data '" + o.data + "' holds " + std::to_string(tokens.size()) +
-           " tokens, fewer than one window of " + std::to_string(seq + 1));
-    source = std::make_unique<TokenSource>(
-        std::move(tokens), seq, microRows, batch,
-        static_cast<DType>(fwd.inputs[0].dtype),
-        static_cast<DType>(fwd.inputs[1].dtype), o.shuffle);
-  } else {
-    if (static_cast<int>(o.inputs.size()) != nin - 1)
-      fail("the model takes " + std::to_string(nin - 1) +
-           " input(s) and labels: give --input for each input and --labels "
-           "(or --data tokens.bin for a language model)");
-    if (o.labels.empty())
-      fail("training needs --labels FILE.npy (" +
-           std::string(loss == "mse" ? "the target of the model's output"
-                                     : "the class of every example") +
-           ")");
-    std::vector<NpyArray> arrays;
-    std::vector<std::string> files(o.inputs);
-    files.push_back(o.labels);
-    int64_t rows = -1;
-    for (int i = 0; i < nin; ++i) {
-      auto a = readNpy(files[i]);
-      if (!a.ok())
-        fail(a.error());
-      NpyArray array = convertTo(
-          a.take(), static_cast<DType>(fwd.inputs[i].dtype), files[i]);
-      std::vector<int64_t> want = specShape(fwd.inputs[i]);
-      std::vector<int64_t> got = array.shape;
-      if (got.empty() || want.empty() ||
-          std::vector<int64_t>(got.begin() + 1, got.end()) !=
-              std::vector<int64_t>(want.begin() + 1, want.end()))
-        fail("'" + files[i] + "' is " + shapeString(got) + " but the model's " +
-             fwd.inputs[i].name + " is [N, ...] with rows of " +
-             shapeString(std::vector<int64_t>(want.begin() + 1, want.end())) +
-             " (the rows are examples)");
-      if (rows >= 0 && got[0] != rows)
-        fail("'" + files[i] + "' holds " + std::to_string(got[0]) +
-             " rows but '" + files[0] + "' holds " + std::to_string(rows) +
-             "; every --input and --labels file needs the same rows");
-      rows = got[0];
-      arrays.push_back(std::move(array));
-    }
-    if (rows < batch)
-      fail("the data holds " + std::to_string(rows) +
-           " rows, fewer than one "
-           "batch of " +
-           std::to_string(batch) + " (pcc --batch)");
-    std::vector<std::string> names;
-    for (int i = 0; i < nin; ++i)
-      names.push_back(fwd.inputs[i].name);
-    source = std::make_unique<ArraySource>(std::move(arrays), names, rows,
-                                           microRows, batch, o.shuffle);
-  }
+  std::unique_ptr<DataSource> source = openData(o, info, microRows, batch);
 
   auto trainer =
       library.isPipelined()
@@ -565,62 +960,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     hyper.seed = *o.seed;
 
   // Start: the library's weights file, or a checkpoint.
-  int64_t start = 0;
-  if (!o.resume.empty()) {
-    auto dir = openCheckpoint(o.resume, /*verifyChecksums=*/false);
-    if (!dir.ok())
-      fail(dir.error());
-    auto text = readTextFile(*dir + "/trainer.json");
-    nlohmann::json state = text.ok()
-                               ? nlohmann::json::parse(*text, nullptr, false)
-                               : nlohmann::json();
-    if (state.is_discarded() || !state.contains("step"))
-      fail("checkpoint '" + *dir + "': trainer.json is unreadable");
-    if (state.value("optimizer", "") != optimizer)
-      fail("checkpoint '" + *dir + "' holds " +
-           state.value("optimizer", std::string("no")) +
-           " optimizer state; this library trains with " + optimizer);
-    start = state["step"].get<int64_t>();
-    // Dropout's masks depend on the seed: a resumed run keeps it.
-    uint64_t saved = state.value("seed", uint64_t(0));
-    if (o.seed && *o.seed != saved)
-      fail("checkpoint '" + *dir + "' was trained with --seed " +
-           std::to_string(saved) + "; resuming with --seed " +
-           std::to_string(*o.seed) + " would not continue the same run");
-    hyper.seed = saved;
-    // Each rank reads its own pieces of the state it holds, from the files
-    // that hold them (all of them when the layout changed).
-    auto reader = CheckpointReader::open(*dir);
-    if (!reader.ok())
-      fail(reader.error());
-    for (int32_t kind : {PCC_STATE_WEIGHT, PCC_STATE_OPTIMIZER}) {
-      Status loaded = trainer->load(*reader, kind);
-      if (!loaded.ok())
-        fail(loaded.error());
-    }
-    if (reader->sharded())
-      std::printf("resumed from %s at step %lld (rank 0 read %lld of the "
-                  "%lld shard files: those holding its pieces)\n",
-                  dir->c_str(), static_cast<long long>(start),
-                  static_cast<long long>(reader->filesRead()),
-                  static_cast<long long>(reader->files()));
-    else
-      std::printf("resumed from %s at step %lld\n", dir->c_str(),
-                  static_cast<long long>(start));
-    if (start >= o.steps)
-      fail("checkpoint '" + *dir + "' is at step " + std::to_string(start) +
-           "; --steps " + std::to_string(o.steps) +
-           " is the step the run ends at (counted from the start of "
-           "training), so there is nothing left to do");
-  } else {
-    std::string path = library.defaultWeightsPath();
-    auto weights = CheckpointReader::fromFile(path, "weight");
-    if (!weights.ok())
-      fail(weights.error());
-    Status loaded = trainer->load(*weights, PCC_STATE_WEIGHT);
-    if (!loaded.ok())
-      fail(loaded.error());
-  }
+  int64_t start = loadState(o, *trainer, library, optimizer, hyper);
 
   int64_t tp = 1;
   for (int a = 0; a < info.num_mesh_axes; ++a)
@@ -649,124 +989,26 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
               trainer->activationBytes() / 1048576.0,
               trainer->arenaBytes() / 1048576.0);
 
-  // The loss log. A resumed run keeps the rows up to its checkpoint (a
-  // killed run may have logged steps after it, which are done again) and
-  // continues the step numbers.
-  FILE *log = nullptr;
-  if (!o.lossLog.empty() && ranks.leader) {
-    std::string kept = "step,loss,lr,grad_norm,samples_per_s,step_ms\n";
-    if (start > 0) {
-      std::ifstream existing(o.lossLog);
-      std::string line;
-      if (std::getline(existing, line))
-        while (std::getline(existing, line)) {
-          long long step = 0;
-          if (std::sscanf(line.c_str(), "%lld,", &step) == 1 && step <= start)
-            kept += line + "\n";
-        }
-    }
-    log = std::fopen(o.lossLog.c_str(), "w");
-    if (!log)
-      fail("cannot write --loss-log '" + o.lossLog + "'");
-    std::fputs(kept.c_str(), log);
-  }
+  // The loss log.
+  FILE *log =
+      !o.lossLog.empty() && ranks.leader ? openLossLog(o, start) : nullptr;
 
   std::vector<std::vector<uint8_t>> buffers(m * nin);
   for (int64_t j = 0; j < m; ++j)
     for (int i = 0; i < nin; ++i)
       buffers[j * nin + i].resize(specBytes(fwd.inputs[i]));
-  // Every rank gathers the whole state (ZeRO-sharded tensors are
-  // all-gathered over dp; replicated ones are the same on every rank), and
-  // rank 0 writes the checkpoint in the one-device format, which any
-  // layout loads.
+  // Checkpoints (saveCheckpoint).
+  RunFacts facts{libraryPath, loss, optimizer, batch, m, dp, tp};
   auto save = [&](int64_t step) {
-    std::optional<SafetensorsWriter> weights, opt, shard;
-    if (o.saveSharded) {
-      int64_t held = 0;
-      auto mine = trainer->saveShard(&held);
-      if (!mine.ok())
-        fail(mine.error());
-      if (held > 0)
-        shard.emplace(mine.take());
-    } else {
-      auto w = trainer->save(PCC_STATE_WEIGHT, "weights");
-      auto p = trainer->save(PCC_STATE_OPTIMIZER, "optimizer state");
-      if (!w.ok() || !p.ok())
-        fail(w.ok() ? p.error() : w.error());
-      weights.emplace(w.take());
-      opt.emplace(p.take());
-    }
-    if (!ranks.leader && !o.saveSharded)
-      return;
-    nlohmann::json state = {{"step", step},
-                            {"model", info.source},
-                            {"library", libraryPath},
-                            {"loss", loss},
-                            {"optimizer", optimizer},
-                            {"batch", batch},
-                            {"microbatches", m},
-                            {PCC_MESH_AXIS_DP, dp},
-                            {PCC_MESH_AXIS_TP, tp},
-                            {"zero", info.zero_stage},
-                            {"samples_seen", step * batch}};
-    if (o.shuffle)
-      state["shuffle"] = *o.shuffle;
-    state["seed"] = hyper.seed;
-    const char *crash = std::getenv("PCC_TEST_CRASH_IN_SAVE");
-    bool crashNow = crash && std::atoll(crash) == step;
-    state["sharded"] = o.saveSharded;
-    Result<std::string> dir = std::string();
-    if (o.saveSharded)
-      dir = writeShardedCheckpoint(
-          o.saveDir, step, static_cast<int>(ranks.worldRank),
-          shard ? &*shard : nullptr, state.dump(2) + "\n", [&]() {
-            return ranks.world ? ranks.world->barrier() : Status::success();
-          });
-    else
-      dir = writeCheckpoint(o.saveDir, step,
-                            {{"weights.safetensors", &*weights},
-                             {"optimizer.safetensors", &*opt}},
-                            state.dump(2) + "\n", crashNow);
-    if (!dir.ok())
-      fail(dir.error());
-    std::printf("saved %s%s\n", dir->c_str(),
-                o.saveSharded ? " (sharded: each rank wrote its pieces)" : "");
+    saveCheckpoint(o, info, facts, ranks, *trainer, hyper.seed, step);
   };
 
-  // The bytes the library's collectives move during the steps (not the
-  // checkpoints' gathers): over the dp axis (gradients, ZeRO's gathers) and
-  // over the tp axis (activations and their gradients), apart; a
-  // pipeline's (tied weights' gradients, the norm, the losses) in neither.
+  // The bytes the library's collectives move during the steps, over dp and
+  // over tp (collectiveTraffic).
   auto traffic = [&](bool overTp) {
-    CommBinding::Traffic t;
-    for (int a = 0; ranks.comms && a < info.num_mesh_axes; ++a) {
-      if ((std::string(info.mesh_axes[a]) == PCC_MESH_AXIS_TP) != overTp ||
-          a == info.pipeline_axis)
-        continue;
-      const auto &m =
-          static_cast<const CommBinding *>(ranks.comms[a].group)->traffic();
-      t.allReduce += m.allReduce;
-      t.allGather += m.allGather;
-      t.reduceScatter += m.reduceScatter;
-      t.calls += m.calls;
-      t.started += m.started;
-      t.startedGathers += m.startedGathers;
-      t.seconds += m.seconds;
-    }
-    return t;
+    return collectiveTraffic(info, ranks.comms, overTp);
   };
   CommBinding::Traffic stepTraffic, tpTraffic;
-  auto addTraffic = [](CommBinding::Traffic &into,
-                       const CommBinding::Traffic &before,
-                       const CommBinding::Traffic &after) {
-    into.allReduce += after.allReduce - before.allReduce;
-    into.allGather += after.allGather - before.allGather;
-    into.reduceScatter += after.reduceScatter - before.reduceScatter;
-    into.calls += after.calls - before.calls;
-    into.started += after.started - before.started;
-    into.startedGathers += after.startedGathers - before.startedGathers;
-    into.seconds += after.seconds - before.seconds;
-  };
   int64_t trafficSteps = 0;
 
   std::vector<std::pair<int64_t, double>> curve;
@@ -786,21 +1028,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
         microbatches[j].push_back(buffers[j * nin + i].data());
       }
       // The loss normaliser over the whole step.
-      const pcc_tensor_spec &labels = fwd.inputs[nin - 1];
-      const uint8_t *l = buffers[j * nin + nin - 1].data();
-      int64_t n = elementCount(specShape(labels));
-      if (loss == "cross_entropy") {
-        for (int64_t i = 0; i < n; ++i) {
-          int64_t v = labels.dtype == static_cast<int32_t>(DType::I64)
-                          ? reinterpret_cast<const int64_t *>(l)[i]
-                          : reinterpret_cast<const int32_t *>(l)[i];
-          count += v != info.ignore_index;
-        }
-      } else if (loss == "mse") {
-        count += static_cast<double>(n);
-      } else {
-        count += 1;
-      }
+      count += labelCount(info, buffers[j * nin + nin - 1].data());
     }
     // The normaliser counts the labels of every rank's rows.
     count = sumOverRanks(count);
@@ -892,162 +1120,17 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
               (device.peakBytes() - trainer->stateBytes() -
                trainer->activationBytes() - trainer->arenaBytes()) /
                   1048576.0);
-  if (library.isPipelined() && ranks.world) {
-    // Every pipeline rank's high-water mark (the most of its tp x dp
-    // ranks'), next to pcc --explain's prediction.
-    std::vector<double> peaks(static_cast<size_t>(ranks.world->size()), 0.0),
-        all(peaks.size(), 0.0);
-    peaks[static_cast<size_t>(ranks.worldRank)] =
-        static_cast<double>(device.peakBytes());
-    Status gathered = ranks.world->allReduce(peaks.data(), all.data(),
-                                             static_cast<int64_t>(peaks.size()),
-                                             DType::F64, ReduceOp::Sum);
-    if (!gathered.ok())
-      fail("gathering the ranks' high-water marks: " + gathered.error());
-    std::vector<double> perStage(static_cast<size_t>(info.num_pipeline_ranks),
-                                 0.0);
-    for (size_t w = 0; w < all.size(); ++w) {
-      // The pipeline coordinate of world rank w (the last axis fastest).
-      int64_t rest = static_cast<int64_t>(w), coord = 0;
-      for (int a = info.num_mesh_axes - 1; a >= 0; --a) {
-        if (a == info.pipeline_axis)
-          coord = rest % info.mesh_sizes[a];
-        rest /= info.mesh_sizes[a];
-      }
-      double &peak = perStage[static_cast<size_t>(coord)];
-      peak = std::max(peak, all[w]);
-    }
-    std::string list;
-    for (size_t r = 0; r < perStage.size(); ++r) {
-      char text[32];
-      std::snprintf(text, sizeof(text), "%s%.3f", r ? ", " : "",
-                    perStage[r] / 1048576.0);
-      list += text;
-    }
-    std::printf("memory high-water per pipeline rank: %s MiB (pcc --explain "
-                "predicts them)\n",
-                list.c_str());
-  }
-  if (library.isPipelined()) {
-    auto slots = trainer->stashSlotsPerRank();
-    if (!slots.ok())
-      fail(slots.error());
-    std::string list;
-    for (size_t r = 0; r < slots->size(); ++r)
-      list += (r ? ", " : "") + std::to_string((*slots)[r]);
-    std::printf("pipeline stash: %s micro-batches in flight at most on "
-                "pipeline ranks 0 to %d (%s schedule, %d micro-batches, %d "
-                "stages)\n",
-                list.c_str(), info.num_pipeline_ranks - 1, info.schedule_policy,
-                info.microbatches, info.num_stages);
-    if (!o.trace.empty() || !o.traceSvg.empty()) {
-      auto all =
-          ranks.world
-              ? pccrun::gatherEvents(*ranks.world, trainer->trace())
-              : Result<std::vector<std::vector<TraceEvent>>>(
-                    std::vector<std::vector<TraceEvent>>{trainer->trace()});
-      if (!all.ok())
-        fail(all.error());
-      if (ranks.leader) {
-        std::vector<pccrun::RankTrace> rows =
-            pccrun::timelineRows(library, all.take());
-        std::string model = info.source;
-        model = model.substr(model.find_last_of('/') + 1);
-        pccrun::TraceInfo ti{model,
-                             info.schedule_policy,
-                             info.num_pipeline_ranks,
-                             info.microbatches,
-                             library.chunksPerPipelineRank(),
-                             &info};
-        std::printf("the last step's pipeline (F, B and W of every "
-                    "micro-batch):\n");
-        Status s = pccrun::reportTimeline(ti, rows, !device.isHost(), o.trace,
-                                          o.traceSvg);
-        if (!s.ok())
-          fail(s.error());
-      }
-    }
-  }
+  if (library.isPipelined())
+    reportPipeline(o, library, device, ranks, *trainer);
   if (trainer->hostStateBytes() > 0)
     std::printf("offloaded optimizer: %.3f MiB of state in host memory "
                 "(optimizer state, and host copies of the gradients and "
                 "weights the update reads)\n",
                 trainer->hostStateBytes() / 1048576.0);
-  if (ranks.comms && trafficSteps > 0 && tpTraffic.calls > 0) {
-    double n = static_cast<double>(trafficSteps);
-    std::printf("tensor-parallel communication per step on each rank: %.3f "
-                "MiB (all-reduce %.3f, reduce-scatter %.3f, all-gather %.3f "
-                "MiB; %.0f collectives: activations, their gradients and the "
-                "gradient norm)\n",
-                tpTraffic.total() / n / 1048576.0,
-                tpTraffic.allReduce / n / 1048576.0,
-                tpTraffic.reduceScatter / n / 1048576.0,
-                tpTraffic.allGather / n / 1048576.0, tpTraffic.calls / n);
-  }
-  if (ranks.comms && trafficSteps > 0 && stepTraffic.calls > 0) {
-    // In the ZeRO paper's units: Psi trainable parameters of 4 bytes, of
-    // this rank's tensor-parallel piece of the model (of its pipeline
-    // rank's stages).
-    int64_t psi = 0;
-    for (int i = 0; i < info.num_weights; ++i) {
-      if (info.weight_kinds[i] != PCC_STATE_GRAD || !trainer->holds(i))
-        continue;
-      const pcc_weight_shard &shard = info.weight_shards[i];
-      int32_t split = shard.dim >= 0 ? shard.axis : shard.within_axis;
-      psi += elementCount(specShape(info.whole_weights[i])) /
-             (split >= 0 ? info.mesh_sizes[split] : 1);
-    }
-    double n = static_cast<double>(trafficSteps);
-    double unit = 4.0 * static_cast<double>(std::max<int64_t>(psi, 1));
-    std::printf("communication per step on each rank: %.3f Psi = %.3f MiB "
-                "(all-reduce %.3f, reduce-scatter %.3f, all-gather %.3f "
-                "MiB; %.0f collectives; Psi = %lld trainable parameters x 4 "
-                "bytes; a ring sends (n - 1) / n of it)\n",
-                stepTraffic.total() / n / unit,
-                stepTraffic.total() / n / 1048576.0,
-                stepTraffic.allReduce / n / 1048576.0,
-                stepTraffic.reduceScatter / n / 1048576.0,
-                stepTraffic.allGather / n / 1048576.0, stepTraffic.calls / n,
-                static_cast<long long>(psi));
-    // What the rank waited for them: blocking collectives whole, started
-    // ones (gradient buckets, prefetched weight gathers) only where they
-    // were not done by the time they were needed (bench/dp_overlap.py
-    // compares the two).
-    bool buckets = stepTraffic.started > stepTraffic.startedGathers;
-    bool gathers = stepTraffic.startedGathers > 0;
-    std::printf("time in data-parallel collectives per step on each rank: "
-                "%.3f ms (%s)\n",
-                stepTraffic.seconds / n * 1e3,
-                buckets && gathers
-                    ? "gradient buckets started during the backward pass "
-                      "and weight gathers started ahead; the time waited "
-                      "for them"
-                : buckets ? "gradient buckets started during the backward "
-                            "pass; the time waited for them"
-                : gathers ? "weight gathers started ahead (ZeRO-3 "
-                            "prefetch); the time waited for them"
-                          : "blocking");
-  }
-  if (!o.lossSvg.empty() && ranks.leader) {
-    // The whole curve when the log holds earlier steps of a resumed run.
-    std::vector<std::pair<int64_t, double>> points;
-    if (!o.lossLog.empty()) {
-      std::ifstream in(o.lossLog);
-      std::string line;
-      std::getline(in, line);
-      while (std::getline(in, line)) {
-        long long step = 0;
-        double value = 0;
-        if (std::sscanf(line.c_str(), "%lld,%lf", &step, &value) == 2)
-          points.push_back({step, value});
-      }
-    }
-    if (points.empty())
-      points = curve;
-    writeSvg(o.lossSvg, points,
-             "training loss (" + loss + ", " + optimizer + ")");
-    std::printf("wrote %s\n", o.lossSvg.c_str());
-  }
+  if (ranks.comms && trafficSteps > 0)
+    reportCommunication(info, *trainer, tpTraffic, stepTraffic, trafficSteps);
+  if (!o.lossSvg.empty() && ranks.leader)
+    writeLossCurve(o, curve, "training loss (" + loss + ", " + optimizer + ")");
   return 0;
 }
 
