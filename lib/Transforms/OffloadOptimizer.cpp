@@ -67,31 +67,14 @@ StringRef stateOf(Value v) {
   return param ? param.getName() : StringRef();
 }
 
-struct OffloadOptimizerPass
-    : public mlir::pcc::impl::OffloadOptimizerBase<OffloadOptimizerPass> {
-  using OffloadOptimizerBase::OffloadOptimizerBase;
-
-  void runOnOperation() override {
-    if (failed(offload(getOperation())))
-      signalPassFailure();
-  }
-
-  LogicalResult offload(ModuleOp module);
-};
-
 enum class Place { Pre, Host, Post };
 
-LogicalResult OffloadOptimizerPass::offload(ModuleOp module) {
-  auto opt = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[2]);
-  if (!opt || !opt.getBody().hasOneBlock() || opt.getNumArguments() != 0)
-    return module.emitError("offload: expects the optimizer phase @")
-           << kPhaseFunctions[2] << " (run pcc-optimizer first)";
-  Block &block = opt.getBody().front();
-  auto ret = cast<func::ReturnOp>(block.getTerminator());
-  SmallVector<Operation *> ops;
-  for (Operation &op : block.without_terminator())
-    ops.push_back(&op);
-
+/// Where each op of the optimizer phase runs: on the device before any
+/// update (Pre: device ops that no update feeds, with what they read), on
+/// the host (the updates and what depends on them), or on the device after
+/// the updates (Post: device ops after an update, and every op that uses
+/// their results). Weights and constants are copied where needed.
+DenseMap<Operation *, Place> placeOps(ArrayRef<Operation *> ops) {
   // Ops that depend on an update: the updates themselves, readers of state
   // an earlier op of the phase wrote, and their users.
   DenseSet<Operation *> afterUpdate;
@@ -142,9 +125,14 @@ LogicalResult OffloadOptimizerPass::offload(ModuleOp module) {
   for (Operation *op : ops)
     if (!isFree(op) && !place.count(op))
       place[op] = Place::Host;
+  return place;
+}
 
-  // What crosses: pre results the host reads. The post phase may read only
-  // state (through copies) and its own values.
+/// The Pre phase's results the host reads. The Post phase may read only
+/// state (through copies) and its own values; anything else is an error.
+FailureOr<llvm::SetVector<Value>>
+crossingValues(ArrayRef<Operation *> ops,
+               const DenseMap<Operation *, Place> &place, func::ReturnOp ret) {
   llvm::SetVector<Value> crossing;
   for (Operation *op : ops) {
     if (isFree(op))
@@ -175,80 +163,15 @@ LogicalResult OffloadOptimizerPass::offload(ModuleOp module) {
       if (!isFree(def) && place.lookup(def) == Place::Post)
         return ret.emitError("offload: the optimizer's result is computed "
                              "after its collectives");
+  return crossing;
+}
 
-  // Build the three functions.
+/// Records in pcc.training where each state tensor lives, from who reads
+/// and writes it: only the `host` phase (host), written on the device and
+/// read on the host (to_host), written on the host and read on the device
+/// (to_device).
+void recordOffloadTable(ModuleOp module, func::FuncOp host) {
   MLIRContext *ctx = module.getContext();
-  OpBuilder mb(opt);
-  Location loc = opt.getLoc();
-  auto build = [&](StringRef name, StringRef phase, Place which,
-                   ArrayRef<Value> args, ArrayRef<Value> results,
-                   ArrayAttr resultAttrs) {
-    SmallVector<Type> argTypes, resultTypes;
-    for (Value a : args)
-      argTypes.push_back(a.getType());
-    for (Value r : results)
-      resultTypes.push_back(r.getType());
-    auto f = func::FuncOp::create(mb, loc, name,
-                                  mb.getFunctionType(argTypes, resultTypes));
-    f->setAttr(kPhaseAttrName, mb.getStringAttr(phase));
-    for (unsigned i = 0; i < args.size(); ++i)
-      f.setArgAttrs(
-          i, DictionaryAttr::get(
-                 ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
-                                      StringAttr::get(
-                                          ctx, "crossing" + std::to_string(i)))}));
-    if (resultAttrs)
-      f.setAllResultAttrs(resultAttrs);
-    Block *body = f.addEntryBlock();
-    IRMapping map;
-    for (auto [a, arg] : llvm::zip(args, body->getArguments()))
-      map.map(a, arg);
-    OpBuilder b = OpBuilder::atBlockEnd(body);
-    std::function<void(Value)> materialize = [&](Value v) {
-      if (map.contains(v))
-        return;
-      Operation *def = v.getDefiningOp();
-      for (Value operand : def->getOperands())
-        materialize(operand);
-      b.clone(*def, map);
-    };
-    for (Operation *op : ops) {
-      if (isFree(op) || place.lookup(op) != which)
-        continue;
-      for (Value operand : op->getOperands())
-        if (Operation *def = operand.getDefiningOp(); def && isFree(def))
-          materialize(operand);
-      b.clone(*op, map);
-    }
-    SmallVector<Value> mapped;
-    for (Value r : results) {
-      if (Operation *def = r.getDefiningOp(); def && isFree(def))
-        materialize(r);
-      mapped.push_back(map.lookup(r));
-    }
-    func::ReturnOp::create(b, loc, mapped);
-    return f;
-  };
-  SmallVector<Value> crossed(crossing.begin(), crossing.end());
-  SmallVector<Attribute> crossNames;
-  for (unsigned i = 0; i < crossed.size(); ++i)
-    crossNames.push_back(DictionaryAttr::get(
-        ctx, {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
-                             StringAttr::get(ctx, "crossing" +
-                                                      std::to_string(i)))}));
-  func::FuncOp pre =
-      build(kOffloadPhaseFunctions[0], kOffloadPhaseNames[0], Place::Pre, {},
-            crossed, ArrayAttr::get(ctx, crossNames));
-  func::FuncOp host =
-      build(kPhaseFunctions[2], kPhaseNames[2], Place::Host, crossed,
-            SmallVector<Value>(ret.getOperands()), opt.getAllResultAttrs());
-  func::FuncOp post = build(kOffloadPhaseFunctions[1], kOffloadPhaseNames[1],
-                            Place::Post, {}, {}, ArrayAttr());
-  (void)pre;
-  (void)post;
-  opt.erase();
-
-  // Where each state tensor lives, from who reads and writes it.
   llvm::StringSet<> hostRead, hostWritten, deviceRead, deviceWritten;
   module.walk([&](func::FuncOp f) {
     if (!f->hasAttr(kPhaseAttrName))
@@ -283,11 +206,116 @@ LogicalResult OffloadOptimizerPass::offload(ModuleOp module) {
       {NamedAttribute(
           StringAttr::get(ctx, "offload"),
           DictionaryAttr::get(
-              ctx, {NamedAttribute(StringAttr::get(ctx, "host"), list(hostOnly)),
-                    NamedAttribute(StringAttr::get(ctx, "to_host"),
-                                   list(toHost)),
-                    NamedAttribute(StringAttr::get(ctx, "to_device"),
-                                   list(toDevice))}))});
+              ctx,
+              {NamedAttribute(StringAttr::get(ctx, "host"), list(hostOnly)),
+               NamedAttribute(StringAttr::get(ctx, "to_host"), list(toHost)),
+               NamedAttribute(StringAttr::get(ctx, "to_device"),
+                              list(toDevice))}))});
+}
+
+struct OffloadOptimizerPass
+    : public mlir::pcc::impl::OffloadOptimizerBase<OffloadOptimizerPass> {
+  using OffloadOptimizerBase::OffloadOptimizerBase;
+
+  void runOnOperation() override {
+    if (failed(offload(getOperation())))
+      signalPassFailure();
+  }
+
+  LogicalResult offload(ModuleOp module);
+};
+
+LogicalResult OffloadOptimizerPass::offload(ModuleOp module) {
+  auto opt = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[2]);
+  if (!opt || !opt.getBody().hasOneBlock() || opt.getNumArguments() != 0)
+    return module.emitError("offload: expects the optimizer phase @")
+           << kPhaseFunctions[2] << " (run pcc-optimizer first)";
+  Block &block = opt.getBody().front();
+  auto ret = cast<func::ReturnOp>(block.getTerminator());
+  SmallVector<Operation *> ops;
+  for (Operation &op : block.without_terminator())
+    ops.push_back(&op);
+
+  DenseMap<Operation *, Place> place = placeOps(ops);
+
+  FailureOr<llvm::SetVector<Value>> crossing = crossingValues(ops, place, ret);
+  if (failed(crossing))
+    return failure();
+
+  // Build the three functions.
+  MLIRContext *ctx = module.getContext();
+  OpBuilder mb(opt);
+  Location loc = opt.getLoc();
+  auto build = [&](StringRef name, StringRef phase, Place which,
+                   ArrayRef<Value> args, ArrayRef<Value> results,
+                   ArrayAttr resultAttrs) {
+    SmallVector<Type> argTypes, resultTypes;
+    for (Value a : args)
+      argTypes.push_back(a.getType());
+    for (Value r : results)
+      resultTypes.push_back(r.getType());
+    auto f = func::FuncOp::create(mb, loc, name,
+                                  mb.getFunctionType(argTypes, resultTypes));
+    f->setAttr(kPhaseAttrName, mb.getStringAttr(phase));
+    for (unsigned i = 0; i < args.size(); ++i)
+      f.setArgAttrs(
+          i,
+          DictionaryAttr::get(
+              ctx, {NamedAttribute(
+                       StringAttr::get(ctx, "pcc.name"),
+                       StringAttr::get(ctx, "crossing" + std::to_string(i)))}));
+    if (resultAttrs)
+      f.setAllResultAttrs(resultAttrs);
+    Block *body = f.addEntryBlock();
+    IRMapping map;
+    for (auto [a, arg] : llvm::zip(args, body->getArguments()))
+      map.map(a, arg);
+    OpBuilder b = OpBuilder::atBlockEnd(body);
+    std::function<void(Value)> materialize = [&](Value v) {
+      if (map.contains(v))
+        return;
+      Operation *def = v.getDefiningOp();
+      for (Value operand : def->getOperands())
+        materialize(operand);
+      b.clone(*def, map);
+    };
+    for (Operation *op : ops) {
+      if (isFree(op) || place.lookup(op) != which)
+        continue;
+      for (Value operand : op->getOperands())
+        if (Operation *def = operand.getDefiningOp(); def && isFree(def))
+          materialize(operand);
+      b.clone(*op, map);
+    }
+    SmallVector<Value> mapped;
+    for (Value r : results) {
+      if (Operation *def = r.getDefiningOp(); def && isFree(def))
+        materialize(r);
+      mapped.push_back(map.lookup(r));
+    }
+    func::ReturnOp::create(b, loc, mapped);
+    return f;
+  };
+  SmallVector<Value> crossed(crossing->begin(), crossing->end());
+  SmallVector<Attribute> crossNames;
+  for (unsigned i = 0; i < crossed.size(); ++i)
+    crossNames.push_back(DictionaryAttr::get(
+        ctx, {NamedAttribute(
+                 StringAttr::get(ctx, "pcc.name"),
+                 StringAttr::get(ctx, "crossing" + std::to_string(i)))}));
+  func::FuncOp pre =
+      build(kOffloadPhaseFunctions[0], kOffloadPhaseNames[0], Place::Pre, {},
+            crossed, ArrayAttr::get(ctx, crossNames));
+  func::FuncOp host =
+      build(kPhaseFunctions[2], kPhaseNames[2], Place::Host, crossed,
+            SmallVector<Value>(ret.getOperands()), opt.getAllResultAttrs());
+  func::FuncOp post = build(kOffloadPhaseFunctions[1], kOffloadPhaseNames[1],
+                            Place::Post, {}, {}, ArrayAttr());
+  (void)pre;
+  (void)post;
+  opt.erase();
+
+  recordOffloadTable(module, host);
   return success();
 }
 
