@@ -69,18 +69,27 @@ int64_t bytesOf(Type type) { return getTensorBytes(type); }
 static void explainPipelineMemory(ModuleOp module, const ExplainSettings &s,
                                   llvm::raw_ostream &os);
 
-static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
-                                  llvm::raw_ostream &os) {
-  if (!module.lookupSymbol(pcc::kPhaseFunctions[0]))
-    return explainPipelineMemory(module, s, os);
-  const int64_t tp = s.tp, dp = s.dp;
-  llvm::StringMap<int64_t> stateBytes;
+/// The pools of an unpipelined training step's device memory (and its
+/// host memory under --offload=optimizer), in bytes.
+struct TrainingPools {
   int64_t weights = 0, grads = 0, optimizer = 0, inputs = 0, saved = 0,
           arena = 0;
+  /// Offloaded: host memory, and the collectives' results the host reads.
+  int64_t host = 0, crossing = 0;
+  /// Bytes that align the gradients in their buckets.
+  int64_t bucketGaps = 0;
+  bool offloaded = false;
+};
+
+static TrainingPools
+trainingPools(ModuleOp module,
+              const std::optional<pcc::TrainingConfig> &training) {
+  TrainingPools p;
+  llvm::StringMap<int64_t> stateBytes;
+  int64_t &weights = p.weights, &grads = p.grads, &optimizer = p.optimizer,
+          &inputs = p.inputs, &saved = p.saved, &arena = p.arena;
   // Gradients in a bucket are views of it: the bucket counts, with the
   // gaps that align each gradient.
-  std::optional<pcc::TrainingConfig> training =
-      pcc::getTrainingConfig(module);
   llvm::StringSet<> inBucket;
   // --offload=optimizer: state in host memory alone, and host copies.
   llvm::StringSet<> hostOnly, hostCopy;
@@ -95,9 +104,8 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
       for (const std::string &name : *copies)
         hostCopy.insert(name);
   }
-  bool offloaded = !hostOnly.empty() || !hostCopy.empty();
-  int64_t host = 0, crossing = 0;
-  int64_t bucketGaps = 0;
+  bool offloaded = p.offloaded = !hostOnly.empty() || !hostCopy.empty();
+  int64_t &host = p.host, &crossing = p.crossing, &bucketGaps = p.bucketGaps;
   module.walk([&](pcc::ParamOp param) {
     if (!stateBytes.insert({param.getName(), bytesOf(param.getType())}).second)
       return;
@@ -141,6 +149,162 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
     for (Type t : f.getResultTypes().drop_front())
       saved += bytesOf(t);
   }
+  return p;
+}
+
+/// The ZeRO paper's accounting of model state, in float32: Psi trainable
+/// parameters (those with a gradient), 4 bytes each for the weights and
+/// the gradients, K for the optimizer state (AdamW 8, SGD 4; ZeRO 1 and 2
+/// add the 4-byte master piece of each weight, as DeepSpeed's fp32
+/// partition: K + 4); other weights (running statistics) on top. A
+/// sharded tensor is padded to a multiple of dp elements. Returns Psi.
+static int64_t
+explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
+                  const std::optional<pcc::TrainingConfig> &training,
+                  llvm::raw_ostream &os) {
+  int64_t weights = p.weights, grads = p.grads, optimizer = p.optimizer,
+          bucketGaps = p.bucketGaps;
+  bool offloaded = p.offloaded;
+  int64_t stage = training ? training->zero : 0;
+  int64_t ranks = dp > 1 ? dp : 1;
+  // Psi and the elements of one rank's pieces, from the gradients.
+  int64_t psi = 0, pieces = 0;
+  llvm::StringSet<> counted;
+  module.walk([&](pcc::ParamOp param) {
+    if (pcc::splitStateName(param.getName()).second != "grad" ||
+        !counted.insert(param.getName()).second)
+      return;
+    // The rank's tensor-parallel piece (the ZeRO paper's Psi is per
+    // model-parallel partition).
+    int64_t n = param.getWhole() ? ShapedType::getNumElements(*param.getWhole())
+                                 : param.getType().getNumElements();
+    if (pcc::ShardingAttr within = param.getWithinAttr())
+      n /= *pcc::getMeshAxisSize(param, within.getAxis());
+    psi += n;
+    pieces += (n + ranks - 1) / ranks;
+  });
+  int64_t master = stage == 1 || stage == 2 ? 4 * pieces : 0;
+  int64_t optK = (optimizer - master) / (stage == 0 ? psi : pieces);
+  int64_t whole = stage == 0 ? 8 + optK : stage == 1 ? 8 : stage == 2 ? 4 : 0;
+  int64_t sharded = stage == 0 ? 0 : stage == 1 ? 4 + optK : 8 + optK;
+  int64_t others =
+      weights + grads + optimizer - whole * psi - sharded * pieces - bucketGaps;
+  int64_t padding = sharded * pieces * ranks - sharded * psi;
+  os << "    model state: " << weights + grads + optimizer << " bytes = ";
+  if (whole)
+    os << whole << " x Psi";
+  if (whole && sharded)
+    os << " + ";
+  if (sharded)
+    os << sharded << " x Psi / " << ranks;
+  os << " for Psi = " << psi << " trainable parameters";
+  if (padding > 0)
+    os << " (+ " << llvm::format("%.1f", padding / double(ranks))
+       << " bytes of padding: each sharded tensor is padded to a multiple of "
+       << ranks << " elements)";
+  if (bucketGaps > 0)
+    os << " (+ " << bucketGaps
+       << " bytes of gaps that align the gradients in their buckets)";
+  if (others > 0)
+    os << " + " << others << " bytes of other weights";
+  static const char *const kStages[] = {
+      "ZeRO stage 0: weights, gradients and optimizer state on every rank",
+      "ZeRO stage 1: the optimizer state (and a master piece of each "
+      "weight) sharded over dp",
+      "ZeRO stage 2: the optimizer state and the gradients sharded over dp",
+      "ZeRO stage 3: the optimizer state, the gradients and the weights "
+      "sharded over dp"};
+  os << "\n      (" << kStages[stage]
+     << (offloaded ? "; on the device, since --offload=optimizer keeps the "
+                     "optimizer state in host memory"
+                   : "")
+     << ")\n";
+  return psi;
+}
+
+/// The collectives' bytes per step, in the units pcc-run measures them
+/// (an all-reduce of B bytes counts 2B, a gather or scatter its whole
+/// tensor; the forward and backward phases run once per micro-batch), and
+/// how the data-parallel ones run.
+static void explainTraffic(ModuleOp module, int64_t dp, int64_t psi,
+                           const std::optional<pcc::TrainingConfig> &training,
+                           llvm::raw_ostream &os) {
+  int64_t microbatches = training ? training->microbatches : 1;
+  int64_t moved = 0, tpMoved = 0;
+  // The data-parallel collectives in the program, by how they run.
+  int64_t prefetched = 0, startedScatters = 0, bucketStarts = 0, blocking = 0;
+  for (func::FuncOp f : module.getOps<func::FuncOp>()) {
+    auto phase = f->getAttrOfType<StringAttr>(pcc::kPhaseAttrName);
+    if (!phase)
+      continue;
+    f.walk([&](Operation *op) {
+      if (isa<pcc::BucketStartOp>(op))
+        ++bucketStarts;
+      else if (isa<pcc::AllGatherStartOp>(op))
+        ++prefetched;
+      else if (isa<pcc::ReduceScatterStartOp>(op))
+        ++startedScatters;
+      else if (auto c = dyn_cast<pcc::CollectiveOpInterface>(op))
+        blocking += c.getMeshAxis() == kDataParallelAxis;
+    });
+    int64_t times = phase.getValue() == pcc::kPhaseNames[0] ||
+                            phase.getValue() == pcc::kPhaseNames[1]
+                        ? microbatches
+                        : 1;
+    f.walk([&](Operation *op) {
+      // A bucket's all-reduce runs once per step (the last micro-batch).
+      // With `scatter` (ZeRO 1), each segment's reduce-scatter.
+      if (auto start = dyn_cast<pcc::BucketStartOp>(op)) {
+        if (std::optional<ArrayRef<int64_t>> scatter = start.getScatter()) {
+          for (size_t i = 1; i < scatter->size(); i += 2)
+            moved += dp * (*scatter)[i] * 4;
+        } else {
+          moved += 2 * bytesOf(start.getBucket().getType());
+        }
+        return;
+      }
+      auto collective = dyn_cast<pcc::CollectiveOpInterface>(op);
+      if (!collective)
+        return;
+      int64_t &into =
+          collective.getMeshAxis() == kTensorParallelAxis ? tpMoved : moved;
+      if (isa<pcc::AllReduceOp>(op))
+        into += times * 2 * bytesOf(op->getResult(0).getType());
+      else if (isa<pcc::AllGatherOp, pcc::AllGatherStartOp>(op))
+        into += times * bytesOf(op->getResult(0).getType());
+      else if (isa<pcc::ReduceScatterOp, pcc::ReduceScatterStartOp>(op))
+        into += times * bytesOf(op->getOperand(0).getType());
+    });
+  }
+  if (tpMoved > 0)
+    os << "    tensor-parallel communication per step on each rank: "
+       << llvm::format("%.3f", tpMoved / 1048576.0)
+       << " MiB (activations, their gradients and the gradient norm; "
+          "pcc-run measures it)\n";
+  if (moved > 0)
+    os << "    communication per step on each rank: "
+       << llvm::format("%.3f", moved / (4.0 * psi))
+       << " Psi = " << llvm::format("%.3f", moved / 1048576.0)
+       << " MiB (pcc-run measures it)\n";
+  if (moved > 0)
+    os << "    data-parallel collectives in the program: " << bucketStarts
+       << " gradient buckets and " << startedScatters
+       << " reduce-scatters started during the backward pass, " << prefetched
+       << " weight gathers started ahead (--zero-prefetch), " << blocking
+       << " blocking\n";
+}
+
+static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
+                                  llvm::raw_ostream &os) {
+  if (!module.lookupSymbol(pcc::kPhaseFunctions[0]))
+    return explainPipelineMemory(module, s, os);
+  const int64_t tp = s.tp, dp = s.dp;
+  std::optional<pcc::TrainingConfig> training = pcc::getTrainingConfig(module);
+  TrainingPools p = trainingPools(module, training);
+  int64_t weights = p.weights, grads = p.grads, optimizer = p.optimizer,
+          inputs = p.inputs, saved = p.saved, arena = p.arena, host = p.host,
+          crossing = p.crossing;
+  bool offloaded = p.offloaded;
   auto mib = [](int64_t bytes) {
     return llvm::format("%10.3f MiB", bytes / 1048576.0);
   };
@@ -171,135 +335,9 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
     os << "  in host memory (--offload=optimizer): " << mib(host)
        << "  (optimizer state, copies of the gradients and weights the "
           "update reads and writes, its inputs and arena)\n";
-  // The ZeRO paper's accounting of model state, in float32: Psi trainable
-  // parameters (those with a gradient), 4 bytes each for the weights and
-  // the gradients, K for the optimizer state (AdamW 8, SGD 4; ZeRO 1 and 2
-  // add the 4-byte master piece of each weight, as DeepSpeed's fp32
-  // partition: K + 4); other weights (running statistics) on top. A
-  // sharded tensor is padded to a multiple of dp elements.
-  if (grads > 0) {
-    int64_t stage = training ? training->zero : 0;
-    int64_t ranks = dp > 1 ? dp : 1;
-    // Psi and the elements of one rank's pieces, from the gradients.
-    int64_t psi = 0, pieces = 0;
-    llvm::StringSet<> counted;
-    module.walk([&](pcc::ParamOp param) {
-      if (pcc::splitStateName(param.getName()).second != "grad" ||
-          !counted.insert(param.getName()).second)
-        return;
-      // The rank's tensor-parallel piece (the ZeRO paper's Psi is per
-      // model-parallel partition).
-      int64_t n = param.getWhole()
-                      ? ShapedType::getNumElements(*param.getWhole())
-                      : param.getType().getNumElements();
-      if (pcc::ShardingAttr within = param.getWithinAttr())
-        n /= *pcc::getMeshAxisSize(param, within.getAxis());
-      psi += n;
-      pieces += (n + ranks - 1) / ranks;
-    });
-    int64_t master = stage == 1 || stage == 2 ? 4 * pieces : 0;
-    int64_t optK = (optimizer - master) / (stage == 0 ? psi : pieces);
-    int64_t whole = stage == 0 ? 8 + optK : stage == 1 ? 8 : stage == 2 ? 4 : 0;
-    int64_t sharded = stage == 0 ? 0 : stage == 1 ? 4 + optK : 8 + optK;
-    int64_t others = weights + grads + optimizer - whole * psi -
-                     sharded * pieces - bucketGaps;
-    int64_t padding = sharded * pieces * ranks - sharded * psi;
-    os << "    model state: " << weights + grads + optimizer << " bytes = ";
-    if (whole)
-      os << whole << " x Psi";
-    if (whole && sharded)
-      os << " + ";
-    if (sharded)
-      os << sharded << " x Psi / " << ranks;
-    os << " for Psi = " << psi << " trainable parameters";
-    if (padding > 0)
-      os << " (+ " << llvm::format("%.1f", padding / double(ranks))
-         << " bytes of padding: each sharded tensor is padded to a multiple of "
-         << ranks << " elements)";
-    if (bucketGaps > 0)
-      os << " (+ " << bucketGaps
-         << " bytes of gaps that align the gradients in their buckets)";
-    if (others > 0)
-      os << " + " << others << " bytes of other weights";
-    static const char *const kStages[] = {
-        "ZeRO stage 0: weights, gradients and optimizer state on every rank",
-        "ZeRO stage 1: the optimizer state (and a master piece of each "
-        "weight) sharded over dp",
-        "ZeRO stage 2: the optimizer state and the gradients sharded over dp",
-        "ZeRO stage 3: the optimizer state, the gradients and the weights "
-        "sharded over dp"};
-    os << "\n      (" << kStages[stage]
-       << (offloaded ? "; on the device, since --offload=optimizer keeps the "
-                       "optimizer state in host memory"
-                     : "")
-       << ")\n";
-    // The collectives' bytes per step, in the units pcc-run measures them
-    // (an all-reduce of B bytes counts 2B, a gather or scatter its whole
-    // tensor): the forward and backward phases run once per micro-batch.
-    int64_t microbatches = training ? training->microbatches : 1;
-    int64_t moved = 0, tpMoved = 0;
-    // The data-parallel collectives in the program, by how they run.
-    int64_t prefetched = 0, startedScatters = 0, bucketStarts = 0, blocking = 0;
-    for (func::FuncOp f : module.getOps<func::FuncOp>()) {
-      auto phase = f->getAttrOfType<StringAttr>(pcc::kPhaseAttrName);
-      if (!phase)
-        continue;
-      f.walk([&](Operation *op) {
-        if (isa<pcc::BucketStartOp>(op))
-          ++bucketStarts;
-        else if (isa<pcc::AllGatherStartOp>(op))
-          ++prefetched;
-        else if (isa<pcc::ReduceScatterStartOp>(op))
-          ++startedScatters;
-        else if (auto c = dyn_cast<pcc::CollectiveOpInterface>(op))
-          blocking += c.getMeshAxis() == kDataParallelAxis;
-      });
-      int64_t times = phase.getValue() == pcc::kPhaseNames[0] ||
-                              phase.getValue() == pcc::kPhaseNames[1]
-                          ? microbatches
-                          : 1;
-      f.walk([&](Operation *op) {
-        // A bucket's all-reduce runs once per step (the last micro-batch).
-        // With `scatter` (ZeRO 1), each segment's reduce-scatter.
-        if (auto start = dyn_cast<pcc::BucketStartOp>(op)) {
-          if (std::optional<ArrayRef<int64_t>> scatter = start.getScatter()) {
-            for (size_t i = 1; i < scatter->size(); i += 2)
-              moved += dp * (*scatter)[i] * 4;
-          } else {
-            moved += 2 * bytesOf(start.getBucket().getType());
-          }
-          return;
-        }
-        auto collective = dyn_cast<pcc::CollectiveOpInterface>(op);
-        if (!collective)
-          return;
-        int64_t &into =
-            collective.getMeshAxis() == kTensorParallelAxis ? tpMoved : moved;
-        if (isa<pcc::AllReduceOp>(op))
-          into += times * 2 * bytesOf(op->getResult(0).getType());
-        else if (isa<pcc::AllGatherOp, pcc::AllGatherStartOp>(op))
-          into += times * bytesOf(op->getResult(0).getType());
-        else if (isa<pcc::ReduceScatterOp, pcc::ReduceScatterStartOp>(op))
-          into += times * bytesOf(op->getOperand(0).getType());
-      });
-    }
-    if (tpMoved > 0)
-      os << "    tensor-parallel communication per step on each rank: "
-         << llvm::format("%.3f", tpMoved / 1048576.0)
-         << " MiB (activations, their gradients and the gradient norm; "
-            "pcc-run measures it)\n";
-    if (moved > 0)
-      os << "    communication per step on each rank: "
-         << llvm::format("%.3f", moved / (4.0 * psi))
-         << " Psi = " << llvm::format("%.3f", moved / 1048576.0)
-         << " MiB (pcc-run measures it)\n";
-    if (moved > 0)
-      os << "    data-parallel collectives in the program: " << bucketStarts
-         << " gradient buckets and " << startedScatters
-         << " reduce-scatters started during the backward pass, " << prefetched
-         << " weight gathers started ahead (--zero-prefetch), " << blocking
-         << " blocking\n";
-  }
+  if (grads > 0)
+    explainTraffic(module, dp, explainModelState(module, p, dp, training, os),
+                   training, os);
 }
 
 /// A pipelined training step's memory per pipeline rank (Memory.h).
