@@ -240,6 +240,157 @@ Status Trainer::gatherOverPipeline(int i, void *whole, int64_t bytes) const {
   return device->copyToHost(whole, buffer->data(), bytes);
 }
 
+struct Trainer::PipelineStepState {
+  const std::vector<std::vector<const void *>> &microbatches;
+  const std::array<double, PCC_NUM_HYPER> &hyper;
+  /// Each micro-batch's loss (the last stage's rank).
+  std::vector<float> &loss;
+  /// The receives posted for a forward or backward (its op, stage and
+  /// micro-batch): the number to wait through before it runs, and the peer.
+  std::map<std::tuple<int32_t, int32_t, int32_t>, std::pair<int64_t, int32_t>>
+      &posted;
+};
+
+Status Trainer::runInstruction(const pcc_pipeline_instr &instr,
+                               PipelineStepState &step) {
+  const pcc_model_info &info = library->info();
+  int32_t m = std::max<int32_t>(info.microbatches, 1);
+  const std::vector<std::vector<const void *>> &microbatches =
+      step.microbatches;
+  const std::array<double, PCC_NUM_HYPER> &hyper = step.hyper;
+  std::vector<float> &loss = step.loss;
+  auto &posted = step.posted;
+  auto where = [&](const char *what, int32_t k, int32_t mb) {
+    return "pipeline rank " + std::to_string(pipeRank) + ", " + what +
+           " of stage " + std::to_string(k) + ", micro-batch " +
+           std::to_string(mb) + ": ";
+  };
+  int32_t mb = instr.microbatch;
+  int32_t k = instr.stage;
+  auto c = static_cast<size_t>(k / info.num_pipeline_ranks);
+  Slot &slot =
+      slots[c][static_cast<size_t>(slotOf[c][static_cast<size_t>(mb)])];
+  int32_t set = stashOf[c][static_cast<size_t>(mb)];
+  auto stash = [&](int o) {
+    return stashes[c][static_cast<size_t>(set)][static_cast<size_t>(o)].data();
+  };
+  std::vector<DeviceBuffer> &send = sendGrad[c][static_cast<size_t>(mb)];
+  const pcc_phase_info &fwd = info.phases[stagePhase(PCC_PHASE_FORWARD, k)];
+  const pcc_phase_info &bwd = info.phases[stagePhase(PCC_PHASE_BACKWARD, k)];
+  const pcc_stage_info &me = info.stages[k];
+  std::array<double, PCC_NUM_HYPER> mbHyper = hyper;
+  mbHyper[PCC_HYPER_MICROBATCH] = static_cast<double>(mb);
+  mbHyper[PCC_HYPER_LAST_MICROBATCH] = mb + 1 == m ? 1 : 0;
+  // A backward or weight-gradient input.
+  auto source = [&](int32_t s) -> const void * {
+    if (s == PCC_SOURCE_LOSS_GRAD)
+      return seed.data();
+    if (s <= PCC_SOURCE_BACKWARD_OUTPUT_BASE) {
+      int32_t o = PCC_SOURCE_BACKWARD_OUTPUT_BASE - s;
+      return bwd.output_targets[o] >= 0 ? send[o].data() : stash(o);
+    }
+    if (s <= PCC_SOURCE_OUTPUT_GRAD_BASE)
+      return slot.gradOut[PCC_SOURCE_OUTPUT_GRAD_BASE - s].data();
+    return slot.out[s].data();
+  };
+  Status st = Status::success();
+  const char *what = "transfer";
+  switch (instr.op) {
+  case PCC_PIPE_RECV_FORWARD: {
+    const pcc_stage_info &prev = info.stages[k - 1];
+    for (int j = 0; j < prev.num_outputs && st.ok(); ++j)
+      st =
+          pipe->postRecv(slot.recv[j].data(), count(prev.outputs[j]),
+                         static_cast<DType>(prev.outputs[j].dtype), instr.peer);
+    posted[{PCC_PIPE_FORWARD, k, mb}] = {pipe->postedReceives(), instr.peer};
+    break;
+  }
+  case PCC_PIPE_FORWARD: {
+    what = "forward";
+    std::vector<const void *> in;
+    for (int i = 0; i < fwd.num_inputs && st.ok(); ++i) {
+      int32_t s = fwd.input_sources[i];
+      if (s >= 0) {
+        in.push_back(slot.recv[s].data());
+        continue;
+      }
+      st = device->copyToDevice(slot.in[i].data(), microbatches[mb][-1 - s],
+                                specBytes(fwd.inputs[i]));
+      in.push_back(slot.in[i].data());
+    }
+    std::vector<void *> out;
+    for (DeviceBuffer &b : slot.out)
+      out.push_back(b.data());
+    if (st.ok())
+      st = runPhase(stagePhase(PCC_PHASE_FORWARD, k), in, out, mbHyper.data());
+    // The loss leaves the slot before the slot is reused.
+    if (st.ok() && k + 1 == info.num_stages)
+      st = device->copyToHost(&loss[mb], slot.out[0].data(), 4);
+    break;
+  }
+  case PCC_PIPE_SEND_FORWARD:
+    for (int j = 0; j < me.num_outputs && st.ok(); ++j)
+      st = pipe->sendAsync(slot.out[j].data(), count(me.outputs[j]),
+                           static_cast<DType>(me.outputs[j].dtype), instr.peer);
+    break;
+  case PCC_PIPE_RECV_BACKWARD:
+    for (int j = 0; j < me.num_outputs && st.ok(); ++j)
+      if (isFloat(me.outputs[j].dtype))
+        st =
+            pipe->postRecv(slot.gradOut[j].data(), count(me.outputs[j]),
+                           static_cast<DType>(me.outputs[j].dtype), instr.peer);
+    posted[{PCC_PIPE_BACKWARD, k, mb}] = {pipe->postedReceives(), instr.peer};
+    break;
+  case PCC_PIPE_BACKWARD: {
+    what = "backward";
+    std::vector<const void *> in;
+    for (int i = 0; i < bwd.num_inputs; ++i)
+      in.push_back(source(bwd.input_sources[i]));
+    std::vector<void *> out;
+    for (int o = 0; o < bwd.num_outputs; ++o)
+      out.push_back(bwd.output_targets[o] >= 0 ? send[o].data() : stash(o));
+    st = runPhase(stagePhase(PCC_PHASE_BACKWARD, k), in, out, mbHyper.data());
+    break;
+  }
+  case PCC_PIPE_WEIGHT_GRAD: {
+    what = "weight gradients";
+    const pcc_phase_info &w = info.phases[stagePhase(PCC_PHASE_WEIGHT_GRAD, k)];
+    std::vector<const void *> in;
+    for (int i = 0; i < w.num_inputs; ++i)
+      in.push_back(source(w.input_sources[i]));
+    st = runPhase(stagePhase(PCC_PHASE_WEIGHT_GRAD, k), in, {}, mbHyper.data());
+    break;
+  }
+  case PCC_PIPE_SEND_BACKWARD: {
+    // One cotangent per float output of the previous stage, in order:
+    // the backward's output for the input that output feeds.
+    const pcc_stage_info &prev = info.stages[k - 1];
+    for (int j = 0; j < prev.num_outputs && st.ok(); ++j) {
+      if (!isFloat(prev.outputs[j].dtype))
+        continue;
+      int found = -1;
+      for (int o = 0; o < bwd.num_outputs; ++o)
+        if (bwd.output_targets[o] >= 0 &&
+            fwd.input_sources[bwd.output_targets[o]] == j)
+          found = o;
+      if (found < 0)
+        return Error{"no cotangent for output " + std::to_string(j) +
+                     " of stage " + std::to_string(k - 1)};
+      st = pipe->sendAsync(send[found].data(), count(prev.outputs[j]),
+                           static_cast<DType>(prev.outputs[j].dtype),
+                           instr.peer);
+    }
+    break;
+  }
+  default:
+    return Error{"the schedule has an unknown instruction " +
+                 std::to_string(instr.op)};
+  }
+  if (!st.ok())
+    return Error{where(what, k, mb) + st.error()};
+  return Status::success();
+}
+
 Result<StepResult> Trainer::pipelineStep(
     const std::vector<std::vector<const void *>> &microbatches, double lossGrad,
     const std::array<double, PCC_NUM_HYPER> &hyper) {
@@ -280,145 +431,13 @@ Result<StepResult> Trainer::pipelineStep(
     return Error{seeded.error()};
   std::vector<float> loss(static_cast<size_t>(m), 0.0f);
 
-  auto where = [&](const char *what, int32_t k, int32_t mb) {
-    return "pipeline rank " + std::to_string(pipeRank) + ", " + what +
-           " of stage " + std::to_string(k) + ", micro-batch " +
-           std::to_string(mb) + ": ";
-  };
   // The receives posted for a forward or backward (its op, stage and
   // micro-batch): the number to wait through before it runs, and the peer.
   std::map<std::tuple<int32_t, int32_t, int32_t>, std::pair<int64_t, int32_t>>
       posted;
-  auto execute = [&](const pcc_pipeline_instr &instr) -> Status {
-    int32_t mb = instr.microbatch;
-    int32_t k = instr.stage;
-    auto c = static_cast<size_t>(k / info.num_pipeline_ranks);
-    Slot &slot =
-        slots[c][static_cast<size_t>(slotOf[c][static_cast<size_t>(mb)])];
-    int32_t set = stashOf[c][static_cast<size_t>(mb)];
-    auto stash = [&](int o) {
-      return stashes[c][static_cast<size_t>(set)][static_cast<size_t>(o)]
-          .data();
-    };
-    std::vector<DeviceBuffer> &send = sendGrad[c][static_cast<size_t>(mb)];
-    const pcc_phase_info &fwd = info.phases[stagePhase(PCC_PHASE_FORWARD, k)];
-    const pcc_phase_info &bwd = info.phases[stagePhase(PCC_PHASE_BACKWARD, k)];
-    const pcc_stage_info &me = info.stages[k];
-    std::array<double, PCC_NUM_HYPER> mbHyper = hyper;
-    mbHyper[PCC_HYPER_MICROBATCH] = static_cast<double>(mb);
-    mbHyper[PCC_HYPER_LAST_MICROBATCH] = mb + 1 == m ? 1 : 0;
-    // A backward or weight-gradient input.
-    auto source = [&](int32_t s) -> const void * {
-      if (s == PCC_SOURCE_LOSS_GRAD)
-        return seed.data();
-      if (s <= PCC_SOURCE_BACKWARD_OUTPUT_BASE) {
-        int32_t o = PCC_SOURCE_BACKWARD_OUTPUT_BASE - s;
-        return bwd.output_targets[o] >= 0 ? send[o].data() : stash(o);
-      }
-      if (s <= PCC_SOURCE_OUTPUT_GRAD_BASE)
-        return slot.gradOut[PCC_SOURCE_OUTPUT_GRAD_BASE - s].data();
-      return slot.out[s].data();
-    };
-    Status st = Status::success();
-    const char *what = "transfer";
-    switch (instr.op) {
-    case PCC_PIPE_RECV_FORWARD: {
-      const pcc_stage_info &prev = info.stages[k - 1];
-      for (int j = 0; j < prev.num_outputs && st.ok(); ++j)
-        st = pipe->postRecv(slot.recv[j].data(), count(prev.outputs[j]),
-                            static_cast<DType>(prev.outputs[j].dtype),
-                            instr.peer);
-      posted[{PCC_PIPE_FORWARD, k, mb}] = {pipe->postedReceives(), instr.peer};
-      break;
-    }
-    case PCC_PIPE_FORWARD: {
-      what = "forward";
-      std::vector<const void *> in;
-      for (int i = 0; i < fwd.num_inputs && st.ok(); ++i) {
-        int32_t s = fwd.input_sources[i];
-        if (s >= 0) {
-          in.push_back(slot.recv[s].data());
-          continue;
-        }
-        st = device->copyToDevice(slot.in[i].data(), microbatches[mb][-1 - s],
-                                  specBytes(fwd.inputs[i]));
-        in.push_back(slot.in[i].data());
-      }
-      std::vector<void *> out;
-      for (DeviceBuffer &b : slot.out)
-        out.push_back(b.data());
-      if (st.ok())
-        st =
-            runPhase(stagePhase(PCC_PHASE_FORWARD, k), in, out, mbHyper.data());
-      // The loss leaves the slot before the slot is reused.
-      if (st.ok() && k + 1 == info.num_stages)
-        st = device->copyToHost(&loss[mb], slot.out[0].data(), 4);
-      break;
-    }
-    case PCC_PIPE_SEND_FORWARD:
-      for (int j = 0; j < me.num_outputs && st.ok(); ++j)
-        st = pipe->sendAsync(slot.out[j].data(), count(me.outputs[j]),
-                             static_cast<DType>(me.outputs[j].dtype),
-                             instr.peer);
-      break;
-    case PCC_PIPE_RECV_BACKWARD:
-      for (int j = 0; j < me.num_outputs && st.ok(); ++j)
-        if (isFloat(me.outputs[j].dtype))
-          st = pipe->postRecv(slot.gradOut[j].data(), count(me.outputs[j]),
-                              static_cast<DType>(me.outputs[j].dtype),
-                              instr.peer);
-      posted[{PCC_PIPE_BACKWARD, k, mb}] = {pipe->postedReceives(), instr.peer};
-      break;
-    case PCC_PIPE_BACKWARD: {
-      what = "backward";
-      std::vector<const void *> in;
-      for (int i = 0; i < bwd.num_inputs; ++i)
-        in.push_back(source(bwd.input_sources[i]));
-      std::vector<void *> out;
-      for (int o = 0; o < bwd.num_outputs; ++o)
-        out.push_back(bwd.output_targets[o] >= 0 ? send[o].data() : stash(o));
-      st = runPhase(stagePhase(PCC_PHASE_BACKWARD, k), in, out, mbHyper.data());
-      break;
-    }
-    case PCC_PIPE_WEIGHT_GRAD: {
-      what = "weight gradients";
-      const pcc_phase_info &w =
-          info.phases[stagePhase(PCC_PHASE_WEIGHT_GRAD, k)];
-      std::vector<const void *> in;
-      for (int i = 0; i < w.num_inputs; ++i)
-        in.push_back(source(w.input_sources[i]));
-      st = runPhase(stagePhase(PCC_PHASE_WEIGHT_GRAD, k), in, {},
-                    mbHyper.data());
-      break;
-    }
-    case PCC_PIPE_SEND_BACKWARD: {
-      // One cotangent per float output of the previous stage, in order:
-      // the backward's output for the input that output feeds.
-      const pcc_stage_info &prev = info.stages[k - 1];
-      for (int j = 0; j < prev.num_outputs && st.ok(); ++j) {
-        if (!isFloat(prev.outputs[j].dtype))
-          continue;
-        int found = -1;
-        for (int o = 0; o < bwd.num_outputs; ++o)
-          if (bwd.output_targets[o] >= 0 &&
-              fwd.input_sources[bwd.output_targets[o]] == j)
-            found = o;
-        if (found < 0)
-          return Error{"no cotangent for output " + std::to_string(j) +
-                       " of stage " + std::to_string(k - 1)};
-        st = pipe->sendAsync(send[found].data(), count(prev.outputs[j]),
-                             static_cast<DType>(prev.outputs[j].dtype),
-                             instr.peer);
-      }
-      break;
-    }
-    default:
-      return Error{"the schedule has an unknown instruction " +
-                   std::to_string(instr.op)};
-    }
-    if (!st.ok())
-      return Error{where(what, k, mb) + st.error()};
-    return Status::success();
+  PipelineStepState state{microbatches, hyper, loss, posted};
+  auto execute = [&](const pcc_pipeline_instr &instr) {
+    return runInstruction(instr, state);
   };
   // The transfers between two computes go as one group (NCCL), after the
   // compute before them (what the sends read, the slots the receives

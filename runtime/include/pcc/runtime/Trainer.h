@@ -136,6 +136,12 @@ private:
   Result<StepResult>
   pipelineStep(const std::vector<std::vector<const void *>> &microbatches,
                double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper);
+  /// What the instructions of one pipelined step share (PipelineTrainer.cpp).
+  struct PipelineStepState;
+  /// Runs one instruction of this rank's list: a receive posted, a forward,
+  /// backward or weight-gradient phase of one micro-batch, a send.
+  Status runInstruction(const pcc_pipeline_instr &instr,
+                        PipelineStepState &step);
   /// The start of a step: zero-grad phase `zeroGrad`, and the loss
   /// gradient `lossGrad` into the seed the backward phases read.
   Status beginStep(int32_t zeroGrad, double lossGrad, const double *hyper);
