@@ -832,6 +832,67 @@ void writeLossCurve(const TrainOptions &o,
   std::printf("wrote %s\n", o.lossSvg.c_str());
 }
 
+/// Fills one rank's micro-batches of step `k` from `source` into
+/// `buffers` (rank `dpRank` of `dp` takes global micro-batch j dp + dpRank
+/// as its j-th) and points `microbatches` at them; returns what the loss of
+/// this rank's rows is normalised by (labelCount).
+double fillStep(DataSource &source, const pcc_model_info &info, int64_t k,
+                int64_t dp, int64_t dpRank,
+                std::vector<std::vector<uint8_t>> &buffers,
+                std::vector<std::vector<const void *>> &microbatches) {
+  int nin = info.num_inputs;
+  double count = 0;
+  for (size_t j = 0; j < microbatches.size(); ++j) {
+    std::vector<std::vector<uint8_t>> mb(nin);
+    for (int i = 0; i < nin; ++i)
+      mb[i].swap(buffers[j * nin + i]);
+    source.fill(k, static_cast<int64_t>(j) * dp + dpRank, mb);
+    for (int i = 0; i < nin; ++i) {
+      mb[i].swap(buffers[j * nin + i]);
+      microbatches[j].push_back(buffers[j * nin + i].data());
+    }
+    count += labelCount(info, buffers[j * nin + nin - 1].data());
+  }
+  return count;
+}
+
+/// Fault injection for the watchdog's test: PCC_TEST_STALL_RANK=RANK:STEP
+/// stalls that rank before that step's compute, as a hung device or host
+/// would.
+void stallForTest(int64_t worldRank, int64_t step) {
+  if (const char *stall = std::getenv("PCC_TEST_STALL_RANK")) {
+    long long r = -1, at = -1;
+    if (std::sscanf(stall, "%lld:%lld", &r, &at) == 2 && r == worldRank &&
+        at == step)
+      std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+
+/// The progress line of step `s` of `steps`.
+void printStep(int64_t s, int64_t steps, double loss, double lr,
+               double gradNorm, double samples, int64_t tokens, double ms) {
+  std::printf("step %lld/%lld  loss %.6f  lr %.3g  grad-norm %.4g  "
+              "%.0f %s/s  %.2f ms\n",
+              static_cast<long long>(s), static_cast<long long>(steps), loss,
+              lr, gradNorm, tokens ? samples * tokens : samples,
+              tokens ? "tokens" : "samples", ms);
+  std::fflush(stdout);
+}
+
+/// What the runtime held on the device at most, by pool (pcc --explain
+/// predicts it).
+void reportMemory(const Device &device, const Trainer &trainer) {
+  std::printf("memory high-water %.3f MiB on %s (model state %.3f, saved "
+              "activations %.3f, arena %.3f, inputs and the rest %.3f)\n",
+              device.peakBytes() / 1048576.0, device.describe().c_str(),
+              trainer.stateBytes() / 1048576.0,
+              trainer.activationBytes() / 1048576.0,
+              trainer.arenaBytes() / 1048576.0,
+              (device.peakBytes() - trainer.stateBytes() -
+               trainer.activationBytes() - trainer.arenaBytes()) /
+                  1048576.0);
+}
+
 } // namespace
 
 bool parseTrainOption(const std::string &a, TrainOptions &o,
@@ -1017,30 +1078,12 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   for (int64_t s = start + 1; s <= o.steps; ++s) {
     int64_t k = s - 1;
     std::vector<std::vector<const void *>> microbatches(m);
-    double count = 0;
-    for (int64_t j = 0; j < m; ++j) {
-      std::vector<std::vector<uint8_t>> mb(nin);
-      for (int i = 0; i < nin; ++i)
-        mb[i].swap(buffers[j * nin + i]);
-      source->fill(k, j * dp + dpRank, mb);
-      for (int i = 0; i < nin; ++i) {
-        mb[i].swap(buffers[j * nin + i]);
-        microbatches[j].push_back(buffers[j * nin + i].data());
-      }
-      // The loss normaliser over the whole step.
-      count += labelCount(info, buffers[j * nin + nin - 1].data());
-    }
+    double count =
+        fillStep(*source, info, k, dp, dpRank, buffers, microbatches);
     // The normaliser counts the labels of every rank's rows.
     count = sumOverRanks(count);
     double lr = learningRate(o, s);
-    // Fault injection for the watchdog's test: "RANK:STEP" stalls that
-    // rank before that step's compute, as a hung device or host would.
-    if (const char *stall = std::getenv("PCC_TEST_STALL_RANK")) {
-      long long r = -1, at = -1;
-      if (std::sscanf(stall, "%lld:%lld", &r, &at) == 2 &&
-          r == ranks.worldRank && at == s)
-        std::this_thread::sleep_for(std::chrono::hours(1));
-    }
+    stallForTest(ranks.worldRank, s);
     bool traceStep = s == o.steps && (!o.trace.empty() || !o.traceSvg.empty());
     if (traceStep) {
       // Every rank's clock starts as it leaves one barrier.
@@ -1087,16 +1130,9 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
                    samples, ms);
       std::fflush(log);
     }
-    if (s % o.logEvery == 0 || s == o.steps || s == start + 1) {
-      int64_t tokens = source->tokensPerSample();
-      std::printf("step %lld/%lld  loss %.6f  lr %.3g  grad-norm %.4g  "
-                  "%.0f %s/s  %.2f ms\n",
-                  static_cast<long long>(s), static_cast<long long>(o.steps),
-                  stepLoss, lr, result->gradNorm,
-                  tokens ? samples * tokens : samples,
-                  tokens ? "tokens" : "samples", ms);
-      std::fflush(stdout);
-    }
+    if (s % o.logEvery == 0 || s == o.steps || s == start + 1)
+      printStep(s, o.steps, stepLoss, lr, result->gradNorm, samples,
+                source->tokensPerSample(), ms);
     if (!o.saveDir.empty() && o.saveEvery > 0 && s % o.saveEvery == 0)
       save(s);
   }
@@ -1110,16 +1146,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   std::printf("trained steps %lld to %lld in %.2f s; last loss %.6f\n",
               static_cast<long long>(start + 1),
               static_cast<long long>(o.steps), seconds, lastLoss);
-  // What the runtime held on the device at most (pcc --explain predicts it).
-  std::printf("memory high-water %.3f MiB on %s (model state %.3f, saved "
-              "activations %.3f, arena %.3f, inputs and the rest %.3f)\n",
-              device.peakBytes() / 1048576.0, device.describe().c_str(),
-              trainer->stateBytes() / 1048576.0,
-              trainer->activationBytes() / 1048576.0,
-              trainer->arenaBytes() / 1048576.0,
-              (device.peakBytes() - trainer->stateBytes() -
-               trainer->activationBytes() - trainer->arenaBytes()) /
-                  1048576.0);
+  reportMemory(device, *trainer);
   if (library.isPipelined())
     reportPipeline(o, library, device, ranks, *trainer);
   if (trainer->hostStateBytes() > 0)
