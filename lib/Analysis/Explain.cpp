@@ -60,8 +60,6 @@ std::string grouped(int64_t n) {
   return out;
 }
 
-int64_t bytesOf(Type type) { return getTensorBytes(type); }
-
 /// The memory a training library needs on one device, by pool, as the
 /// runtime allocates it (pccrt::Trainer): every state tensor, the forward
 /// phase's inputs and saved activations, and one arena for the largest
@@ -107,10 +105,11 @@ trainingPools(ModuleOp module,
   bool offloaded = p.offloaded = !hostOnly.empty() || !hostCopy.empty();
   int64_t &host = p.host, &crossing = p.crossing, &bucketGaps = p.bucketGaps;
   module.walk([&](pcc::ParamOp param) {
-    if (!stateBytes.insert({param.getName(), bytesOf(param.getType())}).second)
+    if (!stateBytes.insert({param.getName(), getTensorBytes(param.getType())})
+             .second)
       return;
     StringRef kind = pcc::splitStateName(param.getName()).second;
-    int64_t bytes = bytesOf(param.getType());
+    int64_t bytes = getTensorBytes(param.getType());
     if (hostCopy.contains(param.getName()))
       host += bytes;
     if (hostOnly.contains(param.getName())) {
@@ -133,21 +132,21 @@ trainingPools(ModuleOp module,
     // device holds the outputs of the collectives before it.
     if (offloaded && f.getSymName() == pcc::kPhaseFunctions[2]) {
       for (Type t : f.getArgumentTypes())
-        host += bytesOf(t);
+        host += getTensorBytes(t);
       host += bytes ? bytes.getInt() : 0;
       continue;
     }
     if (offloaded && f.getSymName() == pcc::kOffloadPhaseFunctions[0])
       for (Type t : f.getResultTypes())
-        crossing += bytesOf(t);
+        crossing += getTensorBytes(t);
     if (bytes)
       arena = std::max(arena, bytes.getInt());
     if (f.getSymName() != pcc::kPhaseFunctions[0])
       continue;
     for (Type t : f.getArgumentTypes())
-      inputs += bytesOf(t);
+      inputs += getTensorBytes(t);
     for (Type t : f.getResultTypes().drop_front())
-      saved += bytesOf(t);
+      saved += getTensorBytes(t);
   }
   return p;
 }
@@ -259,7 +258,7 @@ static void explainTraffic(ModuleOp module, int64_t dp, int64_t psi,
           for (size_t i = 1; i < scatter->size(); i += 2)
             moved += dp * (*scatter)[i] * 4;
         } else {
-          moved += 2 * bytesOf(start.getBucket().getType());
+          moved += 2 * getTensorBytes(start.getBucket().getType());
         }
         return;
       }
@@ -269,11 +268,11 @@ static void explainTraffic(ModuleOp module, int64_t dp, int64_t psi,
       int64_t &into =
           collective.getMeshAxis() == kTensorParallelAxis ? tpMoved : moved;
       if (isa<pcc::AllReduceOp>(op))
-        into += times * 2 * bytesOf(op->getResult(0).getType());
+        into += times * 2 * getTensorBytes(op->getResult(0).getType());
       else if (isa<pcc::AllGatherOp, pcc::AllGatherStartOp>(op))
-        into += times * bytesOf(op->getResult(0).getType());
+        into += times * getTensorBytes(op->getResult(0).getType());
       else if (isa<pcc::ReduceScatterOp, pcc::ReduceScatterStartOp>(op))
-        into += times * bytesOf(op->getOperand(0).getType());
+        into += times * getTensorBytes(op->getOperand(0).getType());
     });
   }
   if (tpMoved > 0)
@@ -434,7 +433,7 @@ void explain(ModuleOp module, const ExplainSettings &s, llvm::raw_ostream &os) {
     ++histogram[op->getName().stripDialect()];
     if (auto param = dyn_cast<pcc::ParamOp>(op)) {
       if (weightNames.insert(param.getName()).second)
-        weightBytes += bytesOf(param.getType());
+        weightBytes += getTensorBytes(param.getType());
       return;
     }
     flops += pcc::opFlops(op);
@@ -443,8 +442,8 @@ void explain(ModuleOp module, const ExplainSettings &s, llvm::raw_ostream &os) {
       return;
     for (auto [i, result] : llvm::enumerate(op->getResults()))
       if (offsets[i] >= 0) {
-        intermediate += bytesOf(result.getType());
-        largest.push_back({bytesOf(result.getType()), op});
+        intermediate += getTensorBytes(result.getType());
+        largest.push_back({getTensorBytes(result.getType()), op});
       }
   });
   int64_t total = 0;
@@ -473,9 +472,9 @@ void explain(ModuleOp module, const ExplainSettings &s, llvm::raw_ostream &os) {
   if (main && !module->hasAttr(pcc::kTrainingAttrName)) {
     int64_t inBytes = 0, outBytes = 0;
     for (BlockArgument arg : main.getArguments())
-      inBytes += bytesOf(arg.getType());
+      inBytes += getTensorBytes(arg.getType());
     for (Type t : main.getResultTypes())
-      outBytes += bytesOf(t);
+      outBytes += getTensorBytes(t);
     os << "  weights: " << weightNames.size() << " tensors, "
        << grouped(weightBytes) << " bytes; inputs " << grouped(inBytes)
        << " bytes, outputs " << grouped(outBytes) << " bytes\n";

@@ -22,8 +22,6 @@ namespace mlir::pcc {
 
 namespace {
 
-int64_t bytesOf(Type type) { return getTensorBytes(type); }
-
 bool named(func::FuncOp f, unsigned result, StringRef prefix) {
   auto name = f.getResultAttrOfType<StringAttr>(result, "pcc.name");
   return name && name.getValue().starts_with(prefix);
@@ -38,8 +36,7 @@ int64_t arenaOf(func::FuncOp f) {
 
 std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
   auto main = module.lookupSymbol<func::FuncOp>("main");
-  std::optional<::pcc::schedule::Schedule> schedule =
-      getPipelineSchedule(main);
+  std::optional<::pcc::schedule::Schedule> schedule = getPipelineSchedule(main);
   if (!schedule) {
     module.emitError("memory: the module has no pipeline schedule");
     return {};
@@ -73,7 +70,7 @@ std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
         phases.push_back(f);
     for (func::FuncOp f : phases) {
       f.walk([&](ParamOp param) {
-        state.try_emplace(param.getName(), bytesOf(param.getType()));
+        state.try_emplace(param.getName(), getTensorBytes(param.getType()));
       });
       mem.arena = std::max(mem.arena, arenaOf(f));
     }
@@ -103,16 +100,16 @@ std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
       // the cotangents of its outputs.
       int64_t slot = 0;
       for (Type t : fwd.getArgumentTypes())
-        slot += bytesOf(t);
+        slot += getTensorBytes(t);
       for (auto [j, t] : llvm::enumerate(fwd.getResultTypes())) {
-        slot += bytesOf(t);
+        slot += getTensorBytes(t);
         if (!last && !named(fwd, j, "saved") &&
             isa<FloatType>(cast<RankedTensorType>(t).getElementType()))
-          slot += bytesOf(t);
+          slot += getTensorBytes(t);
       }
       int64_t set = 0, send = 0;
       for (auto [o, t] : llvm::enumerate(bwd.getResultTypes()))
-        (named(bwd, o, "stash") ? set : send) += bytesOf(t);
+        (named(bwd, o, "stash") ? set : send) += getTensorBytes(t);
       mem.slotBytes.push_back(slot);
       mem.slots += mem.slotCounts[static_cast<size_t>(c)] * slot;
       mem.stash += mem.stashCounts[static_cast<size_t>(c)] * set;

@@ -55,18 +55,19 @@ bool isRecomputable(Value v, Recompute policy) {
 
 } // namespace
 
-/// `{pcc.name = name}`.
-static DictionaryAttr nameAttr(MLIRContext *ctx, StringRef name) {
+DictionaryAttr mlir::pcc::nameAttr(MLIRContext *ctx, StringRef name) {
   return DictionaryAttr::get(ctx,
                              {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
                                              StringAttr::get(ctx, name))});
 }
 
-/// The forward phase of `main` (before its backward ops): the arguments
-/// in; the results, then the residuals, out (named in `fwdResultAttrs`).
+/// The forward phase of `main` (before its backward ops): its first
+/// `numArgs` arguments (the others are the cotangents the backward ops
+/// read) in; the results, then the residuals, out (named in
+/// `fwdResultAttrs`).
 static func::FuncOp
-buildForwardPhase(func::FuncOp main, const DifferentiateSpec &spec,
-                  ArrayRef<Operation *> forward,
+buildForwardPhase(func::FuncOp main, unsigned numArgs,
+                  const DifferentiateSpec &spec, ArrayRef<Operation *> forward,
                   const llvm::SetVector<Value> &residuals,
                   SmallVectorImpl<DictionaryAttr> &fwdResultAttrs) {
   MLIRContext *ctx = main.getContext();
@@ -74,7 +75,6 @@ buildForwardPhase(func::FuncOp main, const DifferentiateSpec &spec,
   auto named = [&](StringRef name) { return nameAttr(ctx, name); };
   Block &block = main.getBody().front();
   auto ret = cast<func::ReturnOp>(block.getTerminator());
-  unsigned numArgs = main.getNumArguments();
   // The forward function: the arguments in; the results and residuals out.
   SmallVector<Type> fwdInputs;
   for (unsigned i = 0; i < numArgs; ++i)
@@ -343,8 +343,8 @@ mlir::pcc::differentiateFunction(func::FuncOp main,
     }
 
   SmallVector<DictionaryAttr> fwdResultAttrs;
-  func::FuncOp fwd =
-      buildForwardPhase(main, spec, forward, residuals, fwdResultAttrs);
+  func::FuncOp fwd = buildForwardPhase(main, numArgs, spec, forward, residuals,
+                                       fwdResultAttrs);
   func::FuncOp bwd =
       buildBackwardPhase(main, spec, backward, residuals, seeds, argGrads,
                          recomputed, out, fwdResultAttrs);

@@ -26,6 +26,9 @@ namespace mlir::pcc {
 /// everything, from the function's arguments.
 enum class Recompute { None, Selective, Full };
 
+/// `{pcc.name = name}`: how the phases name their arguments and results.
+DictionaryAttr nameAttr(MLIRContext *ctx, llvm::StringRef name);
+
 /// "none", "selective" or "full".
 inline std::optional<Recompute> parseRecompute(llvm::StringRef name) {
   if (name == "none")

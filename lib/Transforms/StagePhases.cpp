@@ -134,11 +134,7 @@ func::FuncOp splitWeightGradients(func::FuncOp bwd, StringRef name) {
   IRMapping map;
   SmallVector<Value> stash;
   SmallVector<Operation *> moved;
-  auto named = [&](StringRef n) {
-    return DictionaryAttr::get(ctx,
-                               {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
-                                               StringAttr::get(ctx, n))});
-  };
+  auto named = [&](StringRef n) { return nameAttr(ctx, n); };
   auto argument = [&](Value v, DictionaryAttr attrs) {
     unsigned i = w.getNumArguments();
     (void)w.insertArgument(i, v.getType(), attrs, v.getLoc());

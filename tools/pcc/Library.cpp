@@ -4,6 +4,7 @@
 
 #include "pcc/Analysis/Explain.h"
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
+#include "pcc/Dialect/Pcc/IR/Layout.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Import/OnnxImporter.h"
 #include "pcc/Target/Cpp.h"
@@ -65,11 +66,11 @@ int pcctool::writeLibrary(ModuleOp module, const DriverFlags &flags,
   llvm::StringMap<int64_t> wholeBytes;
   llvm::DenseMap<Operation *, llvm::StringMap<int64_t>> stageBytes;
   module->walk([&](pcc::ParamOp param) {
-    int64_t local = bytesOf(param.getType());
+    int64_t local = getTensorBytes(param.getType());
     int64_t whole = local;
     if (pcc::ShardingAttr shard = param.getShardAttr())
       whole = shard.isFlat()
-                  ? bytesOf(RankedTensorType::get(
+                  ? getTensorBytes(RankedTensorType::get(
                         *param.getWhole(), param.getType().getElementType()))
                   : whole * *pcc::getMeshAxisSize(param, shard.getAxis());
     if (!pcc::splitStateName(param.getName()).second.empty())

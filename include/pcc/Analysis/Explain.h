@@ -40,8 +40,6 @@ std::string describeLocation(mlir::Location loc);
 /// The arena one rank allocates: the largest of the planned functions'
 /// (each pipeline rank runs one stage; unpipelined, @main's).
 int64_t rankArenaBytes(mlir::ModuleOp module);
-/// The bytes of a ranked tensor type.
-int64_t bytesOf(mlir::Type type);
 /// 1234567 as "1,234,567".
 std::string grouped(int64_t n);
 

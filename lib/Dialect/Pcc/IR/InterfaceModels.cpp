@@ -464,8 +464,6 @@ template <typename OpT> constexpr bool writesNothing() {
 // The models
 //===----------------------------------------------------------------------===//
 
-int64_t bytesOf(Value v) { return getTensorBytes(v.getType()); }
-
 /// Whether `OpT` has a sharding rule of its own (an overload of
 /// shardingOptions above).
 template <typename OpT, typename = void>
@@ -527,7 +525,7 @@ struct CostModelImpl
       return 0;
     int64_t bytes = 0;
     for (Value r : op->getResults())
-      bytes += bytesOf(r);
+      bytes += getTensorBytes(r.getType());
     return bytes;
   }
 };
@@ -557,7 +555,7 @@ struct CollectiveModel
     return collectiveOf(cast<OpT>(op)).first;
   }
   int64_t getPayloadBytes(Operation *op) const {
-    return bytesOf(collectiveOf(cast<OpT>(op)).second);
+    return getTensorBytes(collectiveOf(cast<OpT>(op)).second.getType());
   }
 };
 
