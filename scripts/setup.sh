@@ -20,7 +20,7 @@ packages=(
   libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
   libonnx-testdata libprotobuf-dev protobuf-compiler
   libgtest-dev nlohmann-json3-dev
-  libopenblas-dev libopenblas0-openmp openmpi-bin libopenmpi-dev
+  libopenblas-dev libopenblas0-openmp libdnnl-dev openmpi-bin libopenmpi-dev
   python3 python3-numpy
 )
 read -r -a extra_packages <<<"${PCC_EXTRA_PACKAGES:-}"

@@ -58,6 +58,58 @@ TEST(CpuKernels, Matmul) {
       }
 }
 
+// The bf16 product (oneDNN): bf16 operands, fp32 accumulation, one
+// rounding to bf16. Against the exact product of the same bf16 operands
+// (float64) rounded once to bf16: fp32 accumulation over k = 96 moves a sum
+// by far less than half a bf16 unit (2^-9 relative), so a result may differ
+// from the reference only where the exact value lies that close to a
+// rounding boundary, and then by one unit. Bound: every element within one
+// bf16 unit, and at least 99% identical. Transposes, a shared right operand
+// (one tall product) and per-batch right operands, as pcc_cpu_matmul_f32.
+TEST(CpuKernels, MatmulBf16) {
+  const int64_t batch = 3, m = 17, n = 40, k = 96;
+  auto toBf16 = [](const std::vector<float> &v) {
+    std::vector<uint16_t> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      out[i] = pccrt::floatToBf16(v[i]);
+    return out;
+  };
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (int shared = 0; shared < 2; ++shared) {
+        auto a = toBf16(randomVector(batch * m * k, 3));
+        auto b = toBf16(randomVector((shared ? 1 : batch) * k * n, 4));
+        std::vector<uint16_t> c(batch * m * n);
+        ASSERT_EQ(pcc_cpu_matmul_bf16(a.data(), b.data(), c.data(), batch, m,
+                                      n, k, ta, tb, m * k, shared ? 0 : k * n),
+                  0)
+            << pcc_cpu_last_error();
+        int64_t same = 0;
+        for (int64_t bi = 0; bi < batch; ++bi)
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double s = 0;
+              for (int64_t p = 0; p < k; ++p) {
+                uint16_t av =
+                    ta ? a[bi * m * k + p * m + i] : a[bi * m * k + i * k + p];
+                const uint16_t *bb = b.data() + (shared ? 0 : bi * k * n);
+                uint16_t bv = tb ? bb[j * k + p] : bb[p * n + j];
+                s += double(pccrt::bf16ToFloat(av)) * pccrt::bf16ToFloat(bv);
+              }
+              uint16_t ref = pccrt::floatToBf16(float(s));
+              uint16_t got = c[(bi * m + i) * n + j];
+              same += got == ref;
+              ASSERT_LE(std::abs(int(got) - int(ref)), 1)
+                  << "at " << bi << "," << i << "," << j << ": "
+                  << pccrt::bf16ToFloat(got) << " vs "
+                  << pccrt::bf16ToFloat(ref) << " (ta " << ta << ", tb "
+                  << tb << ", shared " << shared << ")";
+            }
+        EXPECT_GE(same, batch * m * n * 99 / 100)
+            << "ta " << ta << ", tb " << tb << ", shared " << shared;
+      }
+}
+
 // Tests transpose, broadcast and a reversed strided slice through the one
 // strided-copy kernel.
 TEST(CpuKernels, CopyStrided) {

@@ -93,6 +93,14 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
     pm.addNestedPass<func::FuncOp>(createSplitBatch(split));
     pm.addPass(createCanonicalizerPass());
   }
+  // Mixed precision on the model as imported, so that autodiff
+  // differentiates its casts (autograd under torch.autocast).
+  if (o.precision != "fp32") {
+    AutocastOptions autocast;
+    autocast.precision = o.precision;
+    pm.addNestedPass<func::FuncOp>(createAutocast(autocast));
+    pm.addPass(createCSEPass());
+  }
   if (o.train)
     addTraining(pm, o, choices);
   if (o.train && o.tp > 1) {

@@ -182,8 +182,19 @@ static std::string verifyPipeline(const CompileOptions &o) {
   return "";
 }
 
+/// Mixed precision.
+static std::string verifyPrecision(const CompileOptions &o) {
+  if (o.precision == "fp16")
+    return "--precision=fp16 is not supported yet (it needs loss scaling); "
+           "use --precision=bf16, which needs none";
+  if (o.precision != "fp32" && o.precision != "bf16")
+    return "--precision=" + o.precision + " is not known: fp32 or bf16";
+  return "";
+}
+
 std::string CompileOptions::verify() const {
-  for (auto rules : {verifyMesh, verifyTraining, verifyPipeline}) {
+  for (auto rules :
+       {verifyMesh, verifyTraining, verifyPipeline, verifyPrecision}) {
     std::string message = rules(*this);
     if (!message.empty())
       return message;

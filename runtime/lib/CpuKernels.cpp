@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "pcc/runtime/CpuKernels.h"
+#include "CpuError.h"
 
 #include "pcc/runtime/CastElement.h"
 #include "pcc/runtime/FastMath.h"
@@ -27,8 +28,12 @@
 #include <type_traits>
 #include <vector>
 
+namespace pccrt {
+thread_local std::string cpuLastError;
+} // namespace pccrt
+
 namespace {
-thread_local std::string lastError;
+using pccrt::cpuLastError;
 
 int64_t product(const int64_t *dims, int64_t n) {
   int64_t p = 1;
@@ -99,7 +104,7 @@ PCC_ROW_KERNEL void rowScale(float *y, float scale, int64_t n) {
 
 extern "C" {
 
-const char *pcc_cpu_last_error(void) { return lastError.c_str(); }
+const char *pcc_cpu_last_error(void) { return cpuLastError.c_str(); }
 
 const char *pcc_cpu_describe(void) {
   static const std::string text = [] {
@@ -198,7 +203,7 @@ int pcc_cpu_gather_block(const void *data, const void *indices, void *y,
   for (int64_t j = 0; j < num_indices; ++j) {
     int64_t idx = index(j);
     if (idx < -axis_dim || idx >= axis_dim) {
-      lastError = "gather index " + std::to_string(idx) +
+      cpuLastError = "gather index " + std::to_string(idx) +
                   " is out of range for a dimension of size " +
                   std::to_string(axis_dim);
       return 1;
@@ -926,6 +931,23 @@ void pcc_cpu_dropout_f32(const float *x, float *y, int64_t n, double ratio,
 
 void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
                   int64_t count) {
+  // Mixed precision's casts (pcc-autocast), as loops that vectorise.
+  if (from_type == PCC_F32 && to_type == PCC_BF16) {
+    const float *in = static_cast<const float *>(x);
+    auto *out = static_cast<uint16_t *>(y);
+#pragma omp parallel for if (count > kParallelThreshold)
+    for (int64_t i = 0; i < count; ++i)
+      out[i] = pccrt::floatToBf16(in[i]);
+    return;
+  }
+  if (from_type == PCC_BF16 && to_type == PCC_F32) {
+    const auto *in = static_cast<const uint16_t *>(x);
+    float *out = static_cast<float *>(y);
+#pragma omp parallel for if (count > kParallelThreshold)
+    for (int64_t i = 0; i < count; ++i)
+      out[i] = pccrt::bf16ToFloat(in[i]);
+    return;
+  }
   for (int64_t i = 0; i < count; ++i)
     pccrt::castElement(x, from_type, y, to_type, i);
 }
@@ -960,7 +982,7 @@ int pcc_cpu_scatter_add_f32(const float *updates, const void *indices,
   for (int64_t j = 0; j < num_indices; ++j) {
     int64_t idx = indexAt(indices, j, indices_are_i64);
     if (idx < -axis_dim || idx >= axis_dim) {
-      lastError = "index " + std::to_string(idx) +
+      cpuLastError = "index " + std::to_string(idx) +
                   " is out of range for a dimension of size " +
                   std::to_string(axis_dim);
       return 1;
@@ -984,13 +1006,13 @@ int pcc_cpu_scatter_add_f32(const float *updates, const void *indices,
 }
 
 namespace {
-/// Checks the labels; sets lastError and returns false on a bad one.
+/// Checks the labels; sets cpuLastError and returns false on a bad one.
 bool checkLabels(const void *labels, int64_t rows, int64_t classes,
                  int64_t ignore, int i64) {
   for (int64_t r = 0; r < rows; ++r) {
     int64_t label = indexAt(labels, r, i64);
     if (label != ignore && (label < 0 || label >= classes)) {
-      lastError = "label " + std::to_string(label) + " (row " +
+      cpuLastError = "label " + std::to_string(label) + " (row " +
                   std::to_string(r) + ") is outside [0, " +
                   std::to_string(classes) + ") and is not the ignored " +
                   std::to_string(ignore);

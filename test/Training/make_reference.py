@@ -681,10 +681,13 @@ def global_grad_norm(params):
     return torch.nn.utils.get_total_norm(grads, 2.0, foreach=False)
 
 
-def train(name, model0, mapping, opt, x, y, float64=False):
+def train(name, model0, mapping, opt, x, y, float64=False, bf16=False):
     """Trains a copy of model0; returns the log rows (step, loss, grad
     norm), the final weights under the ONNX names, the optimizer config and,
-    per torch parameter, the largest |gradient| each element saw."""
+    per torch parameter, the largest |gradient| each element saw. With
+    bf16 the forward pass and the loss run under torch.autocast("cpu",
+    torch.bfloat16): PyTorch's mixed precision, fp32 weights, gradients and
+    optimizer."""
     model = copy.deepcopy(model0)
     xs = x if isinstance(x, tuple) else (x,)  # one array per model input
     if float64:
@@ -705,7 +708,8 @@ def train(name, model0, mapping, opt, x, y, float64=False):
         xb = [torch.from_numpy(a[lo:lo + batch]) for a in xs]
         yb = torch.from_numpy(y[lo:lo + batch])
         optim.zero_grad(set_to_none=True)
-        loss = loss_fn(name, model(*xb), yb)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(name, model(*xb), yb)
         loss.backward()
         for n, p in named:
             if p.grad is not None:
@@ -865,12 +869,61 @@ def do_model(name, export=False):
               "exporter; trained as conv+bias" % name)
 
 
+def do_model_bf16(name):
+    """The bf16 references of `name`: the same runs as do_model's under
+    torch.autocast, in ref/<model>/bf16.<opt>.losses.csv and
+    bf16.<opt>.final.safetensors, with bf16.json saying how far they are
+    from the float32 runs (the yardstick for the parity tolerances)."""
+    model, mapping, _ = prepare(name)
+    out_dir = os.path.join(REF, name)
+    x, y = make_data(name)
+    notes = dict(model=name, torch=torch.__version__,
+                 autocast='torch.autocast("cpu", dtype=torch.bfloat16) '
+                 "around the forward pass and the loss; fp32 weights, "
+                 "gradients and optimizer", optimizers={})
+    for opt in ("sgd", "adamw"):
+        rows, weights, cfg, _ = train(name, model, mapping, opt, x, y,
+                                      bf16=True)
+        rows32, weights32, _, _ = train(name, model, mapping, opt, x, y)
+        rel = [abs(a[1] - b[1]) / abs(b[1]) for a, b in zip(rows, rows32)]
+        grel = [abs(a[2] - b[2]) / abs(b[2]) for a, b in zip(rows, rows32)]
+        wdiff = max(float(np.abs(weights[k] - weights32[k]).max())
+                    for k in weights)
+        notes["optimizers"][opt] = dict(
+            fp32_vs_bf16_loss_rel_diff_first_step=rel[0],
+            fp32_vs_bf16_loss_rel_diff_max=max(rel),
+            fp32_vs_bf16_grad_norm_rel_diff_max=max(grel),
+            fp32_vs_bf16_weights_max_abs_diff=wdiff)
+        metadata = {}
+        copies = tied_copies(mapping)
+        if copies:
+            metadata["pcc.tied"] = json.dumps(copies, separators=(",", ":"))
+        with open(os.path.join(out_dir, "bf16." + opt + ".losses.csv"),
+                  "w") as f:
+            f.write("step,loss,grad_norm\n")
+            for st, l, g in rows:
+                f.write("%d,%r,%r\n" % (st, l, g))
+        write_safetensors(
+            os.path.join(out_dir, "bf16." + opt + ".final.safetensors"),
+            weights, metadata)
+        print("%s/%s bf16: loss %.6g -> %.6g; vs fp32: loss rel diff "
+              "first %.2g, max %.2g; weights max abs diff %.2g" % (
+                  name, opt, rows[0][1], rows[-1][1], rel[0], max(rel),
+                  wdiff))
+    with open(os.path.join(out_dir, "bf16.json"), "w") as f:
+        json.dump(notes, f, indent=1)
+        f.write("\n")
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="any of: " + " ".join(MODELS))
     ap.add_argument("--export", action="store_true",
                     help="re-export the zoo models' training ONNX files "
                     "(test/Training/zoo/<family>/model.onnx) even if present")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: only the torch.autocast references "
+                    "(bf16.<opt>.*), next to the float32 ones")
     args = ap.parse_args(argv)
     for name in args.models:
         if name not in MODELS:
@@ -880,6 +933,9 @@ def main(argv):
     torch.set_default_dtype(torch.float32)
     for name in args.models or MODELS:
         try:
+            if args.precision == "bf16":
+                do_model_bf16(name)
+                continue
             do_model(name, args.export)
         except MappingError as e:
             sys.exit("make_reference.py: " + str(e))

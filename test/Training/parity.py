@@ -42,6 +42,26 @@ MODELS = {
 }
 
 
+# bf16 against torch.autocast. Both round each product's operands and
+# result to bf16, but not at exactly the same places (autocast also rounds
+# the elementwise ops that follow a product; pcc computes them in f32), and
+# their products accumulate in another order; one flipped rounding early in
+# a step moves everything after it by about a bf16 unit. So the runs differ
+# by bf16's own noise, whose size PyTorch's autocast run against its f32 run
+# measures (ref/<model>/bf16.json). The bound: pcc's bf16 run is within
+# twice that of PyTorch's bf16 run, and losses within at least 1e-3
+# (docs/guide/mixed-precision.md).
+def bf16_tolerances(ref, optimizer):
+    with open(os.path.join(ref, "bf16.json")) as f:
+        noise = json.load(f)["optimizers"][optimizer]
+    return ["--rtol", repr(max(1e-3,
+                               2 * noise["fp32_vs_bf16_loss_rel_diff_max"])),
+            "--grad-norm-rtol",
+            repr(max(1e-2, 2 * noise["fp32_vs_bf16_grad_norm_rel_diff_max"])),
+            "--wrtol", "0",
+            "--watol", repr(2 * noise["fp32_vs_bf16_weights_max_abs_diff"])]
+
+
 def onnx_path(model):
     if model.startswith("zoo-"):
         return os.path.join(HERE, "zoo", model[len("zoo-"):], "model.onnx")
@@ -80,6 +100,10 @@ def main():
                     help="extra pcc options, one string")
     ap.add_argument("--compare-args", default="",
                     help="extra compare.py options (tolerances), one string")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: pcc --precision=bf16 against PyTorch's "
+                    "torch.autocast run (ref/<model>/bf16.<opt>.*), within "
+                    "bf16_tolerances()")
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--stage", choices=["all", "compile", "run"],
@@ -103,7 +127,8 @@ def main():
              "--microbatches=%d" % args.microbatches,
              "--target=" + args.target, "--dp=%d" % args.dp,
              "--tp=%d" % args.tp, "--pp=%d" % args.pp,
-             "--zero=%d" % args.zero, "-o", lib] +
+             "--zero=%d" % args.zero, "--precision=" + args.precision,
+             "-o", lib] +
             (["--sp"] if args.sp else []) + args.pcc_args.split() + flags)
     if args.stage == "compile":
         return
@@ -136,11 +161,16 @@ def main():
     sys.stdout.flush()
     tolerances = (["--wrtol", "1e-3", "--watol", "1e-5"]
                   if args.optimizer == "adamw" else [])
+    prefix = ""
+    if args.precision == "bf16":
+        prefix = "bf16."
+        tolerances = bf16_tolerances(ref, args.optimizer)
     r = subprocess.run(
         [sys.executable, os.path.join(HERE, "compare.py"),
-         "--ref-losses", os.path.join(ref, args.optimizer + ".losses.csv"),
+         "--ref-losses", os.path.join(ref, prefix + args.optimizer + ".losses.csv"),
          "--losses", log,
-         "--ref-weights", os.path.join(ref, args.optimizer + ".final.safetensors"),
+         "--ref-weights", os.path.join(ref, prefix + args.optimizer +
+                                       ".final.safetensors"),
          "--weights", os.path.join(ckpt, "step-%08d" % config["steps"],
                                    "weights.safetensors")] + tolerances +
         args.compare_args.split())

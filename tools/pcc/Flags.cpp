@@ -174,6 +174,14 @@ static struct SharedFlags {
                "update in host memory on GPU ranks (ZeRO-Offload); the "
                "device keeps the forward, backward and collectives"),
       cl::init("none"), cl::cat(trainCategory)};
+  cl::opt<std::string> precision{
+      "precision",
+      cl::desc("fp32 (the default: every op in f32) or bf16: matrix products "
+               "on bf16 operands with fp32 accumulation and a bf16 result, "
+               "as torch.autocast computes them; every other op, the "
+               "weights, gradients and optimizer state stay f32 (inference "
+               "and training)"),
+      cl::init("fp32"), cl::cat(pccCategory)};
 } flags;
 
 static cl::opt<std::string>

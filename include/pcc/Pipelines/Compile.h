@@ -58,6 +58,9 @@ struct CompileOptions {
   std::optional<std::string> zeroGradSync;
   std::string offload = "none";
 
+  // Mixed precision: fp32 (every op in f32) or bf16 (pcc-autocast).
+  std::string precision = "fp32";
+
   /// --mem-cap in bytes (0: none): the pipeline predicts every pipeline
   /// rank's peak and chooses recomputation and ZeRO's trades until it fits.
   int64_t memCapBytes = 0;
@@ -120,6 +123,7 @@ void setSharedOptions(CompileOptions &o, const Flags &flags, Given given) {
   o.zeroPrefetch = ifGiven(flags.zeroPrefetch);
   o.zeroGradSync = ifGiven(flags.zeroGradSync);
   o.offload = flags.offload;
+  o.precision = flags.precision;
 }
 
 /// What the memory fit chooses (otherwise the options' own values).

@@ -434,6 +434,39 @@ def PipelineSchedule : Pass<"pcc-pipeline-schedule", "ModuleOp"> {
 // Training
 //===----------------------------------------------------------------------===//
 
+def Autocast : Pass<"pcc-autocast", "func::FuncOp"> {
+  let summary = "computes matrix products in bf16, as torch.autocast does";
+  let description = [{
+    Mixed precision (`--precision=bf16`). Every `pcc.matmul` on f32
+    operands computes on bf16 operands with fp32 accumulation and a bf16
+    result, as `torch.autocast`'s lower-precision list does for `mm`,
+    `bmm`, `matmul` and `linear` (on the CPU and on CUDA). Its operands are
+    cast to bf16 (a weight read by two products is cast once, after CSE)
+    and its result back to f32, so that every other op computes in f32.
+    The casts are ops in the IR: `pcc-autodiff` differentiates them (the
+    gradient of a cast is the cast back), so the backward products run in
+    bf16 too and every gradient reaches its f32 weight in f32, as
+    autograd does under autocast.
+
+    ```mlir
+    %y = pcc.matmul %x, %w : tensor<8x64xf32>, tensor<64x32xf32> -> tensor<8x32xf32>
+    // becomes
+    %xb = pcc.cast %x : tensor<8x64xf32> -> tensor<8x64xbf16>
+    %wb = pcc.cast %w : tensor<64x32xf32> -> tensor<64x32xbf16>
+    %yb = pcc.matmul %xb, %wb : tensor<8x64xbf16>, tensor<64x32xbf16> -> tensor<8x32xbf16>
+    %y = pcc.cast %yb : tensor<8x32xbf16> -> tensor<8x32xf32>
+    ```
+
+    Runs before the loss and autodiff, on the model as imported (and split
+    into micro-batches). Convolutions stay f32 for now.
+  }];
+  let options = [
+    Option<"precision", "precision", "std::string", /*default=*/"\"bf16\"",
+           "the products' element type: bf16 or fp32 (no change)">
+  ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def TrainMode : Pass<"pcc-train-mode", "func::FuncOp"> {
   let summary = "gives the program the semantics of torch.nn.Module.train()";
   let description = [{

@@ -16,7 +16,9 @@ namespace mlir::pcc::cpp {
 
 LogicalResult CppEmitter::emit(MatmulOp mm) {
   Operation *op = mm;
-  if (failed(requireF32(op, mm.getLhs())))
+  // bf16 (pcc-autocast): fp32 accumulation, a bf16 result.
+  bool bf16 = mm.getLhs().getType().getElementType().isBF16();
+  if (!bf16 && failed(requireF32(op, mm.getLhs())))
     return failure();
   auto lhs = mm.getLhs().getType(), rhs = mm.getRhs().getType();
   auto out = mm.getType();
@@ -25,13 +27,22 @@ LogicalResult CppEmitter::emit(MatmulOp mm) {
   int64_t k = mm.getTransposeA() ? lhs.getDimSize(lhs.getRank() - 2)
                                  : lhs.getDimSize(lhs.getRank() - 1);
   int64_t batch = product(out.getShape().drop_back(2));
-  line(llvm::formatv("{11}{0}, {1}, {2}, {3}, {4}, {5}, {6}, "
-                     "{7}, {8}, {9}, {10});",
-                     nameOf(mm.getLhs()), nameOf(mm.getRhs()),
-                     nameOf(mm.getResult()), batch, m, n, k,
-                     mm.getTransposeA() ? 1 : 0, mm.getTransposeB() ? 1 : 0,
-                     m * k, rhs.getRank() == 2 ? 0 : k * n, call("matmul_f32"))
-           .str());
+  std::string args =
+      llvm::formatv("{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10})",
+                    nameOf(mm.getLhs()), nameOf(mm.getRhs()),
+                    nameOf(mm.getResult()), batch, m, n, k,
+                    mm.getTransposeA() ? 1 : 0, mm.getTransposeB() ? 1 : 0,
+                    m * k, rhs.getRank() == 2 ? 0 : k * n)
+          .str();
+  if (!bf16) {
+    line(call("matmul_f32") + args + ";");
+  } else if (cuda) {
+    line(call("matmul_bf16") + args + ";");
+  } else {
+    line("if (" + call("matmul_bf16") + args + ")");
+    line("  return fail(" + quoted(describeOp(op)) +
+         ", pcc_cpu_last_error());");
+  }
   return success();
 }
 

@@ -343,6 +343,35 @@ bool gemm(pcc_cuda_context *ctx, const char *what, bool transA, bool transB,
   return true;
 }
 
+/// `gemm` on bf16 operands and result with fp32 accumulation (tensor
+/// cores): torch.autocast's matmul.
+bool gemmBf16(pcc_cuda_context *ctx, const char *what, bool transA,
+              bool transB, int64_t batch, int64_t m, int64_t n, int64_t k,
+              const void *a, int64_t lda, int64_t strideA, const void *b,
+              int64_t ldb, int64_t strideB, void *c, int64_t ldc,
+              int64_t strideC) {
+  for (int64_t v : {batch, m, n, k, lda, ldb, ldc})
+    if (v > INT_MAX) {
+      setPending(ctx, std::string(what) + ": GEMM dimension " +
+                          std::to_string(v) +
+                          " exceeds the 32-bit range of cuBLAS");
+      return false;
+    }
+  const float alpha = 1.0f, beta = 0.0f;
+  cublasStatus_t s = cublasGemmStridedBatchedEx(
+      ctx->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
+      transA ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b,
+      CUDA_R_16BF, int(ldb), strideB, a, CUDA_R_16BF, int(lda), strideA, &beta,
+      c, CUDA_R_16BF, int(ldc), strideC, int(batch), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    setPending(ctx, std::string(what) + ": cublasGemmStridedBatchedEx: " +
+                        cublasGetStatusName(s));
+    return false;
+  }
+  return true;
+}
+
 /// Zeroes `count` floats: the product over an empty inner dimension.
 void zero(pcc_cuda_context *ctx, const char *what, float *y, int64_t count) {
   if (cudaError_t err =
@@ -373,6 +402,30 @@ extern "C" void pcc_cuda_matmul_f32(pcc_cuda_context *ctx, const float *a,
   }
   gemm(ctx, what, trans_a, trans_b, batch, m, n, k, a, lda, stride_a, b, ldb,
        stride_b, c, n, m * n);
+}
+
+extern "C" void pcc_cuda_matmul_bf16(pcc_cuda_context *ctx, const void *a,
+                                     const void *b, void *c, int64_t batch,
+                                     int64_t m, int64_t n, int64_t k,
+                                     int trans_a, int trans_b,
+                                     int64_t stride_a, int64_t stride_b) {
+  const char *what = "pcc_cuda_matmul_bf16";
+  if (batch <= 0 || m <= 0 || n <= 0)
+    return;
+  if (k <= 0) {
+    if (cudaError_t err =
+            cudaMemsetAsync(c, 0, batch * m * n * 2, ctx->stream))
+      setPending(ctx, std::string(what) + ": cudaMemsetAsync", err);
+    return;
+  }
+  int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  if (batch > 1 && stride_b == 0 && !trans_a && stride_a == m * k) {
+    gemmBf16(ctx, what, false, trans_b, 1, batch * m, n, k, a, lda, 0, b, ldb,
+             0, c, n, 0);
+    return;
+  }
+  gemmBf16(ctx, what, trans_a, trans_b, batch, m, n, k, a, lda, stride_a, b,
+           ldb, stride_b, c, n, m * n);
 }
 
 //===----------------------------------------------------------------------===//

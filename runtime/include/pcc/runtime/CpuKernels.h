@@ -55,6 +55,14 @@ void pcc_cpu_matmul_f32(const float *a, const float *b, float *c, int64_t batch,
                         int64_t m, int64_t n, int64_t k, int trans_a,
                         int trans_b, int64_t stride_a, int64_t stride_b);
 
+/* pcc_cpu_matmul_f32 on bf16 (uint16_t bits) operands with fp32
+ * accumulation and a bf16 result (rounded to nearest even), through
+ * oneDNN. Returns non-zero (pcc_cpu_last_error() says why) when oneDNN
+ * cannot run the product. */
+int pcc_cpu_matmul_bf16(const void *a, const void *b, void *c, int64_t batch,
+                        int64_t m, int64_t n, int64_t k, int trans_a,
+                        int trans_b, int64_t stride_a, int64_t stride_b);
+
 /* y[i] = x[x_offset + sum_d idx_d * x_strides[d]] written at
  * y[y_offset + sum_d idx_d * y_strides[d]] for every index of `shape`.
  * Strides are in elements and may be zero (broadcast) or negative

@@ -83,6 +83,11 @@ void pcc_cuda_matmul_f32(pcc_cuda_context *ctx, const float *a, const float *b,
                          float *c, int64_t batch, int64_t m, int64_t n,
                          int64_t k, int trans_a, int trans_b, int64_t stride_a,
                          int64_t stride_b);
+/* pcc_cuda_matmul_f32 on bf16 operands and result, fp32 accumulation. */
+void pcc_cuda_matmul_bf16(pcc_cuda_context *ctx, const void *a, const void *b,
+                          void *c, int64_t batch, int64_t m, int64_t n,
+                          int64_t k, int trans_a, int trans_b, int64_t stride_a,
+                          int64_t stride_b);
 
 /* rank <= 8. */
 void pcc_cuda_copy_strided(pcc_cuda_context *ctx, const void *x, void *y,
