@@ -104,6 +104,11 @@ def main():
                     help="bf16: pcc --precision=bf16 against PyTorch's "
                     "torch.autocast run (ref/<model>/bf16.<opt>.*), within "
                     "bf16_tolerances()")
+    ap.add_argument("--against", default=None, metavar="WORK",
+                    help="compare with another parity.py run (its --work "
+                    "directory: loss.csv and the last checkpoint) instead "
+                    "of PyTorch's: a layout against the one-device run of "
+                    "the same precision")
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--stage", choices=["all", "compile", "run"],
@@ -165,12 +170,19 @@ def main():
     if args.precision == "bf16":
         prefix = "bf16."
         tolerances = bf16_tolerances(ref, args.optimizer)
+    ref_losses = os.path.join(ref, prefix + args.optimizer + ".losses.csv")
+    ref_weights = os.path.join(ref, prefix + args.optimizer +
+                               ".final.safetensors")
+    if args.against:
+        ref_losses = os.path.join(args.against, "loss.csv")
+        ref_weights = os.path.join(args.against, "ckpt",
+                                   "step-%08d" % config["steps"],
+                                   "weights.safetensors")
     r = subprocess.run(
         [sys.executable, os.path.join(HERE, "compare.py"),
-         "--ref-losses", os.path.join(ref, prefix + args.optimizer + ".losses.csv"),
+         "--ref-losses", ref_losses,
          "--losses", log,
-         "--ref-weights", os.path.join(ref, prefix + args.optimizer +
-                                       ".final.safetensors"),
+         "--ref-weights", ref_weights,
          "--weights", os.path.join(ckpt, "step-%08d" % config["steps"],
                                    "weights.safetensors")] + tolerances +
         args.compare_args.split())

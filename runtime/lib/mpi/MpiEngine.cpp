@@ -9,6 +9,7 @@
 
 #include "pcc/runtime/CpuKernels.h"
 #include "pcc/runtime/Engines.h"
+#include "pcc/runtime/HalfFloat.h"
 
 #include <mpi.h>
 
@@ -96,9 +97,46 @@ int prepare(int64_t count, int dtype, MPI_Datatype &type) {
   return 0;
 }
 
+/// 16-bit floats (moved as MPI_UINT16_T): each pair combined in float and
+/// rounded back to nearest even, as NCCL reduces bf16 and fp16.
+template <bool Brain, int Op>
+void combine16(void *in, void *inout, int *len, MPI_Datatype *) {
+  const auto *a = static_cast<const uint16_t *>(in);
+  auto *b = static_cast<uint16_t *>(inout);
+  for (int i = 0; i < *len; ++i) {
+    float x = Brain ? pccrt::bf16ToFloat(a[i]) : pccrt::halfToFloat(a[i]);
+    float y = Brain ? pccrt::bf16ToFloat(b[i]) : pccrt::halfToFloat(b[i]);
+    float r = Op == PCC_OP_SUM ? x + y : Op == PCC_OP_MAX ? std::max(x, y)
+                                                          : std::min(x, y);
+    b[i] = Brain ? pccrt::floatToBf16(r) : pccrt::floatToHalf(r);
+  }
+}
+
+/// The user-defined MPI op of a 16-bit float reduction, made once.
+MPI_Op reduction16(bool brain, int op) {
+  static MPI_Op ops[2][3] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
+                             {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
+  static MPI_User_function *fns[2][3] = {
+      {combine16<false, PCC_OP_SUM>, combine16<false, PCC_OP_MAX>,
+       combine16<false, PCC_OP_MIN>},
+      {combine16<true, PCC_OP_SUM>, combine16<true, PCC_OP_MAX>,
+       combine16<true, PCC_OP_MIN>}};
+  int k = op == PCC_OP_SUM ? 0 : op == PCC_OP_MAX ? 1 : 2;
+  MPI_Op &made = ops[brain][k];
+  if (made == MPI_OP_NULL && MPI_Op_create(fns[brain][k], 1, &made))
+    made = MPI_OP_NULL;
+  return made;
+}
+
 int reduction(int dtype, int op, MPI_Op &mpiOp) {
-  if (dtype == PCC_F16 || dtype == PCC_BF16)
-    return failWith("MPI cannot reduce 16-bit floats");
+  if (dtype == PCC_F16 || dtype == PCC_BF16) {
+    if (op != PCC_OP_SUM && op != PCC_OP_MAX && op != PCC_OP_MIN)
+      return failWith("unknown reduction " + std::to_string(op));
+    mpiOp = reduction16(dtype == PCC_BF16, op);
+    if (mpiOp == MPI_OP_NULL)
+      return failWith("MPI_Op_create failed for a 16-bit float reduction");
+    return 0;
+  }
   switch (op) {
   case PCC_OP_SUM:
     mpiOp = MPI_SUM;
