@@ -1,14 +1,20 @@
-//===- Autocast.cpp - matrix products in bf16 ------------------------------===//
+//===- Autocast.cpp - torch.autocast's bf16 semantics ---------------------===//
 //
-// pcc-autocast (see Passes.td): torch.autocast's lower-precision products.
+// pcc-autocast and pcc-legalize-bf16 (see Passes.td). pcc-autocast gives
+// the model torch.autocast's types: products on bf16, the ops after them
+// in bf16 while all their float operands are, f32 where f32 meets bf16,
+// and losses in f32. pcc-legalize-bf16 makes that runnable: an op the back
+// ends do not run on bf16 computes in f32 between casts.
 //
 //===----------------------------------------------------------------------===//
 
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
 
 namespace mlir::pcc {
 #define GEN_PASS_DEF_AUTOCAST
+#define GEN_PASS_DEF_LEGALIZEBF16
 #include "pcc/Transforms/Passes.h.inc"
 } // namespace mlir::pcc
 
@@ -17,42 +23,210 @@ using namespace mlir::pcc;
 
 namespace {
 
-/// `v` with element type `element` (a cast, unless it has it already).
-Value castTo(OpBuilder &b, Location loc, Value v, Type element) {
-  auto type = cast<RankedTensorType>(v.getType());
-  if (type.getElementType() == element)
+RankedTensorType tensorOf(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+
+Type elementOf(Value v) { return tensorOf(v).getElementType(); }
+
+bool isFloat(Value v) {
+  return isa<RankedTensorType>(v.getType()) && isa<FloatType>(elementOf(v));
+}
+
+bool isBf16(Value v) { return isFloat(v) && elementOf(v).isBF16(); }
+
+bool isF32(Value v) { return isFloat(v) && elementOf(v).isF32(); }
+
+/// `v` with element type `element` (a cast before `at`, unless it has it).
+Value castTo(Operation *at, Value v, Type element) {
+  if (elementOf(v) == element)
     return v;
-  return CastOp::create(b, loc, type.clone(element), v);
+  OpBuilder b(at);
+  return CastOp::create(b, at->getLoc(), tensorOf(v).clone(element), v);
+}
+
+/// Casts every float operand of `op` of type `from` to `to`.
+void castOperands(Operation *op, Type from, Type to) {
+  for (OpOperand &operand : op->getOpOperands())
+    if (isFloat(operand.get()) && elementOf(operand.get()) == from)
+      operand.set(castTo(op, operand.get(), to));
+}
+
+/// Gives every float result of `op` of type `from` the element type `to`.
+void retypeResults(Operation *op, Type from, Type to) {
+  for (Value r : op->getResults())
+    if (isFloat(r) && elementOf(r) == from)
+      r.setType(tensorOf(r).clone(to));
+}
+
+/// The op behind `v`, looking through broadcasts and reshapes.
+Operation *sourceOf(Value v) {
+  Operation *def = v.getDefiningOp();
+  while (isa_and_present<BroadcastOp, ReshapeOp>(def))
+    def = def->getOperand(0).getDefiningOp();
+  return def;
+}
+
+/// A splat constant (as a Python scalar in PyTorch): it takes the type of
+/// the tensor it meets rather than promoting it.
+bool isWeak(Value v) {
+  auto constant = dyn_cast_if_present<ConstantOp>(sourceOf(v));
+  return constant && isa<SplatElementsAttr>(constant.getValue());
+}
+
+/// What torch.autocast (CPU and CUDA) does with an op.
+enum class Rule {
+  /// bf16 operands, a bf16 result: the lower-precision list.
+  Product,
+  /// Runs in the type of its float operands: bf16 while they all are, f32
+  /// (the bf16 ones widened) where f32 meets bf16 (type promotion).
+  Follow,
+  /// An op PyTorch runs on a bf16 input into a bf16 result, computing in
+  /// f32 inside (softmax, the norms, reductions): here it computes in f32
+  /// between casts, so that its gradient does too.
+  Wrap,
+  /// f32: losses, convolutions (for now) and everything not listed.
+  Float32,
+};
+
+Rule ruleOf(Operation *op) {
+  if (isa<MatmulOp>(op))
+    return Rule::Product;
+  if ((op->hasTrait<OpTrait::Elementwise>() && !isa<CastOp>(op)) ||
+      isa<ReshapeOp, TransposeOp, BroadcastOp, ConcatOp, SplitOp, SliceOp,
+          PadOp, GatherOp>(op))
+    return Rule::Follow;
+  if (isa<SoftmaxOp, LogSoftmaxOp, LayerNormOp, BatchNormOp, ReduceSumOp,
+          ReduceMeanOp, ReduceMaxOp, ReduceMinOp, ReduceProdOp, DropoutOp>(
+          op))
+    return Rule::Wrap;
+  return Rule::Float32;
+}
+
+void follow(Operation *op, Type f32, Type bf16) {
+  SmallVector<Value> strong;
+  bool anyBf16 = false;
+  for (Value v : op->getOperands()) {
+    anyBf16 |= isBf16(v);
+    if (isF32(v) && !isWeak(v))
+      strong.push_back(v);
+  }
+  if (!anyBf16)
+    return;
+  // A linear layer's bias (a weight added to a product), as F.linear adds
+  // it under autocast: in bf16.
+  bool bias = isa<AddOp>(op) && llvm::all_of(strong, [](Value v) {
+                return isa_and_present<ParamOp>(sourceOf(v));
+              });
+  if (strong.empty() || bias) {
+    castOperands(op, f32, bf16);
+    retypeResults(op, f32, bf16);
+    return;
+  }
+  castOperands(op, bf16, f32);
+}
+
+void wrap(Operation *op, Type f32, Type bf16) {
+  bool bf16Input = op->getNumOperands() > 0 && isBf16(op->getOperand(0));
+  castOperands(op, bf16, f32);
+  if (!bf16Input)
+    return;
+  OpBuilder b(op->getContext());
+  b.setInsertionPointAfter(op);
+  for (Value r : op->getResults())
+    if (isF32(r)) {
+      auto narrow = CastOp::create(b, op->getLoc(), tensorOf(r).clone(bf16), r);
+      r.replaceAllUsesExcept(narrow.getResult(), narrow);
+    }
 }
 
 struct AutocastPass : public mlir::pcc::impl::AutocastBase<AutocastPass> {
   using AutocastBase::AutocastBase;
 
   void runOnOperation() override {
+    func::FuncOp func = getOperation();
     if (precision == "fp32")
       return;
     if (precision != "bf16") {
-      getOperation().emitError("autocast: precision '")
+      func.emitError("autocast: precision '")
           << precision << "' is not known (bf16 or fp32)";
       return signalPassFailure();
     }
+    Type f32 = Float32Type::get(&getContext());
     Type bf16 = BFloat16Type::get(&getContext());
-    SmallVector<MatmulOp> products;
-    getOperation().walk([&](MatmulOp mm) {
-      if (mm.getType().getElementType().isF32())
-        products.push_back(mm);
+    for (Block &block : func.getBody())
+      for (Operation &op : llvm::make_early_inc_range(block)) {
+        if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+          // The model's outputs keep their types.
+          for (auto [operand, type] : llvm::zip(
+                   ret->getOpOperands(), func.getFunctionType().getResults()))
+            if (operand.get().getType() != type)
+              operand.set(castTo(
+                  ret, operand.get(), cast<RankedTensorType>(type).getElementType()));
+          continue;
+        }
+        switch (ruleOf(&op)) {
+        case Rule::Product:
+          if (llvm::any_of(op.getOperands(), isF32) ||
+              llvm::any_of(op.getResults(), isF32)) {
+            castOperands(&op, f32, bf16);
+            retypeResults(&op, f32, bf16);
+          }
+          break;
+        case Rule::Follow:
+          follow(&op, f32, bf16);
+          break;
+        case Rule::Wrap:
+          wrap(&op, f32, bf16);
+          break;
+        case Rule::Float32:
+          castOperands(&op, bf16, f32);
+          break;
+        }
+      }
+    auto module = func->getParentOfType<ModuleOp>();
+    module->setAttr(kPrecisionAttrName, StringAttr::get(&getContext(), "bf16"));
+  }
+};
+
+/// Ops the back ends run on bf16 as they are: elementwise work (computed in
+/// f32, rounded once per result), data movement, products, casts,
+/// constants, collectives and transfers.
+bool runsOnBf16(Operation *op) {
+  return op->hasTrait<OpTrait::Elementwise>() ||
+         isa<CastOp, MatmulOp, ReshapeOp, TransposeOp, BroadcastOp, ConcatOp,
+             SplitOp, SliceOp, PadOp, GatherOp, ShardGatherOp, ShardSliceOp,
+             AllReduceOp, AllGatherOp, ReduceScatterOp, TransferOp, ParamOp,
+             ConstantOp, func::ReturnOp, func::CallOp>(op);
+}
+
+struct LegalizeBf16Pass
+    : public mlir::pcc::impl::LegalizeBf16Base<LegalizeBf16Pass> {
+  void runOnOperation() override {
+    Type f32 = Float32Type::get(&getContext());
+    Type bf16 = BFloat16Type::get(&getContext());
+    SmallVector<Operation *> ops;
+    getOperation().walk([&](Operation *op) {
+      if (runsOnBf16(op) || op->getNumRegions() > 0)
+        return;
+      if (llvm::any_of(op->getOperands(), isBf16) ||
+          llvm::any_of(op->getResults(), isBf16))
+        ops.push_back(op);
     });
-    for (MatmulOp mm : products) {
-      OpBuilder b(mm);
-      Location loc = mm.getLoc();
-      Value lhs = castTo(b, loc, mm.getLhs(), bf16);
-      Value rhs = castTo(b, loc, mm.getRhs(), bf16);
-      auto product = MatmulOp::create(b, loc, lhs, rhs, mm.getTransposeA(),
-                                      mm.getTransposeB());
-      Value result =
-          castTo(b, loc, product.getResult(), mm.getType().getElementType());
-      mm.getResult().replaceAllUsesWith(result);
-      mm.erase();
+    for (Operation *op : ops) {
+      castOperands(op, bf16, f32);
+      SmallVector<Value> narrowed;
+      for (Value r : op->getResults())
+        if (isBf16(r)) {
+          r.setType(tensorOf(r).clone(f32));
+          narrowed.push_back(r);
+        }
+      OpBuilder b(op->getContext());
+      b.setInsertionPointAfter(op);
+      for (Value r : narrowed) {
+        auto narrow = CastOp::create(b, op->getLoc(), tensorOf(r).clone(bf16), r);
+        r.replaceAllUsesExcept(narrow.getResult(), narrow);
+      }
     }
   }
 };

@@ -36,16 +36,26 @@ bool isFloat(Value v) {
 }
 
 /// Values the backward phase can recompute instead of saving: weights,
-/// constants and reshapes of them; more as `policy` says (Recompute).
+/// constants, and reshapes and casts of them (mixed precision's bf16 copy
+/// of a weight is cast again rather than saved per micro-batch); more as
+/// `policy` says (Recompute).
 bool isRecomputable(Value v, Recompute policy) {
   Operation *def = v.getDefiningOp();
   if (!def)
     return false;
   if (isa<ParamOp, ConstantOp>(def))
     return true;
-  if (auto reshape = dyn_cast<ReshapeOp>(def))
-    if (isRecomputable(reshape.getInput(), Recompute::None))
+  if (isa<ReshapeOp, CastOp>(def) &&
+      isRecomputable(def->getOperand(0), Recompute::None))
+    return true;
+  // A 16-bit float widened to f32 (exact, mixed precision): the backward
+  // phase widens the saved 16-bit value again, at half the memory.
+  if (auto widen = dyn_cast<CastOp>(def)) {
+    Type from = widen.getInput().getType().getElementType();
+    if ((from.isBF16() || from.isF16()) &&
+        widen.getType().getElementType().isF32())
       return true;
+  }
   if (policy == Recompute::None || !isPure(def) ||
       isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ShardSliceOp,
           ShardGatherOp, TransferOp>(def))

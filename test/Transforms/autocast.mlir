@@ -1,12 +1,56 @@
-// RUN: pcc-opt %s --pcc-autocast | FileCheck %s
-// RUN: pcc-opt %s --pcc-autocast='precision=fp32' | FileCheck %s --check-prefix=FP32
-// RUN: pcc-opt %s --pcc-autocast --cse --pcc-loss --pcc-autodiff | FileCheck %s --check-prefix=GRAD
-// RUN: not pcc-opt %s --pcc-autocast='precision=fp8' 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: split-file %s %t
+// RUN: pcc-opt %t/rules.mlir --pcc-autocast --cse | FileCheck %s
+// RUN: pcc-opt %t/rules.mlir --pcc-autocast='precision=fp32' | FileCheck %s --check-prefix=FP32
+// RUN: pcc-opt %t/grad.mlir --pcc-autocast --cse --pcc-loss --pcc-autodiff | FileCheck %s --check-prefix=GRAD
+// RUN: pcc-opt %t/legalize.mlir --pcc-legalize-bf16 | FileCheck %s --check-prefix=LEGAL
+// RUN: not pcc-opt %t/rules.mlir --pcc-autocast='precision=fp8' 2>&1 | FileCheck %s --check-prefix=BAD
 
-// Tests that every f32 matrix product computes on bf16 operands with a
-// bf16 result, cast back to f32 for the ops after it (torch.autocast's
-// lower-precision list); the weight read by two products is cast once
-// after CSE; ops other than products stay f32.
+// Tests torch.autocast's rules, op by op: the product on bf16 operands
+// with a bf16 result; the bias (a weight added to it) added in bf16; an
+// elementwise op on bf16 alone in bf16; a splat constant taking the bf16
+// type; softmax on bf16 computing in f32 between casts; f32 meeting bf16
+// promoting to f32; the result keeping its type.
+//--- rules.mlir
+func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %w = pcc.param "fc.weight" : tensor<8x8xf32>
+  %b = pcc.param "fc.bias" : tensor<8xf32>
+  %y = pcc.matmul %x, %w {transpose_b} : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %bb = pcc.broadcast %b : tensor<8xf32> -> tensor<4x8xf32>
+  %z = pcc.add %y, %bb : tensor<4x8xf32>
+  %r = pcc.relu %z : tensor<4x8xf32>
+  %c = pcc.constant dense<0.125> : tensor<4x8xf32>
+  %s = pcc.mul %r, %c : tensor<4x8xf32>
+  %p = pcc.softmax %s axis = 1 : tensor<4x8xf32>
+  %o = pcc.add %p, %x : tensor<4x8xf32>
+  return %o : tensor<4x8xf32>
+}
+
+// CHECK: module attributes {pcc.precision = "bf16"}
+// CHECK: %[[XB:.*]] = pcc.cast %arg0 : tensor<4x8xf32> -> tensor<4x8xbf16>
+// CHECK: %[[WB:.*]] = pcc.cast %{{.*}} : tensor<8x8xf32> -> tensor<8x8xbf16>
+// CHECK: %[[Y:.*]] = pcc.matmul %[[XB]], %[[WB]] {transpose_b} : tensor<4x8xbf16>, tensor<8x8xbf16> -> tensor<4x8xbf16>
+// CHECK: %[[BB:.*]] = pcc.broadcast
+// CHECK: %[[BB16:.*]] = pcc.cast %[[BB]] : tensor<4x8xf32> -> tensor<4x8xbf16>
+// CHECK: %[[Z:.*]] = pcc.add %[[Y]], %[[BB16]] : tensor<4x8xbf16>
+// CHECK: %[[R:.*]] = pcc.relu %[[Z]] : tensor<4x8xbf16>
+// CHECK: %[[C:.*]] = pcc.cast %{{.*}} : tensor<4x8xf32> -> tensor<4x8xbf16>
+// CHECK: %[[S:.*]] = pcc.mul %[[R]], %[[C]] : tensor<4x8xbf16>
+// CHECK: %[[S32:.*]] = pcc.cast %[[S]] : tensor<4x8xbf16> -> tensor<4x8xf32>
+// CHECK: %[[P32:.*]] = pcc.softmax %[[S32]] axis = 1 : tensor<4x8xf32>
+// CHECK: %[[P:.*]] = pcc.cast %[[P32]] : tensor<4x8xf32> -> tensor<4x8xbf16>
+// CHECK: %[[PW:.*]] = pcc.cast %[[P]] : tensor<4x8xbf16> -> tensor<4x8xf32>
+// CHECK: %[[O:.*]] = pcc.add %[[PW]], %arg0 : tensor<4x8xf32>
+// CHECK: return %[[O]] : tensor<4x8xf32>
+
+// FP32-NOT: bf16
+
+// The backward phase differentiates the casts: the products of the
+// backward pass run in bf16, the two uses of the weight's bf16 copy add
+// their gradients in bf16 (as autograd does for autocast's cached weight
+// cast), and the sum reaches the f32 gradient state through a cast. The
+// bf16 copy of the weight is cast again in the backward phase, not saved;
+// the saved activations are the bf16 values.
+//--- grad.mlir
 func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
   %w = pcc.param "fc.weight" : tensor<8x8xf32>
   %y = pcc.matmul %x, %w {transpose_b} : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
@@ -15,31 +59,32 @@ func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
   return %z : tensor<4x8xf32>
 }
 
-// CHECK-LABEL: func.func @main
-// CHECK: %[[W:.*]] = pcc.param "fc.weight" : tensor<8x8xf32>
-// CHECK: %[[XB:.*]] = pcc.cast %arg0 : tensor<4x8xf32> -> tensor<4x8xbf16>
-// CHECK: %[[WB:.*]] = pcc.cast %[[W]] : tensor<8x8xf32> -> tensor<8x8xbf16>
-// CHECK: %[[YB:.*]] = pcc.matmul %[[XB]], %[[WB]] {transpose_b} : tensor<4x8xbf16>, tensor<8x8xbf16> -> tensor<4x8xbf16>
-// CHECK: %[[Y:.*]] = pcc.cast %[[YB]] : tensor<4x8xbf16> -> tensor<4x8xf32>
-// CHECK: %[[R:.*]] = pcc.relu %[[Y]] : tensor<4x8xf32>
-// CHECK: %[[RB:.*]] = pcc.cast %[[R]] : tensor<4x8xf32> -> tensor<4x8xbf16>
-// CHECK: %[[ZB:.*]] = pcc.matmul %[[RB]], {{.*}} : tensor<4x8xbf16>, tensor<8x8xbf16> -> tensor<4x8xbf16>
-// CHECK: %[[Z:.*]] = pcc.cast %[[ZB]] : tensor<4x8xbf16> -> tensor<4x8xf32>
-// CHECK: return %[[Z]]
-
-// FP32-NOT: bf16
-
-// The backward phase differentiates the casts: the cotangent of a
-// product's result is cast to bf16, the products of the backward pass run
-// in bf16, the two uses of the weight's bf16 copy add their gradients in
-// bf16 (as autograd does for autocast's cached weight cast), and the sum
-// reaches the f32 gradient state through a cast.
 // GRAD-LABEL: func.func @train_backward
-// GRAD: %[[G:.*]] = pcc.cast {{.*}} : tensor<4x8xf32> -> tensor<4x8xbf16>
-// GRAD: %[[DW1:.*]] = pcc.matmul {{.*}}, %[[G]] {transpose_a} : tensor<4x8xbf16>, tensor<4x8xbf16> -> tensor<8x8xbf16>
+// GRAD-NOT: tensor<8x8xbf16> {pcc.name = "saved
+// GRAD: %[[W:.*]] = pcc.param "fc.weight" : tensor<8x8xf32>
+// GRAD: pcc.cast %[[W]] : tensor<8x8xf32> -> tensor<8x8xbf16>
+// GRAD: %[[DW1:.*]] = pcc.matmul {{.*}} {transpose_a} : tensor<4x8xbf16>, tensor<4x8xbf16> -> tensor<8x8xbf16>
 // GRAD: %[[DW2:.*]] = pcc.matmul {{.*}} {transpose_a} : tensor<4x8xbf16>, tensor<4x8xbf16> -> tensor<8x8xbf16>
 // GRAD: %[[DW:.*]] = pcc.add %[[DW1]], %[[DW2]] : tensor<8x8xbf16>
 // GRAD: %[[DW32:.*]] = pcc.cast %[[DW]] : tensor<8x8xbf16> -> tensor<8x8xf32>
 // GRAD: pcc.accumulate {{.*}}, %[[DW32]] : tensor<8x8xf32>
+
+// Tests that an op the back ends do not run on bf16 (a reduction, as a
+// broadcast's gradient makes) computes in f32 between casts, and
+// elementwise ops and constants stay bf16.
+//--- legalize.mlir
+func.func @main(%x: tensor<4x8xbf16>) -> tensor<8xbf16> {
+  %c = pcc.constant dense<2.0> : tensor<4x8xbf16>
+  %m = pcc.mul %x, %c : tensor<4x8xbf16>
+  %s = pcc.reduce_sum %m axes = [0] : tensor<4x8xbf16> -> tensor<8xbf16>
+  return %s : tensor<8xbf16>
+}
+
+// LEGAL: %[[C:.*]] = pcc.constant dense<2.000000e+00> : tensor<4x8xbf16>
+// LEGAL: %[[M:.*]] = pcc.mul %arg0, %[[C]] : tensor<4x8xbf16>
+// LEGAL: %[[M32:.*]] = pcc.cast %[[M]] : tensor<4x8xbf16> -> tensor<4x8xf32>
+// LEGAL: %[[S:.*]] = pcc.reduce_sum %[[M32]] axes = [0] : tensor<4x8xf32> -> tensor<8xf32>
+// LEGAL: %[[S16:.*]] = pcc.cast %[[S]] : tensor<8xf32> -> tensor<8xbf16>
+// LEGAL: return %[[S16]]
 
 // BAD: autocast: precision 'fp8' is not known (bf16 or fp32)

@@ -435,35 +435,63 @@ def PipelineSchedule : Pass<"pcc-pipeline-schedule", "ModuleOp"> {
 //===----------------------------------------------------------------------===//
 
 def Autocast : Pass<"pcc-autocast", "func::FuncOp"> {
-  let summary = "computes matrix products in bf16, as torch.autocast does";
+  let summary = "gives the model torch.autocast's bf16 types";
   let description = [{
-    Mixed precision (`--precision=bf16`). Every `pcc.matmul` on f32
-    operands computes on bf16 operands with fp32 accumulation and a bf16
-    result, as `torch.autocast`'s lower-precision list does for `mm`,
-    `bmm`, `matmul` and `linear` (on the CPU and on CUDA). Its operands are
-    cast to bf16 (a weight read by two products is cast once, after CSE)
-    and its result back to f32, so that every other op computes in f32.
+    Mixed precision (`--precision=bf16`), with the semantics of
+    `torch.autocast(dtype=torch.bfloat16)` so that a user's PyTorch run and
+    pcc's agree. Ops are visited in order:
+
+    - products (`pcc.matmul`: PyTorch's `mm`, `bmm`, `matmul`, `linear`)
+      cast their float operands to bf16 and give a bf16 result (fp32
+      accumulation inside);
+    - elementwise ops and data movement run in the type of their float
+      operands: bf16 while all of them are bf16, f32 where f32 meets bf16
+      (the bf16 ones cast; PyTorch's type promotion). A splat constant
+      takes the other operand's type (a Python scalar does not promote),
+      and a weight added to a bf16 value is a linear layer's bias, added
+      in bf16 as `F.linear` does;
+    - softmax, the norms, reductions and dropout on a bf16 input compute in
+      f32 between casts and give a bf16 result, as PyTorch's bf16 kernels
+      compute inside; so their gradients are computed in f32 too;
+    - everything else (losses, convolutions for now) computes in f32;
+    - the function's results keep their types.
+
     The casts are ops in the IR: `pcc-autodiff` differentiates them (the
-    gradient of a cast is the cast back), so the backward products run in
-    bf16 too and every gradient reaches its f32 weight in f32, as
-    autograd does under autocast.
+    gradient of a cast is the cast back), so the backward pass runs in the
+    forward's types and every gradient reaches its f32 weight in f32, as
+    autograd does under autocast. The module records `pcc.precision`.
 
     ```mlir
     %y = pcc.matmul %x, %w : tensor<8x64xf32>, tensor<64x32xf32> -> tensor<8x32xf32>
+    %r = pcc.relu %y : tensor<8x32xf32>
     // becomes
     %xb = pcc.cast %x : tensor<8x64xf32> -> tensor<8x64xbf16>
     %wb = pcc.cast %w : tensor<64x32xf32> -> tensor<64x32xbf16>
     %yb = pcc.matmul %xb, %wb : tensor<8x64xbf16>, tensor<64x32xbf16> -> tensor<8x32xbf16>
-    %y = pcc.cast %yb : tensor<8x32xbf16> -> tensor<8x32xf32>
+    %r = pcc.relu %yb : tensor<8x32xbf16>
     ```
 
     Runs before the loss and autodiff, on the model as imported (and split
-    into micro-batches). Convolutions stay f32 for now.
+    into micro-batches).
   }];
   let options = [
     Option<"precision", "precision", "std::string", /*default=*/"\"bf16\"",
            "the products' element type: bf16 or fp32 (no change)">
   ];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
+def LegalizeBf16 : Pass<"pcc-legalize-bf16", "func::FuncOp"> {
+  let summary = "computes in f32 what the back ends do not run on bf16";
+  let description = [{
+    After `pcc-autocast` and everything that builds ops from its types
+    (autodiff, partitioning): an op with a bf16 operand or result that the
+    back ends do not run on bf16 (reductions, softmax, norms, losses,
+    optimizer updates) computes in f32 between casts: its bf16 operands
+    widened (exactly), its bf16 results rounded once, as PyTorch's bf16
+    kernels compute inside. Elementwise ops, data movement, products,
+    casts, constants, collectives and transfers run on bf16 as they are.
+  }];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 

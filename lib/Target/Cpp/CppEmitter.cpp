@@ -104,7 +104,7 @@ LogicalResult CppEmitter::emitCopy(Value in, Value out, ArrayRef<int64_t> shape,
 LogicalResult CppEmitter::emitConstant(ConstantOp op) {
   auto type = op.getType();
   auto info = elementInfo(type.getElementType());
-  if (!info || type.getElementType().isF16() || type.getElementType().isBF16())
+  if (!info)
     return op.emitError("code generation: unsupported constant type ") << type;
   auto attr = dyn_cast<DenseElementsAttr>(op.getValue());
   if (!attr)
@@ -115,7 +115,11 @@ LogicalResult CppEmitter::emitConstant(ConstantOp op) {
   auto append = [&](const std::string &v) {
     values += (n++ ? (n % 8 == 1 ? ",\n    " : ", ") : "") + v;
   };
-  if (isa<FloatType>(type.getElementType())) {
+  if (type.getElementType().isF16() || type.getElementType().isBF16()) {
+    // Stored as their bits (uint16_t).
+    for (APFloat v : attr.getValues<APFloat>())
+      append(std::to_string(v.bitcastToAPInt().getZExtValue()) + "u");
+  } else if (isa<FloatType>(type.getElementType())) {
     for (APFloat v : attr.getValues<APFloat>())
       append(literal(v.convertToDouble(), type.getElementType()));
   } else {

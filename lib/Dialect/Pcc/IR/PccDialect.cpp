@@ -289,6 +289,12 @@ LogicalResult PccDialect::verifyOperationAttribute(Operation *op,
     TrainingConfig config;
     return parseTrainingAttr(dict, config, error);
   }
+  if (name == kPrecisionAttrName) {
+    auto precision = dyn_cast<StringAttr>(attr.getValue());
+    if (!isa<ModuleOp>(op) || !precision || precision.getValue() != "bf16")
+      return op->emitError("pcc.precision must be \"bf16\" on the module");
+    return success();
+  }
   if (name == kScheduleAttrName) {
     auto dict = dyn_cast<DictionaryAttr>(attr.getValue());
     if (!isa<FunctionOpInterface>(op) || !dict)

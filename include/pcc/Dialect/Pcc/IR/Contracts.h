@@ -36,6 +36,9 @@ inline constexpr llvm::StringLiteral kPipelineAxis = "pp";
 inline constexpr llvm::StringLiteral kTensorParallelAxis = "tp";
 
 inline constexpr llvm::StringLiteral kTrainingAttrName = "pcc.training";
+/// On the module, set by pcc-autocast: the mixed precision the model's
+/// products compute in ("bf16").
+inline constexpr llvm::StringLiteral kPrecisionAttrName = "pcc.precision";
 inline constexpr llvm::StringLiteral kPhaseAttrName = "pcc.phase";
 /// The memory plan (pcc-plan-memory): on a function, the bytes of its
 /// arena; on each pcc op in it, per result the offset of its buffer in the
