@@ -23,10 +23,19 @@ ArrayRef<int64_t> shapeOf(Value v) {
   return cast<RankedTensorType>(v.getType()).getShape();
 }
 
+/// A cast between float types (mixed precision's casts): elementwise work
+/// a fused loop does on the value it holds in f32.
+bool isFloatCast(Operation *op) {
+  auto cast = dyn_cast<CastOp>(op);
+  return cast && isa<FloatType>(cast.getInput().getType().getElementType()) &&
+         isa<FloatType>(cast.getType().getElementType());
+}
+
 /// Ops a fusion can start from or absorb as elementwise work.
 bool isFusibleElementwise(Operation *op) {
-  return op->hasTrait<OpTrait::Elementwise>() &&
-         isa<PccDialect>(op->getDialect()) && !isa<CastOp>(op) &&
+  return ((op->hasTrait<OpTrait::Elementwise>() &&
+           isa<PccDialect>(op->getDialect())) ||
+          isFloatCast(op)) &&
          op->getNumResults() == 1;
 }
 

@@ -291,7 +291,7 @@ func.func @dynamic_shape(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
 func.func @fusion_not_elementwise(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
   %0 = pcc.fusion(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32> {
   ^bb0(%a: tensor<4x4xf32>):
-    // expected-error @below {{'pcc.transpose' op fusion body: only elementwise ops, broadcasts and constants can be fused}}
+    // expected-error @below {{'pcc.transpose' op fusion body: only elementwise ops, float casts, broadcasts and constants can be fused}}
     %t = pcc.transpose %a [1, 0] : tensor<4x4xf32> -> tensor<4x4xf32>
     pcc.yield %t : tensor<4x4xf32>
   }

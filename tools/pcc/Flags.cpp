@@ -176,11 +176,8 @@ static struct SharedFlags {
       cl::init("none"), cl::cat(trainCategory)};
   cl::opt<std::string> precision{
       "precision",
-      cl::desc("fp32 (the default: every op in f32) or bf16: matrix products "
-               "on bf16 operands with fp32 accumulation and a bf16 result, "
-               "as torch.autocast computes them; every other op, the "
-               "weights, gradients and optimizer state stay f32 (inference "
-               "and training)"),
+      cl::desc("fp32 (the default) or bf16: torch.autocast's mixed "
+               "precision (bf16 products, fp32 weights and optimizer)"),
       cl::init("fp32"), cl::cat(pccCategory)};
 } flags;
 
@@ -236,7 +233,6 @@ Examples:
   pcc examples/mlp.onnx --batch=2 --emit=mlir
   pcc examples/gpt.onnx --dim=batch=2 --dim=seq=16 --emit=mlir -o gpt.mlir
   pcc examples/mlp.onnx --batch=2 --emit=mlir --dump-ir=ir/   # ir/00-import.mlir, ...
-  pcc examples/mlp.onnx --emit=weights                        # decoded initializers
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --explain  # memory plan, fusions
   pcc examples/mlp.onnx --batch=2 -o mlp.so                 # mlp.so + mlp.safetensors
   pcc-run mlp.so --input examples/data/mlp.input.npy --output y.npy
@@ -260,7 +256,7 @@ Training (one device, or any mix of --tp, --pp, --dp and ZeRO):
   pcc-run -n 8 3d.so --steps 100 --data tokens.bin --seq 16 --trace-svg 3d.svg
   pcc examples/mlp.onnx --train --loss=cross_entropy --optimizer=adamw --batch=8 -o train.so
   pcc-run train.so --steps 200 --input x.npy --labels y.npy --lr 3e-4 --loss-log loss.csv
-  pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=64 --microbatches=2 -o gpt-train.so
+  pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=64 --microbatches=2 --precision=bf16 -o gpt16.so
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --target=cuda --offload=optimizer -o off.so
   pcc examples/mlp.onnx --train --batch=8 --emit=mlir    # forward, backward, optimizer, zero-grad
 

@@ -340,6 +340,16 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
       expr[result] = literal(v, compute);
       continue;
     }
+    if (auto cast = dyn_cast<CastOp>(op)) {
+      // A float cast (pcc-fuse-elementwise fuses no other): the value is
+      // held in f32, rounded as the narrower type when it narrows.
+      std::string in = expr.lookup(cast.getInput());
+      expr[result] = element.isBF16()  ? "pccrt::bf16ToFloat(pccrt::floatToBf16(" + in + "))"
+                     : element.isF16() ? "pccrt::halfToFloat(pccrt::floatToHalf(" + in + "))"
+                     : element.isF32() ? "static_cast<float>(" + in + ")"
+                                       : "static_cast<double>(" + in + ")";
+      continue;
+    }
     SmallVector<std::string> args;
     for (Value operand : op.getOperands())
       args.push_back(expr.lookup(operand));

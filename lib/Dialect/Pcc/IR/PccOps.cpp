@@ -158,11 +158,15 @@ LogicalResult FusionOp::verify() {
       return emitOpError("results: all results need the iteration shape ")
              << shapeToString(shape);
   for (Operation &op : body.without_terminator()) {
+    auto floatCast = dyn_cast<CastOp>(op);
     bool allowed =
-        op.hasTrait<OpTrait::Elementwise>() || isa<BroadcastOp, ConstantOp>(op);
+        op.hasTrait<OpTrait::Elementwise>() || isa<BroadcastOp, ConstantOp>(op) ||
+        (floatCast &&
+         isa<FloatType>(floatCast.getInput().getType().getElementType()) &&
+         isa<FloatType>(floatCast.getType().getElementType()));
     if (!allowed)
-      return op.emitOpError("fusion body: only elementwise ops, broadcasts "
-                            "and constants can be fused");
+      return op.emitOpError("fusion body: only elementwise ops, float casts, "
+                            "broadcasts and constants can be fused");
     for (Value r : op.getResults())
       if (cast<RankedTensorType>(r.getType()).getShape() != shape)
         return op.emitOpError("fusion body: result shape ")

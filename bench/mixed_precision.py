@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Mixed precision at real size: a training step of a Hugging Face GPT-2
+124M (and a ~125M Llama) in pcc bf16, pcc fp32, PyTorch eager fp32 and
+PyTorch eager under torch.autocast(bf16), in one run, alternating rounds.
+
+The models are random-init configs (GPT2Config() defaults: 12 layers, width
+768, vocabulary 50,257; a Llama of width 768, 12 layers, 12/4 heads, MLP
+2048, vocabulary 32,000), dropout 0, exported once by the dynamo exporter
+into ~/.cache/pcc/bench/<model>/ (about 500 MB each; not committed). Each
+round compiles nothing: pcc's two libraries are compiled first; a round
+runs `pcc-run --steps N` for each precision (the median step time of its
+loss log, after the first step) and N PyTorch steps of each kind (zero_grad,
+forward, cross-entropy, backward, AdamW with foreach=False), with the same
+threads (OPENBLAS_CORETYPE unset for both sides). Prints the medians over
+rounds, the ratios, and pcc's saved-activation bytes in each precision.
+
+    env -u OPENBLAS_CORETYPE ~/.cache/pcc/zoo-venv/bin/python \\
+        bench/mixed_precision.py [--models gpt2 llama] [--rounds 3] [--steps 4]
+"""
+
+import argparse
+import csv
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(os.path.expanduser("~"), ".cache", "pcc", "bench")
+BATCH, SEQ = 4, 128
+
+
+def build(name):
+    import transformers
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = transformers.GPT2Config(
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(
+            hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+            num_attention_heads=12, num_key_value_heads=4, vocab_size=32000,
+            max_position_embeddings=1024)
+        model = transformers.LlamaForCausalLM(config)
+    return model, config.vocab_size
+
+
+class TextLM(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False,
+                          return_dict=True).logits
+
+
+def export(name, model, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ids = torch.zeros((BATCH, SEQ), dtype=torch.int64)
+    wrapper = TextLM(model).eval()
+    import contextlib
+    import io
+    import warnings
+    t = time.time()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(wrapper, (ids,), path, dynamo=True,
+                          input_names=["input_ids"], output_names=["logits"],
+                          external_data=True)
+    print("exported %s (%.0f s)" % (path, time.time() - t), flush=True)
+
+
+def run(cmd, env=None):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, env=env)
+    if r.returncode != 0:
+        sys.exit("mixed_precision.py: %s failed:\n%s" % (" ".join(cmd),
+                                                         r.stdout[-4000:]))
+    return r.stdout
+
+
+def pcc_step(lib, work, inputs, labels, steps, env):
+    log = os.path.join(work, "loss.csv")
+    out = run([os.path.join(ROOT, "build", "bin", "pcc-run"), lib, "--steps",
+               str(steps), "--input", inputs, "--labels", labels,
+               "--lr", "1e-4", "--loss-log", log], env)
+    with open(log) as f:
+        ms = [float(r["step_ms"]) for r in csv.DictReader(f)]
+    saved = re.search(r"saved activations ([0-9.]+) MiB", out)
+    return statistics.median(ms[1:]) / 1e3, float(saved.group(1))
+
+
+def torch_step(model, ids, labels, steps, bf16):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    times = []
+    for _ in range(steps + 1):
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(input_ids=ids, use_cache=False).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                   labels.reshape(-1))
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
+
+
+def bench(name, args, env):
+    model, vocab = build(name)
+    model.train()
+    path = os.path.join(CACHE, name, "model.onnx")
+    if not os.path.exists(path):
+        export(name, model, path)
+    work = os.path.join(CACHE, name, "work")
+    os.makedirs(work, exist_ok=True)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, vocab, (BATCH, SEQ)).astype(np.int64)
+    labels = rng.integers(0, vocab, (BATCH, SEQ)).astype(np.int64)
+    inputs, label_file = (os.path.join(work, "ids.npy"),
+                          os.path.join(work, "labels.npy"))
+    np.save(inputs, ids)
+    np.save(label_file, labels)
+    libs = {}
+    for precision in ("fp32", "bf16"):
+        lib = os.path.join(work, "train-%s.so" % precision)
+        t = time.time()
+        run([os.path.join(ROOT, "build", "bin", "pcc"), path, "--train",
+             "--loss=cross_entropy", "--optimizer=adamw",
+             "--precision=" + precision, "-o", lib], env)
+        print("%s: compiled pcc %s in %.0f s" % (name, precision,
+                                                 time.time() - t), flush=True)
+        libs[precision] = lib
+    tids, tlabels = torch.from_numpy(ids), torch.from_numpy(labels)
+    times = {k: [] for k in ("pcc-bf16", "pcc-fp32", "torch-fp32",
+                             "torch-bf16")}
+    saved = {}
+    for r in range(args.rounds):
+        for precision in ("bf16", "fp32"):
+            s, mib = pcc_step(libs[precision], work, inputs, label_file,
+                              args.steps + 1, env)
+            times["pcc-" + precision].append(s)
+            saved[precision] = mib
+        for bf16 in (False, True):
+            times["torch-bf16" if bf16 else "torch-fp32"].append(
+                torch_step(model, tids, tlabels, args.steps, bf16))
+        print("%s round %d: %s" % (name, r + 1, "  ".join(
+            "%s %.3f s" % (k, v[-1]) for k, v in times.items())), flush=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print("\n%s, batch %d x %d, %d threads, median of %d rounds:" % (
+        name, BATCH, SEQ, args.threads, args.rounds))
+    for k, v in med.items():
+        print("  %-10s %.3f s/step" % (k, v))
+    print("  pcc bf16 vs PyTorch bf16 autocast: %.2fx" % (
+        med["torch-bf16"] / med["pcc-bf16"]))
+    print("  pcc bf16 vs pcc fp32:              %.2fx" % (
+        med["pcc-fp32"] / med["pcc-bf16"]))
+    print("  pcc fp32 vs PyTorch fp32:          %.2fx" % (
+        med["torch-fp32"] / med["pcc-fp32"]))
+    print("  PyTorch bf16 vs PyTorch fp32:      %.2fx" % (
+        med["torch-fp32"] / med["torch-bf16"]))
+    print("  saved activations: bf16 %.1f MiB, fp32 %.1f MiB (%.2fx)" % (
+        saved["bf16"], saved["fp32"], saved["bf16"] / saved["fp32"]))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["gpt2", "llama"],
+                    choices=["gpt2", "llama"])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    env.pop("OPENBLAS_CORETYPE", None)
+    for name in args.models:
+        bench(name, args, env)
+
+
+if __name__ == "__main__":
+    main()
