@@ -49,17 +49,18 @@ MODELS = {
 # a step moves everything after it by about a bf16 unit. So the runs differ
 # by bf16's own noise, whose size PyTorch's autocast run against its f32 run
 # measures (ref/<model>/bf16.json). The bound: pcc's bf16 run is within
-# twice that of PyTorch's bf16 run, and losses within at least 1e-3
-# (docs/guide/mixed-precision.md).
+# three times that of PyTorch's bf16 run, and losses within at least 1e-3
+# (docs/guide/mixed-precision.md: the measured spread over 13 layouts
+# reaches 2.5 times).
 def bf16_tolerances(ref, optimizer):
     with open(os.path.join(ref, "bf16.json")) as f:
         noise = json.load(f)["optimizers"][optimizer]
     return ["--rtol", repr(max(1e-3,
-                               2 * noise["fp32_vs_bf16_loss_rel_diff_max"])),
+                               3 * noise["fp32_vs_bf16_loss_rel_diff_max"])),
             "--grad-norm-rtol",
-            repr(max(1e-2, 2 * noise["fp32_vs_bf16_grad_norm_rel_diff_max"])),
+            repr(max(1e-2, 3 * noise["fp32_vs_bf16_grad_norm_rel_diff_max"])),
             "--wrtol", "0",
-            "--watol", repr(2 * noise["fp32_vs_bf16_weights_max_abs_diff"])]
+            "--watol", repr(3 * noise["fp32_vs_bf16_weights_max_abs_diff"])]
 
 
 def onnx_path(model):

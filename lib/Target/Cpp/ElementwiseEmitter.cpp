@@ -357,6 +357,12 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
     if (!e)
       return op.emitError("code generation: no lowering for '")
              << op.getName() << "' in a fusion";
+    // A 16-bit float result is rounded where the op computes it, as an
+    // unfused op (and PyTorch's op by op) would store it.
+    if (element.isBF16())
+      e = "pccrt::bf16ToFloat(pccrt::floatToBf16(" + *e + "))";
+    else if (element.isF16())
+      e = "pccrt::halfToFloat(pccrt::floatToHalf(" + *e + "))";
     std::string name = "t" + std::to_string(temp++);
     code += llvm::formatv("    const {0} {1} = {2};\n",
                           elementInfo(compute)->cType, name, *e)
