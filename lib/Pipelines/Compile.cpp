@@ -143,8 +143,11 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
   }
   if (o.pp > 1 && !o.train)
     addPipelineCut(pm, o, /*groupedTransfers=*/true);
-  if (o.precision != "fp32")
+  if (o.precision != "fp32") {
+    if (o.train)
+      pm.addPass(createBf16WeightCopies());
     pm.addNestedPass<func::FuncOp>(createLegalizeBf16());
+  }
   if (o.tp * o.pp * o.dp > 1)
     pm.addPass(createCheckCollectives());
   if (o.planMemory) {

@@ -11,9 +11,14 @@
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Transforms/Passes.h"
+#include "pcc/Transforms/Training.h"
+
+#include <map>
+#include <set>
 
 namespace mlir::pcc {
 #define GEN_PASS_DEF_AUTOCAST
+#define GEN_PASS_DEF_BF16WEIGHTCOPIES
 #define GEN_PASS_DEF_LEGALIZEBF16
 #include "pcc/Transforms/Passes.h.inc"
 } // namespace mlir::pcc
@@ -191,13 +196,13 @@ struct AutocastPass : public mlir::pcc::impl::AutocastBase<AutocastPass> {
 
 /// Ops the back ends run on bf16 as they are: elementwise work (computed in
 /// f32, rounded once per result), data movement, products, casts,
-/// constants, collectives and transfers.
+/// constants, state copies, collectives and transfers.
 bool runsOnBf16(Operation *op) {
   return op->hasTrait<OpTrait::Elementwise>() ||
          isa<CastOp, MatmulOp, ReshapeOp, TransposeOp, BroadcastOp, ConcatOp,
              SplitOp, SliceOp, PadOp, GatherOp, ShardGatherOp, ShardSliceOp,
              AllReduceOp, AllGatherOp, ReduceScatterOp, TransferOp, ParamOp,
-             ConstantOp, func::ReturnOp, func::CallOp>(op);
+             ConstantOp, AssignOp, ZeroOp, func::ReturnOp, func::CallOp>(op);
 }
 
 struct LegalizeBf16Pass
@@ -226,6 +231,77 @@ struct LegalizeBf16Pass
       for (Value r : narrowed) {
         auto narrow = CastOp::create(b, op->getLoc(), tensorOf(r).clone(bf16), r);
         r.replaceAllUsesExcept(narrow.getResult(), narrow);
+      }
+    }
+  }
+};
+
+struct Bf16WeightCopiesPass
+    : public mlir::pcc::impl::Bf16WeightCopiesBase<Bf16WeightCopiesPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (!module->hasAttr(kPrecisionAttrName))
+      return;
+    // The zero-grad phase of each pipeline rank (-1: an unpipelined step).
+    std::map<int64_t, func::FuncOp> zeroGrad;
+    SmallVector<func::FuncOp> microbatchPhases;
+    for (auto func : module.getOps<func::FuncOp>()) {
+      auto phase = func->getAttrOfType<StringAttr>(kPhaseAttrName);
+      if (!phase)
+        continue;
+      if (phase.getValue() == kPhaseNames[3]) {
+        auto rank = func->getAttrOfType<IntegerAttr>(kPipelineRankAttrName);
+        zeroGrad[rank ? rank.getInt() : -1] = func;
+      } else if (phase.getValue() == kPhaseNames[0] ||
+                 phase.getValue() == kPhaseNames[1] ||
+                 phase.getValue() == kWeightGradPhaseName) {
+        microbatchPhases.push_back(func);
+      }
+    }
+    if (zeroGrad.empty())
+      return;
+    std::set<std::pair<int64_t, std::string>> copied;
+    for (func::FuncOp phase : microbatchPhases) {
+      int64_t rank = -1;
+      if (auto stage =
+              phase->getAttrOfType<IntegerAttr>(kPipelineStageAttrName)) {
+        FailureOr<int64_t> pp = getMeshAxisSize(phase, kPipelineAxis);
+        if (failed(pp))
+          return signalPassFailure();
+        rank = stage.getInt() % *pp;
+      }
+      auto zg = zeroGrad.find(rank);
+      if (zg == zeroGrad.end())
+        continue;
+      SmallVector<CastOp> casts;
+      phase.walk([&](CastOp c) {
+        auto weight = c.getInput().getDefiningOp<ParamOp>();
+        if (weight && !weight.getName().contains('@') &&
+            c.getInput().getType().getElementType().isF32() &&
+            c.getType().getElementType().isBF16())
+          casts.push_back(c);
+      });
+      for (CastOp c : casts) {
+        auto weight = c.getInput().getDefiningOp<ParamOp>();
+        std::string name = stateName(weight.getName(), kBf16CopyState);
+        Location loc = c.getLoc();
+        if (copied.insert({rank, weight.getName().str()}).second) {
+          Block &body = zg->second.getBody().front();
+          OpBuilder b(body.getTerminator());
+          auto load = ParamOp::create(b, loc, weight.getType(),
+                                      weight.getNameAttr(),
+                                      weight.getShardAttr());
+          Value narrow = CastOp::create(b, loc, c.getType(), load);
+          auto copy = ParamOp::create(b, loc, c.getType(),
+                                      b.getStringAttr(name),
+                                      weight.getShardAttr());
+          AssignOp::create(b, loc, copy, narrow);
+        }
+        OpBuilder b(c);
+        auto read = ParamOp::create(b, loc, c.getType(), b.getStringAttr(name),
+                                    weight.getShardAttr());
+        c.getResult().replaceAllUsesWith(read.getResult());
+        c.erase();
       }
     }
   }

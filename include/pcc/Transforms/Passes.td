@@ -495,6 +495,33 @@ def LegalizeBf16 : Pass<"pcc-legalize-bf16", "func::FuncOp"> {
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
+def Bf16WeightCopies : Pass<"pcc-bf16-weight-copies", "ModuleOp"> {
+  let summary = "casts each weight to bf16 once per step, not per use";
+  let description = [{
+    Mixed-precision training, after the training passes: every cast of an
+    f32 weight to bf16 in a micro-batch's phases (forward, backward, a
+    pipeline stage's F, B and W) reads `<weight>@bf16` instead, a state
+    that the zero-grad phase of the weight's pipeline rank (run at the
+    start of every step) assigns once. The cast then happens once per
+    weight per step instead of once per use and micro-batch. A weight read
+    through a collective (ZeRO-3's gathers) keeps its per-use cast.
+
+    ```mlir
+    // @train_forward (and @train_backward):
+    %w = pcc.param "fc.weight" : tensor<8x8xf32>
+    %wb = pcc.cast %w : tensor<8x8xf32> -> tensor<8x8xbf16>
+    // becomes
+    %wb = pcc.param "fc.weight@bf16" : tensor<8x8xbf16>
+    // and @train_zero_grad gains
+    %w = pcc.param "fc.weight" : tensor<8x8xf32>
+    %c = pcc.cast %w : tensor<8x8xf32> -> tensor<8x8xbf16>
+    %copy = pcc.param "fc.weight@bf16" : tensor<8x8xbf16>
+    pcc.assign %copy, %c : tensor<8x8xbf16>
+    ```
+  }];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def TrainMode : Pass<"pcc-train-mode", "func::FuncOp"> {
   let summary = "gives the program the semantics of torch.nn.Module.train()";
   let description = [{

@@ -12,6 +12,7 @@
 
 #include "CppEmitter.h"
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
+#include "pcc/Dialect/Pcc/IR/Layout.h"
 #include "pcc/Target/Cpp.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -267,6 +268,16 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
     return emitCopy(pad.getInput(), pad.getResult(), in.getShape(),
                     stridesOf(in.getShape()), 0, strides, offset);
   }
+  // State copies and zeroing move bytes of any type.
+  if (isa<AssignOp, ZeroOp>(op)) {
+    auto state = tensorTypeOf(op->getOperand(0));
+    if (auto assign = dyn_cast<AssignOp>(op))
+      copyBytes(nameOf(assign.getState()), nameOf(assign.getValue()),
+                getTensorBytes(state));
+    else
+      zeroFill(nameOf(op->getOperand(0)), getTensorBytes(state));
+    return success();
+  }
   if (failed(requireF32(op, op->getOperand(0))))
     return failure();
   if (auto sa = dyn_cast<ScatterAddOp>(op)) {
@@ -311,14 +322,6 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
                       loop(count))
             .str());
     launch(name, count, nameOf(acc.getState()) + ", " + nameOf(acc.getValue()));
-    return success();
-  }
-  if (auto assign = dyn_cast<AssignOp>(op)) {
-    copyBytes(nameOf(assign.getState()), nameOf(assign.getValue()), count * 4);
-    return success();
-  }
-  if (auto zero = dyn_cast<ZeroOp>(op)) {
-    zeroFill(nameOf(zero.getState()), count * 4);
     return success();
   }
   if (auto ema = dyn_cast<EmaUpdateOp>(op)) {

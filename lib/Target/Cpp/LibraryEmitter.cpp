@@ -666,7 +666,8 @@ stateTables(ModuleOp module, const Specs &weights,
                  : kind == "grad"         ? 1
                  : kind == kMasterState   ? 3
                  : kind == "bucket"       ? 4
-                 : kind == kGatheredState ? 5
+                 : kind == kGatheredState || kind == kBf16CopyState
+                     ? 5
                                           : 2;
       auto it = weightIndex.find(owner);
       if (it == weightIndex.end())

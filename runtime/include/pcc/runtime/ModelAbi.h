@@ -126,11 +126,13 @@ enum pcc_state_kind {
                               gradients of weight_aliases live in and whose
                               all-reduce starts during the backward pass;
                               zeroed at the start, never saved */
-  PCC_STATE_GATHERED = 5   /* ZeRO-3 in a pipeline, weights kept gathered:
-                              a whole copy of a weight (or of its tensor-
-                              parallel piece), all-gathered by the zero-grad
-                              phase at the start of every step and read by
-                              all its micro-batches; never saved */
+  PCC_STATE_GATHERED = 5   /* a copy of a weight (or of its tensor-
+                              parallel piece) that the zero-grad phase makes
+                              at the start of every step and all its
+                              micro-batches read: ZeRO-3 in a pipeline with
+                              the weights kept gathered (all-gathered), or
+                              mixed precision's bf16 copy (cast); never
+                              saved */
 };
 
 /* ABI 10: where a state tensor of an offloaded optimizer lives

@@ -94,6 +94,12 @@ inline constexpr llvm::StringLiteral kMasterState = "master";
 /// phase all-gathers and every micro-batch's phases read. Not saved.
 inline constexpr llvm::StringLiteral kGatheredState = "gathered";
 
+/// Mixed precision (pcc-bf16-weight-copies): the bf16 copy of a weight
+/// (or of its tensor-parallel piece) that the zero-grad phase casts at the
+/// start of every step and every micro-batch's phases read. Not saved; the
+/// library's state kind is that of a gathered copy.
+inline constexpr llvm::StringLiteral kBf16CopyState = "bf16";
+
 /// `<weight>@<kind>`.
 inline std::string stateName(llvm::StringRef weight, llvm::StringRef kind) {
   return (weight + "@" + kind).str();
