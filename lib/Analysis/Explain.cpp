@@ -72,6 +72,8 @@ static void explainPipelineMemory(ModuleOp module, const ExplainSettings &s,
 struct TrainingPools {
   int64_t weights = 0, grads = 0, optimizer = 0, inputs = 0, saved = 0,
           arena = 0;
+  /// Mixed precision: the bf16 copies of the products' weights.
+  int64_t copies = 0;
   /// Offloaded: host memory, and the collectives' results the host reads.
   int64_t host = 0, crossing = 0;
   /// Bytes that align the gradients in their buckets.
@@ -122,7 +124,8 @@ trainingPools(ModuleOp module,
     }
     if (kind == "bucket")
       bucketGaps += bytes;
-    (kind.empty()                         ? weights
+    (kind == pcc::kBf16CopyState          ? p.copies
+     : kind.empty()                       ? weights
      : kind == "grad" || kind == "bucket" ? grads
                                           : optimizer) += bytes;
   });
@@ -189,7 +192,8 @@ explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
   int64_t others =
       weights + grads + optimizer - whole * psi - sharded * pieces - bucketGaps;
   int64_t padding = sharded * pieces * ranks - sharded * psi;
-  os << "    model state: " << weights + grads + optimizer << " bytes = ";
+  os << "    model state: " << weights + grads + optimizer + p.copies
+     << " bytes = ";
   if (whole)
     os << whole << " x Psi";
   if (whole && sharded)
@@ -206,6 +210,9 @@ explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
        << " bytes of gaps that align the gradients in their buckets)";
   if (others > 0)
     os << " + " << others << " bytes of other weights";
+  if (p.copies > 0)
+    os << " + " << p.copies
+       << " bytes of bf16 weight copies (2 x the products' weights)";
   static const char *const kStages[] = {
       "ZeRO stage 0: weights, gradients and optimizer state on every rank",
       "ZeRO stage 1: the optimizer state (and a master piece of each "
@@ -218,6 +225,13 @@ explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
                      "optimizer state in host memory"
                    : "")
      << ")\n";
+  if (p.copies > 0)
+    os << "      (mixed precision: fp32 weights, which are the masters, fp32 "
+          "gradients (accumulated over micro-batches in fp32, as DeepSpeed's "
+          "bf16 optimizer) and the optimizer state, plus a bf16 copy of "
+          "each product's weight cast once per step; the ZeRO paper's "
+          "2 + 2 + 12 x Psi keeps 16-bit weights and gradients beside a "
+          "separate fp32 master copy)\n";
   return psi;
 }
 
@@ -321,6 +335,9 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
   os << "    gradients          " << mib(grads) << "\n";
   os << "    optimizer state    " << mib(optimizer)
      << (offloaded ? "  (the rest is in host memory: --offload)\n" : "\n");
+  if (p.copies > 0)
+    os << "    bf16 weight copies " << mib(p.copies)
+       << "  (cast once per step)\n";
   if (offloaded)
     os << "    to the host        " << mib(crossing)
        << "  (the collectives' results the host's update reads)\n";
@@ -328,7 +345,8 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
   os << "    saved activations  " << mib(saved) << "  (one micro-batch)\n";
   os << "    scratch (arena)    " << mib(arena) << "  (the largest phase)\n";
   os << "    total              "
-     << mib(weights + grads + optimizer + inputs + saved + arena + crossing)
+     << mib(weights + grads + optimizer + p.copies + inputs + saved + arena +
+            crossing)
      << "\n";
   if (offloaded)
     os << "  in host memory (--offload=optimizer): " << mib(host)
