@@ -15,8 +15,10 @@
 # Inference: the ONNX node tests and the bundled examples against their
 # reference outputs. Training: every parity model (test/Training/parity.py)
 # trains its reference's 20 SGD and AdamW steps on the GPU against
-# PyTorch's losses and weights, and a checkpoint resumes bit for bit on the
-# GPU (also one saved by a CPU run). Communicators: pcc-collective-tests on
+# PyTorch's losses and weights (four models also in bf16, --precision=bf16
+# against torch.autocast's run: cuBLAS's bf16 tensor-core products), and a
+# checkpoint resumes bit for bit on the GPU (also one saved by a CPU run).
+# Communicators: pcc-collective-tests on
 # the NCCL engine in a world of one.
 set -euo pipefail
 
@@ -85,6 +87,10 @@ offload-mlp-sgd mlp sgd --pcc-args=--offload=optimizer
 offload-gpt-adamw gpt adamw --pcc-args=--offload=optimizer
 offload-resnet18_train-adamw resnet18_train adamw --pcc-args=--offload=optimizer
 offload-zoo-llama-adamw zoo-llama adamw --pcc-args=--offload=optimizer
+bf16-transformer_prenorm-sgd transformer_prenorm sgd --precision bf16
+bf16-gpt-adamw gpt adamw --precision bf16
+bf16-zoo-gpt2-adamw zoo-gpt2 adamw --precision bf16
+bf16-zoo-llama-adamw zoo-llama adamw --precision bf16
 LIST
   # The resume check: one library for both devices.
   "$build/bin/pcc" "$root/examples/mlp.onnx" --train --batch=4 \
