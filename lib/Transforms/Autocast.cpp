@@ -90,20 +90,20 @@ enum class Rule {
   /// f32 inside (softmax, the norms, reductions): here it computes in f32
   /// between casts, so that its gradient does too.
   Wrap,
-  /// f32: losses, convolutions (for now) and everything not listed.
+  /// f32: losses and everything not listed.
   Float32,
 };
 
 Rule ruleOf(Operation *op) {
-  if (isa<MatmulOp>(op))
+  if (isa<MatmulOp, ConvOp>(op))
     return Rule::Product;
   if ((op->hasTrait<OpTrait::Elementwise>() && !isa<CastOp>(op)) ||
       isa<ReshapeOp, TransposeOp, BroadcastOp, ConcatOp, SplitOp, SliceOp,
           PadOp, GatherOp>(op))
     return Rule::Follow;
   if (isa<SoftmaxOp, LogSoftmaxOp, LayerNormOp, BatchNormOp, ReduceSumOp,
-          ReduceMeanOp, ReduceMaxOp, ReduceMinOp, ReduceProdOp, DropoutOp>(
-          op))
+          ReduceMeanOp, ReduceMaxOp, ReduceMinOp, ReduceProdOp, DropoutOp,
+          MaxPoolOp, AvgPoolOp>(op))
     return Rule::Wrap;
   return Rule::Float32;
 }
