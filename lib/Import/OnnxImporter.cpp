@@ -23,6 +23,7 @@
 #include <onnx/checker.h>
 #include <onnx/defs/parser.h>
 
+#include "pcc/runtime/HalfFloat.h"
 #include "pcc/runtime/Safetensors.h"
 
 #include <cstring>
@@ -638,7 +639,8 @@ mlir::pcc::summarizeOnnxWeights(StringRef path, MLIRContext *context) {
 LogicalResult mlir::pcc::writeOnnxWeights(StringRef modelPath,
                                           ArrayRef<std::string> names,
                                           StringRef outputPath,
-                                          MLIRContext *context) {
+                                          MLIRContext *context,
+                                          const llvm::StringSet<> *bf16) {
   FailureOr<ModelFile> onnxFile = openModelFile(modelPath, context);
   if (failed(onnxFile))
     return failure();
@@ -660,9 +662,23 @@ LogicalResult mlir::pcc::writeOnnxWeights(StringRef modelPath,
     if (failed(bytes))
       return failure();
     std::vector<int64_t> shape(init->dims().begin(), init->dims().end());
-    auto status =
-        writer.add(name, *dtype, std::move(shape),
-                   std::vector<uint8_t>(bytes->begin(), bytes->end()));
+    std::vector<uint8_t> data(bytes->begin(), bytes->end());
+    if (bf16 && bf16->contains(name)) {
+      if (*dtype != ::pccrt::DType::F32)
+        return emitError(loc) << "initializer '" << name
+                              << "' is not float32; it cannot be stored "
+                                 "as bfloat16";
+      std::vector<uint8_t> narrow(data.size() / 2);
+      for (size_t i = 0; i < data.size() / 4; ++i) {
+        float v;
+        std::memcpy(&v, data.data() + 4 * i, 4);
+        uint16_t h = ::pccrt::floatToBf16(v);
+        std::memcpy(narrow.data() + 2 * i, &h, 2);
+      }
+      data = std::move(narrow);
+      dtype = ::pccrt::DType::BF16;
+    }
+    auto status = writer.add(name, *dtype, std::move(shape), std::move(data));
     if (!status.ok())
       return emitError(loc) << status.error();
   }

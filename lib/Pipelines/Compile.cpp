@@ -146,6 +146,8 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
   if (o.precision != "fp32") {
     if (o.train)
       pm.addPass(createBf16WeightCopies());
+    else
+      pm.addPass(createBf16Weights());
     pm.addNestedPass<func::FuncOp>(createLegalizeBf16());
   }
   if (o.tp * o.pp * o.dp > 1)

@@ -13,12 +13,16 @@
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Training.h"
 
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/StringSet.h"
+
 #include <map>
 #include <set>
 
 namespace mlir::pcc {
 #define GEN_PASS_DEF_AUTOCAST
 #define GEN_PASS_DEF_BF16WEIGHTCOPIES
+#define GEN_PASS_DEF_BF16WEIGHTS
 #define GEN_PASS_DEF_LEGALIZEBF16
 #include "pcc/Transforms/Passes.h.inc"
 } // namespace mlir::pcc
@@ -288,9 +292,10 @@ struct Bf16WeightCopiesPass
         if (copied.insert({rank, weight.getName().str()}).second) {
           Block &body = zg->second.getBody().front();
           OpBuilder b(body.getTerminator());
-          auto load = ParamOp::create(b, loc, weight.getType(),
-                                      weight.getNameAttr(),
-                                      weight.getShardAttr());
+          auto load = ParamOp::create(
+              b, loc, weight.getType(), weight.getNameAttr(),
+              weight.getShardAttr(), weight.getWholeAttr(),
+              weight.getWithinAttr());
           Value narrow = CastOp::create(b, loc, c.getType(), load);
           auto copy = ParamOp::create(b, loc, c.getType(),
                                       b.getStringAttr(name),
@@ -302,6 +307,48 @@ struct Bf16WeightCopiesPass
                                     weight.getShardAttr());
         c.getResult().replaceAllUsesWith(read.getResult());
         c.erase();
+      }
+    }
+  }
+};
+
+struct Bf16WeightsPass
+    : public mlir::pcc::impl::Bf16WeightsBase<Bf16WeightsPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (!module->hasAttr(kPrecisionAttrName))
+      return;
+    // Every load of each weight, and whether all of them are read only
+    // through casts to bf16.
+    llvm::MapVector<StringRef, SmallVector<ParamOp>> loads;
+    llvm::StringSet<> mixed;
+    module.walk([&](ParamOp p) {
+      if (p.getName().contains('@') || !p.getType().getElementType().isF32())
+        return;
+      loads[p.getName()].push_back(p);
+      bool viaBf16 = !p->use_empty() &&
+                     llvm::all_of(p->getUsers(), [](Operation *user) {
+                       auto c = dyn_cast<CastOp>(user);
+                       return c && c.getType().getElementType().isBF16();
+                     });
+      if (!viaBf16)
+        mixed.insert(p.getName());
+    });
+    for (auto &[name, params] : loads) {
+      if (mixed.contains(name))
+        continue;
+      for (ParamOp p : params) {
+        OpBuilder b(p);
+        auto narrow = ParamOp::create(
+            b, p.getLoc(),
+            p.getType().clone(BFloat16Type::get(&getContext())),
+            p.getNameAttr(), p.getShardAttr(), p.getWholeAttr(),
+            p.getWithinAttr());
+        for (Operation *user : llvm::make_early_inc_range(p->getUsers())) {
+          user->getResult(0).replaceAllUsesWith(narrow.getResult());
+          user->erase();
+        }
+        p.erase();
       }
     }
   }

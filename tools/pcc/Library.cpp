@@ -13,6 +13,7 @@
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
@@ -89,8 +90,15 @@ int pcctool::writeLibrary(ModuleOp module, const DriverFlags &flags,
       sum += entry.second;
     bytesPerRank = std::max(bytesPerRank, sum);
   }
+  // Weights the library reads as bf16 (inference with --precision=bf16).
+  llvm::StringSet<> bf16;
+  module->walk([&](pcc::ParamOp param) {
+    if (param.getType().getElementType().isBF16() &&
+        pcc::splitStateName(param.getName()).second.empty())
+      bf16.insert(param.getName());
+  });
   if (failed(pcc::writeOnnxWeights(flags.inputFile, names, weightsPath,
-                                   module.getContext())))
+                                   module.getContext(), &bf16)))
     return 1;
   pcc::BuildOptions buildOptions;
   buildOptions.keepSource = flags.keepSource;

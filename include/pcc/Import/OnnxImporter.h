@@ -17,6 +17,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/StringRef.h"
 
 #include <optional>
@@ -64,11 +65,14 @@ FailureOr<std::vector<OnnxWeightSummary>>
 summarizeOnnxWeights(llvm::StringRef path, MLIRContext *context);
 
 /// Writes the initializers called `names` of the model at `modelPath` to a
-/// safetensors file (the weights file of a compiled model), in that order.
+/// safetensors file (the weights file of a compiled model), in that order;
+/// those in `bf16` (float32 initializers) rounded to bfloat16 (to nearest
+/// even), as a library compiled with --precision=bf16 reads them.
 LogicalResult writeOnnxWeights(llvm::StringRef modelPath,
                                llvm::ArrayRef<std::string> names,
                                llvm::StringRef outputPath,
-                               MLIRContext *context);
+                               MLIRContext *context,
+                               const llvm::StringSet<> *bf16 = nullptr);
 
 /// Writes the model at `modelPath` with the weights of a training
 /// checkpoint (`weightsPath`, a safetensors file named after the ONNX

@@ -495,6 +495,25 @@ def LegalizeBf16 : Pass<"pcc-legalize-bf16", "func::FuncOp"> {
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
+def Bf16Weights : Pass<"pcc-bf16-weights", "ModuleOp"> {
+  let summary = "stores in bf16 the weights an inference model reads as bf16";
+  let description = [{
+    Mixed-precision inference: a weight that every op reading it reads
+    through a cast to bf16 (the products' weights and their biases) becomes
+    a bf16 weight, so the library casts nothing per call and the weights
+    file stores it in bf16 (half the bytes, rounded to nearest even as the
+    cast would). Weights read in f32 too (norms, embeddings) stay f32.
+
+    ```mlir
+    %w = pcc.param "fc.weight" : tensor<8x8xf32>
+    %wb = pcc.cast %w : tensor<8x8xf32> -> tensor<8x8xbf16>
+    // becomes
+    %wb = pcc.param "fc.weight" : tensor<8x8xbf16>
+    ```
+  }];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def Bf16WeightCopies : Pass<"pcc-bf16-weight-copies", "ModuleOp"> {
   let summary = "casts each weight to bf16 once per step, not per use";
   let description = [{
