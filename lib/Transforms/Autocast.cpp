@@ -240,12 +240,47 @@ struct LegalizeBf16Pass
   }
 };
 
+/// ZeRO-3 gathers each weight from its pieces where a phase reads it;
+/// a weight that is only read through a cast to 16 bits is gathered in 16
+/// bits: the cast moves before the all-gather (and the reshapes and slices
+/// between them), which it commutes with exactly, and the gather moves half
+/// the bytes.
+void narrowGathers(ModuleOp module) {
+  SmallVector<CastOp> casts;
+  module.walk([&](CastOp c) {
+    Type to = c.getType().getElementType();
+    if ((to.isBF16() || to.isF16()) &&
+        c.getInput().getType().getElementType().isF32())
+      casts.push_back(c);
+  });
+  for (CastOp c : casts) {
+    SmallVector<Operation *> chain;
+    Value v = c.getInput();
+    while (isa_and_present<ReshapeOp, SliceOp>(v.getDefiningOp()) &&
+           v.hasOneUse()) {
+      chain.push_back(v.getDefiningOp());
+      v = v.getDefiningOp()->getOperand(0);
+    }
+    auto gather = v.getDefiningOp<AllGatherOp>();
+    if (!gather || !v.hasOneUse())
+      continue;
+    Type to = c.getType().getElementType();
+    gather->getOpOperand(0).set(castTo(gather, gather.getInput(), to));
+    gather.getResult().setType(tensorOf(gather.getResult()).clone(to));
+    for (Operation *op : llvm::reverse(chain))
+      op->getResult(0).setType(tensorOf(op->getResult(0)).clone(to));
+    c.getResult().replaceAllUsesWith(c.getInput());
+    c.erase();
+  }
+}
+
 struct Bf16WeightCopiesPass
     : public mlir::pcc::impl::Bf16WeightCopiesBase<Bf16WeightCopiesPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     if (!module->hasAttr(kPrecisionAttrName))
       return;
+    narrowGathers(module);
     // The zero-grad phase of each pipeline rank (-1: an unpipelined step).
     std::map<int64_t, func::FuncOp> zeroGrad;
     SmallVector<func::FuncOp> microbatchPhases;
@@ -297,16 +332,21 @@ struct Bf16WeightCopiesPass
               weight.getShardAttr(), weight.getWholeAttr(),
               weight.getWithinAttr());
           Value narrow = CastOp::create(b, loc, c.getType(), load);
-          auto copy = ParamOp::create(b, loc, c.getType(),
-                                      b.getStringAttr(name),
-                                      weight.getShardAttr());
+          auto copy = ParamOp::create(
+              b, loc, c.getType(), b.getStringAttr(name),
+              weight.getShardAttr(), weight.getWholeAttr(),
+              weight.getWithinAttr());
           AssignOp::create(b, loc, copy, narrow);
         }
         OpBuilder b(c);
         auto read = ParamOp::create(b, loc, c.getType(), b.getStringAttr(name),
-                                    weight.getShardAttr());
+                                    weight.getShardAttr(),
+                                    weight.getWholeAttr(),
+                                    weight.getWithinAttr());
         c.getResult().replaceAllUsesWith(read.getResult());
         c.erase();
+        if (weight->use_empty())
+          weight.erase();
       }
     }
   }

@@ -523,7 +523,9 @@ def Bf16WeightCopies : Pass<"pcc-bf16-weight-copies", "ModuleOp"> {
     that the zero-grad phase of the weight's pipeline rank (run at the
     start of every step) assigns once. The cast then happens once per
     weight per step instead of once per use and micro-batch. A weight read
-    through a collective (ZeRO-3's gathers) keeps its per-use cast.
+    through ZeRO-3's all-gather is cast before the gather instead (its
+    piece, which the cast commutes with exactly), so that the gather moves
+    bf16: half the bytes.
 
     ```mlir
     // @train_forward (and @train_backward):
