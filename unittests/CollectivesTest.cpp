@@ -331,8 +331,7 @@ TEST(Collectives, SixteenBitFloats) {
       std::vector<uint16_t> buf(n);
       for (int64_t i = 0; i < n; ++i)
         buf[i] = encode(float(r + i % 8));
-      ASSERT_TRUE(
-          world->allReduce(buf.data(), buf.data(), n, type, op).ok());
+      ASSERT_TRUE(world->allReduce(buf.data(), buf.data(), n, type, op).ok());
       for (int64_t i = 0; i < n; ++i) {
         float want = op == ReduceOp::Sum ? float(p * (p - 1) / 2 + p * (i % 8))
                                          : float(p - 1 + i % 8);

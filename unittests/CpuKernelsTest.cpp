@@ -80,8 +80,8 @@ TEST(CpuKernels, MatmulBf16) {
         auto a = toBf16(randomVector(batch * m * k, 3));
         auto b = toBf16(randomVector((shared ? 1 : batch) * k * n, 4));
         std::vector<uint16_t> c(batch * m * n);
-        ASSERT_EQ(pcc_cpu_matmul_bf16(a.data(), b.data(), c.data(), batch, m,
-                                      n, k, ta, tb, m * k, shared ? 0 : k * n),
+        ASSERT_EQ(pcc_cpu_matmul_bf16(a.data(), b.data(), c.data(), batch, m, n,
+                                      k, ta, tb, m * k, shared ? 0 : k * n),
                   0)
             << pcc_cpu_last_error();
         int64_t same = 0;
@@ -102,8 +102,8 @@ TEST(CpuKernels, MatmulBf16) {
               ASSERT_LE(std::abs(int(got) - int(ref)), 1)
                   << "at " << bi << "," << i << "," << j << ": "
                   << pccrt::bf16ToFloat(got) << " vs "
-                  << pccrt::bf16ToFloat(ref) << " (ta " << ta << ", tb "
-                  << tb << ", shared " << shared << ")";
+                  << pccrt::bf16ToFloat(ref) << " (ta " << ta << ", tb " << tb
+                  << ", shared " << shared << ")";
             }
         EXPECT_GE(same, batch * m * n * 99 / 100)
             << "ta " << ta << ", tb " << tb << ", shared " << shared;

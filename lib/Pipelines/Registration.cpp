@@ -70,8 +70,7 @@ struct CompilePipelineOptions
   Opt<std::string> offload{*this, "offload",
                            llvm::cl::desc("none or optimizer"),
                            llvm::cl::init("none")};
-  Opt<std::string> precision{*this, "precision",
-                             llvm::cl::desc("fp32 or bf16"),
+  Opt<std::string> precision{*this, "precision", llvm::cl::desc("fp32 or bf16"),
                              llvm::cl::init("fp32")};
   Opt<std::string> memCap{*this, "mem-cap",
                           llvm::cl::desc("device memory per rank")};

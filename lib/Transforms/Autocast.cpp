@@ -170,8 +170,9 @@ struct AutocastPass : public mlir::pcc::impl::AutocastBase<AutocastPass> {
           for (auto [operand, type] : llvm::zip(
                    ret->getOpOperands(), func.getFunctionType().getResults()))
             if (operand.get().getType() != type)
-              operand.set(castTo(
-                  ret, operand.get(), cast<RankedTensorType>(type).getElementType()));
+              operand.set(
+                  castTo(ret, operand.get(),
+                         cast<RankedTensorType>(type).getElementType()));
           continue;
         }
         switch (ruleOf(&op)) {
@@ -233,7 +234,8 @@ struct LegalizeBf16Pass
       OpBuilder b(op->getContext());
       b.setInsertionPointAfter(op);
       for (Value r : narrowed) {
-        auto narrow = CastOp::create(b, op->getLoc(), tensorOf(r).clone(bf16), r);
+        auto narrow =
+            CastOp::create(b, op->getLoc(), tensorOf(r).clone(bf16), r);
         r.replaceAllUsesExcept(narrow.getResult(), narrow);
       }
     }
@@ -327,22 +329,20 @@ struct Bf16WeightCopiesPass
         if (copied.insert({rank, weight.getName().str()}).second) {
           Block &body = zg->second.getBody().front();
           OpBuilder b(body.getTerminator());
-          auto load = ParamOp::create(
-              b, loc, weight.getType(), weight.getNameAttr(),
-              weight.getShardAttr(), weight.getWholeAttr(),
-              weight.getWithinAttr());
+          auto load =
+              ParamOp::create(b, loc, weight.getType(), weight.getNameAttr(),
+                              weight.getShardAttr(), weight.getWholeAttr(),
+                              weight.getWithinAttr());
           Value narrow = CastOp::create(b, loc, c.getType(), load);
           auto copy = ParamOp::create(
-              b, loc, c.getType(), b.getStringAttr(name),
-              weight.getShardAttr(), weight.getWholeAttr(),
-              weight.getWithinAttr());
+              b, loc, c.getType(), b.getStringAttr(name), weight.getShardAttr(),
+              weight.getWholeAttr(), weight.getWithinAttr());
           AssignOp::create(b, loc, copy, narrow);
         }
         OpBuilder b(c);
-        auto read = ParamOp::create(b, loc, c.getType(), b.getStringAttr(name),
-                                    weight.getShardAttr(),
-                                    weight.getWholeAttr(),
-                                    weight.getWithinAttr());
+        auto read = ParamOp::create(
+            b, loc, c.getType(), b.getStringAttr(name), weight.getShardAttr(),
+            weight.getWholeAttr(), weight.getWithinAttr());
         c.getResult().replaceAllUsesWith(read.getResult());
         c.erase();
         if (weight->use_empty())
@@ -366,11 +366,11 @@ struct Bf16WeightsPass
       if (p.getName().contains('@') || !p.getType().getElementType().isF32())
         return;
       loads[p.getName()].push_back(p);
-      bool viaBf16 = !p->use_empty() &&
-                     llvm::all_of(p->getUsers(), [](Operation *user) {
-                       auto c = dyn_cast<CastOp>(user);
-                       return c && c.getType().getElementType().isBF16();
-                     });
+      bool viaBf16 =
+          !p->use_empty() && llvm::all_of(p->getUsers(), [](Operation *user) {
+            auto c = dyn_cast<CastOp>(user);
+            return c && c.getType().getElementType().isBF16();
+          });
       if (!viaBf16)
         mixed.insert(p.getName());
     });
@@ -380,8 +380,7 @@ struct Bf16WeightsPass
       for (ParamOp p : params) {
         OpBuilder b(p);
         auto narrow = ParamOp::create(
-            b, p.getLoc(),
-            p.getType().clone(BFloat16Type::get(&getContext())),
+            b, p.getLoc(), p.getType().clone(BFloat16Type::get(&getContext())),
             p.getNameAttr(), p.getShardAttr(), p.getWholeAttr(),
             p.getWithinAttr());
         for (Operation *user : llvm::make_early_inc_range(p->getUsers())) {

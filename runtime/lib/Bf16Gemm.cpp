@@ -9,8 +9,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "pcc/runtime/CpuKernels.h"
 #include "CpuError.h"
+#include "pcc/runtime/CpuKernels.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -79,15 +79,15 @@ int pcc_cpu_matmul_bf16(const void *a, const void *b, void *c, int64_t batch,
       memory am(ad, ctx.engine, x + i * stride_a);
       memory bm(bd, ctx.engine, w + i * stride_b);
       memory cm(cd, ctx.engine, y + i * m * n);
-      found->second.execute(ctx.stream, {{DNNL_ARG_SRC, am},
-                                         {DNNL_ARG_WEIGHTS, bm},
-                                         {DNNL_ARG_DST, cm}});
+      found->second.execute(
+          ctx.stream,
+          {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
     }
     ctx.stream.wait();
   } catch (const dnnl::error &e) {
     pccrt::cpuLastError = "oneDNN bf16 matmul (" + std::to_string(m) + " x " +
-                std::to_string(n) + " x " + std::to_string(k) +
-                "): " + e.what();
+                          std::to_string(n) + " x " + std::to_string(k) +
+                          "): " + e.what();
     return 1;
   }
   return 0;

@@ -1,4 +1,4 @@
-//===- CpuError.h - the CPU kernels' last error message --------*- C++ -*-===//
+//===- CpuError.h - the CPU kernels' last error message ---------*- C++ -*-===//
 //
 // What pcc_cpu_last_error() returns: set by a CPU kernel that returns
 // non-zero, in the thread that called it.

@@ -204,8 +204,8 @@ int pcc_cpu_gather_block(const void *data, const void *indices, void *y,
     int64_t idx = index(j);
     if (idx < -axis_dim || idx >= axis_dim) {
       cpuLastError = "gather index " + std::to_string(idx) +
-                  " is out of range for a dimension of size " +
-                  std::to_string(axis_dim);
+                     " is out of range for a dimension of size " +
+                     std::to_string(axis_dim);
       return 1;
     }
   }
@@ -983,8 +983,8 @@ int pcc_cpu_scatter_add_f32(const float *updates, const void *indices,
     int64_t idx = indexAt(indices, j, indices_are_i64);
     if (idx < -axis_dim || idx >= axis_dim) {
       cpuLastError = "index " + std::to_string(idx) +
-                  " is out of range for a dimension of size " +
-                  std::to_string(axis_dim);
+                     " is out of range for a dimension of size " +
+                     std::to_string(axis_dim);
       return 1;
     }
   }
@@ -1013,9 +1013,9 @@ bool checkLabels(const void *labels, int64_t rows, int64_t classes,
     int64_t label = indexAt(labels, r, i64);
     if (label != ignore && (label < 0 || label >= classes)) {
       cpuLastError = "label " + std::to_string(label) + " (row " +
-                  std::to_string(r) + ") is outside [0, " +
-                  std::to_string(classes) + ") and is not the ignored " +
-                  std::to_string(ignore);
+                     std::to_string(r) + ") is outside [0, " +
+                     std::to_string(classes) + ") and is not the ignored " +
+                     std::to_string(ignore);
       return false;
     }
   }

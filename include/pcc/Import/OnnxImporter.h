@@ -17,8 +17,8 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
 #include "llvm/ADT/StringMap.h"
-#include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/StringRef.h"
+#include "llvm/ADT/StringSet.h"
 
 #include <optional>
 #include <string>
@@ -70,8 +70,7 @@ summarizeOnnxWeights(llvm::StringRef path, MLIRContext *context);
 /// even), as a library compiled with --precision=bf16 reads them.
 LogicalResult writeOnnxWeights(llvm::StringRef modelPath,
                                llvm::ArrayRef<std::string> names,
-                               llvm::StringRef outputPath,
-                               MLIRContext *context,
+                               llvm::StringRef outputPath, MLIRContext *context,
                                const llvm::StringSet<> *bf16 = nullptr);
 
 /// Writes the model at `modelPath` with the weights of a training

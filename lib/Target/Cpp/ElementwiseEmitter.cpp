@@ -344,8 +344,10 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
       // A float cast (pcc-fuse-elementwise fuses no other): the value is
       // held in f32, rounded as the narrower type when it narrows.
       std::string in = expr.lookup(cast.getInput());
-      expr[result] = element.isBF16()  ? "pccrt::bf16ToFloat(pccrt::floatToBf16(" + in + "))"
-                     : element.isF16() ? "pccrt::halfToFloat(pccrt::floatToHalf(" + in + "))"
+      expr[result] = element.isBF16()
+                         ? "pccrt::bf16ToFloat(pccrt::floatToBf16(" + in + "))"
+                     : element.isF16()
+                         ? "pccrt::halfToFloat(pccrt::floatToHalf(" + in + "))"
                      : element.isF32() ? "static_cast<float>(" + in + ")"
                                        : "static_cast<double>(" + in + ")";
       continue;

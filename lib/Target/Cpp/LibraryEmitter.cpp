@@ -662,13 +662,12 @@ stateTables(ModuleOp module, const Specs &weights,
         weightIndex.try_emplace(w.first, i);
     for (auto [i, w] : llvm::enumerate(weights)) {
       auto [owner, kind] = splitStateName(w.first);
-      int code = kind.empty()             ? 0
-                 : kind == "grad"         ? 1
-                 : kind == kMasterState   ? 3
-                 : kind == "bucket"       ? 4
-                 : kind == kGatheredState || kind == kBf16CopyState
-                     ? 5
-                                          : 2;
+      int code = kind.empty()                                       ? 0
+                 : kind == "grad"                                   ? 1
+                 : kind == kMasterState                             ? 3
+                 : kind == "bucket"                                 ? 4
+                 : kind == kGatheredState || kind == kBf16CopyState ? 5
+                                                                    : 2;
       auto it = weightIndex.find(owner);
       if (it == weightIndex.end())
         return module.emitError("code generation: state '")

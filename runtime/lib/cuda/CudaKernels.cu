@@ -345,11 +345,10 @@ bool gemm(pcc_cuda_context *ctx, const char *what, bool transA, bool transB,
 
 /// `gemm` on bf16 operands and result with fp32 accumulation (tensor
 /// cores): torch.autocast's matmul.
-bool gemmBf16(pcc_cuda_context *ctx, const char *what, bool transA,
-              bool transB, int64_t batch, int64_t m, int64_t n, int64_t k,
-              const void *a, int64_t lda, int64_t strideA, const void *b,
-              int64_t ldb, int64_t strideB, void *c, int64_t ldc,
-              int64_t strideC) {
+bool gemmBf16(pcc_cuda_context *ctx, const char *what, bool transA, bool transB,
+              int64_t batch, int64_t m, int64_t n, int64_t k, const void *a,
+              int64_t lda, int64_t strideA, const void *b, int64_t ldb,
+              int64_t strideB, void *c, int64_t ldc, int64_t strideC) {
   for (int64_t v : {batch, m, n, k, lda, ldb, ldc})
     if (v > INT_MAX) {
       setPending(ctx, std::string(what) + ": GEMM dimension " +
@@ -407,14 +406,13 @@ extern "C" void pcc_cuda_matmul_f32(pcc_cuda_context *ctx, const float *a,
 extern "C" void pcc_cuda_matmul_bf16(pcc_cuda_context *ctx, const void *a,
                                      const void *b, void *c, int64_t batch,
                                      int64_t m, int64_t n, int64_t k,
-                                     int trans_a, int trans_b,
-                                     int64_t stride_a, int64_t stride_b) {
+                                     int trans_a, int trans_b, int64_t stride_a,
+                                     int64_t stride_b) {
   const char *what = "pcc_cuda_matmul_bf16";
   if (batch <= 0 || m <= 0 || n <= 0)
     return;
   if (k <= 0) {
-    if (cudaError_t err =
-            cudaMemsetAsync(c, 0, batch * m * n * 2, ctx->stream))
+    if (cudaError_t err = cudaMemsetAsync(c, 0, batch * m * n * 2, ctx->stream))
       setPending(ctx, std::string(what) + ": cudaMemsetAsync", err);
     return;
   }

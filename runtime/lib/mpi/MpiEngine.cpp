@@ -106,8 +106,9 @@ void combine16(void *in, void *inout, int *len, MPI_Datatype *) {
   for (int i = 0; i < *len; ++i) {
     float x = Brain ? pccrt::bf16ToFloat(a[i]) : pccrt::halfToFloat(a[i]);
     float y = Brain ? pccrt::bf16ToFloat(b[i]) : pccrt::halfToFloat(b[i]);
-    float r = Op == PCC_OP_SUM ? x + y : Op == PCC_OP_MAX ? std::max(x, y)
-                                                          : std::min(x, y);
+    float r = Op == PCC_OP_SUM   ? x + y
+              : Op == PCC_OP_MAX ? std::max(x, y)
+                                 : std::min(x, y);
     b[i] = Brain ? pccrt::floatToBf16(r) : pccrt::floatToHalf(r);
   }
 }

@@ -160,7 +160,8 @@ LogicalResult FusionOp::verify() {
   for (Operation &op : body.without_terminator()) {
     auto floatCast = dyn_cast<CastOp>(op);
     bool allowed =
-        op.hasTrait<OpTrait::Elementwise>() || isa<BroadcastOp, ConstantOp>(op) ||
+        op.hasTrait<OpTrait::Elementwise>() ||
+        isa<BroadcastOp, ConstantOp>(op) ||
         (floatCast &&
          isa<FloatType>(floatCast.getInput().getType().getElementType()) &&
          isa<FloatType>(floatCast.getType().getElementType()));
