@@ -29,6 +29,23 @@ void expectNear(const std::vector<float> &a, const std::vector<float> &b,
     ASSERT_NEAR(a[i], b[i], tol) << "at element " << i;
 }
 
+/// The exact (float64) product of batch entry `bi` at (i, j) of the
+/// operands pcc_cpu_matmul_* take, each element read as a double by
+/// `value`.
+template <typename T, typename Value>
+double referenceProduct(const std::vector<T> &a, const std::vector<T> &b,
+                        int64_t bi, int64_t i, int64_t j, int64_t m, int64_t n,
+                        int64_t k, int ta, int tb, bool shared, Value value) {
+  double s = 0;
+  const T *bb = b.data() + (shared ? 0 : bi * k * n);
+  for (int64_t p = 0; p < k; ++p) {
+    T av = ta ? a[bi * m * k + p * m + i] : a[bi * m * k + i * k + p];
+    T bv = tb ? bb[j * k + p] : bb[p * n + j];
+    s += value(av) * value(bv);
+  }
+  return s;
+}
+
 // Tests batched matmul with transposes, a shared right operand (the tall
 // GEMM path) and per-batch right operands.
 TEST(CpuKernels, Matmul) {
@@ -43,17 +60,10 @@ TEST(CpuKernels, Matmul) {
                            m * k, shared ? 0 : k * n);
         for (int64_t bi = 0; bi < batch; ++bi)
           for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) {
-              double s = 0;
-              for (int64_t p = 0; p < k; ++p) {
-                float av =
-                    ta ? a[bi * m * k + p * m + i] : a[bi * m * k + i * k + p];
-                const float *bb = b.data() + (shared ? 0 : bi * k * n);
-                float bv = tb ? bb[j * k + p] : bb[p * n + j];
-                s += double(av) * bv;
-              }
-              ref[(bi * m + i) * n + j] = float(s);
-            }
+            for (int64_t j = 0; j < n; ++j)
+              ref[(bi * m + i) * n + j] = float(
+                  referenceProduct(a, b, bi, i, j, m, n, k, ta, tb, shared,
+                                   [](float v) { return double(v); }));
         expectNear(c, ref);
       }
 }
@@ -88,14 +98,9 @@ TEST(CpuKernels, MatmulBf16) {
         for (int64_t bi = 0; bi < batch; ++bi)
           for (int64_t i = 0; i < m; ++i)
             for (int64_t j = 0; j < n; ++j) {
-              double s = 0;
-              for (int64_t p = 0; p < k; ++p) {
-                uint16_t av =
-                    ta ? a[bi * m * k + p * m + i] : a[bi * m * k + i * k + p];
-                const uint16_t *bb = b.data() + (shared ? 0 : bi * k * n);
-                uint16_t bv = tb ? bb[j * k + p] : bb[p * n + j];
-                s += double(pccrt::bf16ToFloat(av)) * pccrt::bf16ToFloat(bv);
-              }
+              double s = referenceProduct(
+                  a, b, bi, i, j, m, n, k, ta, tb, shared,
+                  [](uint16_t v) { return double(pccrt::bf16ToFloat(v)); });
               uint16_t ref = pccrt::floatToBf16(float(s));
               uint16_t got = c[(bi * m + i) * n + j];
               same += got == ref;

@@ -46,6 +46,14 @@ bool isBf16(Value v) { return isFloat(v) && elementOf(v).isBF16(); }
 
 bool isF32(Value v) { return isFloat(v) && elementOf(v).isF32(); }
 
+/// A load of state `name` of type `type`, laid out as `like` (its shard,
+/// whole shape and ZeRO-within-tp layout).
+ParamOp loadLike(OpBuilder &b, Location loc, ParamOp like, Type type,
+                 StringAttr name) {
+  return ParamOp::create(b, loc, type, name, like.getShardAttr(),
+                         like.getWholeAttr(), like.getWithinAttr());
+}
+
 /// `v` with element type `element` (a cast before `at`, unless it has it).
 Value castTo(Operation *at, Value v, Type element) {
   if (elementOf(v) == element)
@@ -330,19 +338,15 @@ struct Bf16WeightCopiesPass
           Block &body = zg->second.getBody().front();
           OpBuilder b(body.getTerminator());
           auto load =
-              ParamOp::create(b, loc, weight.getType(), weight.getNameAttr(),
-                              weight.getShardAttr(), weight.getWholeAttr(),
-                              weight.getWithinAttr());
+              loadLike(b, loc, weight, weight.getType(), weight.getNameAttr());
           Value narrow = CastOp::create(b, loc, c.getType(), load);
-          auto copy = ParamOp::create(
-              b, loc, c.getType(), b.getStringAttr(name), weight.getShardAttr(),
-              weight.getWholeAttr(), weight.getWithinAttr());
+          auto copy =
+              loadLike(b, loc, weight, c.getType(), b.getStringAttr(name));
           AssignOp::create(b, loc, copy, narrow);
         }
         OpBuilder b(c);
-        auto read = ParamOp::create(
-            b, loc, c.getType(), b.getStringAttr(name), weight.getShardAttr(),
-            weight.getWholeAttr(), weight.getWithinAttr());
+        auto read =
+            loadLike(b, loc, weight, c.getType(), b.getStringAttr(name));
         c.getResult().replaceAllUsesWith(read.getResult());
         c.erase();
         if (weight->use_empty())
@@ -379,10 +383,10 @@ struct Bf16WeightsPass
         continue;
       for (ParamOp p : params) {
         OpBuilder b(p);
-        auto narrow = ParamOp::create(
-            b, p.getLoc(), p.getType().clone(BFloat16Type::get(&getContext())),
-            p.getNameAttr(), p.getShardAttr(), p.getWholeAttr(),
-            p.getWithinAttr());
+        auto narrow =
+            loadLike(b, p.getLoc(), p,
+                     p.getType().clone(BFloat16Type::get(&getContext())),
+                     p.getNameAttr());
         for (Operation *user : llvm::make_early_inc_range(p->getUsers())) {
           user->getResult(0).replaceAllUsesWith(narrow.getResult());
           user->erase();

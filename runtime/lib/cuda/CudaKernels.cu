@@ -32,6 +32,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -313,6 +314,20 @@ int pcc_cuda_check_launch(pcc_cuda_context *ctx) {
 //===----------------------------------------------------------------------===//
 
 namespace {
+/// Whether every GEMM dimension fits cuBLAS's 32-bit ints (else the pending
+/// error says which does not).
+bool fitsCublas(pcc_cuda_context *ctx, const char *what,
+                std::initializer_list<int64_t> dims) {
+  for (int64_t v : dims)
+    if (v > INT_MAX) {
+      setPending(ctx, std::string(what) + ": GEMM dimension " +
+                          std::to_string(v) +
+                          " exceeds the 32-bit range of cuBLAS");
+      return false;
+    }
+  return true;
+}
+
 /// Row-major c[i] = op(a[i]) x op(b[i]) for i < batch (k >= 1), strides in
 /// elements. cuBLAS is column-major, and a row-major matrix read as
 /// column-major is its transpose; so compute c^T = op(b)^T op(a)^T, i.e.
@@ -322,13 +337,8 @@ bool gemm(pcc_cuda_context *ctx, const char *what, bool transA, bool transB,
           int64_t batch, int64_t m, int64_t n, int64_t k, const float *a,
           int64_t lda, int64_t strideA, const float *b, int64_t ldb,
           int64_t strideB, float *c, int64_t ldc, int64_t strideC) {
-  for (int64_t v : {batch, m, n, k, lda, ldb, ldc})
-    if (v > INT_MAX) {
-      setPending(ctx, std::string(what) + ": GEMM dimension " +
-                          std::to_string(v) +
-                          " exceeds the 32-bit range of cuBLAS");
-      return false;
-    }
+  if (!fitsCublas(ctx, what, {batch, m, n, k, lda, ldb, ldc}))
+    return false;
   const float alpha = 1.0f, beta = 0.0f;
   cublasStatus_t s = cublasSgemmStridedBatched(
       ctx->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -349,13 +359,8 @@ bool gemmBf16(pcc_cuda_context *ctx, const char *what, bool transA, bool transB,
               int64_t batch, int64_t m, int64_t n, int64_t k, const void *a,
               int64_t lda, int64_t strideA, const void *b, int64_t ldb,
               int64_t strideB, void *c, int64_t ldc, int64_t strideC) {
-  for (int64_t v : {batch, m, n, k, lda, ldb, ldc})
-    if (v > INT_MAX) {
-      setPending(ctx, std::string(what) + ": GEMM dimension " +
-                          std::to_string(v) +
-                          " exceeds the 32-bit range of cuBLAS");
-      return false;
-    }
+  if (!fitsCublas(ctx, what, {batch, m, n, k, lda, ldb, ldc}))
+    return false;
   const float alpha = 1.0f, beta = 0.0f;
   cublasStatus_t s = cublasGemmStridedBatchedEx(
       ctx->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
