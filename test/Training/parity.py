@@ -48,19 +48,22 @@ MODELS = {
 # their products accumulate in another order; one flipped rounding early in
 # a step moves everything after it by about a bf16 unit. So the runs differ
 # by bf16's own noise, whose size PyTorch's autocast run against its f32 run
-# measures (ref/<model>/bf16.json). The bound: pcc's bf16 run is within
-# three times that of PyTorch's bf16 run, and losses within at least 1e-3
-# (docs/guide/mixed-precision.md: the measured spread over 13 layouts
-# reaches 2.5 times).
+# measures (ref/<model>/bf16.json, with SGD and with AdamW). The bound:
+# pcc's bf16 run is within three times that of PyTorch's bf16 run, and
+# losses within at least 1e-3 (docs/guide/mixed-precision.md).
 def bf16_tolerances(ref, optimizer):
     with open(os.path.join(ref, "bf16.json")) as f:
-        noise = json.load(f)["optimizers"][optimizer]
-    return ["--rtol", repr(max(1e-3,
-                               3 * noise["fp32_vs_bf16_loss_rel_diff_max"])),
-            "--grad-norm-rtol",
-            repr(max(1e-2, 3 * noise["fp32_vs_bf16_grad_norm_rel_diff_max"])),
-            "--wrtol", "0",
-            "--watol", repr(3 * noise["fp32_vs_bf16_weights_max_abs_diff"])]
+        runs = json.load(f)["optimizers"]
+    # bf16's noise is the model's: one pair of runs estimates it roughly,
+    # so losses and gradient norms take the larger of the two optimizers'
+    # estimates; the final weights, which each optimizer moves its own way,
+    # take their optimizer's.
+    loss = max(r["fp32_vs_bf16_loss_rel_diff_max"] for r in runs.values())
+    grad = max(r["fp32_vs_bf16_grad_norm_rel_diff_max"] for r in runs.values())
+    weights = runs[optimizer]["fp32_vs_bf16_weights_max_abs_diff"]
+    return ["--rtol", repr(max(1e-3, 3 * loss)),
+            "--grad-norm-rtol", repr(max(1e-2, 3 * grad)),
+            "--wrtol", "0", "--watol", repr(3 * weights)]
 
 
 def onnx_path(model):
