@@ -16,6 +16,20 @@ rounds, the ratios, and pcc's saved-activation bytes in each precision.
 
     env -u OPENBLAS_CORETYPE ~/.cache/pcc/zoo-venv/bin/python \\
         bench/mixed_precision.py [--models gpt2 llama] [--rounds 3] [--steps 4]
+
+On a GPU node, which has PyTorch and transformers but not pcc's toolchain,
+in two halves (the weights, 500 MB, are not copied: the GPU node builds the
+same random-init model and writes them from its state dict):
+
+    bench/mixed_precision.py --prepare DIR [--batch 4 --seq 1024]  # here
+    bench/mixed_precision.py --run DIR --pcc-run BIN               # GPU node
+
+--run times pcc bf16, pcc fp32 (TF32 off), PyTorch eager fp32 (TF32 off),
+PyTorch eager under torch.autocast("cuda", bf16) and the same compiled with
+torch.compile, alternating rounds, each step ending in a synchronisation
+(pcc-run reads every step's loss), and prints each one's model FLOP
+utilisation against the GPU's dense bf16 peak (attention's FLOPs counted:
+pcc computes the full S x S scores, so they are counted whole).
 """
 
 import argparse
@@ -34,6 +48,8 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(os.path.expanduser("~"), ".cache", "pcc", "bench")
 BATCH, SEQ = 4, 128
+# Dense bf16 tensor-core peaks (NVIDIA's data sheets, without sparsity).
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 def build(name):
@@ -62,9 +78,9 @@ class TextLM(torch.nn.Module):
                           return_dict=True).logits
 
 
-def export(name, model, path):
+def export(name, model, path, batch=BATCH, seq=SEQ):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    ids = torch.zeros((BATCH, SEQ), dtype=torch.int64)
+    ids = torch.zeros((batch, seq), dtype=torch.int64)
     wrapper = TextLM(model).eval()
     import contextlib
     import io
@@ -171,6 +187,175 @@ def bench(name, args, env):
         saved["bf16"], saved["fp32"], saved["bf16"] / saved["fp32"]))
 
 
+# ---------------------------------------------------------------- GPU node
+
+
+def safetensors_header(path):
+    import json
+    import struct
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return {k: v["shape"] for k, v in header.items()}
+
+
+def prepare_gpu(args):
+    """Exports each model at --batch x --seq and compiles its fp32 and bf16
+    training steps for CUDA into DIR/<model>/; keeps the weights' names and
+    shapes, not the weights."""
+    import json
+    for name in args.models:
+        model, vocab = build(name)
+        tag = "%s-b%ds%d" % (name, args.batch, args.seq)
+        path = os.path.join(CACHE, tag, "model.onnx")
+        if not os.path.exists(path):
+            export(name, model, path, args.batch, args.seq)
+        out = os.path.join(args.prepare, name)
+        os.makedirs(out, exist_ok=True)
+        for precision in ("fp32", "bf16"):
+            lib = os.path.join(out, "train-%s.so" % precision)
+            t = time.time()
+            run([os.path.join(ROOT, "build", "bin", "pcc"), path, "--train",
+                 "--loss=cross_entropy", "--optimizer=adamw", "--target=cuda",
+                 "--precision=" + precision, "-o", lib])
+            weights = lib[:-3] + ".safetensors"
+            shapes = safetensors_header(weights)
+            os.remove(weights)
+            print("%s: compiled pcc %s for CUDA in %.0f s" % (
+                tag, precision, time.time() - t), flush=True)
+        with open(os.path.join(out, "case.json"), "w") as f:
+            json.dump({"model": name, "batch": args.batch, "seq": args.seq,
+                       "vocab": vocab, "weights": shapes}, f)
+
+
+def write_weights(model, shapes, path):
+    """The library's weights file from the model's state dict: the ONNX
+    initializers are the state dict's names under the export wrapper's
+    'model.' prefix."""
+    from safetensors.torch import save_file
+    state = model.state_dict()
+    tensors = {}
+    for onnx_name, shape in shapes.items():
+        key = onnx_name[len("model."):] if onnx_name.startswith(
+            "model.") else onnx_name
+        if key not in state:
+            sys.exit("mixed_precision.py: initializer %s is not in the "
+                     "model's state dict" % onnx_name)
+        t = state[key].detach().float().contiguous().cpu()
+        if list(t.shape) != list(shape):
+            sys.exit("mixed_precision.py: %s has shape %s, the library "
+                     "expects %s" % (onnx_name, list(t.shape), shape))
+        tensors[onnx_name] = t.clone()
+    save_file(tensors, path, metadata={"pcc.format": "1"})
+
+
+def torch_cuda_step(model, ids, labels, steps, bf16, compiled=None):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    fwd = compiled or model
+    times = []
+    for _ in range(steps + 1):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            logits = fwd(ids)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                   labels.reshape(-1))
+        loss.backward()
+        opt.step()
+        loss.item()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
+
+
+def run_gpu(args):
+    import json
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    device = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_BF16.items() if k in device), None)
+    print("device: %s, PyTorch %s" % (device, torch.__version__), flush=True)
+    for name in args.models:
+        case_dir = os.path.join(args.run, name)
+        if not os.path.exists(os.path.join(case_dir, "case.json")):
+            continue
+        with open(os.path.join(case_dir, "case.json")) as f:
+            case = json.load(f)
+        batch, seq = case["batch"], case["seq"]
+        model, vocab = build(name)
+        model.train()
+        weights = os.path.join(case_dir, "weights.safetensors")
+        write_weights(model, case["weights"], weights)
+        nparams = sum(p.numel() for p in model.parameters())
+        cfg = model.config
+        # 6 FLOPs per parameter per token for the products (the embedding
+        # lookups are no products: wte counts once, as the tied LM head),
+        # and the attention products QK^T and PV, 2 * 2 * S^2 * d per
+        # sequence and layer forward, three times that with backward.
+        embed = sum(p.numel() for n, p in model.named_parameters()
+                    if "wpe" in n or "embed_tokens" in n)
+        flops = 6 * (nparams - embed) * batch * seq + \
+            12 * batch * seq * seq * cfg.hidden_size * cfg.num_hidden_layers
+        rng = np.random.default_rng(0)
+        ids = rng.integers(0, vocab, (batch, seq)).astype(np.int64)
+        labels = rng.integers(0, vocab, (batch, seq)).astype(np.int64)
+        inputs, label_file = (os.path.join(case_dir, "ids.npy"),
+                              os.path.join(case_dir, "labels.npy"))
+        np.save(inputs, ids)
+        np.save(label_file, labels)
+        wrapper = TextLM(model).cuda()
+        tids = torch.from_numpy(ids).cuda()
+        tlabels = torch.from_numpy(labels).cuda()
+        compiled = None
+        if args.torch_compile:
+            t = time.time()
+            compiled = torch.compile(wrapper)
+            torch_cuda_step(wrapper, tids, tlabels, 1, True, compiled)
+            print("%s: torch.compile warm-up %.0f s" % (name, time.time() - t),
+                  flush=True)
+        kinds = ["pcc-bf16", "pcc-fp32", "torch-fp32", "torch-bf16"] + (
+            ["torch.compile-bf16"] if compiled else [])
+        times = {k: [] for k in kinds}
+        for r in range(args.rounds):
+            for precision in ("bf16", "fp32"):
+                log = os.path.join(case_dir, "loss-%s.csv" % precision)
+                run([args.pcc_run, os.path.join(case_dir,
+                                                "train-%s.so" % precision),
+                     "--device", "cuda", "--weights", weights,
+                     "--steps", str(args.steps + 1), "--input", inputs,
+                     "--labels", label_file, "--lr", "1e-4",
+                     "--loss-log", log])
+                with open(log) as f:
+                    ms = [float(x["step_ms"]) for x in csv.DictReader(f)]
+                times["pcc-" + precision].append(statistics.median(ms[1:]) / 1e3)
+            times["torch-fp32"].append(
+                torch_cuda_step(wrapper, tids, tlabels, args.steps, False))
+            times["torch-bf16"].append(
+                torch_cuda_step(wrapper, tids, tlabels, args.steps, True))
+            if compiled:
+                times["torch.compile-bf16"].append(torch_cuda_step(
+                    wrapper, tids, tlabels, args.steps, True, compiled))
+            print("%s round %d: %s" % (name, r + 1, "  ".join(
+                "%s %.1f ms" % (k, v[-1] * 1e3) for k, v in times.items())),
+                flush=True)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print("\n%s, batch %d x %d, AdamW, %.1f TFLOP per step, median of "
+              "%d rounds:" % (name, batch, seq, flops / 1e12, args.rounds))
+        for k, v in med.items():
+            mfu = "  MFU %.1f%%" % (100 * flops / v / peak) if peak else ""
+            print("  %-20s %8.2f ms/step%s" % (k, v * 1e3, mfu))
+        print("  pcc bf16 vs PyTorch bf16 autocast: %.2fx" % (
+            med["torch-bf16"] / med["pcc-bf16"]))
+        if compiled:
+            print("  pcc bf16 vs torch.compile bf16:    %.2fx" % (
+                med["torch.compile-bf16"] / med["pcc-bf16"]))
+        print("  pcc bf16 vs pcc fp32:              %.2fx" % (
+            med["pcc-fp32"] / med["pcc-bf16"]))
+        print("  pcc fp32 vs PyTorch fp32:          %.2fx" % (
+            med["torch-fp32"] / med["pcc-fp32"]), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["gpt2", "llama"],
@@ -178,7 +363,22 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prepare", metavar="DIR",
+                    help="export and compile CUDA training steps into DIR")
+    ap.add_argument("--run", metavar="DIR",
+                    help="on a GPU node: time DIR's libraries against PyTorch")
+    ap.add_argument("--pcc-run", default=os.path.join(ROOT, "build", "bin",
+                                                      "pcc-run"))
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=1024,
+                    help="the GPU run's sequence length (default 1024)")
+    ap.add_argument("--no-torch-compile", dest="torch_compile",
+                    action="store_false")
     args = ap.parse_args()
+    if args.prepare:
+        return prepare_gpu(args)
+    if args.run:
+        return run_gpu(args)
     torch.set_num_threads(args.threads)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     env.pop("OPENBLAS_CORETYPE", None)

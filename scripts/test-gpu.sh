@@ -10,7 +10,7 @@
 #
 # The split serves clusters whose GPU nodes lack the compiler's toolchain:
 # prepare on a build node, copy DIR (it holds pcc-run and the runtime
-# libraries with OpenBLAS), run there with python3 and numpy.
+# libraries with OpenBLAS and oneDNN), run there with python3 and numpy.
 #
 # Inference: the ONNX node tests and the bundled examples against their
 # reference outputs. Training: every parity model (test/Training/parity.py)
@@ -105,7 +105,7 @@ LIST
   cp "$build"/lib/libpcc_runtime*.so "$out/lib/"
   local dep
   for dep in $(ldd "$build/lib/libpcc_runtime.so" |
-               awk '/openblas|gfortran|quadmath|gomp/ {print $3}'); do
+               awk '/openblas|gfortran|quadmath|gomp|dnnl|OpenCL/ {print $3}'); do
     cp -L "$dep" "$out/lib/"
   done
 }

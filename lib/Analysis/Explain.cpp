@@ -72,8 +72,9 @@ static void explainPipelineMemory(ModuleOp module, const ExplainSettings &s,
 struct TrainingPools {
   int64_t weights = 0, grads = 0, optimizer = 0, inputs = 0, saved = 0,
           arena = 0;
-  /// Mixed precision: the bf16 copies of the products' weights.
+  /// Mixed precision: the bf16 (or fp16) copies of the products' weights.
   int64_t copies = 0;
+  const char *copyType = "bf16";
   /// Offloaded: host memory, and the collectives' results the host reads.
   int64_t host = 0, crossing = 0;
   /// Bytes that align the gradients in their buckets.
@@ -124,9 +125,11 @@ trainingPools(ModuleOp module,
     }
     if (kind == "bucket")
       bucketGaps += bytes;
-    (kind == pcc::kBf16CopyState          ? p.copies
-     : kind.empty()                       ? weights
-     : kind == "grad" || kind == "bucket" ? grads
+    if (kind == pcc::kF16CopyState)
+      p.copyType = "fp16";
+    (kind == pcc::kBf16CopyState || kind == pcc::kF16CopyState ? p.copies
+     : kind.empty()                                            ? weights
+     : kind == "grad" || kind == "bucket"                      ? grads
                                           : optimizer) += bytes;
   });
   for (func::FuncOp f : module.getOps<func::FuncOp>()) {
@@ -211,8 +214,8 @@ explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
   if (others > 0)
     os << " + " << others << " bytes of other weights";
   if (p.copies > 0)
-    os << " + " << p.copies
-       << " bytes of bf16 weight copies (2 x the products' weights)";
+    os << " + " << p.copies << " bytes of " << p.copyType
+       << " weight copies (2 x the products' weights)";
   static const char *const kStages[] = {
       "ZeRO stage 0: weights, gradients and optimizer state on every rank",
       "ZeRO stage 1: the optimizer state (and a master piece of each "
@@ -228,7 +231,9 @@ explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
   if (p.copies > 0)
     os << "      (mixed precision: fp32 weights, which are the masters, fp32 "
           "gradients (accumulated over micro-batches in fp32, as DeepSpeed's "
-          "bf16 optimizer) and the optimizer state, plus a bf16 copy of "
+          "bf16 optimizer) and the optimizer state, plus a "
+       << p.copyType
+       << " copy of "
           "each product's weight cast once per step; the ZeRO paper's "
           "2 + 2 + 12 x Psi keeps 16-bit weights and gradients beside a "
           "separate fp32 master copy)\n";
@@ -336,7 +341,7 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
   os << "    optimizer state    " << mib(optimizer)
      << (offloaded ? "  (the rest is in host memory: --offload)\n" : "\n");
   if (p.copies > 0)
-    os << "    bf16 weight copies " << mib(p.copies)
+    os << "    " << p.copyType << " weight copies " << mib(p.copies)
        << "  (cast once per step)\n";
   if (offloaded)
     os << "    to the host        " << mib(crossing)

@@ -636,11 +636,10 @@ mlir::pcc::summarizeOnnxWeights(StringRef path, MLIRContext *context) {
   return out;
 }
 
-LogicalResult mlir::pcc::writeOnnxWeights(StringRef modelPath,
-                                          ArrayRef<std::string> names,
-                                          StringRef outputPath,
-                                          MLIRContext *context,
-                                          const llvm::StringSet<> *bf16) {
+LogicalResult
+mlir::pcc::writeOnnxWeights(StringRef modelPath, ArrayRef<std::string> names,
+                            StringRef outputPath, MLIRContext *context,
+                            const llvm::StringSet<> *narrow, bool toF16) {
   FailureOr<ModelFile> onnxFile = openModelFile(modelPath, context);
   if (failed(onnxFile))
     return failure();
@@ -663,20 +662,20 @@ LogicalResult mlir::pcc::writeOnnxWeights(StringRef modelPath,
       return failure();
     std::vector<int64_t> shape(init->dims().begin(), init->dims().end());
     std::vector<uint8_t> data(bytes->begin(), bytes->end());
-    if (bf16 && bf16->contains(name)) {
+    if (narrow && narrow->contains(name)) {
       if (*dtype != ::pccrt::DType::F32)
         return emitError(loc) << "initializer '" << name
                               << "' is not float32; it cannot be stored "
-                                 "as bfloat16";
-      std::vector<uint8_t> narrow(data.size() / 2);
+                              << (toF16 ? "as float16" : "as bfloat16");
+      std::vector<uint8_t> half(data.size() / 2);
       for (size_t i = 0; i < data.size() / 4; ++i) {
         float v;
         std::memcpy(&v, data.data() + 4 * i, 4);
-        uint16_t h = ::pccrt::floatToBf16(v);
-        std::memcpy(narrow.data() + 2 * i, &h, 2);
+        uint16_t h = toF16 ? ::pccrt::floatToHalf(v) : ::pccrt::floatToBf16(v);
+        std::memcpy(half.data() + 2 * i, &h, 2);
       }
-      data = std::move(narrow);
-      dtype = ::pccrt::DType::BF16;
+      data = std::move(half);
+      dtype = toF16 ? ::pccrt::DType::F16 : ::pccrt::DType::BF16;
     }
     auto status = writer.add(name, *dtype, std::move(shape), std::move(data));
     if (!status.ok())

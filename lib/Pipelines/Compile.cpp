@@ -98,6 +98,7 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
   if (o.precision != "fp32") {
     AutocastOptions autocast;
     autocast.precision = o.precision;
+    autocast.lossScale = o.lossScale.value_or("dynamic");
     pm.addNestedPass<func::FuncOp>(createAutocast(autocast));
     pm.addPass(createCSEPass());
   }

@@ -184,11 +184,17 @@ static std::string verifyPipeline(const CompileOptions &o) {
 
 /// Mixed precision.
 static std::string verifyPrecision(const CompileOptions &o) {
-  if (o.precision == "fp16")
-    return "--precision=fp16 is not supported yet (it needs loss scaling); "
-           "use --precision=bf16, which needs none";
-  if (o.precision != "fp32" && o.precision != "bf16")
-    return "--precision=" + o.precision + " is not known: fp32 or bf16";
+  if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
+    return "--precision=" + o.precision + " is not known: fp32, bf16 or fp16";
+  if (o.lossScale) {
+    if (o.precision != "fp16" || !o.train)
+      return "--loss-scale is for --train --precision=fp16 (bf16 and fp32 "
+             "have fp32's range and need none)";
+    if (!parseLossScale(*o.lossScale))
+      return "--loss-scale=" + *o.lossScale +
+             " is not known: dynamic (from 65536), dynamic:N (from N) or a "
+             "positive number (a static scale)";
+  }
   return "";
 }
 

@@ -70,8 +70,11 @@ struct CompilePipelineOptions
   Opt<std::string> offload{*this, "offload",
                            llvm::cl::desc("none or optimizer"),
                            llvm::cl::init("none")};
-  Opt<std::string> precision{*this, "precision", llvm::cl::desc("fp32 or bf16"),
+  Opt<std::string> precision{*this, "precision",
+                             llvm::cl::desc("fp32, bf16 or fp16"),
                              llvm::cl::init("fp32")};
+  Opt<std::string> lossScale{*this, "loss-scale",
+                             llvm::cl::desc("fp16: dynamic, dynamic:N or N")};
   Opt<std::string> memCap{*this, "mem-cap",
                           llvm::cl::desc("device memory per rank")};
   Opt<std::string> target{*this, "target", llvm::cl::desc("cpu, cuda or all"),

@@ -1,10 +1,13 @@
-//===- Autocast.cpp - torch.autocast's bf16 semantics ---------------------===//
+//===- Autocast.cpp - torch.autocast's bf16 and fp16 semantics ------------===//
 //
 // pcc-autocast and pcc-legalize-bf16 (see Passes.td). pcc-autocast gives
-// the model torch.autocast's types: products on bf16, the ops after them
-// in bf16 while all their float operands are, f32 where f32 meets bf16,
-// and losses in f32. pcc-legalize-bf16 makes that runnable: an op the back
-// ends do not run on bf16 computes in f32 between casts.
+// the model torch.autocast's types: products on a 16-bit float (bf16, or
+// fp16 with --precision=fp16: the same op lists), the ops after them in it
+// while all their float operands are, f32 where f32 meets it, and losses
+// in f32. pcc-legalize-bf16 makes that runnable: an op the back ends do
+// not run on 16-bit floats computes in f32 between casts. The bf16 in the
+// passes' names is the first of the two types they served; each handles
+// both.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,7 +19,9 @@
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringSet.h"
 
+#include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace mlir::pcc {
@@ -42,7 +47,10 @@ bool isFloat(Value v) {
   return isa<RankedTensorType>(v.getType()) && isa<FloatType>(elementOf(v));
 }
 
-bool isBf16(Value v) { return isFloat(v) && elementOf(v).isBF16(); }
+/// A 16-bit float: bf16, or fp16 (one of the two in a module).
+bool isHalfType(Type t) { return t.isBF16() || t.isF16(); }
+
+bool isBf16(Value v) { return isFloat(v) && isHalfType(elementOf(v)); }
 
 bool isF32(Value v) { return isFloat(v) && elementOf(v).isF32(); }
 
@@ -120,7 +128,7 @@ Rule ruleOf(Operation *op) {
   return Rule::Float32;
 }
 
-void follow(Operation *op, Type f32, Type bf16) {
+void follow(Operation *op, Type f32, Type half) {
   SmallVector<Value> strong;
   bool anyBf16 = false;
   for (Value v : op->getOperands()) {
@@ -136,25 +144,53 @@ void follow(Operation *op, Type f32, Type bf16) {
                 return isa_and_present<ParamOp>(sourceOf(v));
               });
   if (strong.empty() || bias) {
-    castOperands(op, f32, bf16);
-    retypeResults(op, f32, bf16);
+    castOperands(op, f32, half);
+    retypeResults(op, f32, half);
     return;
   }
-  castOperands(op, bf16, f32);
+  castOperands(op, half, f32);
 }
 
-void wrap(Operation *op, Type f32, Type bf16) {
-  bool bf16Input = op->getNumOperands() > 0 && isBf16(op->getOperand(0));
-  castOperands(op, bf16, f32);
-  if (!bf16Input)
+void wrap(Operation *op, Type f32, Type half) {
+  bool halfInput = op->getNumOperands() > 0 && isBf16(op->getOperand(0));
+  castOperands(op, half, f32);
+  if (!halfInput)
     return;
   OpBuilder b(op->getContext());
   b.setInsertionPointAfter(op);
   for (Value r : op->getResults())
     if (isF32(r)) {
-      auto narrow = CastOp::create(b, op->getLoc(), tensorOf(r).clone(bf16), r);
+      auto narrow = CastOp::create(b, op->getLoc(), tensorOf(r).clone(half), r);
       r.replaceAllUsesExcept(narrow.getResult(), narrow);
     }
+}
+
+/// A linear layer's product followed by its bias, `add(matmul(x, w), b)`
+/// with `b` a weight: PyTorch's addmm adds the (16-bit) bias inside the
+/// product's fp32 accumulation and rounds once. So the product keeps its
+/// fp32 result, the bias is rounded to 16 bits and added in f32, and the
+/// sum is rounded once. (Rounding the product first and adding the bias in
+/// 16 bits rounds twice: a pre-activation within a rounding of zero can
+/// then change sign, and ReLU's gradient with it.)
+void accumulateBias(MatmulOp mm, Type f32, Type half) {
+  Value r = mm.getResult();
+  if (!r.hasOneUse())
+    return;
+  auto add = dyn_cast<AddOp>(*r.getUsers().begin());
+  if (!add)
+    return;
+  unsigned other = add.getLhs() == r ? 1 : 0;
+  Value bias = add->getOperand(other);
+  if (!isF32(bias) || !isa_and_present<ParamOp>(sourceOf(bias)) ||
+      tensorOf(bias).getShape() != tensorOf(r).getShape())
+    return;
+  r.setType(tensorOf(r).clone(f32));
+  add->setOperand(other, castTo(add, castTo(add, bias, half), f32));
+  OpBuilder b(add->getContext());
+  b.setInsertionPointAfter(add);
+  auto narrow = CastOp::create(
+      b, add.getLoc(), tensorOf(add.getResult()).clone(half), add.getResult());
+  add.getResult().replaceAllUsesExcept(narrow.getResult(), narrow);
 }
 
 struct AutocastPass : public mlir::pcc::impl::AutocastBase<AutocastPass> {
@@ -164,46 +200,70 @@ struct AutocastPass : public mlir::pcc::impl::AutocastBase<AutocastPass> {
     func::FuncOp func = getOperation();
     if (precision == "fp32")
       return;
-    if (precision != "bf16") {
+    if (precision != "bf16" && precision != "fp16") {
       func.emitError("autocast: precision '")
-          << precision << "' is not known (bf16 or fp32)";
+          << precision << "' is not known (bf16, fp16 or fp32)";
       return signalPassFailure();
     }
     Type f32 = Float32Type::get(&getContext());
-    Type bf16 = BFloat16Type::get(&getContext());
+    Type half = precision == "fp16" ? Type(Float16Type::get(&getContext()))
+                                    : Type(BFloat16Type::get(&getContext()));
+    // The model's ops as they are before the pass: the casts it inserts
+    // are not visited again.
+    SmallVector<Operation *> original;
     for (Block &block : func.getBody())
-      for (Operation &op : llvm::make_early_inc_range(block)) {
-        if (auto ret = dyn_cast<func::ReturnOp>(op)) {
-          // The model's outputs keep their types.
-          for (auto [operand, type] : llvm::zip(
-                   ret->getOpOperands(), func.getFunctionType().getResults()))
-            if (operand.get().getType() != type)
-              operand.set(
-                  castTo(ret, operand.get(),
-                         cast<RankedTensorType>(type).getElementType()));
-          continue;
-        }
-        switch (ruleOf(&op)) {
-        case Rule::Product:
-          if (llvm::any_of(op.getOperands(), isF32) ||
-              llvm::any_of(op.getResults(), isF32)) {
-            castOperands(&op, f32, bf16);
-            retypeResults(&op, f32, bf16);
-          }
-          break;
-        case Rule::Follow:
-          follow(&op, f32, bf16);
-          break;
-        case Rule::Wrap:
-          wrap(&op, f32, bf16);
-          break;
-        case Rule::Float32:
-          castOperands(&op, bf16, f32);
-          break;
-        }
+      for (Operation &op : block)
+        original.push_back(&op);
+    for (Operation *visited : original) {
+      Operation &op = *visited;
+      if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+        // The model's outputs keep their types.
+        for (auto [operand, type] : llvm::zip(
+                 ret->getOpOperands(), func.getFunctionType().getResults()))
+          if (operand.get().getType() != type)
+            operand.set(castTo(ret, operand.get(),
+                               cast<RankedTensorType>(type).getElementType()));
+        continue;
       }
+      switch (ruleOf(&op)) {
+      case Rule::Product:
+        if (llvm::any_of(op.getOperands(), isF32) ||
+            llvm::any_of(op.getResults(), isF32)) {
+          castOperands(&op, f32, half);
+          retypeResults(&op, f32, half);
+          if (auto mm = dyn_cast<MatmulOp>(op))
+            accumulateBias(mm, f32, half);
+        }
+        break;
+      case Rule::Follow:
+        follow(&op, f32, half);
+        break;
+      case Rule::Wrap:
+        wrap(&op, f32, half);
+        break;
+      case Rule::Float32:
+        castOperands(&op, half, f32);
+        break;
+      }
+    }
     auto module = func->getParentOfType<ModuleOp>();
-    module->setAttr(kPrecisionAttrName, StringAttr::get(&getContext(), "bf16"));
+    module->setAttr(kPrecisionAttrName,
+                    StringAttr::get(&getContext(), precision));
+    if (precision == "fp16") {
+      std::optional<std::pair<double, int64_t>> scale =
+          parseLossScale(lossScale);
+      if (!scale) {
+        func.emitError("autocast: loss scale '")
+            << lossScale << "' is not dynamic, dynamic:N or a positive number";
+        return signalPassFailure();
+      }
+      Builder b(&getContext());
+      module->setAttr(
+          kLossScaleAttrName,
+          b.getDictionaryAttr(
+              {b.getNamedAttr("initial", b.getF64FloatAttr(scale->first)),
+               b.getNamedAttr("window", b.getI64IntegerAttr(scale->second))}));
+    }
   }
 };
 
@@ -222,7 +282,6 @@ struct LegalizeBf16Pass
     : public mlir::pcc::impl::LegalizeBf16Base<LegalizeBf16Pass> {
   void runOnOperation() override {
     Type f32 = Float32Type::get(&getContext());
-    Type bf16 = BFloat16Type::get(&getContext());
     SmallVector<Operation *> ops;
     getOperation().walk([&](Operation *op) {
       if (runsOnBf16(op) || op->getNumRegions() > 0)
@@ -232,18 +291,19 @@ struct LegalizeBf16Pass
         ops.push_back(op);
     });
     for (Operation *op : ops) {
-      castOperands(op, bf16, f32);
-      SmallVector<Value> narrowed;
+      for (OpOperand &operand : op->getOpOperands())
+        if (isBf16(operand.get()))
+          operand.set(castTo(op, operand.get(), f32));
+      SmallVector<std::pair<Value, Type>> narrowed;
       for (Value r : op->getResults())
         if (isBf16(r)) {
+          narrowed.push_back({r, r.getType()});
           r.setType(tensorOf(r).clone(f32));
-          narrowed.push_back(r);
         }
       OpBuilder b(op->getContext());
       b.setInsertionPointAfter(op);
-      for (Value r : narrowed) {
-        auto narrow =
-            CastOp::create(b, op->getLoc(), tensorOf(r).clone(bf16), r);
+      for (auto [r, type] : narrowed) {
+        auto narrow = CastOp::create(b, op->getLoc(), type, r);
         r.replaceAllUsesExcept(narrow.getResult(), narrow);
       }
     }
@@ -327,12 +387,15 @@ struct Bf16WeightCopiesPass
         auto weight = c.getInput().getDefiningOp<ParamOp>();
         if (weight && !weight.getName().contains('@') &&
             c.getInput().getType().getElementType().isF32() &&
-            c.getType().getElementType().isBF16())
+            isHalfType(c.getType().getElementType()))
           casts.push_back(c);
       });
       for (CastOp c : casts) {
         auto weight = c.getInput().getDefiningOp<ParamOp>();
-        std::string name = stateName(weight.getName(), kBf16CopyState);
+        std::string name =
+            stateName(weight.getName(), c.getType().getElementType().isF16()
+                                            ? kF16CopyState
+                                            : kBf16CopyState);
         Location loc = c.getLoc();
         if (copied.insert({rank, weight.getName().str()}).second) {
           Block &body = zg->second.getBody().front();
@@ -363,7 +426,11 @@ struct Bf16WeightsPass
     if (!module->hasAttr(kPrecisionAttrName))
       return;
     // Every load of each weight, and whether all of them are read only
-    // through casts to bf16.
+    // through casts to the module's 16-bit type.
+    auto precision = module->getAttrOfType<StringAttr>(kPrecisionAttrName);
+    Type half = precision.getValue() == "fp16"
+                    ? Type(Float16Type::get(&getContext()))
+                    : Type(BFloat16Type::get(&getContext()));
     llvm::MapVector<StringRef, SmallVector<ParamOp>> loads;
     llvm::StringSet<> mixed;
     module.walk([&](ParamOp p) {
@@ -371,9 +438,9 @@ struct Bf16WeightsPass
         return;
       loads[p.getName()].push_back(p);
       bool viaBf16 =
-          !p->use_empty() && llvm::all_of(p->getUsers(), [](Operation *user) {
+          !p->use_empty() && llvm::all_of(p->getUsers(), [&](Operation *user) {
             auto c = dyn_cast<CastOp>(user);
-            return c && c.getType().getElementType().isBF16();
+            return c && c.getType().getElementType() == half;
           });
       if (!viaBf16)
         mixed.insert(p.getName());
@@ -383,10 +450,8 @@ struct Bf16WeightsPass
         continue;
       for (ParamOp p : params) {
         OpBuilder b(p);
-        auto narrow =
-            loadLike(b, p.getLoc(), p,
-                     p.getType().clone(BFloat16Type::get(&getContext())),
-                     p.getNameAttr());
+        auto narrow = loadLike(b, p.getLoc(), p, p.getType().clone(half),
+                               p.getNameAttr());
         for (Operation *user : llvm::make_early_inc_range(p->getUsers())) {
           user->getResult(0).replaceAllUsesWith(narrow.getResult());
           user->erase();

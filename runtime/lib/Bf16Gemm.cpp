@@ -1,4 +1,4 @@
-//===- Bf16Gemm.cpp - bf16 matrix products on the CPU through oneDNN ------===//
+//===- Bf16Gemm.cpp - 16-bit matrix products on the CPU through oneDNN ----===//
 //
 // pcc_cpu_matmul_bf16: bf16 operands, fp32 accumulation, a bf16 result (as
 // torch.autocast's matmul, linear and bmm give). oneDNN picks the kernels
@@ -6,6 +6,12 @@
 // products, else a conversion to fp32); Debian's OpenBLAS 0.3.21 exports
 // no bf16 GEMM (docs/design-notes.md, mixed precision). Primitives are made
 // once per shape and kept: a step runs the same few shapes many times.
+//
+// pcc_cpu_matmul_f16: the same on fp16, where oneDNN has fp16 kernels for
+// the CPU (AVX512-FP16 or AMX-FP16); elsewhere (oneDNN 2.6 has none for
+// AVX512 without FP16, as on AMD Zen 4) the operands are widened exactly
+// to fp32, multiplied by OpenBLAS's sgemm and the result rounded once:
+// the same fp32 accumulation and rounding, at fp32's speed.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -27,9 +34,12 @@ struct Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::mutex lock;
-  /// (m, n, k, trans_a, trans_b) -> the product of one batch entry.
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, dnnl::matmul>
+  /// (type, m, n, k, trans_a, trans_b) -> the product of one batch entry.
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int>, dnnl::matmul>
       products;
+  /// fp16: -1 not yet asked, 0 oneDNN has no fp16 matmul for this CPU, 1 it
+  /// has.
+  int f16Native = -1;
 };
 
 Context &context() {
@@ -37,20 +47,23 @@ Context &context() {
   return ctx;
 }
 
-/// A row-major `rows` x `cols` bf16 matrix, stored transposed when `trans`.
+/// A row-major `rows` x `cols` 16-bit matrix, stored transposed when
+/// `trans`.
 memory::desc matrix(int64_t rows, int64_t cols, bool trans,
-                    memory::data_type type = memory::data_type::bf16) {
+                    memory::data_type type) {
   return trans ? memory::desc({rows, cols}, type, memory::dims{1, rows})
                : memory::desc({rows, cols}, type, memory::dims{cols, 1});
 }
 
-} // namespace
+const char *typeName(memory::data_type type) {
+  return type == memory::data_type::f16 ? "fp16" : "bf16";
+}
 
-extern "C" {
-
-int pcc_cpu_matmul_bf16(const void *a, const void *b, void *c, int64_t batch,
-                        int64_t m, int64_t n, int64_t k, int trans_a,
-                        int trans_b, int64_t stride_a, int64_t stride_b) {
+/// The product on `type` through oneDNN, into `out` (`type`, or f32).
+int product(memory::data_type type, memory::data_type out, const void *a,
+            const void *b, void *c, int64_t batch, int64_t m, int64_t n,
+            int64_t k, int trans_a, int trans_b, int64_t stride_a,
+            int64_t stride_b) {
   if (batch <= 0 || m <= 0 || n <= 0)
     return 0;
   // A shared right operand and contiguous, untransposed left operands form
@@ -62,35 +75,122 @@ int pcc_cpu_matmul_bf16(const void *a, const void *b, void *c, int64_t batch,
   Context &ctx = context();
   try {
     std::lock_guard<std::mutex> hold(ctx.lock);
-    auto key = std::make_tuple(m, n, k, trans_a, trans_b);
+    auto key =
+        std::make_tuple(static_cast<int>(type) * 64 + static_cast<int>(out), m,
+                        n, k, trans_a, trans_b);
     auto found = ctx.products.find(key);
     if (found == ctx.products.end()) {
-      dnnl::matmul::desc desc(matrix(m, k, trans_a), matrix(k, n, trans_b),
-                              matrix(m, n, false));
+      dnnl::matmul::desc desc(matrix(m, k, trans_a, type),
+                              matrix(k, n, trans_b, type),
+                              matrix(m, n, false, out));
       dnnl::matmul::primitive_desc pd(desc, ctx.engine);
       found = ctx.products.emplace(key, dnnl::matmul(pd)).first;
     }
     auto *x = static_cast<uint16_t *>(const_cast<void *>(a));
     auto *w = static_cast<uint16_t *>(const_cast<void *>(b));
-    auto *y = static_cast<uint16_t *>(c);
-    memory::desc ad = matrix(m, k, trans_a), bd = matrix(k, n, trans_b),
-                 cd = matrix(m, n, false);
+    auto *y = static_cast<uint8_t *>(c);
+    size_t outBytes = out == memory::data_type::f32 ? 4 : 2;
+    memory::desc ad = matrix(m, k, trans_a, type),
+                 bd = matrix(k, n, trans_b, type),
+                 cd = matrix(m, n, false, out);
     for (int64_t i = 0; i < batch; ++i) {
       memory am(ad, ctx.engine, x + i * stride_a);
       memory bm(bd, ctx.engine, w + i * stride_b);
-      memory cm(cd, ctx.engine, y + i * m * n);
+      memory cm(cd, ctx.engine, y + i * m * n * outBytes);
       found->second.execute(
           ctx.stream,
           {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
     }
     ctx.stream.wait();
   } catch (const dnnl::error &e) {
-    pccrt::cpuLastError = "oneDNN bf16 matmul (" + std::to_string(m) + " x " +
+    pccrt::cpuLastError = std::string("oneDNN ") + typeName(type) +
+                          " matmul (" + std::to_string(m) + " x " +
                           std::to_string(n) + " x " + std::to_string(k) +
                           "): " + e.what();
     return 1;
   }
   return 0;
+}
+
+/// Whether oneDNN has an fp16 matmul for this CPU (asked once).
+bool f16Native() {
+  Context &ctx = context();
+  std::lock_guard<std::mutex> hold(ctx.lock);
+  if (ctx.f16Native < 0) {
+    try {
+      auto f16 = memory::data_type::f16;
+      dnnl::matmul::desc desc(matrix(8, 8, false, f16),
+                              matrix(8, 8, false, f16),
+                              matrix(8, 8, false, f16));
+      dnnl::matmul::primitive_desc pd(desc, ctx.engine);
+      ctx.f16Native = 1;
+    } catch (const dnnl::error &) {
+      ctx.f16Native = 0;
+    }
+  }
+  return ctx.f16Native == 1;
+}
+
+} // namespace
+
+extern "C" {
+
+int pcc_cpu_matmul_bf16(const void *a, const void *b, void *c, int64_t batch,
+                        int64_t m, int64_t n, int64_t k, int trans_a,
+                        int trans_b, int64_t stride_a, int64_t stride_b) {
+  return product(memory::data_type::bf16, memory::data_type::bf16, a, b, c,
+                 batch, m, n, k, trans_a, trans_b, stride_a, stride_b);
+}
+
+int pcc_cpu_matmul_bf16_f32(const void *a, const void *b, float *c,
+                            int64_t batch, int64_t m, int64_t n, int64_t k,
+                            int trans_a, int trans_b, int64_t stride_a,
+                            int64_t stride_b) {
+  return product(memory::data_type::bf16, memory::data_type::f32, a, b, c,
+                 batch, m, n, k, trans_a, trans_b, stride_a, stride_b);
+}
+
+namespace {
+/// fp16 products: oneDNN's where it has fp16 kernels for this CPU, else
+/// the operands widened exactly, multiplied in fp32 and (`f32Out` false)
+/// the result rounded once.
+int f16Product(const void *a, const void *b, void *c, bool f32Out,
+               int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+               int trans_b, int64_t stride_a, int64_t stride_b) {
+  if (batch <= 0 || m <= 0 || n <= 0)
+    return 0;
+  if (f16Native())
+    return product(memory::data_type::f16,
+                   f32Out ? memory::data_type::f32 : memory::data_type::f16, a,
+                   b, c, batch, m, n, k, trans_a, trans_b, stride_a, stride_b);
+  int64_t na = (batch - 1) * stride_a + m * k;
+  int64_t nb = (batch - 1) * stride_b + k * n;
+  std::vector<float> x(static_cast<size_t>(na)), w(static_cast<size_t>(nb)),
+      y(f32Out ? 0 : static_cast<size_t>(batch * m * n));
+  pcc_cpu_cast(a, PCC_F16, x.data(), PCC_F32, na);
+  pcc_cpu_cast(b, PCC_F16, w.data(), PCC_F32, nb);
+  float *out = f32Out ? static_cast<float *>(c) : y.data();
+  pcc_cpu_matmul_f32(x.data(), w.data(), out, batch, m, n, k, trans_a, trans_b,
+                     stride_a, stride_b);
+  if (!f32Out)
+    pcc_cpu_cast(y.data(), PCC_F32, c, PCC_F16, batch * m * n);
+  return 0;
+}
+} // namespace
+
+int pcc_cpu_matmul_f16(const void *a, const void *b, void *c, int64_t batch,
+                       int64_t m, int64_t n, int64_t k, int trans_a,
+                       int trans_b, int64_t stride_a, int64_t stride_b) {
+  return f16Product(a, b, c, false, batch, m, n, k, trans_a, trans_b, stride_a,
+                    stride_b);
+}
+
+int pcc_cpu_matmul_f16_f32(const void *a, const void *b, float *c,
+                           int64_t batch, int64_t m, int64_t n, int64_t k,
+                           int trans_a, int trans_b, int64_t stride_a,
+                           int64_t stride_b) {
+  return f16Product(a, b, c, true, batch, m, n, k, trans_a, trans_b, stride_a,
+                    stride_b);
 }
 
 } // extern "C"

@@ -948,6 +948,22 @@ void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
       out[i] = pccrt::bf16ToFloat(in[i]);
     return;
   }
+  if (from_type == PCC_F32 && to_type == PCC_F16) {
+    const float *in = static_cast<const float *>(x);
+    auto *out = static_cast<uint16_t *>(y);
+#pragma omp parallel for if (count > kParallelThreshold)
+    for (int64_t i = 0; i < count; ++i)
+      out[i] = pccrt::floatToHalf(in[i]);
+    return;
+  }
+  if (from_type == PCC_F16 && to_type == PCC_F32) {
+    const auto *in = static_cast<const uint16_t *>(x);
+    float *out = static_cast<float *>(y);
+#pragma omp parallel for if (count > kParallelThreshold)
+    for (int64_t i = 0; i < count; ++i)
+      out[i] = pccrt::halfToFloat(in[i]);
+    return;
+  }
   for (int64_t i = 0; i < count; ++i)
     pccrt::castElement(x, from_type, y, to_type, i);
 }
@@ -965,13 +981,21 @@ int64_t indexAt(const void *indices, int64_t j, int i64) {
 
 /// The factor clipping scales gradients by: max_norm / (norm + 1e-6), at
 /// most 1, in float as torch.nn.utils.clip_grad_norm_ computes it; 1
-/// without clipping.
+/// without clipping. Under fp16 loss scaling `norm` is the scaled
+/// gradients' norm, unscaled here by the gradient scale.
 float clipCoefficient(const double *hyper, const float *norm) {
   double maxNorm = hyper[PCC_HYPER_MAX_GRAD_NORM];
   if (!(maxNorm > 0))
     return 1.0f;
-  float coef = static_cast<float>(maxNorm) / (*norm + 1e-6f);
+  float unscaled = *norm * static_cast<float>(hyper[PCC_HYPER_GRAD_SCALE]);
+  float coef = static_cast<float>(maxNorm) / (unscaled + 1e-6f);
   return std::min(coef, 1.0f);
+}
+
+/// fp16 loss scaling: an update whose gradient norm is not finite (the
+/// scaled gradients overflowed) is skipped, as GradScaler.step skips it.
+bool skipUpdate(const double *hyper, const float *norm) {
+  return hyper[PCC_HYPER_SKIP_NONFINITE] != 0 && !std::isfinite(*norm);
 }
 } // namespace
 
@@ -1074,7 +1098,10 @@ int pcc_cpu_cross_entropy_grad_f32(const float *logits, const void *labels,
 
 void pcc_cpu_sgd_f32(float *param, const float *grad, float *momentum_buffer,
                      int64_t n, const double *hyper, const float *norm) {
+  if (skipUpdate(hyper, norm))
+    return;
   float coef = clipCoefficient(hyper, norm);
+  float unscale = static_cast<float>(hyper[PCC_HYPER_GRAD_SCALE]);
   float lr = static_cast<float>(hyper[PCC_HYPER_LR]);
   float wd = static_cast<float>(hyper[PCC_HYPER_WEIGHT_DECAY]);
   float momentum = static_cast<float>(hyper[PCC_HYPER_MOMENTUM]);
@@ -1083,7 +1110,7 @@ void pcc_cpu_sgd_f32(float *param, const float *grad, float *momentum_buffer,
   bool first = hyper[PCC_HYPER_STEP] <= 1;
 #pragma omp parallel for if (n > kParallelThreshold)
   for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i] * coef;
+    float g = grad[i] * unscale * coef;
     if (wd != 0)
       g = g + wd * param[i];
     if (momentum != 0) {
@@ -1098,7 +1125,10 @@ void pcc_cpu_sgd_f32(float *param, const float *grad, float *momentum_buffer,
 void pcc_cpu_adamw_f32(float *param, const float *grad, float *exp_avg,
                        float *exp_avg_sq, int64_t n, const double *hyper,
                        const float *norm) {
+  if (skipUpdate(hyper, norm))
+    return;
   float coef = clipCoefficient(hyper, norm);
+  float unscale = static_cast<float>(hyper[PCC_HYPER_GRAD_SCALE]);
   double lr = hyper[PCC_HYPER_LR], beta1 = hyper[PCC_HYPER_BETA1],
          beta2 = hyper[PCC_HYPER_BETA2], step = hyper[PCC_HYPER_STEP];
   // Scalars in double, as PyTorch computes them in Python.
@@ -1110,7 +1140,7 @@ void pcc_cpu_adamw_f32(float *param, const float *grad, float *exp_avg,
   float eps = static_cast<float>(hyper[PCC_HYPER_EPS]);
 #pragma omp parallel for if (n > kParallelThreshold)
   for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i] * coef;
+    float g = grad[i] * unscale * coef;
     float p = param[i] * decay;
     float m = exp_avg[i];
     m = m + w1 * (g - m); // lerp with a weight below 0.5

@@ -28,6 +28,8 @@ std::array<double, PCC_NUM_HYPER> Hyperparameters::table(int64_t step,
   t[PCC_HYPER_SEED] = static_cast<double>(seed);
   t[PCC_HYPER_MICROBATCH] = 0;
   t[PCC_HYPER_LAST_MICROBATCH] = 1;
+  t[PCC_HYPER_GRAD_SCALE] = lossScale > 0 ? 1.0 / lossScale : 1.0;
+  t[PCC_HYPER_SKIP_NONFINITE] = lossScale > 0 ? 1 : 0;
   return t;
 }
 

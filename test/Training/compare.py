@@ -10,7 +10,12 @@ Losses: both CSV files have a header naming their columns (the reference:
 `step,loss,grad_norm`; pcc's log: `step,loss,...`). Rows are matched by
 step number, columns by name. Every reference step must be in the log, with
 |loss - ref| <= rtol * |ref| + atol. grad_norm is compared the same way
-(with --grad-norm-rtol) when both files have that column.
+(with --grad-norm-rtol) when both files have that column (--steps N: the
+first N steps only, and no weights); a step whose
+gradients overflowed under fp16 loss scaling (grad_norm inf or nan on both
+sides) matches. When both have a `loss_scale` column (fp16's dynamic loss
+scaling), each step's scale must be equal: the same steps overflowed and
+were skipped.
 
 Weights: every tensor of the reference must be in the run's file with the
 same shape and numpy.allclose(weight, ref, rtol=wrtol, atol=watol). A tensor
@@ -139,6 +144,7 @@ def compare_losses(args, failures):
     rcols, ref = read_csv(args.ref_losses)
     lcols, got = read_csv(args.losses)
     gn = "grad_norm" in rcols and "grad_norm" in lcols
+    scaled = "loss_scale" in rcols and "loss_scale" in lcols
     print("losses: %s vs reference %s (rtol %g, atol %g%s)" % (
         args.losses, args.ref_losses, args.rtol, args.atol,
         ", grad_norm rtol %g" % args.grad_norm_rtol if gn else
@@ -148,6 +154,8 @@ def compare_losses(args, failures):
                                       "  grad_norm rel diff" if gn else ""))
     max_l = max_g = 0.0
     for step in sorted(ref):
+        if args.steps is not None and step > args.steps:
+            break
         r = ref[step]
         if step not in got:
             print("%5d %-22r %-22s" % (step, r["loss"], "(missing)"))
@@ -162,7 +170,11 @@ def compare_losses(args, failures):
             bad.append("loss %r vs reference %r (rel diff %.3g > rtol %g)"
                        % (g["loss"], r["loss"], dl, args.rtol))
         extra = ""
-        if gn:
+        overflowed = all(isinstance(x.get("grad_norm"), float) and
+                         not math.isfinite(x["grad_norm"]) for x in (g, r))
+        if gn and overflowed:
+            extra = "  overflow (skipped)"
+        elif gn:
             dg = rel(g["grad_norm"], r["grad_norm"]) \
                 if isinstance(g["grad_norm"], float) else math.inf
             dg = math.inf if math.isnan(dg) else dg
@@ -171,11 +183,15 @@ def compare_losses(args, failures):
             if not close(g["grad_norm"], r["grad_norm"], args.grad_norm_rtol, args.atol):
                 bad.append("grad_norm %r vs reference %r (rel diff %.3g > rtol %g)"
                            % (g["grad_norm"], r["grad_norm"], dg, args.grad_norm_rtol))
+        if scaled and g["loss_scale"] != r["loss_scale"]:
+            bad.append("loss scale %r vs reference %r (a step overflowed on "
+                       "one side only)" % (g["loss_scale"], r["loss_scale"]))
         print("%5d %-22r %-22r %.3e%s%s" % (step, r["loss"], g["loss"], dl, extra,
                                           "  FAIL" if bad else ""))
         for b in bad:
             failures.append("step %d: %s" % (step, b))
-    extra_steps = sorted(set(got) - set(ref))
+    extra_steps = sorted(s for s in set(got) - set(ref)
+                         if args.steps is None or s <= args.steps)
     if extra_steps:
         print("note: %s has steps the reference lacks (%d..%d), not compared"
               % (args.losses, extra_steps[0], extra_steps[-1]))
@@ -276,6 +292,10 @@ def main(argv):
     ap.add_argument("--weights", help="pcc's final weights (.safetensors)")
     ap.add_argument("--wrtol", type=float, default=1e-4, help="weight relative tolerance")
     ap.add_argument("--watol", type=float, default=1e-6, help="weight absolute tolerance")
+    ap.add_argument("--steps", type=int, default=None, metavar="N",
+                    help="compare the losses of the first N steps only, and "
+                    "not the final weights (a chaotic run: one whose 16-bit "
+                    "runs leave their noise bound after step N)")
     ap.add_argument("--no-exclude", action="store_true",
                     help="also compare the elements the reference's pcc.exclude "
                     "metadata marks (gradient that is float32 rounding noise)")
@@ -291,8 +311,11 @@ def main(argv):
     try:
         if args.ref_losses:
             compare_losses(args, failures)
-        if args.ref_weights:
+        if args.ref_weights and args.steps is None:
             compare_weights(args, failures)
+        elif args.ref_weights:
+            print("weights not compared: the comparison stops at step %d"
+                  % args.steps)
     except InputError as e:
         print("compare.py: error: %s" % e, file=sys.stderr)
         return 2

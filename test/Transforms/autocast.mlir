@@ -4,9 +4,14 @@
 // RUN: pcc-opt %t/grad.mlir --pcc-autocast --cse --pcc-loss --pcc-autodiff | FileCheck %s --check-prefix=GRAD
 // RUN: pcc-opt %t/legalize.mlir --pcc-legalize-bf16 | FileCheck %s --check-prefix=LEGAL
 // RUN: not pcc-opt %t/rules.mlir --pcc-autocast='precision=fp8' 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: pcc-opt %t/rules.mlir --pcc-autocast='precision=fp16' --cse | FileCheck %s --check-prefix=FP16
+// RUN: pcc-opt %t/rules.mlir --pcc-autocast='precision=fp16 loss-scale=128' | FileCheck %s --check-prefix=STATIC
+// RUN: not pcc-opt %t/rules.mlir --pcc-autocast='precision=fp16 loss-scale=dynamic:-2' 2>&1 | FileCheck %s --check-prefix=BADSCALE
 
 // Tests torch.autocast's rules, op by op: the product on bf16 operands
-// with a bf16 result; the bias (a weight added to it) added in bf16; an
+// with its f32 accumulator as the result, the bias (a weight added to it)
+// rounded to bf16 and added to the accumulator, the sum rounded once (as
+// addmm under autocast); an
 // elementwise op on bf16 alone in bf16; a splat constant taking the bf16
 // type; softmax on bf16 computing in f32 between casts; f32 meeting bf16
 // promoting to f32; the result keeping its type.
@@ -25,13 +30,24 @@ func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
   return %o : tensor<4x8xf32>
 }
 
+// fp16: the same rules with f16 for bf16, and GradScaler's loss scaling.
+// FP16: module attributes {pcc.loss_scale = {initial = 6.553600e+04 : f64, window = 2000 : i64}, pcc.precision = "fp16"}
+// FP16: pcc.cast %arg0 : tensor<4x8xf32> -> tensor<4x8xf16>
+// FP16: pcc.matmul {{.*}} -> tensor<4x8xf32>
+// FP16: pcc.cast {{.*}} : tensor<4x8xf32> -> tensor<4x8xf16>
+// FP16: pcc.softmax {{.*}} : tensor<4x8xf32>
+// STATIC: pcc.loss_scale = {initial = 1.280000e+02 : f64, window = 0 : i64}
+// BADSCALE: loss scale 'dynamic:-2' is not dynamic, dynamic:N or a positive number
+
 // CHECK: module attributes {pcc.precision = "bf16"}
 // CHECK: %[[XB:.*]] = pcc.cast %arg0 : tensor<4x8xf32> -> tensor<4x8xbf16>
 // CHECK: %[[WB:.*]] = pcc.cast %{{.*}} : tensor<8x8xf32> -> tensor<8x8xbf16>
-// CHECK: %[[Y:.*]] = pcc.matmul %[[XB]], %[[WB]] {transpose_b} : tensor<4x8xbf16>, tensor<8x8xbf16> -> tensor<4x8xbf16>
+// CHECK: %[[Y:.*]] = pcc.matmul %[[XB]], %[[WB]] {transpose_b} : tensor<4x8xbf16>, tensor<8x8xbf16> -> tensor<4x8xf32>
 // CHECK: %[[BB:.*]] = pcc.broadcast
 // CHECK: %[[BB16:.*]] = pcc.cast %[[BB]] : tensor<4x8xf32> -> tensor<4x8xbf16>
-// CHECK: %[[Z:.*]] = pcc.add %[[Y]], %[[BB16]] : tensor<4x8xbf16>
+// CHECK: %[[BBW:.*]] = pcc.cast %[[BB16]] : tensor<4x8xbf16> -> tensor<4x8xf32>
+// CHECK: %[[Z32:.*]] = pcc.add %[[Y]], %[[BBW]] : tensor<4x8xf32>
+// CHECK: %[[Z:.*]] = pcc.cast %[[Z32]] : tensor<4x8xf32> -> tensor<4x8xbf16>
 // CHECK: %[[R:.*]] = pcc.relu %[[Z]] : tensor<4x8xbf16>
 // CHECK: %[[C:.*]] = pcc.cast %{{.*}} : tensor<4x8xf32> -> tensor<4x8xbf16>
 // CHECK: %[[S:.*]] = pcc.mul %[[R]], %[[C]] : tensor<4x8xbf16>
@@ -87,4 +103,4 @@ func.func @main(%x: tensor<4x8xbf16>) -> tensor<8xbf16> {
 // LEGAL: %[[S16:.*]] = pcc.cast %[[S]] : tensor<8xf32> -> tensor<8xbf16>
 // LEGAL: return %[[S16]]
 
-// BAD: autocast: precision 'fp8' is not known (bf16 or fp32)
+// BAD: autocast: precision 'fp8' is not known (bf16, fp16 or fp32)

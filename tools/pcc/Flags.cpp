@@ -176,9 +176,15 @@ static struct SharedFlags {
       cl::init("none"), cl::cat(trainCategory)};
   cl::opt<std::string> precision{
       "precision",
-      cl::desc("fp32 (the default) or bf16: torch.autocast's mixed "
-               "precision (bf16 products, fp32 weights and optimizer)"),
+      cl::desc("fp32 (the default), bf16 or fp16: torch.autocast's mixed "
+               "precision (16-bit products, fp32 weights and optimizer)"),
       cl::init("fp32"), cl::cat(pccCategory)};
+  cl::opt<std::string> lossScale{
+      "loss-scale",
+      cl::desc("fp16 training: dynamic (the default: from 65536, halved at "
+               "an overflow, whose step is skipped, doubled after 2000 "
+               "steps without one), dynamic:N (from N) or a static N"),
+      cl::cat(trainCategory)};
 } flags;
 
 static cl::opt<std::string>
@@ -246,8 +252,7 @@ Examples:
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --pp=2 --pp-chunks=2 --microbatches=4 -o il.so
 
 Training (one device, or any mix of --tp, --pp, --dp and ZeRO):
-  pcc export ckpt -o trained.onnx        # the model with a checkpoint's weights
-  pcc ckpt inspect|verify ckpt           # what a checkpoint holds; whether it is sound
+  pcc export ckpt -o trained.onnx; pcc ckpt inspect|verify ckpt   # ONNX; what it holds, is it sound
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --dp=4 --zero=3 -o z3.so
   pcc-run -n 4 z3.so --steps 100 --data tokens.bin --seq 16   # ZeRO-3 over 4 ranks
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --tp=2 --dp=4 --zero=3 --sp -o t.so

@@ -90,15 +90,20 @@ int pcctool::writeLibrary(ModuleOp module, const DriverFlags &flags,
       sum += entry.second;
     bytesPerRank = std::max(bytesPerRank, sum);
   }
-  // Weights the library reads as bf16 (inference with --precision=bf16).
-  llvm::StringSet<> bf16;
+  // Weights the library reads as bf16 or fp16 (inference with
+  // --precision=bf16 or fp16).
+  llvm::StringSet<> narrow;
+  bool toF16 = false;
   module->walk([&](pcc::ParamOp param) {
-    if (param.getType().getElementType().isBF16() &&
-        pcc::splitStateName(param.getName()).second.empty())
-      bf16.insert(param.getName());
+    mlir::Type element = param.getType().getElementType();
+    if ((element.isBF16() || element.isF16()) &&
+        pcc::splitStateName(param.getName()).second.empty()) {
+      narrow.insert(param.getName());
+      toF16 = element.isF16();
+    }
   });
   if (failed(pcc::writeOnnxWeights(flags.inputFile, names, weightsPath,
-                                   module.getContext(), &bf16)))
+                                   module.getContext(), &narrow, toF16)))
     return 1;
   pcc::BuildOptions buildOptions;
   buildOptions.keepSource = flags.keepSource;

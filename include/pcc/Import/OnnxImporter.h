@@ -66,12 +66,14 @@ summarizeOnnxWeights(llvm::StringRef path, MLIRContext *context);
 
 /// Writes the initializers called `names` of the model at `modelPath` to a
 /// safetensors file (the weights file of a compiled model), in that order;
-/// those in `bf16` (float32 initializers) rounded to bfloat16 (to nearest
-/// even), as a library compiled with --precision=bf16 reads them.
+/// those in `narrow` (float32 initializers) rounded to bfloat16, or to
+/// float16 with `toF16` (to nearest even), as a library compiled with
+/// --precision=bf16 (fp16) reads them.
 LogicalResult writeOnnxWeights(llvm::StringRef modelPath,
                                llvm::ArrayRef<std::string> names,
                                llvm::StringRef outputPath, MLIRContext *context,
-                               const llvm::StringSet<> *bf16 = nullptr);
+                               const llvm::StringSet<> *narrow = nullptr,
+                               bool toF16 = false);
 
 /// Writes the model at `modelPath` with the weights of a training
 /// checkpoint (`weightsPath`, a safetensors file named after the ONNX

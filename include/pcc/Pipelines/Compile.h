@@ -58,8 +58,10 @@ struct CompileOptions {
   std::optional<std::string> zeroGradSync;
   std::string offload = "none";
 
-  // Mixed precision: fp32 (every op in f32) or bf16 (pcc-autocast).
+  // Mixed precision: fp32 (every op in f32), bf16 or fp16 (pcc-autocast);
+  // fp16 training's loss scaling (dynamic, dynamic:N or N; unset: dynamic).
   std::string precision = "fp32";
+  std::optional<std::string> lossScale;
 
   /// --mem-cap in bytes (0: none): the pipeline predicts every pipeline
   /// rank's peak and chooses recomputation and ZeRO's trades until it fits.
@@ -124,6 +126,7 @@ void setSharedOptions(CompileOptions &o, const Flags &flags, Given given) {
   o.zeroGradSync = ifGiven(flags.zeroGradSync);
   o.offload = flags.offload;
   o.precision = flags.precision;
+  o.lossScale = ifGiven(flags.lossScale);
 }
 
 /// What the memory fit chooses (otherwise the options' own values).

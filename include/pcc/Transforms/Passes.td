@@ -435,7 +435,7 @@ def PipelineSchedule : Pass<"pcc-pipeline-schedule", "ModuleOp"> {
 //===----------------------------------------------------------------------===//
 
 def Autocast : Pass<"pcc-autocast", "func::FuncOp"> {
-  let summary = "gives the model torch.autocast's bf16 types";
+  let summary = "gives the model torch.autocast's bf16 or fp16 types";
   let description = [{
     Mixed precision (`--precision=bf16`), with the semantics of
     `torch.autocast(dtype=torch.bfloat16)` so that a user's PyTorch run and
@@ -461,6 +461,13 @@ def Autocast : Pass<"pcc-autocast", "func::FuncOp"> {
     forward's types and every gradient reaches its f32 weight in f32, as
     autograd does under autocast. The module records `pcc.precision`.
 
+    `--precision=fp16` is the same with fp16 for bf16 (torch.autocast's op
+    lists are the same for both). It also records `pcc.loss_scale`, the
+    loss scaling its training needs (fp16's range ends at 65504, and small
+    gradients flush to zero): `dynamic` starts at 2^16 and, like PyTorch's
+    GradScaler, halves at each overflow and doubles after 2000 steps
+    without one; `dynamic:N` starts at N; a number is a static scale.
+
     ```mlir
     %y = pcc.matmul %x, %w : tensor<8x64xf32>, tensor<64x32xf32> -> tensor<8x32xf32>
     %r = pcc.relu %y : tensor<8x32xf32>
@@ -476,7 +483,10 @@ def Autocast : Pass<"pcc-autocast", "func::FuncOp"> {
   }];
   let options = [
     Option<"precision", "precision", "std::string", /*default=*/"\"bf16\"",
-           "the products' element type: bf16 or fp32 (no change)">
+           "the products' element type: bf16, fp16 or fp32 (no change)">,
+    Option<"lossScale", "loss-scale", "std::string",
+           /*default=*/"\"dynamic\"",
+           "fp16: dynamic (from 65536), dynamic:N (from N) or a static N">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }

@@ -16,10 +16,15 @@ namespace mlir::pcc::cpp {
 
 LogicalResult CppEmitter::emit(MatmulOp mm) {
   Operation *op = mm;
-  // bf16 (pcc-autocast): fp32 accumulation, a bf16 result.
-  bool bf16 = mm.getLhs().getType().getElementType().isBF16();
-  if (!bf16 && failed(requireF32(op, mm.getLhs())))
+  // bf16 or fp16 (pcc-autocast): fp32 accumulation, a 16-bit result.
+  Type element = mm.getLhs().getType().getElementType();
+  bool half = element.isBF16() || element.isF16();
+  if (!half && failed(requireF32(op, mm.getLhs())))
     return failure();
+  // A 16-bit product with an f32 result: the accumulator unrounded.
+  std::string kernel =
+      std::string(element.isF16() ? "matmul_f16" : "matmul_bf16") +
+      (half && mm.getType().getElementType().isF32() ? "_f32" : "");
   auto lhs = mm.getLhs().getType(), rhs = mm.getRhs().getType();
   auto out = mm.getType();
   int64_t r = out.getRank();
@@ -34,12 +39,12 @@ LogicalResult CppEmitter::emit(MatmulOp mm) {
                     mm.getTransposeA() ? 1 : 0, mm.getTransposeB() ? 1 : 0,
                     m * k, rhs.getRank() == 2 ? 0 : k * n)
           .str();
-  if (!bf16) {
+  if (!half) {
     line(call("matmul_f32") + args + ";");
   } else if (cuda) {
-    line(call("matmul_bf16") + args + ";");
+    line(call(kernel) + args + ";");
   } else {
-    line("if (" + call("matmul_bf16") + args + ")");
+    line("if (" + call(kernel) + args + ")");
     line("  return fail(" + quoted(describeOp(op)) +
          ", pcc_cpu_last_error());");
   }

@@ -662,12 +662,14 @@ stateTables(ModuleOp module, const Specs &weights,
         weightIndex.try_emplace(w.first, i);
     for (auto [i, w] : llvm::enumerate(weights)) {
       auto [owner, kind] = splitStateName(w.first);
-      int code = kind.empty()                                       ? 0
-                 : kind == "grad"                                   ? 1
-                 : kind == kMasterState                             ? 3
-                 : kind == "bucket"                                 ? 4
-                 : kind == kGatheredState || kind == kBf16CopyState ? 5
-                                                                    : 2;
+      bool copy = kind == kGatheredState || kind == kBf16CopyState ||
+                  kind == kF16CopyState;
+      int code = kind.empty()           ? 0
+                 : kind == "grad"       ? 1
+                 : kind == kMasterState ? 3
+                 : kind == "bucket"     ? 4
+                 : copy                 ? 5
+                                        : 2;
       auto it = weightIndex.find(owner);
       if (it == weightIndex.end())
         return module.emitError("code generation: state '")
@@ -837,6 +839,17 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
   // The ZeRO stage the data-parallel pass applied (ABI 13), so that the
   // runtime need not infer it from the shard table.
   int64_t zeroStage = training ? training->zero : 0;
+  // Mixed precision (ABI 14): the products' type and fp16 training's loss
+  // scaling.
+  auto precisionAttr = module->getAttrOfType<StringAttr>(kPrecisionAttrName);
+  std::string precision = precisionAttr ? precisionAttr.str() : "fp32";
+  double lossScale = 0;
+  int64_t lossScaleWindow = 0;
+  if (auto scale = module->getAttrOfType<DictionaryAttr>(kLossScaleAttrName);
+      scale && training) {
+    lossScale = scale.getAs<FloatAttr>("initial").getValueAsDouble();
+    lossScaleWindow = scale.getAs<IntegerAttr>("window").getInt();
+  }
   // A rank runs one stage: its arena is the largest.
   int64_t arenaBytes = 0;
   for (const StageProgram &stage : stages)
@@ -905,6 +918,8 @@ LogicalResult mlir::pcc::emitCpp(ModuleOp module, llvm::raw_ostream &os,
      << (training ? stages.size() : 0) << ", kPhases, kWeightKinds, "
      << "kWeightOwners, " << loss << ", " << optimizer << ", " << ignoreIndex
      << "LL, kWholeWeights, kWeightAliases, kWeightOffload, " << zeroStage
+     << ", " << quoted(precision) << ", "
+     << llvm::formatv("{0:e17}", lossScale).str() << ", " << lossScaleWindow
      << "};\n\n"
      << "} // namespace\n\n";
   writeEntryPoints(os, stages.size(), static_cast<bool>(schedule),

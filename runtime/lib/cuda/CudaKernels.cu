@@ -353,21 +353,21 @@ bool gemm(pcc_cuda_context *ctx, const char *what, bool transA, bool transB,
   return true;
 }
 
-/// `gemm` on bf16 operands and result with fp32 accumulation (tensor
-/// cores): torch.autocast's matmul.
-bool gemmBf16(pcc_cuda_context *ctx, const char *what, bool transA, bool transB,
-              int64_t batch, int64_t m, int64_t n, int64_t k, const void *a,
-              int64_t lda, int64_t strideA, const void *b, int64_t ldb,
-              int64_t strideB, void *c, int64_t ldc, int64_t strideC) {
+/// `gemm` on 16-bit operands and result (`type`: bf16 or fp16) with fp32
+/// accumulation (tensor cores): torch.autocast's matmul.
+bool gemm16(pcc_cuda_context *ctx, const char *what, cudaDataType type,
+            cudaDataType outType, bool transA, bool transB, int64_t batch,
+            int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+            int64_t strideA, const void *b, int64_t ldb, int64_t strideB,
+            void *c, int64_t ldc, int64_t strideC) {
   if (!fitsCublas(ctx, what, {batch, m, n, k, lda, ldb, ldc}))
     return false;
   const float alpha = 1.0f, beta = 0.0f;
   cublasStatus_t s = cublasGemmStridedBatchedEx(
       ctx->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
       transA ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b,
-      CUDA_R_16BF, int(ldb), strideB, a, CUDA_R_16BF, int(lda), strideA, &beta,
-      c, CUDA_R_16BF, int(ldc), strideC, int(batch), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT);
+      type, int(ldb), strideB, a, type, int(lda), strideA, &beta, c, outType,
+      int(ldc), strideC, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (s != CUBLAS_STATUS_SUCCESS) {
     setPending(ctx, std::string(what) + ": cublasGemmStridedBatchedEx: " +
                         cublasGetStatusName(s));
@@ -408,27 +408,65 @@ extern "C" void pcc_cuda_matmul_f32(pcc_cuda_context *ctx, const float *a,
        stride_b, c, n, m * n);
 }
 
-extern "C" void pcc_cuda_matmul_bf16(pcc_cuda_context *ctx, const void *a,
-                                     const void *b, void *c, int64_t batch,
-                                     int64_t m, int64_t n, int64_t k,
-                                     int trans_a, int trans_b, int64_t stride_a,
-                                     int64_t stride_b) {
-  const char *what = "pcc_cuda_matmul_bf16";
+namespace {
+/// pcc_cuda_matmul_f32's shapes on 16-bit operands.
+void matmul16(pcc_cuda_context *ctx, const char *what, cudaDataType type,
+              cudaDataType outType, const void *a, const void *b, void *c,
+              int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+              int trans_b, int64_t stride_a, int64_t stride_b) {
   if (batch <= 0 || m <= 0 || n <= 0)
     return;
   if (k <= 0) {
-    if (cudaError_t err = cudaMemsetAsync(c, 0, batch * m * n * 2, ctx->stream))
+    int64_t bytes = batch * m * n * (outType == CUDA_R_32F ? 4 : 2);
+    if (cudaError_t err = cudaMemsetAsync(c, 0, bytes, ctx->stream))
       setPending(ctx, std::string(what) + ": cudaMemsetAsync", err);
     return;
   }
   int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   if (batch > 1 && stride_b == 0 && !trans_a && stride_a == m * k) {
-    gemmBf16(ctx, what, false, trans_b, 1, batch * m, n, k, a, lda, 0, b, ldb,
-             0, c, n, 0);
+    gemm16(ctx, what, type, outType, false, trans_b, 1, batch * m, n, k, a, lda,
+           0, b, ldb, 0, c, n, 0);
     return;
   }
-  gemmBf16(ctx, what, trans_a, trans_b, batch, m, n, k, a, lda, stride_a, b,
-           ldb, stride_b, c, n, m * n);
+  gemm16(ctx, what, type, outType, trans_a, trans_b, batch, m, n, k, a, lda,
+         stride_a, b, ldb, stride_b, c, n, m * n);
+}
+} // namespace
+
+extern "C" void pcc_cuda_matmul_bf16(pcc_cuda_context *ctx, const void *a,
+                                     const void *b, void *c, int64_t batch,
+                                     int64_t m, int64_t n, int64_t k,
+                                     int trans_a, int trans_b, int64_t stride_a,
+                                     int64_t stride_b) {
+  matmul16(ctx, "pcc_cuda_matmul_bf16", CUDA_R_16BF, CUDA_R_16BF, a, b, c,
+           batch, m, n, k, trans_a, trans_b, stride_a, stride_b);
+}
+
+extern "C" void pcc_cuda_matmul_bf16_f32(pcc_cuda_context *ctx, const void *a,
+                                         const void *b, float *c, int64_t batch,
+                                         int64_t m, int64_t n, int64_t k,
+                                         int trans_a, int trans_b,
+                                         int64_t stride_a, int64_t stride_b) {
+  matmul16(ctx, "pcc_cuda_matmul_bf16_f32", CUDA_R_16BF, CUDA_R_32F, a, b, c,
+           batch, m, n, k, trans_a, trans_b, stride_a, stride_b);
+}
+
+extern "C" void pcc_cuda_matmul_f16_f32(pcc_cuda_context *ctx, const void *a,
+                                        const void *b, float *c, int64_t batch,
+                                        int64_t m, int64_t n, int64_t k,
+                                        int trans_a, int trans_b,
+                                        int64_t stride_a, int64_t stride_b) {
+  matmul16(ctx, "pcc_cuda_matmul_f16_f32", CUDA_R_16F, CUDA_R_32F, a, b, c,
+           batch, m, n, k, trans_a, trans_b, stride_a, stride_b);
+}
+
+extern "C" void pcc_cuda_matmul_f16(pcc_cuda_context *ctx, const void *a,
+                                    const void *b, void *c, int64_t batch,
+                                    int64_t m, int64_t n, int64_t k,
+                                    int trans_a, int trans_b, int64_t stride_a,
+                                    int64_t stride_b) {
+  matmul16(ctx, "pcc_cuda_matmul_f16", CUDA_R_16F, CUDA_R_16F, a, b, c, batch,
+           m, n, k, trans_a, trans_b, stride_a, stride_b);
 }
 
 //===----------------------------------------------------------------------===//

@@ -148,21 +148,32 @@ void crossEntropy(pcc_cuda_context *ctx, const float *logits,
 /// Gradient clipping as the CPU's clipCoefficient: max_norm / (norm +
 /// 1e-6), at most 1, in float; 1 when the run does not clip. The norm is
 /// read on the device, where the step computed it.
+/// Under fp16 loss scaling, the gradients (and their norm) are unscaled by
+/// `unscale`, and an update whose norm is not finite is skipped.
 struct Clip {
   bool enabled;
   float maxNorm;
+  float unscale;
+  bool skipNonFinite;
 };
 
 Clip clipFor(const double *hyper) {
   double maxNorm = hyper[PCC_HYPER_MAX_GRAD_NORM];
-  return Clip{maxNorm > 0, static_cast<float>(maxNorm)};
+  return Clip{maxNorm > 0, static_cast<float>(maxNorm),
+              static_cast<float>(hyper[PCC_HYPER_GRAD_SCALE]),
+              hyper[PCC_HYPER_SKIP_NONFINITE] != 0};
 }
 
 __device__ float clipCoefficient(Clip clip, const float *norm) {
   if (!clip.enabled)
     return 1.0f;
-  float coef = __fdiv_rn(clip.maxNorm, __fadd_rn(*norm, 1e-6f));
+  float unscaled = __fmul_rn(*norm, clip.unscale);
+  float coef = __fdiv_rn(clip.maxNorm, __fadd_rn(unscaled, 1e-6f));
   return minOf(coef, 1.0f);
+}
+
+__device__ bool skipUpdate(Clip clip, const float *norm) {
+  return clip.skipNonFinite && !isfinite(*norm);
 }
 
 /// pcc_cpu_sgd_f32's scalars, computed on the host as there.
@@ -175,9 +186,11 @@ struct SgdScalars {
 __global__ void sgdKernel(float *param, const float *grad,
                           float *momentumBuffer, int64_t n, SgdScalars s,
                           const float *norm) {
+  if (skipUpdate(s.clip, norm))
+    return;
   float coef = clipCoefficient(s.clip, norm);
   for (int64_t i = threadIndex(); i < n; i += threadCount()) {
-    float g = __fmul_rn(grad[i], coef);
+    float g = __fmul_rn(__fmul_rn(grad[i], s.clip.unscale), coef);
     if (s.wd != 0)
       g = __fadd_rn(g, __fmul_rn(s.wd, param[i]));
     if (s.momentum != 0) {
@@ -200,9 +213,11 @@ struct AdamwScalars {
 __global__ void adamwKernel(float *param, const float *grad, float *expAvg,
                             float *expAvgSq, int64_t n, AdamwScalars s,
                             const float *norm) {
+  if (skipUpdate(s.clip, norm))
+    return;
   float coef = clipCoefficient(s.clip, norm);
   for (int64_t i = threadIndex(); i < n; i += threadCount()) {
-    float g = __fmul_rn(grad[i], coef);
+    float g = __fmul_rn(__fmul_rn(grad[i], s.clip.unscale), coef);
     float p = __fmul_rn(param[i], s.decay);
     float m = expAvg[i];
     m = __fadd_rn(m, __fmul_rn(s.w1, __fsub_rn(g, m))); // lerp, weight < 0.5

@@ -455,12 +455,45 @@ std::unique_ptr<DataSource> openData(const TrainOptions &o,
   return source;
 }
 
+/// fp16 training's loss scaling (pcc --precision=fp16 --loss-scale), as
+/// PyTorch's GradScaler: the loss gradient is multiplied by `scale`, the
+/// optimizer unscales the gradients and skips a step whose gradients
+/// overflowed (their norm is not finite); then a dynamic scale halves, and
+/// doubles after `window` steps in a row without an overflow.
+struct LossScaler {
+  double scale = 0;
+  int64_t window = 0, tracker = 0, skipped = 0, overflowsInARow = 0;
+
+  explicit LossScaler(const pcc_model_info &info)
+      : scale(info.loss_scale), window(info.loss_scale_window) {}
+  bool on() const { return scale > 0; }
+  /// After a step with the scale `scale`: whether it overflowed.
+  void update(bool overflow) {
+    if (!on())
+      return;
+    if (overflow) {
+      ++skipped;
+      ++overflowsInARow;
+      if (window > 0) {
+        scale *= 0.5;
+        tracker = 0;
+      }
+      return;
+    }
+    overflowsInARow = 0;
+    if (window > 0 && ++tracker == window) {
+      scale *= 2;
+      tracker = 0;
+    }
+  }
+};
+
 /// Loads the weights file of `library` into `trainer`, or --resume's
 /// checkpoint (weights and optimizer state, and the run's seed into
 /// `hyper`); returns the step it starts after.
 int64_t loadState(const TrainOptions &o, Trainer &trainer,
                   const ModelLibrary &library, const std::string &optimizer,
-                  Hyperparameters &hyper) {
+                  Hyperparameters &hyper, LossScaler &scaler) {
   int64_t start = 0;
   if (!o.resume.empty()) {
     auto dir = openCheckpoint(o.resume, /*verifyChecksums=*/false);
@@ -484,6 +517,13 @@ int64_t loadState(const TrainOptions &o, Trainer &trainer,
            std::to_string(saved) + "; resuming with --seed " +
            std::to_string(*o.seed) + " would not continue the same run");
     hyper.seed = saved;
+    // fp16: the loss scaler goes on where it stopped (a checkpoint of
+    // another precision has none: the library's initial scale).
+    if (scaler.on() && state.contains("loss_scale")) {
+      scaler.scale = state["loss_scale"].get<double>();
+      scaler.tracker = state.value("loss_scale_tracker", int64_t(0));
+      scaler.skipped = state.value("skipped_steps", int64_t(0));
+    }
     // Each rank reads its own pieces of the state it holds, from the files
     // that hold them (all of them when the layout changed).
     auto reader = CheckpointReader::open(*dir);
@@ -523,8 +563,11 @@ int64_t loadState(const TrainOptions &o, Trainer &trainer,
 /// Opens --loss-log for writing. A resumed run keeps the rows up to its
 /// checkpoint (a killed run may have logged steps after it, which are
 /// done again) and continues the step numbers.
-FILE *openLossLog(const TrainOptions &o, int64_t start) {
-  std::string kept = "step,loss,lr,grad_norm,samples_per_s,step_ms\n";
+FILE *openLossLog(const TrainOptions &o, int64_t start, bool lossScale) {
+  std::string kept = lossScale
+                         ? "step,loss,lr,grad_norm,samples_per_s,step_ms,"
+                           "loss_scale\n"
+                         : "step,loss,lr,grad_norm,samples_per_s,step_ms\n";
   if (start > 0) {
     std::ifstream existing(o.lossLog);
     std::string line;
@@ -666,14 +709,16 @@ struct RunFacts {
   int64_t batch, microbatches, dp, tp;
 };
 
-/// Writes the checkpoint of `step` into --save-dir. Every rank gathers the
+/// Writes the checkpoint of `step` into --save-dir (with fp16, the loss
+/// scaler's state as it enters step + 1). Every rank gathers the
 /// whole state (ZeRO-sharded tensors are all-gathered over dp; replicated
 /// ones are the same on every rank), and rank 0 writes it in the
 /// one-device format, which any layout loads; with --save-sharded each rank
 /// writes its pieces.
 void saveCheckpoint(const TrainOptions &o, const pcc_model_info &info,
                     const RunFacts &facts, const TrainRanks &ranks,
-                    Trainer &trainer, uint64_t seed, int64_t step) {
+                    Trainer &trainer, uint64_t seed, int64_t step,
+                    const LossScaler &scaler) {
   std::optional<SafetensorsWriter> weights, opt, shard;
   if (o.saveSharded) {
     int64_t held = 0;
@@ -706,6 +751,11 @@ void saveCheckpoint(const TrainOptions &o, const pcc_model_info &info,
   if (o.shuffle)
     state["shuffle"] = *o.shuffle;
   state["seed"] = seed;
+  if (scaler.on()) {
+    state["loss_scale"] = scaler.scale;
+    state["loss_scale_tracker"] = scaler.tracker;
+    state["skipped_steps"] = scaler.skipped;
+  }
   const char *crash = std::getenv("PCC_TEST_CRASH_IN_SAVE");
   bool crashNow = crash && std::atoll(crash) == step;
   state["sharded"] = o.saveSharded;
@@ -870,12 +920,17 @@ void stallForTest(int64_t worldRank, int64_t step) {
 
 /// The progress line of step `s` of `steps`.
 void printStep(int64_t s, int64_t steps, double loss, double lr,
-               double gradNorm, double samples, int64_t tokens, double ms) {
+               double gradNorm, double samples, int64_t tokens, double ms,
+               const LossScaler &scaler) {
   std::printf("step %lld/%lld  loss %.6f  lr %.3g  grad-norm %.4g  "
-              "%.0f %s/s  %.2f ms\n",
+              "%.0f %s/s  %.2f ms",
               static_cast<long long>(s), static_cast<long long>(steps), loss,
               lr, gradNorm, tokens ? samples * tokens : samples,
               tokens ? "tokens" : "samples", ms);
+  if (scaler.on())
+    std::printf("  loss-scale %g  skipped %lld", scaler.scale,
+                static_cast<long long>(scaler.skipped));
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -1021,7 +1076,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     hyper.seed = *o.seed;
 
   // Start: the library's weights file, or a checkpoint.
-  int64_t start = loadState(o, *trainer, library, optimizer, hyper);
+  LossScaler scaler(info);
+  int64_t start = loadState(o, *trainer, library, optimizer, hyper, scaler);
 
   int64_t tp = 1;
   for (int a = 0; a < info.num_mesh_axes; ++a)
@@ -1051,8 +1107,9 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
               trainer->arenaBytes() / 1048576.0);
 
   // The loss log.
-  FILE *log =
-      !o.lossLog.empty() && ranks.leader ? openLossLog(o, start) : nullptr;
+  FILE *log = !o.lossLog.empty() && ranks.leader
+                  ? openLossLog(o, start, scaler.on())
+                  : nullptr;
 
   std::vector<std::vector<uint8_t>> buffers(m * nin);
   for (int64_t j = 0; j < m; ++j)
@@ -1061,7 +1118,7 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   // Checkpoints (saveCheckpoint).
   RunFacts facts{libraryPath, loss, optimizer, batch, m, dp, tp};
   auto save = [&](int64_t step) {
-    saveCheckpoint(o, info, facts, ranks, *trainer, hyper.seed, step);
+    saveCheckpoint(o, info, facts, ranks, *trainer, hyper.seed, step, scaler);
   };
 
   // The bytes the library's collectives move during the steps, over dp and
@@ -1099,8 +1156,12 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     }
     auto t0 = std::chrono::steady_clock::now();
     CommBinding::Traffic before = traffic(false), tpBefore = traffic(true);
-    auto result = trainer->step(microbatches, count > 0 ? 1.0 / count : 0.0,
-                                hyper.table(s, lr));
+    // fp16: the scaled loss's gradient; the optimizer counts the steps it
+    // took (AdamW's bias correction), not those skipped for an overflow.
+    double scale = scaler.on() ? scaler.scale : 1.0;
+    hyper.lossScale = scaler.on() ? scaler.scale : 0.0;
+    auto result = trainer->step(microbatches, count > 0 ? scale / count : 0.0,
+                                hyper.table(s - scaler.skipped, lr));
     if (!result.ok())
       fail("step " + std::to_string(s) + ": " + result.error());
     addTraffic(stepTraffic, before, traffic(false));
@@ -1119,20 +1180,38 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     lastLoss = stepLoss;
     curve.push_back({s, stepLoss});
     double samples = batch / (ms / 1000.0);
-    if (!std::isfinite(stepLoss) && count > 0)
+    // Every rank sees the same global norm, so all of them skip together.
+    bool overflow = scaler.on() && !std::isfinite(result->gradNorm);
+    double gradNorm = result->gradNorm / scale;
+    if (overflow) {
+      std::printf("step %lld: gradients overflowed at loss scale %g; step "
+                  "skipped%s\n",
+                  static_cast<long long>(s), scale,
+                  scaler.window > 0 ? ", scale halved" : "");
+      if (scaler.overflowsInARow + 1 >= 50)
+        fail("step " + std::to_string(s) +
+             ": 50 steps in a row overflowed in fp16 (loss scale now " +
+             std::to_string(scale) +
+             "): the model diverged; lower --lr or train in bf16");
+    }
+    scaler.update(overflow);
+    if (!std::isfinite(stepLoss) && count > 0 && !overflow)
       fail("step " + std::to_string(s) + ": the loss is " +
            std::to_string(stepLoss) +
            " (diverged; lower --lr or add "
            "--clip-grad-norm)");
     if (log) {
-      std::fprintf(log, "%lld,%.9g,%.9g,%.9g,%.6g,%.4g\n",
-                   static_cast<long long>(s), stepLoss, lr, result->gradNorm,
-                   samples, ms);
+      std::fprintf(log, "%lld,%.9g,%.9g,%.9g,%.6g,%.4g",
+                   static_cast<long long>(s), stepLoss, lr, gradNorm, samples,
+                   ms);
+      if (scaler.on())
+        std::fprintf(log, ",%.9g", scale);
+      std::fputc('\n', log);
       std::fflush(log);
     }
     if (s % o.logEvery == 0 || s == o.steps || s == start + 1)
-      printStep(s, o.steps, stepLoss, lr, result->gradNorm, samples,
-                source->tokensPerSample(), ms);
+      printStep(s, o.steps, stepLoss, lr, gradNorm, samples,
+                source->tokensPerSample(), ms, scaler);
     if (!o.saveDir.empty() && o.saveEvery > 0 && s % o.saveEvery == 0)
       save(s);
   }
@@ -1146,6 +1225,11 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   std::printf("trained steps %lld to %lld in %.2f s; last loss %.6f\n",
               static_cast<long long>(start + 1),
               static_cast<long long>(o.steps), seconds, lastLoss);
+  if (scaler.on())
+    std::printf("fp16 loss scaling: %lld step%s skipped for overflowed "
+                "gradients; loss scale now %g\n",
+                static_cast<long long>(scaler.skipped),
+                scaler.skipped == 1 ? "" : "s", scaler.scale);
   reportMemory(device, *trainer);
   if (library.isPipelined())
     reportPipeline(o, library, device, ranks, *trainer);

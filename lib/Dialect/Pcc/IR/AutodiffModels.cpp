@@ -754,6 +754,12 @@ template <> struct Rule<MatmulOp> {
     Value a = op.getLhs(), bm = op.getRhs(), g = rg[0];
     bool ta = op.getTransposeA(), tb = op.getTransposeB();
     RankedTensorType aType = typeOf(a), bType = typeOf(bm);
+    // A 16-bit product with an f32 result (a bias accumulated before
+    // rounding): its gradient products run in the operands' type, as
+    // addmm's backward does.
+    if (typeOf(g).getElementType() != aType.getElementType())
+      g = CastOp::create(gb.b, gb.loc, typeOf(g).clone(aType.getElementType()),
+                         g);
     if (aType.getRank() < 2 || bType.getRank() < 2)
       return unsupported(op, "on vectors has no gradient rule");
     bool shared = bType.getRank() == 2 && aType.getRank() > 2;

@@ -291,8 +291,20 @@ LogicalResult PccDialect::verifyOperationAttribute(Operation *op,
   }
   if (name == kPrecisionAttrName) {
     auto precision = dyn_cast<StringAttr>(attr.getValue());
-    if (!isa<ModuleOp>(op) || !precision || precision.getValue() != "bf16")
-      return op->emitError("pcc.precision must be \"bf16\" on the module");
+    if (!isa<ModuleOp>(op) || !precision ||
+        (precision.getValue() != "bf16" && precision.getValue() != "fp16"))
+      return op->emitError(
+          "pcc.precision must be \"bf16\" or \"fp16\" on the module");
+    return success();
+  }
+  if (name == kLossScaleAttrName) {
+    auto dict = dyn_cast<DictionaryAttr>(attr.getValue());
+    auto initial = dict ? dict.getAs<FloatAttr>("initial") : FloatAttr();
+    auto window = dict ? dict.getAs<IntegerAttr>("window") : IntegerAttr();
+    if (!isa<ModuleOp>(op) || !initial || !window ||
+        !(initial.getValueAsDouble() > 0) || window.getInt() < 0)
+      return op->emitError("pcc.loss_scale must be {initial = <positive "
+                           "f64>, window = <non-negative i64>} on the module");
     return success();
   }
   if (name == kScheduleAttrName) {

@@ -62,6 +62,22 @@ void pcc_cpu_matmul_f32(const float *a, const float *b, float *c, int64_t batch,
 int pcc_cpu_matmul_bf16(const void *a, const void *b, void *c, int64_t batch,
                         int64_t m, int64_t n, int64_t k, int trans_a,
                         int trans_b, int64_t stride_a, int64_t stride_b);
+/* The same on fp16: through oneDNN where it has fp16 kernels for the CPU,
+ * else the operands widened to fp32, OpenBLAS's sgemm and the result
+ * rounded once (to nearest even). */
+int pcc_cpu_matmul_f16(const void *a, const void *b, void *c, int64_t batch,
+                       int64_t m, int64_t n, int64_t k, int trans_a,
+                       int trans_b, int64_t stride_a, int64_t stride_b);
+/* The same two with an fp32 result, the accumulator unrounded (a bias is
+ * added to it before the one rounding). */
+int pcc_cpu_matmul_bf16_f32(const void *a, const void *b, float *c,
+                            int64_t batch, int64_t m, int64_t n, int64_t k,
+                            int trans_a, int trans_b, int64_t stride_a,
+                            int64_t stride_b);
+int pcc_cpu_matmul_f16_f32(const void *a, const void *b, float *c,
+                           int64_t batch, int64_t m, int64_t n, int64_t k,
+                           int trans_a, int trans_b, int64_t stride_a,
+                           int64_t stride_b);
 
 /* y[i] = x[x_offset + sum_d idx_d * x_strides[d]] written at
  * y[y_offset + sum_d idx_d * y_strides[d]] for every index of `shape`.

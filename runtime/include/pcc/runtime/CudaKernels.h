@@ -88,6 +88,20 @@ void pcc_cuda_matmul_bf16(pcc_cuda_context *ctx, const void *a, const void *b,
                           void *c, int64_t batch, int64_t m, int64_t n,
                           int64_t k, int trans_a, int trans_b, int64_t stride_a,
                           int64_t stride_b);
+/* The same on fp16 operands and result. */
+void pcc_cuda_matmul_f16(pcc_cuda_context *ctx, const void *a, const void *b,
+                         void *c, int64_t batch, int64_t m, int64_t n,
+                         int64_t k, int trans_a, int trans_b, int64_t stride_a,
+                         int64_t stride_b);
+/* The same two with an fp32 result, the accumulator unrounded. */
+void pcc_cuda_matmul_bf16_f32(pcc_cuda_context *ctx, const void *a,
+                              const void *b, float *c, int64_t batch, int64_t m,
+                              int64_t n, int64_t k, int trans_a, int trans_b,
+                              int64_t stride_a, int64_t stride_b);
+void pcc_cuda_matmul_f16_f32(pcc_cuda_context *ctx, const void *a,
+                             const void *b, float *c, int64_t batch, int64_t m,
+                             int64_t n, int64_t k, int trans_a, int trans_b,
+                             int64_t stride_a, int64_t stride_b);
 
 /* rank <= 8. */
 void pcc_cuda_copy_strided(pcc_cuda_context *ctx, const void *x, void *y,

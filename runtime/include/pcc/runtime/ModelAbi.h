@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 13
+#define PCC_MODEL_ABI_VERSION 14
 
 /* The mesh axes pcc plans, as the mesh table (mesh_axes) names them; the
  * compiler's dialect spells them the same (Contracts.h). */
@@ -174,6 +174,13 @@ enum pcc_hyper {
   PCC_HYPER_SEED,
   PCC_HYPER_MICROBATCH,
   PCC_HYPER_LAST_MICROBATCH, /* ABI 9: 1 in the step's last micro-batch */
+  /* ABI 14, fp16 loss scaling: the factor the optimizer multiplies the
+   * gradients (and their norm, for clipping) by, 1 / the loss scale (1
+   * without); and 1 when an update whose gradient norm is not finite (an
+   * overflow) is skipped, leaving the weights and optimizer state as they
+   * are (PyTorch's GradScaler.step). */
+  PCC_HYPER_GRAD_SCALE,
+  PCC_HYPER_SKIP_NONFINITE,
   PCC_NUM_HYPER
 };
 
@@ -291,6 +298,13 @@ typedef struct pcc_model_info {
   const int32_t *weight_offload;
   /* The ZeRO stage (0 to 3) it was compiled for (ABI 13). */
   int32_t zero_stage;
+  /* ABI 14: the precision its products compute in ("fp32", "bf16" or
+   * "fp16"), and fp16 training's loss scaling: the scale the run starts at
+   * (0: none), and the steps without an overflow after which a dynamic
+   * scale doubles (0: a static scale; an overflow halves a dynamic one). */
+  const char *precision;
+  double loss_scale;
+  int32_t loss_scale_window;
 } pcc_model_info;
 
 /* The collectives of one mesh axis, bound by the runtime to MPI or NCCL.

@@ -32,6 +32,10 @@ struct Hyperparameters {
   bool nesterov = false;
   /// Keys dropout's random numbers (below 2^53).
   uint64_t seed = 0;
+  /// fp16 training: the loss scale of the step (0: no loss scaling). The
+  /// table then asks the optimizer to unscale the gradients and to skip an
+  /// update whose gradient norm is not finite.
+  double lossScale = 0;
   /// The table the library reads (enum pcc_hyper) for optimizer step
   /// `step` (from 1) at learning rate `lr`.
   std::array<double, PCC_NUM_HYPER> table(int64_t step, double lr) const;

@@ -21,6 +21,7 @@
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringRef.h"
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -39,6 +40,27 @@ inline constexpr llvm::StringLiteral kTrainingAttrName = "pcc.training";
 /// On the module, set by pcc-autocast: the mixed precision the model's
 /// products compute in ("bf16").
 inline constexpr llvm::StringLiteral kPrecisionAttrName = "pcc.precision";
+/// On the module with pcc.precision = "fp16", set by pcc-autocast: fp16
+/// training's loss scaling, {initial = <f64>, window = <i64>} (window 0: a
+/// static scale; else a dynamic one, doubled after `window` steps without
+/// an overflow and halved at each overflow).
+inline constexpr llvm::StringLiteral kLossScaleAttrName = "pcc.loss_scale";
+
+/// --loss-scale: (initial scale, growth window; 0 for a static scale).
+/// PyTorch's GradScaler defaults: from 2^16, doubled after 2000 steps.
+inline std::optional<std::pair<double, int64_t>>
+parseLossScale(llvm::StringRef text) {
+  constexpr double kInitial = 65536;
+  constexpr int64_t kWindow = 2000;
+  if (text == "dynamic")
+    return std::make_pair(kInitial, kWindow);
+  bool dynamic = text.consume_front("dynamic:");
+  double value = 0;
+  if (text.getAsDouble(value) || !(value > 0) || !std::isfinite(value))
+    return std::nullopt;
+  return std::make_pair(value, dynamic ? kWindow : int64_t(0));
+}
+
 inline constexpr llvm::StringLiteral kPhaseAttrName = "pcc.phase";
 /// The memory plan (pcc-plan-memory): on a function, the bytes of its
 /// arena; on each pcc op in it, per result the offset of its buffer in the
@@ -99,6 +121,8 @@ inline constexpr llvm::StringLiteral kGatheredState = "gathered";
 /// start of every step and every micro-batch's phases read. Not saved; the
 /// library's state kind is that of a gathered copy.
 inline constexpr llvm::StringLiteral kBf16CopyState = "bf16";
+/// The same with --precision=fp16: the fp16 copy.
+inline constexpr llvm::StringLiteral kF16CopyState = "fp16";
 
 /// `<weight>@<kind>`.
 inline std::string stateName(llvm::StringRef weight, llvm::StringRef kind) {

@@ -177,6 +177,11 @@ def Pcc_MatmulOp : Pcc_Op<"matmul", [Pure, SameOperandsElementType,
     ONNX `MatMul` and `Gemm` import to this op (Gemm's bias and scaling
     become `pcc.add` / `pcc.mul`).
 
+    The result has the operands' element type, except that bf16 or f16
+    operands may give an f32 result: the fp32 accumulator unrounded, to
+    which mixed precision adds a linear layer's bias before rounding once
+    (as PyTorch's `addmm` does under autocast).
+
     ```mlir
     %y = pcc.matmul %x, %w {transpose_b} : tensor<2x16x64xf32>, tensor<256x64xf32> -> tensor<2x16x256xf32>
     ```
@@ -187,6 +192,11 @@ def Pcc_MatmulOp : Pcc_Op<"matmul", [Pure, SameOperandsElementType,
   let assemblyFormat = [{
     $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
   }];  let hasCanonicalizer = 1;
+  let extraClassDeclaration = [{
+    /// The inferred type, or f32 in place of an inferred bf16 or f16.
+    static bool isCompatibleReturnTypes(::mlir::TypeRange inferred,
+                                        ::mlir::TypeRange actual);
+  }];
 }
 
 //===----------------------------------------------------------------------===//
