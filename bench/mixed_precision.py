@@ -252,7 +252,7 @@ def write_weights(model, shapes, path):
 
 def torch_cuda_step(model, ids, labels, steps, bf16, compiled=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    fwd = compiled or model
+    fwd = compiled if compiled is not None else model
     times = []
     for _ in range(steps + 1):
         torch.cuda.synchronize()
@@ -287,6 +287,11 @@ def run_gpu(args):
         model.train()
         weights = os.path.join(case_dir, "weights.safetensors")
         write_weights(model, case["weights"], weights)
+        for precision in ("fp32", "bf16"):
+            beside = os.path.join(case_dir, "train-%s.safetensors" % precision)
+            if os.path.lexists(beside):
+                os.remove(beside)
+            os.symlink("weights.safetensors", beside)
         nparams = sum(p.numel() for p in model.parameters())
         cfg = model.config
         # 6 FLOPs per parameter per token for the products (the embedding
@@ -315,7 +320,7 @@ def run_gpu(args):
             print("%s: torch.compile warm-up %.0f s" % (name, time.time() - t),
                   flush=True)
         kinds = ["pcc-bf16", "pcc-fp32", "torch-fp32", "torch-bf16"] + (
-            ["torch.compile-bf16"] if compiled else [])
+            ["torch.compile-bf16"] if compiled is not None else [])
         times = {k: [] for k in kinds}
         for r in range(args.rounds):
             for precision in ("bf16", "fp32"):
@@ -333,7 +338,7 @@ def run_gpu(args):
                 torch_cuda_step(wrapper, tids, tlabels, args.steps, False))
             times["torch-bf16"].append(
                 torch_cuda_step(wrapper, tids, tlabels, args.steps, True))
-            if compiled:
+            if compiled is not None:
                 times["torch.compile-bf16"].append(torch_cuda_step(
                     wrapper, tids, tlabels, args.steps, True, compiled))
             print("%s round %d: %s" % (name, r + 1, "  ".join(
@@ -347,7 +352,7 @@ def run_gpu(args):
             print("  %-20s %8.2f ms/step%s" % (k, v * 1e3, mfu))
         print("  pcc bf16 vs PyTorch bf16 autocast: %.2fx" % (
             med["torch-bf16"] / med["pcc-bf16"]))
-        if compiled:
+        if compiled is not None:
             print("  pcc bf16 vs torch.compile bf16:    %.2fx" % (
                 med["torch.compile-bf16"] / med["pcc-bf16"]))
         print("  pcc bf16 vs pcc fp32:              %.2fx" % (

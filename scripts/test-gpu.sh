@@ -16,7 +16,9 @@
 # reference outputs. Training: every parity model (test/Training/parity.py)
 # trains its reference's 20 SGD and AdamW steps on the GPU against
 # PyTorch's losses and weights (four models also in bf16, --precision=bf16
-# against torch.autocast's run: cuBLAS's bf16 tensor-core products), and a
+# against torch.autocast's run: cuBLAS's bf16 tensor-core products; two in
+# fp16 with GradScaler's loss scaling, one from 2^24 so that its first
+# steps overflow and are skipped), and a
 # checkpoint resumes bit for bit on the GPU (also one saved by a CPU run).
 # Communicators: pcc-collective-tests on
 # the NCCL engine in a world of one.
@@ -91,6 +93,9 @@ bf16-transformer_prenorm-sgd transformer_prenorm sgd --precision bf16
 bf16-gpt-adamw gpt adamw --precision bf16
 bf16-zoo-gpt2-adamw zoo-gpt2 adamw --precision bf16
 bf16-zoo-llama-adamw zoo-llama adamw --precision bf16
+fp16-mlp-sgd mlp sgd --precision fp16
+fp16-gpt-adamw gpt adamw --precision fp16
+fp16-gpt-adamw-overflow gpt adamw --precision fp16 --ref-tag fp16-overflow --pcc-args=--loss-scale=dynamic:16777216
 LIST
   # The resume check: one library for both devices.
   "$build/bin/pcc" "$root/examples/mlp.onnx" --train --batch=4 \
@@ -184,7 +189,8 @@ run_prepared() {
 # started ones (gradient buckets, ZeRO's reduce-scatters and prefetched
 # gathers) completed in order. Sends and posted receives need two GPUs.
 run_collectives() {
-  local out="$1" tests="$out/bin/pcc-collective-tests"
+  local out="$1"
+  local tests="$out/bin/pcc-collective-tests"
   [ -x "$tests" ] || tests="$build/bin/pcc-collective-tests"
   [ -x "$tests" ] || return 0
   echo "== the NCCL engine on one GPU"

@@ -99,6 +99,23 @@ Value Partitioner::as(Value v, Shard to) {
     return it->second;
   Value result;
   Location loc = v.getLoc();
+  // Mixed precision: a 16-bit product's f32 accumulator (its bias follows)
+  // is summed over the ranks in the operands' 16-bit type, as Megatron-LM
+  // reduces its bf16 partial products: half the bytes. The bias then adds
+  // to the sum in f32, rounded once more.
+  Type narrow;
+  if (auto mm = lv.getDefiningOp<MatmulOp>(); mm && from.isPartial()) {
+    Type element = mm.getLhs().getType().getElementType();
+    if ((element.isBF16() || element.isF16()) &&
+        mm.getType().getElementType().isF32())
+      narrow = element;
+  }
+  auto retype = [&](Value x, Type element) {
+    auto type = cast<RankedTensorType>(x.getType());
+    return CastOp::create(builder, loc, type.clone(element), x).getResult();
+  };
+  if (narrow)
+    lv = retype(lv, narrow);
   if (to.isReplicated()) {
     if (from.isPartial()) {
       result = AllReduceOp::create(builder, loc, lv, axis);
@@ -119,6 +136,8 @@ Value Partitioner::as(Value v, Shard to) {
                              axis, builder.getI64IntegerAttr(to.dim),
                              builder.getI64IntegerAttr(to.stripes));
   }
+  if (narrow)
+    result = retype(result, builder.getF32Type());
   converted[key] = result;
   return result;
 }

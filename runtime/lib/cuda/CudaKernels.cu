@@ -932,6 +932,48 @@ __global__ void reduceBlockKernel(const T *x, T *y, ReduceGeometry g, int kind,
   }
 }
 
+/// A long reduction into few outputs, in two passes (one block alone would
+/// leave the rest of the device idle: a gradient norm's sum of squares over
+/// GPT-2's 38.6M-element embedding took 5 ms in one block). Pass one: block
+/// (p, o) reduces part p of output o's elements, in order, to a double;
+/// pass two combines each output's parts in order: deterministic.
+template <typename T>
+__global__ void reducePartsKernel(const T *x, double *parts, ReduceGeometry g,
+                                  int kind, double init, int64_t count) {
+  __shared__ double shared[32];
+  ReduceOp op{kind};
+  int64_t o = blockIdx.y, p = blockIdx.x;
+  int64_t chunk = (g.reducedCount + count - 1) / count;
+  int64_t begin = p * chunk, end = minOf(begin + chunk, g.reducedCount);
+  int64_t base = keptOffset(g, o);
+  double acc = init;
+  for (int64_t r = begin + threadIdx.x; r < end; r += blockDim.x) {
+    int64_t offset = base, rem = r;
+    for (int d = g.reducedRank - 1; d >= 0; --d) {
+      offset += (rem % g.reducedShape[d]) * g.reducedStride[d];
+      rem /= g.reducedShape[d];
+    }
+    acc = op(acc, static_cast<double>(x[offset]));
+  }
+  acc = blockReduce(acc, op, shared);
+  if (threadIdx.x == 0)
+    parts[o * count + p] = acc;
+}
+
+template <typename T>
+__global__ void reduceFinishKernel(const double *parts, T *y, ReduceGeometry g,
+                                   int kind, double init, int64_t count) {
+  ReduceOp op{kind};
+  for (int64_t o = threadIndex(); o < g.outCount; o += threadCount()) {
+    double acc = init;
+    for (int64_t p = 0; p < count; ++p)
+      acc = op(acc, parts[o * count + p]);
+    y[o] = reduceResult<T>(g, kind, acc);
+  }
+}
+
+bool ensureScratch(pcc_cuda_context *ctx, int64_t bytes, const char *what);
+
 template <typename T>
 void reduce(pcc_cuda_context *ctx, const char *what, const T *x, T *y,
             int64_t rank, const int64_t *shape, const int64_t *reduced,
@@ -979,6 +1021,21 @@ void reduce(pcc_cuda_context *ctx, const char *what, const T *x, T *y,
   if (g.outCount == 0)
     return;
   T init = pccrt::reduceIdentity<T>(kind);
+  // Few outputs with many elements each: in parts, over the whole device.
+  constexpr int64_t kPartElements = 16384, kMaxParts = 512;
+  if (g.outCount <= 64 && g.reducedCount >= 4 * kPartElements) {
+    int64_t count = std::min(kMaxParts, g.reducedCount / kPartElements);
+    if (ensureScratch(ctx, g.outCount * count * 8, what)) {
+      auto *parts = reinterpret_cast<double *>(ctx->scratch);
+      reducePartsKernel<T><<<dim3(static_cast<unsigned>(count),
+                                  static_cast<unsigned>(g.outCount)),
+                             kThreads, 0, ctx->stream>>>(
+          x, parts, g, kind, static_cast<double>(init), count);
+      reduceFinishKernel<T><<<1, 64, 0, ctx->stream>>>(
+          parts, y, g, kind, static_cast<double>(init), count);
+    }
+    return;
+  }
   // A block per output pays off when each output has many inputs and either
   // they are contiguous or there are too few outputs to fill the device.
   bool blockPerOutput = g.reducedCount >= kThreads &&
@@ -1062,12 +1119,12 @@ __global__ void addBiasKernel(float *y, const float *bias, int64_t channels,
     y[i] += bias[(i / planeSize) % channels];
 }
 
-/// Grows the conv scratch to at least `bytes`, waiting for the kernels that
-/// may still read the old buffer.
-bool ensureScratch(pcc_cuda_context *ctx, int64_t bytes) {
+/// Grows the scratch (conv's im2col, a long reduction's parts) to at least
+/// `bytes`, waiting for the kernels that may still read the old buffer.
+bool ensureScratch(pcc_cuda_context *ctx, int64_t bytes, const char *caller) {
   if (bytes <= ctx->scratchBytes)
     return true;
-  const char *what = "pcc_cuda_conv_f32: growing the im2col scratch";
+  std::string what = std::string(caller) + ": growing the scratch";
   if (cudaError_t err = cudaStreamSynchronize(ctx->stream)) {
     setPending(ctx, std::string(what) + ": cudaStreamSynchronize", err);
     return false;
@@ -1195,7 +1252,8 @@ void pcc_cuda_conv_f32(pcc_cuda_context *ctx, const float *x, const float *w,
     if (!direct) {
       chunk = std::clamp<int64_t>(
           kScratchLimit / (imageCol * int64_t(sizeof(float))), 1, n);
-      if (!ensureScratch(ctx, chunk * imageCol * int64_t(sizeof(float))))
+      if (!ensureScratch(ctx, chunk * imageCol * int64_t(sizeof(float)),
+                         "pcc_cuda_conv_f32"))
         return;
     }
     for (int64_t b0 = 0; b0 < n; b0 += chunk) {

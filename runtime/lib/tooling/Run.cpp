@@ -439,6 +439,7 @@ int pccrun::runTrainingJob(RunOptions &opts, const ModelLibrary &library) {
   }
   opts.train.trace = opts.trace;
   opts.train.traceSvg = opts.traceSvg;
+  opts.train.weights = opts.weights;
   if ((!opts.trace.empty() || !opts.traceSvg.empty()) && !library.isPipelined())
     die("--trace and --trace-svg draw a pipeline's timeline; '" + opts.library +
         "' is not pipelined (pcc --pp)");

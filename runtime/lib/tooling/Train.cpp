@@ -495,6 +495,10 @@ int64_t loadState(const TrainOptions &o, Trainer &trainer,
                   const ModelLibrary &library, const std::string &optimizer,
                   Hyperparameters &hyper, LossScaler &scaler) {
   int64_t start = 0;
+  if (!o.resume.empty() && !o.weights.empty())
+    fail("--weights and --resume: a resumed run takes its weights from the "
+         "checkpoint '" +
+         o.resume + "'");
   if (!o.resume.empty()) {
     auto dir = openCheckpoint(o.resume, /*verifyChecksums=*/false);
     if (!dir.ok())
@@ -549,7 +553,8 @@ int64_t loadState(const TrainOptions &o, Trainer &trainer,
            " is the step the run ends at (counted from the start of "
            "training), so there is nothing left to do");
   } else {
-    std::string path = library.defaultWeightsPath();
+    std::string path =
+        o.weights.empty() ? library.defaultWeightsPath() : o.weights;
     auto weights = CheckpointReader::fromFile(path, "weight");
     if (!weights.ok())
       fail(weights.error());

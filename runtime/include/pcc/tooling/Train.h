@@ -30,6 +30,8 @@ struct TrainOptions {
   std::string lossLog, lossSvg, saveDir, resume;
   /// Pipelined: the last step's timeline (pcc-run --trace, --trace-svg).
   std::string trace, traceSvg;
+  /// --weights: the initial weights (default: the file beside the library).
+  std::string weights;
   int64_t saveEvery = 0;
   /// --save-sharded: every rank writes its own pieces (Checkpoint.h).
   bool saveSharded = false;
