@@ -115,6 +115,82 @@ TEST(CpuKernels, MatmulBf16) {
       }
 }
 
+// Tests the fp16 product (oneDNN's, or the operands widened to f32, sgemm
+// and one rounding where oneDNN has no fp16 kernels for the CPU): every
+// element within fp32 accumulation's error bound (2k units of 2^-24 of the
+// sum of |a||b|) plus one fp16 rounding of the exact product of the fp16
+// operands, and the f32-result form (a bias is added to the accumulator
+// before rounding) within the accumulation bound alone.
+TEST(CpuKernels, MatmulF16) {
+  const int64_t batch = 2, m = 9, n = 24, k = 80;
+  auto toF16 = [](const std::vector<float> &v) {
+    std::vector<uint16_t> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      out[i] = pccrt::floatToHalf(v[i]);
+    return out;
+  };
+  auto widen = [](uint16_t v) { return double(pccrt::halfToFloat(v)); };
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (int shared = 0; shared < 2; ++shared) {
+        auto a = toF16(randomVector(batch * m * k, 5));
+        auto b = toF16(randomVector((shared ? 1 : batch) * k * n, 6));
+        std::vector<uint16_t> c(batch * m * n);
+        std::vector<float> wide(batch * m * n);
+        ASSERT_EQ(pcc_cpu_matmul_f16(a.data(), b.data(), c.data(), batch, m, n,
+                                     k, ta, tb, m * k, shared ? 0 : k * n),
+                  0)
+            << pcc_cpu_last_error();
+        ASSERT_EQ(pcc_cpu_matmul_f16_f32(a.data(), b.data(), wide.data(), batch,
+                                         m, n, k, ta, tb, m * k,
+                                         shared ? 0 : k * n),
+                  0)
+            << pcc_cpu_last_error();
+        for (int64_t bi = 0; bi < batch; ++bi)
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double s = referenceProduct(a, b, bi, i, j, m, n, k, ta, tb,
+                                          shared, widen);
+              int64_t at = (bi * m + i) * n + j;
+              // fp32 accumulation: within k rounding errors of the sum of
+              // |a||b|; then one fp16 rounding (half a unit, 2^-11
+              // relative, or half the smallest subnormal).
+              double magnitude = referenceProduct(
+                  a, b, bi, i, j, m, n, k, ta, tb, shared,
+                  [&](uint16_t v) { return std::abs(widen(v)); });
+              double accumulation = 2.0 * k * std::ldexp(magnitude, -24);
+              double rounding =
+                  std::ldexp(std::abs(s), -11) + std::ldexp(1.0, -25);
+              ASSERT_LE(std::abs(pccrt::halfToFloat(c[at]) - s),
+                        accumulation + rounding)
+                  << "at " << bi << "," << i << "," << j << " (ta " << ta
+                  << ", tb " << tb << ", shared " << shared << ")";
+              ASSERT_LE(std::abs(wide[at] - s), accumulation)
+                  << "at " << bi << "," << i << "," << j;
+            }
+      }
+}
+
+// Tests the f32 <-> fp16 casts: round to nearest even, exact widening,
+// overflow to infinity.
+TEST(CpuKernels, CastF16) {
+  std::vector<float> x = {0.0f,     1.0f,  -2.5f,       65504.0f,
+                          70000.0f, 1e-8f, 3.14159265f, 6.1e-5f};
+  std::vector<uint16_t> h(x.size());
+  std::vector<float> back(x.size());
+  pcc_cpu_cast(x.data(), PCC_F32, h.data(), PCC_F16, int64_t(x.size()));
+  pcc_cpu_cast(h.data(), PCC_F16, back.data(), PCC_F32, int64_t(x.size()));
+  EXPECT_EQ(back[0], 0.0f);
+  EXPECT_EQ(back[1], 1.0f);
+  EXPECT_EQ(back[2], -2.5f);
+  EXPECT_EQ(back[3], 65504.0f);
+  EXPECT_TRUE(std::isinf(back[4]));
+  EXPECT_EQ(back[5], 0.0f);
+  EXPECT_NEAR(back[6], 3.140625f, 1e-7);
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_EQ(h[i], pccrt::floatToHalf(x[i])) << "element " << i;
+}
+
 // Tests transpose, broadcast and a reversed strided slice through the one
 // strided-copy kernel.
 TEST(CpuKernels, CopyStrided) {

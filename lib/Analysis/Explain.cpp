@@ -231,8 +231,8 @@ explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
   if (p.copies > 0)
     os << "      (mixed precision: fp32 weights, which are the masters, fp32 "
           "gradients (accumulated over micro-batches in fp32, as DeepSpeed's "
-          "bf16 optimizer) and the optimizer state, plus a "
-       << p.copyType
+          "bf16 optimizer) and the optimizer state, plus "
+       << (p.copyType[0] == 'f' ? "an " : "a ") << p.copyType
        << " copy of "
           "each product's weight cast once per step; the ZeRO paper's "
           "2 + 2 + 12 x Psi keeps 16-bit weights and gradients beside a "

@@ -134,11 +134,13 @@ def main():
                     "the same precision")
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--stage", choices=["all", "compile", "run"],
+    ap.add_argument("--stage", choices=["all", "compile", "run", "train"],
                     default="all",
                     help="compile only (on a build node), run only (a "
                     "library compiled into --work before, e.g. on a GPU "
-                    "node without the compiler), or both")
+                    "node without the compiler), or both; train: both "
+                    "without the comparison (a run that others compare "
+                    "with --against)")
     args = ap.parse_args()
 
     ref = os.path.join(HERE, "ref", args.model)
@@ -187,6 +189,8 @@ def main():
          "--loss-log", log, "--save-dir", ckpt, "--log-every", "5"] + hyper)
 
     sys.stdout.flush()
+    if args.stage == "train":
+        return
     tolerances = (["--wrtol", "1e-3", "--watol", "1e-5"]
                   if args.optimizer == "adamw" else [])
     prefix = ""

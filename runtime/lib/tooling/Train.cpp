@@ -1187,7 +1187,8 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     double samples = batch / (ms / 1000.0);
     // Every rank sees the same global norm, so all of them skip together.
     bool overflow = scaler.on() && !std::isfinite(result->gradNorm);
-    double gradNorm = result->gradNorm / scale;
+    // A norm is not negative; an overflow's NaN prints as "nan", not "-nan".
+    double gradNorm = std::fabs(result->gradNorm / scale);
     if (overflow) {
       std::printf("step %lld: gradients overflowed at loss scale %g; step "
                   "skipped%s\n",
