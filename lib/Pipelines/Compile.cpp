@@ -71,6 +71,9 @@ static int64_t bucketBytes(const CompileOptions &o) {
   // only in its calls; docs/benchmarks.md).
   if (o.isOffloading() && !o.bucketMb)
     return 0;
+  // bf16 gradient sums are blocking collectives (buckets sum in place).
+  if (o.gradReduce == "bf16")
+    return 0;
   if (o.pp > 1)
     return o.bucketMb && *o.bucketMb != 0 ? -1 : 0;
   if (o.bucketMb && *o.bucketMb >= 0)
@@ -126,6 +129,7 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
     data.prefetch = choices.prefetch;
     data.reduceEachMicrobatch = choices.reduceEachMicrobatch;
     data.bucketBytes = bucketBytes(o);
+    data.gradReduce = o.gradReduce.value_or("fp32");
     pm.addPass(createDataParallel(data));
     pm.addPass(createCanonicalizerPass());
   }

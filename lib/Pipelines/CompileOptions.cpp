@@ -186,6 +186,22 @@ static std::string verifyPipeline(const CompileOptions &o) {
 static std::string verifyPrecision(const CompileOptions &o) {
   if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
     return "--precision=" + o.precision + " is not known: fp32, bf16 or fp16";
+  if (o.gradReduce) {
+    if (*o.gradReduce != "fp32" && *o.gradReduce != "bf16")
+      return "--grad-reduce=" + *o.gradReduce + " is not known: fp32 or bf16";
+    if (!o.train || o.dp <= 1)
+      return "--grad-reduce is the type of --train's gradient sums over "
+             "--dp; it needs both";
+    if (*o.gradReduce == "bf16" && o.pp > 1)
+      return "--grad-reduce=bf16 with --pp is not supported yet (the "
+             "pipeline's gradient sums are fp32)";
+    if (*o.gradReduce == "bf16" && o.bucketMb && *o.bucketMb != 0)
+      return "--grad-reduce=bf16 with --bucket-mb is not supported yet "
+             "(buckets are summed in place, in fp32); leave --bucket-mb "
+             "out or give 0";
+    if (*o.gradReduce == "bf16" && o.offload != "none")
+      return "--grad-reduce=bf16 with --offload is not supported yet";
+  }
   if (o.lossScale) {
     if (o.precision != "fp16" || !o.train)
       return "--loss-scale is for --train --precision=fp16 (bf16 and fp32 "

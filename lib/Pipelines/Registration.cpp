@@ -75,6 +75,8 @@ struct CompilePipelineOptions
                              llvm::cl::init("fp32")};
   Opt<std::string> lossScale{*this, "loss-scale",
                              llvm::cl::desc("fp16: dynamic, dynamic:N or N")};
+  Opt<std::string> gradReduce{*this, "grad-reduce",
+                              llvm::cl::desc("dp gradient sums: fp32 or bf16")};
   Opt<std::string> memCap{*this, "mem-cap",
                           llvm::cl::desc("device memory per rank")};
   Opt<std::string> target{*this, "target", llvm::cl::desc("cpu, cuda or all"),

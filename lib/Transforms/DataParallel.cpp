@@ -33,6 +33,12 @@ struct DataParallelPass
     : public mlir::pcc::impl::DataParallelBase<DataParallelPass> {
   using DataParallelBase::DataParallelBase;
 
+  /// --grad-reduce: the type the gradients are summed over dp in (null:
+  /// f32, as they are).
+  Type reduceType() {
+    return gradReduce == "bf16" ? BFloat16Type::get(&getContext()) : Type();
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     if (dataParallel <= 1)
@@ -42,10 +48,20 @@ struct DataParallelPass
           << static_cast<int64_t>(zero) << " is not 0 to 3";
       return signalPassFailure();
     }
+    if (gradReduce != "fp32" && gradReduce != "bf16") {
+      module.emitError("data parallel: grad-reduce '")
+          << gradReduce << "' is not fp32 or bf16";
+      return signalPassFailure();
+    }
     if (!module.lookupSymbol(kPhaseFunctions[0]) &&
         llvm::any_of(module.getOps<func::FuncOp>(), [](func::FuncOp f) {
           return f->hasAttr(kPipelineStageAttrName);
         })) {
+      if (reduceType()) {
+        module.emitError("data parallel: grad-reduce=bf16 is not supported "
+                         "in a pipeline yet");
+        return signalPassFailure();
+      }
       if (failed(runPipelined(module)))
         return signalPassFailure();
       setTrainingAttr(
@@ -63,6 +79,11 @@ struct DataParallelPass
             << kPhaseFunctions[k] << " (run pcc-optimizer first)";
         return signalPassFailure();
       }
+    }
+    if (reduceType() && bucketBytes != 0) {
+      module.emitError("data parallel: grad-reduce=bf16 with gradient "
+                       "buckets is not supported yet (bucket-bytes=0)");
+      return signalPassFailure();
     }
     if (failed(zero > 0           ? shard(phases, module)
                : bucketBytes != 0 ? bucketGradients(phases, module, nullptr)
@@ -240,12 +261,16 @@ struct DataParallelPass
                << "' is read by two pcc.param ops (run pcc-merge-state-loads first)";
       OpBuilder b(g->getContext());
       b.setInsertionPointAfter(g);
-      auto sum = AllReduceOp::create(
-          b,
-          NameLoc::get(b.getStringAttr(
-              "the gradient of '" + splitStateName(g.getName()).first + "'")),
-          g.getResult(), b.getStringAttr(kDataParallelAxis));
-      g.getResult().replaceAllUsesExcept(sum.getResult(), sum);
+      Location loc = NameLoc::get(b.getStringAttr(
+          "the gradient of '" + splitStateName(g.getName()).first + "'"));
+      Value sent = narrowGradient(b, loc, g.getResult(), reduceType());
+      Value sum =
+          widenGradient(b, loc,
+                        AllReduceOp::create(
+                            b, loc, sent, b.getStringAttr(kDataParallelAxis)));
+      g.getResult().replaceAllUsesExcept(sum, sent == g.getResult()
+                                                  ? sum.getDefiningOp()
+                                                  : sent.getDefiningOp());
     }
     return success();
   }
@@ -390,7 +415,8 @@ struct DataParallelPass
     // the backward phase produces it, into this rank's piece of the
     // gradient state.
     if (zero >= 2) {
-      scatterGradientAccumulations(phases[1], flat, gradNames, bucketBytes);
+      scatterGradientAccumulations(phases[1], flat, gradNames, bucketBytes,
+                                   reduceType());
       shardGradientZeros(phases[3], flat, gradNames);
     }
     // ZeRO 3: the forward and backward phases gather each weight where
@@ -480,7 +506,10 @@ struct DataParallelPass
         g = flat.slice(b, loc, flat.local(b, loc, gradName, type));
       } else if (zero == 1) {
         Value whole = flat.local(b, loc, gradName, type);
-        g = flat.reduceScatter(b, loc, whole);
+        g = widenGradient(
+            b, loc,
+            flat.reduceScatter(b, loc,
+                               narrowGradient(b, loc, whole, reduceType())));
       } else {
         g = flat.param(b, loc, gradName, type);
       }
@@ -561,10 +590,26 @@ int64_t mlir::pcc::bucketTarget(int64_t bucketBytes, int64_t total) {
                          : std::clamp<int64_t>(total / 4, 64 << 10, 25 << 20);
 }
 
+Value mlir::pcc::narrowGradient(OpBuilder &b, Location loc, Value g,
+                                Type reduceType) {
+  auto type = cast<RankedTensorType>(g.getType());
+  if (!reduceType || type.getElementType() == reduceType)
+    return g;
+  return CastOp::create(b, loc, type.clone(reduceType), g);
+}
+
+Value mlir::pcc::widenGradient(OpBuilder &b, Location loc, Value sum) {
+  auto type = cast<RankedTensorType>(sum.getType());
+  if (type.getElementType().isF32())
+    return sum;
+  return CastOp::create(b, loc, type.clone(b.getF32Type()), sum);
+}
+
 void mlir::pcc::scatterGradientAccumulations(func::FuncOp phase,
                                              const FlatShards &flat,
                                              const llvm::StringSet<> &grads,
-                                             int64_t bucketBytes) {
+                                             int64_t bucketBytes,
+                                             Type reduceType) {
   // A tied weight (an embedding and an LM head) gets several gradients in
   // one phase: they are added up where the last is accumulated, so its
   // gradient is reduce-scattered once.
@@ -597,7 +642,9 @@ void mlir::pcc::scatterGradientAccumulations(func::FuncOp phase,
         otherState.erase();
     }
     if (bucketBytes == 0) {
-      Value piece = flat.reduceScatter(b, loc, sum);
+      Value piece = widenGradient(
+          b, loc,
+          flat.reduceScatter(b, loc, narrowGradient(b, loc, sum, reduceType)));
       Value sharded = flat.param(b, loc, state.getName(), state.getType());
       AccumulateOp::create(b, loc, sharded, piece);
     } else {

@@ -153,10 +153,17 @@ struct FlatShards {
 /// them: a bucket's reduce-scatters start once its last gradient is done,
 /// and complete (then accumulate) where the next bucket starts, or at the
 /// end of the phase, so each bucket's traffic overlaps the next one's
-/// compute.
+/// compute. With `reduceType` (bf16; --grad-reduce) each gradient is
+/// reduce-scattered in that type and widened after (blocking ones only).
 void scatterGradientAccumulations(func::FuncOp phase, const FlatShards &flat,
                                   const llvm::StringSet<> &grads,
-                                  int64_t bucketBytes = 0);
+                                  int64_t bucketBytes = 0,
+                                  Type reduceType = {});
+
+/// --grad-reduce: `g` cast to `reduceType` for its sum over dp (as it is
+/// when `reduceType` is null or its type), and a sum widened back to f32.
+Value narrowGradient(OpBuilder &b, Location loc, Value g, Type reduceType);
+Value widenGradient(OpBuilder &b, Location loc, Value sum);
 
 /// ZeRO 3's prefetch: each blocking all-gather over dp of a weight's piece
 /// (read by a pcc.param) in `phase`'s body becomes a started one, begun

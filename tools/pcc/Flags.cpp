@@ -179,6 +179,12 @@ static struct SharedFlags {
       cl::desc("fp32 (the default), bf16 or fp16: torch.autocast's mixed "
                "precision (16-bit products, fp32 weights and optimizer)"),
       cl::init("fp32"), cl::cat(pccCategory)};
+  cl::opt<std::string> gradReduce{
+      "grad-reduce",
+      cl::desc("with --dp: the type gradients are summed over dp in: fp32 "
+               "(the default) or bf16 (half the bytes; not yet with --pp, "
+               "--bucket-mb or --offload)"),
+      cl::cat(trainCategory)};
   cl::opt<std::string> lossScale{
       "loss-scale",
       cl::desc("fp16 training: dynamic (the default: from 65536, halved at "
@@ -232,8 +238,7 @@ static cl::opt<std::string> memCap(
 
 static const char *kOverview = R"(pcc: the pcc auto-partitioning compiler
 
-Reads an ONNX model, imports it into the pcc dialect (static shapes, explicit
-broadcasts, weights as named pcc.param ops) and runs the compiler pipeline.
+Reads an ONNX model, imports it into the pcc dialect and runs the pipeline.
 
 Examples:
   pcc examples/mlp.onnx --batch=2 --emit=mlir

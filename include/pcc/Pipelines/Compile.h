@@ -62,6 +62,8 @@ struct CompileOptions {
   // fp16 training's loss scaling (dynamic, dynamic:N or N; unset: dynamic).
   std::string precision = "fp32";
   std::optional<std::string> lossScale;
+  // The type the gradients are summed over dp in: fp32 (unset) or bf16.
+  std::optional<std::string> gradReduce;
 
   /// --mem-cap in bytes (0: none): the pipeline predicts every pipeline
   /// rank's peak and chooses recomputation and ZeRO's trades until it fits.
@@ -127,6 +129,7 @@ void setSharedOptions(CompileOptions &o, const Flags &flags, Given given) {
   o.offload = flags.offload;
   o.precision = flags.precision;
   o.lossScale = ifGiven(flags.lossScale);
+  o.gradReduce = ifGiven(flags.gradReduce);
 }
 
 /// What the memory fit chooses (otherwise the options' own values).

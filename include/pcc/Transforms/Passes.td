@@ -785,6 +785,11 @@ def DataParallel : Pass<"pcc-data-parallel", "ModuleOp"> {
   let options = [
     Option<"dataParallel", "dp", "int64_t", /*default=*/"1",
            "ranks of the dp mesh axis">,
+    Option<"gradReduce", "grad-reduce", "std::string", /*default=*/"\"fp32\"",
+           "the type the gradients are summed over dp in: fp32, or bf16 "
+           "(each gradient cast to bf16 before its all-reduce or "
+           "reduce-scatter and widened after: half the bytes; blocking "
+           "collectives only, no buckets)">,
     Option<"zero", "zero", "int64_t", /*default=*/"0",
            "ZeRO stage: 0 replicates the model state, 1 shards the "
            "optimizer state, 2 also the gradients, 3 also the weights">,
