@@ -94,6 +94,19 @@ def export(name, model, path, batch=BATCH, seq=SEQ):
     print("exported %s (%.0f s)" % (path, time.time() - t), flush=True)
 
 
+def write_tokens(directory, vocab, batch, seq):
+    """Seeded random token ids and labels, saved as ids.npy and labels.npy
+    in `directory`: (ids, labels, ids path, labels path)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, vocab, (batch, seq)).astype(np.int64)
+    labels = rng.integers(0, vocab, (batch, seq)).astype(np.int64)
+    paths = (os.path.join(directory, "ids.npy"),
+             os.path.join(directory, "labels.npy"))
+    np.save(paths[0], ids)
+    np.save(paths[1], labels)
+    return ids, labels, paths[0], paths[1]
+
+
 def run(cmd, env=None):
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, env=env)
@@ -138,13 +151,7 @@ def bench(name, args, env):
         export(name, model, path)
     work = os.path.join(CACHE, name, "work")
     os.makedirs(work, exist_ok=True)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, vocab, (BATCH, SEQ)).astype(np.int64)
-    labels = rng.integers(0, vocab, (BATCH, SEQ)).astype(np.int64)
-    inputs, label_file = (os.path.join(work, "ids.npy"),
-                          os.path.join(work, "labels.npy"))
-    np.save(inputs, ids)
-    np.save(label_file, labels)
+    ids, labels, inputs, label_file = write_tokens(work, vocab, BATCH, SEQ)
     libs = {}
     for precision in ("fp32", "bf16"):
         lib = os.path.join(work, "train-%s.so" % precision)
@@ -302,13 +309,8 @@ def run_gpu(args):
                     if "wpe" in n or "embed_tokens" in n)
         flops = 6 * (nparams - embed) * batch * seq + \
             12 * batch * seq * seq * cfg.hidden_size * cfg.num_hidden_layers
-        rng = np.random.default_rng(0)
-        ids = rng.integers(0, vocab, (batch, seq)).astype(np.int64)
-        labels = rng.integers(0, vocab, (batch, seq)).astype(np.int64)
-        inputs, label_file = (os.path.join(case_dir, "ids.npy"),
-                              os.path.join(case_dir, "labels.npy"))
-        np.save(inputs, ids)
-        np.save(label_file, labels)
+        ids, labels, inputs, label_file = write_tokens(case_dir, vocab, batch,
+                                                       seq)
         wrapper = TextLM(model).cuda()
         tids = torch.from_numpy(ids).cuda()
         tlabels = torch.from_numpy(labels).cuda()
