@@ -11,6 +11,10 @@
 # The split serves clusters whose GPU nodes lack the compiler's toolchain:
 # prepare on a build node, copy DIR (it holds pcc-run and the runtime
 # libraries with OpenBLAS and oneDNN), run there with python3 and numpy.
+# DIR is about 150 MB (the training cases alone, --prepare-train, about
+# 115 MB, 80 of them OpenBLAS and oneDNN); `tar cf - DIR | xz -9` makes the
+# training cases about 16 MB to copy. On the GPU node the CUDA libraries
+# (cuBLAS, NCCL) must be on LD_LIBRARY_PATH.
 #
 # Inference: the ONNX node tests and the bundled examples against their
 # reference outputs. Training: every parity model (test/Training/parity.py)
