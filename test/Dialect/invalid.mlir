@@ -40,6 +40,37 @@ func.func @matmul_result(%x: tensor<2x4xf32>, %w: tensor<4x8xf32>) -> tensor<2x9
 
 // -----
 
+// Tests that only 16-bit operands may give an f32 result: f32 operands
+// cannot narrow their result to bf16.
+func.func @matmul_narrow_result(%x: tensor<2x4xf32>, %w: tensor<4x8xf32>) -> tensor<2x8xbf16> {
+  // expected-error @below {{inferred type(s) 'tensor<2x8xf32>' are incompatible with return type(s) of operation 'tensor<2x8xbf16>'}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.matmul %x, %w : tensor<2x4xf32>, tensor<4x8xf32> -> tensor<2x8xbf16>
+  return %0 : tensor<2x8xbf16>
+}
+
+// -----
+
+// Tests that a 16-bit product's accumulator is f32, not f64, and has the
+// inferred shape.
+func.func @matmul_wide_result(%x: tensor<2x4xbf16>, %w: tensor<4x8xbf16>) -> tensor<2x8xf64> {
+  // expected-error @below {{inferred type(s) 'tensor<2x8xbf16>' are incompatible with return type(s) of operation 'tensor<2x8xf64>'}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.matmul %x, %w : tensor<2x4xbf16>, tensor<4x8xbf16> -> tensor<2x8xf64>
+  return %0 : tensor<2x8xf64>
+}
+
+// -----
+
+func.func @matmul_accumulator_shape(%x: tensor<2x4xf16>, %w: tensor<4x8xf16>) -> tensor<2x9xf32> {
+  // expected-error @below {{inferred type(s) 'tensor<2x8xf16>' are incompatible with return type(s) of operation 'tensor<2x9xf32>'}}
+  // expected-error @below {{failed to infer returned types}}
+  %0 = pcc.matmul %x, %w : tensor<2x4xf16>, tensor<4x8xf16> -> tensor<2x9xf32>
+  return %0 : tensor<2x9xf32>
+}
+
+// -----
+
 // Tests that clamp bounds are ordered.
 func.func @clamp_bounds(%x: tensor<4xf32>) -> tensor<4xf32> {
   // expected-error @below {{bounds: min 6.000000e+00 exceeds max 0.000000e+00}}

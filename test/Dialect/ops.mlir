@@ -26,6 +26,24 @@ func.func @matmul(%x: tensor<2x16x64xf32>, %w: tensor<256x64xf32>,
 
 // -----
 
+// Tests that 16-bit operands may give their f32 accumulator (mixed
+// precision adds a linear layer's bias to it before rounding once), or a
+// result of their own type.
+// CHECK-LABEL: func.func @matmul_accumulator
+// CHECK:         pcc.matmul %{{.*}}, %{{.*}} {transpose_b} : tensor<4x8xbf16>, tensor<16x8xbf16> -> tensor<4x16xf32>
+// CHECK:         pcc.matmul %{{.*}}, %{{.*}} : tensor<4x8xf16>, tensor<8x16xf16> -> tensor<4x16xf32>
+// CHECK:         pcc.matmul %{{.*}}, %{{.*}} : tensor<4x8xf16>, tensor<8x16xf16> -> tensor<4x16xf16>
+func.func @matmul_accumulator(%x: tensor<4x8xbf16>, %w: tensor<16x8xbf16>,
+                              %h: tensor<4x8xf16>, %v: tensor<8x16xf16>)
+    -> (tensor<4x16xf32>, tensor<4x16xf32>, tensor<4x16xf16>) {
+  %0 = pcc.matmul %x, %w {transpose_b} : tensor<4x8xbf16>, tensor<16x8xbf16> -> tensor<4x16xf32>
+  %1 = pcc.matmul %h, %v : tensor<4x8xf16>, tensor<8x16xf16> -> tensor<4x16xf32>
+  %2 = pcc.matmul %h, %v : tensor<4x8xf16>, tensor<8x16xf16> -> tensor<4x16xf16>
+  return %0, %1, %2 : tensor<4x16xf32>, tensor<4x16xf32>, tensor<4x16xf16>
+}
+
+// -----
+
 // Tests every unary and binary elementwise op, compare, select and cast.
 // CHECK-LABEL: func.func @elementwise
 // CHECK-COUNT-14: pcc.{{[a-z]+}} %{{.*}} : tensor<4xf32>
