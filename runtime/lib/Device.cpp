@@ -16,6 +16,13 @@
 namespace pccrt {
 
 namespace {
+const pcc_profile *processProfile = nullptr;
+} // namespace
+
+void setRunProfile(const pcc_profile *profile) { processProfile = profile; }
+const pcc_profile *runProfile() { return processProfile; }
+
+namespace {
 
 class CpuDevice final : public Device {
 public:
@@ -40,7 +47,7 @@ public:
   }
   Status synchronize() override { return Status::success(); }
   pcc_run_context runContext() const override {
-    return {PCC_TARGET_CPU, 0, nullptr, nullptr};
+    return {PCC_TARGET_CPU, 0, nullptr, nullptr, nullptr, runProfile()};
   }
 };
 
@@ -159,7 +166,7 @@ public:
     return Status::success();
   }
   pcc_run_context runContext() const override {
-    return {PCC_TARGET_CUDA, ordinal, ctx, nullptr};
+    return {PCC_TARGET_CUDA, ordinal, ctx, nullptr, nullptr, runProfile()};
   }
   Status beginCapture() override {
     if (api.captureBegin(ctx))

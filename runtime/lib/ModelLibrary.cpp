@@ -2,6 +2,8 @@
 
 #include "pcc/runtime/ModelLibrary.h"
 
+#include "pcc/runtime/Device.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -166,7 +168,9 @@ void copySplitPiece(const std::vector<int64_t> &shape, int64_t elementBytes,
 Status ModelLibrary::run(const pcc_run_context &context,
                          const void *const *inputs, void *const *outputs,
                          const void *const *weights, void *arena) const {
-  if (runFn(&context, inputs, outputs, weights, arena) != 0)
+  int rc = runFn(&context, inputs, outputs, weights, arena);
+  closeProfile(context);
+  if (rc != 0)
     return Error{std::string("the model failed: ") + lastErrorFn()};
   return Status::success();
 }
@@ -224,7 +228,9 @@ Status ModelLibrary::checkPipeline() const {
 Status ModelLibrary::runStage(int32_t stage, const pcc_run_context &context,
                               const void *const *inputs, void *const *outputs,
                               const void *const *weights, void *arena) const {
-  if (runStageFn(stage, &context, inputs, outputs, weights, arena) != 0)
+  int rc = runStageFn(stage, &context, inputs, outputs, weights, arena);
+  closeProfile(context);
+  if (rc != 0)
     return Error{"stage " + std::to_string(stage) +
                  " failed: " + lastErrorFn()};
   return Status::success();
@@ -237,7 +243,9 @@ Status ModelLibrary::runPhase(int32_t phase, const pcc_run_context &context,
                                       "optimizer", "zero-grad",
                                       "optimizer's device part before the update",
                                       "optimizer's device part after the update"};
-  if (runPhaseFn(phase, &context, inputs, outputs, state, arena) != 0) {
+  int rc = runPhaseFn(phase, &context, inputs, outputs, state, arena);
+  closeProfile(context);
+  if (rc != 0) {
     const pcc_model_info &info = *modelInfo;
     bool known = phase >= 0 && phase < info.num_phases;
     int32_t kind = known ? info.phases[phase].phase : -1;

@@ -61,6 +61,13 @@ Options:
                      run as Chrome-trace JSON (chrome://tracing, Perfetto)
                      and print the measured bubble per rank
   --trace-svg FILE   the same timeline as an SVG Gantt chart
+  --profile          time every op of the --bench runs (10 runs without
+                     --bench) or of the training steps after the first,
+                     and print where the time goes: by op kind, by phase,
+                     by rank and the costliest ops, with GFLOP/s and GB/s
+                     against this CPU's measured peaks
+  --profile-trace FILE  rank 0's ops of the last profiled run (or step)
+                     as Chrome-trace JSON (with --profile)
 
 Training (a library built by pcc --train):
   --steps N          train until step N (counted from the start of training,
@@ -165,6 +172,10 @@ RunOptions parse(int argc, char **argv) {
       o.trace = value(i);
     } else if (a == "--trace-svg") {
       o.traceSvg = value(i);
+    } else if (a == "--profile") {
+      o.profile = true;
+    } else if (a == "--profile-trace") {
+      o.profileTrace = value(i);
     } else if (a == "--info") {
       o.info = true;
     } else if (a == "--list-devices") {
@@ -183,6 +194,8 @@ RunOptions parse(int argc, char **argv) {
     }
     o.rankArgs.insert(o.rankArgs.end(), argv + first, argv + i + 1);
   }
+  if (!o.profileTrace.empty() && !o.profile)
+    die("--profile-trace writes what --profile measures; add --profile");
   if (o.library.empty() && !o.listDevices)
     die("no model library; usage: pcc-run model.so --input x.npy (see "
         "--help)");

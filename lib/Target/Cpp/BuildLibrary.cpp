@@ -119,25 +119,12 @@ LogicalResult mlir::pcc::buildSharedLibrary(MLIRContext *context,
     // Neither -fno-trapping-math nor -fno-math-errno changes a value (no
     // reassociation, no finite-math assumptions); they let GCC vectorise
     // the generated loops, whose sqrt calls would otherwise count as
-    // errno-setting. -fno-tree-loop-if-convert: GCC 12.2 at -O3 for
-    // x86-64-v3 (the AVX2 clone of every kernel) miscompiles a select
-    // whose taken side is a load, c ? x[i] : 0, in a loop nest over rows
-    // and a short inner dimension (the masked loads of if-conversion drop
-    // elements): a ReLU's gradient lost a column (the plan fuzzer, seed
-    // 307; test/Fuzz/Inputs/plans/recompute-relu-first-stage). Such selects
-    // then run as branches. The flag is GCC's: clang, which has no such
-    // pass and refuses the flag, gets none.
-    llvm::append_range(
-        args, std::vector<std::string>{"-fPIC", "-w", "-fno-trapping-math",
-                                       "-fno-math-errno", "-fopenmp",
-                                       "-lpcc_runtime",
-                                       "-Wl,-rpath," + libraryDir});
-    SmallString<256> real;
-    StringRef name = llvm::sys::fs::real_path(*program, real)
-                         ? llvm::sys::path::filename(*program)
-                         : llvm::sys::path::filename(real);
-    if (!name.contains("clang"))
-      args.push_back("-fno-tree-loop-if-convert");
+    // errno-setting. Kernels with selects turn GCC's loop if-conversion off
+    // themselves (PCC_SELECT_KERNEL, LibraryEmitter.cpp).
+    llvm::append_range(args, std::vector<std::string>{
+                                 "-fPIC", "-w", "-fno-trapping-math",
+                                 "-fno-math-errno", "-fopenmp", "-lpcc_runtime",
+                                 "-Wl,-rpath," + libraryDir});
   }
   SmallVector<StringRef> argRefs(args.begin(), args.end());
   std::optional<StringRef> redirects[] = {std::nullopt, logPath.str(),

@@ -564,6 +564,8 @@ FailureOr<TargetCode> CppEmitter::emit() {
   // (bench/dp_overlap.py --what prefetch).
   std::optional<std::string> started;
   for (Operation &op : block.without_terminator()) {
+    if (!isa<ReshapeOp, ParamOp, ConstantOp>(op))
+      line(profileMark(&op));
     if (failed(emitOp(&op)))
       return failure();
     if (auto start = dyn_cast<BucketStartOp>(op))
@@ -601,6 +603,10 @@ FailureOr<TargetCode> CppEmitter::emit() {
   code.weightShards = std::move(weightShards);
   code.weightWholes = std::move(weightWholes);
   std::string &fn = code.function;
+  fn += "const pcc_profile_site " + profileTable() + "[] = {\n";
+  for (const std::string &site : profileSites)
+    fn += "    " + site + ",\n";
+  fn += "    {nullptr, nullptr, nullptr, nullptr, 0.0, 0.0}};\n\n";
   if (cuda) {
     fn += "const char *const kCudaSites[] = {\n";
     for (const std::string &site : sites)
@@ -629,6 +635,103 @@ FailureOr<TargetCode> CppEmitter::emit() {
     fn += "  return 0;\n}\n\n";
   }
   return code;
+}
+
+//===----------------------------------------------------------------------===//
+// Profile sites
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+int64_t bytesOf(Value v) {
+  auto type = dyn_cast<RankedTensorType>(v.getType());
+  if (!type)
+    return 0;
+  auto info = elementInfo(type.getElementType());
+  return info ? type.getNumElements() * info->size : 0;
+}
+
+/// Multiply-adds count 2: a product's result elements times its
+/// contraction, a convolution's (and its gradients') output positions
+/// times a filter's taps.
+double flopsOf(Operation *op) {
+  auto count = [](Value v) {
+    return static_cast<double>(tensorTypeOf(v).getNumElements());
+  };
+  auto perFilter = [](Value w) {
+    auto t = tensorTypeOf(w);
+    return static_cast<double>(t.getNumElements()) / t.getDimSize(0);
+  };
+  if (auto mm = dyn_cast<MatmulOp>(op)) {
+    auto lhs = tensorTypeOf(mm.getLhs());
+    int64_t k = lhs.getDimSize(lhs.getRank() - (mm.getTransposeA() ? 2 : 1));
+    return 2.0 * count(mm.getResult()) * k;
+  }
+  if (auto conv = dyn_cast<ConvOp>(op))
+    return 2.0 * count(conv.getResult()) * perFilter(conv.getWeight());
+  if (auto grad = dyn_cast<ConvGradInputOp>(op))
+    return 2.0 * count(grad.getGrad()) * perFilter(grad.getWeight());
+  if (auto grad = dyn_cast<ConvGradWeightOp>(op))
+    return 2.0 * count(grad.getGrad()) * perFilter(grad.getResult());
+  return 0.0;
+}
+
+/// The ONNX node (or pass name) an op came from; for a fusion, its first
+/// op that has one, and how many ops it fuses.
+std::string profileNode(Operation *op) {
+  auto fusion = dyn_cast<FusionOp>(op);
+  if (!fusion)
+    return describeOp(op);
+  std::string first;
+  int64_t ops = 0;
+  for (Operation &inner : fusion.getBody().front().without_terminator()) {
+    ++ops;
+    if (first.empty() && !getOnnxNodeOfLocation(inner.getLoc()).first.empty())
+      first = describeOp(&inner);
+  }
+  if (first.empty())
+    first = describeOp(op);
+  return first + " and " + std::to_string(ops - 1) + " more";
+}
+
+StringRef dtypeName(Type type) {
+  if (type.isF32())
+    return "f32";
+  if (type.isBF16())
+    return "bf16";
+  if (type.isF16())
+    return "f16";
+  if (type.isF64())
+    return "f64";
+  return "int";
+}
+
+} // namespace
+
+std::string CppEmitter::profileMark(Operation *op) {
+  double bytes = 0;
+  Type computeType;
+  for (Value v : op->getOperands()) {
+    bytes += static_cast<double>(bytesOf(v));
+    auto type = dyn_cast<RankedTensorType>(v.getType());
+    if (!computeType && type && isa<FloatType>(type.getElementType()))
+      computeType = type.getElementType();
+  }
+  for (Value v : op->getResults()) {
+    bytes += static_cast<double>(bytesOf(v));
+    auto type = dyn_cast<RankedTensorType>(v.getType());
+    if (!computeType && type && isa<FloatType>(type.getElementType()))
+      computeType = type.getElementType();
+  }
+  std::string kind = op->getName().stripDialect().str();
+  profileSites.push_back(
+      llvm::formatv("{{{0}, {1}, {2}, \"{3}\", {4:e6}, {5:e6}}", quoted(kind),
+                    quoted(profileNode(op)), quoted(func.getSymName()),
+                    computeType ? dtypeName(computeType) : "int", flopsOf(op),
+                    bytes)
+          .str());
+  return "if (rc->profile) rc->profile->mark(rc->profile->state, &" +
+         profileTable() + "[" + std::to_string(profileSites.size() - 1) + "]);";
 }
 
 RankedTensorType tensorTypeOf(Value v) {

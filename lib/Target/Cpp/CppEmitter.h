@@ -199,6 +199,14 @@ private:
   std::optional<std::string>
   scalarExpr(Operation *op, ArrayRef<std::string> args, Type computeType);
   LogicalResult requireF32(Operation *op, Value v);
+  /// The profile site of `op` (pcc_profile_site), added to `profileSites`;
+  /// returns the statement that marks its start.
+  std::string profileMark(Operation *op);
+  /// The name of the function's profile-site table (CPU and CUDA code
+  /// share a namespace).
+  std::string profileTable() const {
+    return cuda ? "kProfileSitesCuda" : "kProfileSitesCpu";
+  }
 
   void line(const llvm::Twine &text) { body += "  " + text.str() + "\n"; }
   /// `std::exp` on the CPU, the CUDA math library's `exp` on the GPU.
@@ -230,6 +238,8 @@ private:
   bool cuda;
   /// Messages of the CUDA calls that can fail on data, by site number - 1.
   std::vector<std::string> sites;
+  /// The initialisers of the function's profile sites, in op order.
+  std::vector<std::string> profileSites;
   llvm::DenseMap<Value, std::string> names;
   unsigned nextValue = 0;
   /// Results the function returns that its ops write straight into the

@@ -191,9 +191,18 @@ std::optional<std::string> CppEmitter::scalarExpr(Operation *op,
 std::string CppEmitter::kernel(const std::string &text) {
   auto [it, inserted] = kernelNames.try_emplace(
       text, (cuda ? "g" : "k") + std::to_string(kernelNames.size()));
+  // A kernel whose ops select (select, relu, max, integer division, ...)
+  // is built without GCC's loop if-conversion, which once turned a select
+  // of a load into masked loads that dropped elements (g++ 12.2 at -O3 for
+  // x86-64-v3; test/Fuzz/Inputs/plans/recompute-relu-first-stage). Every
+  // other kernel keeps it: the selects inside fastExp, fastTanh and fastErf
+  // vectorise only with it (the GPT's tanh GELU ran 6x slower without).
+  StringRef prefix = cuda ? "__global__ void "
+                     : StringRef(text).contains(" ? ")
+                         ? "PCC_SELECT_KERNEL void "
+                         : "PCC_KERNEL void ";
   if (inserted)
-    kernels += (cuda ? "__global__ void " : "PCC_KERNEL void ") + it->second +
-               text + "\n";
+    kernels += prefix.str() + it->second + text + "\n";
   return it->second;
 }
 

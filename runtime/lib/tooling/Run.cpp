@@ -9,6 +9,7 @@
 #include "pcc/runtime/Pipeline.h"
 #include "pcc/runtime/Safetensors.h"
 #include "pcc/tooling/Job.h"
+#include "pcc/tooling/Profile.h"
 #include "pcc/tooling/Trace.h"
 
 #include <algorithm>
@@ -22,6 +23,9 @@ using namespace pccrt;
 using namespace pccrun;
 
 namespace {
+
+/// Inference runs --profile times when --bench does not say.
+constexpr int kProfileRuns = 10;
 
 /// Reorders a whole-batch array whose batch is dimension `dim` between the
 /// user's layout [outer, m x b, inner] and the runtime's, micro-batch after
@@ -289,10 +293,19 @@ int runPipelined(RunOptions &opts, const ModelLibrary &library, Device &device,
                           info.microbatches, /*toMicrobatches=*/false);
   bool allMatch = leader ? reportOutputs(opts, info, outputs) : true;
 
+  std::unique_ptr<Profiler> profiler;
+  if (opts.profile)
+    profiler = startProfiling(device);
+  int runs = opts.bench > 0 ? opts.bench : opts.profile ? kProfileRuns : 0;
+  std::vector<double> ms;
+  for (int i = 0; i < runs; ++i) {
+    if (profiler)
+      profiler->beginRun();
+    ms.push_back(runOnce());
+    if (profiler)
+      profiler->endRun();
+  }
   if (opts.bench > 0) {
-    std::vector<double> ms;
-    for (int i = 0; i < opts.bench; ++i)
-      ms.push_back(runOnce());
     int64_t batch = info.num_inputs && info.inputs[0].rank
                         ? library.batchShape(info.inputs[0])[0]
                         : 1;
@@ -301,6 +314,12 @@ int runPipelined(RunOptions &opts, const ModelLibrary &library, Device &device,
                  device.describe() + " x " + std::to_string(world.size()) +
                      " ranks",
                  ", pipelined", batch);
+  }
+  if (profiler) {
+    Status s =
+        finishProfiling(*profiler, device, &world, "runs", opts.profileTrace);
+    if (!s.ok())
+      die("--profile: " + s.error());
   }
 
   // The timeline of the last run, gathered on rank 0.
@@ -440,6 +459,8 @@ int pccrun::runTrainingJob(RunOptions &opts, const ModelLibrary &library) {
   opts.train.trace = opts.trace;
   opts.train.traceSvg = opts.traceSvg;
   opts.train.weights = opts.weights;
+  opts.train.profile = opts.profile;
+  opts.train.profileTrace = opts.profileTrace;
   if ((!opts.trace.empty() || !opts.traceSvg.empty()) && !library.isPipelined())
     die("--trace and --trace-svg draw a pipeline's timeline; '" + opts.library +
         "' is not pipelined (pcc --pp)");
@@ -463,6 +484,9 @@ int pccrun::runInference(RunOptions &opts, const ModelLibrary &library) {
     die("'" + opts.library + "' was partitioned for " + library.describeMesh() +
         "; run it with pcc-run -n " + std::to_string(meshRanks));
   bool multiRank = underMpi;
+  if (opts.cudaGraph && opts.profile)
+    die("--profile times each op of a run; a --cuda-graph replay runs them "
+        "as one graph: profile without --cuda-graph");
   if (opts.cudaGraph && library.isPipelined())
     die("--cuda-graph records one device's run; '" + opts.library +
         "' is pipelined over several ranks (pcc --pp), which it cannot "
@@ -540,18 +564,28 @@ int pccrun::runInference(RunOptions &opts, const ModelLibrary &library) {
   // Outputs: rank 0 writes, prints and compares; every rank runs the
   // benchmark, since each run is collective.
   bool allMatch = leader ? reportOutputs(opts, *info, outputs) : true;
+  // --profile times the --bench runs (without --bench, 10 runs after the
+  // first).
+  std::unique_ptr<Profiler> profiler;
+  if (opts.profile)
+    profiler = startProfiling(*device);
+  int runs = opts.bench > 0 ? opts.bench : opts.profile ? kProfileRuns : 0;
+  std::vector<double> ms;
+  for (int i = 0; i < runs; ++i) {
+    if (profiler)
+      profiler->beginRun();
+    auto start = std::chrono::steady_clock::now();
+    Status again =
+        opts.cudaGraph ? runner->replayGraph() : runner->runResident();
+    if (!again.ok())
+      die(again.error());
+    if (profiler)
+      profiler->endRun();
+    ms.push_back(std::chrono::duration<double, std::milli>(
+                     std::chrono::steady_clock::now() - start)
+                     .count());
+  }
   if (opts.bench > 0) {
-    std::vector<double> ms;
-    for (int i = 0; i < opts.bench; ++i) {
-      auto start = std::chrono::steady_clock::now();
-      Status again =
-          opts.cudaGraph ? runner->replayGraph() : runner->runResident();
-      if (!again.ok())
-        die(again.error());
-      ms.push_back(std::chrono::duration<double, std::milli>(
-                       std::chrono::steady_clock::now() - start)
-                       .count());
-    }
     int64_t batch =
         info->num_inputs && info->inputs[0].rank ? info->inputs[0].shape[0] : 1;
     if (leader)
@@ -561,6 +595,13 @@ int pccrun::runInference(RunOptions &opts, const ModelLibrary &library) {
                                       " ranks"
                                 : ""),
                  opts.cudaGraph ? ", cuda graph" : "", batch);
+  }
+  if (profiler) {
+    Status s = finishProfiling(*profiler, *device,
+                               multiRank ? ranks.world.get() : nullptr, "runs",
+                               opts.profileTrace);
+    if (!s.ok())
+      die("--profile: " + s.error());
   }
   return allMatch ? 0 : 1;
 }

@@ -9,6 +9,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "pcc/tooling/Train.h"
+
+#include "pcc/tooling/Profile.h"
 #include "pcc/tooling/Trace.h"
 
 #include "pcc/runtime/Checkpoint.h"
@@ -1135,6 +1137,10 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   int64_t trafficSteps = 0;
 
   std::vector<std::pair<int64_t, double>> curve;
+  // --profile: every step after the first of this run (or the only one).
+  std::unique_ptr<pccrun::Profiler> profiler;
+  if (o.profile)
+    profiler = pccrun::startProfiling(device);
   auto begin = std::chrono::steady_clock::now();
   double lastLoss = NAN;
   for (int64_t s = start + 1; s <= o.steps; ++s) {
@@ -1165,8 +1171,13 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     // took (AdamW's bias correction), not those skipped for an overflow.
     double scale = scaler.on() ? scaler.scale : 1.0;
     hyper.lossScale = scaler.on() ? scaler.scale : 0.0;
+    bool profiled = profiler && (s > start + 1 || o.steps == start + 1);
+    if (profiled)
+      profiler->beginRun();
     auto result = trainer->step(microbatches, count > 0 ? scale / count : 0.0,
                                 hyper.table(s - scaler.skipped, lr));
+    if (profiled)
+      profiler->endRun();
     if (!result.ok())
       fail("step " + std::to_string(s) + ": " + result.error());
     addTraffic(stepTraffic, before, traffic(false));
@@ -1248,6 +1259,12 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
     reportCommunication(info, *trainer, tpTraffic, stepTraffic, trafficSteps);
   if (!o.lossSvg.empty() && ranks.leader)
     writeLossCurve(o, curve, "training loss (" + loss + ", " + optimizer + ")");
+  if (profiler) {
+    Status s = pccrun::finishProfiling(*profiler, device, ranks.world,
+                                       "training steps", o.profileTrace);
+    if (!s.ok())
+      fail("--profile: " + s.error());
+  }
   return 0;
 }
 

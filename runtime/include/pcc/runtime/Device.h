@@ -45,7 +45,8 @@ public:
   virtual Status copyToDevice(void *dst, const void *src, int64_t bytes) = 0;
   virtual Status copyToHost(void *dst, const void *src, int64_t bytes) = 0;
   virtual Status synchronize() = 0;
-  /// The context every model run on this device receives.
+  /// The context every model run on this device receives (its profile is
+  /// the process's, runProfile()).
   virtual pcc_run_context runContext() const = 0;
 
   /// Record the work enqueued between these two calls as a graph (CUDA
@@ -64,6 +65,17 @@ private:
   friend class DeviceBuffer;
   int64_t inUse = 0, peak = 0;
 };
+
+/// The profiler that every run context of this process carries
+/// (pcc-run --profile), or null: set before the runs to profile.
+void setRunProfile(const pcc_profile *profile);
+const pcc_profile *runProfile();
+/// Ends the profiled interval of the op a run function marked last (its
+/// caller calls this when the function returns).
+inline void closeProfile(const pcc_run_context &context) {
+  if (context.profile)
+    context.profile->mark(context.profile->state, nullptr);
+}
 
 /// Device memory owned by its device.
 class DeviceBuffer {

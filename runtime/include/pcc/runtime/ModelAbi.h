@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 14
+#define PCC_MODEL_ABI_VERSION 15
 
 /* The mesh axes pcc plans, as the mesh table (mesh_axes) names them; the
  * compiler's dialect spells them the same (Contracts.h). */
@@ -353,6 +353,27 @@ typedef struct pcc_comm {
   int (*wait_through)(void *group, int64_t ticket);
 } pcc_comm;
 
+/* ABI 15, profiling (pcc-run --profile): one op of a generated run
+ * function, a static table entry of the library. `flops` is the arithmetic
+ * of one call (multiply-adds count 2; 0 where the op is not arithmetic);
+ * `bytes` what its operands and results hold, the least it moves. */
+typedef struct pcc_profile_site {
+  const char *op;       /* "matmul", "fusion", "all_reduce", ... */
+  const char *node;     /* the ONNX node, or what a pass named it */
+  const char *function; /* the planned function: "train_forward", "main" */
+  const char *dtype;    /* the element type it computes in: "f32", "bf16" */
+  double flops;
+  double bytes;
+} pcc_profile_site;
+
+/* The profiler of a run: before each op its run function calls
+ * mark(state, &site); the caller calls mark(state, null) when the run
+ * function returns, so the time between two marks is the earlier site's. */
+typedef struct pcc_profile {
+  void *state;
+  void (*mark)(void *state, const pcc_profile_site *site);
+} pcc_profile;
+
 /* What one run executes on. */
 typedef struct pcc_run_context {
   int32_t target; /* one enum pcc_target */
@@ -364,6 +385,9 @@ typedef struct pcc_run_context {
   /* Training: PCC_NUM_HYPER values (enum pcc_hyper) on the host; null for
    * inference. */
   const double *hyper;
+  /* ABI 15: the profiler, or null (no profiling; the generated code then
+   * only tests this pointer before each op). */
+  const pcc_profile *profile;
 } pcc_run_context;
 
 typedef const pcc_model_info *(*pcc_model_get_info_fn)(void);

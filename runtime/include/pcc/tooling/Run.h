@@ -33,6 +33,9 @@ struct RunOptions {
   bool info = false;
   bool listDevices = false;
   bool cudaGraph = false;
+  /// --profile, --profile-trace FILE (Profile.h).
+  bool profile = false;
+  std::string profileTrace;
   double collectiveTimeout = 300;
   /// Training libraries (pcc --train).
   pccrt::TrainOptions train;

@@ -32,6 +32,10 @@ struct TrainOptions {
   std::string trace, traceSvg;
   /// --weights: the initial weights (default: the file beside the library).
   std::string weights;
+  /// --profile: time every op of the steps after the first (Profile.h);
+  /// --profile-trace: the last step's ops as a Chrome trace.
+  bool profile = false;
+  std::string profileTrace;
   int64_t saveEvery = 0;
   /// --save-sharded: every rank writes its own pieces (Checkpoint.h).
   bool saveSharded = false;
