@@ -2,6 +2,9 @@
 //
 // Cheap local simplifications only: identities (reshape to the same type,
 // identity transposes, x + 0, x * 1), constant reshapes and splat broadcasts,
+// arithmetic, comparisons and casts of float splats (the constants that
+// gradients of the exporters' decompositions make: pow's exponent - 1, its
+// mask), selects on a splat condition,
 // merging chains of reshapes and transposes, and the exporters' NaN guard
 // around softmax.
 //
@@ -34,7 +37,96 @@ static bool isSplatOf(Attribute attr, double value) {
   return false;
 }
 
+/// The value of a float splat constant.
+static std::optional<double> floatSplat(Attribute attr) {
+  auto splat = dyn_cast_if_present<SplatElementsAttr>(attr);
+  if (!splat || !isa<FloatType>(splat.getElementType()))
+    return std::nullopt;
+  return splat.getSplatValue<APFloat>().convertToDouble();
+}
+
+/// An elementwise op of two float splats, folded to the splat the back
+/// ends would compute: +, -, * and / in double rounded to f32 are f32's
+/// own (double holds more than twice f32's digits), and a 16-bit result is
+/// computed in f32 and rounded again, as the generated code does.
+static Attribute
+foldFloatSplats(Type resultType, Attribute lhs, Attribute rhs,
+                llvm::function_ref<double(double, double)> fn) {
+  std::optional<double> a = floatSplat(lhs), b = floatSplat(rhs);
+  auto type = dyn_cast<RankedTensorType>(resultType);
+  if (!a || !b || !type)
+    return {};
+  auto element = cast<FloatType>(type.getElementType());
+  APFloat value(fn(*a, *b));
+  bool losesInfo = false;
+  if (!element.isF64())
+    value.convert(APFloat::IEEEsingle(), APFloat::rmNearestTiesToEven,
+                  &losesInfo);
+  if (!element.isF64() && !element.isF32())
+    value.convert(element.getFloatSemantics(), APFloat::rmNearestTiesToEven,
+                  &losesInfo);
+  return SplatElementsAttr::get(type, value);
+}
+
+OpFoldResult SubOp::fold(FoldAdaptor adaptor) {
+  if (isSplatOf(adaptor.getRhs(), 0.0))
+    return getLhs();
+  return foldFloatSplats(getType(), adaptor.getLhs(), adaptor.getRhs(),
+                         [](double a, double b) { return a - b; });
+}
+
+OpFoldResult DivOp::fold(FoldAdaptor adaptor) {
+  if (isSplatOf(adaptor.getRhs(), 1.0))
+    return getLhs();
+  return foldFloatSplats(getType(), adaptor.getLhs(), adaptor.getRhs(),
+                         [](double a, double b) { return a / b; });
+}
+
+OpFoldResult CompareOp::fold(FoldAdaptor adaptor) {
+  std::optional<double> a = floatSplat(adaptor.getLhs()),
+                        b = floatSplat(adaptor.getRhs());
+  auto type = dyn_cast<RankedTensorType>(getType());
+  if (!a || !b || !type)
+    return {};
+  bool result = false;
+  switch (getPredicate()) {
+  case ComparePredicate::eq:
+    result = *a == *b;
+    break;
+  case ComparePredicate::ne:
+    result = *a != *b;
+    break;
+  case ComparePredicate::lt:
+    result = *a < *b;
+    break;
+  case ComparePredicate::le:
+    result = *a <= *b;
+    break;
+  case ComparePredicate::gt:
+    result = *a > *b;
+    break;
+  case ComparePredicate::ge:
+    result = *a >= *b;
+    break;
+  }
+  return SplatElementsAttr::get(type, BoolAttr::get(getContext(), result));
+}
+
+OpFoldResult SelectOp::fold(FoldAdaptor adaptor) {
+  auto condition =
+      dyn_cast_if_present<SplatElementsAttr>(adaptor.getCondition());
+  if (condition)
+    return condition.getSplatValue<bool>() ? getTrueValue() : getFalseValue();
+  if (getTrueValue() == getFalseValue())
+    return getTrueValue();
+  return {};
+}
+
 OpFoldResult AddOp::fold(FoldAdaptor adaptor) {
+  if (Attribute folded =
+          foldFloatSplats(getType(), adaptor.getLhs(), adaptor.getRhs(),
+                          [](double a, double b) { return a + b; }))
+    return folded;
   if (isSplatOf(adaptor.getRhs(), 0.0))
     return getLhs();
   if (isSplatOf(adaptor.getLhs(), 0.0))
@@ -43,6 +135,10 @@ OpFoldResult AddOp::fold(FoldAdaptor adaptor) {
 }
 
 OpFoldResult MulOp::fold(FoldAdaptor adaptor) {
+  if (Attribute folded =
+          foldFloatSplats(getType(), adaptor.getLhs(), adaptor.getRhs(),
+                          [](double a, double b) { return a * b; }))
+    return folded;
   if (isSplatOf(adaptor.getRhs(), 1.0))
     return getLhs();
   if (isSplatOf(adaptor.getLhs(), 1.0))
@@ -50,10 +146,20 @@ OpFoldResult MulOp::fold(FoldAdaptor adaptor) {
   return {};
 }
 
-OpFoldResult CastOp::fold(FoldAdaptor) {
+OpFoldResult CastOp::fold(FoldAdaptor adaptor) {
   if (getInput().getType() == getType())
     return getInput();
-  return {};
+  // A float splat rounded to another float type, as the cast would.
+  std::optional<double> value = floatSplat(adaptor.getInput());
+  auto type = dyn_cast<RankedTensorType>(getType());
+  if (!value || !type || !isa<FloatType>(type.getElementType()))
+    return {};
+  APFloat v =
+      cast<SplatElementsAttr>(adaptor.getInput()).getSplatValue<APFloat>();
+  bool losesInfo = false;
+  v.convert(cast<FloatType>(type.getElementType()).getFloatSemantics(),
+            APFloat::rmNearestTiesToEven, &losesInfo);
+  return SplatElementsAttr::get(type, v);
 }
 
 OpFoldResult ReshapeOp::fold(FoldAdaptor adaptor) {

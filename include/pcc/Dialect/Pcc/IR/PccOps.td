@@ -305,12 +305,16 @@ class Pcc_BinaryOp<string mnemonic, string what,
 def Pcc_AddOp : Pcc_BinaryOp<"add", "addition", Pcc_Tensor, [Commutative]> {
   let hasFolder = 1;
 }
-def Pcc_SubOp : Pcc_BinaryOp<"sub", "subtraction">;
+def Pcc_SubOp : Pcc_BinaryOp<"sub", "subtraction"> {
+  let hasFolder = 1;
+}
 def Pcc_MulOp : Pcc_BinaryOp<"mul", "multiplication", Pcc_Tensor,
                              [Commutative]> {
   let hasFolder = 1;
 }
-def Pcc_DivOp : Pcc_BinaryOp<"div", "division (truncating for integers)">;
+def Pcc_DivOp : Pcc_BinaryOp<"div", "division (truncating for integers)"> {
+  let hasFolder = 1;
+}
 def Pcc_PowOp : Pcc_BinaryOp<"pow", "power lhs^rhs">;
 def Pcc_MaxOp : Pcc_BinaryOp<"max", "maximum", Pcc_Tensor, [Commutative]>;
 def Pcc_MinOp : Pcc_BinaryOp<"min", "minimum", Pcc_Tensor, [Commutative]>;
@@ -380,6 +384,7 @@ def Pcc_CompareOp : Pcc_Op<"compare", [Pure, Elementwise, SameTypeOperands,
                        Pcc_Tensor:$rhs);
   let results = (outs Pcc_BoolTensor:$result);
   let assemblyFormat = "$predicate `,` $lhs `,` $rhs attr-dict `:` type($lhs)";
+  let hasFolder = 1;
 }
 
 def Pcc_SelectOp : Pcc_Op<"select", [Pure, Elementwise,
@@ -398,6 +403,7 @@ def Pcc_SelectOp : Pcc_Op<"select", [Pure, Elementwise,
     $condition `,` $true_value `,` $false_value attr-dict `:`
     type($condition) `,` type($result)
   }];
+  let hasFolder = 1;
   let hasCanonicalizer = 1;
 }
 
