@@ -15,7 +15,8 @@ threads (OPENBLAS_CORETYPE unset for both sides). Prints the medians over
 rounds, the ratios, and pcc's saved-activation bytes in each precision.
 
     env -u OPENBLAS_CORETYPE ~/.cache/pcc/zoo-venv/bin/python \\
-        bench/mixed_precision.py [--models gpt2 llama] [--rounds 3] [--steps 4]
+        bench/mixed_precision.py [--models gpt2 llama] [--rounds 3] [--steps 4] \\
+        [--profile]
 
 On a GPU node, which has PyTorch and transformers but not pcc's toolchain,
 in two halves (the weights, 500 MB, are not copied: the GPU node builds the
@@ -192,6 +193,15 @@ def bench(name, args, env):
         med["torch-fp32"] / med["torch-bf16"]))
     print("  saved activations: bf16 %.1f MiB, fp32 %.1f MiB (%.2fx)" % (
         saved["bf16"], saved["fp32"], saved["bf16"] / saved["fp32"]))
+    if args.profile:
+        for precision in ("bf16", "fp32"):
+            out = run([os.path.join(ROOT, "build", "bin", "pcc-run"),
+                       libs[precision], "--steps", str(args.steps + 1),
+                       "--input", inputs, "--labels", label_file, "--lr",
+                       "1e-4", "--profile"], env)
+            table = out[out.index("profile:"):out.index("the 20 costliest")]
+            print("\n%s pcc %s, where the step's time goes:\n%s" % (
+                name, precision, table.rstrip()))
 
 
 # ---------------------------------------------------------------- GPU node
@@ -370,6 +380,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--profile", action="store_true",
+                    help="end with pcc-run --profile's tables of a step")
     ap.add_argument("--prepare", metavar="DIR",
                     help="export and compile CUDA training steps into DIR")
     ap.add_argument("--run", metavar="DIR",

@@ -133,3 +133,40 @@ func.func @gathers(%table: tensor<8x4xf32>, %flat: tensor<6x1xf32>) -> (tensor<2
   %m = pcc.gather %flat[%rows] axis = 0 : tensor<6x1xf32>, tensor<2x2x1xi64> -> tensor<2x2x1x1xf32>
   return %e, %m : tensor<2x3x4xf32>, tensor<2x2x1x1xf32>
 }
+
+// -----
+
+// Tests that arithmetic, comparisons and casts of float splats fold as the
+// back ends compute them (a pow gradient's exponent - 1 and its mask): a
+// bf16 result is computed in f32 and rounded to bf16 (0.1 + 0.2 = 0.3 in
+// f32, 0.30078125 in bf16); a cast rounds to nearest even (0.1 in bf16 is
+// 0.10009765625); a select on a splat condition picks its side; x - 0 and
+// x / 1 are x.
+// CHECK-LABEL: func.func @splat_arithmetic
+// CHECK-DAG:     %[[TWO:.*]] = pcc.constant dense<2.000000e+00> : tensor<4xbf16>
+// CHECK-DAG:     %[[SUM:.*]] = pcc.constant dense<3.007810e-01> : tensor<4xbf16>
+// CHECK-DAG:     %[[TENTH:.*]] = pcc.constant dense<1.000980e-01> : tensor<4xbf16>
+// CHECK-DAG:     %[[Q:.*]] = pcc.constant dense<2.500000e-01> : tensor<4xf32>
+// CHECK:         %[[P:.*]] = pcc.pow %arg0, %[[TWO]] : tensor<4xbf16>
+// CHECK:         return %[[P]], %[[SUM]], %[[TENTH]], %[[Q]], %arg1
+func.func @splat_arithmetic(%x: tensor<4xbf16>, %y: tensor<4xf32>) -> (tensor<4xbf16>, tensor<4xbf16>, tensor<4xbf16>, tensor<4xf32>, tensor<4xf32>) {
+  %three = pcc.constant dense<3.0> : tensor<4xbf16>
+  %one = pcc.constant dense<1.0> : tensor<4xbf16>
+  %zero = pcc.constant dense<0.0> : tensor<4xbf16>
+  %e = pcc.sub %three, %one : tensor<4xbf16>
+  %p = pcc.pow %x, %e : tensor<4xbf16>
+  %nonzero = pcc.compare ne, %three, %zero : tensor<4xbf16>
+  %g = pcc.select %nonzero, %p, %zero : tensor<4xi1>, tensor<4xbf16>
+  %a = pcc.constant dense<0.1> : tensor<4xbf16>
+  %b = pcc.constant dense<0.2> : tensor<4xbf16>
+  %s = pcc.add %a, %b : tensor<4xbf16>
+  %tenth32 = pcc.constant dense<0.1> : tensor<4xf32>
+  %tenth = pcc.cast %tenth32 : tensor<4xf32> -> tensor<4xbf16>
+  %half = pcc.constant dense<0.5> : tensor<4xf32>
+  %q = pcc.mul %half, %half : tensor<4xf32>
+  %zero32 = pcc.constant dense<0.0> : tensor<4xf32>
+  %one32 = pcc.constant dense<1.0> : tensor<4xf32>
+  %d = pcc.sub %y, %zero32 : tensor<4xf32>
+  %r = pcc.div %d, %one32 : tensor<4xf32>
+  return %g, %s, %tenth, %q, %r : tensor<4xbf16>, tensor<4xbf16>, tensor<4xbf16>, tensor<4xf32>, tensor<4xf32>
+}

@@ -49,7 +49,7 @@ func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
 // CHECK: %[[Z32:.*]] = pcc.add %[[Y]], %[[BBW]] : tensor<4x8xf32>
 // CHECK: %[[Z:.*]] = pcc.cast %[[Z32]] : tensor<4x8xf32> -> tensor<4x8xbf16>
 // CHECK: %[[R:.*]] = pcc.relu %[[Z]] : tensor<4x8xbf16>
-// CHECK: %[[C:.*]] = pcc.cast %{{.*}} : tensor<4x8xf32> -> tensor<4x8xbf16>
+// CHECK: %[[C:.*]] = pcc.constant dense<1.250000e-01> : tensor<4x8xbf16>
 // CHECK: %[[S:.*]] = pcc.mul %[[R]], %[[C]] : tensor<4x8xbf16>
 // CHECK: %[[S32:.*]] = pcc.cast %[[S]] : tensor<4x8xbf16> -> tensor<4x8xf32>
 // CHECK: %[[P32:.*]] = pcc.softmax %[[S32]] axis = 1 : tensor<4x8xf32>

@@ -371,6 +371,10 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
   return success();
 }
 
+namespace {
+int64_t bytesOf(Value v);
+} // namespace
+
 LogicalResult CppEmitter::emitOp(Operation *op) {
   if (isa<NegOp, AbsOp, SqrtOp, ReciprocalOp, ExpOp, LogOp, ErfOp, TanhOp,
           SigmoidOp, ReluOp, FloorOp, CeilOp, SinOp, CosOp, NotOp, GeluOp,
@@ -579,6 +583,21 @@ FailureOr<TargetCode> CppEmitter::emit() {
       line("if (" + *started + ".progress) " + *started + ".progress(" +
            *started + ".group);");
   }
+  // The copies of results not computed in place are a site of their own.
+  int64_t copied = 0;
+  for (auto [i, v] : llvm::enumerate(ret.getOperands()))
+    if (!(writtenInPlace.contains(v) && returnedAt.lookup(v) == i))
+      copied += bytesOf(v);
+  if (copied > 0) {
+    profileSites.push_back(
+        llvm::formatv("{{\"copy_out\", \"the results not computed in "
+                      "place\", {0}, \"-\", 0.0, {1:e6}}",
+                      quoted(func.getSymName()), 2.0 * copied)
+            .str());
+    line("if (rc->profile) rc->profile->mark(rc->profile->state, &" +
+         profileTable() + "[" + std::to_string(profileSites.size() - 1) +
+         "]);");
+  }
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     if (writtenInPlace.contains(v) && returnedAt.lookup(v) == i)
       continue;
@@ -682,15 +701,18 @@ std::string profileNode(Operation *op) {
   auto fusion = dyn_cast<FusionOp>(op);
   if (!fusion)
     return describeOp(op);
-  std::string first;
+  std::string first, kinds;
   int64_t ops = 0;
   for (Operation &inner : fusion.getBody().front().without_terminator()) {
-    ++ops;
+    if (ops++ < 4)
+      kinds +=
+          (kinds.empty() ? "" : ", ") + inner.getName().stripDialect().str();
     if (first.empty() && !getOnnxNodeOfLocation(inner.getLoc()).first.empty())
       first = describeOp(&inner);
   }
+  // Without an ONNX node (ops a pass made): what it fuses.
   if (first.empty())
-    first = describeOp(op);
+    return kinds + (ops > 4 ? ", ..." : "");
   return first + " and " + std::to_string(ops - 1) + " more";
 }
 
