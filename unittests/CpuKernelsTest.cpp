@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -307,6 +308,27 @@ TEST(CpuKernels, Normalisation) {
 }
 
 // Tests reductions over non-adjacent axes and every kind.
+// The fused squared norm gives the bits of the product kernel's squares
+// summed by the whole-tensor reduction it replaces.
+TEST(CpuKernels, SumSquares) {
+  for (int64_t n : {int64_t(0), int64_t(3), int64_t(1000003)}) {
+    std::vector<float> x(n), squares(n);
+    uint32_t state = 12345;
+    for (int64_t i = 0; i < n; ++i) {
+      state = state * 1664525u + 1013904223u;
+      x[i] = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 1e-3f;
+      squares[i] = x[i] * x[i];
+    }
+    float fused = -1, reference = -1;
+    pcc_cpu_sum_squares_f32(x.data(), &fused, n);
+    int64_t shape[] = {n}, reduced[] = {1};
+    pcc_cpu_reduce_f32(squares.data(), &reference, 1, shape, reduced,
+                       PCC_REDUCE_SUM);
+    EXPECT_EQ(std::memcmp(&fused, &reference, sizeof(float)), 0)
+        << n << ": " << fused << " vs " << reference;
+  }
+}
+
 TEST(CpuKernels, Reduce) {
   std::vector<float> x(24);
   for (int i = 0; i < 24; ++i)

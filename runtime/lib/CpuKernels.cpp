@@ -68,6 +68,22 @@ PCC_ROW_KERNEL double sumDouble(const float *x, int64_t n) {
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+/// sumDouble of the rows' f32 squares, in the same lanes and order.
+PCC_ROW_KERNEL double sumSquaresDouble(const float *x, int64_t n) {
+  double acc[4] = {0, 0, 0, 0};
+  int64_t c = 0;
+  for (; c + 4 <= n; c += 4)
+    for (int j = 0; j < 4; ++j) {
+      float square = x[c + j] * x[c + j];
+      acc[j] += static_cast<double>(square);
+    }
+  for (; c < n; ++c) {
+    float square = x[c] * x[c];
+    acc[0] += static_cast<double>(square);
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
 /// The largest element of a row, in eight interleaved lanes so that the
 /// loop vectorises. (A NaN in the row makes the exponentials NaN anyway.)
 PCC_ROW_KERNEL float rowMax(const float *row, int64_t n) {
@@ -498,6 +514,10 @@ void pcc_cpu_reduce_f32(const float *x, float *y, int64_t rank,
                         const int64_t *shape, const int64_t *reduced,
                         int kind) {
   reduce(x, y, rank, shape, reduced, kind);
+}
+
+void pcc_cpu_sum_squares_f32(const float *x, float *y, int64_t n) {
+  y[0] = static_cast<float>(sumSquaresDouble(x, n));
 }
 
 void pcc_cpu_reduce_i64(const int64_t *x, int64_t *y, int64_t rank,

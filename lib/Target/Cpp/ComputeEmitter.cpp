@@ -113,6 +113,14 @@ LogicalResult CppEmitter::emitReduce(Operation *op) {
     return op->emitError("code generation: reductions take f32 and i64 "
                          "tensors, got ")
            << e;
+  if (Value x = squares.lookup(op)) {
+    // The whole-tensor sum of x * x in one pass (deferToUser).
+    line(llvm::formatv("{0}{1}, {2}, {3});", call("sum_squares_f32"), nameOf(x),
+                       nameOf(op->getResult(0)),
+                       tensorTypeOf(x).getNumElements())
+             .str());
+    return success();
+  }
   int kind = isa<ReduceSumOp>(op)    ? 0
              : isa<ReduceMeanOp>(op) ? 1
              : isa<ReduceMaxOp>(op)  ? 2

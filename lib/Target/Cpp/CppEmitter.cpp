@@ -271,6 +271,17 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
   // State copies and zeroing move bytes of any type.
   if (isa<AssignOp, ZeroOp>(op)) {
     auto state = tensorTypeOf(op->getOperand(0));
+    if (CastOp cast = castInto.lookup(op)) {
+      // The cast writes the state itself.
+      line(llvm::formatv(
+               "{5}{0}, {1}, {2}, {3}, {4});", nameOf(cast.getInput()),
+               elementInfo(cast.getInput().getType().getElementType())->code,
+               nameOf(op->getOperand(0)),
+               elementInfo(state.getElementType())->code,
+               state.getNumElements(), call("cast"))
+               .str());
+      return success();
+    }
     if (auto assign = dyn_cast<AssignOp>(op))
       copyBytes(nameOf(assign.getState()), nameOf(assign.getValue()),
                 getTensorBytes(state));
@@ -315,6 +326,18 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
   }
   auto state = tensorTypeOf(op->getOperand(0));
   int64_t count = state.getNumElements();
+  if (auto acc = dyn_cast<AccumulateOp>(op); acc && widened.count(op)) {
+    // A 16-bit gradient widened (exactly) as it is added.
+    Value x = widened.lookup(op);
+    bool bf16 = tensorTypeOf(x).getElementType().isBF16();
+    std::string name = kernel(
+        llvm::formatv("(float *__restrict y, const uint16_t *__restrict x) "
+                      "{\n  {0}\n    y[i] += pccrt::{1}(x[i]);\n}\n",
+                      loop(count), bf16 ? "bf16ToFloat" : "halfToFloat")
+            .str());
+    launch(name, count, nameOf(acc.getState()) + ", " + nameOf(x));
+    return success();
+  }
   if (auto acc = dyn_cast<AccumulateOp>(op)) {
     std::string name = kernel(
         llvm::formatv("(float *__restrict y, const float *__restrict x) {\n"
@@ -373,7 +396,48 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
 
 namespace {
 int64_t bytesOf(Value v);
+
+/// The op after `op` that runs code (a weight's load runs none).
+Operation *nextWorker(Operation *op) {
+  Operation *next = op->getNextNode();
+  while (next && isa<ParamOp>(next))
+    next = next->getNextNode();
+  return next;
+}
 } // namespace
+
+bool CppEmitter::deferToUser(Operation *op) {
+  if (cuda || op->getNumResults() != 1 || !op->hasOneUse())
+    return false;
+  Value result = op->getResult(0);
+  Operation *user = *op->getUsers().begin();
+  if (user != nextWorker(op) || returnedAt.count(result))
+    return false;
+  if (auto mul = dyn_cast<MulOp>(op)) {
+    auto sum = dyn_cast<ReduceSumOp>(user);
+    auto type = tensorTypeOf(result);
+    if (!sum || mul.getLhs() != mul.getRhs() ||
+        !type.getElementType().isF32() ||
+        static_cast<int64_t>(sum.getAxes().size()) != type.getRank())
+      return false;
+    squares[user] = mul.getLhs();
+  } else if (auto cast = dyn_cast<CastOp>(op)) {
+    Type from = cast.getInput().getType().getElementType();
+    Type to = cast.getType().getElementType();
+    if (auto acc = dyn_cast<AccumulateOp>(user)) {
+      if (!(from.isBF16() || from.isF16()) || !to.isF32())
+        return false;
+      widened[user] = cast.getInput();
+    } else if (isa<AssignOp>(user) && elementInfo(from) && elementInfo(to)) {
+      castInto[user] = cast;
+    } else {
+      return false;
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
 
 LogicalResult CppEmitter::emitOp(Operation *op) {
   if (isa<NegOp, AbsOp, SqrtOp, ReciprocalOp, ExpOp, LogOp, ErfOp, TanhOp,
@@ -568,6 +632,8 @@ FailureOr<TargetCode> CppEmitter::emit() {
   // (bench/dp_overlap.py --what prefetch).
   std::optional<std::string> started;
   for (Operation &op : block.without_terminator()) {
+    if (deferToUser(&op))
+      continue;
     if (!isa<ReshapeOp, ParamOp, ConstantOp>(op))
       line(profileMark(&op));
     if (failed(emitOp(&op)))

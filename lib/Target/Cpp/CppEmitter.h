@@ -199,6 +199,12 @@ private:
   std::optional<std::string>
   scalarExpr(Operation *op, ArrayRef<std::string> args, Type computeType);
   LogicalResult requireF32(Operation *op, Value v);
+  /// On the CPU, whether `op`'s one user, the next op that runs code, can
+  /// compute it on the fly (recorded in `squares`, `widened`, `castInto`):
+  /// a gradient's squares summed (the global norm), a 16-bit gradient
+  /// widened into its f32 accumulator, a weight's 16-bit copy cast straight
+  /// into its state. The op itself then emits nothing.
+  bool deferToUser(Operation *op);
   /// The profile site of `op` (pcc_profile_site), added to `profileSites`;
   /// returns the statement that marks its start.
   std::string profileMark(Operation *op);
@@ -238,6 +244,11 @@ private:
   bool cuda;
   /// Messages of the CUDA calls that can fail on data, by site number - 1.
   std::vector<std::string> sites;
+  /// What users compute of the ops deferred to them (deferToUser): a
+  /// whole-tensor sum of x * x by the sum, x; an accumulate of a widened
+  /// value by it, its 16-bit input; an assign of a cast by it, the cast.
+  llvm::DenseMap<Operation *, Value> squares, widened;
+  llvm::DenseMap<Operation *, CastOp> castInto;
   /// The initialisers of the function's profile sites, in op order.
   std::vector<std::string> profileSites;
   llvm::DenseMap<Value, std::string> names;

@@ -126,6 +126,12 @@ void pcc_cpu_batch_norm_f32(const float *x, const float *scale,
                             const float *variance, float *y, int64_t n,
                             int64_t c, int64_t spatial, float epsilon);
 
+/* y[0] = the sum of x[i] * x[i] over n elements: each square rounded to
+ * f32, summed as pcc_cpu_reduce_f32 sums a whole tensor (the same bits as
+ * a product kernel followed by that reduction), in one pass. The squared
+ * norm of a gradient (clipping, the logged norm). */
+void pcc_cpu_sum_squares_f32(const float *x, float *y, int64_t n);
+
 /* Reduction of x (shape, rank) over the dimensions with reduced[d] != 0;
  * y holds the kept dimensions in order. */
 void pcc_cpu_reduce_f32(const float *x, float *y, int64_t rank,
