@@ -1,12 +1,16 @@
 //===- CpuKernels.cpp - CPU kernels called by generated code --------------===//
 //
-// GEMMs go to OpenBLAS (cblas_sgemm); the other kernels are plain loops,
-// parallelised over independent rows with OpenMP where the work is large.
+// fp32 products go to oneDNN's sgemm (or OpenBLAS's, PCC_CPU_SGEMM=openblas),
+// convolutions' GEMMs to OpenBLAS (cblas_sgemm); the other kernels are plain
+// loops, parallelised over independent rows with OpenMP where the work is
+// large.
 //
 //===----------------------------------------------------------------------===//
 
 #include "pcc/runtime/CpuKernels.h"
+
 #include "CpuError.h"
+#include <oneapi/dnnl/dnnl.h>
 
 #include "pcc/runtime/CastElement.h"
 #include "pcc/runtime/FastMath.h"
@@ -122,6 +126,19 @@ extern "C" {
 
 const char *pcc_cpu_last_error(void) { return cpuLastError.c_str(); }
 
+/// fp32 products through oneDNN's sgemm (the default: 7-9% faster GPT-2
+/// steps on this machine kind, docs/benchmarks.md) or, with
+/// PCC_CPU_SGEMM=openblas, OpenBLAS's. Both give each row of a product the
+/// same bits however the rows are split (data parallelism, micro-batches)
+/// and from run to run.
+static bool sgemmByOnednn() {
+  static const bool onednn = [] {
+    const char *e = std::getenv("PCC_CPU_SGEMM");
+    return !(e && std::strcmp(e, "openblas") == 0);
+  }();
+  return onednn;
+}
+
 const char *pcc_cpu_describe(void) {
   static const std::string text = [] {
     // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...": its first two words.
@@ -129,9 +146,16 @@ const char *pcc_cpu_describe(void) {
     size_t space = config.find(' ');
     if (space != std::string::npos)
       space = config.find(' ', space + 1);
+    std::string blas =
+        config.substr(0, space) + " (" + openblas_get_corename() + " kernels)";
+    const dnnl_version_t *v = dnnl_version();
+    std::string onednn = "oneDNN " + std::to_string(v->major) + "." +
+                         std::to_string(v->minor) + "." +
+                         std::to_string(v->patch);
     int threads = omp_get_max_threads();
-    return config.substr(0, space) + ", " + openblas_get_corename() +
-           " kernels, " + std::to_string(threads) + " OpenMP thread" +
+    return "fp32 products: " + (sgemmByOnednn() ? onednn : blas) +
+           ", 16-bit products: " + onednn + ", convolutions: " + blas + ", " +
+           std::to_string(threads) + " OpenMP thread" +
            (threads == 1 ? "" : "s");
   }();
   return text.c_str();
@@ -140,6 +164,18 @@ const char *pcc_cpu_describe(void) {
 void pcc_cpu_matmul_f32(const float *a, const float *b, float *c, int64_t batch,
                         int64_t m, int64_t n, int64_t k, int trans_a,
                         int trans_b, int64_t stride_a, int64_t stride_b) {
+  if (sgemmByOnednn()) {
+    int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+    char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
+    if (stride_b == 0 && !trans_a && stride_a == m * k) {
+      dnnl_sgemm(ta, tb, batch * m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+      return;
+    }
+    for (int64_t i = 0; i < batch; ++i)
+      dnnl_sgemm(ta, tb, m, n, k, 1.0f, a + i * stride_a, lda, b + i * stride_b,
+                 ldb, 0.0f, c + i * m * n, n);
+    return;
+  }
   CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
   CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
