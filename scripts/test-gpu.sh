@@ -160,6 +160,19 @@ run_training() {
     echo "FAIL train/resume: the resumed GPU run differs from the uninterrupted one"
     failed=1
   fi
+  # --profile on the GPU: each op timed (the device synchronised at every
+  # op), the same losses as the unprofiled run.
+  "$run" "$out/train/resume.so" --device cuda --steps 4 "${data[@]}" \
+    --loss-log "$r/profiled.csv" --profile >"$r/profile.txt" 2>&1
+  if grep -q '^profile: 3 training steps on cuda' "$r/profile.txt" &&
+     grep -q '^  matmul ' "$r/profile.txt" &&
+     cmp -s <(cut -d, -f1,2,4 "$r/profiled.csv") \
+            <(head -n 5 "$r/full.csv" | cut -d, -f1,2,4); then
+    echo "PASS train/profile: $(grep -m1 '^profile:' "$r/profile.txt")"
+  else
+    echo "FAIL train/profile:"; tail -n 8 "$r/profile.txt" | sed 's/^/    /'
+    failed=1
+  fi
   if python3 "$root/test/Training/compare.py" --ref-losses "$r/full.csv" \
        --losses "$r/cpu.csv" --ref-weights "$r/full/step-00000012/weights.safetensors" \
        --weights "$r/cpu/step-00000012/weights.safetensors" --wrtol 1e-3 --watol 1e-5 \
