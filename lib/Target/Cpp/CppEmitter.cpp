@@ -654,16 +654,9 @@ FailureOr<TargetCode> CppEmitter::emit() {
   for (auto [i, v] : llvm::enumerate(ret.getOperands()))
     if (!(writtenInPlace.contains(v) && returnedAt.lookup(v) == i))
       copied += bytesOf(v);
-  if (copied > 0) {
-    profileSites.push_back(
-        llvm::formatv("{{\"copy_out\", \"the results not computed in "
-                      "place\", {0}, \"-\", 0.0, {1:e6}}",
-                      quoted(func.getSymName()), 2.0 * copied)
-            .str());
-    line("if (rc->profile) rc->profile->mark(rc->profile->state, &" +
-         profileTable() + "[" + std::to_string(profileSites.size() - 1) +
-         "]);");
-  }
+  if (copied > 0)
+    line(profileSite("copy_out", "the results not computed in place", "-", 0,
+                     2.0 * static_cast<double>(copied)));
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     if (writtenInPlace.contains(v) && returnedAt.lookup(v) == i)
       continue;
@@ -796,30 +789,30 @@ StringRef dtypeName(Type type) {
 
 } // namespace
 
+std::string CppEmitter::profileSite(StringRef kind, StringRef node,
+                                    StringRef dtype, double flops,
+                                    double bytes) {
+  profileSites.push_back(llvm::formatv("{{{0}, {1}, {2}, {3}, {4:e6}, {5:e6}}",
+                                       quoted(kind), quoted(node),
+                                       quoted(func.getSymName()), quoted(dtype),
+                                       flops, bytes)
+                             .str());
+  return "if (rc->profile) rc->profile->mark(rc->profile->state, &" +
+         profileTable() + "[" + std::to_string(profileSites.size() - 1) + "]);";
+}
+
 std::string CppEmitter::profileMark(Operation *op) {
   double bytes = 0;
   Type computeType;
-  for (Value v : op->getOperands()) {
+  for (Value v : llvm::concat<Value>(op->getOperands(), op->getResults())) {
     bytes += static_cast<double>(bytesOf(v));
     auto type = dyn_cast<RankedTensorType>(v.getType());
     if (!computeType && type && isa<FloatType>(type.getElementType()))
       computeType = type.getElementType();
   }
-  for (Value v : op->getResults()) {
-    bytes += static_cast<double>(bytesOf(v));
-    auto type = dyn_cast<RankedTensorType>(v.getType());
-    if (!computeType && type && isa<FloatType>(type.getElementType()))
-      computeType = type.getElementType();
-  }
-  std::string kind = op->getName().stripDialect().str();
-  profileSites.push_back(
-      llvm::formatv("{{{0}, {1}, {2}, \"{3}\", {4:e6}, {5:e6}}", quoted(kind),
-                    quoted(profileNode(op)), quoted(func.getSymName()),
-                    computeType ? dtypeName(computeType) : "int", flopsOf(op),
-                    bytes)
-          .str());
-  return "if (rc->profile) rc->profile->mark(rc->profile->state, &" +
-         profileTable() + "[" + std::to_string(profileSites.size() - 1) + "]);";
+  return profileSite(op->getName().stripDialect(), profileNode(op),
+                     computeType ? dtypeName(computeType) : "int", flopsOf(op),
+                     bytes);
 }
 
 RankedTensorType tensorTypeOf(Value v) {

@@ -205,8 +205,11 @@ private:
   /// widened into its f32 accumulator, a weight's 16-bit copy cast straight
   /// into its state. The op itself then emits nothing.
   bool deferToUser(Operation *op);
-  /// The profile site of `op` (pcc_profile_site), added to `profileSites`;
-  /// returns the statement that marks its start.
+  /// A profile site (pcc_profile_site) of this function, added to
+  /// `profileSites`; returns the statement that marks its start.
+  std::string profileSite(StringRef kind, StringRef node, StringRef dtype,
+                          double flops, double bytes);
+  /// The profile site of `op`: its kind, node, type, FLOPs and bytes.
   std::string profileMark(Operation *op);
   /// The name of the function's profile-site table (CPU and CUDA code
   /// share a namespace).

@@ -260,7 +260,6 @@ private:
 std::string profileReport(const std::vector<ProfileRecord> &records,
                           const ProfileSummary &summary, int top) {
   double runs = static_cast<double>(std::max<int64_t>(summary.runs, 1));
-  double ranks = std::max(summary.ranks, 1);
   Sum total;
   Sum rank0;
   for (const ProfileRecord &r : records) {
@@ -396,7 +395,6 @@ std::string profileReport(const std::vector<ProfileRecord> &records,
   os << "\nthe " << std::min<size_t>(top, sorted.size())
      << " costliest ops (of " << sorted.size() << "):\n"
      << topTable.str();
-  (void)ranks;
   return os.str();
 }
 

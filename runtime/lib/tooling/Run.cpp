@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 using namespace pccrt;
@@ -26,6 +27,37 @@ namespace {
 
 /// Inference runs --profile times when --bench does not say.
 constexpr int kProfileRuns = 10;
+
+/// The runs after the first: --bench's, or kProfileRuns under --profile
+/// alone, each profiled under --profile (`profiler`, started here).
+/// `once` runs one and returns its latency in ms; the latencies.
+std::vector<double> repeatRuns(const RunOptions &opts, Device &device,
+                               std::unique_ptr<Profiler> &profiler,
+                               const std::function<double()> &once) {
+  if (opts.profile)
+    profiler = startProfiling(device);
+  int runs = opts.bench > 0 ? opts.bench : opts.profile ? kProfileRuns : 0;
+  std::vector<double> ms;
+  for (int i = 0; i < runs; ++i) {
+    if (profiler)
+      profiler->beginRun();
+    ms.push_back(once());
+    if (profiler)
+      profiler->endRun();
+  }
+  return ms;
+}
+
+/// --profile's report (after the latencies), gathered over `world`.
+void reportProfile(const RunOptions &opts, Profiler *profiler, Device &device,
+                   Communicator *world) {
+  if (!profiler)
+    return;
+  Status s =
+      finishProfiling(*profiler, device, world, "runs", opts.profileTrace);
+  if (!s.ok())
+    die("--profile: " + s.error());
+}
 
 /// Reorders a whole-batch array whose batch is dimension `dim` between the
 /// user's layout [outer, m x b, inner] and the runtime's, micro-batch after
@@ -294,17 +326,7 @@ int runPipelined(RunOptions &opts, const ModelLibrary &library, Device &device,
   bool allMatch = leader ? reportOutputs(opts, info, outputs) : true;
 
   std::unique_ptr<Profiler> profiler;
-  if (opts.profile)
-    profiler = startProfiling(device);
-  int runs = opts.bench > 0 ? opts.bench : opts.profile ? kProfileRuns : 0;
-  std::vector<double> ms;
-  for (int i = 0; i < runs; ++i) {
-    if (profiler)
-      profiler->beginRun();
-    ms.push_back(runOnce());
-    if (profiler)
-      profiler->endRun();
-  }
+  std::vector<double> ms = repeatRuns(opts, device, profiler, runOnce);
   if (opts.bench > 0) {
     int64_t batch = info.num_inputs && info.inputs[0].rank
                         ? library.batchShape(info.inputs[0])[0]
@@ -315,12 +337,7 @@ int runPipelined(RunOptions &opts, const ModelLibrary &library, Device &device,
                      " ranks",
                  ", pipelined", batch);
   }
-  if (profiler) {
-    Status s =
-        finishProfiling(*profiler, device, &world, "runs", opts.profileTrace);
-    if (!s.ok())
-      die("--profile: " + s.error());
-  }
+  reportProfile(opts, profiler.get(), device, &world);
 
   // The timeline of the last run, gathered on rank 0.
   if (!opts.trace.empty() || !opts.traceSvg.empty()) {
@@ -564,27 +581,17 @@ int pccrun::runInference(RunOptions &opts, const ModelLibrary &library) {
   // Outputs: rank 0 writes, prints and compares; every rank runs the
   // benchmark, since each run is collective.
   bool allMatch = leader ? reportOutputs(opts, *info, outputs) : true;
-  // --profile times the --bench runs (without --bench, 10 runs after the
-  // first).
   std::unique_ptr<Profiler> profiler;
-  if (opts.profile)
-    profiler = startProfiling(*device);
-  int runs = opts.bench > 0 ? opts.bench : opts.profile ? kProfileRuns : 0;
-  std::vector<double> ms;
-  for (int i = 0; i < runs; ++i) {
-    if (profiler)
-      profiler->beginRun();
+  std::vector<double> ms = repeatRuns(opts, *device, profiler, [&] {
     auto start = std::chrono::steady_clock::now();
     Status again =
         opts.cudaGraph ? runner->replayGraph() : runner->runResident();
     if (!again.ok())
       die(again.error());
-    if (profiler)
-      profiler->endRun();
-    ms.push_back(std::chrono::duration<double, std::milli>(
-                     std::chrono::steady_clock::now() - start)
-                     .count());
-  }
+    return std::chrono::duration<double, std::milli>(
+               std::chrono::steady_clock::now() - start)
+        .count();
+  });
   if (opts.bench > 0) {
     int64_t batch =
         info->num_inputs && info->inputs[0].rank ? info->inputs[0].shape[0] : 1;
@@ -596,12 +603,7 @@ int pccrun::runInference(RunOptions &opts, const ModelLibrary &library) {
                                 : ""),
                  opts.cudaGraph ? ", cuda graph" : "", batch);
   }
-  if (profiler) {
-    Status s = finishProfiling(*profiler, *device,
-                               multiRank ? ranks.world.get() : nullptr, "runs",
-                               opts.profileTrace);
-    if (!s.ok())
-      die("--profile: " + s.error());
-  }
+  reportProfile(opts, profiler.get(), *device,
+                multiRank ? ranks.world.get() : nullptr);
   return allMatch ? 0 : 1;
 }

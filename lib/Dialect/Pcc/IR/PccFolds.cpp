@@ -150,12 +150,12 @@ OpFoldResult CastOp::fold(FoldAdaptor adaptor) {
   if (getInput().getType() == getType())
     return getInput();
   // A float splat rounded to another float type, as the cast would.
-  std::optional<double> value = floatSplat(adaptor.getInput());
+  auto splat = dyn_cast_if_present<SplatElementsAttr>(adaptor.getInput());
   auto type = dyn_cast<RankedTensorType>(getType());
-  if (!value || !type || !isa<FloatType>(type.getElementType()))
+  if (!splat || !isa<FloatType>(splat.getElementType()) || !type ||
+      !isa<FloatType>(type.getElementType()))
     return {};
-  APFloat v =
-      cast<SplatElementsAttr>(adaptor.getInput()).getSplatValue<APFloat>();
+  APFloat v = splat.getSplatValue<APFloat>();
   bool losesInfo = false;
   v.convert(cast<FloatType>(type.getElementType()).getFloatSemantics(),
             APFloat::rmNearestTiesToEven, &losesInfo);
