@@ -500,3 +500,220 @@ TEST(CpuKernels, Dropout) {
 }
 
 } // namespace
+
+namespace {
+
+/// Naive float64 attention and its gradient on the shapes of a
+/// pcc_attention_shape (with an optional [B, 1, 1, L] bias).
+struct AttentionReference {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+AttentionReference referenceAttention(const pcc_attention_shape &s,
+                                      const std::vector<double> &q,
+                                      const std::vector<double> &k,
+                                      const std::vector<double> &v,
+                                      const std::vector<double> &bias,
+                                      const std::vector<double> &g) {
+  int64_t group = s.heads / s.kv_heads, d = s.head_dim, dv = s.v_dim;
+  AttentionReference r;
+  r.out.assign(s.batch * s.heads * s.seq * dv, 0.0);
+  r.lse.assign(s.batch * s.heads * s.seq, 0.0);
+  r.dq.assign(q.size(), 0.0);
+  r.dk.assign(k.size(), 0.0);
+  r.dv.assign(v.size(), 0.0);
+  std::vector<double> p(s.len);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      int64_t qh = b * s.heads + h, kh = b * s.kv_heads + h / group;
+      for (int64_t i = 0; i < s.seq; ++i) {
+        int64_t visible =
+            s.causal ? std::clamp<int64_t>(i + s.len - s.seq + 1, 0, s.len)
+                     : s.len;
+        double m = -INFINITY;
+        for (int64_t j = 0; j < visible; ++j) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c)
+            dot += q[(qh * s.seq + i) * d + c] * k[(kh * s.len + j) * d + c];
+          p[j] = dot * s.scale + (bias.empty() ? 0.0 : bias[b * s.len + j]);
+          m = std::max(m, p[j]);
+        }
+        if (m == -INFINITY) {
+          r.lse[qh * s.seq + i] = -INFINITY;
+          continue;
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < visible; ++j)
+          sum += std::exp(p[j] - m);
+        r.lse[qh * s.seq + i] = m + std::log(sum);
+        for (int64_t j = 0; j < visible; ++j)
+          p[j] = std::exp(p[j] - m) / sum;
+        double *o = &r.out[(qh * s.seq + i) * dv];
+        for (int64_t j = 0; j < visible; ++j)
+          for (int64_t c = 0; c < dv; ++c)
+            o[c] += p[j] * v[(kh * s.len + j) * dv + c];
+        const double *gi = &g[(qh * s.seq + i) * dv];
+        double rowDot = 0;
+        for (int64_t c = 0; c < dv; ++c)
+          rowDot += gi[c] * o[c];
+        for (int64_t j = 0; j < visible; ++j) {
+          double dp = 0;
+          for (int64_t c = 0; c < dv; ++c) {
+            dp += gi[c] * v[(kh * s.len + j) * dv + c];
+            r.dv[(kh * s.len + j) * dv + c] += p[j] * gi[c];
+          }
+          double ds = p[j] * (dp - rowDot) * s.scale;
+          for (int64_t c = 0; c < d; ++c) {
+            r.dq[(qh * s.seq + i) * d + c] += ds * k[(kh * s.len + j) * d + c];
+            r.dk[(kh * s.len + j) * d + c] += ds * q[(qh * s.seq + i) * d + c];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+std::vector<uint16_t> toBf16(const std::vector<float> &x) {
+  std::vector<uint16_t> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    y[i] = pccrt::floatToBf16(x[i]);
+  return y;
+}
+
+std::vector<double> widen(const std::vector<float> &x, bool bf16) {
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    y[i] = bf16 ? pccrt::bf16ToFloat(pccrt::floatToBf16(x[i])) : x[i];
+  return y;
+}
+
+template <typename T> std::vector<double> asDouble(const std::vector<T> &x) {
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if constexpr (std::is_same_v<T, uint16_t>)
+      y[i] = pccrt::bf16ToFloat(x[i]);
+    else
+      y[i] = x[i];
+  }
+  return y;
+}
+
+void expectClose(const std::vector<double> &got,
+                 const std::vector<double> &want, double tol,
+                 const char *what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i])) {
+      ASSERT_EQ(got[i], want[i]) << what << " element " << i;
+      continue;
+    }
+    ASSERT_NEAR(got[i], want[i], tol * (1.0 + std::fabs(want[i])))
+        << what << " element " << i;
+  }
+}
+
+/// One case in f32 (dtype 0) or bf16 (1): the kernels against the float64
+/// reference on the same (rounded) inputs.
+template <typename T>
+void checkAttention(pcc_attention_shape s, bool withBias, double tol) {
+  int64_t nq = s.batch * s.heads * s.seq * s.head_dim,
+          nk = s.batch * s.kv_heads * s.len * s.head_dim,
+          nv = s.batch * s.kv_heads * s.len * s.v_dim,
+          no = s.batch * s.heads * s.seq * s.v_dim;
+  bool bf16 = std::is_same_v<T, uint16_t>;
+  std::vector<float> qf = randomVector(nq, 1), kf = randomVector(nk, 2),
+                     vf = randomVector(nv, 3), gf = randomVector(no, 4);
+  std::vector<float> bias;
+  if (withBias) {
+    // A padding mask: the last key of batch entry 1 masked.
+    bias.assign(s.batch * s.len, 0.0f);
+    bias[1 * s.len + s.len - 1] = -INFINITY;
+    s.bias_strides[0] = s.len;
+    s.bias_strides[3] = 1;
+  }
+  auto in = [&](const std::vector<float> &x) {
+    if constexpr (std::is_same_v<T, uint16_t>)
+      return toBf16(x);
+    else
+      return x;
+  };
+  std::vector<T> q = in(qf), k = in(kf), v = in(vf), g = in(gf);
+  std::vector<T> out(no), dq(nq), dk(nk), dv(nv);
+  std::vector<float> lse(s.batch * s.heads * s.seq);
+  const float *b = withBias ? bias.data() : nullptr;
+  ASSERT_EQ(pcc_cpu_attention(&s, q.data(), k.data(), v.data(), b, out.data(),
+                              lse.data()),
+            0)
+      << pcc_cpu_last_error();
+  std::vector<double> biasD(bias.begin(), bias.end());
+  AttentionReference ref =
+      referenceAttention(s, widen(qf, bf16), widen(kf, bf16), widen(vf, bf16),
+                         biasD, widen(gf, bf16));
+  expectClose(asDouble(out), ref.out, tol, "out");
+  expectClose(asDouble(lse), ref.lse, 1e-5, "lse");
+  ASSERT_EQ(pcc_cpu_attention_grad(&s, q.data(), k.data(), v.data(),
+                                   out.data(), lse.data(), g.data(), b,
+                                   dq.data(), dk.data(), dv.data()),
+            0)
+      << pcc_cpu_last_error();
+  // The gradient reads the kernel's own (rounded) forward result.
+  expectClose(asDouble(dq), ref.dq, tol * 4, "dq");
+  expectClose(asDouble(dk), ref.dk, tol * 4, "dk");
+  expectClose(asDouble(dv), ref.dv, tol * 4, "dv");
+}
+
+pcc_attention_shape attentionShape(int64_t batch, int64_t heads,
+                                   int64_t kvHeads, int64_t seq, int64_t len,
+                                   int64_t d, int causal, int dtype) {
+  pcc_attention_shape s{};
+  s.batch = batch;
+  s.heads = heads;
+  s.kv_heads = kvHeads;
+  s.seq = seq;
+  s.len = len;
+  s.head_dim = d;
+  s.v_dim = d;
+  s.scale = 1.0 / std::sqrt(static_cast<double>(d));
+  s.causal = causal;
+  s.dtype = dtype;
+  return s;
+}
+
+} // namespace
+
+TEST(CpuKernels, Attention) {
+  // Several strips (130 rows: 64 + 64 + 2 under the causal mask, one strip
+  // of 130 without), grouped-query heads, fewer queries than keys (the
+  // causal mask aligned to the bottom right), a padding bias.
+  SCOPED_TRACE("f32 causal");
+  checkAttention<float>(attentionShape(2, 4, 2, 130, 130, 16, 1, 0), false,
+                        1e-5);
+  SCOPED_TRACE("f32 plain, grouped, bias");
+  checkAttention<float>(attentionShape(2, 6, 2, 33, 47, 8, 0, 0), true, 1e-5);
+  SCOPED_TRACE("f32 causal, queries < keys, bias");
+  checkAttention<float>(attentionShape(2, 2, 2, 70, 90, 8, 1, 0), true, 1e-5);
+  SCOPED_TRACE("bf16 causal, grouped");
+  checkAttention<uint16_t>(attentionShape(2, 4, 1, 100, 100, 32, 1, 1), false,
+                           2e-2);
+}
+
+TEST(CpuKernels, Attention_SameBitsWhateverTheBatch) {
+  // Data parallelism splits the batch: each entry's rows keep their bits.
+  pcc_attention_shape whole = attentionShape(4, 2, 2, 80, 80, 16, 1, 0);
+  pcc_attention_shape half = whole;
+  half.batch = 2;
+  int64_t nq = 4 * 2 * 80 * 16;
+  std::vector<float> q = randomVector(nq, 5), k = randomVector(nq, 6),
+                     v = randomVector(nq, 7);
+  std::vector<float> out(nq), lse(4 * 2 * 80), outHalf(nq / 2),
+      lseHalf(4 * 80);
+  ASSERT_EQ(pcc_cpu_attention(&whole, q.data(), k.data(), v.data(), nullptr,
+                              out.data(), lse.data()),
+            0);
+  ASSERT_EQ(pcc_cpu_attention(&half, q.data() + nq / 2, k.data() + nq / 2,
+                              v.data() + nq / 2, nullptr, outHalf.data(),
+                              lseHalf.data()),
+            0);
+  EXPECT_EQ(0, std::memcmp(out.data() + nq / 2, outHalf.data(),
+                           outHalf.size() * sizeof(float)));
+}

@@ -700,3 +700,55 @@ TEST(GradCheck, EveryOpIsClassified) {
 }
 
 } // namespace
+
+//===----------------------------------------------------------------------===//
+// Fused attention
+//===----------------------------------------------------------------------===//
+
+/// pcc.attention's rule (pcc.attention_grad, the probabilities recomputed
+/// from the saved log-sum-exps) against finite differences of the forward:
+/// plain, causal with fewer queries than keys (the mask aligned to the
+/// bottom right), grouped-query with a padding bias.
+TEST(GradCheck, Attention) {
+  struct Case {
+    const char *name, *attrs;
+    int64_t hq, hkv, s, l;
+    bool bias;
+  };
+  for (Case k : {Case{"plain", "", 2, 2, 3, 3, false},
+                 Case{"causal", "{causal}", 2, 2, 3, 5, false},
+                 Case{"grouped, bias", "{causal}", 4, 2, 4, 4, true}}) {
+    SCOPED_TRACE(k.name);
+    auto t = [](int64_t h, int64_t s, int64_t d) {
+      return "tensor<2x" + std::to_string(h) + "x" + std::to_string(s) + "x" +
+             std::to_string(d) + "xf64>";
+    };
+    std::string q = t(k.hq, k.s, 3), kv = t(k.hkv, k.l, 3),
+                o = t(k.hq, k.s, 3),
+                lse = "tensor<2x" + std::to_string(k.hq) + "x" +
+                      std::to_string(k.s) + "xf64>",
+                b = "tensor<2x1x1x" + std::to_string(k.l) + "xf64>";
+    GradCase c;
+    c.ir = "func.func @f(%q: " + q + ", %k: " + kv + ", %v: " + kv +
+           (k.bias ? ", %b: " + b : std::string()) + ") -> (" + o + ", " +
+           lse + ")" +
+           " {\n  %o, %lse = pcc.attention %q, %k, %v" +
+           (k.bias ? " bias %b" : "") + " scale = 0.7 " + k.attrs + " : " + q +
+           ", " + kv + ", " + kv + (k.bias ? ", " + b : std::string()) +
+           " -> " + o + ", " + lse + "\n  return %o, %lse : " + o + ", " + lse +
+           "\n}\n";
+    // The log-sum-exps only feed the gradient.
+    c.withGrad = {true, false};
+    Rng r;
+    c.args = {r.uniform(2 * k.hq * k.s * 3, -1, 1),
+              r.uniform(2 * k.hkv * k.l * 3, -1, 1),
+              r.uniform(2 * k.hkv * k.l * 3, -1, 1)};
+    if (k.bias) {
+      std::vector<double> pad(2 * k.l, 0.0);
+      pad[k.l - 1] = -std::numeric_limits<double>::infinity();
+      c.args.push_back(pad);
+      c.needed = {true, true, true, false};
+    }
+    gradCheck(c);
+  }
+}

@@ -1095,6 +1095,103 @@ Result evalCrossEntropy(Operation *op, ArrayRef<Tensor> in,
   return std::vector<Tensor>{std::move(out)};
 }
 
+/// pcc.attention %q, %k, %v [bias %b] {scale, causal}: the scores in full,
+/// softmax over the visible keys (zeros for a row with none), times v; and
+/// each row's log-sum-exp. pcc.attention_grad %q, %k, %v, %out, %lse, %g:
+/// p = exp(s - lse), dv = p^T g, ds = p (g v^T - rowsum(g out)),
+/// dq = scale ds k, dk = scale ds^T q (a key head's summed over its group).
+Result evalAttention(Operation *op, ArrayRef<Tensor> in, std::string &error) {
+  bool isGrad = op->getName().getStringRef() == "pcc.attention_grad";
+  unsigned fixed = isGrad ? 6 : 3;
+  if (op->getNumOperands() != fixed && op->getNumOperands() != fixed + 1)
+    return fail(error, opName(op) + ": unexpected operand count");
+  const Tensor *bias = op->getNumOperands() > fixed ? &in[fixed] : nullptr;
+  auto q = typeOf(op->getOperand(0)), k = typeOf(op->getOperand(1)),
+       v = typeOf(op->getOperand(2));
+  int64_t batch = q.getDimSize(0), hq = q.getDimSize(1), s = q.getDimSize(2),
+          d = q.getDimSize(3), hkv = k.getDimSize(1), len = k.getDimSize(2),
+          dv = v.getDimSize(3), group = hq / hkv;
+  double scale = op->getAttrOfType<mlir::FloatAttr>("scale").getValueAsDouble();
+  bool causal = op->hasAttr("causal");
+  std::vector<int64_t> biasShape(4, 1);
+  if (bias)
+    biasShape.assign(bias->shape.begin(), bias->shape.end());
+  auto biasAt = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+    if (!bias)
+      return 0.0;
+    int64_t idx[4] = {b, h, i, j}, flat = 0;
+    for (int d = 0; d < 4; ++d)
+      flat = flat * biasShape[d] + (biasShape[d] == 1 ? 0 : idx[d]);
+    return bias->data[flat];
+  };
+  std::vector<Tensor> results;
+  for (unsigned r = 0; r < op->getNumResults(); ++r)
+    results.push_back(zerosFor(op, r));
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> scores(len);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < hq; ++h) {
+      int64_t kvHead = b * hkv + h / group, qHead = b * hq + h;
+      for (int64_t i = 0; i < s; ++i) {
+        int64_t visible = causal ? std::clamp<int64_t>(i + len - s + 1, 0, len)
+                                 : len;
+        const double *qi = in[0].data.data() + (qHead * s + i) * d;
+        double maxValue = -inf;
+        for (int64_t j = 0; j < visible; ++j) {
+          const double *kj = in[1].data.data() + (kvHead * len + j) * d;
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c)
+            dot += qi[c] * kj[c];
+          scores[j] = dot * scale + biasAt(b, h, i, j);
+          maxValue = maxOf(maxValue, scores[j]);
+        }
+        if (!isGrad) {
+          double *o = results[0].data.data() + (qHead * s + i) * dv;
+          if (maxValue == -inf) {
+            results[1].data[qHead * s + i] = -inf;
+            continue;
+          }
+          double sum = 0;
+          for (int64_t j = 0; j < visible; ++j)
+            sum += std::exp(scores[j] - maxValue);
+          for (int64_t j = 0; j < visible; ++j) {
+            double p = std::exp(scores[j] - maxValue) / sum;
+            const double *vj = in[2].data.data() + (kvHead * len + j) * dv;
+            for (int64_t c = 0; c < dv; ++c)
+              o[c] += p * vj[c];
+          }
+          results[1].data[qHead * s + i] = maxValue + std::log(sum);
+          continue;
+        }
+        double lse = in[4].data[qHead * s + i];
+        if (lse == -inf)
+          continue;
+        const double *gi = in[5].data.data() + (qHead * s + i) * dv;
+        const double *oi = in[3].data.data() + (qHead * s + i) * dv;
+        double rowDot = 0;
+        for (int64_t c = 0; c < dv; ++c)
+          rowDot += gi[c] * oi[c];
+        double *dqi = results[0].data.data() + (qHead * s + i) * d;
+        for (int64_t j = 0; j < visible; ++j) {
+          double p = std::exp(scores[j] - lse);
+          const double *vj = in[2].data.data() + (kvHead * len + j) * dv;
+          const double *kj = in[1].data.data() + (kvHead * len + j) * d;
+          double dp = 0;
+          for (int64_t c = 0; c < dv; ++c) {
+            dp += gi[c] * vj[c];
+            results[2].data[(kvHead * len + j) * dv + c] += p * gi[c];
+          }
+          double ds = p * (dp - rowDot) * scale;
+          for (int64_t c = 0; c < d; ++c) {
+            dqi[c] += ds * kj[c];
+            results[1].data[(kvHead * len + j) * d + c] += ds * qi[c];
+          }
+        }
+      }
+    }
+  return results;
+}
+
 //===----------------------------------------------------------------------===//
 // Dispatch
 //===----------------------------------------------------------------------===//
@@ -1153,6 +1250,8 @@ Result dispatch(Operation *op, ArrayRef<Tensor> in, std::string &error) {
     return evalPad(op, in, error);
   if (name == "pcc.cross_entropy" || name == "pcc.cross_entropy_grad")
     return evalCrossEntropy(op, in, error);
+  if (name == "pcc.attention" || name == "pcc.attention_grad")
+    return evalAttention(op, in, error);
 
   // A sum over a mesh axis of one rank is that rank's tensor (the gradient
   // check of all_reduce's rule runs on such a mesh).

@@ -86,6 +86,10 @@ static int64_t bucketBytes(const CompileOptions &o) {
 void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
                                    const MemoryChoices &choices) {
   buildImportCleanupPipeline(pm);
+  if (o.fuseAttention) {
+    pm.addNestedPass<func::FuncOp>(createFuseAttention());
+    pm.addPass(createCanonicalizerPass());
+  }
   if (o.microbatches * o.dp > 1) {
     // The model is imported at its whole batch; the analysis finds the rows
     // and rewrites the program to one micro-batch of one data-parallel rank

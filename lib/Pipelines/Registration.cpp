@@ -36,6 +36,9 @@ struct CompilePipelineOptions
   Opt<bool> sequenceParallel{*this, "sp",
                              llvm::cl::desc("sequence parallelism"),
                              llvm::cl::init(false)};
+  Opt<bool> fuseAttention{*this, "fuse-attention",
+                          llvm::cl::desc("one pcc.attention per attention"),
+                          llvm::cl::init(true)};
   List<std::string> ppCuts{*this, "pp-cuts",
                            llvm::cl::desc("cut after these ONNX nodes")};
   Opt<int64_t> ppChunks{*this, "pp-chunks",

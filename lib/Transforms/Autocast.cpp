@@ -116,11 +116,18 @@ enum class Rule {
   Wrap,
   /// f32: losses and everything not listed.
   Float32,
+  /// Fused attention: q, k and v in bf16 (products in bf16 with f32
+  /// accumulation, the softmax in f32 inside, as PyTorch's autocast runs
+  /// scaled_dot_product_attention), the result in bf16, the row statistics
+  /// and the mask in f32. Under fp16 it runs in f32.
+  Attention,
 };
 
 Rule ruleOf(Operation *op) {
   if (isa<MatmulOp, ConvOp>(op))
     return Rule::Product;
+  if (isa<AttentionOp>(op))
+    return Rule::Attention;
   if ((op->hasTrait<OpTrait::Elementwise>() && !isa<CastOp>(op)) ||
       isa<ReshapeOp, TransposeOp, BroadcastOp, ConcatOp, SplitOp, SliceOp,
           PadOp, GatherOp>(op))
@@ -248,6 +255,20 @@ struct AutocastPass : public mlir::pcc::impl::AutocastBase<AutocastPass> {
       case Rule::Float32:
         castOperands(&op, half, f32);
         break;
+      case Rule::Attention: {
+        auto attention = cast<AttentionOp>(op);
+        if (!half.isBF16()) {
+          castOperands(&op, half, f32);
+          break;
+        }
+        for (unsigned i = 0; i < 3; ++i)
+          op.setOperand(i, castTo(&op, op.getOperand(i), half));
+        if (Value bias = attention.getBias(); bias && isBf16(bias))
+          attention.getBiasMutable().assign(castTo(&op, bias, f32));
+        attention.getResult().setType(
+            tensorOf(attention.getResult()).clone(half));
+        break;
+      }
       }
     }
     auto module = func->getParentOfType<ModuleOp>();
@@ -275,6 +296,9 @@ struct AutocastPass : public mlir::pcc::impl::AutocastBase<AutocastPass> {
 /// f32, rounded once per result), data movement, products, casts,
 /// constants, state copies, collectives and transfers.
 bool runsOnBf16(Operation *op) {
+  // Fused attention has bf16 kernels (not fp16 ones).
+  if (isa<AttentionOp, AttentionGradOp>(op))
+    return !elementOf(op->getOperand(0)).isF16();
   return op->hasTrait<OpTrait::Elementwise>() ||
          isa<CastOp, MatmulOp, ReshapeOp, TransposeOp, BroadcastOp, ConcatOp,
              SplitOp, SliceOp, PadOp, GatherOp, ShardGatherOp, ShardSliceOp,

@@ -72,6 +72,12 @@ static struct SharedFlags {
                "of the sequence; reduce-scatter and all-gather replace each "
                "block's all-reduce"),
       cl::init(false), cl::cat(pccCategory)};
+  cl::opt<bool> fuseAttention{
+      "fuse-attention",
+      cl::desc("compute each attention (Q K^T, mask, softmax, V) as one "
+               "fused op, a strip of query rows at a time, without the "
+               "S x S scores; =false keeps the model's products and softmax"),
+      cl::init(true), cl::cat(pccCategory)};
   cl::list<std::string> ppCuts{
       "pp-cuts",
       cl::desc("cut the pipeline after these ONNX nodes (pp x v - 1 "

@@ -35,6 +35,9 @@ struct CompileOptions {
   int64_t tp = 1, pp = 1, dp = 1;
   std::string meshOrder = "dp,pp,tp";
   bool sequenceParallel = false;
+  /// pcc-fuse-attention: the exporters' decomposed attention as one
+  /// pcc.attention (--fuse-attention=false keeps the products and softmax).
+  bool fuseAttention = true;
 
   // The pipeline: cuts after these ONNX nodes, model chunks per rank,
   // micro-batches, the schedule.
@@ -112,6 +115,7 @@ void setSharedOptions(CompileOptions &o, const Flags &flags, Given given) {
   o.dp = flags.dp;
   o.meshOrder = flags.meshOrder;
   o.sequenceParallel = flags.sequenceParallel;
+  o.fuseAttention = flags.fuseAttention;
   o.ppCuts.assign(flags.ppCuts.begin(), flags.ppCuts.end());
   o.ppChunks = flags.ppChunks;
   o.microbatches = flags.microbatches;

@@ -78,6 +78,36 @@ def MergeStateLoads : Pass<"pcc-merge-state-loads", "func::FuncOp"> {
   }];
 }
 
+def FuseAttention : Pass<"pcc-fuse-attention", "func::FuncOp"> {
+  let summary = "decomposed attention into pcc.attention";
+  let description = [{
+    Finds `softmax(scale * q k^T + bias) v` as the exporters write it (and
+    as ONNX `Attention` imports): a product of q with k transposed (by the
+    product's `transpose_b`, or by transposes between reshapes), splat
+    scalings of q, of k or of the scores, additive masks, a softmax over the
+    keys and the product with v, each intermediate used once. K and V
+    repeated for grouped-query attention (`reshape`, `broadcast`, `reshape`)
+    are read unrepeated. A constant mask that is exactly the causal one (0
+    where key <= query, at most -1e30 elsewhere) becomes `causal`; another
+    mask that no weight reaches is the bias, read at its unbroadcast shape.
+    The match is left alone where the probabilities have another user, a
+    dropout or a softcap intervenes, a mask depends on a weight, or a mask
+    could empty a row of a softmax without `nan_to_zero`.
+
+    ```mlir
+    // before
+    %s = pcc.matmul %q, %k {transpose_b} : tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32> -> tensor<2x4x16x16xf32>
+    %c = pcc.constant dense<0.353553385> : tensor<2x4x16x16xf32>
+    %t = pcc.mul %s, %c : tensor<2x4x16x16xf32>
+    %p = pcc.softmax %t axis = 3 {nan_to_zero} : tensor<2x4x16x16xf32>
+    %o = pcc.matmul %p, %v : tensor<2x4x16x16xf32>, tensor<2x4x16x8xf32> -> tensor<2x4x16x8xf32>
+    // after
+    %o, %lse = pcc.attention %q, %k, %v scale = 0.3535533845424652 : ...
+    ```
+  }];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def FuseElementwise : Pass<"pcc-fuse-elementwise", "func::FuncOp"> {
   let summary = "groups chains of elementwise ops into pcc.fusion ops";
   let description = [{

@@ -69,6 +69,71 @@ LogicalResult CppEmitter::emitSoftmax(Operation *op) {
   return success();
 }
 
+/// pcc.attention and its gradient: one runtime call with the sizes in a
+/// static pcc_attention_shape (runtime/include/pcc/runtime/
+/// AttentionShape.h).
+LogicalResult CppEmitter::emitAttention(Operation *op) {
+  auto forward = dyn_cast<AttentionOp>(op);
+  auto backward = dyn_cast<AttentionGradOp>(op);
+  RankedTensorType q = tensorTypeOf(op->getOperand(0)),
+                   k = tensorTypeOf(op->getOperand(1)),
+                   v = tensorTypeOf(op->getOperand(2));
+  Type element = q.getElementType();
+  if (!element.isF32() && !element.isBF16())
+    return op->emitError("code generation: ")
+           << op->getName() << " runs on f32 or bf16, not " << element;
+  Value bias = forward ? forward.getBias() : backward.getBias();
+  SmallVector<int64_t> biasStrides(4, 0);
+  if (bias) {
+    RankedTensorType bt = tensorTypeOf(bias);
+    if (!bt.getElementType().isF32())
+      return op->emitError("code generation: ")
+             << op->getName() << " takes an f32 bias, not " << bt;
+    int64_t stride = 1;
+    for (int64_t d = 3; d >= 0; --d) {
+      biasStrides[d] = bt.getDimSize(d) == 1 ? 0 : stride;
+      stride *= bt.getDimSize(d);
+    }
+  }
+  double scale = forward ? forward.getScale().convertToDouble()
+                         : backward.getScale().convertToDouble();
+  bool causal = forward ? forward.getCausal() : backward.getCausal();
+  std::string shape = llvm::formatv(
+      "{{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {{{7}, {8}, {9}, {10}}, {11:e16}, "
+      "{12}, {13}}",
+      q.getDimSize(0), q.getDimSize(1), k.getDimSize(1), q.getDimSize(2),
+      k.getDimSize(2), q.getDimSize(3), v.getDimSize(3), biasStrides[0],
+      biasStrides[1], biasStrides[2], biasStrides[3], scale, causal ? 1 : 0,
+      element.isBF16() ? 1 : 0);
+  std::string biasName = bias ? nameOf(bias) : "nullptr";
+  std::string args;
+  if (forward)
+    args = llvm::formatv("&shape, {0}, {1}, {2}, {3}, {4}, {5})",
+                         nameOf(forward.getQ()), nameOf(forward.getK()),
+                         nameOf(forward.getV()), biasName,
+                         nameOf(forward.getResult()), nameOf(forward.getLse()));
+  else
+    args = llvm::formatv(
+        "&shape, {0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9})",
+        nameOf(backward.getQ()), nameOf(backward.getK()),
+        nameOf(backward.getV()), nameOf(backward.getOut()),
+        nameOf(backward.getLse()), nameOf(backward.getGrad()), biasName,
+        nameOf(backward.getDq()), nameOf(backward.getDk()),
+        nameOf(backward.getDv()));
+  std::string kernel = forward ? "attention" : "attention_grad";
+  line("{");
+  line("  static const pcc_attention_shape shape = " + shape + ";");
+  if (cuda) {
+    line("  " + call(kernel) + args + ";");
+  } else {
+    line("  if (" + call(kernel) + args + ")");
+    line("    return fail(" + quoted(describeOp(op)) +
+         ", pcc_cpu_last_error());");
+  }
+  line("}");
+  return success();
+}
+
 LogicalResult CppEmitter::emit(LayerNormOp ln) {
   Operation *op = ln;
   if (failed(requireF32(op, ln.getInput())))

@@ -172,6 +172,7 @@ private:
   LogicalResult emitGather(Operation *op);
   LogicalResult emit(MatmulOp mm);
   LogicalResult emitSoftmax(Operation *op);
+  LogicalResult emitAttention(Operation *op);
   LogicalResult emit(LayerNormOp ln);
   LogicalResult emit(BatchNormOp bn);
   LogicalResult emitReduce(Operation *op);

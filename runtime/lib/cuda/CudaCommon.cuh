@@ -60,6 +60,11 @@ inline int fail(const std::string &what, cudaError_t err) {
   return -1;
 }
 
+/// Grows the context's scratch (conv's im2col, a long reduction's parts,
+/// attention's strips) to at least `bytes`, waiting for the kernels that
+/// may still read the old buffer; false (a pending error) when it cannot.
+bool ensureScratch(pcc_cuda_context *ctx, int64_t bytes, const char *caller);
+
 /// Keeps the first failure found while enqueueing work.
 inline void setPending(pcc_cuda_context *ctx, const std::string &message) {
   lastError = message;

@@ -972,8 +972,6 @@ __global__ void reduceFinishKernel(const double *parts, T *y, ReduceGeometry g,
   }
 }
 
-bool ensureScratch(pcc_cuda_context *ctx, int64_t bytes, const char *what);
-
 template <typename T>
 void reduce(pcc_cuda_context *ctx, const char *what, const T *x, T *y,
             int64_t rank, const int64_t *shape, const int64_t *reduced,
@@ -1119,9 +1117,10 @@ __global__ void addBiasKernel(float *y, const float *bias, int64_t channels,
     y[i] += bias[(i / planeSize) % channels];
 }
 
-/// Grows the scratch (conv's im2col, a long reduction's parts) to at least
-/// `bytes`, waiting for the kernels that may still read the old buffer.
-bool ensureScratch(pcc_cuda_context *ctx, int64_t bytes, const char *caller) {
+} // namespace
+
+bool pcc_cuda::ensureScratch(pcc_cuda_context *ctx, int64_t bytes,
+                             const char *caller) {
   if (bytes <= ctx->scratchBytes)
     return true;
   std::string what = std::string(caller) + ": growing the scratch";
@@ -1145,6 +1144,8 @@ bool ensureScratch(pcc_cuda_context *ctx, int64_t bytes, const char *caller) {
   ctx->scratchBytes = bytes;
   return true;
 }
+
+namespace {
 
 /// Max pooling for any element type; padded positions never win.
 template <typename T>

@@ -818,6 +818,35 @@ template <> struct Rule<CrossEntropyOp> {
   }
 };
 
+// Attention: FlashAttention's backward, the probabilities recomputed from
+// the saved row log-sum-exps. The bias (a mask) gets no gradient.
+template <> struct Rule<AttentionOp> {
+  static void saved(AttentionOp op, SmallVectorImpl<Value> &s) {
+    s.append({op.getQ(), op.getK(), op.getV(), op.getResult(), op.getLse()});
+    if (op.getBias())
+      s.push_back(op.getBias());
+  }
+  static LogicalResult vjp(AttentionOp op, GradBuilder &gb, ArrayRef<Value> rg,
+                           ArrayRef<bool> needed,
+                           SmallVectorImpl<Value> &grads) {
+    if (rg[1])
+      return unsupported(op, "has no gradient for its log-sum-exp result");
+    if (op.getBias() && needed.size() > 3 && needed[3])
+      return unsupported(op, "has no gradient for its bias (a mask); a "
+                             "trained attention bias runs unfused "
+                             "(--no-fuse-attention)");
+    Value g = rg[0] ? rg[0] : gb.like(op.getResult(), 0.0);
+    auto grad = AttentionGradOp::create(
+        gb.b, gb.loc, op.getQ().getType(), op.getK().getType(),
+        op.getV().getType(), op.getQ(), op.getK(), op.getV(), op.getResult(),
+        op.getLse(), g, op.getBias(), op.getScaleAttr(), op.getCausalAttr());
+    grads.append({grad.getDq(), grad.getDk(), grad.getDv()});
+    if (op.getBias())
+      grads.push_back(Value());
+    return success();
+  }
+};
+
 // Dropout: the same mask again (the op draws it from its counter).
 template <> struct Rule<DropoutOp> {
   static void saved(DropoutOp, SmallVectorImpl<Value> &) {}
@@ -957,7 +986,8 @@ void mlir::pcc::registerPccAutodiffModels(MLIRContext *context) {
               ReshapeOp, TransposeOp, BroadcastOp, ConcatOp, SplitOp, SliceOp,
               PadOp, GatherOp, ScatterAddOp, ReduceSumOp, ReduceMeanOp,
               ReduceMaxOp, ReduceMinOp, ReduceProdOp, MatmulOp, ConvOp,
-              MaxPoolOp, AvgPoolOp, CrossEntropyOp, DropoutOp, AllReduceOp>(context);
+              MaxPoolOp, AvgPoolOp, CrossEntropyOp, DropoutOp, AllReduceOp,
+              AttentionOp>(context);
   // Piecewise-constant or non-float results: no gradient flows through.
   attachNoGradient<FloorOp, CeilOp, NotOp, AndOp, OrOp, XorOp, IsNaNOp,
                    IsInfOp, CompareOp, ArgMaxOp, ParamOp, ConstantOp>(context);

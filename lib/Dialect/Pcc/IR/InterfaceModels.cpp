@@ -205,6 +205,40 @@ void shardingOptions(LayerNormOp op, ArrayRef<Shard> in, int64_t,
   }
 }
 
+/// Attention splits over the batch (dimension 0) or the heads (dimension
+/// 1): q, k and v (and the forward result, its statistics and gradient)
+/// split alike, a bias where it has that dimension (a size-1 one is read
+/// whole). Query head h reads key head h / (Hq / Hkv), so contiguous
+/// pieces of both keep every group on one rank. Any other split (the
+/// sequence, the head size) is gathered.
+template <typename OpT>
+void attentionOptions(OpT op, ArrayRef<Shard> in, Options &out) {
+  for (int64_t dim : {0, 1}) {
+    bool any = false;
+    for (unsigned i = 0; i < op->getNumOperands(); ++i)
+      any |= in[i].isSplit() && in[i].dim == dim &&
+             typeOf(op->getOperand(i)).getDimSize(dim) > 1;
+    if (!any)
+      continue;
+    Shard split = Shard::split(dim, 1);
+    SmallVector<Shard> operands;
+    for (unsigned i = 0; i < op->getNumOperands(); ++i) {
+      bool whole = op.getBias() && op->getOperand(i) == op.getBias() &&
+                   typeOf(op.getBias()).getDimSize(dim) == 1;
+      operands.push_back(whole ? Shard::replicated() : split);
+    }
+    out.push_back({operands, SmallVector<Shard>(op->getNumResults(), split)});
+  }
+}
+void shardingOptions(AttentionOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  attentionOptions(op, in, out);
+}
+void shardingOptions(AttentionGradOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  attentionOptions(op, in, out);
+}
+
 void shardingOptions(GatherOp op, ArrayRef<Shard> in, int64_t, Options &out) {
   int64_t axis = op.getAxis();
   int64_t indexRank = op.getIndices().getType().getRank();
@@ -416,6 +450,12 @@ std::string splitRole(MatmulOp op, unsigned operand, Shard shard) {
                                         : "columns (outputs)";
 }
 
+std::string splitRole(AttentionOp, unsigned operand, Shard shard) {
+  if (operand != 0 || !shard.isSplit())
+    return "";
+  return shard.dim == 1 ? "heads" : shard.dim == 0 ? "batch" : "";
+}
+
 std::string splitRole(GatherOp op, unsigned operand, Shard shard) {
   if (operand != 0 || !shard.isSplit() ||
       shard.dim != static_cast<int64_t>(op.getAxis()))
@@ -433,6 +473,23 @@ int64_t flopsOf(MatmulOp op) {
   auto lhs = op.getLhs().getType();
   int64_t k = lhs.getDimSize(lhs.getRank() - (op.getTransposeA() ? 2 : 1));
   return 2 * op.getType().getNumElements() * k;
+}
+
+/// Attention's products: q k^T and p v (the gradient: those two again,
+/// and the three of dq, dk and dv), over the whole S x L scores (the causal
+/// mask's skipped blocks counted, as MFU counts them).
+int64_t attentionFlops(RankedTensorType q, RankedTensorType v, int64_t len,
+                       int64_t products) {
+  return products * q.getNumElements() / q.getDimSize(3) * len *
+         (q.getDimSize(3) + v.getDimSize(3));
+}
+int64_t flopsOf(AttentionOp op) {
+  return attentionFlops(op.getQ().getType(), op.getV().getType(),
+                        op.getK().getType().getDimSize(2), 2);
+}
+int64_t flopsOf(AttentionGradOp op) {
+  return attentionFlops(op.getQ().getType(), op.getV().getType(),
+                        op.getK().getType().getDimSize(2), 5);
 }
 
 /// A convolution with result (or result gradient) `out` and weight `w`:

@@ -952,6 +952,79 @@ LogicalResult CrossEntropyGradOp::verify() {
   return success();
 }
 
+/// The shapes of the attention ops: q [B, Hq, S, D], k [B, Hkv, L, D],
+/// v [B, Hkv, L, Dv] with Hkv dividing Hq, a rank-4 bias broadcasting to
+/// [B, Hq, S, L] in f32 or q's type, and the row statistics [B, Hq, S] in
+/// f32 (f64 for f64 q).
+static LogicalResult verifyAttention(Operation *op, RankedTensorType q,
+                                     RankedTensorType k, RankedTensorType v,
+                                     Value bias, RankedTensorType lse) {
+  if (q.getRank() != 4 || k.getRank() != 4 || v.getRank() != 4)
+    return op->emitOpError("takes [B, H, S, D] q, k and v, not ")
+           << q << ", " << k << " and " << v;
+  int64_t batch = q.getDimSize(0), hq = q.getDimSize(1), hkv = k.getDimSize(1);
+  if (k.getDimSize(0) != batch || v.getDimSize(0) != batch ||
+      k.getDimSize(3) != q.getDimSize(3) || v.getDimSize(1) != hkv ||
+      v.getDimSize(2) != k.getDimSize(2) || hkv == 0 || hq % hkv != 0)
+    return op->emitOpError("q ")
+           << q << ", k " << k << " and v " << v
+           << " do not fit together (k and v share their heads and length, "
+              "their heads divide q's)";
+  if (k.getElementType() != q.getElementType() ||
+      v.getElementType() != q.getElementType())
+    return op->emitOpError("takes q, k and v of one element type");
+  Type f32 = Float32Type::get(op->getContext());
+  Type stat = q.getElementType().isF64() ? q.getElementType() : f32;
+  if (bias) {
+    auto b = cast<RankedTensorType>(bias.getType());
+    SmallVector<int64_t> scores = {batch, hq, q.getDimSize(2), k.getDimSize(2)};
+    bool fits = b.getRank() == 4;
+    for (int64_t d = 0; fits && d < 4; ++d)
+      fits = b.getDimSize(d) == 1 || b.getDimSize(d) == scores[d];
+    if (!fits)
+      return op->emitOpError("bias ")
+             << b << " does not broadcast to the scores "
+             << RankedTensorType::get(scores, q.getElementType());
+    if (b.getElementType() != stat && b.getElementType() != q.getElementType())
+      return op->emitOpError("takes a bias in ") << stat << " or q's type";
+  }
+  if (lse != RankedTensorType::get(q.getShape().drop_back(), stat))
+    return op->emitOpError("keeps one log-sum-exp per query row: ")
+           << RankedTensorType::get(q.getShape().drop_back(), stat) << ", not "
+           << lse;
+  return success();
+}
+
+LogicalResult AttentionOp::verify() {
+  RankedTensorType q = getQ().getType(), v = getV().getType();
+  if (failed(verifyAttention(*this, q, getK().getType(), v, getBias(),
+                             getLse().getType())))
+    return failure();
+  SmallVector<int64_t> shape(q.getShape());
+  shape[3] = v.getDimSize(3);
+  if (getResult().getType() != q.clone(shape))
+    return emitOpError("gives ") << q.clone(shape) << ", not "
+                                 << getResult().getType();
+  return success();
+}
+
+LogicalResult AttentionGradOp::verify() {
+  RankedTensorType q = getQ().getType(), k = getK().getType(),
+                   v = getV().getType();
+  if (failed(verifyAttention(*this, q, k, v, getBias(), getLse().getType())))
+    return failure();
+  SmallVector<int64_t> shape(q.getShape());
+  shape[3] = v.getDimSize(3);
+  if (getOut().getType() != q.clone(shape) ||
+      getGrad().getType() != q.clone(shape))
+    return emitOpError("takes the forward result and its gradient as ")
+           << q.clone(shape);
+  if (getDq().getType() != q || getDk().getType() != k ||
+      getDv().getType() != v)
+    return emitOpError("gives gradients of q, k and v's types");
+  return success();
+}
+
 /// In-place ops write model state: their state operands are `pcc.param`s.
 static LogicalResult verifyState(Operation *op, ArrayRef<Value> states) {
   for (Value state : states)

@@ -12,6 +12,8 @@
 #ifndef PCC_RUNTIME_CPUKERNELS_H
 #define PCC_RUNTIME_CPUKERNELS_H
 
+#include "pcc/runtime/AttentionShape.h"
+
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -191,6 +193,23 @@ int pcc_cpu_cross_entropy_grad_f32(const float *logits, const void *labels,
                                    const float *grad, float *y, int64_t rows,
                                    int64_t classes, int64_t ignore_index,
                                    int labels_are_i64);
+
+/* Fused attention (pcc.attention): out = softmax(scale q k^T + bias, causal
+ * mask) v, a strip of query rows at a time (every key of those rows: no
+ * S x L buffer), with each row's log-sum-exp in lse (-inf and zero output
+ * for a row whose every key is masked). bias may be null. The gradient
+ * recomputes the probabilities from lse and writes dq, dk and dv (a key
+ * head's summed over the query heads that read it). Both return non-zero
+ * (pcc_cpu_last_error() says why) when a product cannot run. Each query
+ * row's result depends only on its own (b, h) inputs: the bits do not change
+ * with the batch or head count (data and tensor parallelism). */
+int pcc_cpu_attention(const pcc_attention_shape *shape, const void *q,
+                      const void *k, const void *v, const float *bias,
+                      void *out, float *lse);
+int pcc_cpu_attention_grad(const pcc_attention_shape *shape, const void *q,
+                           const void *k, const void *v, const void *out,
+                           const float *lse, const void *grad,
+                           const float *bias, void *dq, void *dk, void *dv);
 
 /* One optimizer step of n weights in place, in PyTorch's order of
  * operations (torch.optim.SGD / AdamW, foreach=False). `hyper` holds the

@@ -20,6 +20,8 @@
 #ifndef PCC_RUNTIME_CUDAKERNELS_H
 #define PCC_RUNTIME_CUDAKERNELS_H
 
+#include "pcc/runtime/AttentionShape.h"
+
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -199,6 +201,19 @@ void pcc_cuda_cross_entropy_grad_f32(pcc_cuda_context *ctx, const float *logits,
                                      float *y, int64_t rows, int64_t classes,
                                      int64_t ignore_index, int labels_are_i64,
                                      int site);
+
+/* pcc_cpu_attention and its gradient on the GPU: cuBLAS's strided batched
+ * products over every (batch, key head) at once, a strip of query rows at
+ * a time, the softmax and its gradient in kernels of their own, strips in
+ * the context's scratch. `shape` is read when the call is made. */
+void pcc_cuda_attention(pcc_cuda_context *ctx, const pcc_attention_shape *shape,
+                        const void *q, const void *k, const void *v,
+                        const float *bias, void *out, float *lse);
+void pcc_cuda_attention_grad(pcc_cuda_context *ctx,
+                             const pcc_attention_shape *shape, const void *q,
+                             const void *k, const void *v, const void *out,
+                             const float *lse, const void *grad,
+                             const float *bias, void *dq, void *dk, void *dv);
 
 /* `hyper` is a host array (PCC_NUM_HYPER values, enum pcc_hyper), read
  * when the call is made; `norm` is a device pointer to the global gradient

@@ -1048,6 +1048,79 @@ def Pcc_CrossEntropyGradOp : Pcc_Op<"cross_entropy_grad",
   let hasVerifier = 1;
 }
 
+def Pcc_AttentionOp : Pcc_Op<"attention", [Pure]> {
+  let summary = "scaled dot-product attention without the S x L scores";
+  let description = [{
+    `out = softmax(scale * q k^T + bias [+ causal mask]) v` over the last
+    axis, for `q` `[B, Hq, S, D]`, `k` `[B, Hkv, L, D]` and `v`
+    `[B, Hkv, L, Dv]`; query head h reads key/value head `h / (Hq / Hkv)`
+    (grouped-query attention, K and V never repeated). `bias`, when present,
+    is f32 (or q's type) of rank 4 and broadcasts to `[B, Hq, S, L]` (size-1
+    dimensions are read with stride 0: a padding mask `[B, 1, 1, L]` stays
+    that size). `causal` masks key j from query i when `j > i + L - S`. A
+    row whose every key is masked gives zeros (softmax's `nan_to_zero`).
+    The second result is each row's log-sum-exp of the (scaled, biased)
+    scores in f32, which the gradient reads instead of the probabilities
+    (-inf for a fully masked row).
+
+    The kernels compute the scores a strip of query rows at a time, every
+    key of those rows at once (exact softmax, no rescaling), so memory is
+    linear in the sequence: `pcc-fuse-attention` builds this op from the
+    exporters' decomposed attention and from ONNX `Attention`.
+
+    ```mlir
+    %o, %lse = pcc.attention %q, %k, %v scale = 1.250000e-01 {causal}
+        : tensor<2x4x16x8xf32>, tensor<2x2x16x8xf32>, tensor<2x2x16x8xf32>
+        -> tensor<2x4x16x8xf32>, tensor<2x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$q, Pcc_FloatTensor:$k,
+                       Pcc_FloatTensor:$v, Optional<Pcc_FloatTensor>:$bias,
+                       F64Attr:$scale, UnitAttr:$causal);
+  let results = (outs Pcc_FloatTensor:$result, Pcc_FloatTensor:$lse);
+  let assemblyFormat = [{
+    $q `,` $k `,` $v (`bias` $bias^)? `scale` `=` $scale attr-dict `:`
+    type($q) `,` type($k) `,` type($v) (`,` type($bias)^)? `->`
+    type($result) `,` type($lse)
+  }];
+  let hasVerifier = 1;
+}
+
+def Pcc_AttentionGradOp : Pcc_Op<"attention_grad",
+    [Pure]> {
+  let summary = "gradient of pcc.attention with respect to q, k and v";
+  let description = [{
+    From the forward operands, its result `out`, its row log-sum-exps `lse`
+    and the result's gradient `grad`: the probabilities are recomputed a
+    strip of query rows at a time (`p = exp(s - lse)`), `dv = p^T grad`,
+    `ds = p (grad v^T - rowsum(grad out))`, `dq = scale ds k` and
+    `dk = scale ds^T q`; a key/value head's gradients sum over the query
+    heads that read it. `bias` gets no gradient (masks).
+
+    ```mlir
+    %dq, %dk, %dv = pcc.attention_grad %q, %k, %v, %o, %lse, %g
+        scale = 1.250000e-01 {causal}
+        : tensor<2x4x16x8xf32>, tensor<2x2x16x8xf32>, tensor<2x2x16x8xf32>,
+          tensor<2x4x16x8xf32>, tensor<2x4x16xf32>, tensor<2x4x16x8xf32>
+        -> tensor<2x4x16x8xf32>, tensor<2x2x16x8xf32>, tensor<2x2x16x8xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$q, Pcc_FloatTensor:$k,
+                       Pcc_FloatTensor:$v, Pcc_FloatTensor:$out,
+                       Pcc_FloatTensor:$lse, Pcc_FloatTensor:$grad,
+                       Optional<Pcc_FloatTensor>:$bias, F64Attr:$scale,
+                       UnitAttr:$causal);
+  let results = (outs Pcc_FloatTensor:$dq, Pcc_FloatTensor:$dk,
+                      Pcc_FloatTensor:$dv);
+  let assemblyFormat = [{
+    $q `,` $k `,` $v `,` $out `,` $lse `,` $grad (`bias` $bias^)?
+    `scale` `=` $scale attr-dict `:` type($q) `,` type($k) `,` type($v) `,`
+    type($out) `,` type($lse) `,` type($grad) (`,` type($bias)^)? `->`
+    type($dq) `,` type($dk) `,` type($dv)
+  }];
+  let hasVerifier = 1;
+}
+
 def Pcc_DropoutOp : Pcc_Op<"dropout", [Pcc_RunsWhole, Pure,
     AllTypesMatch<["input", "result"]>]> {
   let summary = "training-mode dropout with counter-based random numbers";
