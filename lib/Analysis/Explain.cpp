@@ -485,7 +485,7 @@ void explain(ModuleOp module, const ExplainSettings &s, llvm::raw_ostream &os) {
   os << "  fusion: " << fusions << " pcc.fusion kernels compute " << fused
      << " elementwise ops\n";
   os << "  compute: " << grouped(flops)
-     << " FLOPs in matmuls and convolutions\n";
+     << " FLOPs in products (matmuls, convolutions, attention)\n";
   int64_t arena = rankArenaBytes(module);
   os << "  memory plan: peak arena " << grouped(arena) << " bytes for "
      << grouped(intermediate) << " bytes of intermediate tensors";

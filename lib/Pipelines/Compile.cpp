@@ -87,7 +87,9 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
                                    const MemoryChoices &choices) {
   buildImportCleanupPipeline(pm);
   if (o.fuseAttention) {
-    pm.addNestedPass<func::FuncOp>(createFuseAttention());
+    FuseAttentionOptions attention;
+    attention.tensorParallel = o.tp;
+    pm.addNestedPass<func::FuncOp>(createFuseAttention(attention));
     pm.addPass(createCanonicalizerPass());
   }
   if (o.microbatches * o.dp > 1) {

@@ -96,36 +96,46 @@ Value unrepeat(Value x) {
   return in.getInput();
 }
 
-/// The [B, H, L, D] keys whose transpose is the [B, H, D, L] value `kt`:
-/// a transpose of the last two dimensions, or the exporters' reshape to
-/// [B H, L, D], transpose, reshape back. Null when `kt` is neither.
-Value keysOf(Value kt) {
+/// The [B, H, L, D] keys as a value and the permutation that makes them
+/// from it (empty: the value itself).
+struct Keys {
+  Value base;
+  SmallVector<int64_t> perm;
+};
+
+/// The keys whose transpose is the [B, H, D, L] value `kt`: a transpose of
+/// the last two dimensions, the exporters' reshape to [B H, L, D],
+/// transpose, reshape back (of a repeat for grouped-query attention), or
+/// any other transpose (a [B, L, H, D] tensor permuted [0, 2, 3, 1]: the
+/// keys are it permuted [0, 2, 1, 3]). Else `kt` transposed back.
+Keys keysOf(Value kt) {
   ArrayRef<int64_t> shape = typeOf(kt).getShape();
   if (auto t = kt.getDefiningOp<TransposeOp>()) {
-    if (t.getPermutation() == ArrayRef<int64_t>{0, 1, 3, 2})
-      return unrepeat(t.getInput());
-    return Value();
+    ArrayRef<int64_t> p = t.getPermutation();
+    SmallVector<int64_t> perm = {p[0], p[1], p[3], p[2]};
+    if (perm == ArrayRef<int64_t>{0, 1, 2, 3})
+      return {unrepeat(t.getInput()), {}};
+    return {t.getInput(), perm};
   }
-  auto outer = kt.getDefiningOp<ReshapeOp>();
-  if (!outer)
-    return Value();
-  auto t = outer.getInput().getDefiningOp<TransposeOp>();
-  if (!t || t.getPermutation() != ArrayRef<int64_t>{0, 2, 1})
-    return Value();
-  auto inner = t.getInput().getDefiningOp<ReshapeOp>();
-  if (!inner)
-    return Value();
-  Value k = inner.getInput();
-  ArrayRef<int64_t> ks = typeOf(k).getShape();
-  int64_t heads = shape[1];
-  // [B, H, L, D], or the 5-D [B, Hkv, g, L, D] of a repeat.
-  if (ks.size() == 4 && ks[0] == shape[0] && ks[1] == heads &&
-      ks[2] == shape[3] && ks[3] == shape[2])
-    return unrepeat(k);
-  if (ks.size() == 5 && ks[0] == shape[0] && ks[1] * ks[2] == heads &&
-      ks[3] == shape[3] && ks[4] == shape[2])
-    return unrepeat(k);
-  return Value();
+  if (auto outer = kt.getDefiningOp<ReshapeOp>()) {
+    auto t = outer.getInput().getDefiningOp<TransposeOp>();
+    auto inner = t && t.getPermutation() == ArrayRef<int64_t>{0, 2, 1}
+                     ? t.getInput().getDefiningOp<ReshapeOp>()
+                     : ReshapeOp();
+    if (inner) {
+      Value k = inner.getInput();
+      ArrayRef<int64_t> ks = typeOf(k).getShape();
+      int64_t heads = shape[1];
+      // [B, H, L, D], or the 5-D [B, Hkv, g, L, D] of a repeat.
+      if (ks.size() == 4 && ks[0] == shape[0] && ks[1] == heads &&
+          ks[2] == shape[3] && ks[3] == shape[2])
+        return {unrepeat(k), {}};
+      if (ks.size() == 5 && ks[0] == shape[0] && ks[1] * ks[2] == heads &&
+          ks[3] == shape[3] && ks[4] == shape[2])
+        return {unrepeat(k), {}};
+    }
+  }
+  return {kt, {0, 1, 3, 2}};
 }
 
 /// Whether anything `v` is computed from is a weight.
@@ -167,6 +177,49 @@ bool isCausalMask(Value mask) {
   return true;
 }
 
+/// Whether the constant boolean `cond` (rank 2 to 4, [.., S, L], S == L)
+/// holds `masked` exactly where the causal mask masks (key > query) in
+/// every [S, L] slice.
+bool isCausalCondition(Value cond, bool masked) {
+  auto cst = cond.getDefiningOp<ConstantOp>();
+  auto type = typeOf(cond);
+  if (!cst || type.getRank() < 2 || !type.getElementType().isInteger(1))
+    return false;
+  int64_t s = type.getDimSize(type.getRank() - 2),
+          l = type.getDimSize(type.getRank() - 1);
+  auto dense = dyn_cast<DenseElementsAttr>(cst.getValue());
+  if (s != l || !dense)
+    return false;
+  int64_t i = 0;
+  for (bool x : dense.getValues<bool>()) {
+    int64_t row = (i / l) % s, col = i % l;
+    if ((x == masked) != (col > row))
+      return false;
+    ++i;
+  }
+  return true;
+}
+
+/// A masked_fill of the scores with a causal constant condition:
+/// `select(cond, fill, x)` or `select(cond, x, fill)` with fill a splat at
+/// most -1e30. Returns x.
+std::optional<Value> causalFill(Value s) {
+  auto sel = s.getDefiningOp<SelectOp>();
+  if (!sel)
+    return std::nullopt;
+  Value cond = sel.getCondition();
+  if (auto bc = cond.getDefiningOp<BroadcastOp>())
+    cond = bc.getInput();
+  for (bool fillFirst : {true, false}) {
+    Value fill = fillFirst ? sel.getTrueValue() : sel.getFalseValue();
+    Value x = fillFirst ? sel.getFalseValue() : sel.getTrueValue();
+    std::optional<double> f = splatValue(fill);
+    if (f && *f <= -1e30 && isCausalCondition(cond, /*masked=*/fillFirst))
+      return x;
+  }
+  return std::nullopt;
+}
+
 /// The bias to give the fused op: the mask before its broadcast to the
 /// scores (rank 4, each dimension 1 or the scores'), or the mask itself.
 Value unbroadcastBias(OpBuilder &b, Value mask, ArrayRef<int64_t> scores) {
@@ -189,7 +242,8 @@ Value unbroadcastBias(OpBuilder &b, Value mask, ArrayRef<int64_t> scores) {
 struct Match {
   MatmulOp scores, output;
   SoftmaxOp softmax;
-  Value q, k, v, mask;
+  Value q, v, mask;
+  Keys k;
   double scale = 1.0;
   bool causal = false;
 };
@@ -213,6 +267,11 @@ bool matchScores(Value s, Match &m) {
       scaled = true;
       continue;
     }
+    if (std::optional<Value> x = causalFill(s); x && !scaled && !m.causal) {
+      m.causal = true;
+      s = *x;
+      continue;
+    }
     auto add = s.getDefiningOp<AddOp>();
     if (!add || scaled)
       return false;
@@ -222,6 +281,8 @@ bool matchScores(Value s, Match &m) {
         Operation *op = x.getDefiningOp();
         if (isa_and_present<MatmulOp>(op))
           return true;
+        if (isa_and_present<SelectOp>(op))
+          return causalFill(x).has_value();
         if (!isa_and_present<AddOp, MulOp, DivOp>(op))
           return false;
         x = op->getOperand(0);
@@ -268,13 +329,20 @@ bool matchAttention(SoftmaxOp softmax, Match &m) {
     return false;
   m.q = peelScalings(mm.getLhs(), m.scale);
   Value rhs = peelScalings(mm.getRhs(), m.scale);
-  m.k = mm.getTransposeB() ? unrepeat(rhs) : keysOf(rhs);
+  m.k = mm.getTransposeB() ? Keys{unrepeat(rhs), {}} : keysOf(rhs);
   m.v = unrepeat(m.output.getRhs());
-  if (!m.k || typeOf(m.v).getRank() != 4)
+  if (typeOf(m.v).getRank() != 4)
     return false;
   // Types: one float element type (f32 or bf16: the kernels'), q's heads a
   // multiple of k's and v's, which agree.
-  auto q = typeOf(m.q), k = typeOf(m.k), v = typeOf(m.v);
+  auto q = typeOf(m.q), v = typeOf(m.v);
+  RankedTensorType k = typeOf(m.k.base);
+  if (!m.k.perm.empty()) {
+    SmallVector<int64_t> shape;
+    for (int64_t p : m.k.perm)
+      shape.push_back(k.getDimSize(p));
+    k = k.clone(shape);
+  }
   Type element = q.getElementType();
   if (!(element.isF32() || element.isBF16()) || k.getElementType() != element ||
       v.getElementType() != element ||
@@ -300,12 +368,21 @@ bool matchAttention(SoftmaxOp softmax, Match &m) {
 
 struct FuseAttentionPass
     : pcc::impl::FuseAttentionBase<FuseAttentionPass> {
+  using FuseAttentionBase::FuseAttentionBase;
+
   void runOnOperation() override {
     SmallVector<SoftmaxOp> softmaxes;
     getOperation().walk([&](SoftmaxOp op) { softmaxes.push_back(op); });
     for (SoftmaxOp softmax : softmaxes) {
       Match m;
       if (!matchAttention(softmax, m))
+        continue;
+      // tp ranks that split the query heads but not the key/value heads:
+      // the decomposed form repeats K and V and splits the repeats.
+      int64_t kvHeads =
+          typeOf(m.k.base).getDimSize(m.k.perm.empty() ? 1 : m.k.perm[1]);
+      if (tensorParallel > 1 && kvHeads % tensorParallel != 0 &&
+          typeOf(m.q).getDimSize(1) % tensorParallel == 0)
         continue;
       OpBuilder b(m.output);
       auto out = typeOf(m.output.getResult());
@@ -314,9 +391,21 @@ struct FuseAttentionPass
       Value bias;
       if (m.mask)
         bias = unbroadcastBias(b, m.mask, typeOf(softmax.getResult()).getShape());
+      Value keys = m.k.base;
+      if (!m.k.perm.empty()) {
+        auto kt = typeOf(keys);
+        SmallVector<int64_t> shape;
+        for (int64_t p : m.k.perm)
+          shape.push_back(kt.getDimSize(p));
+        keys = TransposeOp::create(b, m.scores.getLoc(), kt.clone(shape), keys,
+                                   m.k.perm);
+      }
+      // Named after the first product (q k^T): its ONNX node is the one
+      // errors and the profile show.
       auto attention = AttentionOp::create(
-          b, m.output.getLoc(), out, RankedTensorType::get(q.getShape().drop_back(), stat),
-          m.q, m.k, m.v, bias, b.getF64FloatAttr(m.scale),
+          b, m.scores.getLoc(), out,
+          RankedTensorType::get(q.getShape().drop_back(), stat), m.q, keys, m.v,
+          bias, b.getF64FloatAttr(m.scale),
           m.causal ? b.getUnitAttr() : UnitAttr());
       m.output.getResult().replaceAllUsesWith(attention.getResult());
     }

@@ -107,3 +107,28 @@ func.func @mask_without_nan_guard(%q: tensor<1x1x2x4xf32>, %k: tensor<1x1x2x4xf3
   %o = pcc.matmul %p, %v : tensor<1x1x2x2xf32>, tensor<1x1x2x4xf32> -> tensor<1x1x2x4xf32>
   return %o : tensor<1x1x2x4xf32>
 }
+
+// -----
+
+// Tests the TorchScript exporter's attention (the bundled GPT): k^T as a
+// [B, S, H, D] tensor permuted [0, 2, 3, 1], and the causal mask as a
+// masked_fill of -inf under a boolean constant. The keys become a [0, 2,
+// 1, 3] transpose of the same tensor; the softmax needs no nan_to_zero (a
+// causal row keeps its diagonal).
+// CHECK-LABEL: func.func @masked_fill_causal
+// CHECK-SAME: (%[[Q:.*]]: tensor<1x2x3x4xf32>, %[[X:.*]]: tensor<1x3x2x4xf32>, %[[V:.*]]: tensor<1x2x3x4xf32>)
+// CHECK-NEXT: %[[K:.*]] = pcc.transpose %[[X]] [0, 2, 1, 3]
+// CHECK-NEXT: pcc.attention %[[Q]], %[[K]], %[[V]] scale = 5.000000e-01 {causal}
+func.func @masked_fill_causal(%q: tensor<1x2x3x4xf32>, %x: tensor<1x3x2x4xf32>, %v: tensor<1x2x3x4xf32>) -> tensor<1x2x3x4xf32> {
+  %kt = pcc.transpose %x [0, 2, 3, 1] : tensor<1x3x2x4xf32> -> tensor<1x2x4x3xf32>
+  %s = pcc.matmul %q, %kt : tensor<1x2x3x4xf32>, tensor<1x2x4x3xf32> -> tensor<1x2x3x3xf32>
+  %c = pcc.constant dense<5.000000e-01> : tensor<1x2x3x3xf32>
+  %t = pcc.mul %s, %c : tensor<1x2x3x3xf32>
+  %cond = pcc.constant dense<[[false, true, true], [false, false, true], [false, false, false]]> : tensor<3x3xi1>
+  %cb = pcc.broadcast %cond : tensor<3x3xi1> -> tensor<1x2x3x3xi1>
+  %inf = pcc.constant dense<0xFF800000> : tensor<1x2x3x3xf32>
+  %m = pcc.select %cb, %inf, %t : tensor<1x2x3x3xi1>, tensor<1x2x3x3xf32>
+  %p = pcc.softmax %m axis = 3 : tensor<1x2x3x3xf32>
+  %o = pcc.matmul %p, %v : tensor<1x2x3x3xf32>, tensor<1x2x3x4xf32> -> tensor<1x2x3x4xf32>
+  return %o : tensor<1x2x3x4xf32>
+}

@@ -74,9 +74,8 @@ static struct SharedFlags {
       cl::init(false), cl::cat(pccCategory)};
   cl::opt<bool> fuseAttention{
       "fuse-attention",
-      cl::desc("compute each attention (Q K^T, mask, softmax, V) as one "
-               "fused op, a strip of query rows at a time, without the "
-               "S x S scores; =false keeps the model's products and softmax"),
+      cl::desc("each attention as one fused op, without the S x S "
+               "scores (=false: the model's products and softmax)"),
       cl::init(true), cl::cat(pccCategory)};
   cl::list<std::string> ppCuts{
       "pp-cuts",
@@ -257,7 +256,6 @@ Examples:
   pcc-run gpt.so --device cuda --input examples/data/gpt.input.npy --bench 100
   pcc examples/gpt.onnx --dim=batch=2 --dim=seq=16 --tp=4 -o gpt4.so
   pcc-run -n 4 gpt4.so --input examples/data/gpt.input.npy    # 4 ranks, mpirun
-  pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --pp=2 --microbatches=4 --explain
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --tp=2 --pp=2 --microbatches=4 -o gp.so
   pcc-run -n 4 gp.so --input examples/data/gpt.batch8.input.npy --trace-svg t.svg
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --pp=2 --pp-chunks=2 --microbatches=4 -o il.so

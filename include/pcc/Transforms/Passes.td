@@ -92,7 +92,11 @@ def FuseAttention : Pass<"pcc-fuse-attention", "func::FuncOp"> {
     mask that no weight reaches is the bias, read at its unbroadcast shape.
     The match is left alone where the probabilities have another user, a
     dropout or a softcap intervenes, a mask depends on a weight, or a mask
-    could empty a row of a softmax without `nan_to_zero`.
+    could empty a row of a softmax without `nan_to_zero`, or where
+    `tensor-parallel` ranks would split the query heads but cannot split
+    the key/value heads (grouped-query attention with fewer key/value heads
+    than ranks: unfused, K and V are repeated and the repeats split, as
+    Megatron keeps K and V whole).
 
     ```mlir
     // before
@@ -105,6 +109,10 @@ def FuseAttention : Pass<"pcc-fuse-attention", "func::FuncOp"> {
     %o, %lse = pcc.attention %q, %k, %v scale = 0.3535533845424652 : ...
     ```
   }];
+  let options = [
+    Option<"tensorParallel", "tensor-parallel", "int64_t", "1",
+           "the tp degree the program will be split over">,
+  ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 

@@ -13,6 +13,7 @@
 #include "CppEmitter.h"
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Dialect/Pcc/IR/Layout.h"
+#include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 #include "pcc/Target/Cpp.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -731,28 +732,11 @@ int64_t bytesOf(Value v) {
   return info ? type.getNumElements() * info->size : 0;
 }
 
-/// Multiply-adds count 2: a product's result elements times its
-/// contraction, a convolution's (and its gradients') output positions
-/// times a filter's taps.
+/// The op's FLOPs of one call, from its cost rule (CostOpInterface: 2 per
+/// multiply-add of the products, convolutions and attention).
 double flopsOf(Operation *op) {
-  auto count = [](Value v) {
-    return static_cast<double>(tensorTypeOf(v).getNumElements());
-  };
-  auto perFilter = [](Value w) {
-    auto t = tensorTypeOf(w);
-    return static_cast<double>(t.getNumElements()) / t.getDimSize(0);
-  };
-  if (auto mm = dyn_cast<MatmulOp>(op)) {
-    auto lhs = tensorTypeOf(mm.getLhs());
-    int64_t k = lhs.getDimSize(lhs.getRank() - (mm.getTransposeA() ? 2 : 1));
-    return 2.0 * count(mm.getResult()) * k;
-  }
-  if (auto conv = dyn_cast<ConvOp>(op))
-    return 2.0 * count(conv.getResult()) * perFilter(conv.getWeight());
-  if (auto grad = dyn_cast<ConvGradInputOp>(op))
-    return 2.0 * count(grad.getGrad()) * perFilter(grad.getWeight());
-  if (auto grad = dyn_cast<ConvGradWeightOp>(op))
-    return 2.0 * count(grad.getGrad()) * perFilter(grad.getResult());
+  if (auto cost = dyn_cast<CostOpInterface>(op))
+    return static_cast<double>(cost.getFlops());
   return 0.0;
 }
 

@@ -10,7 +10,8 @@ assert len(events) == ops, f"{len(events)} op events, expected {ops}"
 for a, b in zip(events, events[1:]):
     assert a["dur"] >= 0 and a["ts"] + a["dur"] <= b["ts"] + 1e-3, (a, b)
 products = [e for e in events if e["name"] == "matmul"]
-others = [e for e in events if e["name"] != "matmul"]
+attention = [e for e in events if e["name"] == "attention"]
+others = [e for e in events if e["name"] not in ("matmul", "attention")]
 assert all("flops" not in e["args"] for e in others)
 # The LM head: [32 tokens, 64] x [64, 512 vocabulary], 2 FLOPs per
 # multiply-add.
@@ -21,5 +22,11 @@ fc = [e for e in products if "/blocks.0/mlp/fc/MatMul" in e["args"]["node"]]
 assert len(fc) == 1 and fc[0]["args"]["flops"] == 2 * 32 * 64 * 256, fc
 # Bytes: its operands and result, f32.
 assert fc[0]["args"]["bytes"] == 4 * (32 * 64 + 64 * 256 + 32 * 256), fc
+# Each block's fused attention: q k^T and p v over [2 x 4 heads x 16
+# queries] x 16 keys x 16 wide, the causal mask's skipped half counted.
+assert len(attention) == 2 and all(
+    e["args"]["flops"] == 2 * 2 * (2 * 4 * 16) * 16 * 16 for e in attention), \
+    attention
 print(f"profile trace: {len(events)} ops, {len(products)} products, "
+      f"{len(attention)} attentions, "
       f"{len({e['cat'] for e in events})} function(s)")
