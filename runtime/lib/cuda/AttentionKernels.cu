@@ -97,7 +97,7 @@ __device__ float biasAt(const pcc_attention_shape &s, const float *bias,
 
 /// The forward softmax of a strip, one block per row: `p` holds the raw
 /// products q k^T ([rows, keys]) and gets the probabilities (0 beyond the
-/// visible keys), also rounded to bf16 in `narrow` when dtype is bf16.
+/// visible keys), or, when dtype is bf16, `narrow` gets them rounded.
 __global__ void softmaxStripKernel(pcc_attention_shape s, const float *bias,
                                    float *p, uint16_t *narrow, float *lse,
                                    int64_t rows, int64_t n, int64_t keys,
@@ -125,9 +125,11 @@ __global__ void softmaxStripKernel(pcc_attention_shape s, const float *bias,
     float inv = empty ? 0.0f : static_cast<float>(1.0 / sum);
     for (int64_t c = threadIdx.x; c < keys; c += blockDim.x) {
       float y = c < visible && !empty ? expf(row[c] - m) * inv : 0.0f;
-      row[c] = y;
+      // In bf16 only the rounded copy feeds the product.
       if (narrow)
         narrow[t * keys + c] = pccrt::floatToBf16(y);
+      else
+        row[c] = y;
     }
     if (threadIdx.x == 0)
       lse[r.qRow] = empty ? -INFINITY : m + static_cast<float>(log(sum));
@@ -136,8 +138,8 @@ __global__ void softmaxStripKernel(pcc_attention_shape s, const float *bias,
 
 /// The gradient's row work, one block per row: `p` holds q k^T and gets
 /// p = exp(scale q k^T + bias - lse); `dp` holds grad v^T and gets
-/// ds = p (dp - rowsum(grad out)) scale; bf16 copies of both in `narrowP`
-/// and `narrowDs` when dtype is bf16.
+/// ds = p (dp - rowsum(grad out)) scale; in bf16 both go rounded to
+/// `narrowP` and `narrowDs` instead.
 __global__ void gradStripKernel(pcc_attention_shape s, const float *bias,
                                 const float *lse, const void *grad,
                                 const void *out, float *p, float *dp,
@@ -161,11 +163,12 @@ __global__ void gradStripKernel(pcc_attention_shape s, const float *bias,
       if (c < visible && rowLse != -INFINITY)
         pv = expf(p[at] * scale + biasAt(s, bias, r, c) - rowLse);
       float ds = pv * (dp[at] - rowDot) * scale;
-      p[at] = pv;
-      dp[at] = ds;
       if (narrowP) {
         narrowP[at] = pccrt::floatToBf16(pv);
         narrowDs[at] = pccrt::floatToBf16(ds);
+      } else {
+        p[at] = pv;
+        dp[at] = ds;
       }
     }
   }

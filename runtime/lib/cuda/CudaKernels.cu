@@ -972,6 +972,41 @@ __global__ void reduceFinishKernel(const double *parts, T *y, ReduceGeometry g,
   }
 }
 
+/// A reduction over the rows of a [rows, cols] matrix into its columns (a
+/// bias's or a norm's gradient): one thread per column, so that a warp
+/// reads consecutive elements, and the rows in parts over the grid's y.
+/// Part p of column o sums its rows in order into parts[p * cols + o];
+/// reduceColumnsFinishKernel combines the parts in order: deterministic.
+template <typename T>
+__global__ void reduceColumnsKernel(const T *x, double *parts, int64_t rows,
+                                    int64_t cols, int kind, double init,
+                                    int64_t count) {
+  ReduceOp op{kind};
+  int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t p = blockIdx.y;
+  if (o >= cols)
+    return;
+  int64_t chunk = (rows + count - 1) / count;
+  int64_t begin = p * chunk, end = minOf(begin + chunk, rows);
+  double acc = init;
+  for (int64_t r = begin; r < end; ++r)
+    acc = op(acc, static_cast<double>(x[r * cols + o]));
+  parts[p * cols + o] = acc;
+}
+
+template <typename T>
+__global__ void reduceColumnsFinishKernel(const double *parts, T *y,
+                                          ReduceGeometry g, int kind,
+                                          double init, int64_t count) {
+  ReduceOp op{kind};
+  for (int64_t o = threadIndex(); o < g.outCount; o += threadCount()) {
+    double acc = init;
+    for (int64_t p = 0; p < count; ++p)
+      acc = op(acc, parts[p * g.outCount + o]);
+    y[o] = reduceResult<T>(g, kind, acc);
+  }
+}
+
 template <typename T>
 void reduce(pcc_cuda_context *ctx, const char *what, const T *x, T *y,
             int64_t rank, const int64_t *shape, const int64_t *reduced,
@@ -1030,6 +1065,24 @@ void reduce(pcc_cuda_context *ctx, const char *what, const T *x, T *y,
                              kThreads, 0, ctx->stream>>>(
           x, parts, g, kind, static_cast<double>(init), count);
       reduceFinishKernel<T><<<1, 64, 0, ctx->stream>>>(
+          parts, y, g, kind, static_cast<double>(init), count);
+    }
+    return;
+  }
+  // Rows into columns ([rows, cols], the outer dimensions reduced): a
+  // thread per column reads coalesced; the rows in up to 256 parts of at
+  // least 32.
+  if (r == 2 && isReduced[0] && !isReduced[1] && g.reducedCount >= 64) {
+    int64_t cols = g.outCount, rows = g.reducedCount;
+    int64_t count = std::clamp<int64_t>(rows / 32, 1, 256);
+    if (ensureScratch(ctx, cols * count * 8, what)) {
+      auto *parts = reinterpret_cast<double *>(ctx->scratch);
+      reduceColumnsKernel<T>
+          <<<dim3(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(count)),
+             kThreads, 0, ctx->stream>>>(x, parts, rows, cols, kind,
+                                         static_cast<double>(init), count);
+      reduceColumnsFinishKernel<T><<<gridFor(cols), kThreads, 0, ctx->stream>>>(
           parts, y, g, kind, static_cast<double>(init), count);
     }
     return;
