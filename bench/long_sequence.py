@@ -20,11 +20,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from mixed_precision import TextLM, export  # noqa: E402 (bench/)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.expanduser("~/.cache/pcc/bench")
@@ -40,16 +41,6 @@ def build(seq):
     return transformers.GPT2LMHeadModel(config), config.vocab_size
 
 
-class TextLM(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids):
-        return self.model(input_ids=input_ids, use_cache=False,
-                          return_dict=True).logits
-
-
 def run(cmd, env=None):
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, env=env)
@@ -57,19 +48,6 @@ def run(cmd, env=None):
         sys.exit("long_sequence.py: %s failed:\n%s" % (" ".join(cmd),
                                                        r.stdout[-3000:]))
     return r.stdout
-
-
-def export(model, path, batch, seq):
-    import contextlib
-    import io
-    import warnings
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    ids = torch.zeros((batch, seq), dtype=torch.int64)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        torch.onnx.export(TextLM(model).eval(), (ids,), path, dynamo=True,
-                          input_names=["input_ids"], output_names=["logits"],
-                          external_data=True)
 
 
 def mib(text, label):
@@ -95,9 +73,7 @@ def main():
         model, vocab = build(seq)
         path = os.path.join(CACHE, "gpt2-long-%s" % shape, "model.onnx")
         if not os.path.exists(path):
-            t = time.time()
-            export(model, path, batch, seq)
-            print("exported %s (%.0f s)" % (path, time.time() - t), flush=True)
+            export("gpt2", model, path, batch, seq)
         work = os.path.dirname(path)
         results = {}
         for fused in (True, False):

@@ -34,36 +34,6 @@ __host__ __device__ int64_t visibleKeys(const pcc_attention_shape &s,
   return v < 0 ? 0 : (v > s.len ? s.len : v);
 }
 
-/// Row-major c[e] = alpha op(a[e]) op(b[e]) + beta c[e] for e < batch, with
-/// leading dimensions and strides in elements, operands of `type` (f32 or
-/// bf16), the result of `outType`, fp32 accumulation (no TF32).
-bool gemm(pcc_cuda_context *ctx, const char *what, cudaDataType type,
-          cudaDataType outType, bool transA, bool transB, int64_t batch,
-          int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-          int64_t strideA, const void *b, int64_t ldb, int64_t strideB,
-          float beta, void *c, int64_t ldc, int64_t strideC) {
-  for (int64_t v : {batch, m, n, k, lda, ldb, ldc})
-    if (v > INT_MAX) {
-      setPending(ctx, std::string(what) + ": GEMM dimension " +
-                          std::to_string(v) +
-                          " exceeds the 32-bit range of cuBLAS");
-      return false;
-    }
-  const float alpha = 1.0f;
-  // Column-major cuBLAS computes c^T = op(b)^T op(a)^T.
-  cublasStatus_t s = cublasGemmStridedBatchedEx(
-      ctx->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
-      transA ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b,
-      type, int(ldb), strideB, a, type, int(lda), strideA, &beta, c, outType,
-      int(ldc), strideC, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    setPending(ctx, std::string(what) + ": cublasGemmStridedBatchedEx: " +
-                        cublasGetStatusName(s));
-    return false;
-  }
-  return true;
-}
-
 __device__ float loadAs(int dtype, const void *p, int64_t i) {
   return dtype == 0 ? static_cast<const float *>(p)[i]
                     : pccrt::bf16ToFloat(static_cast<const uint16_t *>(p)[i]);
@@ -239,18 +209,18 @@ extern "C" void pcc_cuda_attention(pcc_cuda_context *ctx,
         }
         continue;
       }
-      if (!gemm(ctx, what, type, CUDA_R_32F, false, true, entries, n, keys, d,
-                at(q, (j * s.seq + i0) * d, es), d, group * s.seq * d, k, d,
-                s.len * d, 0.0f, p, keys, n * keys))
+      if (!gemmEx(ctx, what, type, CUDA_R_32F, false, true, entries, n, keys, d,
+                  at(q, (j * s.seq + i0) * d, es), d, group * s.seq * d, k, d,
+                  s.len * d, 0.0f, p, keys, n * keys))
         return;
       int64_t stripRowsAll = entries * n;
       softmaxStripKernel<<<static_cast<unsigned>(
                                std::min(stripRowsAll, kMaxBlocks)),
                            128, 0, ctx->stream>>>(s, bias, p, narrow, lse,
                                                   stripRowsAll, n, keys, i0, j);
-      if (!gemm(ctx, what, type, type, false, false, entries, n, dv, keys,
-                s.dtype ? static_cast<const void *>(narrow) : p, keys,
-                n * keys, v, dv, s.len * dv, 0.0f, o, dv, group * s.seq * dv))
+      if (!gemmEx(ctx, what, type, type, false, false, entries, n, dv, keys,
+                  s.dtype ? static_cast<const void *>(narrow) : p, keys,
+                  n * keys, v, dv, s.len * dv, 0.0f, o, dv, group * s.seq * dv))
         return;
     }
 }
@@ -299,12 +269,12 @@ extern "C" void pcc_cuda_attention_grad(
         continue;
       }
       // p = q k^T and dp = grad v^T, then the row work.
-      if (!gemm(ctx, what, type, CUDA_R_32F, false, true, entries, n, keys, d,
-                at(q, qOff, es), d, group * s.seq * d, k, d, s.len * d, 0.0f,
-                p, keys, n * keys) ||
-          !gemm(ctx, what, type, CUDA_R_32F, false, true, entries, n, keys,
-                dvd, at(grad, oOff, es), dvd, group * s.seq * dvd, v, dvd,
-                s.len * dvd, 0.0f, dp, keys, n * keys))
+      if (!gemmEx(ctx, what, type, CUDA_R_32F, false, true, entries, n, keys, d,
+                  at(q, qOff, es), d, group * s.seq * d, k, d, s.len * d, 0.0f,
+                  p, keys, n * keys) ||
+          !gemmEx(ctx, what, type, CUDA_R_32F, false, true, entries, n, keys,
+                  dvd, at(grad, oOff, es), dvd, group * s.seq * dvd, v, dvd,
+                  s.len * dvd, 0.0f, dp, keys, n * keys))
         return;
       int64_t stripRowsAll = entries * n;
       gradStripKernel<<<static_cast<unsigned>(
@@ -315,15 +285,15 @@ extern "C" void pcc_cuda_attention_grad(
       const void *pOp = s.dtype ? static_cast<const void *>(narrowP) : p;
       const void *dsOp = s.dtype ? static_cast<const void *>(narrowDs) : dp;
       // dv += p^T grad; dq = ds k; dk += ds^T q.
-      if (!gemm(ctx, what, type, CUDA_R_32F, true, false, entries, keys, dvd,
-                n, pOp, keys, n * keys, at(grad, oOff, es), dvd,
-                group * s.seq * dvd, 1.0f, dvAcc, dvd, s.len * dvd) ||
-          !gemm(ctx, what, type, type, false, false, entries, n, d, keys, dsOp,
-                keys, n * keys, k, d, s.len * d, 0.0f, at(dq, qOff, es), d,
-                group * s.seq * d) ||
-          !gemm(ctx, what, type, CUDA_R_32F, true, false, entries, keys, d, n,
-                dsOp, keys, n * keys, at(q, qOff, es), d, group * s.seq * d,
-                1.0f, dkAcc, d, s.len * d))
+      if (!gemmEx(ctx, what, type, CUDA_R_32F, true, false, entries, keys, dvd,
+                  n, pOp, keys, n * keys, at(grad, oOff, es), dvd,
+                  group * s.seq * dvd, 1.0f, dvAcc, dvd, s.len * dvd) ||
+          !gemmEx(ctx, what, type, type, false, false, entries, n, d, keys,
+                  dsOp, keys, n * keys, k, d, s.len * d, 0.0f, at(dq, qOff, es),
+                  d, group * s.seq * d) ||
+          !gemmEx(ctx, what, type, CUDA_R_32F, true, false, entries, keys, d, n,
+                  dsOp, keys, n * keys, at(q, qOff, es), d, group * s.seq * d,
+                  1.0f, dkAcc, d, s.len * d))
         return;
     }
   if (s.dtype) {

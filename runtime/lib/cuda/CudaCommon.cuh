@@ -65,6 +65,16 @@ inline int fail(const std::string &what, cudaError_t err) {
 /// may still read the old buffer; false (a pending error) when it cannot.
 bool ensureScratch(pcc_cuda_context *ctx, int64_t bytes, const char *caller);
 
+/// Row-major c[e] = op(a[e]) op(b[e]) + beta c[e] for e < batch through
+/// cublasGemmStridedBatchedEx: leading dimensions and strides in elements,
+/// operands of `type`, the result of `outType`, fp32 accumulation (no
+/// TF32). False (a pending error naming `what`) when cuBLAS refuses.
+bool gemmEx(pcc_cuda_context *ctx, const char *what, cudaDataType type,
+            cudaDataType outType, bool transA, bool transB, int64_t batch,
+            int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+            int64_t strideA, const void *b, int64_t ldb, int64_t strideB,
+            float beta, void *c, int64_t ldc, int64_t strideC);
+
 /// Keeps the first failure found while enqueueing work.
 inline void setPending(pcc_cuda_context *ctx, const std::string &message) {
   lastError = message;

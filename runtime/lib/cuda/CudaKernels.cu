@@ -360,9 +360,28 @@ bool gemm16(pcc_cuda_context *ctx, const char *what, cudaDataType type,
             int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
             int64_t strideA, const void *b, int64_t ldb, int64_t strideB,
             void *c, int64_t ldc, int64_t strideC) {
+  return gemmEx(ctx, what, type, outType, transA, transB, batch, m, n, k, a,
+                lda, strideA, b, ldb, strideB, 0.0f, c, ldc, strideC);
+}
+
+/// Zeroes `count` floats: the product over an empty inner dimension.
+void zero(pcc_cuda_context *ctx, const char *what, float *y, int64_t count) {
+  if (cudaError_t err =
+          cudaMemsetAsync(y, 0, count * sizeof(float), ctx->stream))
+    setPending(ctx, std::string(what) + ": cudaMemsetAsync", err);
+}
+} // namespace
+
+bool pcc_cuda::gemmEx(pcc_cuda_context *ctx, const char *what,
+                      cudaDataType type, cudaDataType outType, bool transA,
+                      bool transB, int64_t batch, int64_t m, int64_t n,
+                      int64_t k, const void *a, int64_t lda, int64_t strideA,
+                      const void *b, int64_t ldb, int64_t strideB, float beta,
+                      void *c, int64_t ldc, int64_t strideC) {
   if (!fitsCublas(ctx, what, {batch, m, n, k, lda, ldb, ldc}))
     return false;
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f;
+  // Column-major cuBLAS computes c^T = op(b)^T op(a)^T.
   cublasStatus_t s = cublasGemmStridedBatchedEx(
       ctx->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
       transA ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b,
@@ -375,14 +394,6 @@ bool gemm16(pcc_cuda_context *ctx, const char *what, cudaDataType type,
   }
   return true;
 }
-
-/// Zeroes `count` floats: the product over an empty inner dimension.
-void zero(pcc_cuda_context *ctx, const char *what, float *y, int64_t count) {
-  if (cudaError_t err =
-          cudaMemsetAsync(y, 0, count * sizeof(float), ctx->stream))
-    setPending(ctx, std::string(what) + ": cudaMemsetAsync", err);
-}
-} // namespace
 
 extern "C" void pcc_cuda_matmul_f32(pcc_cuda_context *ctx, const float *a,
                                     const float *b, float *c, int64_t batch,
