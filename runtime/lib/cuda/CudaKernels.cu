@@ -958,13 +958,19 @@ __global__ void reducePartsKernel(const T *x, double *parts, ReduceGeometry g,
   int64_t begin = p * chunk, end = minOf(begin + chunk, g.reducedCount);
   int64_t base = keptOffset(g, o);
   double acc = init;
-  for (int64_t r = begin + threadIdx.x; r < end; r += blockDim.x) {
-    int64_t offset = base, rem = r;
-    for (int d = g.reducedRank - 1; d >= 0; --d) {
-      offset += (rem % g.reducedShape[d]) * g.reducedStride[d];
-      rem /= g.reducedShape[d];
+  if (g.reducedRank == 1 && g.reducedStride[0] == 1) {
+    // Contiguous (a whole gradient's sum of squares): no index arithmetic.
+    for (int64_t r = begin + threadIdx.x; r < end; r += blockDim.x)
+      acc = op(acc, static_cast<double>(x[base + r]));
+  } else {
+    for (int64_t r = begin + threadIdx.x; r < end; r += blockDim.x) {
+      int64_t offset = base, rem = r;
+      for (int d = g.reducedRank - 1; d >= 0; --d) {
+        offset += (rem % g.reducedShape[d]) * g.reducedStride[d];
+        rem /= g.reducedShape[d];
+      }
+      acc = op(acc, static_cast<double>(x[offset]));
     }
-    acc = op(acc, static_cast<double>(x[offset]));
   }
   acc = blockReduce(acc, op, shared);
   if (threadIdx.x == 0)
@@ -980,6 +986,28 @@ __global__ void reduceFinishKernel(const double *parts, T *y, ReduceGeometry g,
     for (int64_t p = 0; p < count; ++p)
       acc = op(acc, parts[o * count + p]);
     y[o] = reduceResult<T>(g, kind, acc);
+  }
+}
+
+/// Each row of a [rows, len] matrix reduced to one value by a warp: the
+/// lanes read consecutive elements (coalesced), each lane in order, then
+/// the warp's butterfly: deterministic. For many short rows (a norm's
+/// gradient: 4096 rows of 768), where a block per row waits on its barriers.
+template <typename T>
+__global__ void reduceRowsWarpKernel(const T *x, T *y, ReduceGeometry g,
+                                     int kind, double init) {
+  ReduceOp op{kind};
+  int64_t len = g.reducedCount;
+  int lane = threadIdx.x % 32;
+  for (int64_t row = threadIndex() / 32; row < g.outCount;
+       row += threadCount() / 32) {
+    const T *in = x + row * len;
+    double acc = init;
+    for (int64_t c = lane; c < len; c += 32)
+      acc = op(acc, static_cast<double>(in[c]));
+    acc = warpReduce(acc, op);
+    if (lane == 0)
+      y[row] = reduceResult<T>(g, kind, acc);
   }
 }
 
@@ -1096,6 +1124,14 @@ void reduce(pcc_cuda_context *ctx, const char *what, const T *x, T *y,
       reduceColumnsFinishKernel<T><<<gridFor(cols), kThreads, 0, ctx->stream>>>(
           parts, y, g, kind, static_cast<double>(init), count);
     }
+    return;
+  }
+  // Many short contiguous rows: a warp per row.
+  if (r == 2 && !isReduced[0] && isReduced[1] && g.reducedCount <= 8192 &&
+      g.outCount >= 256) {
+    reduceRowsWarpKernel<T>
+        <<<gridFor(g.outCount * 32), kThreads, 0, ctx->stream>>>(
+            x, y, g, kind, static_cast<double>(init));
     return;
   }
   // A block per output pays off when each output has many inputs and either
