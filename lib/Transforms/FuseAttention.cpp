@@ -101,6 +101,17 @@ Value unrepeat(Value x) {
 struct Keys {
   Value base;
   SmallVector<int64_t> perm;
+
+  /// The [B, H, L, D] type of the keys.
+  RankedTensorType type() const {
+    RankedTensorType t = typeOf(base);
+    if (perm.empty())
+      return t;
+    SmallVector<int64_t> shape;
+    for (int64_t p : perm)
+      shape.push_back(t.getDimSize(p));
+    return t.clone(shape);
+  }
 };
 
 /// The keys whose transpose is the [B, H, D, L] value `kt`: a transpose of
@@ -336,13 +347,7 @@ bool matchAttention(SoftmaxOp softmax, Match &m) {
   // Types: one float element type (f32 or bf16: the kernels'), q's heads a
   // multiple of k's and v's, which agree.
   auto q = typeOf(m.q), v = typeOf(m.v);
-  RankedTensorType k = typeOf(m.k.base);
-  if (!m.k.perm.empty()) {
-    SmallVector<int64_t> shape;
-    for (int64_t p : m.k.perm)
-      shape.push_back(k.getDimSize(p));
-    k = k.clone(shape);
-  }
+  RankedTensorType k = m.k.type();
   Type element = q.getElementType();
   if (!(element.isF32() || element.isBF16()) || k.getElementType() != element ||
       v.getElementType() != element ||
@@ -379,8 +384,7 @@ struct FuseAttentionPass
         continue;
       // tp ranks that split the query heads but not the key/value heads:
       // the decomposed form repeats K and V and splits the repeats.
-      int64_t kvHeads =
-          typeOf(m.k.base).getDimSize(m.k.perm.empty() ? 1 : m.k.perm[1]);
+      int64_t kvHeads = m.k.type().getDimSize(1);
       if (tensorParallel > 1 && kvHeads % tensorParallel != 0 &&
           typeOf(m.q).getDimSize(1) % tensorParallel == 0)
         continue;
@@ -392,14 +396,9 @@ struct FuseAttentionPass
       if (m.mask)
         bias = unbroadcastBias(b, m.mask, typeOf(softmax.getResult()).getShape());
       Value keys = m.k.base;
-      if (!m.k.perm.empty()) {
-        auto kt = typeOf(keys);
-        SmallVector<int64_t> shape;
-        for (int64_t p : m.k.perm)
-          shape.push_back(kt.getDimSize(p));
-        keys = TransposeOp::create(b, m.scores.getLoc(), kt.clone(shape), keys,
+      if (!m.k.perm.empty())
+        keys = TransposeOp::create(b, m.scores.getLoc(), m.k.type(), keys,
                                    m.k.perm);
-      }
       // Named after the first product (q k^T): its ONNX node is the one
       // errors and the profile show.
       auto attention = AttentionOp::create(
