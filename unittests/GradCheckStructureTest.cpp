@@ -574,6 +574,7 @@ const char *const kRefused[] = {
     "pcc.yield",
     "pcc.cross_entropy_grad",
     "pcc.attention_grad",
+    "pcc.linear_cross_entropy_grad",
     "pcc.accumulate",
     "pcc.zero",
     "pcc.assign",
@@ -665,23 +666,32 @@ TEST(GradCheck, EveryOpIsClassified) {
       "pcc.or",      "pcc.xor",    "pcc.is_nan", "pcc.is_inf",
       "pcc.compare", "pcc.argmax", "pcc.param",  "pcc.constant"};
   const llvm::DenseSet<StringRef> withRule = {
-      "pcc.neg",         "pcc.abs",         "pcc.sqrt",
-      "pcc.reciprocal",  "pcc.exp",         "pcc.log",
-      "pcc.erf",         "pcc.tanh",        "pcc.sigmoid",
-      "pcc.relu",        "pcc.sin",         "pcc.cos",
-      "pcc.gelu",        "pcc.leaky_relu",  "pcc.clamp",
-      "pcc.add",         "pcc.sub",         "pcc.mul",
-      "pcc.div",         "pcc.pow",         "pcc.max",
-      "pcc.min",         "pcc.mod",         "pcc.select",
-      "pcc.cast",        "pcc.softmax",     "pcc.log_softmax",
-      "pcc.layer_norm",  "pcc.batch_norm",  "pcc.reshape",
-      "pcc.transpose",   "pcc.broadcast",   "pcc.concat",
-      "pcc.split",       "pcc.slice",       "pcc.pad",
-      "pcc.gather",      "pcc.scatter_add", "pcc.reduce_sum",
-      "pcc.reduce_mean", "pcc.reduce_max",  "pcc.reduce_min",
-      "pcc.reduce_prod", "pcc.matmul",      "pcc.cross_entropy",
-      "pcc.conv",        "pcc.max_pool",    "pcc.avg_pool",
-      "pcc.dropout",     "pcc.all_reduce",  "pcc.attention"};
+      "pcc.neg",           "pcc.abs",
+      "pcc.sqrt",          "pcc.reciprocal",
+      "pcc.exp",           "pcc.log",
+      "pcc.erf",           "pcc.tanh",
+      "pcc.sigmoid",       "pcc.relu",
+      "pcc.sin",           "pcc.cos",
+      "pcc.gelu",          "pcc.leaky_relu",
+      "pcc.clamp",         "pcc.add",
+      "pcc.sub",           "pcc.mul",
+      "pcc.div",           "pcc.pow",
+      "pcc.max",           "pcc.min",
+      "pcc.mod",           "pcc.select",
+      "pcc.cast",          "pcc.softmax",
+      "pcc.log_softmax",   "pcc.layer_norm",
+      "pcc.batch_norm",    "pcc.reshape",
+      "pcc.transpose",     "pcc.broadcast",
+      "pcc.concat",        "pcc.split",
+      "pcc.slice",         "pcc.pad",
+      "pcc.gather",        "pcc.scatter_add",
+      "pcc.reduce_sum",    "pcc.reduce_mean",
+      "pcc.reduce_max",    "pcc.reduce_min",
+      "pcc.reduce_prod",   "pcc.matmul",
+      "pcc.cross_entropy", "pcc.conv",
+      "pcc.max_pool",      "pcc.avg_pool",
+      "pcc.dropout",       "pcc.all_reduce",
+      "pcc.attention",     "pcc.linear_cross_entropy"};
   llvm::DenseSet<StringRef> refused(std::begin(kRefused), std::end(kRefused));
   int count = 0;
   for (RegisteredOperationName name : context().getRegisteredOperations()) {
@@ -750,6 +760,32 @@ TEST(GradCheck, Attention) {
       c.args.push_back(pad);
       c.needed = {true, true, true, false};
     }
+    gradCheck(c);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// The LM head's fused cross-entropy
+//===----------------------------------------------------------------------===//
+
+/// pcc.linear_cross_entropy's rule (pcc.linear_cross_entropy_grad, the
+/// logits recomputed from the saved log-sum-exps) against finite
+/// differences of both results, with the weight [V, D] (transpose_w) and
+/// [D, V], an ignored row among them.
+TEST(GradCheck, LinearCrossEntropy) {
+  for (bool transposeW : {true, false}) {
+    SCOPED_TRACE(transposeW ? "[V, D] weight" : "[D, V] weight");
+    std::string w = transposeW ? "tensor<6x3xf64>" : "tensor<3x6xf64>";
+    GradCase c;
+    c.ir = "func.func @f(%h: tensor<4x3xf64>, %w: " + w +
+           ", %l: tensor<4xi64>) -> (tensor<4xf64>, tensor<4xf64>) {\n"
+           "  %lse, %t = pcc.linear_cross_entropy %h, %w, %l ignore_index = "
+           "-100 " +
+           (transposeW ? "{transpose_w} " : "") + ": tensor<4x3xf64>, " + w +
+           ", tensor<4xi64> -> tensor<4xf64>, tensor<4xf64>\n"
+           "  return %lse, %t : tensor<4xf64>, tensor<4xf64>\n}\n";
+    Rng r;
+    c.args = {r.uniform(12, -1, 1), r.uniform(18, -1, 1), {5, -100, 0, 2}};
     gradCheck(c);
   }
 }

@@ -1095,6 +1095,64 @@ Result evalCrossEntropy(Operation *op, ArrayRef<Tensor> in,
   return std::vector<Tensor>{std::move(out)};
 }
 
+/// pcc.linear_cross_entropy %h, %w, %labels: the logits l = h w^T in full
+/// (w [V, D] with transpose_w, else [D, V]), each row's log-sum-exp and its
+/// label's logit (0 for an ignored label). The gradient: dl = g_lse
+/// softmax(l) + g_target onehot(label), dh = dl w, dw = dl^T h (in w's
+/// layout). Without a mesh (mesh_axis is not evaluable here).
+Result evalLinearCrossEntropy(Operation *op, ArrayRef<Tensor> in,
+                              std::string &error) {
+  bool isGrad = op->getName().getStringRef() == "pcc.linear_cross_entropy_grad";
+  if (op->hasAttr("mesh_axis"))
+    return fail(error, opName(op) + " is not evaluable with a mesh_axis");
+  auto h = typeOf(op->getOperand(0)), w = typeOf(op->getOperand(1));
+  bool transposeW = op->hasAttr("transpose_w");
+  int64_t rows = h.getDimSize(0), dim = h.getDimSize(1);
+  int64_t vocab = w.getDimSize(transposeW ? 0 : 1);
+  auto weight = [&](int64_t v, int64_t d) -> int64_t {
+    return transposeW ? v * dim + d : d * vocab + v;
+  };
+  std::optional<int64_t> ignore = i64Attr(op, "ignore_index");
+  Tensor lse = zerosFor(op, 0), second = zerosFor(op, 1);
+  std::vector<double> logits(static_cast<size_t>(vocab));
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t label = static_cast<int64_t>(in[2].data[r]);
+    bool ignored = ignore && label == *ignore;
+    if (!ignored && (label < 0 || label >= vocab))
+      return fail(error, opName(op) + ": label " + Twine(label) + " of row " +
+                             Twine(r) + " is out of range [0, " + Twine(vocab) +
+                             ")");
+    double maxValue = -std::numeric_limits<double>::infinity();
+    for (int64_t v = 0; v < vocab; ++v) {
+      double x = 0;
+      for (int64_t d = 0; d < dim; ++d)
+        x += in[0].data[r * dim + d] * in[1].data[weight(v, d)];
+      logits[v] = x;
+      maxValue = maxOf(maxValue, x);
+    }
+    double sum = 0;
+    for (int64_t v = 0; v < vocab; ++v)
+      sum += std::exp(logits[v] - maxValue);
+    double rowLse = maxValue + std::log(sum);
+    if (!isGrad) {
+      lse.data[r] = rowLse;
+      second.data[r] = ignored ? 0.0 : logits[label];
+      continue;
+    }
+    // Gradient: lse is the forward's (operand 3), the cotangents 4 and 5.
+    double gl = in[4].data[r], gt = in[5].data[r];
+    for (int64_t v = 0; v < vocab; ++v) {
+      double dl = gl * std::exp(logits[v] - in[3].data[r]) +
+                  (!ignored && v == label ? gt : 0.0);
+      for (int64_t d = 0; d < dim; ++d) {
+        lse.data[r * dim + d] += dl * in[1].data[weight(v, d)];
+        second.data[weight(v, d)] += dl * in[0].data[r * dim + d];
+      }
+    }
+  }
+  return std::vector<Tensor>{std::move(lse), std::move(second)};
+}
+
 /// pcc.attention %q, %k, %v [bias %b] {scale, causal}: the scores in full,
 /// softmax over the visible keys (zeros for a row with none), times v; and
 /// each row's log-sum-exp. pcc.attention_grad %q, %k, %v, %out, %lse, %g:
@@ -1252,6 +1310,9 @@ Result dispatch(Operation *op, ArrayRef<Tensor> in, std::string &error) {
     return evalCrossEntropy(op, in, error);
   if (name == "pcc.attention" || name == "pcc.attention_grad")
     return evalAttention(op, in, error);
+  if (name == "pcc.linear_cross_entropy" ||
+      name == "pcc.linear_cross_entropy_grad")
+    return evalLinearCrossEntropy(op, in, error);
 
   // A sum over a mesh axis of one rank is that rank's tensor (the gradient
   // check of all_reduce's rule runs on such a mesh).

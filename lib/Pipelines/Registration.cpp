@@ -55,6 +55,10 @@ struct CompilePipelineOptions
                         llvm::cl::desc("cross_entropy, mse or none")};
   Opt<int64_t> ignoreIndex{*this, "ignore-index",
                            llvm::cl::desc("cross_entropy's ignored label")};
+  Opt<bool> fuseCrossEntropy{
+      *this, "fuse-cross-entropy",
+      llvm::cl::desc("one pcc.linear_cross_entropy for an LM head's loss"),
+      llvm::cl::init(true)};
   Opt<std::string> optimizer{*this, "optimizer",
                              llvm::cl::desc("sgd or adamw")};
   Opt<std::string> recompute{*this, "recompute",

@@ -56,6 +56,10 @@ bool isRecomputable(Value v, Recompute policy) {
         widen.getType().getElementType().isF32())
       return true;
   }
+  // The LM head's fused cross-entropy saves N floats; computing them again
+  // would cost the head's whole product.
+  if (isa<LinearCrossEntropyOp>(def))
+    return false;
   if (policy == Recompute::None || !isPure(def) ||
       isa<AllReduceOp, AllGatherOp, ReduceScatterOp, ShardSliceOp,
           ShardGatherOp, TransferOp>(def))

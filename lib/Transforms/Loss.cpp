@@ -19,6 +19,47 @@ namespace {
 struct LossPass : public mlir::pcc::impl::LossBase<LossPass> {
   using LossBase::LossBase;
 
+  /// The LM head that produces the logits `y`, where the loss can take its
+  /// product over: an f32 matrix product of the hidden states (untransposed)
+  /// and one rank-2 weight, read by nothing but the loss.
+  static MatmulOp fusableHead(Value y) {
+    auto head = y.getDefiningOp<MatmulOp>();
+    if (!head || !y.hasOneUse() || head.getTransposeA() ||
+        head.getRhs().getType().getRank() != 2 ||
+        !head.getLhs().getType().getElementType().isF32() ||
+        !head.getRhs().getType().getElementType().isF32())
+      return MatmulOp();
+    return head;
+  }
+
+  /// The per-row cross-entropy of `head`'s logits against `labels` ([N]):
+  /// lse - target from pcc.linear_cross_entropy, 0 where a label is
+  /// ignored.
+  Value buildLinearCrossEntropy(OpBuilder &b, MatmulOp head, Value labels) {
+    Location loc = head.getLoc();
+    RankedTensorType hidden = head.getLhs().getType();
+    int64_t rows = cast<RankedTensorType>(labels.getType()).getDimSize(0);
+    auto rowType = RankedTensorType::get({rows}, b.getF32Type());
+    Value h = ReshapeOp::create(
+        b, loc,
+        RankedTensorType::get({rows, hidden.getShape().back()},
+                              hidden.getElementType()),
+        head.getLhs());
+    auto fused = LinearCrossEntropyOp::create(
+        b, loc, rowType, rowType, h, head.getRhs(), labels,
+        static_cast<uint64_t>(ignoreIndex.getValue()), head.getTransposeB(),
+        /*mesh_axis=*/nullptr);
+    Value perRow = SubOp::create(b, loc, fused.getLse(), fused.getTarget());
+    auto labelType = cast<RankedTensorType>(labels.getType());
+    Value ignored = ConstantOp::create(
+        b, loc,
+        getSplatAttr(labelType, static_cast<double>(ignoreIndex.getValue())));
+    Value kept =
+        CompareOp::create(b, loc, ComparePredicate::ne, labels, ignored);
+    Value zeros = ConstantOp::create(b, loc, getSplatAttr(rowType, 0.0));
+    return SelectOp::create(b, loc, kept, perRow, zeros);
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto main = module.lookupSymbol<func::FuncOp>("main");
@@ -79,13 +120,18 @@ struct LossPass : public mlir::pcc::impl::LossBase<LossPass> {
           yType.getShape().drop_back(), b.getI64Type()));
       if (!labels)
         return signalPassFailure();
-      Value logits = ReshapeOp::create(
-          b, loc, RankedTensorType::get({rows, classes}, floatType), y);
       Value flat = ReshapeOp::create(
           b, loc, RankedTensorType::get({rows}, b.getI64Type()), labels);
-      Value perRow = CrossEntropyOp::create(
-          b, loc, RankedTensorType::get({rows}, floatType), logits, flat,
-          static_cast<uint64_t>(ignoreIndex.getValue()));
+      Value perRow;
+      if (MatmulOp head = fuseHead ? fusableHead(y) : MatmulOp()) {
+        perRow = buildLinearCrossEntropy(b, head, flat);
+      } else {
+        Value logits = ReshapeOp::create(
+            b, loc, RankedTensorType::get({rows, classes}, floatType), y);
+        perRow = CrossEntropyOp::create(
+            b, loc, RankedTensorType::get({rows}, floatType), logits, flat,
+            static_cast<uint64_t>(ignoreIndex.getValue()));
+      }
       loss = ReduceSumOp::create(b, loc, perRow, ArrayRef<int64_t>{0},
                                  /*keep_dims=*/false);
     } else if (kind == "mse") {

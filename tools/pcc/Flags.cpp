@@ -116,6 +116,12 @@ static struct SharedFlags {
                                cl::desc("cross_entropy: the label that "
                                         "is ignored"),
                                cl::init(-100), cl::cat(trainCategory)};
+  cl::opt<bool> fuseCrossEntropy{
+      "fuse-cross-entropy",
+      cl::desc("cross_entropy: an LM head's product and the loss as one op "
+               "in vocabulary blocks, without the N x V logits (=false: "
+               "the logits, then the loss)"),
+      cl::init(true), cl::cat(trainCategory)};
   cl::opt<std::string> optimizer{
       "optimizer",
       cl::desc("sgd or adamw (hyperparameters are pcc-run's: "

@@ -50,6 +50,9 @@ struct CompileOptions {
   bool train = false;
   std::optional<std::string> loss;
   std::optional<int64_t> ignoreIndex;
+  /// pcc-loss's fuse-head: an LM head's product and the cross-entropy as
+  /// one pcc.linear_cross_entropy (--fuse-cross-entropy=false: the logits).
+  bool fuseCrossEntropy = true;
   std::optional<std::string> optimizer;
   std::optional<std::string> recompute;
 
@@ -123,6 +126,7 @@ void setSharedOptions(CompileOptions &o, const Flags &flags, Given given) {
   o.train = flags.train;
   o.loss = ifGiven(flags.loss);
   o.ignoreIndex = ifGiven(flags.ignoreIndex);
+  o.fuseCrossEntropy = flags.fuseCrossEntropy;
   o.optimizer = ifGiven(flags.optimizer);
   o.recompute = ifGiven(flags.recompute);
   o.zero = flags.zero;

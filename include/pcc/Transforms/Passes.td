@@ -642,6 +642,12 @@ def Loss : Pass<"pcc-loss", "ModuleOp"> {
       squared differences;
     - `none`: the first output already is the loss (a scalar).
 
+    With `fuse-head` (the default), a cross-entropy whose logits are a
+    matrix product of the hidden states and a rank-2 weight (an LM head)
+    is `pcc.linear_cross_entropy`: the head's product and the loss in
+    blocks of the vocabulary, without the `N x V` logits, the per-row loss
+    its `lse - target` with the ignored rows masked.
+
     The loss is a sum, not a mean: the runtime scales the gradient by one
     over the number of labels of the whole batch (over all micro-batches),
     so gradient accumulation and data parallelism give the mean over the
@@ -663,6 +669,9 @@ def Loss : Pass<"pcc-loss", "ModuleOp"> {
            "cross_entropy, mse or none">,
     Option<"ignoreIndex", "ignore-index", "int64_t", /*default=*/"-100",
            "cross_entropy: the label value that is ignored">,
+    Option<"fuseHead", "fuse-head", "bool", /*default=*/"true",
+           "cross_entropy: an LM head's product and the loss as one "
+           "pcc.linear_cross_entropy (no N x V logits)">,
     Option<"microbatches", "microbatches", "int64_t", /*default=*/"1",
            "the micro-batches one step accumulates (recorded for the "
            "runtime)">

@@ -134,6 +134,62 @@ LogicalResult CppEmitter::emitAttention(Operation *op) {
   return success();
 }
 
+/// pcc.linear_cross_entropy and its gradient: one runtime call with the
+/// sizes in a static pcc_lce_shape (runtime/include/pcc/runtime/
+/// LinearCrossEntropyShape.h); with mesh_axis, this rank's first class.
+LogicalResult CppEmitter::emitLinearCrossEntropy(Operation *op) {
+  auto forward = dyn_cast<LinearCrossEntropyOp>(op);
+  auto backward = dyn_cast<LinearCrossEntropyGradOp>(op);
+  Value hidden = op->getOperand(0), weight = op->getOperand(1),
+        labels = op->getOperand(2);
+  if (failed(requireF32(op, hidden)))
+    return failure();
+  RankedTensorType h = tensorTypeOf(hidden);
+  bool transposeW =
+      forward ? forward.getTransposeW() : backward.getTransposeW();
+  int64_t vocab = forward ? forward.getVocabSize() : backward.getVocabSize();
+  int64_t ignore =
+      forward ? forward.getIgnoreIndex() : backward.getIgnoreIndex();
+  std::optional<StringRef> axis =
+      forward ? forward.getMeshAxis() : backward.getMeshAxis();
+  int64_t total = vocab;
+  std::string start = "0";
+  if (axis) {
+    FailureOr<int64_t> ranks = getMeshAxisSize(op, *axis);
+    if (failed(ranks))
+      return failure();
+    total = vocab * *ranks;
+    start = "static_cast<int64_t>(" + comm(*axis) + ".rank) * " +
+            std::to_string(vocab);
+  }
+  std::string shape = llvm::formatv(
+      "{{{0}, {1}, {2}, {3}, {4}LL, {5}, {6}, 0}", h.getDimSize(0),
+      h.getDimSize(1), vocab, total, ignore, transposeW ? 1 : 0,
+      tensorTypeOf(labels).getElementType().isInteger(64) ? 1 : 0);
+  std::string args;
+  if (forward)
+    args = llvm::formatv("&shape, {0}, {1}, {2}, {3}, {4}, {5}", start,
+                         nameOf(hidden), nameOf(weight), nameOf(labels),
+                         nameOf(forward.getLse()), nameOf(forward.getTarget()));
+  else
+    args = llvm::formatv(
+        "&shape, {0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}", start,
+        nameOf(hidden), nameOf(weight), nameOf(labels),
+        nameOf(backward.getLse()), nameOf(backward.getGradLse()),
+        nameOf(backward.getGradTarget()), nameOf(backward.getGradHidden()),
+        nameOf(backward.getGradWeight()));
+  line("{");
+  line("  static const pcc_lce_shape shape = " + shape + ";");
+  checkedCall(forward ? "linear_cross_entropy" : "linear_cross_entropy_grad",
+              args,
+              llvm::formatv("a label is outside [0, {0}) and is not the "
+                            "ignored {1}",
+                            total, ignore),
+              op);
+  line("}");
+  return success();
+}
+
 LogicalResult CppEmitter::emit(LayerNormOp ln) {
   Operation *op = ln;
   if (failed(requireF32(op, ln.getInput())))

@@ -484,6 +484,8 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
           [&](Operation *op) { return emitSoftmax(op); })
       .Case<AttentionOp, AttentionGradOp>(
           [&](Operation *op) { return emitAttention(op); })
+      .Case<LinearCrossEntropyOp, LinearCrossEntropyGradOp>(
+          [&](Operation *op) { return emitLinearCrossEntropy(op); })
       .Case<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, ReduceMinOp, ReduceProdOp>(
           [&](Operation *op) { return emitReduce(op); })
       .Case<MaxPoolOp, AvgPoolOp>([&](Operation *op) { return emitPool(op); })

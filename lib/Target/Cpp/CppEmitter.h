@@ -173,6 +173,7 @@ private:
   LogicalResult emit(MatmulOp mm);
   LogicalResult emitSoftmax(Operation *op);
   LogicalResult emitAttention(Operation *op);
+  LogicalResult emitLinearCrossEntropy(Operation *op);
   LogicalResult emit(LayerNormOp ln);
   LogicalResult emit(BatchNormOp bn);
   LogicalResult emitReduce(Operation *op);

@@ -818,6 +818,26 @@ template <> struct Rule<CrossEntropyOp> {
   }
 };
 
+// The LM head's fused cross-entropy: the logits computed again, block by
+// block, from the saved row log-sum-exps (no N x V buffer kept).
+template <> struct Rule<LinearCrossEntropyOp> {
+  static void saved(LinearCrossEntropyOp op, SmallVectorImpl<Value> &s) {
+    s.append({op.getHidden(), op.getWeight(), op.getLabels(), op.getLse()});
+  }
+  static LogicalResult vjp(LinearCrossEntropyOp op, GradBuilder &gb,
+                           ArrayRef<Value> rg, ArrayRef<bool>,
+                           SmallVectorImpl<Value> &grads) {
+    Value gl = rg[0] ? rg[0] : gb.like(op.getLse(), 0.0);
+    Value gt = rg[1] ? rg[1] : gb.like(op.getTarget(), 0.0);
+    auto grad = LinearCrossEntropyGradOp::create(
+        gb.b, gb.loc, op.getHidden().getType(), op.getWeight().getType(),
+        op.getHidden(), op.getWeight(), op.getLabels(), op.getLse(), gl, gt,
+        op.getIgnoreIndexAttr(), op.getTransposeWAttr(), op.getMeshAxisAttr());
+    grads.append({grad.getGradHidden(), grad.getGradWeight(), Value()});
+    return success();
+  }
+};
+
 // Attention: FlashAttention's backward, the probabilities recomputed from
 // the saved row log-sum-exps. The bias (a mask) gets no gradient.
 template <> struct Rule<AttentionOp> {
@@ -834,7 +854,7 @@ template <> struct Rule<AttentionOp> {
     if (op.getBias() && needed.size() > 3 && needed[3])
       return unsupported(op, "has no gradient for its bias (a mask); a "
                              "trained attention bias runs unfused "
-                             "(--no-fuse-attention)");
+                             "(--fuse-attention=false)");
     Value g = rg[0] ? rg[0] : gb.like(op.getResult(), 0.0);
     auto grad = AttentionGradOp::create(
         gb.b, gb.loc, op.getQ().getType(), op.getK().getType(),
@@ -987,7 +1007,7 @@ void mlir::pcc::registerPccAutodiffModels(MLIRContext *context) {
               PadOp, GatherOp, ScatterAddOp, ReduceSumOp, ReduceMeanOp,
               ReduceMaxOp, ReduceMinOp, ReduceProdOp, MatmulOp, ConvOp,
               MaxPoolOp, AvgPoolOp, CrossEntropyOp, DropoutOp, AllReduceOp,
-              AttentionOp>(context);
+              AttentionOp, LinearCrossEntropyOp>(context);
   // Piecewise-constant or non-float results: no gradient flows through.
   attachNoGradient<FloorOp, CeilOp, NotOp, AndOp, OrOp, XorOp, IsNaNOp,
                    IsInfOp, CompareOp, ArgMaxOp, ParamOp, ConstantOp>(context);

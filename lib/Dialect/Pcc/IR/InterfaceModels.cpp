@@ -239,6 +239,46 @@ void shardingOptions(AttentionGradOp op, ArrayRef<Shard> in, int64_t,
   attentionOptions(op, in, out);
 }
 
+/// The LM head's fused cross-entropy splits over the rows (the hidden
+/// states, labels and row statistics alike; the weight's gradient is then
+/// a partial sum) or over the vocabulary (the weight's classes: Megatron's
+/// vocabulary-parallel cross-entropy). Over the vocabulary the forward's
+/// statistics come back whole (partitionLocal combines the ranks'), and
+/// the gradient's hidden states are a partial sum.
+template <typename OpT>
+void linearCrossEntropyOptions(OpT op, ArrayRef<Shard> in, Options &out) {
+  unsigned n = op->getNumOperands();
+  int64_t vocabDim = op.getTransposeW() ? 0 : 1;
+  constexpr bool forward = std::is_same_v<OpT, LinearCrossEntropyOp>;
+  bool rows = false;
+  for (unsigned i = 0; i < n; ++i)
+    rows |= i != 1 && in[i].isSplit() && in[i].dim == 0;
+  if (rows) {
+    SmallVector<Shard> operands(n, Shard::split(0, 1));
+    operands[1] = Shard::replicated();
+    if (forward)
+      out.push_back({operands, {Shard::split(0, 1), Shard::split(0, 1)}});
+    else
+      out.push_back({operands, {Shard::split(0, 1), Shard::partial()}});
+  }
+  if (in[1].isSplit() && in[1].dim == vocabDim && in[1].stripes == 1) {
+    SmallVector<Shard> operands(n, Shard::replicated());
+    operands[1] = in[1];
+    if (forward)
+      out.push_back({operands, {Shard::replicated(), Shard::replicated()}});
+    else
+      out.push_back({operands, {Shard::partial(), in[1]}});
+  }
+}
+void shardingOptions(LinearCrossEntropyOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  linearCrossEntropyOptions(op, in, out);
+}
+void shardingOptions(LinearCrossEntropyGradOp op, ArrayRef<Shard> in, int64_t,
+                     Options &out) {
+  linearCrossEntropyOptions(op, in, out);
+}
+
 void shardingOptions(GatherOp op, ArrayRef<Shard> in, int64_t, Options &out) {
   int64_t axis = op.getAxis();
   int64_t indexRank = op.getIndices().getType().getRank();
@@ -404,6 +444,43 @@ SmallVector<Value> partitionLocal(GatherOp op, OpBuilder &builder,
   return {local.getResult()};
 }
 
+/// Over a vocabulary split, each rank's fused cross-entropy reads its
+/// block of classes (mesh_axis), and the forward's statistics become the
+/// whole vocabulary's: the label's logit is a sum over the ranks (one of
+/// them has it), and the log-sum-exp that of the ranks' log-sum-exps.
+template <typename OpT> bool splitsVocabulary(OpT op, ArrayRef<Shard> in) {
+  return in[1].isSplit() && in[1].dim == (op.getTransposeW() ? 0 : 1);
+}
+SmallVector<Value> partitionLocal(LinearCrossEntropyGradOp op, OpBuilder &,
+                                  ArrayRef<Shard> in, int64_t, StringRef axis) {
+  if (splitsVocabulary(op, in))
+    op.setMeshAxis(axis);
+  return SmallVector<Value>(op->getResults());
+}
+SmallVector<Value> partitionLocal(LinearCrossEntropyOp op, OpBuilder &b,
+                                  ArrayRef<Shard> in, int64_t ranks,
+                                  StringRef axis) {
+  if (!splitsVocabulary(op, in))
+    return SmallVector<Value>(op->getResults());
+  op.setMeshAxis(axis);
+  b.setInsertionPointAfter(op);
+  Location loc = op.getLoc();
+  auto axisAttr = b.getStringAttr(axis);
+  Value target = AllReduceOp::create(b, loc, op.getTarget(), axisAttr);
+  RankedTensorType rowType = op.getLse().getType();
+  int64_t rows = rowType.getDimSize(0);
+  auto stacked = RankedTensorType::get({ranks, rows}, rowType.getElementType());
+  Value all = AllGatherOp::create(b, loc, stacked, op.getLse(), axisAttr);
+  Value max = ReduceMaxOp::create(b, loc, all, ArrayRef<int64_t>{0},
+                                  /*keep_dims=*/false);
+  Value shifted =
+      SubOp::create(b, loc, all, BroadcastOp::create(b, loc, stacked, max));
+  Value sum = ReduceSumOp::create(b, loc, ExpOp::create(b, loc, shifted),
+                                  ArrayRef<int64_t>{0}, /*keep_dims=*/false);
+  Value lse = AddOp::create(b, loc, max, LogOp::create(b, loc, sum));
+  return {lse, target};
+}
+
 /// Bounds along a split dimension count local entries.
 SmallVector<Value> partitionLocal(SliceOp op, OpBuilder &, ArrayRef<Shard> in,
                                   int64_t ranks, StringRef) {
@@ -456,6 +533,21 @@ std::string splitRole(AttentionOp, unsigned operand, Shard shard) {
   return shard.dim == 1 ? "heads" : shard.dim == 0 ? "batch" : "";
 }
 
+template <typename OpT>
+std::string linearCrossEntropyRole(OpT op, unsigned operand, Shard shard) {
+  if (operand != 1 || !shard.isSplit())
+    return "";
+  return shard.dim == (op.getTransposeW() ? 0 : 1) ? "vocabulary (classes)"
+                                                   : "";
+}
+std::string splitRole(LinearCrossEntropyOp op, unsigned operand, Shard shard) {
+  return linearCrossEntropyRole(op, operand, shard);
+}
+std::string splitRole(LinearCrossEntropyGradOp op, unsigned operand,
+                      Shard shard) {
+  return linearCrossEntropyRole(op, operand, shard);
+}
+
 std::string splitRole(GatherOp op, unsigned operand, Shard shard) {
   if (operand != 0 || !shard.isSplit() ||
       shard.dim != static_cast<int64_t>(op.getAxis()))
@@ -490,6 +582,15 @@ int64_t flopsOf(AttentionOp op) {
 int64_t flopsOf(AttentionGradOp op) {
   return attentionFlops(op.getQ().getType(), op.getV().getType(),
                         op.getK().getType().getDimSize(2), 5);
+}
+
+/// The LM head's product: 2 N D V; the gradient computes it again and
+/// then the products of the hidden states' and the weight's gradients.
+int64_t flopsOf(LinearCrossEntropyOp op) {
+  return 2 * op.getHidden().getType().getNumElements() * op.getVocabSize();
+}
+int64_t flopsOf(LinearCrossEntropyGradOp op) {
+  return 6 * op.getHidden().getType().getNumElements() * op.getVocabSize();
 }
 
 /// A convolution with result (or result gradient) `out` and weight `w`:

@@ -952,6 +952,59 @@ LogicalResult CrossEntropyGradOp::verify() {
   return success();
 }
 
+/// The shapes of the linear cross-entropy ops: [N, D] hidden states, a
+/// [V, D] (transpose_w) or [D, V] weight of their type, [N] labels and [N]
+/// row statistics in f32 (f64 for f64 hidden states).
+static LogicalResult
+verifyLinearCrossEntropy(Operation *op, RankedTensorType hidden,
+                         RankedTensorType weight, RankedTensorType labels,
+                         bool transposeW, ArrayRef<Value> statistics) {
+  if (hidden.getRank() != 2 || weight.getRank() != 2 || labels.getRank() != 1)
+    return op->emitOpError("takes [N, D] hidden states, a rank-2 weight and "
+                           "[N] labels, not ")
+           << hidden << ", " << weight << " and " << labels;
+  int64_t rows = hidden.getDimSize(0), dim = hidden.getDimSize(1);
+  if (weight.getDimSize(transposeW ? 1 : 0) != dim)
+    return op->emitOpError("weight ")
+           << weight << " does not contract with the hidden states' " << dim
+           << (transposeW ? " (it is [V, D] with transpose_w)"
+                          : " (it is [D, V] without transpose_w)");
+  if (weight.getElementType() != hidden.getElementType())
+    return op->emitOpError("weight ")
+           << weight << " is not of the hidden states' type";
+  if (labels.getDimSize(0) != rows)
+    return op->emitOpError("takes one label per row: ")
+           << labels << " for " << rows << " rows";
+  Type stat = hidden.getElementType().isF64()
+                  ? Type(Float64Type::get(op->getContext()))
+                  : Type(Float32Type::get(op->getContext()));
+  auto expected = RankedTensorType::get({rows}, stat);
+  for (Value v : statistics)
+    if (v.getType() != expected)
+      return op->emitOpError("row statistics and their gradients are ")
+             << expected << ", not " << v.getType();
+  return success();
+}
+
+LogicalResult LinearCrossEntropyOp::verify() {
+  return verifyLinearCrossEntropy(*this, getHidden().getType(),
+                                  getWeight().getType(), getLabels().getType(),
+                                  getTransposeW(), {getLse(), getTarget()});
+}
+
+LogicalResult LinearCrossEntropyGradOp::verify() {
+  if (failed(verifyLinearCrossEntropy(
+          *this, getHidden().getType(), getWeight().getType(),
+          getLabels().getType(), getTransposeW(),
+          {getLse(), getGradLse(), getGradTarget()})))
+    return failure();
+  if (getGradHidden().getType() != getHidden().getType() ||
+      getGradWeight().getType() != getWeight().getType())
+    return emitOpError("gives gradients of the hidden states' and the "
+                       "weight's types");
+  return success();
+}
+
 /// The shapes of the attention ops: q [B, Hq, S, D], k [B, Hkv, L, D],
 /// v [B, Hkv, L, Dv] with Hkv dividing Hq, a rank-4 bias broadcasting to
 /// [B, Hq, S, L] in f32 or q's type, and the row statistics [B, Hq, S] in

@@ -13,6 +13,7 @@
 #define PCC_RUNTIME_CPUKERNELS_H
 
 #include "pcc/runtime/AttentionShape.h"
+#include "pcc/runtime/LinearCrossEntropyShape.h"
 
 #include <stdint.h>
 
@@ -210,6 +211,29 @@ int pcc_cpu_attention_grad(const pcc_attention_shape *shape, const void *q,
                            const void *k, const void *v, const void *out,
                            const float *lse, const void *grad,
                            const float *bias, void *dq, void *dk, void *dv);
+
+/* An LM head's product and its cross-entropy (pcc.linear_cross_entropy):
+ * the logits h w^T computed and consumed in blocks of the vocabulary (no
+ * rows x vocab buffer); lse[n] is row n's log-sum-exp over this call's
+ * classes [vocab_start, vocab_start + vocab) of the whole vocabulary, and
+ * target[n] its label's logit (0 where the label is another call's or
+ * ignored). The gradient computes each block of logits again and writes
+ * dh = dl w and dw = dl^T h with dl = grad_lse exp(l - lse) + grad_target
+ * [class == label]. Both return non-zero (pcc_cpu_last_error() says why)
+ * for a label outside [0, vocab_total) that is not ignore_index, or when a
+ * product cannot run. Each row's statistics depend only on its own row:
+ * the bits do not change with the row count (data parallelism,
+ * micro-batches). */
+int pcc_cpu_linear_cross_entropy(const pcc_lce_shape *shape,
+                                 int64_t vocab_start, const void *h,
+                                 const void *w, const void *labels, float *lse,
+                                 float *target);
+int pcc_cpu_linear_cross_entropy_grad(const pcc_lce_shape *shape,
+                                      int64_t vocab_start, const void *h,
+                                      const void *w, const void *labels,
+                                      const float *lse, const float *grad_lse,
+                                      const float *grad_target, void *dh,
+                                      void *dw);
 
 /* One optimizer step of n weights in place, in PyTorch's order of
  * operations (torch.optim.SGD / AdamW, foreach=False). `hyper` holds the
