@@ -278,7 +278,6 @@ Training (one device, or any mix of --tp, --pp, --dp and ZeRO):
   pcc-run train.so --steps 200 --input x.npy --labels y.npy --lr 3e-4 --loss-log loss.csv
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=64 --microbatches=2 --precision=bf16 -o gpt16.so
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --target=cuda --offload=optimizer -o off.so
-  pcc examples/mlp.onnx --train --batch=8 --emit=mlir    # forward, backward, optimizer, zero-grad
 
 Exit status: 0 on success, 1 on any error (the message names the file, the
 ONNX node or the option at fault).

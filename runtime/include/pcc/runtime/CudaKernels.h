@@ -21,6 +21,7 @@
 #define PCC_RUNTIME_CUDAKERNELS_H
 
 #include "pcc/runtime/AttentionShape.h"
+#include "pcc/runtime/LinearCrossEntropyShape.h"
 
 #include <stdint.h>
 
@@ -201,6 +202,23 @@ void pcc_cuda_cross_entropy_grad_f32(pcc_cuda_context *ctx, const float *logits,
                                      float *y, int64_t rows, int64_t classes,
                                      int64_t ignore_index, int labels_are_i64,
                                      int site);
+
+/* pcc_cpu_linear_cross_entropy and its gradient on the GPU: cuBLAS's
+ * products of up to 4096 x 4096 logits at a time in the context's scratch.
+ * A label outside [0, vocab_total) that is not ignore_index records
+ * `site`. */
+void pcc_cuda_linear_cross_entropy(pcc_cuda_context *ctx,
+                                   const pcc_lce_shape *shape,
+                                   int64_t vocab_start, const void *h,
+                                   const void *w, const void *labels,
+                                   float *lse, float *target, int site);
+void pcc_cuda_linear_cross_entropy_grad(pcc_cuda_context *ctx,
+                                        const pcc_lce_shape *shape,
+                                        int64_t vocab_start, const void *h,
+                                        const void *w, const void *labels,
+                                        const float *lse, const float *grad_lse,
+                                        const float *grad_target, void *dh,
+                                        void *dw, int site);
 
 /* pcc_cpu_attention and its gradient on the GPU: cuBLAS's strided batched
  * products over every (batch, key head) at once, a strip of query rows at
