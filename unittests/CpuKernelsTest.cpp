@@ -717,3 +717,127 @@ TEST(CpuKernels, Attention_SameBitsWhateverTheBatch) {
   EXPECT_EQ(0, std::memcmp(out.data() + nq / 2, outHalf.data(),
                            outHalf.size() * sizeof(float)));
 }
+
+//===----------------------------------------------------------------------===//
+// The LM head's fused cross-entropy
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// pcc_cpu_linear_cross_entropy and its gradient against the logits
+/// computed whole in double: several blocks of rows (512 each) and of
+/// classes (2048 each), ignored rows, and with `start` > 0 a block of a
+/// vocabulary split over ranks (labels of other blocks give target 0).
+template <typename Label>
+void checkLinearCrossEntropy(int64_t rows, int64_t dim, int64_t vocab,
+                             int64_t start, int64_t total, bool transposeW) {
+  pcc_lce_shape s{
+      rows, dim, vocab, total, -100, transposeW ? 1 : 0, sizeof(Label) == 8, 0};
+  std::vector<float> h = randomVector(rows * dim, 11),
+                     w = randomVector(vocab * dim, 12);
+  std::mt19937 gen(13);
+  std::vector<Label> labels(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    labels[r] = r % 7 == 3 ? -100 : static_cast<Label>(gen() % total);
+  auto weight = [&](int64_t v, int64_t d) {
+    return static_cast<double>(transposeW ? w[v * dim + d] : w[d * vocab + v]);
+  };
+  std::vector<double> logits(rows * vocab);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t v = 0; v < vocab; ++v) {
+      double x = 0;
+      for (int64_t d = 0; d < dim; ++d)
+        x += static_cast<double>(h[r * dim + d]) * weight(v, d);
+      logits[r * vocab + v] = x;
+    }
+  std::vector<float> lse(rows), target(rows);
+  ASSERT_EQ(pcc_cpu_linear_cross_entropy(&s, start, h.data(), w.data(),
+                                         labels.data(), lse.data(),
+                                         target.data()),
+            0)
+      << pcc_cpu_last_error();
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < vocab; ++v)
+      m = std::max(m, logits[r * vocab + v]);
+    for (int64_t v = 0; v < vocab; ++v)
+      sum += std::exp(logits[r * vocab + v] - m);
+    EXPECT_NEAR(lse[r], m + std::log(sum), 1e-4) << "row " << r;
+    int64_t label = labels[r] == -100 ? -1 : labels[r] - start;
+    double expected =
+        label >= 0 && label < vocab ? logits[r * vocab + label] : 0.0;
+    EXPECT_NEAR(target[r], expected, 1e-4) << "row " << r;
+  }
+  // The gradient, with random cotangents.
+  std::vector<float> gl = randomVector(rows, 14), gt = randomVector(rows, 15);
+  std::vector<float> dh(rows * dim), dw(vocab * dim);
+  ASSERT_EQ(pcc_cpu_linear_cross_entropy_grad(
+                &s, start, h.data(), w.data(), labels.data(), lse.data(),
+                gl.data(), gt.data(), dh.data(), dw.data()),
+            0)
+      << pcc_cpu_last_error();
+  std::vector<double> dhRef(rows * dim, 0.0), dwRef(vocab * dim, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t label = labels[r] == -100 ? -1 : labels[r] - start;
+    for (int64_t v = 0; v < vocab; ++v) {
+      double dl = gl[r] * std::exp(logits[r * vocab + v] - lse[r]) +
+                  (v == label ? gt[r] : 0.0);
+      for (int64_t d = 0; d < dim; ++d) {
+        dhRef[r * dim + d] += dl * weight(v, d);
+        (transposeW ? dwRef[v * dim + d] : dwRef[d * vocab + v]) +=
+            dl * h[r * dim + d];
+      }
+    }
+  }
+  double worst = 0;
+  for (size_t i = 0; i < dh.size(); ++i)
+    worst = std::max(worst, std::abs(dh[i] - dhRef[i]));
+  for (size_t i = 0; i < dw.size(); ++i)
+    worst = std::max(worst, std::abs(dw[i] - dwRef[i]));
+  EXPECT_LT(worst, 1e-4);
+}
+
+} // namespace
+
+TEST(CpuKernels, LinearCrossEntropy) {
+  SCOPED_TRACE("[V, D] weight, i64 labels, 2 x 3 blocks");
+  checkLinearCrossEntropy<int64_t>(600, 24, 4500, 0, 4500, true);
+  SCOPED_TRACE("[D, V] weight, i32 labels, the second rank's block");
+  checkLinearCrossEntropy<int32_t>(70, 16, 2100, 2100, 4200, false);
+}
+
+TEST(CpuKernels, LinearCrossEntropy_BadLabel) {
+  pcc_lce_shape s{3, 4, 10, 20, -100, 1, 1, 0};
+  std::vector<float> h(12, 0.5f), w(40, 0.25f), lse(3), target(3);
+  std::vector<int64_t> labels{1, 20, -100};
+  EXPECT_NE(pcc_cpu_linear_cross_entropy(&s, 10, h.data(), w.data(),
+                                         labels.data(), lse.data(),
+                                         target.data()),
+            0);
+  EXPECT_NE(std::string(pcc_cpu_last_error()).find("outside [0, 20)"),
+            std::string::npos)
+      << pcc_cpu_last_error();
+}
+
+TEST(CpuKernels, LinearCrossEntropy_SameBitsWhateverTheRows) {
+  // Data parallelism and micro-batches split the rows: each keeps its bits.
+  pcc_lce_shape whole{900, 32, 3000, 3000, -100, 1, 1, 0};
+  pcc_lce_shape half = whole;
+  half.rows = 450;
+  std::vector<float> h = randomVector(900 * 32, 21),
+                     w = randomVector(3000 * 32, 22);
+  std::vector<int64_t> labels(900);
+  for (int64_t r = 0; r < 900; ++r)
+    labels[r] = (r * 37) % 3000;
+  std::vector<float> lse(900), target(900), lseHalf(450), targetHalf(450);
+  ASSERT_EQ(pcc_cpu_linear_cross_entropy(&whole, 0, h.data(), w.data(),
+                                         labels.data(), lse.data(),
+                                         target.data()),
+            0);
+  ASSERT_EQ(pcc_cpu_linear_cross_entropy(&half, 0, h.data() + 450 * 32,
+                                         w.data(), labels.data() + 450,
+                                         lseHalf.data(), targetHalf.data()),
+            0);
+  EXPECT_EQ(0, std::memcmp(lse.data() + 450, lseHalf.data(), 450 * 4));
+  EXPECT_EQ(0, std::memcmp(target.data() + 450, targetHalf.data(), 450 * 4));
+}
