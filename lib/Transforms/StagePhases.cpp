@@ -101,6 +101,22 @@ SmallVector<Value> usedValues(Operation *op) {
   return used;
 }
 
+/// Where W runs later than B (zb-h1), a fused LM head's gradient that
+/// feeds both is computed twice: B's copy gives the hidden states'
+/// gradient and W's the weight's (each skips the other's product), so
+/// that no weight-sized gradient waits between them, at the cost of the
+/// logits' product once more.
+void splitFusedHeadGradients(func::FuncOp bwd) {
+  bwd.walk([](LinearCrossEntropyGradOp op) {
+    if (op.getGradHidden().use_empty() || op.getGradWeight().use_empty())
+      return;
+    OpBuilder b(op);
+    b.setInsertionPointAfter(op);
+    auto weight = cast<LinearCrossEntropyGradOp>(b.clone(*op));
+    op.getGradWeight().replaceAllUsesWith(weight.getGradWeight());
+  });
+}
+
 /// Splits a stage's backward function in two (Zero Bubble's B and W):
 /// `bwd` keeps what the input cotangents need, and returns after them the
 /// values the rest reads ("stash<i>", pcc.grad_of -1); the rest, the
@@ -200,6 +216,11 @@ LogicalResult mlir::pcc::differentiateStages(ModuleOp module,
     return failure();
   MLIRContext *ctx = module.getContext();
   unsigned n = calls->size();
+  // zb-h1 runs each W in a later bubble; the others right after its B.
+  bool deferredW = false;
+  if (auto schedule = main->getAttrOfType<DictionaryAttr>("pcc.schedule"))
+    if (auto policy = schedule.getAs<StringAttr>("policy"))
+      deferredW = policy.getValue() == "zb-h1";
 
   // Differentiate every stage; its weights in the order of their first
   // gradient.
@@ -243,6 +264,8 @@ LogicalResult mlir::pcc::differentiateStages(ModuleOp module,
     for (auto [j, i] : llvm::enumerate(result->gradOf))
       result->backward.setResultAttr(
           j, "pcc.grad_of", IntegerAttr::get(IntegerType::get(ctx, 32), i));
+    if (deferredW)
+      splitFusedHeadGradients(result->backward);
     func::FuncOp weightGrad = splitWeightGradients(
         result->backward, "stage" + std::to_string(k) + "_weight_grad");
     weightGrad->setAttr(kPipelineStageAttrName, stageAttr);

@@ -9,7 +9,8 @@
 //   the label's logit; lse = max + log(sum);
 // - gradient: the block's logits again, dl = grad_lse exp(l - lse) +
 //   grad_target [class == label] in place, then dh += dl w_block and
-//   dw_block += dl^T h (two more products over the block).
+//   dw_block += dl^T h (two more products over the block; either is
+//   skipped when its result is null: zb-h1's B and W copies).
 //
 // Block sizes are fixed, not derived from the row count, so a row's
 // statistics have the same bits however the rows are split (data
@@ -198,8 +199,10 @@ int pcc_cpu_linear_cross_entropy_grad(const pcc_lce_shape *shape,
   int64_t blockClasses = std::min(s.vocab, kBlockClasses);
   float *block = scratch(static_cast<size_t>(blockRows * blockClasses));
   if (s.vocab == 0 || s.rows == 0) {
-    std::fill(dh, dh + s.rows * s.dim, 0.0f);
-    std::fill(dw, dw + s.vocab * s.dim, 0.0f);
+    if (dh)
+      std::fill(dh, dh + s.rows * s.dim, 0.0f);
+    if (dw)
+      std::fill(dw, dw + s.vocab * s.dim, 0.0f);
     return 0;
   }
   for (int64_t c0 = 0; c0 < s.vocab; c0 += blockClasses) {
@@ -220,19 +223,21 @@ int pcc_cpu_linear_cross_entropy_grad(const pcc_lce_shape *shape,
       }
       // dh (rows r0..) += dl w_block; the first block of classes writes.
       float keep = c0 == 0 ? 0.0f : 1.0f;
-      bool ok = s.transpose_w
-                    ? gemm(false, false, nr, s.dim, nc, block, nc,
-                           w + c0 * s.dim, s.dim, keep, dh + r0 * s.dim, s.dim)
-                    : gemm(false, true, nr, s.dim, nc, block, nc, w + c0,
-                           s.vocab, keep, dh + r0 * s.dim, s.dim);
+      bool ok = true;
+      if (dh)
+        ok = s.transpose_w
+                 ? gemm(false, false, nr, s.dim, nc, block, nc, w + c0 * s.dim,
+                        s.dim, keep, dh + r0 * s.dim, s.dim)
+                 : gemm(false, true, nr, s.dim, nc, block, nc, w + c0, s.vocab,
+                        keep, dh + r0 * s.dim, s.dim);
       // dw_block += dl^T h (rows r0..); the first block of rows writes.
       float accumulate = r0 == 0 ? 0.0f : 1.0f;
-      ok = ok &&
-           (s.transpose_w
-                ? gemm(true, false, nc, s.dim, nr, block, nc, h + r0 * s.dim,
-                       s.dim, accumulate, dw + c0 * s.dim, s.dim)
-                : gemm(true, false, s.dim, nc, nr, h + r0 * s.dim, s.dim, block,
-                       nc, accumulate, dw + c0, s.vocab));
+      if (dw && ok)
+        ok = s.transpose_w
+                 ? gemm(true, false, nc, s.dim, nr, block, nc, h + r0 * s.dim,
+                        s.dim, accumulate, dw + c0 * s.dim, s.dim)
+                 : gemm(true, false, s.dim, nc, nr, h + r0 * s.dim, s.dim,
+                        block, nc, accumulate, dw + c0, s.vocab);
       if (!ok)
         return 1;
     }

@@ -233,22 +233,25 @@ extern "C" void pcc_cuda_linear_cross_entropy_grad(
                 lse + r0, grad_lse + r0, grad_target + r0);
       // dh (rows r0..) += dl w_block: the first block of classes writes.
       float keep = c0 == 0 ? 0.0f : 1.0f;
-      bool ok = s.transpose_w
-                    ? gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, false, false, 1,
-                             nr, s.dim, nc, block, nc, 0, w + c0 * s.dim, s.dim,
-                             0, keep, dh + r0 * s.dim, s.dim, 0)
-                    : gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, false, true, 1,
-                             nr, s.dim, nc, block, nc, 0, w + c0, s.vocab, 0,
-                             keep, dh + r0 * s.dim, s.dim, 0);
+      bool ok = true;
+      if (dh)
+        ok = s.transpose_w
+                 ? gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, false, false, 1,
+                          nr, s.dim, nc, block, nc, 0, w + c0 * s.dim, s.dim, 0,
+                          keep, dh + r0 * s.dim, s.dim, 0)
+                 : gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, false, true, 1, nr,
+                          s.dim, nc, block, nc, 0, w + c0, s.vocab, 0, keep,
+                          dh + r0 * s.dim, s.dim, 0);
       // dw_block += dl^T h (rows r0..): the first block of rows writes.
       float accumulate = r0 == 0 ? 0.0f : 1.0f;
-      ok = ok && (s.transpose_w
-                      ? gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, true, false,
-                               1, nc, s.dim, nr, block, nc, 0, h + r0 * s.dim,
-                               s.dim, 0, accumulate, dw + c0 * s.dim, s.dim, 0)
-                      : gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, true, false,
-                               1, s.dim, nc, nr, h + r0 * s.dim, s.dim, 0,
-                               block, nc, 0, accumulate, dw + c0, s.vocab, 0));
+      if (dw && ok)
+        ok = s.transpose_w
+                 ? gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, true, false, 1, nc,
+                          s.dim, nr, block, nc, 0, h + r0 * s.dim, s.dim, 0,
+                          accumulate, dw + c0 * s.dim, s.dim, 0)
+                 : gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, true, false, 1,
+                          s.dim, nc, nr, h + r0 * s.dim, s.dim, 0, block, nc, 0,
+                          accumulate, dw + c0, s.vocab, 0);
       if (!ok)
         return;
     }

@@ -219,7 +219,8 @@ int pcc_cpu_attention_grad(const pcc_attention_shape *shape, const void *q,
  * target[n] its label's logit (0 where the label is another call's or
  * ignored). The gradient computes each block of logits again and writes
  * dh = dl w and dw = dl^T h with dl = grad_lse exp(l - lse) + grad_target
- * [class == label]. Both return non-zero (pcc_cpu_last_error() says why)
+ * [class == label] (dh or dw null: that product is skipped). Both return
+ * non-zero (pcc_cpu_last_error() says why)
  * for a label outside [0, vocab_total) that is not ignore_index, or when a
  * product cannot run. Each row's statistics depend only on its own row:
  * the bits do not change with the row count (data parallelism,
