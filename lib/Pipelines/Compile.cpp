@@ -40,7 +40,7 @@ static void addTraining(OpPassManager &pm, const CompileOptions &o,
   LossOptions loss;
   loss.kind = o.getLoss();
   loss.ignoreIndex = o.getIgnoreIndex();
-  loss.fuseHead = o.fuseCrossEntropy;
+  loss.fuseHeadBytes = choices.fuseHeadBytes;
   loss.microbatches = o.microbatches;
   pm.addPass(createLoss(loss));
   pm.addPass(createCanonicalizerPass());

@@ -146,8 +146,10 @@ static std::string verifyTraining(const CompileOptions &o) {
     return "--loss=" + loss + " is not a loss (cross_entropy, mse or none)";
   if (o.train && optimizer != "sgd" && optimizer != "adamw")
     return "--optimizer=" + optimizer + " is not an optimizer (sgd or adamw)";
-  if (!o.train && (o.loss || o.optimizer || o.ignoreIndex))
-    return "--loss, --optimizer and --ignore-index go with --train";
+  if (!o.train &&
+      (o.loss || o.optimizer || o.ignoreIndex || o.fuseCrossEntropy))
+    return "--loss, --optimizer, --ignore-index and --fuse-cross-entropy go "
+           "with --train";
   return "";
 }
 
@@ -234,5 +236,14 @@ MemoryChoices mlir::pcc::getDefaultMemoryChoices(const CompileOptions &o) {
   // calls; docs/benchmarks.md), so no prefetch there by default.
   choices.prefetch =
       o.zeroPrefetch.value_or(o.target == DeviceTarget::Cpu ? 0 : 1);
+  // The fused head saves the logits and their gradient (2 N V floats) for
+  // one more product of the head (2 N D V FLOPs): 7-10% of a GPT-2 step at
+  // batch 4 x 128 on the CPU and 4 x 1024 on an H200 (docs/benchmarks.md).
+  // Unasked, it is taken where the logits of one micro-batch reach 1 GiB
+  // (Llama 3's 128K vocabulary at 2048 tokens), or where --mem-cap needs
+  // it (MemoryFit).
+  constexpr int64_t kLargeLogits = int64_t(1) << 30;
+  choices.fuseHeadBytes =
+      o.fuseCrossEntropy ? (*o.fuseCrossEntropy ? 0 : -1) : kLargeLogits;
   return choices;
 }

@@ -3,12 +3,15 @@
 // The least activation recomputation whose predicted memory fits on every
 // pipeline rank. Every stage starts saving everything; each rank over the
 // cap moves its stages one step (none, selective, full) until it fits.
-// Before recomputing, ZeRO's cheaper savings are tried, each costing only
-// traffic: under ZeRO 3 the weights gathered in every phase instead of kept
-// through the step, then under ZeRO 2 and 3 the gradients reduce-scattered
-// in every W phase instead of once per step (each unless the user chose).
-// ZeRO 3's prefetch (one more gathered weight alive, no more bytes) is
-// given up before the gradients are reduce-scattered every micro-batch.
+// Before recomputing, the LM head fused with its cross-entropy is tried
+// (unless --fuse-cross-entropy says): one more product of the head instead
+// of the logits and their gradient. Then ZeRO's cheaper savings, each
+// costing only traffic: under ZeRO 3 the weights gathered in every phase
+// instead of kept through the step, then under ZeRO 2 and 3 the gradients
+// reduce-scattered in every W phase instead of once per step (each unless the
+// user chose). ZeRO 3's prefetch (one more gathered weight alive, no more
+// bytes) is given up before the gradients are reduce-scattered every
+// micro-batch.
 //
 //===----------------------------------------------------------------------===//
 
@@ -79,9 +82,11 @@ private:
     return predictPipelineMemory(*trial);
   }
 
-  std::string describe(const MemoryChoices &c, bool tryPrefetch,
+  std::string describe(const MemoryChoices &c, bool tryHead, bool tryPrefetch,
                        bool pipelinedZero) const {
     std::string text = "--recompute=" + c.recompute;
+    if (tryHead && c.fuseHeadBytes == 0)
+      text += ", the LM head fused with its loss";
     if (options.zero == 3 && options.dp > 1)
       text += c.reshardAfterForward
                   ? ", ZeRO-3 weights gathered in every phase"
@@ -111,6 +116,9 @@ private:
     // A prefetch only acts where the weights are gathered in every phase.
     bool tryPrefetch =
         o.zero == 3 && o.dp > 1 && defaults.prefetch > 0 && !o.zeroPrefetch;
+    // The LM head fused with the loss (a cross-entropy's), unless the user
+    // said.
+    bool tryHead = !o.fuseCrossEntropy && o.getLoss() == "cross_entropy";
     // (reshard, each micro-batch, prefetch)
     std::vector<std::tuple<bool, bool, int64_t>> trades;
     for (bool r : tryKeeping ? std::vector<bool>{false, true}
@@ -125,6 +133,12 @@ private:
     size_t trade = 0;
     std::vector<int> level(static_cast<size_t>(stages), 0);
     MemoryChoices c = defaults;
+    // The first trial as the options say; then, from the second on, the
+    // head fused.
+    bool headTried = !tryHead, headTrial = false;
+    size_t last = static_cast<size_t>((stages - 1) % o.pp);
+    std::string lastPeaks;
+    int64_t lastHeadRank = 0;
     while (true) {
       std::tie(c.reshardAfterForward, c.reduceEachMicrobatch, c.prefetch) =
           trades[trade];
@@ -141,12 +155,36 @@ private:
         peaks += (r ? ", " : "") + mib(mem.total());
         fits &= mem.total() <= cap;
       }
-      report("--mem-cap " + mib(cap) + ": " +
-             describe(c, tryPrefetch, pipelinedZero) + " predicts " + peaks +
-             " on pipeline ranks 0 to " + std::to_string(ranks.size() - 1) +
-             (fits ? ": fits" : ""));
+      // A model without an LM head to fuse predicts the same: that trial
+      // is not reported.
+      if (!headTrial || peaks != lastPeaks)
+        report("--mem-cap " + mib(cap) + ": " +
+               describe(c, tryHead, tryPrefetch, pipelinedZero) + " predicts " +
+               peaks + " on pipeline ranks 0 to " +
+               std::to_string(ranks.size() - 1) + (fits ? ": fits" : ""));
+      lastPeaks = peaks;
+      // The fused head is kept only where it lowers its rank's peak (it
+      // can raise it: under a pipeline, the weight's gradient waits from B
+      // to W where the unfused head's logits gradient is smaller).
+      if (headTrial && !fits && last < ranks.size() &&
+          ranks[last].total() >= lastHeadRank) {
+        c.fuseHeadBytes = defaults.fuseHeadBytes;
+        tryHead = false;
+      }
+      headTrial = false;
       if (fits)
         return c;
+      // The head is on the rank of the last stage: fused only where that
+      // rank is over the cap.
+      if (!headTried) {
+        headTried = true;
+        if (last < ranks.size() && ranks[last].total() > cap) {
+          lastHeadRank = ranks[last].total();
+          c.fuseHeadBytes = 0;
+          headTrial = true;
+          continue; // then ZeRO's trades and recompute, with the head fused
+        }
+      }
       if (trade + 1 < trades.size()) {
         ++trade;
         continue; // then recompute, with the last trade

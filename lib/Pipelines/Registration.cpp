@@ -58,7 +58,7 @@ struct CompilePipelineOptions
   Opt<bool> fuseCrossEntropy{
       *this, "fuse-cross-entropy",
       llvm::cl::desc("one pcc.linear_cross_entropy for an LM head's loss"),
-      llvm::cl::init(true)};
+      llvm::cl::init(false)};
   Opt<std::string> optimizer{*this, "optimizer",
                              llvm::cl::desc("sgd or adamw")};
   Opt<std::string> recompute{*this, "recompute",

@@ -123,7 +123,9 @@ struct LossPass : public mlir::pcc::impl::LossBase<LossPass> {
       Value flat = ReshapeOp::create(
           b, loc, RankedTensorType::get({rows}, b.getI64Type()), labels);
       Value perRow;
-      if (MatmulOp head = fuseHead ? fusableHead(y) : MatmulOp()) {
+      bool fuse =
+          fuseHeadBytes >= 0 && yType.getNumElements() * 4 >= fuseHeadBytes;
+      if (MatmulOp head = fuse ? fusableHead(y) : MatmulOp()) {
         perRow = buildLinearCrossEntropy(b, head, flat);
       } else {
         Value logits = ReshapeOp::create(

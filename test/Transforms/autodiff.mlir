@@ -1,4 +1,4 @@
-// RUN: pcc-opt %s --pcc-loss="kind=cross_entropy fuse-head=0" --pcc-autodiff --canonicalize --cse --pcc-merge-state-loads --split-input-file | FileCheck %s
+// RUN: pcc-opt %s --pcc-loss="kind=cross_entropy fuse-head-bytes=-1" --pcc-autodiff --canonicalize --cse --pcc-merge-state-loads --split-input-file | FileCheck %s
 
 // A linear layer with a bias, trained with cross-entropy: the forward phase
 // returns the loss sum and what the rules save (the logits, the labels and

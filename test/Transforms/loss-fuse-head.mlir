@@ -1,7 +1,9 @@
 // RUN: split-file %s %t
 // RUN: pcc-opt %t/head.mlir --pcc-loss=kind=cross_entropy --pcc-autodiff --canonicalize --cse | FileCheck %s
-// RUN: pcc-opt %t/head.mlir --pcc-loss="kind=cross_entropy fuse-head=0" --canonicalize | FileCheck %s --check-prefix=OFF
+// RUN: pcc-opt %t/head.mlir --pcc-loss="kind=cross_entropy fuse-head-bytes=-1" --canonicalize | FileCheck %s --check-prefix=OFF
 // RUN: pcc-opt %t/dv.mlir --pcc-loss=kind=cross_entropy --canonicalize | FileCheck %s --check-prefix=DV
+// RUN: pcc-opt %t/head.mlir --pcc-loss="kind=cross_entropy fuse-head-bytes=1024" --canonicalize | FileCheck %s --check-prefix=OFF
+// RUN: pcc-opt %t/head.mlir --pcc-loss="kind=cross_entropy fuse-head-bytes=512" --canonicalize | FileCheck %s --check-prefix=DV-HEAD
 // RUN: pcc-opt %t/bias.mlir --pcc-loss=kind=cross_entropy --canonicalize | FileCheck %s --check-prefix=BIAS
 // RUN: pcc-opt %t/tied.mlir --pcc-loss=kind=cross_entropy --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-plan-sharding --pcc-partition-training --canonicalize | FileCheck %s --check-prefix=TP
 
@@ -37,6 +39,10 @@ func.func @main(%x: tensor<2x4x8xf32>) -> tensor<2x4x16xf32> {
 // CHECK: %[[DH:.*]], %[[DW:.*]] = pcc.linear_cross_entropy_grad %[[SH]], %{{.*}}, %[[SL]], %[[SLSE]], %[[G]], %[[NG]] ignore_index = -100 {transpose_w}
 // CHECK: %[[GW:.*]] = pcc.param "head.weight@grad" : tensor<16x8xf32>
 // CHECK: pcc.accumulate %[[GW]], %[[DW]] : tensor<16x8xf32>
+
+// With fuse-head-bytes, only logits of at least that many bytes (these
+// take 8 x 16 x 4 = 512).
+// DV-HEAD: pcc.linear_cross_entropy
 
 // OFF: %[[LOGITS:.*]] = pcc.matmul
 // OFF: pcc.cross_entropy %{{.*}}, %{{.*}} ignore_index = -100 : tensor<8x16xf32>

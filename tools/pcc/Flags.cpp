@@ -119,9 +119,11 @@ static struct SharedFlags {
   cl::opt<bool> fuseCrossEntropy{
       "fuse-cross-entropy",
       cl::desc("cross_entropy: an LM head's product and the loss as one op "
-               "in vocabulary blocks, without the N x V logits (=false: "
-               "the logits, then the loss)"),
-      cl::init(true), cl::cat(trainCategory)};
+               "in vocabulary blocks, without the N x V logits, for one more "
+               "product of the head (=false: the logits, then the loss; "
+               "unset: fused where the logits reach 1 GiB or --mem-cap needs "
+               "it)"),
+      cl::init(false), cl::cat(trainCategory)};
   cl::opt<std::string> optimizer{
       "optimizer",
       cl::desc("sgd or adamw (hyperparameters are pcc-run's: "

@@ -50,9 +50,11 @@ struct CompileOptions {
   bool train = false;
   std::optional<std::string> loss;
   std::optional<int64_t> ignoreIndex;
-  /// pcc-loss's fuse-head: an LM head's product and the cross-entropy as
-  /// one pcc.linear_cross_entropy (--fuse-cross-entropy=false: the logits).
-  bool fuseCrossEntropy = true;
+  /// --fuse-cross-entropy: an LM head's product and the cross-entropy as
+  /// one pcc.linear_cross_entropy (true), the logits then the loss
+  /// (false); unset, fused where the logits are large or --mem-cap needs
+  /// it (MemoryChoices::fuseHead).
+  std::optional<bool> fuseCrossEntropy;
   std::optional<std::string> optimizer;
   std::optional<std::string> recompute;
 
@@ -126,7 +128,7 @@ void setSharedOptions(CompileOptions &o, const Flags &flags, Given given) {
   o.train = flags.train;
   o.loss = ifGiven(flags.loss);
   o.ignoreIndex = ifGiven(flags.ignoreIndex);
-  o.fuseCrossEntropy = flags.fuseCrossEntropy;
+  o.fuseCrossEntropy = ifGiven(flags.fuseCrossEntropy);
   o.optimizer = ifGiven(flags.optimizer);
   o.recompute = ifGiven(flags.recompute);
   o.zero = flags.zero;
@@ -152,6 +154,10 @@ struct MemoryChoices {
   bool reduceEachMicrobatch = false;
   /// ZeRO 3: how many gathers ahead a weight's all-gather starts.
   int64_t prefetch = 0;
+  /// pcc-loss's fuse-head-bytes: the LM head fused with its cross-entropy
+  /// where its f32 logits take at least this many bytes (0: always, -1:
+  /// never).
+  int64_t fuseHeadBytes = -1;
 };
 
 /// The choices the options make by themselves.

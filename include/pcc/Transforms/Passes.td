@@ -642,11 +642,13 @@ def Loss : Pass<"pcc-loss", "ModuleOp"> {
       squared differences;
     - `none`: the first output already is the loss (a scalar).
 
-    With `fuse-head` (the default), a cross-entropy whose logits are a
-    matrix product of the hidden states and a rank-2 weight (an LM head)
-    is `pcc.linear_cross_entropy`: the head's product and the loss in
-    blocks of the vocabulary, without the `N x V` logits, the per-row loss
-    its `lse - target` with the ignored rows masked.
+    A cross-entropy whose logits are a matrix product of the hidden states
+    and a rank-2 weight (an LM head), where the f32 logits take at least
+    `fuse-head-bytes` (0, the default: always; -1: never), is
+    `pcc.linear_cross_entropy`: the head's product and the loss in blocks
+    of the vocabulary, without the `N x V` logits, the per-row loss its
+    `lse - target` with the ignored rows masked. It saves the logits and
+    their gradient for one more product of the head in the backward pass.
 
     The loss is a sum, not a mean: the runtime scales the gradient by one
     over the number of labels of the whole batch (over all micro-batches),
@@ -669,9 +671,10 @@ def Loss : Pass<"pcc-loss", "ModuleOp"> {
            "cross_entropy, mse or none">,
     Option<"ignoreIndex", "ignore-index", "int64_t", /*default=*/"-100",
            "cross_entropy: the label value that is ignored">,
-    Option<"fuseHead", "fuse-head", "bool", /*default=*/"true",
+    Option<"fuseHeadBytes", "fuse-head-bytes", "int64_t", /*default=*/"0",
            "cross_entropy: an LM head's product and the loss as one "
-           "pcc.linear_cross_entropy (no N x V logits)">,
+           "pcc.linear_cross_entropy (no N x V logits) where the f32 logits "
+           "would take at least this many bytes (0: always, -1: never)">,
     Option<"microbatches", "microbatches", "int64_t", /*default=*/"1",
            "the micro-batches one step accumulates (recorded for the "
            "runtime)">
