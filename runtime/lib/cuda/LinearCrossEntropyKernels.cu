@@ -108,6 +108,11 @@ __global__ void logitsGradKernel(float *block, int64_t rows, int64_t classes,
   }
 }
 
+/// The labels of rows r0 and on.
+const void *labelsFrom(const pcc_lce_shape &s, const void *labels, int64_t r0) {
+  return static_cast<const char *>(labels) + r0 * (s.labels_are_i64 ? 8 : 4);
+}
+
 /// The logits of rows [r0, r0 + nr) and classes [c0, c0 + nc).
 bool logitsBlock(pcc_cuda_context *ctx, const pcc_lce_shape &s, const float *h,
                  const float *w, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
@@ -170,8 +175,7 @@ extern "C" void pcc_cuda_linear_cross_entropy(pcc_cuda_context *ctx,
       int64_t nc = std::min(blockClasses, s.vocab - c0);
       if (!logitsBlock(ctx, s, h, w, r0, nr, c0, nc, block, what))
         return;
-      const void *rowLabels =
-          static_cast<const char *>(labels) + r0 * (s.labels_are_i64 ? 8 : 4);
+      const void *rowLabels = labelsFrom(s, labels, r0);
       if (s.labels_are_i64)
         statsKernel<int64_t><<<rowGrid(nr, false), kThreads, 0, ctx->stream>>>(
             block, nr, nc, rowLabels, s.ignore_index, vocab_start + c0,
@@ -219,8 +223,7 @@ extern "C" void pcc_cuda_linear_cross_entropy_grad(
       int64_t nr = std::min(blockRows, s.rows - r0);
       if (!logitsBlock(ctx, s, h, w, r0, nr, c0, nc, block, what))
         return;
-      const void *rowLabels =
-          static_cast<const char *>(labels) + r0 * (s.labels_are_i64 ? 8 : 4);
+      const void *rowLabels = labelsFrom(s, labels, r0);
       if (s.labels_are_i64)
         logitsGradKernel<int64_t>
             <<<gridFor(nr * nc), kThreads, 0, ctx->stream>>>(
