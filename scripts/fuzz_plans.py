@@ -7,7 +7,7 @@ separate q/k/v, heads merged and split by reshapes, causal masks or masks
 from an input, tied or untied heads) and convolutional nets, with random
 widths, head counts, sequence lengths and odd, tiny and size-1 dimensions;
 and random plans (tp, pp with schedules and chunks, dp, ZeRO 0-3, sp,
-micro-batches, recompute, buckets). Each (model, plan) pair is compiled by
+micro-batches, recompute, buckets, the LM head fused with its loss). Each (model, plan) pair is compiled by
 pcc, run by pcc-run on CPU ranks over MPI, and compared with the same
 model's one-device run: the outputs for inference; the per-step losses,
 gradient norms and final weights for training.
@@ -457,6 +457,8 @@ def plan_flags(plan):
             flags.append("%s=%s" % (flag, plan[key]))
     if plan.get("sp"):
         flags.append("--sp")
+    if plan.get("fuse_ce"):
+        flags.append("--fuse-cross-entropy")
     if plan.get("offload"):
         flags += ["--offload=" + plan["offload"], "--target=all"]
     return flags
@@ -865,6 +867,13 @@ def make_group(seed, plans):
     for plan in chosen[1:]:
         if train:
             plan["optimizer"] = first["optimizer"]
+    # A third of the cross-entropy plans fuse the LM head with the loss
+    # (against the unfused one-device reference), drawn from each pair's
+    # own seed so that the other draws stay as they were.
+    for i, plan in enumerate(chosen):
+        if loss == "cross_entropy" and \
+                random.Random(seed * 16 + i).random() < 0.3:
+            plan["fuse_ce"] = True
     # Every pair has its own seed: the group's seed x 16 + its index.
     return [dict(seed=seed, spec=spec, plan=p, train=train, loss=loss,
                  pair=seed * 16 + i) for i, p in enumerate(chosen)]
@@ -918,7 +927,8 @@ def simpler(case):
     for key in ("vocab", "seq", "features", "classes", "size"):
         if spec.get(key, 1) > 2:
             with_spec(**{key: max(2, spec[key] // 2)})
-    for key in ("recompute", "bucket_mb", "sp", "pp_chunks", "offload"):
+    for key in ("recompute", "bucket_mb", "sp", "pp_chunks", "offload",
+                "fuse_ce"):
         if key in plan:
             with_plan(drop=key, **({"schedule": "1f1b"}
                                    if key == "pp_chunks" else {}))
