@@ -28,6 +28,14 @@ bool needsNoBuffer(Operation *op) {
   return isa<ParamOp, ConstantOp, ReshapeOp, WaitCollectivesOp>(op);
 }
 
+/// Whether `result` is one its op skips when nothing reads it: the fused
+/// head's gradients, each computed in its own zb-h1 phase (the kernel
+/// takes a null pointer for the other).
+bool skippedUnread(Value result) {
+  return result.use_empty() &&
+         isa<LinearCrossEntropyGradOp>(result.getDefiningOp());
+}
+
 /// The value whose buffer `v` lives in (through reshapes, and from a
 /// completed collective to the buffer it was started into).
 Value storageOf(Value v) {
@@ -158,7 +166,7 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
         continue;
       SmallVector<int64_t> offsets;
       for (Value result : op.getResults()) {
-        if (needsNoBuffer(&op)) {
+        if (needsNoBuffer(&op) || skippedUnread(result)) {
           offsets.push_back(kNoBuffer);
           continue;
         }

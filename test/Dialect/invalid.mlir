@@ -423,6 +423,70 @@ func.func @cross_entropy_result(%x: tensor<8x16xf32>, %l: tensor<8xi64>) -> tens
 
 // -----
 
+// Tests that linear_cross_entropy takes matrices and one label per row.
+func.func @linear_cross_entropy_rank(%h: tensor<2x4x4xf32>, %w: tensor<16x4xf32>, %l: tensor<8xi64>) {
+  // expected-error @below {{takes [N, D] hidden states, a rank-2 weight and [N] labels, not 'tensor<2x4x4xf32>', 'tensor<16x4xf32>' and 'tensor<8xi64>'}}
+  %lse, %t = pcc.linear_cross_entropy %h, %w, %l ignore_index = -100 {transpose_w} : tensor<2x4x4xf32>, tensor<16x4xf32>, tensor<8xi64> -> tensor<8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+// Tests that linear_cross_entropy's weight contracts with the hidden
+// states in the layout transpose_w says.
+func.func @linear_cross_entropy_layout(%h: tensor<8x4xf32>, %w: tensor<16x4xf32>, %l: tensor<8xi64>) {
+  // expected-error @below {{weight 'tensor<16x4xf32>' does not contract with the hidden states' 4 (it is [D, V] without transpose_w)}}
+  %lse, %t = pcc.linear_cross_entropy %h, %w, %l ignore_index = -100 : tensor<8x4xf32>, tensor<16x4xf32>, tensor<8xi64> -> tensor<8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+// Tests that linear_cross_entropy's weight has the hidden states' type.
+func.func @linear_cross_entropy_type(%h: tensor<8x4xf32>, %w: tensor<16x4xbf16>, %l: tensor<8xi64>) {
+  // expected-error @below {{weight 'tensor<16x4xbf16>' is not of the hidden states' type}}
+  %lse, %t = pcc.linear_cross_entropy %h, %w, %l ignore_index = -100 {transpose_w} : tensor<8x4xf32>, tensor<16x4xbf16>, tensor<8xi64> -> tensor<8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+// Tests that linear_cross_entropy takes one label per row.
+func.func @linear_cross_entropy_labels(%h: tensor<8x4xf32>, %w: tensor<16x4xf32>, %l: tensor<6xi64>) {
+  // expected-error @below {{takes one label per row: 'tensor<6xi64>' for 8 rows}}
+  %lse, %t = pcc.linear_cross_entropy %h, %w, %l ignore_index = -100 {transpose_w} : tensor<8x4xf32>, tensor<16x4xf32>, tensor<6xi64> -> tensor<8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+// Tests that linear_cross_entropy gives one f32 statistic per row.
+func.func @linear_cross_entropy_statistics(%h: tensor<8x4xf32>, %w: tensor<16x4xf32>, %l: tensor<8xi64>) {
+  // expected-error @below {{row statistics and their gradients are 'tensor<8xf32>', not 'tensor<16xf32>'}}
+  %lse, %t = pcc.linear_cross_entropy %h, %w, %l ignore_index = -100 {transpose_w} : tensor<8x4xf32>, tensor<16x4xf32>, tensor<8xi64> -> tensor<8xf32>, tensor<16xf32>
+  return
+}
+
+// -----
+
+// Tests that linear_cross_entropy_grad takes one cotangent per row.
+func.func @linear_cross_entropy_grad_rows(%h: tensor<8x4xf32>, %w: tensor<16x4xf32>, %l: tensor<8xi64>, %s: tensor<8xf32>, %g: tensor<4xf32>) {
+  // expected-error @below {{row statistics and their gradients are 'tensor<8xf32>', not 'tensor<4xf32>'}}
+  %dh, %dw = pcc.linear_cross_entropy_grad %h, %w, %l, %s, %g, %s ignore_index = -100 {transpose_w} : tensor<8x4xf32>, tensor<16x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<4xf32>, tensor<8xf32> -> tensor<8x4xf32>, tensor<16x4xf32>
+  return
+}
+
+// -----
+
+// Tests that linear_cross_entropy_grad gives the operands' types.
+func.func @linear_cross_entropy_grad_types(%h: tensor<8x4xf32>, %w: tensor<16x4xf32>, %l: tensor<8xi64>, %s: tensor<8xf32>) {
+  // expected-error @below {{gives gradients of the hidden states' and the weight's types}}
+  %dh, %dw = pcc.linear_cross_entropy_grad %h, %w, %l, %s, %s, %s ignore_index = -100 {transpose_w} : tensor<8x4xf32>, tensor<16x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<8x4xf32>, tensor<4x16xf32>
+  return
+}
+
+// -----
+
 // Tests that cross_entropy_grad takes one gradient per row.
 func.func @cross_entropy_grad_rows(%x: tensor<8x16xf32>, %l: tensor<8xi64>, %g: tensor<4xf32>) -> tensor<8x16xf32> {
   // expected-error @below {{takes one gradient per row and gives the logits' type 'tensor<8x16xf32>'}}

@@ -307,3 +307,18 @@ module {
     return %r#0, %r#1 : tensor<2x4xf32>, tensor<8xf32>
   }
 }
+
+// -----
+
+// Tests that the fused LM-head cross-entropy and its gradient round-trip,
+// in both weight layouts and as a rank's block of the vocabulary.
+// CHECK-LABEL: func.func @linear_cross_entropy
+// CHECK: %[[LSE:.*]], %[[T:.*]] = pcc.linear_cross_entropy %arg0, %arg1, %arg3 ignore_index = -100 {transpose_w} : tensor<8x4xf32>, tensor<16x4xf32>, tensor<8xi64> -> tensor<8xf32>, tensor<8xf32>
+// CHECK: pcc.linear_cross_entropy %arg0, %arg2, %arg3 ignore_index = 0 {mesh_axis = "tp"} : tensor<8x4xf32>, tensor<4x16xf32>, tensor<8xi64> -> tensor<8xf32>, tensor<8xf32>
+// CHECK: pcc.linear_cross_entropy_grad %arg0, %arg1, %arg3, %[[LSE]], %[[LSE]], %[[T]] ignore_index = -100 {transpose_w} : tensor<8x4xf32>, tensor<16x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<8x4xf32>, tensor<16x4xf32>
+func.func @linear_cross_entropy(%h: tensor<8x4xf32>, %w: tensor<16x4xf32>, %wt: tensor<4x16xf32>, %l: tensor<8xi64>) {
+  %lse, %t = pcc.linear_cross_entropy %h, %w, %l ignore_index = -100 {transpose_w} : tensor<8x4xf32>, tensor<16x4xf32>, tensor<8xi64> -> tensor<8xf32>, tensor<8xf32>
+  %lse2, %t2 = pcc.linear_cross_entropy %h, %wt, %l ignore_index = 0 {mesh_axis = "tp"} : tensor<8x4xf32>, tensor<4x16xf32>, tensor<8xi64> -> tensor<8xf32>, tensor<8xf32>
+  %dh, %dw = pcc.linear_cross_entropy_grad %h, %w, %l, %lse, %lse, %t ignore_index = -100 {transpose_w} : tensor<8x4xf32>, tensor<16x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<8x4xf32>, tensor<16x4xf32>
+  return
+}

@@ -166,23 +166,18 @@ LogicalResult CppEmitter::emitLinearCrossEntropy(Operation *op) {
       "{{{0}, {1}, {2}, {3}, {4}LL, {5}, {6}, 0}", h.getDimSize(0),
       h.getDimSize(1), vocab, total, ignore, transposeW ? 1 : 0,
       tensorTypeOf(labels).getElementType().isInteger(64) ? 1 : 0);
-  // A gradient no op reads (zb-h1's B and W copies) is not computed.
-  auto resultOrNull = [&](Value v) {
-    return v.use_empty() ? std::string("nullptr") : nameOf(v);
-  };
   std::string args;
   if (forward)
     args = llvm::formatv("&shape, {0}, {1}, {2}, {3}, {4}, {5}", start,
                          nameOf(hidden), nameOf(weight), nameOf(labels),
                          nameOf(forward.getLse()), nameOf(forward.getTarget()));
   else
-    args =
-        llvm::formatv("&shape, {0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}",
-                      start, nameOf(hidden), nameOf(weight), nameOf(labels),
-                      nameOf(backward.getLse()), nameOf(backward.getGradLse()),
-                      nameOf(backward.getGradTarget()),
-                      resultOrNull(backward.getGradHidden()),
-                      resultOrNull(backward.getGradWeight()));
+    args = llvm::formatv(
+        "&shape, {0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}", start,
+        nameOf(hidden), nameOf(weight), nameOf(labels),
+        nameOf(backward.getLse()), nameOf(backward.getGradLse()),
+        nameOf(backward.getGradTarget()), nameOf(backward.getGradHidden()),
+        nameOf(backward.getGradWeight()));
   line("{");
   line("  static const pcc_lce_shape shape = " + shape + ";");
   checkedCall(forward ? "linear_cross_entropy" : "linear_cross_entropy_grad",

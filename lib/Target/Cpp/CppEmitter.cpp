@@ -48,6 +48,9 @@ LogicalResult CppEmitter::defineResult(Operation *op, unsigned i) {
     return op->emitError("code generation: the op has no buffer offsets; "
                          "run pcc-plan-memory first");
   int64_t offset = offsets[i];
+  // A result its op skips (pcc-plan-memory gave it no buffer): null.
+  if (offset == kNoBuffer)
+    return define(result, info->cType, "nullptr", /*isConst=*/false);
   // A returned result is computed where the caller wants it.
   if (auto it = returnedAt.find(result); it != returnedAt.end()) {
     writtenInPlace.insert(result);

@@ -585,12 +585,16 @@ int64_t flopsOf(AttentionGradOp op) {
 }
 
 /// The LM head's product: 2 N D V; the gradient computes it again and
-/// then the products of the hidden states' and the weight's gradients.
+/// then the products of the hidden states' and the weight's gradients,
+/// each where something reads it (zb-h1 gives B and W one each).
 int64_t flopsOf(LinearCrossEntropyOp op) {
   return 2 * op.getHidden().getType().getNumElements() * op.getVocabSize();
 }
 int64_t flopsOf(LinearCrossEntropyGradOp op) {
-  return 6 * op.getHidden().getType().getNumElements() * op.getVocabSize();
+  int64_t products =
+      1 + !op.getGradHidden().use_empty() + !op.getGradWeight().use_empty();
+  return 2 * products * op.getHidden().getType().getNumElements() *
+         op.getVocabSize();
 }
 
 /// A convolution with result (or result gradient) `out` and weight `w`:
