@@ -797,7 +797,122 @@ void checkLinearCrossEntropy(int64_t rows, int64_t dim, int64_t vocab,
   EXPECT_LT(worst, 1e-4);
 }
 
+/// The same on 16-bit h and w (PCC_BF16 or PCC_F16), against torch.autocast's
+/// unfused head computed in double: logits rounded to the type, the loss's
+/// f32 statistics, dl rounded to the type, dh and dw rounded once.
+void checkHalfLinearCrossEntropy(int dtype, int64_t rows, int64_t dim,
+                                 int64_t vocab, int64_t start, int64_t total,
+                                 bool transposeW) {
+  pcc_lce_shape s{rows, dim, vocab, total, -100, transposeW ? 1 : 0, 1, dtype};
+  auto narrow = [&](float x) {
+    return dtype == PCC_BF16 ? pccrt::floatToBf16(x) : pccrt::floatToHalf(x);
+  };
+  auto widen = [&](uint16_t x) {
+    return static_cast<double>(dtype == PCC_BF16 ? pccrt::bf16ToFloat(x)
+                                                 : pccrt::halfToFloat(x));
+  };
+  auto round = [&](double x) { return widen(narrow(static_cast<float>(x))); };
+  std::vector<float> hf = randomVector(rows * dim, 31),
+                     wf = randomVector(vocab * dim, 32);
+  std::vector<uint16_t> h(hf.size()), w(wf.size());
+  for (size_t i = 0; i < hf.size(); ++i)
+    h[i] = narrow(hf[i]);
+  for (size_t i = 0; i < wf.size(); ++i)
+    w[i] = narrow(wf[i]);
+  std::mt19937 gen(33);
+  std::vector<int64_t> labels(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    labels[r] = r % 5 == 2 ? -100 : static_cast<int64_t>(gen() % total);
+  auto weight = [&](int64_t v, int64_t d) {
+    return widen(transposeW ? w[v * dim + d] : w[d * vocab + v]);
+  };
+  std::vector<double> logits(rows * vocab);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t v = 0; v < vocab; ++v) {
+      double x = 0;
+      for (int64_t d = 0; d < dim; ++d)
+        x += widen(h[r * dim + d]) * weight(v, d);
+      logits[r * vocab + v] = round(x);
+    }
+  std::vector<float> lse(rows), target(rows);
+  ASSERT_EQ(pcc_cpu_linear_cross_entropy(&s, start, h.data(), w.data(),
+                                         labels.data(), lse.data(),
+                                         target.data()),
+            0)
+      << pcc_cpu_last_error();
+  // A logit can round the other way (f32 sums, not double): one unit in
+  // the last place of the type at these magnitudes (|logit| < 8).
+  double ulp = dtype == PCC_BF16 ? 1.0 / 16 : 1.0 / 128;
+  int64_t exact = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < vocab; ++v)
+      m = std::max(m, logits[r * vocab + v]);
+    for (int64_t v = 0; v < vocab; ++v)
+      sum += std::exp(logits[r * vocab + v] - m);
+    EXPECT_NEAR(lse[r], m + std::log(sum), ulp / 8) << "row " << r;
+    int64_t label = labels[r] == -100 ? -1 : labels[r] - start;
+    double expected =
+        label >= 0 && label < vocab ? logits[r * vocab + label] : 0.0;
+    EXPECT_NEAR(target[r], expected, ulp) << "row " << r;
+    exact += target[r] == expected;
+  }
+  // The label's logit is rounded to the type: nearly always the same bits.
+  EXPECT_GE(exact, rows * 95 / 100);
+  std::vector<float> gl = randomVector(rows, 34), gt = randomVector(rows, 35);
+  std::vector<uint16_t> dh(rows * dim), dw(vocab * dim);
+  ASSERT_EQ(pcc_cpu_linear_cross_entropy_grad(
+                &s, start, h.data(), w.data(), labels.data(), lse.data(),
+                gl.data(), gt.data(), dh.data(), dw.data()),
+            0)
+      << pcc_cpu_last_error();
+  std::vector<double> dhRef(rows * dim, 0.0), dwRef(vocab * dim, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t label = labels[r] == -100 ? -1 : labels[r] - start;
+    for (int64_t v = 0; v < vocab; ++v) {
+      double dl = round(gl[r] * std::exp(logits[r * vocab + v] - lse[r]) +
+                        (v == label ? gt[r] : 0.0));
+      for (int64_t d = 0; d < dim; ++d) {
+        dhRef[r * dim + d] += dl * weight(v, d);
+        (transposeW ? dwRef[v * dim + d] : dwRef[d * vocab + v]) +=
+            dl * widen(h[r * dim + d]);
+      }
+    }
+  }
+  // Each result within two units in the last place of the type (the
+  // rounding of dl and of the result) of its size, plus the sums' spread.
+  double rel = dtype == PCC_BF16 ? 1.0 / 128 : 1.0 / 1024;
+  auto check = [&](const std::vector<uint16_t> &got,
+                   const std::vector<double> &ref, const char *name) {
+    double scale = 0;
+    for (double x : ref)
+      scale = std::max(scale, std::abs(x));
+    int bad = 0;
+    for (size_t i = 0; i < got.size() && bad < 5; ++i)
+      if (std::abs(widen(got[i]) - ref[i]) >
+          2 * rel * std::abs(ref[i]) + rel / 4 * scale) {
+        ADD_FAILURE() << name << "[" << i << "] = " << widen(got[i])
+                      << ", expected " << ref[i];
+        ++bad;
+      }
+  };
+  check(dh, dhRef, "dh");
+  check(dw, dwRef, "dw");
+}
+
 } // namespace
+
+TEST(CpuKernels, LinearCrossEntropy_Bf16) {
+  SCOPED_TRACE("[V, D] weight, 2 x 3 blocks");
+  checkHalfLinearCrossEntropy(PCC_BF16, 600, 24, 4500, 0, 4500, true);
+  SCOPED_TRACE("[D, V] weight, the second rank's block");
+  checkHalfLinearCrossEntropy(PCC_BF16, 70, 16, 2100, 2100, 4200, false);
+}
+
+TEST(CpuKernels, LinearCrossEntropy_F16) {
+  checkHalfLinearCrossEntropy(PCC_F16, 130, 16, 2500, 0, 2500, true);
+  checkHalfLinearCrossEntropy(PCC_F16, 70, 16, 2100, 0, 2100, false);
+}
 
 TEST(CpuKernels, LinearCrossEntropy) {
   SCOPED_TRACE("[V, D] weight, i64 labels, 2 x 3 blocks");
@@ -808,6 +923,15 @@ TEST(CpuKernels, LinearCrossEntropy) {
 
 TEST(CpuKernels, LinearCrossEntropy_BadLabel) {
   pcc_lce_shape s{3, 4, 10, 20, -100, 1, 1, 0};
+  pcc_lce_shape f64 = s;
+  f64.dtype = PCC_F64;
+  float none = 0;
+  EXPECT_NE(pcc_cpu_linear_cross_entropy(&f64, 0, &none, &none, nullptr, &none,
+                                         &none),
+            0);
+  EXPECT_NE(std::string(pcc_cpu_last_error()).find("f32, bf16 or fp16"),
+            std::string::npos)
+      << pcc_cpu_last_error();
   std::vector<float> h(12, 0.5f), w(40, 0.25f), lse(3), target(3);
   std::vector<int64_t> labels{1, 20, -100};
   EXPECT_NE(pcc_cpu_linear_cross_entropy(&s, 10, h.data(), w.data(),

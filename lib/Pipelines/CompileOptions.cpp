@@ -154,9 +154,6 @@ static std::string verifyTraining(const CompileOptions &o) {
     return "--fuse-cross-entropy fuses an LM head with --loss=cross_entropy, "
            "not --loss=" +
            loss;
-  if (o.fuseCrossEntropy.value_or(false) && o.precision != "fp32")
-    return "--fuse-cross-entropy runs in fp32 so far; under --precision=" +
-           o.precision + " the head is a 16-bit product (leave the flag out)";
   return "";
 }
 

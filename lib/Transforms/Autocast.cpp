@@ -299,6 +299,9 @@ bool runsOnBf16(Operation *op) {
   // Fused attention has bf16 kernels (not fp16 ones).
   if (isa<AttentionOp, AttentionGradOp>(op))
     return !elementOf(op->getOperand(0)).isF16();
+  // The fused LM head multiplies bf16 and fp16 (f32 statistics).
+  if (isa<LinearCrossEntropyOp, LinearCrossEntropyGradOp>(op))
+    return true;
   return op->hasTrait<OpTrait::Elementwise>() ||
          isa<CastOp, MatmulOp, ReshapeOp, TransposeOp, BroadcastOp, ConcatOp,
              SplitOp, SliceOp, PadOp, GatherOp, ShardGatherOp, ShardSliceOp,

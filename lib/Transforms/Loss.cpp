@@ -20,14 +20,24 @@ struct LossPass : public mlir::pcc::impl::LossBase<LossPass> {
   using LossBase::LossBase;
 
   /// The LM head that produces the logits `y`, where the loss can take its
-  /// product over: an f32 matrix product of the hidden states (untransposed)
-  /// and one rank-2 weight, read by nothing but the loss.
+  /// product over: a matrix product of the hidden states (untransposed)
+  /// and one rank-2 weight, read by nothing but the loss; f32, or bf16 /
+  /// fp16 widened to f32 by one cast (pcc-autocast's head).
   static MatmulOp fusableHead(Value y) {
+    if (!y.hasOneUse())
+      return MatmulOp();
+    if (auto widen = y.getDefiningOp<CastOp>()) {
+      y = widen.getInput();
+      Type narrow = cast<RankedTensorType>(y.getType()).getElementType();
+      if (!y.hasOneUse() || !(narrow.isBF16() || narrow.isF16()))
+        return MatmulOp();
+    }
     auto head = y.getDefiningOp<MatmulOp>();
-    if (!head || !y.hasOneUse() || head.getTransposeA() ||
+    Type element = cast<RankedTensorType>(y.getType()).getElementType();
+    if (!head || head.getTransposeA() ||
         head.getRhs().getType().getRank() != 2 ||
-        !head.getLhs().getType().getElementType().isF32() ||
-        !head.getRhs().getType().getElementType().isF32())
+        head.getLhs().getType().getElementType() != element ||
+        head.getRhs().getType().getElementType() != element)
       return MatmulOp();
     return head;
   }

@@ -16,8 +16,11 @@
 //===----------------------------------------------------------------------===//
 
 #include "CpuError.h"
+#include "HalfGemm.h"
 #include "pcc/runtime/CpuKernels.h"
+#include "pcc/runtime/HalfFloat.h"
 
+#include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <map>
@@ -37,6 +40,12 @@ struct Context {
   /// (type, m, n, k, trans_a, trans_b) -> the product of one batch entry.
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int>, dnnl::matmul>
       products;
+  /// halfGemm's strided products: (f16, ta, tb, m, n, k, lda, ldb, ldc,
+  /// accumulate).
+  std::map<std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t,
+                      int64_t, int64_t, int>,
+           dnnl::matmul>
+      strided;
   /// fp16: -1 not yet asked, 0 oneDNN has no fp16 matmul for this CPU, 1 it
   /// has.
   int f16Native = -1;
@@ -131,7 +140,86 @@ bool f16Native() {
   return ctx.f16Native == 1;
 }
 
+/// A `rows` x `cols` operand stored row-major with row stride `ld`, or
+/// (`trans`) its transpose stored [cols, rows].
+memory::desc strided(int64_t rows, int64_t cols, bool trans, int64_t ld,
+                     memory::data_type type) {
+  return trans ? memory::desc({rows, cols}, type, memory::dims{1, ld})
+               : memory::desc({rows, cols}, type, memory::dims{ld, 1});
+}
+
+/// The stored matrix behind a strided operand, widened to a dense f32
+/// copy (row stride: the stored row's length).
+std::vector<float> widenF16(const void *x, int64_t rows, int64_t cols,
+                            bool trans, int64_t ld) {
+  int64_t storedRows = trans ? cols : rows, storedCols = trans ? rows : cols;
+  std::vector<float> out(static_cast<size_t>(storedRows * storedCols));
+  const auto *h = static_cast<const uint16_t *>(x);
+  for (int64_t r = 0; r < storedRows; ++r)
+    for (int64_t c = 0; c < storedCols; ++c)
+      out[r * storedCols + c] = pccrt::halfToFloat(h[r * ld + c]);
+  return out;
+}
+
 } // namespace
+
+int pccrt::halfGemm(bool f16, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                    const void *a, int64_t lda, const void *b, int64_t ldb,
+                    bool accumulate, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0)
+    return 0;
+  if (f16 && !f16Native()) {
+    // No fp16 kernels here: the operands widened exactly, fp32's product.
+    std::vector<float> x = widenF16(a, m, k, ta, lda),
+                       y = widenF16(b, k, n, tb, ldb);
+    dnnl_status_t status = dnnl_sgemm(
+        ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, x.data(), ta ? m : k,
+        y.data(), tb ? k : n, accumulate ? 1.0f : 0.0f, c, ldc);
+    if (status != dnnl_success) {
+      cpuLastError = "oneDNN sgemm (" + std::to_string(m) + " x " +
+                     std::to_string(n) + " x " + std::to_string(k) +
+                     ") failed with status " + std::to_string(status);
+      return 1;
+    }
+    return 0;
+  }
+  memory::data_type type =
+      f16 ? memory::data_type::f16 : memory::data_type::bf16;
+  Context &ctx = context();
+  try {
+    std::lock_guard<std::mutex> hold(ctx.lock);
+    memory::desc ad = strided(m, k, ta, lda, type),
+                 bd = strided(k, n, tb, ldb, type),
+                 cd = strided(m, n, false, ldc, memory::data_type::f32);
+    auto key = std::make_tuple(int(f16), int(ta), int(tb), m, n, k, lda, ldb,
+                               ldc, int(accumulate));
+    auto found = ctx.strided.find(key);
+    if (found == ctx.strided.end()) {
+      dnnl::primitive_attr attr;
+      if (accumulate) {
+        dnnl::post_ops ops;
+        ops.append_sum(1.0f);
+        attr.set_post_ops(ops);
+      }
+      dnnl::matmul::desc desc(ad, bd, cd);
+      dnnl::matmul::primitive_desc pd(desc, attr, ctx.engine);
+      found = ctx.strided.emplace(key, dnnl::matmul(pd)).first;
+    }
+    memory am(ad, ctx.engine, const_cast<void *>(a));
+    memory bm(bd, ctx.engine, const_cast<void *>(b));
+    memory cm(cd, ctx.engine, c);
+    found->second.execute(
+        ctx.stream,
+        {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    ctx.stream.wait();
+  } catch (const dnnl::error &e) {
+    cpuLastError = std::string("oneDNN ") + typeName(type) + " matmul (" +
+                   std::to_string(m) + " x " + std::to_string(n) + " x " +
+                   std::to_string(k) + "): " + e.what();
+    return 1;
+  }
+  return 0;
+}
 
 extern "C" {
 

@@ -1,8 +1,8 @@
 //===- LinearCrossEntropy.cpp - an LM head's fused loss on the CPU --------===//
 //
 // pcc.linear_cross_entropy and its gradient (CpuKernels.h). The logits
-// h w^T are computed by oneDNN's sgemm a block of rows by a block of
-// classes at a time (512 x 2048: 4 MiB), and consumed at once:
+// h w^T are computed a block of rows by a block of classes at a time
+// (512 x 2048: 4 MiB of f32), and consumed at once:
 //
 // - forward: each row's running maximum and sum of exponentials (in
 //   double, rescaled when the maximum grows, as an online softmax), and
@@ -12,7 +12,14 @@
 //   dw_block += dl^T h (two more products over the block; either is
 //   skipped when its result is null: zb-h1's B and W copies).
 //
-// Block sizes are fixed, not derived from the row count, so a row's
+// f32 operands go through oneDNN's sgemm. bf16 and fp16 operands go
+// through oneDNN's 16-bit matmul (AMX or AVX512-BF16 where the CPU has
+// them; HalfGemm.h) with f32 accumulation, as torch.autocast runs the
+// unfused head: each logit is rounded to the 16-bit type before the
+// statistics, dl is rounded before its two products, and dh and dw are
+// accumulated in f32 over the blocks and rounded once at the end.
+//
+// Block sizes are fixed, not derived from the row count, so an f32 row's
 // statistics have the same bits however the rows are split (data
 // parallelism, micro-batches).
 //
@@ -21,13 +28,16 @@
 #include "pcc/runtime/CpuKernels.h"
 
 #include "CpuError.h"
+#include "HalfGemm.h"
 
 #include "pcc/runtime/FastMath.h"
+#include "pcc/runtime/HalfFloat.h"
 
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -83,22 +93,61 @@ bool checkLabels(const pcc_lce_shape &s, const void *labels) {
 }
 
 bool checkShape(const pcc_lce_shape &s) {
-  if (s.dtype != 0) {
-    cpuLastError = "the fused cross-entropy runs on f32 only";
+  if (s.dtype != PCC_F32 && s.dtype != PCC_BF16 && s.dtype != PCC_F16) {
+    cpuLastError = "the fused cross-entropy runs on f32, bf16 or fp16, not "
+                   "element type code " +
+                   std::to_string(s.dtype);
     return false;
   }
   return true;
 }
 
+bool isHalf(const pcc_lce_shape &s) { return s.dtype != PCC_F32; }
+
+/// Row-major c = op(a) op(b) (+ c) on the shape's element type: sgemm on
+/// f32, a 16-bit product accumulated in f32 otherwise. Offsets count
+/// elements.
+bool product(const pcc_lce_shape &s, bool ta, bool tb, int64_t m, int64_t n,
+             int64_t k, const void *a, int64_t aOffset, int64_t lda,
+             const void *b, int64_t bOffset, int64_t ldb, bool accumulate,
+             float *c, int64_t ldc) {
+  if (!isHalf(s))
+    return gemm(ta, tb, m, n, k, static_cast<const float *>(a) + aOffset, lda,
+                static_cast<const float *>(b) + bOffset, ldb,
+                accumulate ? 1.0f : 0.0f, c, ldc);
+  return halfGemm(s.dtype == PCC_F16, ta, tb, m, n, k,
+                  static_cast<const uint16_t *>(a) + aOffset, lda,
+                  static_cast<const uint16_t *>(b) + bOffset, ldb, accumulate,
+                  c, ldc) == 0;
+}
+
+/// x rounded to the shape's 16-bit type and widened back.
+inline float roundToType(int dtype, float x) {
+  return dtype == PCC_BF16 ? bf16ToFloat(floatToBf16(x))
+                           : halfToFloat(floatToHalf(x));
+}
+
 /// The logits of rows [r0, r0 + nr) and classes [c0, c0 + nc) into
-/// `block` (nr x nc).
-bool logitsBlock(const pcc_lce_shape &s, const float *h, const float *w,
+/// `block` (nr x nc); on 16-bit operands, each rounded to their type.
+bool logitsBlock(const pcc_lce_shape &s, const void *h, const void *w,
                  int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *block) {
-  if (s.transpose_w)
-    return gemm(false, true, nr, nc, s.dim, h + r0 * s.dim, s.dim,
-                w + c0 * s.dim, s.dim, 0.0f, block, nc);
-  return gemm(false, false, nr, nc, s.dim, h + r0 * s.dim, s.dim, w + c0,
-              s.vocab, 0.0f, block, nc);
+  bool ok = s.transpose_w
+                ? product(s, false, true, nr, nc, s.dim, h, r0 * s.dim, s.dim,
+                          w, c0 * s.dim, s.dim, false, block, nc)
+                : product(s, false, false, nr, nc, s.dim, h, r0 * s.dim, s.dim,
+                          w, c0, s.vocab, false, block, nc);
+  if (ok && isHalf(s)) {
+    int dtype = s.dtype;
+#pragma omp parallel for if (nr * nc > 65536)
+    for (int64_t i = 0; i < nr * nc; ++i)
+      block[i] = roundToType(dtype, block[i]);
+  }
+  return ok;
+}
+
+/// n f32 values rounded into the shape's 16-bit type.
+void narrow(const pcc_lce_shape &s, const float *x, uint16_t *y, int64_t n) {
+  pcc_cpu_cast(x, PCC_F32, y, s.dtype, n);
 }
 
 float *scratch(size_t count) {
@@ -140,8 +189,6 @@ int pcc_cpu_linear_cross_entropy(const pcc_lce_shape *shape,
   const pcc_lce_shape &s = *shape;
   if (!checkShape(s) || !checkLabels(s, labels))
     return 1;
-  const float *h = static_cast<const float *>(hv);
-  const float *w = static_cast<const float *>(wv);
   int64_t blockRows = std::min(s.rows, kBlockRows);
   int64_t blockClasses = std::min(s.vocab, kBlockClasses);
   float *block = scratch(static_cast<size_t>(blockRows * blockClasses));
@@ -156,7 +203,7 @@ int pcc_cpu_linear_cross_entropy(const pcc_lce_shape *shape,
       target[r] = 0.0f;
     for (int64_t c0 = 0; c0 < s.vocab; c0 += blockClasses) {
       int64_t nc = std::min(blockClasses, s.vocab - c0);
-      if (!logitsBlock(s, h, w, r0, nr, c0, nc, block))
+      if (!logitsBlock(s, hv, wv, r0, nr, c0, nc, block))
         return 1;
 #pragma omp parallel for if (nr * nc > 65536)
       for (int64_t i = 0; i < nr; ++i) {
@@ -191,25 +238,41 @@ int pcc_cpu_linear_cross_entropy_grad(const pcc_lce_shape *shape,
   const pcc_lce_shape &s = *shape;
   if (!checkShape(s) || !checkLabels(s, labels))
     return 1;
-  const float *h = static_cast<const float *>(hv);
-  const float *w = static_cast<const float *>(wv);
-  float *dh = static_cast<float *>(dhv);
-  float *dw = static_cast<float *>(dwv);
+  bool half = isHalf(s);
+  size_t elementBytes = half ? 2 : 4;
+  if (s.vocab == 0 || s.rows == 0) {
+    // Zero bits are 0.0 in every float type.
+    if (dhv)
+      std::memset(dhv, 0, static_cast<size_t>(s.rows * s.dim) * elementBytes);
+    if (dwv)
+      std::memset(dwv, 0, static_cast<size_t>(s.vocab * s.dim) * elementBytes);
+    return 0;
+  }
   int64_t blockRows = std::min(s.rows, kBlockRows);
   int64_t blockClasses = std::min(s.vocab, kBlockClasses);
   float *block = scratch(static_cast<size_t>(blockRows * blockClasses));
-  if (s.vocab == 0 || s.rows == 0) {
-    if (dh)
-      std::fill(dh, dh + s.rows * s.dim, 0.0f);
-    if (dw)
-      std::fill(dw, dw + s.vocab * s.dim, 0.0f);
-    return 0;
-  }
+  // On 16-bit operands, dl rounded for its products, and dh and the block
+  // of dw accumulated in f32 (rounded once, as a single 16-bit product
+  // rounds its f32 sums). On f32 the products write dh and dw in place.
+  std::vector<uint16_t> dl16(
+      half ? static_cast<size_t>(blockRows * blockClasses) : 0);
+  std::vector<float> dhSum(half && dhv ? static_cast<size_t>(s.rows * s.dim)
+                                       : 0);
+  std::vector<float> dwSum(
+      half && dwv ? static_cast<size_t>(blockClasses * s.dim) : 0);
+  float *dh = half ? dhSum.data() : static_cast<float *>(dhv);
+  const void *dl = half ? static_cast<const void *>(dl16.data()) : block;
   for (int64_t c0 = 0; c0 < s.vocab; c0 += blockClasses) {
     int64_t nc = std::min(blockClasses, s.vocab - c0);
+    // This block of dw: [nc, D] rows of a [V, D] weight; [D, nc] columns of
+    // a [D, V] one (row stride V in place, nc in the f32 sum).
+    float *dw =
+        half ? dwSum.data()
+             : static_cast<float *>(dwv) + (s.transpose_w ? c0 * s.dim : c0);
+    int64_t ldw = s.transpose_w ? s.dim : (half ? nc : s.vocab);
     for (int64_t r0 = 0; r0 < s.rows; r0 += blockRows) {
       int64_t nr = std::min(blockRows, s.rows - r0);
-      if (!logitsBlock(s, h, w, r0, nr, c0, nc, block))
+      if (!logitsBlock(s, hv, wv, r0, nr, c0, nc, block))
         return 1;
 #pragma omp parallel for if (nr * nc > 65536)
       for (int64_t i = 0; i < nr; ++i) {
@@ -221,27 +284,37 @@ int pcc_cpu_linear_cross_entropy_grad(const pcc_lce_shape *shape,
         if (label >= 0 && label < nc)
           row[label] += grad_target[r0 + i];
       }
+      if (half)
+        narrow(s, block, dl16.data(), nr * nc);
       // dh (rows r0..) += dl w_block; the first block of classes writes.
-      float keep = c0 == 0 ? 0.0f : 1.0f;
       bool ok = true;
-      if (dh)
+      if (dhv)
         ok = s.transpose_w
-                 ? gemm(false, false, nr, s.dim, nc, block, nc, w + c0 * s.dim,
-                        s.dim, keep, dh + r0 * s.dim, s.dim)
-                 : gemm(false, true, nr, s.dim, nc, block, nc, w + c0, s.vocab,
-                        keep, dh + r0 * s.dim, s.dim);
+                 ? product(s, false, false, nr, s.dim, nc, dl, 0, nc, wv,
+                           c0 * s.dim, s.dim, c0 != 0, dh + r0 * s.dim, s.dim)
+                 : product(s, false, true, nr, s.dim, nc, dl, 0, nc, wv, c0,
+                           s.vocab, c0 != 0, dh + r0 * s.dim, s.dim);
       // dw_block += dl^T h (rows r0..); the first block of rows writes.
-      float accumulate = r0 == 0 ? 0.0f : 1.0f;
-      if (dw && ok)
+      if (dwv && ok)
         ok = s.transpose_w
-                 ? gemm(true, false, nc, s.dim, nr, block, nc, h + r0 * s.dim,
-                        s.dim, accumulate, dw + c0 * s.dim, s.dim)
-                 : gemm(true, false, s.dim, nc, nr, h + r0 * s.dim, s.dim,
-                        block, nc, accumulate, dw + c0, s.vocab);
+                 ? product(s, true, false, nc, s.dim, nr, dl, 0, nc, hv,
+                           r0 * s.dim, s.dim, r0 != 0, dw, ldw)
+                 : product(s, true, false, s.dim, nc, nr, hv, r0 * s.dim, s.dim,
+                           dl, 0, nc, r0 != 0, dw, ldw);
       if (!ok)
         return 1;
     }
+    if (half && dwv) {
+      auto *out = static_cast<uint16_t *>(dwv);
+      if (s.transpose_w)
+        narrow(s, dw, out + c0 * s.dim, nc * s.dim);
+      else
+        for (int64_t d = 0; d < s.dim; ++d)
+          narrow(s, dw + d * nc, out + d * s.vocab + c0, nc);
+    }
   }
+  if (half && dhv)
+    narrow(s, dhSum.data(), static_cast<uint16_t *>(dhv), s.rows * s.dim);
   return 0;
 }
 

@@ -5,6 +5,7 @@
 // RUN: pcc-opt %t/head.mlir --pcc-loss="kind=cross_entropy fuse-head-bytes=1024" --canonicalize | FileCheck %s --check-prefix=OFF
 // RUN: pcc-opt %t/head.mlir --pcc-loss="kind=cross_entropy fuse-head-bytes=512" --canonicalize | FileCheck %s --check-prefix=DV-HEAD
 // RUN: pcc-opt %t/bias.mlir --pcc-loss=kind=cross_entropy --canonicalize | FileCheck %s --check-prefix=BIAS
+// RUN: pcc-opt %t/bf16.mlir --pcc-loss=kind=cross_entropy --pcc-autodiff --canonicalize --cse | FileCheck %s --check-prefix=BF16
 // RUN: pcc-opt %t/tied.mlir --pcc-loss=kind=cross_entropy --pcc-autodiff --pcc-optimizer=kind=sgd --cse --pcc-merge-state-loads --pcc-plan-sharding --pcc-partition-training --canonicalize | FileCheck %s --check-prefix=TP
 
 // An LM head (a product of the hidden states and one weight) under the
@@ -57,6 +58,27 @@ func.func @main(%x: tensor<2x4x8xf32>) -> tensor<2x4x16xf32> {
   return %l : tensor<2x4x16xf32>
 }
 // DV: pcc.linear_cross_entropy %{{.*}}, %{{.*}}, %{{.*}} ignore_index = -100 : tensor<8x8xf32>, tensor<8x16xf32>, tensor<8xi64> -> tensor<8xf32>, tensor<8xf32>
+
+// pcc-autocast's head: a bf16 product widened to f32 by a cast. The fused
+// op takes the bf16 operands (it rounds each logit to bf16 as the product
+// does) and gives f32 statistics; its gradients are bf16, widened where
+// the weight's f32 gradient is accumulated.
+//--- bf16.mlir
+func.func @main(%x: tensor<2x4x8xf32>) -> tensor<2x4x16xf32> {
+  %w = pcc.param "head.weight" : tensor<16x8xf32>
+  %x16 = pcc.cast %x : tensor<2x4x8xf32> -> tensor<2x4x8xbf16>
+  %w16 = pcc.cast %w : tensor<16x8xf32> -> tensor<16x8xbf16>
+  %p = pcc.matmul %x16, %w16 {transpose_b} : tensor<2x4x8xbf16>, tensor<16x8xbf16> -> tensor<2x4x16xbf16>
+  %l = pcc.cast %p : tensor<2x4x16xbf16> -> tensor<2x4x16xf32>
+  return %l : tensor<2x4x16xf32>
+}
+// BF16-LABEL: func.func @train_forward
+// BF16: pcc.linear_cross_entropy %{{.*}}, %{{.*}}, %{{.*}} ignore_index = -100 {transpose_w} : tensor<8x8xbf16>, tensor<16x8xbf16>, tensor<8xi64> -> tensor<8xf32>, tensor<8xf32>
+// BF16-NOT: pcc.matmul
+// BF16-LABEL: func.func @train_backward
+// BF16: %{{.*}}, %[[DW:.*]] = pcc.linear_cross_entropy_grad {{.*}} : tensor<8x8xbf16>, tensor<16x8xbf16>, tensor<8xi64>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<8x8xbf16>, tensor<16x8xbf16>
+// BF16: %[[DW32:.*]] = pcc.cast %[[DW]] : tensor<16x8xbf16> -> tensor<16x8xf32>
+// BF16: pcc.accumulate %{{.*}}, %[[DW32]] : tensor<16x8xf32>
 
 // A head with a bias is not a bare product: the logits, then the loss.
 //--- bias.mlir

@@ -142,9 +142,16 @@ LogicalResult CppEmitter::emitLinearCrossEntropy(Operation *op) {
   auto backward = dyn_cast<LinearCrossEntropyGradOp>(op);
   Value hidden = op->getOperand(0), weight = op->getOperand(1),
         labels = op->getOperand(2);
-  if (failed(requireF32(op, hidden)))
-    return failure();
   RankedTensorType h = tensorTypeOf(hidden);
+  Type element = h.getElementType();
+  // pcc_dtype codes (runtime/include/pcc/runtime/CpuKernels.h).
+  int dtype = element.isF32()    ? 0
+              : element.isF16()  ? 2
+              : element.isBF16() ? 3
+                                 : -1;
+  if (dtype < 0)
+    return op->emitOpError("runs on f32, bf16 or fp16 hidden states, not ")
+           << element;
   bool transposeW =
       forward ? forward.getTransposeW() : backward.getTransposeW();
   int64_t vocab = forward ? forward.getVocabSize() : backward.getVocabSize();
@@ -163,9 +170,9 @@ LogicalResult CppEmitter::emitLinearCrossEntropy(Operation *op) {
             std::to_string(vocab);
   }
   std::string shape = llvm::formatv(
-      "{{{0}, {1}, {2}, {3}, {4}LL, {5}, {6}, 0}", h.getDimSize(0),
+      "{{{0}, {1}, {2}, {3}, {4}LL, {5}, {6}, {7}}", h.getDimSize(0),
       h.getDimSize(1), vocab, total, ignore, transposeW ? 1 : 0,
-      tensorTypeOf(labels).getElementType().isInteger(64) ? 1 : 0);
+      tensorTypeOf(labels).getElementType().isInteger(64) ? 1 : 0, dtype);
   std::string args;
   if (forward)
     args = llvm::formatv("&shape, {0}, {1}, {2}, {3}, {4}, {5}", start,

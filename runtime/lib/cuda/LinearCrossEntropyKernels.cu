@@ -7,9 +7,17 @@
 // exponentials, the label's logit; or dl in place), then two more cuBLAS
 // products give dh and dw. No rows x vocabulary buffer.
 //
+// bf16 and fp16 operands multiply with f32 accumulation as on the CPU:
+// each logit rounded to the 16-bit type before the statistics, dl rounded
+// before its products, dh and the block of dw summed in f32 scratch and
+// rounded once.
+//
 //===----------------------------------------------------------------------===//
 
 #include "CudaCommon.cuh"
+
+#include "pcc/runtime/CpuKernels.h" // enum pcc_dtype
+#include "pcc/runtime/HalfFloat.h"
 
 #include <algorithm>
 #include <cmath>
@@ -108,28 +116,81 @@ __global__ void logitsGradKernel(float *block, int64_t rows, int64_t classes,
   }
 }
 
+__device__ inline float roundTo(int dtype, float x) {
+  return dtype == PCC_BF16 ? pccrt::bf16ToFloat(pccrt::floatToBf16(x))
+                           : pccrt::halfToFloat(pccrt::floatToHalf(x));
+}
+
+__device__ inline uint16_t narrowTo(int dtype, float x) {
+  return dtype == PCC_BF16 ? pccrt::floatToBf16(x) : pccrt::floatToHalf(x);
+}
+
+/// Each of n logits rounded to the 16-bit type, in place.
+__global__ void roundKernel(float *x, int64_t n, int dtype) {
+  for (int64_t e = threadIndex(); e < n; e += threadCount())
+    x[e] = roundTo(dtype, x[e]);
+}
+
+/// y[r * ldy + c] = x[r * cols + c] rounded, for a rows x cols block.
+__global__ void narrowKernel(const float *x, int64_t rows, int64_t cols,
+                             uint16_t *y, int64_t ldy, int dtype) {
+  int64_t n = rows * cols;
+  for (int64_t e = threadIndex(); e < n; e += threadCount())
+    y[(e / cols) * ldy + e % cols] = narrowTo(dtype, x[e]);
+}
+
 /// The labels of rows r0 and on.
 const void *labelsFrom(const pcc_lce_shape &s, const void *labels, int64_t r0) {
   return static_cast<const char *>(labels) + r0 * (s.labels_are_i64 ? 8 : 4);
 }
 
-/// The logits of rows [r0, r0 + nr) and classes [c0, c0 + nc).
-bool logitsBlock(pcc_cuda_context *ctx, const pcc_lce_shape &s, const float *h,
-                 const float *w, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+bool isHalf(const pcc_lce_shape &s) { return s.dtype != PCC_F32; }
+
+cudaDataType typeOf(const pcc_lce_shape &s) {
+  return s.dtype == PCC_BF16  ? CUDA_R_16BF
+         : s.dtype == PCC_F16 ? CUDA_R_16F
+                              : CUDA_R_32F;
+}
+
+/// Elements of the shape's type from `base`.
+const void *at(const pcc_lce_shape &s, const void *base, int64_t offset) {
+  return static_cast<const char *>(base) + offset * (isHalf(s) ? 2 : 4);
+}
+
+/// c (f32) = op(a) op(b) (+ c) on operands of the shape's type.
+bool product(pcc_cuda_context *ctx, const char *what, const pcc_lce_shape &s,
+             bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,
+             int64_t lda, const void *b, int64_t ldb, bool accumulate, float *c,
+             int64_t ldc) {
+  return gemmEx(ctx, what, typeOf(s), CUDA_R_32F, ta, tb, 1, m, n, k, a, lda, 0,
+                b, ldb, 0, accumulate ? 1.0f : 0.0f, c, ldc, 0);
+}
+
+/// The logits of rows [r0, r0 + nr) and classes [c0, c0 + nc) (rounded
+/// to 16-bit operands' type).
+bool logitsBlock(pcc_cuda_context *ctx, const pcc_lce_shape &s, const void *h,
+                 const void *w, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                  float *block, const char *what) {
-  if (s.transpose_w)
-    return gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, false, true, 1, nr, nc,
-                  s.dim, h + r0 * s.dim, s.dim, 0, w + c0 * s.dim, s.dim, 0,
-                  0.0f, block, nc, 0);
-  return gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, false, false, 1, nr, nc,
-                s.dim, h + r0 * s.dim, s.dim, 0, w + c0, s.vocab, 0, 0.0f,
-                block, nc, 0);
+  bool ok = s.transpose_w
+                ? product(ctx, what, s, false, true, nr, nc, s.dim,
+                          at(s, h, r0 * s.dim), s.dim, at(s, w, c0 * s.dim),
+                          s.dim, false, block, nc)
+                : product(ctx, what, s, false, false, nr, nc, s.dim,
+                          at(s, h, r0 * s.dim), s.dim, at(s, w, c0), s.vocab,
+                          false, block, nc);
+  if (ok && isHalf(s))
+    roundKernel<<<gridFor(nr * nc), kThreads, 0, ctx->stream>>>(block, nr * nc,
+                                                                s.dtype);
+  return ok;
 }
 
 bool checkLabels(pcc_cuda_context *ctx, const pcc_lce_shape &s,
                  const void *labels, int site, const char *what) {
-  if (s.dtype != 0) {
-    setPending(ctx, std::string(what) + ": runs on f32 only");
+  if (s.dtype != PCC_F32 && s.dtype != PCC_BF16 && s.dtype != PCC_F16) {
+    setPending(ctx, std::string(what) +
+                        ": runs on f32, bf16 or fp16, not "
+                        "element type code " +
+                        std::to_string(s.dtype));
     return false;
   }
   if (s.rows == 0)
@@ -155,8 +216,6 @@ extern "C" void pcc_cuda_linear_cross_entropy(pcc_cuda_context *ctx,
   const pcc_lce_shape s = *shape;
   if (!checkLabels(ctx, s, labels, site, what) || s.rows == 0)
     return;
-  const float *h = static_cast<const float *>(hv);
-  const float *w = static_cast<const float *>(wv);
   int64_t blockRows = std::min(s.rows, kBlockRows);
   int64_t blockClasses = std::max<int64_t>(std::min(s.vocab, kBlockClasses), 1);
   int64_t blockBytes = blockRows * blockClasses * 4;
@@ -173,7 +232,7 @@ extern "C" void pcc_cuda_linear_cross_entropy(pcc_cuda_context *ctx,
     int64_t nr = std::min(blockRows, s.rows - r0);
     for (int64_t c0 = 0; c0 < s.vocab; c0 += blockClasses) {
       int64_t nc = std::min(blockClasses, s.vocab - c0);
-      if (!logitsBlock(ctx, s, h, w, r0, nr, c0, nc, block, what))
+      if (!logitsBlock(ctx, s, hv, wv, r0, nr, c0, nc, block, what))
         return;
       const void *rowLabels = labelsFrom(s, labels, r0);
       if (s.labels_are_i64)
@@ -199,29 +258,49 @@ extern "C" void pcc_cuda_linear_cross_entropy_grad(
   const pcc_lce_shape s = *shape;
   if (!checkLabels(ctx, s, labels, site, what))
     return;
-  const float *h = static_cast<const float *>(hv);
-  const float *w = static_cast<const float *>(wv);
-  float *dh = static_cast<float *>(dhv);
-  float *dw = static_cast<float *>(dwv);
+  bool half = isHalf(s);
+  int64_t elementBytes = half ? 2 : 4;
   if (s.rows == 0 || s.vocab == 0) {
     if (cudaError_t err =
-            cudaMemsetAsync(dh, 0, s.rows * s.dim * 4, ctx->stream))
+            cudaMemsetAsync(dhv, 0, s.rows * s.dim * elementBytes, ctx->stream))
       setPending(ctx, what, err);
-    if (cudaError_t err =
-            cudaMemsetAsync(dw, 0, s.vocab * s.dim * 4, ctx->stream))
+    if (cudaError_t err = cudaMemsetAsync(
+            dwv, 0, s.vocab * s.dim * elementBytes, ctx->stream))
       setPending(ctx, what, err);
     return;
   }
   int64_t blockRows = std::min(s.rows, kBlockRows);
   int64_t blockClasses = std::min(s.vocab, kBlockClasses);
-  if (!ensureScratch(ctx, blockRows * blockClasses * 4, what))
+  // The block of logits; on 16-bit operands then dl rounded, dh's f32 sum
+  // and the f32 sum of dw's block.
+  int64_t blockBytes = blockRows * blockClasses * 4;
+  int64_t dlBytes = half ? blockRows * blockClasses * 2 : 0;
+  int64_t dhBytes = half && dhv ? s.rows * s.dim * 4 : 0;
+  int64_t dwBytes = half && dwv ? blockClasses * s.dim * 4 : 0;
+  if (!ensureScratch(ctx, blockBytes + dlBytes + dhBytes + dwBytes, what))
     return;
+  char *scratch = reinterpret_cast<char *>(ctx->scratch);
   float *block = ctx->scratch;
+  auto *dl16 = reinterpret_cast<uint16_t *>(scratch + blockBytes);
+  const void *dl = half ? static_cast<const void *>(dl16) : block;
+  float *dh =
+      half ? (dhv ? reinterpret_cast<float *>(scratch + blockBytes + dlBytes)
+                  : nullptr)
+           : static_cast<float *>(dhv);
+  float *dwSum =
+      reinterpret_cast<float *>(scratch + blockBytes + dlBytes + dhBytes);
   for (int64_t c0 = 0; c0 < s.vocab; c0 += blockClasses) {
     int64_t nc = std::min(blockClasses, s.vocab - c0);
+    // This block of dw: [nc, D] rows of a [V, D] weight; [D, nc] columns of
+    // a [D, V] one (row stride V in place, nc in the f32 sum).
+    float *dw =
+        !dwv   ? nullptr
+        : half ? dwSum
+               : static_cast<float *>(dwv) + (s.transpose_w ? c0 * s.dim : c0);
+    int64_t ldw = s.transpose_w ? s.dim : (half ? nc : s.vocab);
     for (int64_t r0 = 0; r0 < s.rows; r0 += blockRows) {
       int64_t nr = std::min(blockRows, s.rows - r0);
-      if (!logitsBlock(ctx, s, h, w, r0, nr, c0, nc, block, what))
+      if (!logitsBlock(ctx, s, hv, wv, r0, nr, c0, nc, block, what))
         return;
       const void *rowLabels = labelsFrom(s, labels, r0);
       if (s.labels_are_i64)
@@ -234,29 +313,40 @@ extern "C" void pcc_cuda_linear_cross_entropy_grad(
             <<<gridFor(nr * nc), kThreads, 0, ctx->stream>>>(
                 block, nr, nc, rowLabels, s.ignore_index, vocab_start + c0,
                 lse + r0, grad_lse + r0, grad_target + r0);
+      if (half)
+        narrowKernel<<<gridFor(nr * nc), kThreads, 0, ctx->stream>>>(
+            block, nr, nc, dl16, nc, s.dtype);
       // dh (rows r0..) += dl w_block: the first block of classes writes.
-      float keep = c0 == 0 ? 0.0f : 1.0f;
       bool ok = true;
       if (dh)
-        ok = s.transpose_w
-                 ? gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, false, false, 1,
-                          nr, s.dim, nc, block, nc, 0, w + c0 * s.dim, s.dim, 0,
-                          keep, dh + r0 * s.dim, s.dim, 0)
-                 : gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, false, true, 1, nr,
-                          s.dim, nc, block, nc, 0, w + c0, s.vocab, 0, keep,
-                          dh + r0 * s.dim, s.dim, 0);
+        ok = s.transpose_w ? product(ctx, what, s, false, false, nr, s.dim, nc,
+                                     dl, nc, at(s, wv, c0 * s.dim), s.dim,
+                                     c0 != 0, dh + r0 * s.dim, s.dim)
+                           : product(ctx, what, s, false, true, nr, s.dim, nc,
+                                     dl, nc, at(s, wv, c0), s.vocab, c0 != 0,
+                                     dh + r0 * s.dim, s.dim);
       // dw_block += dl^T h (rows r0..): the first block of rows writes.
-      float accumulate = r0 == 0 ? 0.0f : 1.0f;
       if (dw && ok)
         ok = s.transpose_w
-                 ? gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, true, false, 1, nc,
-                          s.dim, nr, block, nc, 0, h + r0 * s.dim, s.dim, 0,
-                          accumulate, dw + c0 * s.dim, s.dim, 0)
-                 : gemmEx(ctx, what, CUDA_R_32F, CUDA_R_32F, true, false, 1,
-                          s.dim, nc, nr, h + r0 * s.dim, s.dim, 0, block, nc, 0,
-                          accumulate, dw + c0, s.vocab, 0);
+                 ? product(ctx, what, s, true, false, nc, s.dim, nr, dl, nc,
+                           at(s, hv, r0 * s.dim), s.dim, r0 != 0, dw, ldw)
+                 : product(ctx, what, s, true, false, s.dim, nc, nr,
+                           at(s, hv, r0 * s.dim), s.dim, dl, nc, r0 != 0, dw,
+                           ldw);
       if (!ok)
         return;
     }
+    if (half && dwv) {
+      auto *out = static_cast<uint16_t *>(dwv);
+      if (s.transpose_w)
+        narrowKernel<<<gridFor(nc * s.dim), kThreads, 0, ctx->stream>>>(
+            dwSum, nc, s.dim, out + c0 * s.dim, s.dim, s.dtype);
+      else
+        narrowKernel<<<gridFor(nc * s.dim), kThreads, 0, ctx->stream>>>(
+            dwSum, s.dim, nc, out + c0, s.vocab, s.dtype);
+    }
   }
+  if (half && dhv)
+    narrowKernel<<<gridFor(s.rows * s.dim), kThreads, 0, ctx->stream>>>(
+        dh, s.rows, s.dim, static_cast<uint16_t *>(dhv), s.dim, s.dtype);
 }

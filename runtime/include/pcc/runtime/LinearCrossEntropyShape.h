@@ -26,7 +26,10 @@ typedef struct pcc_lce_shape {
   /* w is [vocab, dim] (1) or [dim, vocab] (0). */
   int transpose_w;
   int labels_are_i64;
-  /* h, w and their gradients: 0 f32 (the only one so far). */
+  /* h, w and their gradients: a pcc_dtype (CpuKernels.h): PCC_F32, or
+   * PCC_BF16 / PCC_F16, whose products accumulate in f32 and whose logits
+   * are rounded to the type before the statistics (a 16-bit product, then
+   * a widening cast, as under torch.autocast). */
   int dtype;
 } pcc_lce_shape;
 

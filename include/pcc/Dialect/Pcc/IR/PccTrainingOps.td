@@ -127,6 +127,11 @@ def Pcc_LinearCrossEntropyOp : Pcc_Op<"linear_cross_entropy", [Pure]> {
     vocabulary that is not `ignore_index` is a run-time error naming the
     op; ignored rows get `target` 0 and their `lse`.
 
+    On bf16 or fp16 `h` and `w` (`pcc-loss` on `pcc-autocast`'s head), the
+    products accumulate in f32 and each logit is rounded to that type
+    before the statistics, which stay f32: what the 16-bit head followed
+    by a widening cast computes, without its `N x V` results.
+
     ```mlir
     %lse, %t = pcc.linear_cross_entropy %h, %w, %labels ignore_index = -100
         {transpose_w} : tensor<512x768xf32>, tensor<50257x768xf32>,
@@ -162,7 +167,9 @@ def Pcc_LinearCrossEntropyGradOp : Pcc_Op<"linear_cross_entropy_grad",
     layout). `lse` is the forward's (over the whole vocabulary, also with
     `mesh_axis`, where labels count the whole vocabulary as in the
     forward): one more product than the unfused backward, and no `N x V`
-    buffer.
+    buffer. On bf16 or fp16 operands the logits are rounded as in the
+    forward, `dl` is rounded to the type before its products, and each
+    result is accumulated in f32 and rounded once.
 
     ```mlir
     %dh, %dw = pcc.linear_cross_entropy_grad %h, %w, %labels, %lse, %gl,
