@@ -22,7 +22,8 @@
 # PyTorch's losses and weights (four models also in bf16, --precision=bf16
 # against torch.autocast's run: cuBLAS's bf16 tensor-core products; two in
 # fp16 with GradScaler's loss scaling, one from 2^24 so that its first
-# steps overflow and are skipped), and a
+# steps overflow and are skipped; the LM head fused with its cross-entropy
+# in fp32, bf16 and fp16), and a
 # checkpoint resumes bit for bit on the GPU (also one saved by a CPU run).
 # Communicators: pcc-collective-tests on
 # the NCCL engine in a world of one.
@@ -100,6 +101,11 @@ bf16-zoo-llama-adamw zoo-llama adamw --precision bf16
 fp16-mlp-sgd mlp sgd --precision fp16
 fp16-gpt-adamw gpt adamw --precision fp16
 fp16-gpt-adamw-overflow gpt adamw --precision fp16 --ref-tag fp16-overflow --pcc-args=--loss-scale=dynamic:16777216
+fused-zoo-gpt2-adamw zoo-gpt2 adamw --pcc-args=--fuse-cross-entropy
+fused-zoo-llama-adamw zoo-llama adamw --pcc-args=--fuse-cross-entropy
+fused-bf16-zoo-gpt2-adamw zoo-gpt2 adamw --precision bf16 --pcc-args=--fuse-cross-entropy
+fused-bf16-zoo-llama-adamw zoo-llama adamw --precision bf16 --pcc-args=--fuse-cross-entropy
+fused-fp16-gpt-adamw gpt adamw --precision fp16 --pcc-args=--fuse-cross-entropy
 LIST
   # The resume check: one library for both devices.
   "$build/bin/pcc" "$root/examples/mlp.onnx" --train --batch=4 \
