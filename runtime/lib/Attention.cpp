@@ -1,22 +1,27 @@
 //===- Attention.cpp - fused attention on the CPU -------------------------===//
 //
-// pcc.attention and pcc.attention_grad (CpuKernels.h). For each (batch,
-// query head) and each strip of query rows, the products go to the GEMM
-// libraries (pcc_cpu_matmul_*: oneDNN or OpenBLAS, threaded inside), and
-// the scaling, mask, softmax and its gradient run here on the strip's
-// rows, every key of them at once: the softmax is exact (no online
-// rescaling) and memory is a strip, linear in the sequence. Under a causal
-// mask a strip's product stops at its last row's last visible key.
+// pcc.attention and pcc.attention_grad (CpuKernels.h). Every product is
+// one batched oneDNN matmul over many heads (AMX or AVX-512 brgemm
+// kernels, threaded inside), K and V read in place and broadcast over a key
+// head's query heads (no repeated K/V); the scaling, mask, softmax and its
+// gradient run here on the rows of every head at once, in parallel, every
+// key of a row at once: the softmax is exact (no online rescaling).
 //
-// A strip's size depends only on the sequence length and the mask, and
-// each (batch, head) is computed alone: a row's bits do not change with the
-// batch or head count (data parallelism, micro-batches, heads over tp).
+// Short sequences take all the rows of a chunk of key heads at once;
+// longer ones a query head and a strip of rows at a time, so memory stays
+// linear in the sequence (Plan). The plan depends only on the sequence
+// lengths and the mask, and each (batch, head) is its own entry of the
+// batched products: a row's bits do not change with the batch or head
+// count (data parallelism, micro-batches, heads over tp). The backward
+// sums dK and dV in f32: over a key head's query heads and a strip's rows
+// in one product, then over strips in order.
 //
 //===----------------------------------------------------------------------===//
 
 #include "pcc/runtime/CpuKernels.h"
 
 #include "CpuError.h"
+#include "HalfGemm.h"
 
 #include "pcc/runtime/FastMath.h"
 #include "pcc/runtime/HalfFloat.h"
@@ -33,11 +38,12 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-/// Query rows per strip: 64 under a causal mask (so that the strips'
-/// products skip the masked upper blocks), else up to 256.
-int64_t stripRows(const pcc_attention_shape &s) {
-  return std::min<int64_t>(s.seq, s.causal ? 64 : 256);
-}
+/// Scratch per chunk of key heads: the f32 scores and their gradients
+/// (and their bf16 copies), and the backward's f32 sums of dK and dV.
+constexpr int64_t kScratchBytes = int64_t(32) << 20;
+
+/// Bytes of scratch per score: p and dp in f32 and in bf16.
+constexpr int64_t kScoreBytes = 12;
 
 /// The keys row `i` sees: [0, visible).
 int64_t visibleKeys(const pcc_attention_shape &s, int64_t i) {
@@ -49,31 +55,11 @@ int64_t visibleKeys(const pcc_attention_shape &s, int64_t i) {
 /// A thread-local buffer of at least `count` elements of T, kept between
 /// calls.
 template <typename T> T *buffer(int slot, size_t count) {
-  thread_local std::vector<T> buffers[4];
+  thread_local std::vector<T> buffers[8];
   std::vector<T> &b = buffers[slot];
   if (b.size() < count)
     b.resize(count);
   return b.data();
-}
-
-/// c (f32, m x n) = op(a) x op(b) on f32 or bf16 operands.
-int productF32(int dtype, const void *a, const void *b, float *c, int64_t m,
-               int64_t n, int64_t k, int ta, int tb) {
-  if (dtype == 0) {
-    pcc_cpu_matmul_f32(static_cast<const float *>(a),
-                       static_cast<const float *>(b), c, 1, m, n, k, ta, tb, 0,
-                       0);
-    return 0;
-  }
-  return pcc_cpu_matmul_bf16_f32(a, b, c, 1, m, n, k, ta, tb, 0, 0);
-}
-
-/// c (in the operands' type) = op(a) x op(b).
-int product(int dtype, const void *a, const void *b, void *c, int64_t m,
-            int64_t n, int64_t k, int ta, int tb) {
-  if (dtype == 0)
-    return productF32(0, a, b, static_cast<float *>(c), m, n, k, ta, tb);
-  return pcc_cpu_matmul_bf16(a, b, c, 1, m, n, k, ta, tb, 0, 0);
 }
 
 float load(int dtype, const void *p, int64_t i) {
@@ -81,33 +67,107 @@ float load(int dtype, const void *p, int64_t i) {
                     : bf16ToFloat(static_cast<const uint16_t *>(p)[i]);
 }
 
-void store(int dtype, void *p, int64_t i, float x) {
-  if (dtype == 0)
-    static_cast<float *>(p)[i] = x;
-  else
-    static_cast<uint16_t *>(p)[i] = floatToBf16(x);
-}
-
-/// The product operand of f32 values `x` (n of them): `x` itself in f32,
-/// else rounded to bf16 into `narrow`.
+/// The product operand of n f32 values `x`: `x` itself in f32, else
+/// rounded to bf16 into `narrow`.
 const void *operand(int dtype, const float *x, uint16_t *narrow, int64_t n) {
   if (dtype == 0)
     return x;
+#pragma omp parallel for if (n > 65536)
   for (int64_t i = 0; i < n; ++i)
     narrow[i] = floatToBf16(x[i]);
   return narrow;
 }
 
-/// Element offsets of one (batch, query head).
-struct Head {
-  int64_t q, kv, lse, bias;
+/// How the products go. Key heads (b, kv) are flattened into `bk`; query
+/// head (b, kv * group + g) is then entry (bk, g), with uniform strides.
+/// Short sequences (a head's S x L scores within the scratch; at most 512 x
+/// 512 under a causal mask, whose upper half is then computed and
+/// discarded) take every row as one strip and every query head of a chunk
+/// of key heads in one product: each operand is a dense view of its
+/// tensor. Longer ones go a query head and a strip of rows at a time (64
+/// under a causal mask, so that a strip stops at its last visible key,
+/// else 256): products large enough that calling each costs nothing.
+/// The choice depends only on the sequence lengths and the mask.
+struct Plan {
+  int64_t keyHeads, group;
+  bool whole;
+  int64_t rows;  // query rows per strip
+  int64_t heads; // query heads per entry: group (whole) or 1
+  int64_t chunk; // key heads per product: 1 unless whole
+  int dtype, type;
+  int64_t es;
+
+  Plan(const pcc_attention_shape &s, int64_t perKeyHead) {
+    keyHeads = s.batch * s.kv_heads;
+    group = s.heads / std::max<int64_t>(s.kv_heads, 1);
+    whole = s.causal ? s.seq * s.len <= 512 * 512
+                     : s.seq * s.len * kScoreBytes <= kScratchBytes;
+    rows = whole ? s.seq : std::min<int64_t>(s.seq, s.causal ? 64 : 256);
+    heads = whole ? group : 1;
+    int64_t bytes = group * s.seq * s.len * kScoreBytes + perKeyHead;
+    chunk = whole ? std::clamp<int64_t>(kScratchBytes / std::max<int64_t>(
+                                                            bytes, 1),
+                                        1, std::max<int64_t>(keyHeads, 1))
+                  : 1;
+    dtype = s.dtype;
+    type = s.dtype == 0 ? PCC_F32 : PCC_BF16;
+    es = s.dtype == 0 ? 4 : 2;
+  }
+
+  /// The keys the rows of a strip at i0 of n rows see: [0, keys).
+  int64_t keysOf(const pcc_attention_shape &s, int64_t i0, int64_t n) const {
+    return whole ? s.len : visibleKeys(s, i0 + n - 1);
+  }
+
+  /// q-shaped [B, Hq, S, dim] data as [cn, heads, n, dim] from key head bk0,
+  /// query head g0 of its group, row i0.
+  MatrixView queries(const pcc_attention_shape &s, const void *base,
+                     int64_t bk0, int64_t g0, int64_t i0, int64_t dim) const {
+    return {static_cast<const char *>(base) +
+                ((bk0 * group + g0) * s.seq + i0) * dim * es,
+            {group * s.seq * dim, s.seq * dim, dim, 1}};
+  }
+  /// The same rows as one [heads n, dim] matrix per key head (contiguous:
+  /// one query head, or every row of every head of the group).
+  MatrixView queryRows(const pcc_attention_shape &s, const void *base,
+                       int64_t bk0, int64_t g0, int64_t i0,
+                       int64_t dim) const {
+    return {queries(s, base, bk0, g0, i0, dim).data,
+            {group * s.seq * dim, 0, dim, 1}};
+  }
+  /// k-shaped [B, Hkv, L, dim] data from key head bk0 as [keys, dim] (or,
+  /// `transposed`, [dim, keys]) per entry, broadcast over the group.
+  MatrixView keys(const pcc_attention_shape &s, const void *base, int64_t bk0,
+                  int64_t dim, bool transposed) const {
+    const void *data = static_cast<const char *>(base) + bk0 * s.len * dim * es;
+    if (transposed)
+      return {data, {s.len * dim, 0, 1, dim}};
+    return {data, {s.len * dim, 0, dim, 1}};
+  }
 };
 
-Head headOf(const pcc_attention_shape &s, int64_t b, int64_t h) {
-  int64_t group = s.heads / s.kv_heads;
-  int64_t qh = b * s.heads + h;
-  return {qh * s.seq, (b * s.kv_heads + h / group) * s.len, qh * s.seq,
-          b * s.bias_strides[0] + h * s.bias_strides[1]};
+/// A dense [cn, heads, n, keys] block.
+MatrixView dense(const void *data, int64_t heads, int64_t n, int64_t keys) {
+  return {data, {heads * n * keys, n * keys, keys, 1}};
+}
+
+/// Entry e of a strip (key head bk0 + e / (heads n), query head g0 +
+/// (e / n) % heads, row i0 + e % n): its q/out/lse head and bias offset.
+struct Row {
+  int64_t head; // b * Hq + h
+  int64_t bias;
+  int64_t i;
+};
+
+Row rowOf(const pcc_attention_shape &s, const Plan &plan, int64_t bk0,
+          int64_t g0, int64_t i0, int64_t n, int64_t e) {
+  int64_t bk = bk0 + e / (n * plan.heads);
+  int64_t g = g0 + (e / n) % plan.heads, i = i0 + e % n;
+  int64_t b = bk / s.kv_heads, h = (bk % s.kv_heads) * plan.group + g;
+  return {bk * plan.group + g,
+          b * s.bias_strides[0] + h * s.bias_strides[1] +
+              i * s.bias_strides[2],
+          i};
 }
 
 /// Row r of a strip at query i: the scaled, biased scores of its visible
@@ -126,8 +186,6 @@ void scoreRow(const pcc_attention_shape &s, float *row, int64_t visible,
     row[c] = row[c] * scale + br[c * step];
 }
 
-constexpr int64_t kParallelRows = 1 << 14;
-
 } // namespace
 
 extern "C" {
@@ -136,44 +194,47 @@ int pcc_cpu_attention(const pcc_attention_shape *shape, const void *q,
                       const void *k, const void *v, const float *bias,
                       void *out, float *lse) {
   const pcc_attention_shape &s = *shape;
-  int dtype = s.dtype;
-  int64_t es = dtype == 0 ? 4 : 2;
-  const char *qb = static_cast<const char *>(q),
-             *kb = static_cast<const char *>(k),
-             *vb = static_cast<const char *>(v);
-  char *ob = static_cast<char *>(out);
-  int64_t rows = stripRows(s);
-  float *scores = buffer<float>(0, rows * s.len);
-  uint16_t *narrow = buffer<uint16_t>(1, rows * s.len);
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < s.heads; ++h) {
-      Head hd = headOf(s, b, h);
-      for (int64_t i0 = 0; i0 < s.seq; i0 += rows) {
-        int64_t n = std::min(rows, s.seq - i0);
-        int64_t keys = visibleKeys(s, i0 + n - 1);
-        char *o = ob + (hd.q + i0) * s.v_dim * es;
+  Plan plan(s, 0);
+  int dtype = plan.dtype, type = plan.type;
+  int64_t es = plan.es;
+  int64_t block = plan.chunk * plan.heads * plan.rows * s.len;
+  float *scores = buffer<float>(0, block);
+  uint16_t *narrow = buffer<uint16_t>(1, block);
+  for (int64_t bk0 = 0; bk0 < plan.keyHeads; bk0 += plan.chunk) {
+    int64_t cn = std::min(plan.chunk, plan.keyHeads - bk0);
+    for (int64_t g0 = 0; g0 < plan.group; g0 += plan.heads)
+      for (int64_t i0 = 0; i0 < s.seq; i0 += plan.rows) {
+        int64_t n = std::min(plan.rows, s.seq - i0);
+        int64_t keys = plan.keysOf(s, i0, n), entries = cn * plan.heads * n;
         if (keys == 0) {
           // Every row of the strip is masked: zeros.
-          std::memset(o, 0, n * s.v_dim * es);
-          for (int64_t r = 0; r < n; ++r)
-            lse[hd.lse + i0 + r] = kNegInf;
+          for (int64_t e = 0; e < entries; ++e) {
+            Row at = rowOf(s, plan, bk0, g0, i0, n, e);
+            std::memset(static_cast<char *>(out) +
+                            (at.head * s.seq + at.i) * s.v_dim * es,
+                        0, s.v_dim * es);
+            lse[at.head * s.seq + at.i] = kNegInf;
+          }
           continue;
         }
-        if (productF32(dtype, qb + (hd.q + i0) * s.head_dim * es,
-                       kb + hd.kv * s.head_dim * es, scores, n, keys,
-                       s.head_dim, 0, 1))
+        if (batchedProduct(type, PCC_F32, cn, plan.heads, true, n, keys,
+                           s.head_dim,
+                           plan.queries(s, q, bk0, g0, i0, s.head_dim),
+                           plan.keys(s, k, bk0, s.head_dim, true),
+                           dense(scores, plan.heads, n, keys), false))
           return -1;
-#pragma omp parallel for if (n * keys > kParallelRows)
-        for (int64_t r = 0; r < n; ++r) {
-          int64_t i = i0 + r, visible = visibleKeys(s, i);
-          float *row = scores + r * keys;
-          scoreRow(s, row, visible, bias, hd.bias + i * s.bias_strides[2]);
+#pragma omp parallel for if (entries * keys > 16384)
+        for (int64_t e = 0; e < entries; ++e) {
+          Row at = rowOf(s, plan, bk0, g0, i0, n, e);
+          int64_t visible = visibleKeys(s, at.i);
+          float *row = scores + e * keys;
+          scoreRow(s, row, visible, bias, at.bias);
           float maxValue = kNegInf;
           for (int64_t c = 0; c < visible; ++c)
             maxValue = std::max(maxValue, row[c]);
           if (maxValue == kNegInf) {
             std::fill(row, row + keys, 0.0f);
-            lse[hd.lse + i] = kNegInf;
+            lse[at.head * s.seq + at.i] = kNegInf;
             continue;
           }
           double sum = 0;
@@ -185,14 +246,17 @@ int pcc_cpu_attention(const pcc_attention_shape *shape, const void *q,
           for (int64_t c = 0; c < visible; ++c)
             row[c] *= inv;
           std::fill(row + visible, row + keys, 0.0f);
-          lse[hd.lse + i] = maxValue + static_cast<float>(std::log(sum));
+          lse[at.head * s.seq + at.i] =
+              maxValue + static_cast<float>(std::log(sum));
         }
-        const void *p = operand(dtype, scores, narrow, n * keys);
-        if (product(dtype, p, vb + hd.kv * s.v_dim * es, o, n, s.v_dim, keys,
-                    0, 0))
+        const void *p = operand(dtype, scores, narrow, entries * keys);
+        if (batchedProduct(type, type, cn, plan.heads, true, n, s.v_dim, keys,
+                           dense(p, plan.heads, n, keys),
+                           plan.keys(s, v, bk0, s.v_dim, false),
+                           plan.queries(s, out, bk0, g0, i0, s.v_dim), false))
           return -1;
       }
-    }
+  }
   return 0;
 }
 
@@ -201,94 +265,105 @@ int pcc_cpu_attention_grad(const pcc_attention_shape *shape, const void *q,
                            const float *lse, const void *grad,
                            const float *bias, void *dq, void *dk, void *dv) {
   const pcc_attention_shape &s = *shape;
-  int dtype = s.dtype;
-  int64_t es = dtype == 0 ? 4 : 2;
-  const char *qb = static_cast<const char *>(q),
-             *kb = static_cast<const char *>(k),
-             *vb = static_cast<const char *>(v),
-             *gb = static_cast<const char *>(grad);
-  int64_t rows = stripRows(s), group = s.heads / s.kv_heads;
   int64_t d = s.head_dim, dvd = s.v_dim;
-  float *p = buffer<float>(0, rows * s.len);
-  float *dp = buffer<float>(1, rows * s.len);
-  uint16_t *narrow = buffer<uint16_t>(2, rows * s.len);
-  // The key head's f32 sums, and one strip's term.
-  float *acc = buffer<float>(3, s.len * (d + dvd) + s.len * std::max(d, dvd) +
-                                    rows);
-  float *dkAcc = acc, *dvAcc = acc + s.len * d,
-        *term = acc + s.len * (d + dvd),
-        *rowDot = term + s.len * std::max(d, dvd);
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t kh = 0; kh < s.kv_heads; ++kh) {
-      std::fill(dkAcc, dkAcc + s.len * (d + dvd), 0.0f);
-      for (int64_t j = 0; j < group; ++j) {
-        Head hd = headOf(s, b, kh * group + j);
-        for (int64_t i0 = 0; i0 < s.seq; i0 += rows) {
-          int64_t n = std::min(rows, s.seq - i0);
-          int64_t keys = visibleKeys(s, i0 + n - 1);
-          char *dqStrip = static_cast<char *>(dq) + (hd.q + i0) * d * es;
-          if (keys == 0) {
-            std::memset(dqStrip, 0, n * d * es);
+  Plan plan(s, s.len * (d + dvd) * 4);
+  int dtype = plan.dtype, type = plan.type;
+  int64_t es = plan.es;
+  int64_t block = plan.chunk * plan.heads * plan.rows * s.len;
+  float *p = buffer<float>(0, block);
+  float *dp = buffer<float>(1, block);
+  uint16_t *narrowP = buffer<uint16_t>(2, block);
+  uint16_t *narrowDs = buffer<uint16_t>(3, block);
+  // The chunk's f32 sums of dK and dV over its query heads and strips.
+  float *dkAcc = buffer<float>(4, plan.chunk * s.len * (d + dvd));
+  float *dvAcc = dkAcc + plan.chunk * s.len * d;
+  float scale = static_cast<float>(s.scale);
+  for (int64_t bk0 = 0; bk0 < plan.keyHeads; bk0 += plan.chunk) {
+    int64_t cn = std::min(plan.chunk, plan.keyHeads - bk0);
+    std::fill(dkAcc, dkAcc + cn * s.len * (d + dvd), 0.0f);
+    for (int64_t g0 = 0; g0 < plan.group; g0 += plan.heads)
+      for (int64_t i0 = 0; i0 < s.seq; i0 += plan.rows) {
+        int64_t n = std::min(plan.rows, s.seq - i0);
+        int64_t keys = plan.keysOf(s, i0, n), entries = cn * plan.heads * n;
+        if (keys == 0) {
+          for (int64_t e = 0; e < entries; ++e) {
+            Row at = rowOf(s, plan, bk0, g0, i0, n, e);
+            std::memset(static_cast<char *>(dq) +
+                            (at.head * s.seq + at.i) * d * es,
+                        0, d * es);
+          }
+          continue;
+        }
+        // p = q k^T, dp = grad v^T.
+        if (batchedProduct(type, PCC_F32, cn, plan.heads, true, n, keys, d,
+                           plan.queries(s, q, bk0, g0, i0, d),
+                           plan.keys(s, k, bk0, d, true),
+                           dense(p, plan.heads, n, keys), false) ||
+            batchedProduct(type, PCC_F32, cn, plan.heads, true, n, keys, dvd,
+                           plan.queries(s, grad, bk0, g0, i0, dvd),
+                           plan.keys(s, v, bk0, dvd, true),
+                           dense(dp, plan.heads, n, keys), false))
+          return -1;
+#pragma omp parallel for if (entries * keys > 16384)
+        for (int64_t e = 0; e < entries; ++e) {
+          Row at = rowOf(s, plan, bk0, g0, i0, n, e);
+          int64_t visible = visibleKeys(s, at.i);
+          int64_t qRow = at.head * s.seq + at.i;
+          float *row = p + e * keys, *dsRow = dp + e * keys;
+          float rowLse = lse[qRow];
+          if (rowLse == kNegInf) {
+            std::fill(row, row + keys, 0.0f);
+            std::fill(dsRow, dsRow + keys, 0.0f);
             continue;
           }
-          const char *qStrip = qb + (hd.q + i0) * d * es;
-          const char *gStrip = gb + (hd.q + i0) * dvd * es;
-          const char *kHead = kb + hd.kv * d * es, *vHead = vb + hd.kv * dvd * es;
-          // p = exp(scale q k^T + bias - lse); dp = grad v^T.
-          if (productF32(dtype, qStrip, kHead, p, n, keys, d, 0, 1) ||
-              productF32(dtype, gStrip, vHead, dp, n, keys, dvd, 0, 1))
-            return -1;
-#pragma omp parallel for if (n * keys > kParallelRows)
-          for (int64_t r = 0; r < n; ++r) {
-            int64_t i = i0 + r, visible = visibleKeys(s, i);
-            float *row = p + r * keys;
-            float rowLse = lse[hd.lse + i];
-            // rowsum(grad * out) in double, as the unfused softmax's
-            // gradient sums.
-            double dot = 0;
-            for (int64_t c = 0; c < dvd; ++c)
-              dot += static_cast<double>(load(dtype, grad, (hd.q + i) * dvd + c)) *
-                     load(dtype, out, (hd.q + i) * dvd + c);
-            rowDot[r] = static_cast<float>(dot);
-            if (rowLse == kNegInf) {
-              std::fill(row, row + keys, 0.0f);
-              continue;
-            }
-            scoreRow(s, row, visible, bias, hd.bias + i * s.bias_strides[2]);
-            for (int64_t c = 0; c < visible; ++c)
-              row[c] = fastExp(row[c] - rowLse);
-            std::fill(row + visible, row + keys, 0.0f);
-          }
-          // dv += p^T grad.
-          const void *pOp = operand(dtype, p, narrow, n * keys);
-          if (productF32(dtype, pOp, gStrip, term, keys, dvd, n, 1, 0))
-            return -1;
-          for (int64_t e = 0; e < keys * dvd; ++e)
-            dvAcc[e] += term[e];
+          // rowsum(grad * out) in double, as the unfused softmax's
+          // gradient sums.
+          double dot = 0;
+          for (int64_t c = 0; c < dvd; ++c)
+            dot += static_cast<double>(load(dtype, grad, qRow * dvd + c)) *
+                   load(dtype, out, qRow * dvd + c);
+          float rd = static_cast<float>(dot);
+          scoreRow(s, row, visible, bias, at.bias);
+          for (int64_t c = 0; c < visible; ++c)
+            row[c] = fastExp(row[c] - rowLse);
+          std::fill(row + visible, row + keys, 0.0f);
           // ds = p (dp - rowDot) scale, into dp.
-          float scale = static_cast<float>(s.scale);
-#pragma omp parallel for if (n * keys > kParallelRows)
-          for (int64_t r = 0; r < n; ++r) {
-            float *dsRow = dp + r * keys;
-            const float *pRow = p + r * keys;
-            for (int64_t c = 0; c < keys; ++c)
-              dsRow[c] = pRow[c] * (dsRow[c] - rowDot[r]) * scale;
-          }
-          const void *dsOp = operand(dtype, dp, narrow, n * keys);
-          // dq = ds k (every key of these rows: written once); dk += ds^T q.
-          if (product(dtype, dsOp, kHead, dqStrip, n, d, keys, 0, 0) ||
-              productF32(dtype, dsOp, qStrip, term, keys, d, n, 1, 0))
-            return -1;
-          for (int64_t e = 0; e < keys * d; ++e)
-            dkAcc[e] += term[e];
+          for (int64_t c = 0; c < keys; ++c)
+            dsRow[c] = row[c] * (dsRow[c] - rd) * scale;
         }
+        const void *pOp = operand(dtype, p, narrowP, entries * keys);
+        const void *dsOp = operand(dtype, dp, narrowDs, entries * keys);
+        // Per key head, the rows of the strip (of all its query heads when
+        // whole) are one contraction: [keys, heads n] x [heads n, dim].
+        int64_t hn = plan.heads * n;
+        MatrixView pT{pOp, {hn * keys, 0, 1, keys}},
+            dsT{dsOp, {hn * keys, 0, 1, keys}},
+            dvSum{dvAcc, {s.len * dvd, 0, dvd, 1}},
+            dkSum{dkAcc, {s.len * d, 0, d, 1}};
+        // dv += p^T grad; dk += ds^T q; dq = ds k (each row written once).
+        if (batchedProduct(type, PCC_F32, cn, 1, false, keys, dvd, hn, pT,
+                           plan.queryRows(s, grad, bk0, g0, i0, dvd), dvSum,
+                           true) ||
+            batchedProduct(type, PCC_F32, cn, 1, false, keys, d, hn, dsT,
+                           plan.queryRows(s, q, bk0, g0, i0, d), dkSum,
+                           true) ||
+            batchedProduct(type, type, cn, plan.heads, true, n, d, keys,
+                           dense(dsOp, plan.heads, n, keys),
+                           plan.keys(s, k, bk0, d, false),
+                           plan.queries(s, dq, bk0, g0, i0, d), false))
+          return -1;
       }
-      Head hd = headOf(s, b, kh * group);
-      for (int64_t e = 0; e < s.len * d; ++e)
-        store(dtype, dk, hd.kv * d + e, dkAcc[e]);
-      for (int64_t e = 0; e < s.len * dvd; ++e)
-        store(dtype, dv, hd.kv * dvd + e, dvAcc[e]);
+    int64_t kElems = cn * s.len * d, vElems = cn * s.len * dvd;
+    char *dkOut = static_cast<char *>(dk) + bk0 * s.len * d * es;
+    char *dvOut = static_cast<char *>(dv) + bk0 * s.len * dvd * es;
+    if (dtype == 0) {
+      std::memcpy(dkOut, dkAcc, kElems * 4);
+      std::memcpy(dvOut, dvAcc, vElems * 4);
+    } else {
+      pcc_cpu_cast(dkAcc, PCC_F32, dkOut, PCC_BF16, kElems);
+      pcc_cpu_cast(dvAcc, PCC_F32, dvOut, PCC_BF16, vElems);
     }
+  }
   return 0;
 }
 

@@ -46,6 +46,8 @@ struct Context {
                       int64_t, int64_t, int>,
            dnnl::matmul>
       strided;
+  /// batchedProduct's: types, sizes and strides.
+  std::map<std::vector<int64_t>, dnnl::matmul> batched;
   /// fp16: -1 not yet asked, 0 oneDNN has no fp16 matmul for this CPU, 1 it
   /// has.
   int f16Native = -1;
@@ -216,6 +218,70 @@ int pccrt::halfGemm(bool f16, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
     cpuLastError = std::string("oneDNN ") + typeName(type) + " matmul (" +
                    std::to_string(m) + " x " + std::to_string(n) + " x " +
                    std::to_string(k) + "): " + e.what();
+    return 1;
+  }
+  return 0;
+}
+
+int pccrt::batchedProduct(int type, int outType, int64_t batch, int64_t group,
+                          bool broadcastB, int64_t m, int64_t n, int64_t k,
+                          const MatrixView &a, const MatrixView &b,
+                          const MatrixView &c, bool accumulate) {
+  if (batch <= 0 || group <= 0 || m <= 0 || n <= 0)
+    return 0;
+  auto dataType = [](int code) {
+    return code == PCC_BF16  ? memory::data_type::bf16
+           : code == PCC_F16 ? memory::data_type::f16
+                             : memory::data_type::f32;
+  };
+  // A dimension of size 1 gets the stride of a dense layout, so that
+  // oneDNN sees a plain (or plain transposed) layout and takes its brgemm
+  // kernels (oneDNN 2.6 runs its reference kernel on other strides).
+  auto view = [](memory::dims dims, const MatrixView &v, memory::data_type t) {
+    memory::dims strides{v.strides[0], v.strides[1], v.strides[2],
+                         v.strides[3]};
+    int64_t inner = dims[2] * dims[3];
+    if (dims[1] == 1)
+      strides[1] = inner;
+    if (dims[0] == 1)
+      strides[0] = dims[1] * strides[1];
+    return memory::desc(dims, t, strides);
+  };
+  memory::desc ad = view({batch, group, m, k}, a, dataType(type)),
+               bd = view({batch, broadcastB ? 1 : group, k, n}, b,
+                         dataType(type)),
+               cd = view({batch, group, m, n}, c, dataType(outType));
+  Context &ctx = context();
+  try {
+    std::lock_guard<std::mutex> hold(ctx.lock);
+    std::vector<int64_t> key{type, outType, batch, group, broadcastB, m, n, k,
+                             accumulate};
+    for (const MatrixView *v : {&a, &b, &c})
+      key.insert(key.end(), v->strides, v->strides + 4);
+    auto found = ctx.batched.find(key);
+    if (found == ctx.batched.end()) {
+      dnnl::primitive_attr attr;
+      if (accumulate) {
+        dnnl::post_ops ops;
+        ops.append_sum(1.0f);
+        attr.set_post_ops(ops);
+      }
+      dnnl::matmul::desc desc(ad, bd, cd);
+      dnnl::matmul::primitive_desc pd(desc, attr, ctx.engine);
+      found = ctx.batched.emplace(key, dnnl::matmul(pd)).first;
+    }
+    memory am(ad, ctx.engine, const_cast<void *>(a.data));
+    memory bm(bd, ctx.engine, const_cast<void *>(b.data));
+    memory cm(cd, ctx.engine, const_cast<void *>(c.data));
+    found->second.execute(
+        ctx.stream,
+        {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    ctx.stream.wait();
+  } catch (const dnnl::error &e) {
+    cpuLastError = "oneDNN batched matmul (" + std::to_string(batch) + " x " +
+                   std::to_string(group) + " of " + std::to_string(m) + " x " +
+                   std::to_string(n) + " x " + std::to_string(k) + "): " +
+                   e.what();
     return 1;
   }
   return 0;
