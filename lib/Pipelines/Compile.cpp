@@ -162,6 +162,8 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
       pm.addPass(createBf16Weights());
     pm.addNestedPass<func::FuncOp>(createLegalizeBf16());
   }
+  if (o.train)
+    pm.addPass(createAssignFirstGradients());
   if (o.tp * o.pp * o.dp > 1)
     pm.addPass(createCheckCollectives());
   if (o.planMemory) {

@@ -12,8 +12,10 @@
 #include "pcc/Transforms/Training.h"
 
 #include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/StringSet.h"
 
 namespace mlir::pcc {
+#define GEN_PASS_DEF_ASSIGNFIRSTGRADIENTS
 #define GEN_PASS_DEF_OPTIMIZER
 #include "pcc/Transforms/Passes.h.inc"
 } // namespace mlir::pcc
@@ -107,6 +109,80 @@ struct OptimizerPass : public mlir::pcc::impl::OptimizerBase<OptimizerPass> {
 
     setTrainingAttr(module, {NamedAttribute(StringAttr::get(ctx, "optimizer"),
                                             StringAttr::get(ctx, kind))});
+  }
+};
+
+} // namespace
+
+namespace {
+
+struct AssignFirstGradientsPass
+    : public mlir::pcc::impl::AssignFirstGradientsBase<
+          AssignFirstGradientsPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    std::optional<TrainingConfig> config = getTrainingConfig(module);
+    if (!config || config->microbatches != 1 || config->zero != 0 ||
+        !config->buckets.empty() || config->offloaded)
+      return;
+    auto forward = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[0]);
+    auto backward = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[1]);
+    auto zeroGrad = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[3]);
+    if (!forward || !backward || !zeroGrad ||
+        !backward.getBody().hasOneBlock())
+      return;
+    auto stateName = [](Value v) -> std::optional<StringRef> {
+      if (auto param = v.getDefiningOp<ParamOp>())
+        return param.getName();
+      return std::nullopt;
+    };
+    // The states zeroed whole, once.
+    llvm::StringMap<ZeroOp> zeroed;
+    llvm::StringSet<> twice;
+    zeroGrad.walk([&](ZeroOp zero) {
+      if (std::optional<StringRef> name = stateName(zero.getState()))
+        if (!zeroed.try_emplace(*name, zero).second)
+          twice.insert(*name);
+    });
+    // Ops of `fn` (with their regions) touching a zeroed state, in order.
+    auto touches = [&](Operation *top, function_ref<void(StringRef, Value,
+                                                         Operation *)>
+                                           fn) {
+      top->walk([&](Operation *op) {
+        for (Value operand : op->getOperands())
+          if (std::optional<StringRef> name = stateName(operand))
+            if (zeroed.count(*name))
+              fn(*name, operand, op);
+      });
+    };
+    llvm::StringSet<> keep(twice);
+    touches(forward, [&](StringRef name, Value, Operation *) {
+      keep.insert(name);
+    });
+    // The first op of the backward touching each state, where it is an
+    // accumulation of the whole state.
+    llvm::StringSet<> seen;
+    SmallVector<std::pair<AccumulateOp, ZeroOp>> firsts;
+    for (Operation &top : backward.getBody().front())
+      touches(&top, [&](StringRef name, Value state, Operation *op) {
+        if (!seen.insert(name).second || keep.count(name))
+          return;
+        ZeroOp zero = zeroed.lookup(name);
+        auto acc = dyn_cast<AccumulateOp>(op);
+        if (acc && op == &top && acc.getState() == state &&
+            acc.getValue() != state &&
+            state.getType() == zero.getState().getType())
+          firsts.push_back({acc, zero});
+      });
+    for (auto [acc, zero] : firsts) {
+      OpBuilder b(acc);
+      AssignOp::create(b, acc.getLoc(), acc.getState(), acc.getValue());
+      acc.erase();
+      Value state = zero.getState();
+      zero.erase();
+      if (Operation *load = state.getDefiningOp(); load && load->use_empty())
+        load->erase();
+    }
   }
 };
 

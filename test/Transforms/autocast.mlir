@@ -1,7 +1,7 @@
 // RUN: split-file %s %t
 // RUN: pcc-opt %t/rules.mlir --pcc-autocast --cse | FileCheck %s
 // RUN: pcc-opt %t/rules.mlir --pcc-autocast='precision=fp32' | FileCheck %s --check-prefix=FP32
-// RUN: pcc-opt %t/grad.mlir --pcc-autocast --cse --pcc-loss --pcc-autodiff | FileCheck %s --check-prefix=GRAD
+// RUN: pcc-opt %t/grad.mlir --pcc-autocast --cse --pcc-loss=fuse-head-bytes=-1 --pcc-autodiff | FileCheck %s --check-prefix=GRAD
 // RUN: pcc-opt %t/legalize.mlir --pcc-legalize-bf16 | FileCheck %s --check-prefix=LEGAL
 // RUN: not pcc-opt %t/rules.mlir --pcc-autocast='precision=fp8' 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: pcc-opt %t/rules.mlir --pcc-autocast='precision=fp16' --cse | FileCheck %s --check-prefix=FP16
