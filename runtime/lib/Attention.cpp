@@ -170,6 +170,22 @@ Row rowOf(const pcc_attention_shape &s, const Plan &plan, int64_t bk0,
           i};
 }
 
+/// The rows of a strip that sees no key: zeros in `rows` (q-shaped, `dim`
+/// wide) and, given `lse`, -inf there.
+void zeroStrip(const pcc_attention_shape &s, const Plan &plan, int64_t bk0,
+               int64_t g0, int64_t i0, int64_t n, void *rows, int64_t dim,
+               float *lse) {
+  int64_t entries = std::min(plan.chunk, plan.keyHeads - bk0) * plan.heads * n;
+  for (int64_t e = 0; e < entries; ++e) {
+    Row at = rowOf(s, plan, bk0, g0, i0, n, e);
+    std::memset(static_cast<char *>(rows) +
+                    (at.head * s.seq + at.i) * dim * plan.es,
+                0, dim * plan.es);
+    if (lse)
+      lse[at.head * s.seq + at.i] = kNegInf;
+  }
+}
+
 /// Row r of a strip at query i: the scaled, biased scores of its visible
 /// keys, in place.
 void scoreRow(const pcc_attention_shape &s, float *row, int64_t visible,
@@ -196,7 +212,6 @@ int pcc_cpu_attention(const pcc_attention_shape *shape, const void *q,
   const pcc_attention_shape &s = *shape;
   Plan plan(s, 0);
   int dtype = plan.dtype, type = plan.type;
-  int64_t es = plan.es;
   int64_t block = plan.chunk * plan.heads * plan.rows * s.len;
   float *scores = buffer<float>(0, block);
   uint16_t *narrow = buffer<uint16_t>(1, block);
@@ -208,13 +223,7 @@ int pcc_cpu_attention(const pcc_attention_shape *shape, const void *q,
         int64_t keys = plan.keysOf(s, i0, n), entries = cn * plan.heads * n;
         if (keys == 0) {
           // Every row of the strip is masked: zeros.
-          for (int64_t e = 0; e < entries; ++e) {
-            Row at = rowOf(s, plan, bk0, g0, i0, n, e);
-            std::memset(static_cast<char *>(out) +
-                            (at.head * s.seq + at.i) * s.v_dim * es,
-                        0, s.v_dim * es);
-            lse[at.head * s.seq + at.i] = kNegInf;
-          }
+          zeroStrip(s, plan, bk0, g0, i0, n, out, s.v_dim, lse);
           continue;
         }
         if (batchedProduct(type, PCC_F32, cn, plan.heads, true, n, keys,
@@ -286,12 +295,7 @@ int pcc_cpu_attention_grad(const pcc_attention_shape *shape, const void *q,
         int64_t n = std::min(plan.rows, s.seq - i0);
         int64_t keys = plan.keysOf(s, i0, n), entries = cn * plan.heads * n;
         if (keys == 0) {
-          for (int64_t e = 0; e < entries; ++e) {
-            Row at = rowOf(s, plan, bk0, g0, i0, n, e);
-            std::memset(static_cast<char *>(dq) +
-                            (at.head * s.seq + at.i) * d * es,
-                        0, d * es);
-          }
+          zeroStrip(s, plan, bk0, g0, i0, n, dq, d, nullptr);
           continue;
         }
         // p = q k^T, dp = grad v^T.

@@ -40,13 +40,7 @@ struct Context {
   /// (type, m, n, k, trans_a, trans_b) -> the product of one batch entry.
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int>, dnnl::matmul>
       products;
-  /// halfGemm's strided products: (f16, ta, tb, m, n, k, lda, ldb, ldc,
-  /// accumulate).
-  std::map<std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t,
-                      int64_t, int64_t, int>,
-           dnnl::matmul>
-      strided;
-  /// batchedProduct's: types, sizes and strides.
+  /// batchedProduct's (and halfGemm's): types, sizes and strides.
   std::map<std::vector<int64_t>, dnnl::matmul> batched;
   /// fp16: -1 not yet asked, 0 oneDNN has no fp16 matmul for this CPU, 1 it
   /// has.
@@ -142,14 +136,6 @@ bool f16Native() {
   return ctx.f16Native == 1;
 }
 
-/// A `rows` x `cols` operand stored row-major with row stride `ld`, or
-/// (`trans`) its transpose stored [cols, rows].
-memory::desc strided(int64_t rows, int64_t cols, bool trans, int64_t ld,
-                     memory::data_type type) {
-  return trans ? memory::desc({rows, cols}, type, memory::dims{1, ld})
-               : memory::desc({rows, cols}, type, memory::dims{ld, 1});
-}
-
 /// The stored matrix behind a strided operand, widened to a dense f32
 /// copy (row stride: the stored row's length).
 std::vector<float> widenF16(const void *x, int64_t rows, int64_t cols,
@@ -185,42 +171,13 @@ int pccrt::halfGemm(bool f16, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
     }
     return 0;
   }
-  memory::data_type type =
-      f16 ? memory::data_type::f16 : memory::data_type::bf16;
-  Context &ctx = context();
-  try {
-    std::lock_guard<std::mutex> hold(ctx.lock);
-    memory::desc ad = strided(m, k, ta, lda, type),
-                 bd = strided(k, n, tb, ldb, type),
-                 cd = strided(m, n, false, ldc, memory::data_type::f32);
-    auto key = std::make_tuple(int(f16), int(ta), int(tb), m, n, k, lda, ldb,
-                               ldc, int(accumulate));
-    auto found = ctx.strided.find(key);
-    if (found == ctx.strided.end()) {
-      dnnl::primitive_attr attr;
-      if (accumulate) {
-        dnnl::post_ops ops;
-        ops.append_sum(1.0f);
-        attr.set_post_ops(ops);
-      }
-      dnnl::matmul::desc desc(ad, bd, cd);
-      dnnl::matmul::primitive_desc pd(desc, attr, ctx.engine);
-      found = ctx.strided.emplace(key, dnnl::matmul(pd)).first;
-    }
-    memory am(ad, ctx.engine, const_cast<void *>(a));
-    memory bm(bd, ctx.engine, const_cast<void *>(b));
-    memory cm(cd, ctx.engine, c);
-    found->second.execute(
-        ctx.stream,
-        {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-    ctx.stream.wait();
-  } catch (const dnnl::error &e) {
-    cpuLastError = std::string("oneDNN ") + typeName(type) + " matmul (" +
-                   std::to_string(m) + " x " + std::to_string(n) + " x " +
-                   std::to_string(k) + "): " + e.what();
-    return 1;
-  }
-  return 0;
+  // One entry of a batched product; each view's strides over [rows, cols].
+  auto view = [](const void *data, bool trans, int64_t ld) {
+    return MatrixView{data, {0, 0, trans ? 1 : ld, trans ? ld : 1}};
+  };
+  return batchedProduct(f16 ? PCC_F16 : PCC_BF16, PCC_F32, 1, 1, false, m, n, k,
+                        view(a, ta, lda), view(b, tb, ldb), view(c, false, ldc),
+                        accumulate);
 }
 
 int pccrt::batchedProduct(int type, int outType, int64_t batch, int64_t group,
