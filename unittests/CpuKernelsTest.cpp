@@ -731,6 +731,32 @@ TEST(CpuKernels, Attention_SameBitsWhateverTheBatch) {
 
 namespace {
 
+/// Each row's lse and label logit against `logits` ([rows, vocab] in
+/// double; this call's classes from `start`), within the tolerances;
+/// returns the rows whose label logit has the reference's exact value.
+template <typename Label>
+int64_t checkRowStatistics(const std::vector<double> &logits,
+                           const std::vector<Label> &labels, int64_t start,
+                           int64_t vocab, const std::vector<float> &lse,
+                           const std::vector<float> &target, double lseTol,
+                           double targetTol) {
+  int64_t exact = 0;
+  for (size_t r = 0; r < labels.size(); ++r) {
+    const double *row = logits.data() + r * vocab;
+    double m = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < vocab; ++v)
+      m = std::max(m, row[v]);
+    for (int64_t v = 0; v < vocab; ++v)
+      sum += std::exp(row[v] - m);
+    EXPECT_NEAR(lse[r], m + std::log(sum), lseTol) << "row " << r;
+    int64_t label = labels[r] == -100 ? -1 : labels[r] - start;
+    double expected = label >= 0 && label < vocab ? row[label] : 0.0;
+    EXPECT_NEAR(target[r], expected, targetTol) << "row " << r;
+    exact += target[r] == expected;
+  }
+  return exact;
+}
+
 /// pcc_cpu_linear_cross_entropy and its gradient against the logits
 /// computed whole in double: several blocks of rows (512 each) and of
 /// classes (2048 each), ignored rows, and with `start` > 0 a block of a
@@ -763,18 +789,7 @@ void checkLinearCrossEntropy(int64_t rows, int64_t dim, int64_t vocab,
                                          target.data()),
             0)
       << pcc_cpu_last_error();
-  for (int64_t r = 0; r < rows; ++r) {
-    double m = -INFINITY, sum = 0;
-    for (int64_t v = 0; v < vocab; ++v)
-      m = std::max(m, logits[r * vocab + v]);
-    for (int64_t v = 0; v < vocab; ++v)
-      sum += std::exp(logits[r * vocab + v] - m);
-    EXPECT_NEAR(lse[r], m + std::log(sum), 1e-4) << "row " << r;
-    int64_t label = labels[r] == -100 ? -1 : labels[r] - start;
-    double expected =
-        label >= 0 && label < vocab ? logits[r * vocab + label] : 0.0;
-    EXPECT_NEAR(target[r], expected, 1e-4) << "row " << r;
-  }
+  checkRowStatistics(logits, labels, start, vocab, lse, target, 1e-4, 1e-4);
   // The gradient, with random cotangents.
   std::vector<float> gl = randomVector(rows, 14), gt = randomVector(rows, 15);
   std::vector<float> dh(rows * dim), dw(vocab * dim);
@@ -850,20 +865,8 @@ void checkHalfLinearCrossEntropy(int dtype, int64_t rows, int64_t dim,
   // A logit can round the other way (f32 sums, not double): one unit in
   // the last place of the type at these magnitudes (|logit| < 8).
   double ulp = dtype == PCC_BF16 ? 1.0 / 16 : 1.0 / 128;
-  int64_t exact = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    double m = -INFINITY, sum = 0;
-    for (int64_t v = 0; v < vocab; ++v)
-      m = std::max(m, logits[r * vocab + v]);
-    for (int64_t v = 0; v < vocab; ++v)
-      sum += std::exp(logits[r * vocab + v] - m);
-    EXPECT_NEAR(lse[r], m + std::log(sum), ulp / 8) << "row " << r;
-    int64_t label = labels[r] == -100 ? -1 : labels[r] - start;
-    double expected =
-        label >= 0 && label < vocab ? logits[r * vocab + label] : 0.0;
-    EXPECT_NEAR(target[r], expected, ulp) << "row " << r;
-    exact += target[r] == expected;
-  }
+  int64_t exact = checkRowStatistics(logits, labels, start, vocab, lse, target,
+                                     ulp / 8, ulp);
   // The label's logit is rounded to the type: nearly always the same bits.
   EXPECT_GE(exact, rows * 95 / 100);
   std::vector<float> gl = randomVector(rows, 34), gt = randomVector(rows, 35);

@@ -55,7 +55,7 @@ int64_t visibleKeys(const pcc_attention_shape &s, int64_t i) {
 /// A thread-local buffer of at least `count` elements of T, kept between
 /// calls.
 template <typename T> T *buffer(int slot, size_t count) {
-  thread_local std::vector<T> buffers[8];
+  thread_local std::vector<T> buffers[5];
   std::vector<T> &b = buffers[slot];
   if (b.size() < count)
     b.resize(count);

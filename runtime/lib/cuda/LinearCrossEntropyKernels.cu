@@ -261,12 +261,12 @@ extern "C" void pcc_cuda_linear_cross_entropy_grad(
   bool half = isHalf(s);
   int64_t elementBytes = half ? 2 : 4;
   if (s.rows == 0 || s.vocab == 0) {
-    if (cudaError_t err =
-            cudaMemsetAsync(dhv, 0, s.rows * s.dim * elementBytes, ctx->stream))
-      setPending(ctx, what, err);
-    if (cudaError_t err = cudaMemsetAsync(
-            dwv, 0, s.vocab * s.dim * elementBytes, ctx->stream))
-      setPending(ctx, what, err);
+    // A null result is a product zb-h1's other copy computes.
+    for (auto [out, count] : {std::pair{dhv, s.rows}, std::pair{dwv, s.vocab}})
+      if (out)
+        if (cudaError_t err = cudaMemsetAsync(
+                out, 0, count * s.dim * elementBytes, ctx->stream))
+          setPending(ctx, what, err);
     return;
   }
   int64_t blockRows = std::min(s.rows, kBlockRows);
