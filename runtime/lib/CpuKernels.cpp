@@ -58,34 +58,77 @@ constexpr int64_t kParallelThreshold = 1 << 15;
 #define PCC_ROW_KERNEL
 #endif
 
-/// Sums n floats in double, in four interleaved partial sums so that the
-/// loop vectorises (a single double accumulator is a chain of dependent
-/// adds); the order is fixed, so the result is deterministic.
+/// Sums n floats in double, in sixteen interleaved partial sums so that the
+/// loop vectorises and keeps four vectors of adds in flight (one double
+/// accumulator is a chain of dependent adds, four cycles each; one vector of
+/// four is still bound by that latency, at a quarter of the memory rate);
+/// the order is fixed, so the result is deterministic.
+constexpr int kSumLanes = 16;
+
+double combineLanes(const double *acc) {
+  // A fixed pairwise tree over the lanes.
+  double level[kSumLanes];
+  for (int j = 0; j < kSumLanes; ++j)
+    level[j] = acc[j];
+  for (int width = kSumLanes / 2; width >= 1; width /= 2)
+    for (int j = 0; j < width; ++j)
+      level[j] = level[2 * j] + level[2 * j + 1];
+  return level[0];
+}
+
 PCC_ROW_KERNEL double sumDouble(const float *x, int64_t n) {
-  double acc[4] = {0, 0, 0, 0};
+  double acc[kSumLanes] = {};
   int64_t c = 0;
-  for (; c + 4 <= n; c += 4)
-    for (int j = 0; j < 4; ++j)
+  for (; c + kSumLanes <= n; c += kSumLanes)
+    for (int j = 0; j < kSumLanes; ++j)
       acc[j] += static_cast<double>(x[c + j]);
   for (; c < n; ++c)
-    acc[0] += static_cast<double>(x[c]);
-  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    acc[c % kSumLanes] += static_cast<double>(x[c]);
+  return combineLanes(acc);
 }
 
 /// sumDouble of the rows' f32 squares, in the same lanes and order.
 PCC_ROW_KERNEL double sumSquaresDouble(const float *x, int64_t n) {
-  double acc[4] = {0, 0, 0, 0};
+  double acc[kSumLanes] = {};
   int64_t c = 0;
-  for (; c + 4 <= n; c += 4)
-    for (int j = 0; j < 4; ++j) {
+  for (; c + kSumLanes <= n; c += kSumLanes)
+    for (int j = 0; j < kSumLanes; ++j) {
       float square = x[c + j] * x[c + j];
       acc[j] += static_cast<double>(square);
     }
   for (; c < n; ++c) {
     float square = x[c] * x[c];
-    acc[0] += static_cast<double>(square);
+    acc[c % kSumLanes] += static_cast<double>(square);
   }
-  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  return combineLanes(acc);
+}
+
+/// The casts of mixed precision (pcc-autocast) over [begin, end), as loops
+/// that vectorise, in the AVX2 clone too: the runtime is built for
+/// x86-64's baseline, where they run at half the rate.
+#define PCC_CAST_RANGE(name, From, To, convert)                                \
+  PCC_ROW_KERNEL void name(const void *x, void *y, int64_t begin,              \
+                           int64_t end) {                                      \
+    const auto *in = static_cast<const From *>(x);                             \
+    auto *out = static_cast<To *>(y);                                          \
+    for (int64_t i = begin; i < end; ++i)                                      \
+      out[i] = convert(in[i]);                                                 \
+  }
+PCC_CAST_RANGE(castF32ToBf16, float, uint16_t, pccrt::floatToBf16)
+PCC_CAST_RANGE(castBf16ToF32, uint16_t, float, pccrt::bf16ToFloat)
+PCC_CAST_RANGE(castF32ToF16, float, uint16_t, pccrt::floatToHalf)
+PCC_CAST_RANGE(castF16ToF32, uint16_t, float, pccrt::halfToFloat)
+#undef PCC_CAST_RANGE
+
+/// A cast's range function over `count` elements, in blocks split over the
+/// threads.
+void convertAll(void (*range)(const void *, void *, int64_t, int64_t),
+                const void *x, void *y, int64_t count) {
+  constexpr int64_t kBlock = int64_t(1) << 16;
+  int64_t blocks = (count + kBlock - 1) / kBlock;
+#pragma omp parallel for if (count > kParallelThreshold)
+  for (int64_t b = 0; b < blocks; ++b)
+    range(x, y, b * kBlock, std::min(count, (b + 1) * kBlock));
 }
 
 /// The largest element of a row, in eight interleaved lanes so that the
@@ -1013,39 +1056,15 @@ void pcc_cpu_dropout_f32(const float *x, float *y, int64_t n, double ratio,
 
 void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
                   int64_t count) {
-  // Mixed precision's casts (pcc-autocast), as loops that vectorise.
-  if (from_type == PCC_F32 && to_type == PCC_BF16) {
-    const float *in = static_cast<const float *>(x);
-    auto *out = static_cast<uint16_t *>(y);
-#pragma omp parallel for if (count > kParallelThreshold)
-    for (int64_t i = 0; i < count; ++i)
-      out[i] = pccrt::floatToBf16(in[i]);
-    return;
-  }
-  if (from_type == PCC_BF16 && to_type == PCC_F32) {
-    const auto *in = static_cast<const uint16_t *>(x);
-    float *out = static_cast<float *>(y);
-#pragma omp parallel for if (count > kParallelThreshold)
-    for (int64_t i = 0; i < count; ++i)
-      out[i] = pccrt::bf16ToFloat(in[i]);
-    return;
-  }
-  if (from_type == PCC_F32 && to_type == PCC_F16) {
-    const float *in = static_cast<const float *>(x);
-    auto *out = static_cast<uint16_t *>(y);
-#pragma omp parallel for if (count > kParallelThreshold)
-    for (int64_t i = 0; i < count; ++i)
-      out[i] = pccrt::floatToHalf(in[i]);
-    return;
-  }
-  if (from_type == PCC_F16 && to_type == PCC_F32) {
-    const auto *in = static_cast<const uint16_t *>(x);
-    float *out = static_cast<float *>(y);
-#pragma omp parallel for if (count > kParallelThreshold)
-    for (int64_t i = 0; i < count; ++i)
-      out[i] = pccrt::halfToFloat(in[i]);
-    return;
-  }
+  // Mixed precision's casts (pcc-autocast).
+  if (from_type == PCC_F32 && to_type == PCC_BF16)
+    return convertAll(castF32ToBf16, x, y, count);
+  if (from_type == PCC_BF16 && to_type == PCC_F32)
+    return convertAll(castBf16ToF32, x, y, count);
+  if (from_type == PCC_F32 && to_type == PCC_F16)
+    return convertAll(castF32ToF16, x, y, count);
+  if (from_type == PCC_F16 && to_type == PCC_F32)
+    return convertAll(castF16ToF32, x, y, count);
   for (int64_t i = 0; i < count; ++i)
     pccrt::castElement(x, from_type, y, to_type, i);
 }
@@ -1081,10 +1100,10 @@ bool skipUpdate(const double *hyper, const float *norm) {
 }
 } // namespace
 
-int pcc_cpu_scatter_add_f32(const float *updates, const void *indices,
-                            float *y, int64_t outer, int64_t axis_dim,
-                            int64_t inner, int64_t num_indices,
-                            int indices_are_i64) {
+int pcc_cpu_scatter_accumulate_f32(const float *updates, const void *indices,
+                                   float *y, int64_t outer, int64_t axis_dim,
+                                   int64_t inner, int64_t num_indices,
+                                   int indices_are_i64) {
   for (int64_t j = 0; j < num_indices; ++j) {
     int64_t idx = indexAt(indices, j, indices_are_i64);
     if (idx < -axis_dim || idx >= axis_dim) {
@@ -1094,7 +1113,6 @@ int pcc_cpu_scatter_add_f32(const float *updates, const void *indices,
       return 1;
     }
   }
-  std::memset(y, 0, static_cast<size_t>(outer * axis_dim * inner) * 4);
   // Rows are added in index order, each column by one thread: the same
   // sums in the same order on every run.
 #pragma omp parallel for collapse(2) if (outer * num_indices * inner >         \
@@ -1109,6 +1127,14 @@ int pcc_cpu_scatter_add_f32(const float *updates, const void *indices,
             updates[(o * num_indices + j) * inner + i];
       }
   return 0;
+}
+
+int pcc_cpu_scatter_add_f32(const float *updates, const void *indices, float *y,
+                            int64_t outer, int64_t axis_dim, int64_t inner,
+                            int64_t num_indices, int indices_are_i64) {
+  std::memset(y, 0, static_cast<size_t>(outer * axis_dim * inner) * 4);
+  return pcc_cpu_scatter_accumulate_f32(updates, indices, y, outer, axis_dim,
+                                        inner, num_indices, indices_are_i64);
 }
 
 namespace {

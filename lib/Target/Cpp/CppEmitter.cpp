@@ -251,6 +251,21 @@ void CppEmitter::copyBytes(const std::string &to, const std::string &from,
     line(llvm::formatv("std::memcpy({0}, {1}, {2});", to, from, bytes).str());
 }
 
+void CppEmitter::emitScatterAdd(ScatterAddOp sa, const std::string &into,
+                                bool accumulate) {
+  ArrayRef<int64_t> shape = sa.getType().getShape();
+  int64_t axis = static_cast<int64_t>(sa.getAxis());
+  auto indices = sa.getIndices().getType();
+  std::string args = llvm::formatv(
+      "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}", nameOf(sa.getUpdates()),
+      nameOf(sa.getIndices()), into, product(shape.take_front(axis)),
+      shape[axis], product(shape.drop_front(axis + 1)),
+      indices.getNumElements(), indices.getElementType().isInteger(64) ? 1 : 0);
+  checkedCall(accumulate ? "scatter_accumulate_f32" : "scatter_add_f32", args,
+              llvm::formatv("an index is outside [-{0}, {0})", shape[axis]),
+              sa);
+}
+
 LogicalResult CppEmitter::emitTraining(Operation *op) {
   auto isI64 = [](Value v) {
     return tensorTypeOf(v).getElementType().isInteger(64) ? 1 : 0;
@@ -286,6 +301,10 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
                .str());
       return success();
     }
+    if (ScatterAddOp sa = scatterInto.lookup(op)) {
+      emitScatterAdd(sa, nameOf(op->getOperand(0)), /*accumulate=*/false);
+      return success();
+    }
     if (auto assign = dyn_cast<AssignOp>(op))
       copyBytes(nameOf(assign.getState()), nameOf(assign.getValue()),
                 getTensorBytes(state));
@@ -296,18 +315,7 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
   if (failed(requireF32(op, op->getOperand(0))))
     return failure();
   if (auto sa = dyn_cast<ScatterAddOp>(op)) {
-    ArrayRef<int64_t> shape = sa.getType().getShape();
-    int64_t axis = static_cast<int64_t>(sa.getAxis());
-    auto indices = sa.getIndices().getType();
-    std::string args =
-        llvm::formatv("{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}",
-                      nameOf(sa.getUpdates()), nameOf(sa.getIndices()),
-                      nameOf(sa.getResult()), product(shape.take_front(axis)),
-                      shape[axis], product(shape.drop_front(axis + 1)),
-                      indices.getNumElements(), isI64(sa.getIndices()));
-    checkedCall("scatter_add_f32", args,
-                llvm::formatv("an index is outside [-{0}, {0})", shape[axis]),
-                op);
+    emitScatterAdd(sa, nameOf(sa.getResult()), /*accumulate=*/false);
     return success();
   }
   if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
@@ -330,6 +338,10 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
   }
   auto state = tensorTypeOf(op->getOperand(0));
   int64_t count = state.getNumElements();
+  if (ScatterAddOp sa = scatterInto.lookup(op)) {
+    emitScatterAdd(sa, nameOf(op->getOperand(0)), /*accumulate=*/true);
+    return success();
+  }
   if (auto acc = dyn_cast<AccumulateOp>(op); acc && widened.count(op)) {
     // A 16-bit gradient widened (exactly) as it is added.
     Value x = widened.lookup(op);
@@ -425,6 +437,12 @@ bool CppEmitter::deferToUser(Operation *op) {
         static_cast<int64_t>(sum.getAxes().size()) != type.getRank())
       return false;
     squares[user] = mul.getLhs();
+  } else if (auto sa = dyn_cast<ScatterAddOp>(op)) {
+    // The accumulator is read by no op in between: the user is next.
+    if (!isa<AssignOp, AccumulateOp>(user) ||
+        user->getOperand(0).getType() != sa.getType())
+      return false;
+    scatterInto[user] = sa;
   } else if (auto cast = dyn_cast<CastOp>(op)) {
     Type from = cast.getInput().getType().getElementType();
     Type to = cast.getType().getElementType();

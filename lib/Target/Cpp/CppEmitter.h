@@ -193,6 +193,11 @@ private:
                    const std::string &message, Operation *op);
   /// Sets `bytes` bytes at `ptr` to zero.
   void zeroFill(const std::string &ptr, int64_t bytes);
+  /// A scatter-add of `sa`'s updates into `into`: zeroed first, or added
+  /// to what it holds (`accumulate`: an embedding gradient added to its
+  /// accumulator touches only the rows its indices name).
+  void emitScatterAdd(ScatterAddOp sa, const std::string &into,
+                      bool accumulate);
   void copyBytes(const std::string &to, const std::string &from, int64_t bytes);
   /// `rc->comms[i]` for mesh axis `axis`.
   std::string comm(StringRef axis) const {
@@ -205,7 +210,8 @@ private:
   /// compute it on the fly (recorded in `squares`, `widened`, `castInto`):
   /// a gradient's squares summed (the global norm), a 16-bit gradient
   /// widened into its f32 accumulator, a weight's 16-bit copy cast straight
-  /// into its state. The op itself then emits nothing.
+  /// into its state, an embedding's gradient scattered straight into its
+  /// accumulator. The op itself then emits nothing.
   bool deferToUser(Operation *op);
   /// A profile site (pcc_profile_site) of this function, added to
   /// `profileSites`; returns the statement that marks its start.
@@ -251,9 +257,12 @@ private:
   std::vector<std::string> sites;
   /// What users compute of the ops deferred to them (deferToUser): a
   /// whole-tensor sum of x * x by the sum, x; an accumulate of a widened
-  /// value by it, its 16-bit input; an assign of a cast by it, the cast.
+  /// value by it, its 16-bit input; an assign of a cast by it, the cast;
+  /// an assign or accumulate of a scatter-add (an embedding's gradient) by
+  /// it, the scatter-add.
   llvm::DenseMap<Operation *, Value> squares, widened;
   llvm::DenseMap<Operation *, CastOp> castInto;
+  llvm::DenseMap<Operation *, ScatterAddOp> scatterInto;
   /// The initialisers of the function's profile sites, in op order.
   std::vector<std::string> profileSites;
   llvm::DenseMap<Value, std::string> names;

@@ -182,6 +182,12 @@ int pcc_cpu_scatter_add_f32(const float *updates, const void *indices,
                             float *y, int64_t outer, int64_t axis_dim,
                             int64_t inner, int64_t num_indices,
                             int indices_are_i64);
+/* The same rows added to what y holds (an embedding's gradient added to
+ * its accumulator: only the rows the indices name are touched). */
+int pcc_cpu_scatter_accumulate_f32(const float *updates, const void *indices,
+                                   float *y, int64_t outer, int64_t axis_dim,
+                                   int64_t inner, int64_t num_indices,
+                                   int indices_are_i64);
 
 /* Per-row cross-entropy of logits [rows, classes] against labels (int64 or
  * int32): logsumexp(row) - row[label], 0 for ignore_index. The gradient
