@@ -56,6 +56,12 @@ bool isRecomputable(Value v, Recompute policy) {
         widen.getType().getElementType().isF32())
       return true;
   }
+  // A broadcast (an RMSNorm's per-row scale, rotary cos and sin over batch
+  // and heads): the backward phase broadcasts the smaller input again,
+  // which fuses into its users, rather than the forward saving the copy
+  // whole (Llama's saved activations are a fifth broadcasts otherwise).
+  if (isa<BroadcastOp>(def))
+    return true;
   // The LM head's fused cross-entropy saves N floats; computing them again
   // would cost the head's whole product.
   if (isa<LinearCrossEntropyOp>(def))

@@ -54,3 +54,26 @@ func.func @main(%ids: tensor<2x4xi64>) -> tensor<2x4x16xf32> {
 // CHECK: pcc.accumulate %[[S]], %[[G1]]
 // CHECK: %[[G2:.*]] = pcc.scatter_add {{.*}} axis = 0 : tensor<2x4x8xf32>, tensor<2x4xi64> -> tensor<16x8xf32>
 // CHECK: pcc.accumulate %[[S]], %[[G2]]
+
+// -----
+
+// A per-row scale broadcast over the row (an RMSNorm's) and multiplied into
+// the input of a product: the backward needs the scale for the first
+// weight's gradient. The forward saves the [4, 1] scale, and the backward
+// broadcasts it again, rather than saving the [4, 8] broadcast.
+func.func @main(%x: tensor<4x8xf32>) -> tensor<4x3xf32> {
+  %w1 = pcc.param "fc1.weight" : tensor<8x8xf32>
+  %w2 = pcc.param "fc2.weight" : tensor<3x8xf32>
+  %h = pcc.matmul %x, %w1 {transpose_b} : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %s = pcc.reduce_sum %x axes = [1] {keep_dims} : tensor<4x8xf32> -> tensor<4x1xf32>
+  %sb = pcc.broadcast %s : tensor<4x1xf32> -> tensor<4x8xf32>
+  %n = pcc.mul %h, %sb : tensor<4x8xf32>
+  %y = pcc.matmul %n, %w2 {transpose_b} : tensor<4x8xf32>, tensor<3x8xf32> -> tensor<4x3xf32>
+  return %y : tensor<4x3xf32>
+}
+// CHECK-LABEL: func.func @train_forward(
+// CHECK-SAME: tensor<4x1xf32> {pcc.name = "saved
+// CHECK-SAME: attributes {pcc.phase = "forward"}
+// CHECK-LABEL: func.func @train_backward(
+// CHECK-SAME: %[[S:[^:]*]]: tensor<4x1xf32> {pcc.name = "saved
+// CHECK: pcc.broadcast %[[S]] : tensor<4x1xf32> -> tensor<4x8xf32>
