@@ -10,6 +10,7 @@
 #include "pcc/runtime/CpuKernels.h"
 
 #include "CpuError.h"
+#include "HalfGemm.h"
 #include <oneapi/dnnl/dnnl.h>
 
 #include "pcc/runtime/CastElement.h"
@@ -217,6 +218,20 @@ void pcc_cpu_matmul_f32(const float *a, const float *b, float *c, int64_t batch,
   bool tall = stride_b == 0 && !trans_a && stride_a == m * k;
   int64_t rows = tall ? batch * m : m;
   if (sgemmByOnednn() && rows * n * k > kSmallProduct) {
+    // An LM head's product (a transposed weight of a vocabulary's rows):
+    // oneDNN's matmul primitive is 1.1-1.2x its sgemm there (GPT-2's
+    // 512 x 50,257 x 768 at 290 against 264 GFLOP/s, Llama's 32,000-row
+    // head at 280 against 234), and 0.4-1.0x on the blocks' products
+    // (docs/benchmarks.md).
+    constexpr int64_t kWideProduct = 16384;
+    if (tall && trans_b && !trans_a && n >= kWideProduct) {
+      pccrt::MatrixView x{a, {0, 0, k, 1}}, w{b, {0, 0, 1, k}},
+          y{c, {0, 0, n, 1}};
+      if (pccrt::batchedProduct(PCC_F32, PCC_F32, 1, 1, false, rows, n, k, x, w,
+                                y, false) == 0)
+        return;
+      // oneDNN refused the primitive: sgemm below computes it.
+    }
     int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
     char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
     if (tall) {
