@@ -69,6 +69,29 @@ TEST(CpuKernels, Matmul) {
       }
 }
 
+// roundToBf16 (the generated loops' rounding of a bf16 op's result, kept in
+// a float) is bf16ToFloat(floatToBf16(f)) bit for bit: every 2^32 / 2^22
+// bit pattern (all exponents, both signs, mantissas near and on the ties),
+// and the special values; exactBf16 of its result is floatToBf16's.
+TEST(HalfFloat, RoundToBf16) {
+  auto check = [](uint32_t bits) {
+    float f = pccrt::bitsToFloat(bits);
+    uint32_t expected =
+        pccrt::floatToBits(pccrt::bf16ToFloat(pccrt::floatToBf16(f)));
+    float rounded = pccrt::roundToBf16(f);
+    ASSERT_EQ(pccrt::floatToBits(rounded), expected) << std::hex << bits;
+    ASSERT_EQ(pccrt::exactBf16(rounded), pccrt::floatToBf16(f))
+        << std::hex << bits;
+  };
+  for (uint64_t bits = 0; bits < (uint64_t(1) << 32); bits += 1021)
+    for (uint32_t low : {0x0000u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu})
+      check((static_cast<uint32_t>(bits) & 0xffff0000u) | low);
+  for (uint32_t bits : {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,
+                        0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu,
+                        0x00000001u, 0x007fffffu, 0x7f7fffffu, 0x7f7f8000u})
+    check(bits);
+}
+
 // The bf16 product (oneDNN): bf16 operands, fp32 accumulation, one
 // rounding to bf16. Against the exact product of the same bf16 operands
 // (float64) rounded once to bf16: fp32 accumulation over k = 96 moves a sum

@@ -330,6 +330,13 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
                        : "(" + lead + ") * " + std::to_string(inner) + " + j";
   };
   llvm::DenseMap<Value, std::string> expr;
+  // Values held in a float that are bf16 exactly (bf16 inputs, rounded
+  // results): casting one to bf16 again is the value itself, and storing
+  // one takes its upper half.
+  llvm::DenseSet<Value> exactBf16;
+  for (BlockArgument arg : body.getArguments())
+    if (tensorTypeOf(arg).getElementType().isBF16())
+      exactBf16.insert(arg);
   std::string code;
   unsigned temp = 0;
   for (BlockArgument arg : body.getArguments())
@@ -348,6 +355,8 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
       expr[result] =
           load(element, "x" + std::to_string(arg.getArgNumber()) + "[" +
                             inputIndex(tensorTypeOf(arg).getShape()) + "]");
+      if (element.isBF16())
+        exactBf16.insert(result);
       continue;
     }
     if (auto cst = dyn_cast<ConstantOp>(op)) {
@@ -367,8 +376,11 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
       // A float cast (pcc-fuse-elementwise fuses no other): the value is
       // held in f32, rounded as the narrower type when it narrows.
       std::string in = expr.lookup(cast.getInput());
-      expr[result] = element.isBF16()
-                         ? "pccrt::bf16ToFloat(pccrt::floatToBf16(" + in + "))"
+      if (element.isBF16())
+        exactBf16.insert(result);
+      expr[result] = element.isBF16() ? (exactBf16.contains(cast.getInput())
+                                             ? in
+                                             : "pccrt::roundToBf16(" + in + ")")
                      : element.isF16()
                          ? "pccrt::halfToFloat(pccrt::floatToHalf(" + in + "))"
                      : element.isF32() ? "static_cast<float>(" + in + ")"
@@ -384,9 +396,10 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
              << op.getName() << "' in a fusion";
     // A 16-bit float result is rounded where the op computes it, as an
     // unfused op (and PyTorch's op by op) would store it.
-    if (element.isBF16())
-      e = "pccrt::bf16ToFloat(pccrt::floatToBf16(" + *e + "))";
-    else if (element.isF16())
+    if (element.isBF16()) {
+      e = "pccrt::roundToBf16(" + *e + ")";
+      exactBf16.insert(result);
+    } else if (element.isF16())
       e = "pccrt::halfToFloat(pccrt::floatToHalf(" + *e + "))";
     std::string name = "t" + std::to_string(temp++);
     code += llvm::formatv("    const {0} {1} = {2};\n",
@@ -401,7 +414,9 @@ LogicalResult CppEmitter::emitFusion(FusionOp fusion) {
     if (element.isF16())
       value = "pccrt::floatToHalf(" + value + ")";
     else if (element.isBF16())
-      value = "pccrt::floatToBf16(" + value + ")";
+      value = (exactBf16.contains(v) ? "pccrt::exactBf16("
+                                     : "pccrt::floatToBf16(") +
+              value + ")";
     code += llvm::formatv("    y{0}[i] = {1};\n", r, value).str();
   }
   std::string params;
