@@ -92,6 +92,38 @@ TEST(HalfFloat, RoundToBf16) {
     check(bits);
 }
 
+// The bf16 casts of large tensors (8 MiB of results and more) stream their
+// results past the caches: the same values as the element-wise conversions,
+// from and to unaligned addresses, NaNs, infinities and ties included.
+TEST(CpuKernels, CastBf16Large) {
+  const int64_t n = (int64_t(4) << 20) + 37;
+  std::mt19937 rng(7);
+  std::vector<uint32_t> bits(n + 1);
+  for (auto &b : bits)
+    b = rng();
+  const uint32_t special[] = {0x7f800000u, 0xff800000u, 0x7fc00001u,
+                              0xffbfffffu, 0x00008000u, 0x3f808000u,
+                              0x3f818000u, 0x7f7fffffu, 0x80000001u};
+  for (int64_t j = 0; j < n; j += 4099)
+    bits[j] = special[(j / 4099) % 9];
+  for (int offset : {0, 1}) {
+    std::vector<float> x(n + 1);
+    for (int64_t j = 0; j <= n; ++j)
+      x[j] = pccrt::bitsToFloat(bits[j]);
+    std::vector<uint16_t> h(n + 1);
+    pcc_cpu_cast(x.data() + offset, PCC_F32, h.data() + offset, PCC_BF16, n);
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_EQ(h[j + offset], pccrt::floatToBf16(x[j + offset]))
+          << "element " << j << " offset " << offset;
+    std::vector<float> back(n + 1);
+    pcc_cpu_cast(h.data() + offset, PCC_BF16, back.data() + offset, PCC_F32, n);
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_EQ(pccrt::floatToBits(back[j + offset]),
+                pccrt::floatToBits(pccrt::bf16ToFloat(h[j + offset])))
+          << "element " << j << " offset " << offset;
+  }
+}
+
 // The bf16 product (oneDNN): bf16 operands, fp32 accumulation, one
 // rounding to bf16. Against the exact product of the same bf16 operands
 // (float64) rounded once to bf16: fp32 accumulation over k = 96 moves a sum

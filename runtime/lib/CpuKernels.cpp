@@ -22,6 +22,9 @@
 
 #include <cblas.h>
 #include <omp.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -120,6 +123,80 @@ PCC_CAST_RANGE(castBf16ToF32, uint16_t, float, pccrt::bf16ToFloat)
 PCC_CAST_RANGE(castF32ToF16, float, uint16_t, pccrt::floatToHalf)
 PCC_CAST_RANGE(castF16ToF32, uint16_t, float, pccrt::halfToFloat)
 #undef PCC_CAST_RANGE
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/// The two bf16 casts over [begin, end) with non-temporal stores: a large
+/// cast's result (a gradient widened into its f32 accumulator, a weight's
+/// bf16 copy) is read again only after hundreds of MB of other traffic, so
+/// its lines are not worth reading before they are written (a plain store
+/// reads each line first: 4 of the 10 bytes an element costs when
+/// widening). The values are castBf16ToF32's and castF32ToBf16's.
+__attribute__((target("avx2"))) void
+streamBf16ToF32(const void *x, void *y, int64_t begin, int64_t end) {
+  const auto *in = static_cast<const uint16_t *>(x);
+  auto *out = static_cast<float *>(y);
+  int64_t i = begin;
+  for (; i < end && (reinterpret_cast<uintptr_t>(out + i) & 31) != 0; ++i)
+    out[i] = pccrt::bf16ToFloat(in[i]);
+  for (; i + 8 <= end; i += 8) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + i));
+    __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+    _mm256_stream_ps(out + i, _mm256_castsi256_ps(w));
+  }
+  for (; i < end; ++i)
+    out[i] = pccrt::bf16ToFloat(in[i]);
+  _mm_sfence();
+}
+
+__attribute__((target("avx2"))) void
+streamF32ToBf16(const void *x, void *y, int64_t begin, int64_t end) {
+  const auto *in = static_cast<const float *>(x);
+  auto *out = static_cast<uint16_t *>(y);
+  int64_t i = begin;
+  for (; i < end && (reinterpret_cast<uintptr_t>(out + i) & 15) != 0; ++i)
+    out[i] = pccrt::floatToBf16(in[i]);
+  const __m256i lsb = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff),
+                absMask = _mm256_set1_epi32(0x7fffffff),
+                inf = _mm256_set1_epi32(0x7f800000),
+                quiet = _mm256_set1_epi32(0x40);
+  for (; i + 8 <= end; i += 8) {
+    __m256i bits =
+        _mm256_castps_si256(_mm256_loadu_ps(in + i)); // as floatToBf16:
+    __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(
+            bits,
+            _mm256_add_epi32(
+                bias, _mm256_and_si256(_mm256_srli_epi32(bits, 16), lsb))),
+        16);
+    __m256i nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), quiet);
+    __m256i isNan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(bits, absMask), inf); // signed ok
+    __m256i half = _mm256_blendv_epi8(rounded, nan, isNan);
+    // Eight 32-bit lanes to eight 16-bit ones (packus works per 128 bits).
+    __m256i packed =
+        _mm256_permute4x64_epi64(_mm256_packus_epi32(half, half), 0x08);
+    _mm_stream_si128(reinterpret_cast<__m128i *>(out + i),
+                     _mm256_castsi256_si128(packed));
+  }
+  for (; i < end; ++i)
+    out[i] = pccrt::floatToBf16(in[i]);
+  _mm_sfence();
+}
+
+/// Casts whose result is at least this large stream it (about the last
+/// level cache of this machine kind's two cores).
+constexpr int64_t kStreamBytes = int64_t(8) << 20;
+
+bool canStream() {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+}
+#else
+constexpr int64_t kStreamBytes = INT64_MAX;
+bool canStream() { return false; }
+constexpr auto streamBf16ToF32 = castBf16ToF32;
+constexpr auto streamF32ToBf16 = castF32ToBf16;
+#endif
 
 /// A cast's range function over `count` elements, in blocks split over the
 /// threads.
@@ -1072,10 +1149,11 @@ void pcc_cpu_dropout_f32(const float *x, float *y, int64_t n, double ratio,
 void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
                   int64_t count) {
   // Mixed precision's casts (pcc-autocast).
+  bool stream = count * 2 >= kStreamBytes && canStream();
   if (from_type == PCC_F32 && to_type == PCC_BF16)
-    return convertAll(castF32ToBf16, x, y, count);
+    return convertAll(stream ? streamF32ToBf16 : castF32ToBf16, x, y, count);
   if (from_type == PCC_BF16 && to_type == PCC_F32)
-    return convertAll(castBf16ToF32, x, y, count);
+    return convertAll(stream ? streamBf16ToF32 : castBf16ToF32, x, y, count);
   if (from_type == PCC_F32 && to_type == PCC_F16)
     return convertAll(castF32ToF16, x, y, count);
   if (from_type == PCC_F16 && to_type == PCC_F32)
