@@ -151,9 +151,15 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
     // A result the function returns is written straight into the caller's
     // output (the C++ emitter's out[k], at its first place in the return):
     // it takes no arena space (offset -2).
+    // So is one returned through reshapes (the C++ emitter computes it in
+    // the output the reshape is returned as).
     llvm::DenseSet<Value> returned;
-    for (Value v : body.getTerminator()->getOperands())
+    for (Value v : body.getTerminator()->getOperands()) {
       returned.insert(v);
+      while (auto reshape = v.getDefiningOp<ReshapeOp>())
+        v = reshape.getInput();
+      returned.insert(v);
+    }
 
     Arena arena(alignment);
     std::multimap<int64_t, std::pair<int64_t, int64_t>>
