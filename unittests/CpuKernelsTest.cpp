@@ -92,6 +92,34 @@ TEST(HalfFloat, RoundToBf16) {
     check(bits);
 }
 
+// An embedding's gradient: scatter_add zeroes its table and adds each
+// update row at its index, in order; scatter_accumulate adds the same rows
+// to what the table holds (rows no index names keep their values), and
+// both refuse an index out of range before writing anything.
+TEST(CpuKernels, ScatterAccumulate) {
+  // Table [4, 2]; updates [3, 2] at rows 1, -1 (row 3) and 1 again.
+  const float updates[] = {1, 2, 10, 20, 100, 200};
+  const int64_t indices[] = {1, -1, 1};
+  std::vector<float> table = {5, 6, 7, 8, 9, 10, 11, 12};
+  ASSERT_EQ(pcc_cpu_scatter_accumulate_f32(updates, indices, table.data(), 1, 4,
+                                           2, 3, 1),
+            0);
+  EXPECT_EQ(table, (std::vector<float>{5, 6, 108, 210, 9, 10, 21, 32}));
+  std::vector<float> fresh(8, -1.0f);
+  ASSERT_EQ(
+      pcc_cpu_scatter_add_f32(updates, indices, fresh.data(), 1, 4, 2, 3, 1),
+      0);
+  EXPECT_EQ(fresh, (std::vector<float>{0, 0, 101, 202, 0, 0, 10, 20}));
+  const int64_t bad[] = {1, 4, 0};
+  std::vector<float> kept = table;
+  EXPECT_NE(
+      pcc_cpu_scatter_accumulate_f32(updates, bad, kept.data(), 1, 4, 2, 3, 1),
+      0);
+  EXPECT_EQ(kept, table);
+  EXPECT_NE(std::string(pcc_cpu_last_error()).find("index 4"),
+            std::string::npos);
+}
+
 // The bf16 casts of large tensors (8 MiB of results and more) stream their
 // results past the caches: the same values as the element-wise conversions,
 // from and to unaligned addresses, NaNs, infinities and ties included.

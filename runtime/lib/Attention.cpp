@@ -22,6 +22,7 @@
 
 #include "CpuError.h"
 #include "HalfGemm.h"
+#include "RowKernels.h"
 
 #include "pcc/runtime/FastMath.h"
 #include "pcc/runtime/HalfFloat.h"
@@ -188,74 +189,22 @@ void zeroStrip(const pcc_attention_shape &s, const Plan &plan, int64_t bk0,
 
 /// Row r of a strip at query i: the scaled, biased scores of its visible
 /// keys, in place.
-// The row loops get an AVX2+FMA clone beside the baseline one (picked when
-// the runtime loads), as CpuKernels.cpp's row helpers; their reductions run
-// in interleaved lanes, which vectorise (a single float max or double sum
-// is a chain of dependent operations, and GCC keeps a floating-point
-// reduction's order, so it would not vectorise the loop at all).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PCC_ATTENTION_ROW                                                      \
-  __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define PCC_ATTENTION_ROW
-#endif
-
-/// The largest of n floats, in eight interleaved lanes.
-PCC_ATTENTION_ROW float rowMax(const float *row, int64_t n) {
-  float lanes[8] = {kNegInf, kNegInf, kNegInf, kNegInf,
-                    kNegInf, kNegInf, kNegInf, kNegInf};
-  int64_t c = 0;
-  for (; c + 8 <= n; c += 8)
-    for (int j = 0; j < 8; ++j)
-      lanes[j] = std::max(lanes[j], row[c + j]);
-  for (; c < n; ++c)
-    lanes[0] = std::max(lanes[0], row[c]);
-  float m = lanes[0];
-  for (int j = 1; j < 8; ++j)
-    m = std::max(m, lanes[j]);
-  return m;
-}
-
-/// row[c] = exp(row[c] - shift) for c < n.
-PCC_ATTENTION_ROW void expRow(float *row, float shift, int64_t n) {
+/// row[c] = exp(row[c] - shift) for c < n (rowExp without the sum).
+PCC_ROW_KERNEL void expRow(float *row, float shift, int64_t n) {
   for (int64_t c = 0; c < n; ++c)
     row[c] = fastExp(row[c] - shift);
-}
-
-/// expRow, returning the sum in double, in sixteen interleaved lanes and a
-/// fixed tree over them (deterministic).
-PCC_ATTENTION_ROW double expRowSum(float *row, float shift, int64_t n) {
-  for (int64_t c = 0; c < n; ++c)
-    row[c] = fastExp(row[c] - shift);
-  double lanes[16] = {};
-  int64_t c = 0;
-  for (; c + 16 <= n; c += 16)
-    for (int j = 0; j < 16; ++j)
-      lanes[j] += static_cast<double>(row[c + j]);
-  for (; c < n; ++c)
-    lanes[c % 16] += static_cast<double>(row[c]);
-  for (int width = 8; width >= 1; width /= 2)
-    for (int j = 0; j < width; ++j)
-      lanes[j] = lanes[2 * j] + lanes[2 * j + 1];
-  return lanes[0];
-}
-
-/// row[c] *= factor for c < n.
-PCC_ATTENTION_ROW void scaleRow(float *row, float factor, int64_t n) {
-  for (int64_t c = 0; c < n; ++c)
-    row[c] *= factor;
 }
 
 /// The softmax gradient of a row: ds = p (dp - rowDot) scale, into dp.
-PCC_ATTENTION_ROW void softmaxGradRow(const float *p, float *dp, float rowDot,
-                                      float scale, int64_t n) {
+PCC_ROW_KERNEL void softmaxGradRow(const float *p, float *dp, float rowDot,
+                                   float scale, int64_t n) {
   for (int64_t c = 0; c < n; ++c)
     dp[c] = p[c] * (dp[c] - rowDot) * scale;
 }
 
-PCC_ATTENTION_ROW void scoreRow(const pcc_attention_shape &s, float *row,
-                                int64_t visible, const float *bias,
-                                int64_t biasRow) {
+PCC_ROW_KERNEL void scoreRow(const pcc_attention_shape &s, float *row,
+                             int64_t visible, const float *bias,
+                             int64_t biasRow) {
   float scale = static_cast<float>(s.scale);
   if (!bias) {
     for (int64_t c = 0; c < visible; ++c)
@@ -310,8 +259,8 @@ int pcc_cpu_attention(const pcc_attention_shape *shape, const void *q,
             lse[at.head * s.seq + at.i] = kNegInf;
             continue;
           }
-          double sum = expRowSum(row, maxValue, visible);
-          scaleRow(row, static_cast<float>(1.0 / sum), visible);
+          double sum = rowExp(row, maxValue, row, visible);
+          rowScale(row, static_cast<float>(1.0 / sum), visible);
           std::fill(row + visible, row + keys, 0.0f);
           lse[at.head * s.seq + at.i] =
               maxValue + static_cast<float>(std::log(sum));

@@ -11,6 +11,7 @@
 
 #include "CpuError.h"
 #include "HalfGemm.h"
+#include "RowKernels.h"
 #include <oneapi/dnnl/dnnl.h>
 
 #include "pcc/runtime/CastElement.h"
@@ -52,44 +53,6 @@ int64_t product(const int64_t *dims, int64_t n) {
 
 /// Work below this many elements is not worth waking OpenMP threads.
 constexpr int64_t kParallelThreshold = 1 << 15;
-
-// Row helpers of the normalising kernels get an AVX2+FMA clone beside the
-// baseline one (picked when the runtime loads), as the generated kernels
-// do; their OpenMP loops call them per row.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PCC_ROW_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define PCC_ROW_KERNEL
-#endif
-
-/// Sums n floats in double, in sixteen interleaved partial sums so that the
-/// loop vectorises and keeps four vectors of adds in flight (one double
-/// accumulator is a chain of dependent adds, four cycles each; one vector of
-/// four is still bound by that latency, at a quarter of the memory rate);
-/// the order is fixed, so the result is deterministic.
-constexpr int kSumLanes = 16;
-
-double combineLanes(const double *acc) {
-  // A fixed pairwise tree over the lanes.
-  double level[kSumLanes];
-  for (int j = 0; j < kSumLanes; ++j)
-    level[j] = acc[j];
-  for (int width = kSumLanes / 2; width >= 1; width /= 2)
-    for (int j = 0; j < width; ++j)
-      level[j] = level[2 * j] + level[2 * j + 1];
-  return level[0];
-}
-
-PCC_ROW_KERNEL double sumDouble(const float *x, int64_t n) {
-  double acc[kSumLanes] = {};
-  int64_t c = 0;
-  for (; c + kSumLanes <= n; c += kSumLanes)
-    for (int j = 0; j < kSumLanes; ++j)
-      acc[j] += static_cast<double>(x[c + j]);
-  for (; c < n; ++c)
-    acc[c % kSumLanes] += static_cast<double>(x[c]);
-  return combineLanes(acc);
-}
 
 /// sumDouble of the rows' f32 squares, in the same lanes and order.
 PCC_ROW_KERNEL double sumSquaresDouble(const float *x, int64_t n) {
@@ -211,37 +174,6 @@ void convertAll(void (*range)(const void *, void *, int64_t, int64_t),
     range(x, y, b * kBlock, std::min(count, (b + 1) * kBlock));
 }
 
-/// The largest element of a row, in eight interleaved lanes so that the
-/// loop vectorises. (A NaN in the row makes the exponentials NaN anyway.)
-PCC_ROW_KERNEL float rowMax(const float *row, int64_t n) {
-  float lanes[8];
-  for (float &l : lanes)
-    l = -std::numeric_limits<float>::infinity();
-  int64_t c = 0;
-  for (; c + 8 <= n; c += 8)
-    for (int j = 0; j < 8; ++j)
-      lanes[j] = lanes[j] > row[c + j] ? lanes[j] : row[c + j];
-  float maxValue = -std::numeric_limits<float>::infinity();
-  for (float l : lanes)
-    maxValue = std::max(maxValue, l);
-  for (; c < n; ++c)
-    maxValue = std::max(maxValue, row[c]);
-  return maxValue;
-}
-
-/// Writes exp(x - max) of one row to `e` and returns their sum, in double.
-PCC_ROW_KERNEL double rowExp(const float *row, float maxValue, float *e,
-                             int64_t n) {
-  for (int64_t c = 0; c < n; ++c)
-    e[c] = pccrt::fastExp(row[c] - maxValue);
-  return sumDouble(e, n);
-}
-
-/// y[c] *= scale over a row.
-PCC_ROW_KERNEL void rowScale(float *y, float scale, int64_t n) {
-  for (int64_t c = 0; c < n; ++c)
-    y[c] *= scale;
-}
 } // namespace
 
 
