@@ -7,8 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -580,6 +582,53 @@ TEST(CpuKernels, Dropout) {
   EXPECT_TRUE(differs(PCC_HYPER_STEP, 8));
   EXPECT_TRUE(differs(PCC_HYPER_MICROBATCH, 0));
   EXPECT_TRUE(differs(-1, 0)); // another stream
+}
+
+// AdamW with a 16-bit copy: the update bit for bit pcc_cpu_adamw_f32's,
+// and the copy pcc_cpu_cast's rounding of the updated weights (bf16 over
+// the streaming threshold, f16); a skipped update (fp16's overflow) leaves
+// both as they were.
+TEST(CpuKernels, AdamwCopy) {
+  const int64_t n = (int64_t(3) << 20) + 5; // streams; a ragged end
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = std::sin(0.001f * static_cast<float>(i)) * 3.0f;
+    g[i] = std::cos(0.0007f * static_cast<float>(i)) * 0.01f;
+    m[i] = 0.001f * std::sin(0.013f * static_cast<float>(i));
+    v[i] = 1e-6f * (1.5f + std::cos(0.011f * static_cast<float>(i)));
+  }
+  double hyper[PCC_NUM_HYPER] = {};
+  hyper[PCC_HYPER_LR] = 3e-3;
+  hyper[PCC_HYPER_BETA1] = 0.9;
+  hyper[PCC_HYPER_BETA2] = 0.95;
+  hyper[PCC_HYPER_EPS] = 1e-8;
+  hyper[PCC_HYPER_WEIGHT_DECAY] = 0.1;
+  hyper[PCC_HYPER_MAX_GRAD_NORM] = 1.0;
+  hyper[PCC_HYPER_STEP] = 3;
+  hyper[PCC_HYPER_GRAD_SCALE] = 1.0;
+  float norm = 2.5f;
+  for (int type : {PCC_BF16, PCC_F16}) {
+    std::vector<float> p1 = p, m1 = m, v1 = v, p2 = p, m2 = m, v2 = v;
+    pcc_cpu_adamw_f32(p1.data(), g.data(), m1.data(), v1.data(), n, hyper,
+                      &norm);
+    std::vector<uint16_t> cast(n), copy(n, 0xabcd);
+    pcc_cpu_cast(p1.data(), PCC_F32, cast.data(), type, n);
+    pcc_cpu_adamw_copy_f32(p2.data(), g.data(), m2.data(), v2.data(), n, hyper,
+                           &norm, copy.data(), type);
+    EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), 4 * n));
+    EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), 4 * n));
+    EXPECT_EQ(0, std::memcmp(v1.data(), v2.data(), 4 * n));
+    EXPECT_EQ(cast, copy) << "copy type " << type;
+  }
+  hyper[PCC_HYPER_SKIP_NONFINITE] = 1;
+  float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> p3 = p;
+  std::vector<uint16_t> copy(n, 0xabcd);
+  pcc_cpu_adamw_copy_f32(p3.data(), g.data(), m.data(), v.data(), n, hyper,
+                         &inf, copy.data(), PCC_BF16);
+  EXPECT_EQ(p3, p);
+  EXPECT_TRUE(std::all_of(copy.begin(), copy.end(),
+                          [](uint16_t c) { return c == 0xabcd; }));
 }
 
 } // namespace

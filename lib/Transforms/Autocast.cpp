@@ -302,6 +302,14 @@ bool runsOnBf16(Operation *op) {
   // The fused LM head multiplies bf16 and fp16 (f32 statistics).
   if (isa<LinearCrossEntropyOp, LinearCrossEntropyGradOp>(op))
     return true;
+  // A weight's 16-bit copy is written by a cast's rounding (the update's
+  // other operands are f32).
+  if (isa<RefreshCopyOp>(op))
+    return true;
+  if (auto u = dyn_cast<AdamwUpdateOp>(op))
+    return u.getCopy() && llvm::none_of(op->getOperands(), [&](Value v) {
+             return v != u.getCopy() && isBf16(v);
+           });
   return op->hasTrait<OpTrait::Elementwise>() ||
          isa<CastOp, MatmulOp, ReshapeOp, TransposeOp, BroadcastOp, ConcatOp,
              SplitOp, SliceOp, PadOp, GatherOp, ShardGatherOp, ShardSliceOp,
@@ -400,6 +408,22 @@ struct Bf16WeightCopiesPass
     }
     if (zeroGrad.empty())
       return;
+    // Each pipeline rank's AdamW updates of whole weights, by name: they
+    // write the copies at the end of a step (the zero-grad phase then
+    // casts only when the run says the copies are stale). A ZeRO shard's
+    // or an offloaded update is not a whole weight's; its copy stays the
+    // zero-grad phase's cast.
+    std::map<std::pair<int64_t, std::string>, AdamwUpdateOp> updates;
+    for (auto func : module.getOps<func::FuncOp>()) {
+      auto phase = func->getAttrOfType<StringAttr>(kPhaseAttrName);
+      if (!phase || phase.getValue() != kPhaseNames[2])
+        continue;
+      auto rank = func->getAttrOfType<IntegerAttr>(kPipelineRankAttrName);
+      func.walk([&](AdamwUpdateOp u) {
+        if (auto p = u.getParam().getDefiningOp<ParamOp>())
+          updates[{rank ? rank.getInt() : -1, p.getName().str()}] = u;
+      });
+    }
     std::set<std::pair<int64_t, std::string>> copied;
     for (func::FuncOp phase : microbatchPhases) {
       int64_t rank = -1;
@@ -433,10 +457,21 @@ struct Bf16WeightCopiesPass
           OpBuilder b(body.getTerminator());
           auto load =
               loadLike(b, loc, weight, weight.getType(), weight.getNameAttr());
-          Value narrow = CastOp::create(b, loc, c.getType(), load);
           auto copy =
               loadLike(b, loc, weight, c.getType(), b.getStringAttr(name));
-          AssignOp::create(b, loc, copy, narrow);
+          auto update = updates.find({rank, weight.getName().str()});
+          if (update != updates.end() && !update->second.getCopy() &&
+              update->second.getParam().getType() == weight.getType()) {
+            RefreshCopyOp::create(b, loc, copy, load);
+            AdamwUpdateOp u = update->second;
+            OpBuilder ub(u);
+            auto target =
+                loadLike(ub, loc, weight, c.getType(), ub.getStringAttr(name));
+            u.getCopyMutable().assign(target);
+          } else {
+            Value narrow = CastOp::create(b, loc, c.getType(), load);
+            AssignOp::create(b, loc, copy, narrow);
+          }
         }
         OpBuilder b(c);
         auto read =

@@ -211,5 +211,5 @@ void mlir::pcc::buildOptimizerUpdate(OpBuilder &b, Location loc, StringRef kind,
   }
   Value m = state("exp_avg");
   Value v = state("exp_avg_sq");
-  AdamwUpdateOp::create(b, loc, p, g, m, v, norm);
+  AdamwUpdateOp::create(b, loc, p, g, m, v, norm, /*copy=*/Value());
 }

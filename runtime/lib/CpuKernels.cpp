@@ -1260,6 +1260,13 @@ void pcc_cpu_sgd_f32(float *param, const float *grad, float *momentum_buffer,
 void pcc_cpu_adamw_f32(float *param, const float *grad, float *exp_avg,
                        float *exp_avg_sq, int64_t n, const double *hyper,
                        const float *norm) {
+  pcc_cpu_adamw_copy_f32(param, grad, exp_avg, exp_avg_sq, n, hyper, norm,
+                         nullptr, PCC_BF16);
+}
+
+void pcc_cpu_adamw_copy_f32(float *param, const float *grad, float *exp_avg,
+                            float *exp_avg_sq, int64_t n, const double *hyper,
+                            const float *norm, void *copy, int copy_type) {
   if (skipUpdate(hyper, norm))
     return;
   float coef = clipCoefficient(hyper, norm);
@@ -1273,17 +1280,31 @@ void pcc_cpu_adamw_f32(float *param, const float *grad, float *exp_avg,
   float negStep = static_cast<float>(-(lr / (1.0 - std::pow(beta1, step))));
   float bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, step)));
   float eps = static_cast<float>(hyper[PCC_HYPER_EPS]);
+  // The copy: pcc_cpu_cast's conversion of each block just updated, while
+  // it is in cache (streamed when the copy is large, as the cast streams).
+  void (*convert)(const void *, void *, int64_t, int64_t) = nullptr;
+  if (copy)
+    convert = copy_type == PCC_F16                   ? castF32ToF16
+              : n * 2 >= kStreamBytes && canStream() ? streamF32ToBf16
+                                                     : castF32ToBf16;
+  constexpr int64_t kBlock = int64_t(1) << 13;
+  int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for if (n > kParallelThreshold)
-  for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i] * unscale * coef;
-    float p = param[i] * decay;
-    float m = exp_avg[i];
-    m = m + w1 * (g - m); // lerp with a weight below 0.5
-    float v = exp_avg_sq[i] * b2 + w2 * g * g;
-    float denom = std::sqrt(v) / bc2Sqrt + eps;
-    param[i] = p + negStep * m / denom;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t end = std::min(n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; ++i) {
+      float g = grad[i] * unscale * coef;
+      float p = param[i] * decay;
+      float m = exp_avg[i];
+      m = m + w1 * (g - m); // lerp with a weight below 0.5
+      float v = exp_avg_sq[i] * b2 + w2 * g * g;
+      float denom = std::sqrt(v) / bc2Sqrt + eps;
+      param[i] = p + negStep * m / denom;
+      exp_avg[i] = m;
+      exp_avg_sq[i] = v;
+    }
+    if (convert)
+      convert(param, copy, b * kBlock, end);
   }
 }
 

@@ -30,6 +30,7 @@ std::array<double, PCC_NUM_HYPER> Hyperparameters::table(int64_t step,
   t[PCC_HYPER_LAST_MICROBATCH] = 1;
   t[PCC_HYPER_GRAD_SCALE] = lossScale > 0 ? 1.0 / lossScale : 1.0;
   t[PCC_HYPER_SKIP_NONFINITE] = lossScale > 0 ? 1 : 0;
+  t[PCC_HYPER_REFRESH_COPIES] = 1; // Trainer::step knows better
   return t;
 }
 
@@ -419,6 +420,7 @@ Status Trainer::readState(int i, void *to, int64_t bytes) const {
 }
 
 Status Trainer::writeState(int i, const void *from, int64_t bytes) {
+  copiesStale = true;
   if (hostPtrs[i])
     std::memcpy(hostPtrs[i], from, static_cast<size_t>(bytes));
   if (!statePtrs[i])
@@ -491,9 +493,22 @@ Status Trainer::offloadedStep(const double *hyper) {
 
 Result<StepResult>
 Trainer::step(const std::vector<std::vector<const void *>> &microbatches,
-              double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper) {
-  if (pipeRank >= 0)
-    return pipelineStep(microbatches, lossGrad, hyper);
+              double lossGrad, const std::array<double, PCC_NUM_HYPER> &table) {
+  // The 16-bit weight copies are cast again only when the weights changed
+  // other than by the last step's optimizer, which writes them.
+  std::array<double, PCC_NUM_HYPER> hyper = table;
+  hyper[PCC_HYPER_REFRESH_COPIES] = copiesStale ? 1 : 0;
+  Result<StepResult> result =
+      pipeRank >= 0 ? pipelineStep(microbatches, lossGrad, hyper)
+                    : unpipelinedStep(microbatches, lossGrad, hyper);
+  if (result.ok())
+    copiesStale = false;
+  return result;
+}
+
+Result<StepResult> Trainer::unpipelinedStep(
+    const std::vector<std::vector<const void *>> &microbatches, double lossGrad,
+    const std::array<double, PCC_NUM_HYPER> &hyper) {
   const pcc_model_info &info = library->info();
   const pcc_phase_info &fwd = info.phases[PCC_PHASE_FORWARD];
   const pcc_phase_info &bwd = info.phases[PCC_PHASE_BACKWARD];

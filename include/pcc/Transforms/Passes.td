@@ -570,7 +570,12 @@ def Bf16WeightCopies : Pass<"pcc-bf16-weight-copies", "ModuleOp"> {
     pipeline stage's F, B and W) reads `<weight>@bf16` instead, a state
     that the zero-grad phase of the weight's pipeline rank (run at the
     start of every step) assigns once. The cast then happens once per
-    weight per step instead of once per use and micro-batch. A weight read
+    weight per step instead of once per use and micro-batch. Where the
+    weight's pipeline rank updates it whole with AdamW (not a ZeRO shard,
+    not offloaded), the update writes the copy as it writes the weight
+    (`pcc.adamw_update ... copy`), and the zero-grad phase casts only when
+    the run says the copies are stale (`pcc.refresh_copy`: the first step,
+    weights loaded or written since the last). A weight read
     through ZeRO-3's all-gather is cast before the gather instead (its
     piece, which the cast commutes with exactly), so that the gather moves
     bf16: half the bytes.

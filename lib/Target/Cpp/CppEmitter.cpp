@@ -312,6 +312,20 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
       zeroFill(nameOf(op->getOperand(0)), getTensorBytes(state));
     return success();
   }
+  if (auto refresh = dyn_cast<RefreshCopyOp>(op)) {
+    // Only when the run says the copies are stale (the optimizer's update
+    // wrote them otherwise); always without hyperparameters.
+    auto copy = tensorTypeOf(refresh.getCopy());
+    line("if (!rc->hyper || rc->hyper[PCC_HYPER_REFRESH_COPIES] != 0)");
+    line(llvm::formatv(
+             "  {0}{1}, {2}, {3}, {4}, {5});", call("cast"),
+             nameOf(refresh.getWeight()),
+             elementInfo(refresh.getWeight().getType().getElementType())->code,
+             nameOf(refresh.getCopy()),
+             elementInfo(copy.getElementType())->code, copy.getNumElements())
+             .str());
+    return success();
+  }
   if (failed(requireF32(op, op->getOperand(0))))
     return failure();
   if (auto sa = dyn_cast<ScatterAddOp>(op)) {
@@ -401,12 +415,28 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
     return success();
   }
   auto adamw = cast<AdamwUpdateOp>(op);
-  line(llvm::formatv("{0}{1}, {2}, {3}, {4}, {5}, rc->hyper, {6});",
-                     call("adamw_f32"), nameOf(adamw.getParam()),
-                     nameOf(adamw.getGrad()), nameOf(adamw.getExpAvg()),
-                     nameOf(adamw.getExpAvgSq()), count,
-                     nameOf(adamw.getNorm()))
+  Value copy = adamw.getCopy();
+  std::string copyArgs;
+  if (copy && !cuda)
+    copyArgs =
+        ", " + nameOf(copy) + ", " +
+        std::to_string(elementInfo(tensorTypeOf(copy).getElementType())->code);
+  line(llvm::formatv("{0}{1}, {2}, {3}, {4}, {5}, rc->hyper, {6}{7});",
+                     call(copy && !cuda ? "adamw_copy_f32" : "adamw_f32"),
+                     nameOf(adamw.getParam()), nameOf(adamw.getGrad()),
+                     nameOf(adamw.getExpAvg()), nameOf(adamw.getExpAvgSq()),
+                     count, nameOf(adamw.getNorm()), copyArgs)
            .str());
+  // On CUDA the copy is a cast of its own after the update (a skipped
+  // update left the weight, so its cast is the copy it was).
+  if (copy && cuda)
+    line(llvm::formatv("{0}{1}, {2}, {3}, {4}, {5});", call("cast"),
+                       nameOf(adamw.getParam()),
+                       elementInfo(Float32Type::get(op->getContext()))->code,
+                       nameOf(copy),
+                       elementInfo(tensorTypeOf(copy).getElementType())->code,
+                       count)
+             .str());
   return success();
 }
 
@@ -495,7 +525,8 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
           [&](Operation *op) { return emitCollective(op); })
       .Case<ScatterAddOp, PadOp, CrossEntropyOp, CrossEntropyGradOp,
             AccumulateOp, AssignOp, ZeroOp, EmaUpdateOp, DropoutOp, SgdUpdateOp,
-            AdamwUpdateOp>([&](Operation *op) { return emitTraining(op); })
+            AdamwUpdateOp, RefreshCopyOp>(
+          [&](Operation *op) { return emitTraining(op); })
       .Case<BucketStartOp, BucketWaitOp, CastOp, BroadcastOp, TransposeOp,
             SliceOp, ConcatOp, SplitOp, MatmulOp, LayerNormOp, BatchNormOp,
             ArgMaxOp, ConvOp>([&](auto typed) { return emit(typed); })
@@ -834,6 +865,10 @@ std::string CppEmitter::profileMark(Operation *op) {
     if (!computeType && type && isa<FloatType>(type.getElementType()))
       computeType = type.getElementType();
   }
+  // A copy's refresh moves its bytes only at a run's first step and after
+  // a load: a rate from them would be meaningless on every other step.
+  if (isa<RefreshCopyOp>(op))
+    bytes = 0;
   return profileSite(op->getName().stripDialect(), profileNode(op),
                      computeType ? dtypeName(computeType) : "int", flopsOf(op),
                      bytes);

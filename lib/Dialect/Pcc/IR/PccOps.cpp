@@ -1125,7 +1125,24 @@ LogicalResult SgdUpdateOp::verify() {
                       getNorm());
 }
 
+/// A weight's 16-bit copy: its shape, bf16 or f16, model state.
+static LogicalResult verifyCopy(Operation *op, Value copy, Value weight) {
+  auto c = cast<RankedTensorType>(copy.getType());
+  auto w = cast<RankedTensorType>(weight.getType());
+  if (c.getShape() != w.getShape() || !w.getElementType().isF32() ||
+      !(c.getElementType().isBF16() || c.getElementType().isF16()))
+    return op->emitOpError("writes a bf16 or f16 copy of an f32 weight of ")
+           << "its shape, not " << c << " of " << w;
+  return verifyState(op, {copy});
+}
+
 LogicalResult AdamwUpdateOp::verify() {
+  if (getCopy() && failed(verifyCopy(*this, getCopy(), getParam())))
+    return failure();
   return verifyUpdate(*this, {getParam(), getExpAvg(), getExpAvgSq()},
                       getGrad(), getNorm());
+}
+
+LogicalResult RefreshCopyOp::verify() {
+  return verifyCopy(*this, getCopy(), getWeight());
 }

@@ -252,6 +252,13 @@ void pcc_cpu_sgd_f32(float *param, const float *grad, float *momentum_buffer,
 void pcc_cpu_adamw_f32(float *param, const float *grad, float *exp_avg,
                        float *exp_avg_sq, int64_t n, const double *hyper,
                        const float *norm);
+/* pcc_cpu_adamw_f32 that also writes the updated weights, rounded to
+ * copy_type (PCC_BF16 or PCC_F16) as pcc_cpu_cast rounds them, to `copy`
+ * (mixed precision's 16-bit weight copy, ABI 16); a skipped update leaves
+ * the copy untouched. */
+void pcc_cpu_adamw_copy_f32(float *param, const float *grad, float *exp_avg,
+                            float *exp_avg_sq, int64_t n, const double *hyper,
+                            const float *norm, void *copy, int copy_type);
 
 /* Gradients of conv: shapes and attributes as for pcc_cpu_conv_f32.
  * grad_input writes dx (in_shape) from dy (out_shape) and w; grad_weight

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PCC_MODEL_ABI_VERSION 15
+#define PCC_MODEL_ABI_VERSION 16
 
 /* The mesh axes pcc plans, as the mesh table (mesh_axes) names them; the
  * compiler's dialect spells them the same (Contracts.h). */
@@ -181,6 +181,12 @@ enum pcc_hyper {
    * are (PyTorch's GradScaler.step). */
   PCC_HYPER_GRAD_SCALE,
   PCC_HYPER_SKIP_NONFINITE,
+  /* ABI 16, mixed precision: 1 when the weights' 16-bit copies may not
+   * hold the weights (the run's first step, or weights loaded or written
+   * since the last step), so the zero-grad phase casts them again
+   * (pcc.refresh_copy); 0 when the last step's optimizer wrote them. A
+   * caller that does not track it passes 1. */
+  PCC_HYPER_REFRESH_COPIES,
   PCC_NUM_HYPER
 };
 

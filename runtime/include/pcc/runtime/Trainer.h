@@ -138,6 +138,10 @@ private:
   /// run from the rank's instruction list (PipelineTrainer.cpp).
   Status createPipeline();
   Result<StepResult>
+  unpipelinedStep(const std::vector<std::vector<const void *>> &microbatches,
+                  double lossGrad,
+                  const std::array<double, PCC_NUM_HYPER> &hyper);
+  Result<StepResult>
   pipelineStep(const std::vector<std::vector<const void *>> &microbatches,
                double lossGrad, const std::array<double, PCC_NUM_HYPER> &hyper);
   /// What the instructions of one pipelined step share (PipelineTrainer.cpp).
@@ -186,6 +190,10 @@ private:
   DeviceBuffer hostArena, hostNorm;
   bool offloaded = false;
   int64_t hostTotal = 0;
+  /// Mixed precision: whether the weights' 16-bit copies may differ from
+  /// the weights (none made yet, or state written since the last step),
+  /// passed to the step as PCC_HYPER_REFRESH_COPIES.
+  bool copiesStale = true;
   /// Pipelined training: this rank's pipeline rank (-1: not pipelined),
   /// its stages (one per chunk), the pp group, per state the first
   /// pipeline rank that holds it; per chunk its stash slots, each with the

@@ -484,6 +484,30 @@ def Pcc_AssignOp : Pcc_Op<"assign", [Pcc_RunsWhole,
   let hasVerifier = 1;
 }
 
+def Pcc_RefreshCopyOp : Pcc_Op<"refresh_copy", [Pcc_RunsWhole]> {
+  let summary = "casts a weight into its 16-bit copy when the run asks";
+  let description = [{
+    Mixed-precision training (pcc-bf16-weight-copies): `copy = cast(weight)`
+    when the run's hyperparameters say the copies are stale
+    (`PCC_HYPER_REFRESH_COPIES`: at a run's first step, and after weights
+    were loaded or written), and nothing otherwise: the optimizer's update
+    (`pcc.adamw_update ... copy`) wrote the copy at the end of the last
+    step. A run without hyperparameters always casts.
+
+    ```mlir
+    %w = pcc.param "fc.weight" : tensor<8x8xf32>
+    %c = pcc.param "fc.weight@bf16" : tensor<8x8xbf16>
+    pcc.refresh_copy %c, %w : tensor<8x8xbf16>, tensor<8x8xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_OverwrittenState<"the 16-bit copy">:$copy,
+                       Pcc_FloatTensor:$weight);
+  let assemblyFormat = [{
+    $copy `,` $weight attr-dict `:` type($copy) `,` type($weight)
+  }];
+  let hasVerifier = 1;
+}
+
 def Pcc_BucketStartOp : Pcc_Op<"bucket_start", [Pcc_MeshAxisUser, Pcc_RunsWhole,
     MemoryEffects<[MemRead, MemWrite]>]> {
   let summary = "starts the sum of a gradient bucket over an axis";
@@ -658,18 +682,29 @@ def Pcc_AdamwUpdateOp : Pcc_Op<"adamw_update", [Pcc_RunsWhole,
     `p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)`,
     in PyTorch's order of operations, t being the run's step.
 
+    With `copy` (mixed precision, pcc-bf16-weight-copies), the updated
+    weight rounded to the copy's 16-bit type is written there too, as
+    `pcc.cast` rounds it, so that the next step's micro-batches read it
+    without a pass over the weight of its own. A skipped update (fp16's
+    overflow) leaves the copy as it is, as it leaves the weight.
+
     ```mlir
     pcc.adamw_update %p, %g, %m, %v, %norm : tensor<256x64xf32>, tensor<f32>
+    pcc.adamw_update %p, %g, %m, %v, %norm copy %c
+        : tensor<256x64xf32>, tensor<f32>, tensor<256x64xbf16>
     ```
   }];
   let arguments = (ins Pcc_UpdatedState<"the weight">:$param,
                        Pcc_FloatTensor:$grad,
                        Pcc_UpdatedState<"the first moment">:$exp_avg,
                        Pcc_UpdatedState<"the second moment">:$exp_avg_sq,
-                       Pcc_FloatTensor:$norm);
+                       Pcc_FloatTensor:$norm,
+                       Arg<Optional<Pcc_FloatTensor>, "the weight's 16-bit copy",
+                           [MemWrite<Pcc_StateResource>]>:$copy);
   let assemblyFormat = [{
-    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $norm attr-dict `:`
-    type($param) `,` type($norm)
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $norm
+    (`copy` $copy^)? attr-dict `:` type($param) `,` type($norm)
+    (`,` type($copy)^)?
   }];
   let hasVerifier = 1;
 }
