@@ -584,6 +584,48 @@ TEST(CpuKernels, Dropout) {
   EXPECT_TRUE(differs(-1, 0)); // another stream
 }
 
+// Cross-entropy of bf16 logits: the losses and gradient of the widened
+// logits bit for bit (f32 kernels), the gradient rounded as pcc_cpu_cast
+// rounds it; an ignored row is zeros, a bad label an error.
+TEST(CpuKernels, CrossEntropyBf16) {
+  const int64_t rows = 6, classes = 70001; // a ragged row length
+  std::vector<uint16_t> half(rows * classes);
+  std::vector<float> wide(rows * classes);
+  for (int64_t i = 0; i < rows * classes; ++i) {
+    half[i] =
+        pccrt::floatToBf16(8.0f * std::sin(0.37f * static_cast<float>(i)));
+    wide[i] = pccrt::bf16ToFloat(half[i]);
+  }
+  std::vector<int64_t> labels = {3, 70000, -100, 0, 12345, 69999};
+  std::vector<float> grad = {0.5f, 0.25f, 1.0f, 0.125f, 2.0f, 1.0f / 3};
+  std::vector<float> loss(rows), expectLoss(rows);
+  ASSERT_EQ(0, pcc_cpu_cross_entropy_f32(wide.data(), labels.data(),
+                                         expectLoss.data(), rows, classes, -100,
+                                         1));
+  ASSERT_EQ(0, pcc_cpu_cross_entropy_bf16(half.data(), labels.data(),
+                                          loss.data(), rows, classes, -100, 1));
+  EXPECT_EQ(0, std::memcmp(loss.data(), expectLoss.data(), 4 * rows));
+  EXPECT_EQ(loss[2], 0.0f);
+  std::vector<float> dx(rows * classes), expect(rows * classes);
+  ASSERT_EQ(0, pcc_cpu_cross_entropy_grad_f32(wide.data(), labels.data(),
+                                              grad.data(), expect.data(), rows,
+                                              classes, -100, 1));
+  ASSERT_EQ(0, pcc_cpu_cross_entropy_grad_bf16(half.data(), labels.data(),
+                                               grad.data(), dx.data(), 0, rows,
+                                               classes, -100, 1));
+  EXPECT_EQ(0, std::memcmp(dx.data(), expect.data(), 4 * rows * classes));
+  std::vector<uint16_t> dh(rows * classes), expectHalf(rows * classes);
+  pcc_cpu_cast(expect.data(), PCC_F32, expectHalf.data(), PCC_BF16,
+               rows * classes);
+  ASSERT_EQ(0, pcc_cpu_cross_entropy_grad_bf16(half.data(), labels.data(),
+                                               grad.data(), dh.data(), 1, rows,
+                                               classes, -100, 1));
+  EXPECT_EQ(dh, expectHalf);
+  labels[1] = classes; // out of range
+  EXPECT_NE(0, pcc_cpu_cross_entropy_bf16(half.data(), labels.data(),
+                                          loss.data(), rows, classes, -100, 1));
+}
+
 // AdamW with a 16-bit copy: the update bit for bit pcc_cpu_adamw_f32's,
 // and the copy pcc_cpu_cast's rounding of the updated weights (bf16 over
 // the streaming threshold, f16); a skipped update (fp16's overflow) leaves

@@ -306,6 +306,9 @@ bool runsOnBf16(Operation *op) {
   // other operands are f32).
   if (isa<RefreshCopyOp>(op))
     return true;
+  // Cross-entropy widens bf16 logits itself (readBf16Logits).
+  if (isa<CrossEntropyOp, CrossEntropyGradOp>(op))
+    return elementOf(op->getOperand(0)).isBF16();
   if (auto u = dyn_cast<AdamwUpdateOp>(op))
     return u.getCopy() && llvm::none_of(op->getOperands(), [&](Value v) {
              return v != u.getCopy() && isBf16(v);
@@ -346,6 +349,65 @@ struct LegalizeBf16Pass
         r.replaceAllUsesExcept(narrow.getResult(), narrow);
       }
     }
+    SmallVector<Operation *> losses;
+    getOperation().walk([&](Operation *op) {
+      if (isa<CrossEntropyOp, CrossEntropyGradOp>(op))
+        losses.push_back(op);
+    });
+    for (Operation *op : losses)
+      readBf16Logits(op);
+  }
+
+  /// Cross-entropy reads bf16 logits as they are (the kernels widen each
+  /// exactly: the same losses) instead of a widened f32 copy, and its
+  /// gradient is rounded to bf16 as it is written when a cast to bf16 is
+  /// its only reader: two passes over the B x S x V logits less each.
+  static void readBf16Logits(Operation *op) {
+    // `v`'s definition through one-use reshapes: the reshapes and the op.
+    auto through = [](Value v, SmallVector<ReshapeOp> &chain) {
+      while (auto r = v.getDefiningOp<ReshapeOp>()) {
+        if (!r->hasOneUse())
+          return Value();
+        chain.push_back(r);
+        v = r.getInput();
+      }
+      return v;
+    };
+    SmallVector<ReshapeOp> chain;
+    Value wide = through(op->getOperand(0), chain);
+    auto widen = wide ? wide.getDefiningOp<CastOp>() : CastOp();
+    if (!widen || !widen->hasOneUse() || !elementOf(widen.getInput()).isBF16())
+      return;
+    Value logits = widen.getInput();
+    OpBuilder b(op);
+    // The reshapes again, on bf16 (a reshape is free either way).
+    for (ReshapeOp r : llvm::reverse(chain))
+      logits = ReshapeOp::create(
+          b, r.getLoc(), tensorOf(r.getResult()).clone(elementOf(logits)),
+          logits);
+    op->setOperand(0, logits);
+    for (ReshapeOp r : chain)
+      r.erase();
+    widen.erase();
+    auto grad = dyn_cast<CrossEntropyGradOp>(op);
+    if (!grad || !grad->hasOneUse())
+      return;
+    // The gradient's only reader, through one-use reshapes, a cast to bf16.
+    Operation *user = *grad->getUsers().begin();
+    SmallVector<Operation *> reshapes;
+    while (isa<ReshapeOp>(user) && user->hasOneUse()) {
+      reshapes.push_back(user);
+      user = *user->getUsers().begin();
+    }
+    auto narrow = dyn_cast<CastOp>(user);
+    if (!narrow || !elementOf(narrow.getResult()).isBF16())
+      return;
+    Type bf16 = elementOf(narrow.getResult());
+    grad.getResult().setType(tensorOf(grad.getResult()).clone(bf16));
+    for (Operation *r : reshapes)
+      r->getResult(0).setType(tensorOf(r->getResult(0)).clone(bf16));
+    narrow.getResult().replaceAllUsesWith(narrow.getInput());
+    narrow.erase();
   }
 };
 

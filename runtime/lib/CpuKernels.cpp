@@ -1231,6 +1231,68 @@ int pcc_cpu_cross_entropy_grad_f32(const float *logits, const void *labels,
   return 0;
 }
 
+int pcc_cpu_cross_entropy_bf16(const uint16_t *logits, const void *labels,
+                               float *loss, int64_t rows, int64_t classes,
+                               int64_t ignore_index, int labels_are_i64) {
+  if (!checkLabels(labels, rows, classes, ignore_index, labels_are_i64))
+    return 1;
+#pragma omp parallel if (rows * classes > kParallelThreshold)
+  {
+    // Each row widened (exactly) into f32, then pcc_cpu_cross_entropy_f32's
+    // arithmetic: the same losses as the widened logits give.
+    std::vector<float> w(static_cast<size_t>(classes));
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t label = indexAt(labels, r, labels_are_i64);
+      if (label == ignore_index) {
+        loss[r] = 0.0f;
+        continue;
+      }
+      castBf16ToF32(logits + r * classes, w.data(), 0, classes);
+      float maxValue = rowMax(w.data(), classes);
+      float at = w[label];
+      double sum = rowExp(w.data(), maxValue, w.data(), classes);
+      loss[r] = static_cast<float>(static_cast<double>(maxValue) +
+                                   std::log(sum) - at);
+    }
+  }
+  return 0;
+}
+
+int pcc_cpu_cross_entropy_grad_bf16(const uint16_t *logits, const void *labels,
+                                    const float *grad, void *y, int y_is_bf16,
+                                    int64_t rows, int64_t classes,
+                                    int64_t ignore_index, int labels_are_i64) {
+  if (!checkLabels(labels, rows, classes, ignore_index, labels_are_i64))
+    return 1;
+  size_t size = y_is_bf16 ? 2 : 4;
+#pragma omp parallel if (rows * classes > kParallelThreshold)
+  {
+    std::vector<float> w(static_cast<size_t>(classes));
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t label = indexAt(labels, r, labels_are_i64);
+      void *out = static_cast<char *>(y) + r * classes * size;
+      if (label == ignore_index) {
+        std::memset(out, 0, static_cast<size_t>(classes) * size);
+        continue;
+      }
+      // pcc_cpu_cross_entropy_grad_f32's row of the widened logits, then
+      // rounded once as a cast to bf16 rounds it.
+      castBf16ToF32(logits + r * classes, w.data(), 0, classes);
+      double sum =
+          rowExp(w.data(), rowMax(w.data(), classes), w.data(), classes);
+      rowScale(w.data(), static_cast<float>(1.0 / sum) * grad[r], classes);
+      w[label] -= grad[r];
+      if (y_is_bf16)
+        castF32ToBf16(w.data(), out, 0, classes);
+      else
+        std::memcpy(out, w.data(), static_cast<size_t>(classes) * 4);
+    }
+  }
+  return 0;
+}
+
 void pcc_cpu_sgd_f32(float *param, const float *grad, float *momentum_buffer,
                      int64_t n, const double *hyper, const float *norm) {
   if (skipUpdate(hyper, norm))

@@ -3,6 +3,7 @@
 // RUN: pcc-opt %t/rules.mlir --pcc-autocast='precision=fp32' | FileCheck %s --check-prefix=FP32
 // RUN: pcc-opt %t/grad.mlir --pcc-autocast --cse --pcc-loss=fuse-head-bytes=-1 --pcc-autodiff | FileCheck %s --check-prefix=GRAD
 // RUN: pcc-opt %t/legalize.mlir --pcc-legalize-bf16 | FileCheck %s --check-prefix=LEGAL
+// RUN: pcc-opt %t/loss.mlir --pcc-legalize-bf16 | FileCheck %s --check-prefix=LOSS
 // RUN: not pcc-opt %t/rules.mlir --pcc-autocast='precision=fp8' 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: pcc-opt %t/rules.mlir --pcc-autocast='precision=fp16' --cse | FileCheck %s --check-prefix=FP16
 // RUN: pcc-opt %t/rules.mlir --pcc-autocast='precision=fp16 loss-scale=128' | FileCheck %s --check-prefix=STATIC
@@ -102,5 +103,30 @@ func.func @main(%x: tensor<4x8xbf16>) -> tensor<8xbf16> {
 // LEGAL: %[[S:.*]] = pcc.reduce_sum %[[M32]] axes = [0] : tensor<4x8xf32> -> tensor<8xf32>
 // LEGAL: %[[S16:.*]] = pcc.cast %[[S]] : tensor<8xf32> -> tensor<8xbf16>
 // LEGAL: return %[[S16]]
+
+// Cross-entropy reads bf16 logits without their widened copy (through
+// the reshapes), and its gradient, read only by a cast to bf16 (through a
+// reshape), is written in bf16.
+//--- loss.mlir
+func.func @main(%l: tensor<2x3x16xbf16>, %y: tensor<6xi64>, %g: tensor<6xf32>) -> (tensor<6xf32>, tensor<2x3x16xbf16>) {
+  %w = pcc.cast %l : tensor<2x3x16xbf16> -> tensor<2x3x16xf32>
+  %r = pcc.reshape %w : tensor<2x3x16xf32> -> tensor<6x16xf32>
+  %c = pcc.cross_entropy %r, %y ignore_index = -100 : tensor<6x16xf32>, tensor<6xi64> -> tensor<6xf32>
+  %w2 = pcc.cast %l : tensor<2x3x16xbf16> -> tensor<2x3x16xf32>
+  %r2 = pcc.reshape %w2 : tensor<2x3x16xf32> -> tensor<6x16xf32>
+  %d = pcc.cross_entropy_grad %r2, %y, %g ignore_index = -100 : tensor<6x16xf32>, tensor<6xi64>, tensor<6xf32> -> tensor<6x16xf32>
+  %dr = pcc.reshape %d : tensor<6x16xf32> -> tensor<2x3x16xf32>
+  %dn = pcc.cast %dr : tensor<2x3x16xf32> -> tensor<2x3x16xbf16>
+  return %c, %dn : tensor<6xf32>, tensor<2x3x16xbf16>
+}
+
+// LOSS-NOT: pcc.cast
+// LOSS: %[[R:.*]] = pcc.reshape %arg0 : tensor<2x3x16xbf16> -> tensor<6x16xbf16>
+// LOSS: %[[C:.*]] = pcc.cross_entropy %[[R]], %arg1 ignore_index = -100 : tensor<6x16xbf16>, tensor<6xi64> -> tensor<6xf32>
+// LOSS: %[[R2:.*]] = pcc.reshape %arg0 : tensor<2x3x16xbf16> -> tensor<6x16xbf16>
+// LOSS: %[[D:.*]] = pcc.cross_entropy_grad %[[R2]], %arg1, %arg2 ignore_index = -100 : tensor<6x16xbf16>, tensor<6xi64>, tensor<6xf32> -> tensor<6x16xbf16>
+// LOSS: %[[DR:.*]] = pcc.reshape %[[D]] : tensor<6x16xbf16> -> tensor<2x3x16xbf16>
+// LOSS-NOT: pcc.cast
+// LOSS: return %[[C]], %[[DR]]
 
 // BAD: autocast: precision 'fp8' is not known (bf16, fp16 or fp32)

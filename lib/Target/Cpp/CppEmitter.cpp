@@ -326,12 +326,6 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
              .str());
     return success();
   }
-  if (failed(requireF32(op, op->getOperand(0))))
-    return failure();
-  if (auto sa = dyn_cast<ScatterAddOp>(op)) {
-    emitScatterAdd(sa, nameOf(sa.getResult()), /*accumulate=*/false);
-    return success();
-  }
   if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
     auto logits = tensorTypeOf(op->getOperand(0));
     Value labels = op->getOperand(1);
@@ -341,13 +335,28 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
                       logits.getDimSize(1), ignore);
     std::string grad =
         isa<CrossEntropyGradOp>(op) ? nameOf(op->getOperand(2)) + ", " : "";
+    // bf16 logits (widened by the kernels); a gradient f32 or bf16.
+    bool half = logits.getElementType().isBF16();
+    if (!half && failed(requireF32(op, op->getOperand(0))))
+      return failure();
+    std::string resultType;
+    if (half && isa<CrossEntropyGradOp>(op))
+      resultType = tensorTypeOf(op->getResult(0)).getElementType().isBF16()
+                       ? ", 1"
+                       : ", 0";
     std::string args = llvm::formatv(
-        "{0}, {1}, {2}{3}, {4}, {5}, {6}LL, {7}", nameOf(op->getOperand(0)),
+        "{0}, {1}, {2}{3}{8}, {4}, {5}, {6}LL, {7}", nameOf(op->getOperand(0)),
         nameOf(labels), grad, nameOf(op->getResult(0)), logits.getDimSize(0),
-        logits.getDimSize(1), ignore, isI64(labels));
-    checkedCall(isa<CrossEntropyOp>(op) ? "cross_entropy_f32"
-                                        : "cross_entropy_grad_f32",
-                args, message, op);
+        logits.getDimSize(1), ignore, isI64(labels), resultType);
+    std::string kernel =
+        isa<CrossEntropyOp>(op) ? "cross_entropy" : "cross_entropy_grad";
+    checkedCall(kernel + (half ? "_bf16" : "_f32"), args, message, op);
+    return success();
+  }
+  if (failed(requireF32(op, op->getOperand(0))))
+    return failure();
+  if (auto sa = dyn_cast<ScatterAddOp>(op)) {
+    emitScatterAdd(sa, nameOf(sa.getResult()), /*accumulate=*/false);
     return success();
   }
   auto state = tensorTypeOf(op->getOperand(0));

@@ -9,6 +9,7 @@
 
 #include "CudaCommon.cuh"
 
+#include "pcc/runtime/HalfFloat.h"
 #include "pcc/runtime/ModelAbi.h"
 #include "pcc/runtime/Philox.h"
 
@@ -76,10 +77,19 @@ void scatterAdd(pcc_cuda_context *ctx, const float *updates,
 /// float, the sum of exponentials in double. The gradient's exponentials
 /// are computed in double and rounded to float, which matches the CPU's
 /// (correctly rounded) expf more closely than CUDA's expf does. A bad label
-/// records `site` and gives its row a zero loss (gradient).
-template <bool kWarp, bool kGrad, typename Index>
-__global__ void crossEntropyKernel(const float *logits, const Index *labels,
-                                   const float *grad, float *y, int64_t rows,
+/// records `site` and gives its row a zero loss (gradient). Logits `T`
+/// (float, or bf16 bits widened exactly); a gradient `Out` (float, or bf16
+/// bits rounded once as a cast rounds).
+__device__ inline float widen(float x) { return x; }
+__device__ inline float widen(uint16_t x) { return pccrt::bf16ToFloat(x); }
+__device__ inline void narrow(float *y, float v) { *y = v; }
+__device__ inline void narrow(uint16_t *y, float v) {
+  *y = pccrt::floatToBf16(v);
+}
+
+template <bool kWarp, bool kGrad, typename Index, typename T, typename Out>
+__global__ void crossEntropyKernel(const T *logits, const Index *labels,
+                                   const float *grad, Out *y, int64_t rows,
                                    int64_t classes, int64_t ignore,
                                    int *errorSite, int site) {
   using Team = RowTeam<kWarp>;
@@ -97,50 +107,51 @@ __global__ void crossEntropyKernel(const float *logits, const Index *labels,
     if (skip) {
       if constexpr (kGrad) {
         for (int64_t c = Team::lane(); c < classes; c += Team::size())
-          y[r * classes + c] = 0.0f;
+          narrow(y + r * classes + c, 0.0f);
       } else if (Team::lane() == 0) {
-        y[r] = 0.0f;
+        narrow(y + r, 0.0f);
       }
       continue;
     }
-    const float *row = logits + r * classes;
+    const T *row = logits + r * classes;
     float maxValue = -INFINITY;
     for (int64_t c = Team::lane(); c < classes; c += Team::size())
-      maxValue = maxOf(maxValue, row[c]);
+      maxValue = maxOf(maxValue, widen(row[c]));
     maxValue = Team::reduce(maxValue, MaxOp(), sharedMax);
     double sum = 0;
     for (int64_t c = Team::lane(); c < classes; c += Team::size())
-      sum += exp(static_cast<double>(__fsub_rn(row[c], maxValue)));
+      sum += exp(static_cast<double>(__fsub_rn(widen(row[c]), maxValue)));
     sum = Team::reduce(sum, SumOp(), sharedSum);
     if constexpr (kGrad) {
       float inv = static_cast<float>(1.0 / sum), g = grad[r];
-      float *out = y + r * classes;
+      Out *out = y + r * classes;
       for (int64_t c = Team::lane(); c < classes; c += Team::size()) {
         float e = static_cast<float>(
-            exp(static_cast<double>(__fsub_rn(row[c], maxValue))));
+            exp(static_cast<double>(__fsub_rn(widen(row[c]), maxValue))));
         float v = __fmul_rn(__fmul_rn(e, inv), g);
-        out[c] = c == label ? __fsub_rn(v, g) : v;
+        narrow(out + c, c == label ? __fsub_rn(v, g) : v);
       }
     } else if (Team::lane() == 0) {
-      y[r] = static_cast<float>(static_cast<double>(maxValue) + log(sum) -
-                                static_cast<double>(row[label]));
+      narrow(y + r,
+             static_cast<float>(static_cast<double>(maxValue) + log(sum) -
+                                static_cast<double>(widen(row[label]))));
     }
   }
 }
 
-template <bool kGrad, typename Index>
-void crossEntropy(pcc_cuda_context *ctx, const float *logits,
-                  const void *labels, const float *grad, float *y, int64_t rows,
-                  int64_t classes, int64_t ignore, int site) {
+template <bool kGrad, typename Index, typename T = float, typename Out = float>
+void crossEntropy(pcc_cuda_context *ctx, const T *logits, const void *labels,
+                  const float *grad, Out *y, int64_t rows, int64_t classes,
+                  int64_t ignore, int site) {
   if (rows <= 0)
     return;
   const Index *l = static_cast<const Index *>(labels);
   if (classes <= kWarpRowLimit)
-    crossEntropyKernel<true, kGrad, Index>
+    crossEntropyKernel<true, kGrad, Index, T, Out>
         <<<rowGrid(rows, true), kThreads, 0, ctx->stream>>>(
             logits, l, grad, y, rows, classes, ignore, ctx->errorSite, site);
   else
-    crossEntropyKernel<false, kGrad, Index>
+    crossEntropyKernel<false, kGrad, Index, T, Out>
         <<<rowGrid(rows, false), kThreads, 0, ctx->stream>>>(
             logits, l, grad, y, rows, classes, ignore, ctx->errorSite, site);
 }
@@ -268,6 +279,40 @@ void pcc_cuda_cross_entropy_grad_f32(pcc_cuda_context *ctx, const float *logits,
                                 ignore_index, site);
   else
     crossEntropy<true, int32_t>(ctx, logits, labels, grad, y, rows, classes,
+                                ignore_index, site);
+}
+
+void pcc_cuda_cross_entropy_bf16(pcc_cuda_context *ctx, const uint16_t *logits,
+                                 const void *labels, float *loss, int64_t rows,
+                                 int64_t classes, int64_t ignore_index,
+                                 int labels_are_i64, int site) {
+  if (labels_are_i64)
+    crossEntropy<false, int64_t>(ctx, logits, labels, nullptr, loss, rows,
+                                 classes, ignore_index, site);
+  else
+    crossEntropy<false, int32_t>(ctx, logits, labels, nullptr, loss, rows,
+                                 classes, ignore_index, site);
+}
+
+void pcc_cuda_cross_entropy_grad_bf16(pcc_cuda_context *ctx,
+                                      const uint16_t *logits,
+                                      const void *labels, const float *grad,
+                                      void *y, int y_is_bf16, int64_t rows,
+                                      int64_t classes, int64_t ignore_index,
+                                      int labels_are_i64, int site) {
+  auto *half = static_cast<uint16_t *>(y);
+  auto *full = static_cast<float *>(y);
+  if (labels_are_i64 && y_is_bf16)
+    crossEntropy<true, int64_t>(ctx, logits, labels, grad, half, rows, classes,
+                                ignore_index, site);
+  else if (labels_are_i64)
+    crossEntropy<true, int64_t>(ctx, logits, labels, grad, full, rows, classes,
+                                ignore_index, site);
+  else if (y_is_bf16)
+    crossEntropy<true, int32_t>(ctx, logits, labels, grad, half, rows, classes,
+                                ignore_index, site);
+  else
+    crossEntropy<true, int32_t>(ctx, logits, labels, grad, full, rows, classes,
                                 ignore_index, site);
 }
 

@@ -928,14 +928,21 @@ static LogicalResult verifyCrossEntropy(Operation *op, RankedTensorType logits,
   return success();
 }
 
+/// The type cross-entropy computes in: the logits', f32 for bf16 logits
+/// (widened exactly).
+static Type lossElement(RankedTensorType logits) {
+  Type e = logits.getElementType();
+  return e.isBF16() ? Float32Type::get(e.getContext()) : e;
+}
+
 LogicalResult CrossEntropyOp::verify() {
   RankedTensorType logits = getLogits().getType();
   if (failed(verifyCrossEntropy(*this, logits, getLabels().getType())))
     return failure();
-  if (getType() != RankedTensorType::get({logits.getDimSize(0)},
-                                         logits.getElementType()))
+  if (getType() !=
+      RankedTensorType::get({logits.getDimSize(0)}, lossElement(logits)))
     return emitOpError("gives one loss per row: ")
-           << logits.getDimSize(0) << " of " << logits.getElementType();
+           << logits.getDimSize(0) << " of " << lossElement(logits);
   return success();
 }
 
@@ -943,12 +950,14 @@ LogicalResult CrossEntropyGradOp::verify() {
   RankedTensorType logits = getLogits().getType();
   if (failed(verifyCrossEntropy(*this, logits, getLabels().getType())))
     return failure();
-  if (getGrad().getType() != RankedTensorType::get({logits.getDimSize(0)},
-                                                   logits.getElementType()) ||
-      getType() != logits)
-    return emitOpError("takes one gradient per row and gives the logits' "
-                       "type ")
-           << logits;
+  Type loss = lossElement(logits);
+  // bf16 logits' gradient: f32, or rounded once to bf16.
+  bool resultOk = getType() == logits || getType() == logits.clone(loss);
+  if (getGrad().getType() !=
+          RankedTensorType::get({logits.getDimSize(0)}, loss) ||
+      !resultOk)
+    return emitOpError("takes one gradient per row in ")
+           << loss << " and gives the logits' shape in their type";
   return success();
 }
 

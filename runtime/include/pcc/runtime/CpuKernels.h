@@ -200,6 +200,16 @@ int pcc_cpu_cross_entropy_grad_f32(const float *logits, const void *labels,
                                    const float *grad, float *y, int64_t rows,
                                    int64_t classes, int64_t ignore_index,
                                    int labels_are_i64);
+/* The same of bf16 logits, each widened exactly (the losses and gradient
+ * rows of the widened logits), the gradient written in f32 or, with
+ * y_is_bf16, rounded once to bf16 as pcc_cpu_cast rounds it. */
+int pcc_cpu_cross_entropy_bf16(const uint16_t *logits, const void *labels,
+                               float *loss, int64_t rows, int64_t classes,
+                               int64_t ignore_index, int labels_are_i64);
+int pcc_cpu_cross_entropy_grad_bf16(const uint16_t *logits, const void *labels,
+                                    const float *grad, void *y, int y_is_bf16,
+                                    int64_t rows, int64_t classes,
+                                    int64_t ignore_index, int labels_are_i64);
 
 /* Fused attention (pcc.attention): out = softmax(scale q k^T + bias, causal
  * mask) v, a strip of query rows at a time (every key of those rows: no

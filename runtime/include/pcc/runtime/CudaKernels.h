@@ -202,6 +202,18 @@ void pcc_cuda_cross_entropy_grad_f32(pcc_cuda_context *ctx, const float *logits,
                                      float *y, int64_t rows, int64_t classes,
                                      int64_t ignore_index, int labels_are_i64,
                                      int site);
+/* bf16 logits widened exactly; the gradient in f32 or (y_is_bf16) rounded
+ * once to bf16 (pcc_cpu_cross_entropy_bf16). */
+void pcc_cuda_cross_entropy_bf16(pcc_cuda_context *ctx, const uint16_t *logits,
+                                 const void *labels, float *loss, int64_t rows,
+                                 int64_t classes, int64_t ignore_index,
+                                 int labels_are_i64, int site);
+void pcc_cuda_cross_entropy_grad_bf16(pcc_cuda_context *ctx,
+                                      const uint16_t *logits,
+                                      const void *labels, const float *grad,
+                                      void *y, int y_is_bf16, int64_t rows,
+                                      int64_t classes, int64_t ignore_index,
+                                      int labels_are_i64, int site);
 
 /* pcc_cpu_linear_cross_entropy and its gradient on the GPU: cuBLAS's
  * products of up to 4096 x 4096 logits at a time in the context's scratch.

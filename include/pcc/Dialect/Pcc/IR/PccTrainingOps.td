@@ -68,7 +68,9 @@ def Pcc_CrossEntropyOp : Pcc_Op<"cross_entropy", [Pcc_RunsWhole, Pure]> {
     logits[n, labels[n]]`, and 0 where `labels[n] == ignore_index`. A label
     outside `[0, V)` (other than `ignore_index`) is a run-time error that
     names the op. The sum over accumulation lives in double, as softmax's.
-    Built by `pcc-loss`; its gradient is `pcc.cross_entropy_grad`.
+    Built by `pcc-loss`; its gradient is `pcc.cross_entropy_grad`. bf16
+    logits (mixed precision, `pcc-legalize-bf16`) are widened exactly and
+    give f32 losses: those of the widened logits.
 
     ```mlir
     %l = pcc.cross_entropy %logits, %labels ignore_index = -100
@@ -91,7 +93,9 @@ def Pcc_CrossEntropyGradOp : Pcc_Op<"cross_entropy_grad",
   let description = [{
     Row n of the result is `(softmax(logits[n]) - onehot(labels[n])) *
     grad[n]`, and zeros where `labels[n] == ignore_index`: one pass over the
-    logits, without materialising the one-hot matrix.
+    logits, without materialising the one-hot matrix. With bf16 logits
+    (widened exactly) `grad` is f32 and the result f32, or bf16: the f32
+    gradient rounded once, as a cast to bf16 would round it.
 
     ```mlir
     %d = pcc.cross_entropy_grad %logits, %labels, %g ignore_index = -100
