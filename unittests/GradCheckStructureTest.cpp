@@ -583,6 +583,7 @@ const char *const kRefused[] = {
     "pcc.ema_update",
     "pcc.sgd_update",
     "pcc.adamw_update",
+    "pcc.refresh_copy",
     "pcc.reduce_scatter_start",
     "pcc.wait_collectives",
     "pcc.all_gather_start",

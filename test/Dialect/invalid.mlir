@@ -489,7 +489,7 @@ func.func @linear_cross_entropy_grad_types(%h: tensor<8x4xf32>, %w: tensor<16x4x
 
 // Tests that cross_entropy_grad takes one gradient per row.
 func.func @cross_entropy_grad_rows(%x: tensor<8x16xf32>, %l: tensor<8xi64>, %g: tensor<4xf32>) -> tensor<8x16xf32> {
-  // expected-error @below {{takes one gradient per row and gives the logits' type 'tensor<8x16xf32>'}}
+  // expected-error @below {{takes one gradient per row in 'f32' and gives the logits' shape in their type}}
   %0 = pcc.cross_entropy_grad %x, %l, %g ignore_index = -100 : tensor<8x16xf32>, tensor<8xi64>, tensor<4xf32> -> tensor<8x16xf32>
   return %0 : tensor<8x16xf32>
 }
@@ -801,4 +801,36 @@ module {
     %r = pcc.wait_collectives axis = "dp"(%a) reading(%x) : (tensor<2x4xf32>), (tensor<4xf32>) -> tensor<8xf32>
     return %r : tensor<8xf32>
   }
+}
+
+// -----
+
+// Tests that a weight's 16-bit copy has its shape and a 16-bit type.
+func.func @refresh_copy_type() {
+  %w = pcc.param "w" : tensor<8xf32>
+  %c = pcc.param "w@bf16" : tensor<4xbf16>
+  // expected-error @below {{writes a bf16 or f16 copy of an f32 weight of its shape}}
+  pcc.refresh_copy %c, %w : tensor<4xbf16>, tensor<8xf32>
+  return
+}
+
+// -----
+
+// Tests that AdamW's copy operand is model state.
+func.func @adamw_copy_state(%g: tensor<8xf32>, %n: tensor<f32>, %c: tensor<8xbf16>) {
+  %p = pcc.param "w" : tensor<8xf32>
+  %m = pcc.param "w@exp_avg" : tensor<8xf32>
+  %v = pcc.param "w@exp_avg_sq" : tensor<8xf32>
+  // expected-error @below {{writes model state in place}}
+  pcc.adamw_update %p, %g, %m, %v, %n copy %c : tensor<8xf32>, tensor<f32>, tensor<8xbf16>
+  return
+}
+
+// -----
+
+// Tests that cross-entropy of bf16 logits gives f32 losses.
+func.func @cross_entropy_bf16_loss(%x: tensor<8x16xbf16>, %l: tensor<8xi64>) -> tensor<8xbf16> {
+  // expected-error @below {{gives one loss per row: 8 of 'f32'}}
+  %0 = pcc.cross_entropy %x, %l ignore_index = -100 : tensor<8x16xbf16>, tensor<8xi64> -> tensor<8xbf16>
+  return %0 : tensor<8xbf16>
 }
