@@ -662,6 +662,33 @@ TEST(CpuKernels, AdamwCopy) {
     EXPECT_EQ(0, std::memcmp(v1.data(), v2.data(), 4 * n));
     EXPECT_EQ(cast, copy) << "copy type " << type;
   }
+  // A bf16 gradient: the update of its widened values, bit for bit.
+  std::vector<uint16_t> gh(n);
+  std::vector<float> gw(n);
+  for (int64_t i = 0; i < n; ++i) {
+    gh[i] = pccrt::floatToBf16(g[i]);
+    gw[i] = pccrt::bf16ToFloat(gh[i]);
+  }
+  {
+    std::vector<float> p1 = p, m1 = m, v1 = v, p2 = p, m2 = m, v2 = v;
+    std::vector<uint16_t> c1(n), c2(n);
+    pcc_cpu_adamw_copy_f32(p1.data(), gw.data(), m1.data(), v1.data(), n, hyper,
+                           &norm, c1.data(), PCC_BF16);
+    pcc_cpu_adamw_bf16_grad_f32(p2.data(), gh.data(), m2.data(), v2.data(), n,
+                                hyper, &norm, c2.data(), PCC_BF16);
+    EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), 4 * n));
+    EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), 4 * n));
+    EXPECT_EQ(0, std::memcmp(v1.data(), v2.data(), 4 * n));
+    EXPECT_EQ(c1, c2);
+    // Its squared norm: the widened tensor's, bit for bit (one block and
+    // many).
+    for (int64_t len : {int64_t(1000), n}) {
+      float s1 = 0, s2 = 0;
+      pcc_cpu_sum_squares_f32(gw.data(), &s1, len);
+      pcc_cpu_sum_squares_bf16(gh.data(), &s2, len);
+      EXPECT_EQ(0, std::memcmp(&s1, &s2, 4)) << len;
+    }
+  }
   hyper[PCC_HYPER_SKIP_NONFINITE] = 1;
   float inf = std::numeric_limits<float>::infinity();
   std::vector<float> p3 = p;

@@ -584,6 +584,7 @@ const char *const kRefused[] = {
     "pcc.sgd_update",
     "pcc.adamw_update",
     "pcc.refresh_copy",
+    "pcc.sum_squares",
     "pcc.reduce_scatter_start",
     "pcc.wait_collectives",
     "pcc.all_gather_start",

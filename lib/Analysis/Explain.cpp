@@ -173,7 +173,7 @@ explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
   int64_t stage = training ? training->zero : 0;
   int64_t ranks = dp > 1 ? dp : 1;
   // Psi and the elements of one rank's pieces, from the gradients.
-  int64_t psi = 0, pieces = 0;
+  int64_t psi = 0, pieces = 0, halfGrads = 0;
   llvm::StringSet<> counted;
   module.walk([&](pcc::ParamOp param) {
     if (pcc::splitStateName(param.getName()).second != "grad" ||
@@ -187,13 +187,16 @@ explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
       n /= *pcc::getMeshAxisSize(param, within.getAxis());
     psi += n;
     pieces += (n + ranks - 1) / ranks;
+    // pcc-bf16-gradients: 2 bytes where the table counts 4.
+    if (param.getType().getElementType().isBF16())
+      halfGrads += 2 * n;
   });
   int64_t master = stage == 1 || stage == 2 ? 4 * pieces : 0;
   int64_t optK = (optimizer - master) / (stage == 0 ? psi : pieces);
   int64_t whole = stage == 0 ? 8 + optK : stage == 1 ? 8 : stage == 2 ? 4 : 0;
   int64_t sharded = stage == 0 ? 0 : stage == 1 ? 4 + optK : 8 + optK;
-  int64_t others =
-      weights + grads + optimizer - whole * psi - sharded * pieces - bucketGaps;
+  int64_t others = weights + grads + optimizer - whole * psi -
+                   sharded * pieces - bucketGaps + halfGrads;
   int64_t padding = sharded * pieces * ranks - sharded * psi;
   os << "    model state: " << weights + grads + optimizer + p.copies
      << " bytes = ";
@@ -216,6 +219,9 @@ explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
   if (p.copies > 0)
     os << " + " << p.copies << " bytes of " << p.copyType
        << " weight copies (2 x the products' weights)";
+  if (halfGrads > 0)
+    os << " - " << halfGrads
+       << " bytes of gradients kept in bf16 (2 x their parameters)";
   static const char *const kStages[] = {
       "ZeRO stage 0: weights, gradients and optimizer state on every rank",
       "ZeRO stage 1: the optimizer state (and a master piece of each "
@@ -237,6 +243,10 @@ explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
           "each product's weight cast once per step; the ZeRO paper's "
           "2 + 2 + 12 x Psi keeps 16-bit weights and gradients beside a "
           "separate fp32 master copy)\n";
+  if (halfGrads > 0)
+    os << "      (a gradient that one bf16 product writes whole each step, "
+          "one micro-batch and one contribution, is kept in bf16: the same "
+          "values, 2 bytes instead of 4; pcc-bf16-gradients)\n";
   return psi;
 }
 

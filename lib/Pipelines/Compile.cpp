@@ -164,6 +164,9 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
   }
   if (o.train)
     pm.addPass(createAssignFirstGradients());
+  // bf16 gradients on the CPU (the CUDA kernels read f32 gradients).
+  if (o.train && o.precision == "bf16" && o.target == DeviceTarget::Cpu)
+    pm.addPass(createBf16Gradients());
   if (o.tp * o.pp * o.dp > 1)
     pm.addPass(createCheckCollectives());
   if (o.planMemory) {

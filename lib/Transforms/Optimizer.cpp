@@ -12,10 +12,12 @@
 #include "pcc/Transforms/Training.h"
 
 #include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringSet.h"
 
 namespace mlir::pcc {
 #define GEN_PASS_DEF_ASSIGNFIRSTGRADIENTS
+#define GEN_PASS_DEF_BF16GRADIENTS
 #define GEN_PASS_DEF_OPTIMIZER
 #include "pcc/Transforms/Passes.h.inc"
 } // namespace mlir::pcc
@@ -182,6 +184,115 @@ struct AssignFirstGradientsPass
       zero.erase();
       if (Operation *load = state.getDefiningOp(); load && load->use_empty())
         load->erase();
+    }
+  }
+};
+
+struct Bf16GradientsPass
+    : public mlir::pcc::impl::Bf16GradientsBase<Bf16GradientsPass> {
+  /// How a load of a candidate gradient is used.
+  struct Uses {
+    SmallVector<AssignOp> assigns;
+    SmallVector<ReduceSumOp> norms; // reduce_sum(mul(g, g)) over all axes
+    SmallVector<AdamwUpdateOp> updates;
+  };
+
+  /// Whether every use of `load` is one this pass rewrites, recorded in
+  /// `uses`.
+  static bool classify(ParamOp load, Uses &uses) {
+    for (OpOperand &use : load->getUses()) {
+      Operation *user = use.getOwner();
+      if (auto assign = dyn_cast<AssignOp>(user)) {
+        auto widen = assign.getValue().getDefiningOp<CastOp>();
+        if (use.getOperandNumber() != 0 || !widen ||
+            !cast<RankedTensorType>(widen.getInput().getType())
+                 .getElementType()
+                 .isBF16())
+          return false;
+        uses.assigns.push_back(assign);
+        continue;
+      }
+      if (auto update = dyn_cast<AdamwUpdateOp>(user)) {
+        if (update.getGrad() != load.getResult() ||
+            update.getParam() == load.getResult())
+          return false;
+        uses.updates.push_back(update);
+        continue;
+      }
+      auto mul = dyn_cast<MulOp>(user);
+      if (!mul || mul.getLhs() != mul.getRhs() || !mul->hasOneUse())
+        return false;
+      auto sum = dyn_cast<ReduceSumOp>(*mul->getUsers().begin());
+      int64_t rank = cast<RankedTensorType>(load.getType()).getRank();
+      if (!sum || static_cast<int64_t>(sum.getAxes().size()) != rank ||
+          sum.getKeepDims())
+        return false;
+      if (llvm::is_contained(uses.norms, sum))
+        continue; // the mul's second operand
+      uses.norms.push_back(sum);
+    }
+    return true;
+  }
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    // Every f32 load of each state, by name; names some other op writes
+    // or reads are dropped below.
+    llvm::MapVector<StringRef, SmallVector<ParamOp>> loads;
+    llvm::StringSet<> rejected;
+    module.walk([&](ParamOp p) {
+      if (!p.getType().getElementType().isF32())
+        rejected.insert(p.getName());
+      loads[p.getName()].push_back(p);
+    });
+    for (auto &[name, ps] : loads) {
+      if (rejected.contains(name))
+        continue;
+      Uses uses;
+      bool ok = llvm::all_of(ps, [&](ParamOp p) { return classify(p, uses); });
+      // One write per step (the assign), read by the norm and AdamW only.
+      if (!ok || uses.assigns.size() != 1 || uses.updates.size() != 1 ||
+          uses.norms.size() > 1)
+        continue;
+      for (ParamOp p : ps) {
+        OpBuilder b(p);
+        auto narrow = ParamOp::create(
+            b, p.getLoc(),
+            p.getType().clone(BFloat16Type::get(module.getContext())),
+            p.getNameAttr(), p.getShardAttr(), p.getWholeAttr(),
+            p.getWithinAttr());
+        llvm::SetVector<Operation *> users;
+        for (Operation *user : p->getUsers())
+          users.insert(user);
+        for (Operation *user : users) {
+          if (auto assign = dyn_cast<AssignOp>(user)) {
+            auto widen = assign.getValue().getDefiningOp<CastOp>();
+            OpBuilder ab(assign);
+            AssignOp::create(ab, assign.getLoc(), narrow, widen.getInput());
+            // Loaded before the value is made, so that the back end can
+            // compute the value in the state's memory.
+            Operation *def = widen.getInput().getDefiningOp();
+            if (def && def->getBlock() == narrow->getBlock() &&
+                def->isBeforeInBlock(narrow))
+              narrow->moveBefore(def);
+            assign.erase();
+            if (widen->use_empty())
+              widen.erase();
+          } else if (auto update = dyn_cast<AdamwUpdateOp>(user)) {
+            update.getGradMutable().assign(narrow);
+          } else {
+            auto mul = cast<MulOp>(user);
+            auto sum = cast<ReduceSumOp>(*mul->getUsers().begin());
+            OpBuilder sb(sum);
+            auto squares =
+                SumSquaresOp::create(sb, sum.getLoc(), sum.getType(), narrow);
+            sum.getResult().replaceAllUsesWith(squares.getResult());
+            sum.erase();
+            mul.erase();
+          }
+        }
+        p.erase();
+      }
     }
   }
 };

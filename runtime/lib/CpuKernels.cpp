@@ -651,6 +651,33 @@ void pcc_cpu_sum_squares_f32(const float *x, float *y, int64_t n) {
   y[0] = static_cast<float>(total);
 }
 
+void pcc_cpu_sum_squares_bf16(const uint16_t *x, float *y, int64_t n) {
+  // pcc_cpu_sum_squares_f32's blocks and order over the widened values
+  // (each block widened into a scratch block): the same bits.
+  constexpr int64_t kBlock = int64_t(1) << 16;
+  int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(
+      static_cast<size_t>(std::max<int64_t>(blocks, 1)));
+#pragma omp parallel if (blocks > 1)
+  {
+    std::vector<float> wide(static_cast<size_t>(std::min(kBlock, n)));
+#pragma omp for
+    for (int64_t b = 0; b < blocks; ++b) {
+      int64_t len = std::min(kBlock, n - b * kBlock);
+      castBf16ToF32(x + b * kBlock, wide.data(), 0, len);
+      partial[b] = sumSquaresDouble(wide.data(), len);
+    }
+  }
+  if (blocks <= 1) {
+    y[0] = static_cast<float>(blocks == 1 ? partial[0] : 0.0);
+    return;
+  }
+  double total = 0;
+  for (double p : partial)
+    total += p;
+  y[0] = static_cast<float>(total);
+}
+
 void pcc_cpu_reduce_i64(const int64_t *x, int64_t *y, int64_t rank,
                         const int64_t *shape, const int64_t *reduced,
                         int kind) {
@@ -1125,6 +1152,58 @@ float clipCoefficient(const double *hyper, const float *norm) {
 bool skipUpdate(const double *hyper, const float *norm) {
   return hyper[PCC_HYPER_SKIP_NONFINITE] != 0 && !std::isfinite(*norm);
 }
+
+extern "C++" {
+/// pcc_cpu_adamw_copy_f32 with gradients of type G (float, or bf16 bits
+/// widened exactly as they are read).
+inline float widenGrad(float g) { return g; }
+inline float widenGrad(uint16_t g) { return pccrt::bf16ToFloat(g); }
+
+template <typename G>
+void adamw(float *param, const G *grad, float *exp_avg, float *exp_avg_sq,
+           int64_t n, const double *hyper, const float *norm, void *copy,
+           int copy_type) {
+  if (skipUpdate(hyper, norm))
+    return;
+  float coef = clipCoefficient(hyper, norm);
+  float unscale = static_cast<float>(hyper[PCC_HYPER_GRAD_SCALE]);
+  double lr = hyper[PCC_HYPER_LR], beta1 = hyper[PCC_HYPER_BETA1],
+         beta2 = hyper[PCC_HYPER_BETA2], step = hyper[PCC_HYPER_STEP];
+  // Scalars in double, as PyTorch computes them in Python.
+  float decay = static_cast<float>(1.0 - lr * hyper[PCC_HYPER_WEIGHT_DECAY]);
+  float w1 = static_cast<float>(1.0 - beta1);
+  float b2 = static_cast<float>(beta2), w2 = static_cast<float>(1.0 - beta2);
+  float negStep = static_cast<float>(-(lr / (1.0 - std::pow(beta1, step))));
+  float bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, step)));
+  float eps = static_cast<float>(hyper[PCC_HYPER_EPS]);
+  // The copy: pcc_cpu_cast's conversion of each block just updated, while
+  // it is in cache (streamed when the copy is large, as the cast streams).
+  void (*convert)(const void *, void *, int64_t, int64_t) = nullptr;
+  if (copy)
+    convert = copy_type == PCC_F16                   ? castF32ToF16
+              : n * 2 >= kStreamBytes && canStream() ? streamF32ToBf16
+                                                     : castF32ToBf16;
+  constexpr int64_t kBlock = int64_t(1) << 13;
+  int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for if (n > kParallelThreshold)
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t end = std::min(n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; ++i) {
+      float g = widenGrad(grad[i]) * unscale * coef;
+      float p = param[i] * decay;
+      float m = exp_avg[i];
+      m = m + w1 * (g - m); // lerp with a weight below 0.5
+      float v = exp_avg_sq[i] * b2 + w2 * g * g;
+      float denom = std::sqrt(v) / bc2Sqrt + eps;
+      param[i] = p + negStep * m / denom;
+      exp_avg[i] = m;
+      exp_avg_sq[i] = v;
+    }
+    if (convert)
+      convert(param, copy, b * kBlock, end);
+  }
+}
+} // extern "C++"
 } // namespace
 
 int pcc_cpu_scatter_accumulate_f32(const float *updates, const void *indices,
@@ -1329,45 +1408,14 @@ void pcc_cpu_adamw_f32(float *param, const float *grad, float *exp_avg,
 void pcc_cpu_adamw_copy_f32(float *param, const float *grad, float *exp_avg,
                             float *exp_avg_sq, int64_t n, const double *hyper,
                             const float *norm, void *copy, int copy_type) {
-  if (skipUpdate(hyper, norm))
-    return;
-  float coef = clipCoefficient(hyper, norm);
-  float unscale = static_cast<float>(hyper[PCC_HYPER_GRAD_SCALE]);
-  double lr = hyper[PCC_HYPER_LR], beta1 = hyper[PCC_HYPER_BETA1],
-         beta2 = hyper[PCC_HYPER_BETA2], step = hyper[PCC_HYPER_STEP];
-  // Scalars in double, as PyTorch computes them in Python.
-  float decay = static_cast<float>(1.0 - lr * hyper[PCC_HYPER_WEIGHT_DECAY]);
-  float w1 = static_cast<float>(1.0 - beta1);
-  float b2 = static_cast<float>(beta2), w2 = static_cast<float>(1.0 - beta2);
-  float negStep = static_cast<float>(-(lr / (1.0 - std::pow(beta1, step))));
-  float bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, step)));
-  float eps = static_cast<float>(hyper[PCC_HYPER_EPS]);
-  // The copy: pcc_cpu_cast's conversion of each block just updated, while
-  // it is in cache (streamed when the copy is large, as the cast streams).
-  void (*convert)(const void *, void *, int64_t, int64_t) = nullptr;
-  if (copy)
-    convert = copy_type == PCC_F16                   ? castF32ToF16
-              : n * 2 >= kStreamBytes && canStream() ? streamF32ToBf16
-                                                     : castF32ToBf16;
-  constexpr int64_t kBlock = int64_t(1) << 13;
-  int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for if (n > kParallelThreshold)
-  for (int64_t b = 0; b < blocks; ++b) {
-    int64_t end = std::min(n, (b + 1) * kBlock);
-    for (int64_t i = b * kBlock; i < end; ++i) {
-      float g = grad[i] * unscale * coef;
-      float p = param[i] * decay;
-      float m = exp_avg[i];
-      m = m + w1 * (g - m); // lerp with a weight below 0.5
-      float v = exp_avg_sq[i] * b2 + w2 * g * g;
-      float denom = std::sqrt(v) / bc2Sqrt + eps;
-      param[i] = p + negStep * m / denom;
-      exp_avg[i] = m;
-      exp_avg_sq[i] = v;
-    }
-    if (convert)
-      convert(param, copy, b * kBlock, end);
-  }
+  adamw(param, grad, exp_avg, exp_avg_sq, n, hyper, norm, copy, copy_type);
+}
+
+void pcc_cpu_adamw_bf16_grad_f32(float *param, const uint16_t *grad,
+                                 float *exp_avg, float *exp_avg_sq, int64_t n,
+                                 const double *hyper, const float *norm,
+                                 void *copy, int copy_type) {
+  adamw(param, grad, exp_avg, exp_avg_sq, n, hyper, norm, copy, copy_type);
 }
 
 } // extern "C"

@@ -765,6 +765,35 @@ def AssignFirstGradients : Pass<"pcc-assign-first-gradients", "ModuleOp"> {
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
+def Bf16Gradients : Pass<"pcc-bf16-gradients", "ModuleOp"> {
+  let summary = "keeps in bf16 a gradient that is one bf16 product's, widened";
+  let description = [{
+    Mixed precision on the CPU, after `pcc-assign-first-gradients`: a
+    gradient state written once per step by a `pcc.assign` of a bf16 value
+    widened to f32 (one micro-batch, one contribution: a product's weight
+    gradient under autocast), and read only by the optimizer's squared norm
+    and AdamW, holds exactly the bf16 values widened. It is stored in bf16:
+    the assign writes the bf16 value as it is, the norm reads it through
+    `pcc.sum_squares` and AdamW widens it as it reads it. The same bits
+    (the widening is exact, and the squares are summed in the f32 norm's
+    order), and per parameter 2 bytes of gradient memory less, no widening
+    pass, and half the norm's reads. A gradient accumulated over
+    micro-batches or contributions, summed over dp, offloaded or read by SGD
+    stays f32.
+
+    ```mlir
+    // @train_backward:
+    %w = pcc.cast %dw : tensor<8x8xbf16> -> tensor<8x8xf32>
+    pcc.assign %g, %w : tensor<8x8xf32>   // becomes
+    pcc.assign %g16, %dw : tensor<8x8xbf16>
+    // @train_optimizer:
+    %s = pcc.sum_squares %g16 : tensor<8x8xbf16> -> tensor<f32>
+    pcc.adamw_update %p, %g16, %m, %v, %norm : tensor<8x8xf32>, tensor<f32>
+    ```
+  }];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def Optimizer : Pass<"pcc-optimizer", "ModuleOp"> {
   let summary = "builds the optimizer-step and zero-grad phases";
   let description = [{

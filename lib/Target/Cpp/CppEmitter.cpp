@@ -51,6 +51,9 @@ LogicalResult CppEmitter::defineResult(Operation *op, unsigned i) {
   // A result its op skips (pcc-plan-memory gave it no buffer): null.
   if (offset == kNoBuffer)
     return define(result, info->cType, "nullptr", /*isConst=*/false);
+  // A product assigned to a state is computed there.
+  if (Value state = intoState.lookup(result))
+    return define(result, info->cType, nameOf(state), /*isConst=*/false);
   // A returned result is computed where the caller wants it.
   if (auto it = returnedAt.find(result); it != returnedAt.end()) {
     writtenInPlace.insert(result);
@@ -312,6 +315,19 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
       zeroFill(nameOf(op->getOperand(0)), getTensorBytes(state));
     return success();
   }
+  if (auto squares = dyn_cast<SumSquaresOp>(op)) {
+    Value x = squares.getInput();
+    bool half = tensorTypeOf(x).getElementType().isBF16();
+    if (cuda)
+      return op->emitError("code generation: pcc.sum_squares is for the CPU "
+                           "back end (pcc-bf16-gradients)");
+    line(llvm::formatv("{0}{1}, {2}, {3});",
+                       call(half ? "sum_squares_bf16" : "sum_squares_f32"),
+                       nameOf(x), nameOf(squares.getResult()),
+                       tensorTypeOf(x).getNumElements())
+             .str());
+    return success();
+  }
   if (auto refresh = dyn_cast<RefreshCopyOp>(op)) {
     // Only when the run says the copies are stale (the optimizer's update
     // wrote them otherwise); always without hyperparameters.
@@ -425,16 +441,26 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
   }
   auto adamw = cast<AdamwUpdateOp>(op);
   Value copy = adamw.getCopy();
+  // A bf16 gradient (pcc-bf16-gradients, CPU only) is widened as it is read.
+  bool halfGrad = tensorTypeOf(adamw.getGrad()).getElementType().isBF16();
+  if (halfGrad && cuda)
+    return op->emitError("code generation: the CUDA back end's AdamW reads "
+                         "f32 gradients (pcc-bf16-gradients is for the CPU)");
   std::string copyArgs;
   if (copy && !cuda)
     copyArgs =
         ", " + nameOf(copy) + ", " +
         std::to_string(elementInfo(tensorTypeOf(copy).getElementType())->code);
+  else if (halfGrad)
+    copyArgs = ", nullptr, 0";
+  StringRef kernel = halfGrad        ? "adamw_bf16_grad_f32"
+                     : copy && !cuda ? "adamw_copy_f32"
+                                     : "adamw_f32";
   line(llvm::formatv("{0}{1}, {2}, {3}, {4}, {5}, rc->hyper, {6}{7});",
-                     call(copy && !cuda ? "adamw_copy_f32" : "adamw_f32"),
-                     nameOf(adamw.getParam()), nameOf(adamw.getGrad()),
-                     nameOf(adamw.getExpAvg()), nameOf(adamw.getExpAvgSq()),
-                     count, nameOf(adamw.getNorm()), copyArgs)
+                     call(kernel), nameOf(adamw.getParam()),
+                     nameOf(adamw.getGrad()), nameOf(adamw.getExpAvg()),
+                     nameOf(adamw.getExpAvgSq()), count,
+                     nameOf(adamw.getNorm()), copyArgs)
            .str());
   // On CUDA the copy is a cast of its own after the update (a skipped
   // update left the weight, so its cast is the copy it was).
@@ -534,7 +560,7 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
           [&](Operation *op) { return emitCollective(op); })
       .Case<ScatterAddOp, PadOp, CrossEntropyOp, CrossEntropyGradOp,
             AccumulateOp, AssignOp, ZeroOp, EmaUpdateOp, DropoutOp, SgdUpdateOp,
-            AdamwUpdateOp, RefreshCopyOp>(
+            AdamwUpdateOp, RefreshCopyOp, SumSquaresOp>(
           [&](Operation *op) { return emitTraining(op); })
       .Case<BucketStartOp, BucketWaitOp, CastOp, BroadcastOp, TransposeOp,
             SliceOp, ConcatOp, SplitOp, MatmulOp, LayerNormOp, BatchNormOp,
@@ -707,9 +733,24 @@ FailureOr<TargetCode> CppEmitter::emit() {
   // prefetch on the GPT at dp=2 took 21% more time in collectives than
   // blocking gathers then, and is within noise of them now
   // (bench/dp_overlap.py --what prefetch).
+  // A product whose one user is the next op, an assign of it whole to a
+  // state loaded before it, writes the state itself (on the CPU: the
+  // product kernels write their whole result).
+  if (!cuda)
+    for (auto assign : block.getOps<AssignOp>()) {
+      auto product = assign.getValue().getDefiningOp<MatmulOp>();
+      Operation *load = assign.getState().getDefiningOp();
+      if (product && load && product->getBlock() == &block &&
+          load->getBlock() == &block && load->isBeforeInBlock(product) &&
+          product->hasOneUse() && nextWorker(product) == assign &&
+          !returnedAt.count(product.getResult())) {
+        intoState[product.getResult()] = assign.getState();
+        assignedInPlace.insert(assign);
+      }
+    }
   std::optional<std::string> started;
   for (Operation &op : block.without_terminator()) {
-    if (deferToUser(&op))
+    if (assignedInPlace.contains(&op) || deferToUser(&op))
       continue;
     if (!isa<ReshapeOp, ParamOp, ConstantOp>(op))
       line(profileMark(&op));

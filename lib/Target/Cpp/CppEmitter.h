@@ -272,6 +272,12 @@ private:
   /// copy follows: out[k] for result value v.
   llvm::DenseMap<Value, unsigned> returnedAt;
   llvm::DenseSet<Value> writtenInPlace;
+  /// A product assigned whole to a state loaded before it (a bf16 weight
+  /// gradient, pcc-bf16-gradients) is computed in the state's memory: the
+  /// state for the product's result, and the assigns that then copy
+  /// nothing.
+  llvm::DenseMap<Value, Value> intoState;
+  llvm::DenseSet<Operation *> assignedInPlace;
   /// The variable holding each started collective's number on its group
   /// (pcc_comm.started), by the started value.
   llvm::DenseMap<Value, std::string> tickets;

@@ -55,6 +55,20 @@ static void printMeshAxes(OpAsmPrinter &printer, Operation *, ArrayAttr axes,
   printer << ']';
 }
 
+/// AdamW's gradient type: the weight's unless spelled after `grad`.
+static ParseResult parseGradType(OpAsmParser &parser, Type &grad, Type param) {
+  if (succeeded(parser.parseOptionalKeyword("grad")))
+    return parser.parseType(grad);
+  grad = param;
+  return success();
+}
+
+static void printGradType(OpAsmPrinter &printer, Operation *, Type grad,
+                          Type param) {
+  if (grad != param)
+    printer << "grad " << grad;
+}
+
 #define GET_OP_CLASSES
 #include "pcc/Dialect/Pcc/IR/PccOps.cpp.inc"
 
@@ -1148,8 +1162,28 @@ static LogicalResult verifyCopy(Operation *op, Value copy, Value weight) {
 LogicalResult AdamwUpdateOp::verify() {
   if (getCopy() && failed(verifyCopy(*this, getCopy(), getParam())))
     return failure();
-  return verifyUpdate(*this, {getParam(), getExpAvg(), getExpAvgSq()},
-                      getGrad(), getNorm());
+  // A bf16 gradient of an f32 weight is read widened.
+  Value grad = getGrad();
+  auto g = cast<RankedTensorType>(grad.getType());
+  auto p = cast<RankedTensorType>(getParam().getType());
+  if (g.getElementType().isBF16() && p.getElementType().isF32()) {
+    if (g.getShape() != p.getShape())
+      return emitOpError("takes a gradient of the weight's shape ")
+             << p.getShape();
+    grad = getParam();
+  }
+  return verifyUpdate(*this, {getParam(), getExpAvg(), getExpAvgSq()}, grad,
+                      getNorm());
+}
+
+LogicalResult SumSquaresOp::verify() {
+  auto result = cast<RankedTensorType>(getType());
+  Type e = cast<RankedTensorType>(getInput().getType()).getElementType();
+  if (result.getRank() != 0 || !result.getElementType().isF32() ||
+      !(e.isF32() || e.isBF16()))
+    return emitOpError("sums the squares of an f32 or bf16 tensor into a "
+                       "tensor<f32>");
+  return success();
 }
 
 LogicalResult RefreshCopyOp::verify() {

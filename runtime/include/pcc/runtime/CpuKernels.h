@@ -134,6 +134,9 @@ void pcc_cpu_batch_norm_f32(const float *x, const float *scale,
  * a product kernel followed by that reduction), in one pass. The squared
  * norm of a gradient (clipping, the logged norm). */
 void pcc_cpu_sum_squares_f32(const float *x, float *y, int64_t n);
+/* The same of bf16 values, widened exactly: the bits the widened tensor
+ * gives (pcc.sum_squares of a bf16 gradient). */
+void pcc_cpu_sum_squares_bf16(const uint16_t *x, float *y, int64_t n);
 
 /* Reduction of x (shape, rank) over the dimensions with reduced[d] != 0;
  * y holds the kept dimensions in order. */
@@ -269,6 +272,12 @@ void pcc_cpu_adamw_f32(float *param, const float *grad, float *exp_avg,
 void pcc_cpu_adamw_copy_f32(float *param, const float *grad, float *exp_avg,
                             float *exp_avg_sq, int64_t n, const double *hyper,
                             const float *norm, void *copy, int copy_type);
+/* The same with the gradients in bf16 (widened exactly as they are read);
+ * `copy` may be null (no copy). */
+void pcc_cpu_adamw_bf16_grad_f32(float *param, const uint16_t *grad,
+                                 float *exp_avg, float *exp_avg_sq, int64_t n,
+                                 const double *hyper, const float *norm,
+                                 void *copy, int copy_type);
 
 /* Gradients of conv: shapes and attributes as for pcc_cpu_conv_f32.
  * grad_input writes dx (in_shape) from dy (out_shape) and w; grad_weight

@@ -488,6 +488,25 @@ def Pcc_AssignOp : Pcc_Op<"assign", [Pcc_RunsWhole,
   let hasVerifier = 1;
 }
 
+def Pcc_SumSquaresOp : Pcc_Op<"sum_squares", [Pcc_RunsWhole, Pure]> {
+  let summary = "the sum of a tensor's squares: a gradient's squared norm";
+  let description = [{
+    `reduce_sum(mul(x, x))` over every axis of `x` widened to f32 (exactly,
+    for a bf16 `x`), each square rounded to f32 and summed in double in the
+    order of the f32 gradient norm's kernel, so the result is the bits that
+    the widened tensor's squared norm gives. Built by
+    `pcc-bf16-gradients` for the gradients it keeps in bf16.
+
+    ```mlir
+    %s = pcc.sum_squares %g : tensor<256x64xbf16> -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins Pcc_FloatTensor:$input);
+  let results = (outs Pcc_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
 def Pcc_RefreshCopyOp : Pcc_Op<"refresh_copy", [Pcc_RunsWhole]> {
   let summary = "casts a weight into its 16-bit copy when the run asks";
   let description = [{
@@ -678,7 +697,7 @@ def Pcc_SgdUpdateOp : Pcc_Op<"sgd_update", [Pcc_RunsWhole,
 }
 
 def Pcc_AdamwUpdateOp : Pcc_Op<"adamw_update", [Pcc_RunsWhole,
-    AllTypesMatch<["param", "grad", "exp_avg", "exp_avg_sq"]>]> {
+    AllTypesMatch<["param", "exp_avg", "exp_avg_sq"]>]> {
   let summary = "one AdamW step of a weight, in place (torch.optim.AdamW)";
   let description = [{
     With `g` the gradient times the clipping coefficient: `p *= 1 - lr * wd`;
@@ -691,6 +710,12 @@ def Pcc_AdamwUpdateOp : Pcc_Op<"adamw_update", [Pcc_RunsWhole,
     `pcc.cast` rounds it, so that the next step's micro-batches read it
     without a pass over the weight of its own. A skipped update (fp16's
     overflow) leaves the copy as it is, as it leaves the weight.
+
+    The gradient has the weight's type, or is its bf16 (a gradient that
+    `pcc-bf16-gradients` keeps in bf16), widened exactly as it is read;
+    the type is then spelled after `grad`:
+    `pcc.adamw_update %p, %g, %m, %v, %norm : tensor<8xf32>, tensor<f32>
+    grad tensor<8xbf16>`.
 
     ```mlir
     pcc.adamw_update %p, %g, %m, %v, %norm : tensor<256x64xf32>, tensor<f32>
@@ -708,7 +733,7 @@ def Pcc_AdamwUpdateOp : Pcc_Op<"adamw_update", [Pcc_RunsWhole,
   let assemblyFormat = [{
     $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $norm
     (`copy` $copy^)? attr-dict `:` type($param) `,` type($norm)
-    (`,` type($copy)^)?
+    (`,` type($copy)^)? custom<GradType>(type($grad), ref(type($param)))
   }];
   let hasVerifier = 1;
 }
