@@ -739,8 +739,14 @@ FailureOr<TargetCode> CppEmitter::emit() {
   if (!cuda)
     for (auto assign : block.getOps<AssignOp>()) {
       auto product = assign.getValue().getDefiningOp<MatmulOp>();
-      Operation *load = assign.getState().getDefiningOp();
+      auto load = assign.getState().getDefiningOp<ParamOp>();
+      // Not a product that reads the state it would overwrite.
+      auto readsState = [&](Value v) {
+        auto p = v.getDefiningOp<ParamOp>();
+        return p && p.getName() == load.getName();
+      };
       if (product && load && product->getBlock() == &block &&
+          llvm::none_of(product->getOperands(), readsState) &&
           load->getBlock() == &block && load->isBeforeInBlock(product) &&
           product->hasOneUse() && nextWorker(product) == assign &&
           !returnedAt.count(product.getResult())) {
