@@ -1260,77 +1260,42 @@ bool checkLabels(const void *labels, int64_t rows, int64_t classes,
   return true;
 }
 
-/// The maximum of one row.
-} // namespace
+extern "C++" {
+/// Row r of the logits in f32: the row itself, or (bf16 logits) the row
+/// widened exactly into `scratch`.
+const float *logitRow(const float *logits, int64_t r, int64_t classes,
+                      float *) {
+  return logits + r * classes;
+}
+const float *logitRow(const uint16_t *logits, int64_t r, int64_t classes,
+                      float *scratch) {
+  castBf16ToF32(logits + r * classes, scratch, 0, classes);
+  return scratch;
+}
 
-int pcc_cpu_cross_entropy_f32(const float *logits, const void *labels,
-                              float *loss, int64_t rows, int64_t classes,
-                              int64_t ignore_index, int labels_are_i64) {
-  if (!checkLabels(labels, rows, classes, ignore_index, labels_are_i64))
+/// Per-row cross-entropy of f32 or bf16 logits: logsumexp(row) -
+/// row[label] with the maximum in float and the sum in double; 0 for an
+/// ignored label.
+template <typename T>
+int crossEntropyRows(const T *logits, const void *labels, float *loss,
+                     int64_t rows, int64_t classes, int64_t ignore,
+                     int labelsAreI64) {
+  if (!checkLabels(labels, rows, classes, ignore, labelsAreI64))
     return 1;
 #pragma omp parallel if (rows * classes > kParallelThreshold)
   {
     std::vector<float> e(static_cast<size_t>(classes));
 #pragma omp for
     for (int64_t r = 0; r < rows; ++r) {
-      int64_t label = indexAt(labels, r, labels_are_i64);
-      if (label == ignore_index) {
+      int64_t label = indexAt(labels, r, labelsAreI64);
+      if (label == ignore) {
         loss[r] = 0.0f;
         continue;
       }
-      const float *row = logits + r * classes;
-      float maxValue = rowMax(row, classes);
+      // The exponentials overwrite the scratch row (a widened row's own).
+      const float *row = logitRow(logits, r, classes, e.data());
+      float maxValue = rowMax(row, classes), at = row[label];
       double sum = rowExp(row, maxValue, e.data(), classes);
-      loss[r] = static_cast<float>(static_cast<double>(maxValue) +
-                                   std::log(sum) - row[label]);
-    }
-  }
-  return 0;
-}
-
-int pcc_cpu_cross_entropy_grad_f32(const float *logits, const void *labels,
-                                   const float *grad, float *y, int64_t rows,
-                                   int64_t classes, int64_t ignore_index,
-                                   int labels_are_i64) {
-  if (!checkLabels(labels, rows, classes, ignore_index, labels_are_i64))
-    return 1;
-#pragma omp parallel for if (rows * classes > kParallelThreshold)
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t label = indexAt(labels, r, labels_are_i64);
-    float *out = y + r * classes;
-    if (label == ignore_index) {
-      std::memset(out, 0, static_cast<size_t>(classes) * 4);
-      continue;
-    }
-    const float *row = logits + r * classes;
-    double sum = rowExp(row, rowMax(row, classes), out, classes);
-    rowScale(out, static_cast<float>(1.0 / sum) * grad[r], classes);
-    out[label] -= grad[r];
-  }
-  return 0;
-}
-
-int pcc_cpu_cross_entropy_bf16(const uint16_t *logits, const void *labels,
-                               float *loss, int64_t rows, int64_t classes,
-                               int64_t ignore_index, int labels_are_i64) {
-  if (!checkLabels(labels, rows, classes, ignore_index, labels_are_i64))
-    return 1;
-#pragma omp parallel if (rows * classes > kParallelThreshold)
-  {
-    // Each row widened (exactly) into f32, then pcc_cpu_cross_entropy_f32's
-    // arithmetic: the same losses as the widened logits give.
-    std::vector<float> w(static_cast<size_t>(classes));
-#pragma omp for
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t label = indexAt(labels, r, labels_are_i64);
-      if (label == ignore_index) {
-        loss[r] = 0.0f;
-        continue;
-      }
-      castBf16ToF32(logits + r * classes, w.data(), 0, classes);
-      float maxValue = rowMax(w.data(), classes);
-      float at = w[label];
-      double sum = rowExp(w.data(), maxValue, w.data(), classes);
       loss[r] = static_cast<float>(static_cast<double>(maxValue) +
                                    std::log(sum) - at);
     }
@@ -1338,38 +1303,72 @@ int pcc_cpu_cross_entropy_bf16(const uint16_t *logits, const void *labels,
   return 0;
 }
 
+/// Its gradient, (softmax(row) - onehot(label)) * grad[row], written in f32
+/// or (yIsBf16) rounded once to bf16 as pcc_cpu_cast rounds it.
+template <typename T>
+int crossEntropyGradRows(const T *logits, const void *labels, const float *grad,
+                         void *y, bool yIsBf16, int64_t rows, int64_t classes,
+                         int64_t ignore, int labelsAreI64) {
+  if (!checkLabels(labels, rows, classes, ignore, labelsAreI64))
+    return 1;
+  size_t size = yIsBf16 ? 2 : 4;
+  // f32 logits into an f32 gradient need no scratch row.
+  bool direct = std::is_same_v<T, float> && !yIsBf16;
+#pragma omp parallel if (rows * classes > kParallelThreshold)
+  {
+    std::vector<float> w(direct ? 0 : static_cast<size_t>(classes));
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t label = indexAt(labels, r, labelsAreI64);
+      void *out = static_cast<char *>(y) + r * classes * size;
+      if (label == ignore) {
+        std::memset(out, 0, static_cast<size_t>(classes) * size);
+        continue;
+      }
+      float *e = direct ? static_cast<float *>(out) : w.data();
+      const float *row = logitRow(logits, r, classes, e);
+      double sum = rowExp(row, rowMax(row, classes), e, classes);
+      rowScale(e, static_cast<float>(1.0 / sum) * grad[r], classes);
+      e[label] -= grad[r];
+      if (yIsBf16)
+        castF32ToBf16(e, out, 0, classes);
+      else if (!direct)
+        std::memcpy(out, e, static_cast<size_t>(classes) * 4);
+    }
+  }
+  return 0;
+}
+} // extern "C++"
+} // namespace
+
+int pcc_cpu_cross_entropy_f32(const float *logits, const void *labels,
+                              float *loss, int64_t rows, int64_t classes,
+                              int64_t ignore_index, int labels_are_i64) {
+  return crossEntropyRows(logits, labels, loss, rows, classes, ignore_index,
+                          labels_are_i64);
+}
+
+int pcc_cpu_cross_entropy_grad_f32(const float *logits, const void *labels,
+                                   const float *grad, float *y, int64_t rows,
+                                   int64_t classes, int64_t ignore_index,
+                                   int labels_are_i64) {
+  return crossEntropyGradRows(logits, labels, grad, y, /*yIsBf16=*/false, rows,
+                              classes, ignore_index, labels_are_i64);
+}
+
+int pcc_cpu_cross_entropy_bf16(const uint16_t *logits, const void *labels,
+                               float *loss, int64_t rows, int64_t classes,
+                               int64_t ignore_index, int labels_are_i64) {
+  return crossEntropyRows(logits, labels, loss, rows, classes, ignore_index,
+                          labels_are_i64);
+}
+
 int pcc_cpu_cross_entropy_grad_bf16(const uint16_t *logits, const void *labels,
                                     const float *grad, void *y, int y_is_bf16,
                                     int64_t rows, int64_t classes,
                                     int64_t ignore_index, int labels_are_i64) {
-  if (!checkLabels(labels, rows, classes, ignore_index, labels_are_i64))
-    return 1;
-  size_t size = y_is_bf16 ? 2 : 4;
-#pragma omp parallel if (rows * classes > kParallelThreshold)
-  {
-    std::vector<float> w(static_cast<size_t>(classes));
-#pragma omp for
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t label = indexAt(labels, r, labels_are_i64);
-      void *out = static_cast<char *>(y) + r * classes * size;
-      if (label == ignore_index) {
-        std::memset(out, 0, static_cast<size_t>(classes) * size);
-        continue;
-      }
-      // pcc_cpu_cross_entropy_grad_f32's row of the widened logits, then
-      // rounded once as a cast to bf16 rounds it.
-      castBf16ToF32(logits + r * classes, w.data(), 0, classes);
-      double sum =
-          rowExp(w.data(), rowMax(w.data(), classes), w.data(), classes);
-      rowScale(w.data(), static_cast<float>(1.0 / sum) * grad[r], classes);
-      w[label] -= grad[r];
-      if (y_is_bf16)
-        castF32ToBf16(w.data(), out, 0, classes);
-      else
-        std::memcpy(out, w.data(), static_cast<size_t>(classes) * 4);
-    }
-  }
-  return 0;
+  return crossEntropyGradRows(logits, labels, grad, y, y_is_bf16 != 0, rows,
+                              classes, ignore_index, labels_are_i64);
 }
 
 void pcc_cpu_sgd_f32(float *param, const float *grad, float *momentum_buffer,

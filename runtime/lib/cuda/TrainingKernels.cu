@@ -139,10 +139,11 @@ __global__ void crossEntropyKernel(const T *logits, const Index *labels,
   }
 }
 
-template <bool kGrad, typename Index, typename T = float, typename Out = float>
-void crossEntropy(pcc_cuda_context *ctx, const T *logits, const void *labels,
-                  const float *grad, Out *y, int64_t rows, int64_t classes,
-                  int64_t ignore, int site) {
+template <bool kGrad, typename Index, typename T, typename Out>
+void crossEntropyLaunch(pcc_cuda_context *ctx, const T *logits,
+                        const void *labels, const float *grad, Out *y,
+                        int64_t rows, int64_t classes, int64_t ignore,
+                        int site) {
   if (rows <= 0)
     return;
   const Index *l = static_cast<const Index *>(labels);
@@ -154,6 +155,19 @@ void crossEntropy(pcc_cuda_context *ctx, const T *logits, const void *labels,
     crossEntropyKernel<false, kGrad, Index, T, Out>
         <<<rowGrid(rows, false), kThreads, 0, ctx->stream>>>(
             logits, l, grad, y, rows, classes, ignore, ctx->errorSite, site);
+}
+
+/// crossEntropyLaunch for int64 or int32 labels.
+template <bool kGrad, typename T, typename Out>
+void crossEntropy(pcc_cuda_context *ctx, const T *logits, const void *labels,
+                  const float *grad, Out *y, int64_t rows, int64_t classes,
+                  int64_t ignore, int labelsAreI64, int site) {
+  if (labelsAreI64)
+    crossEntropyLaunch<kGrad, int64_t>(ctx, logits, labels, grad, y, rows,
+                                       classes, ignore, site);
+  else
+    crossEntropyLaunch<kGrad, int32_t>(ctx, logits, labels, grad, y, rows,
+                                       classes, ignore, site);
 }
 
 /// Gradient clipping as the CPU's clipCoefficient: max_norm / (norm +
@@ -261,12 +275,8 @@ void pcc_cuda_cross_entropy_f32(pcc_cuda_context *ctx, const float *logits,
                                 const void *labels, float *loss, int64_t rows,
                                 int64_t classes, int64_t ignore_index,
                                 int labels_are_i64, int site) {
-  if (labels_are_i64)
-    crossEntropy<false, int64_t>(ctx, logits, labels, nullptr, loss, rows,
-                                 classes, ignore_index, site);
-  else
-    crossEntropy<false, int32_t>(ctx, logits, labels, nullptr, loss, rows,
-                                 classes, ignore_index, site);
+  crossEntropy<false>(ctx, logits, labels, nullptr, loss, rows, classes,
+                      ignore_index, labels_are_i64, site);
 }
 
 void pcc_cuda_cross_entropy_grad_f32(pcc_cuda_context *ctx, const float *logits,
@@ -274,24 +284,16 @@ void pcc_cuda_cross_entropy_grad_f32(pcc_cuda_context *ctx, const float *logits,
                                      float *y, int64_t rows, int64_t classes,
                                      int64_t ignore_index, int labels_are_i64,
                                      int site) {
-  if (labels_are_i64)
-    crossEntropy<true, int64_t>(ctx, logits, labels, grad, y, rows, classes,
-                                ignore_index, site);
-  else
-    crossEntropy<true, int32_t>(ctx, logits, labels, grad, y, rows, classes,
-                                ignore_index, site);
+  crossEntropy<true>(ctx, logits, labels, grad, y, rows, classes, ignore_index,
+                     labels_are_i64, site);
 }
 
 void pcc_cuda_cross_entropy_bf16(pcc_cuda_context *ctx, const uint16_t *logits,
                                  const void *labels, float *loss, int64_t rows,
                                  int64_t classes, int64_t ignore_index,
                                  int labels_are_i64, int site) {
-  if (labels_are_i64)
-    crossEntropy<false, int64_t>(ctx, logits, labels, nullptr, loss, rows,
-                                 classes, ignore_index, site);
-  else
-    crossEntropy<false, int32_t>(ctx, logits, labels, nullptr, loss, rows,
-                                 classes, ignore_index, site);
+  crossEntropy<false>(ctx, logits, labels, nullptr, loss, rows, classes,
+                      ignore_index, labels_are_i64, site);
 }
 
 void pcc_cuda_cross_entropy_grad_bf16(pcc_cuda_context *ctx,
@@ -300,20 +302,12 @@ void pcc_cuda_cross_entropy_grad_bf16(pcc_cuda_context *ctx,
                                       void *y, int y_is_bf16, int64_t rows,
                                       int64_t classes, int64_t ignore_index,
                                       int labels_are_i64, int site) {
-  auto *half = static_cast<uint16_t *>(y);
-  auto *full = static_cast<float *>(y);
-  if (labels_are_i64 && y_is_bf16)
-    crossEntropy<true, int64_t>(ctx, logits, labels, grad, half, rows, classes,
-                                ignore_index, site);
-  else if (labels_are_i64)
-    crossEntropy<true, int64_t>(ctx, logits, labels, grad, full, rows, classes,
-                                ignore_index, site);
-  else if (y_is_bf16)
-    crossEntropy<true, int32_t>(ctx, logits, labels, grad, half, rows, classes,
-                                ignore_index, site);
+  if (y_is_bf16)
+    crossEntropy<true>(ctx, logits, labels, grad, static_cast<uint16_t *>(y),
+                       rows, classes, ignore_index, labels_are_i64, site);
   else
-    crossEntropy<true, int32_t>(ctx, logits, labels, grad, full, rows, classes,
-                                ignore_index, site);
+    crossEntropy<true>(ctx, logits, labels, grad, static_cast<float *>(y), rows,
+                       classes, ignore_index, labels_are_i64, site);
 }
 
 void pcc_cuda_sgd_f32(pcc_cuda_context *ctx, float *param, const float *grad,
