@@ -834,3 +834,12 @@ func.func @cross_entropy_bf16_loss(%x: tensor<8x16xbf16>, %l: tensor<8xi64>) -> 
   %0 = pcc.cross_entropy %x, %l ignore_index = -100 : tensor<8x16xbf16>, tensor<8xi64> -> tensor<8xbf16>
   return %0 : tensor<8xbf16>
 }
+
+// -----
+
+// Tests that pcc.sum_squares gives a tensor<f32>.
+func.func @sum_squares_result(%g: tensor<8xbf16>) -> tensor<bf16> {
+  // expected-error @below {{sums the squares of an f32 or bf16 tensor into a tensor<f32>}}
+  %0 = pcc.sum_squares %g : tensor<8xbf16> -> tensor<bf16>
+  return %0 : tensor<bf16>
+}
