@@ -1,6 +1,8 @@
 //===- CutSearch.cpp - where to cut a program into pipeline stages --------===//
 
 #include "pcc/Analysis/CutSearch.h"
+#include "pcc/Analysis/CostModel.h"
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
 
 #include <algorithm>
 #include <limits>
@@ -9,6 +11,13 @@
 
 using namespace mlir;
 using namespace mlir::pcc;
+
+int64_t mlir::pcc::cutWeight(Value v) {
+  int64_t bytes = tensorBytes(v);
+  if (auto cast = v.getDefiningOp<CastOp>())
+    bytes = std::max(bytes, tensorBytes(cast.getInput()));
+  return bytes;
+}
 
 /// Where a cut may go: positions with compute on both sides where no more
 /// bytes are live than at the narrowest point between the model's layers

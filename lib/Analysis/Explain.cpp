@@ -67,96 +67,6 @@ std::string grouped(int64_t n) {
 static void explainPipelineMemory(ModuleOp module, const ExplainSettings &s,
                                   llvm::raw_ostream &os);
 
-/// The pools of an unpipelined training step's device memory (and its
-/// host memory under --offload=optimizer), in bytes.
-struct TrainingPools {
-  int64_t weights = 0, grads = 0, optimizer = 0, inputs = 0, saved = 0,
-          arena = 0;
-  /// Mixed precision: the bf16 (or fp16) copies of the products' weights.
-  int64_t copies = 0;
-  const char *copyType = "bf16";
-  /// Offloaded: host memory, and the collectives' results the host reads.
-  int64_t host = 0, crossing = 0;
-  /// Bytes that align the gradients in their buckets.
-  int64_t bucketGaps = 0;
-  bool offloaded = false;
-};
-
-static TrainingPools
-trainingPools(ModuleOp module,
-              const std::optional<pcc::TrainingConfig> &training) {
-  TrainingPools p;
-  llvm::StringMap<int64_t> stateBytes;
-  int64_t &weights = p.weights, &grads = p.grads, &optimizer = p.optimizer,
-          &inputs = p.inputs, &saved = p.saved, &arena = p.arena;
-  // Gradients in a bucket are views of it: the bucket counts, with the
-  // gaps that align each gradient.
-  llvm::StringSet<> inBucket;
-  // --offload=optimizer: state in host memory alone, and host copies.
-  llvm::StringSet<> hostOnly, hostCopy;
-  if (training) {
-    for (const pcc::GradientBucket &bucket : training->buckets)
-      for (const std::string &g : bucket.grads)
-        inBucket.insert(g);
-    for (const std::string &name : training->offloadHost)
-      hostOnly.insert(name);
-    for (const auto *copies :
-         {&training->offloadToHost, &training->offloadToDevice})
-      for (const std::string &name : *copies)
-        hostCopy.insert(name);
-  }
-  bool offloaded = p.offloaded = !hostOnly.empty() || !hostCopy.empty();
-  int64_t &host = p.host, &crossing = p.crossing, &bucketGaps = p.bucketGaps;
-  module.walk([&](pcc::ParamOp param) {
-    if (!stateBytes.insert({param.getName(), getTensorBytes(param.getType())})
-             .second)
-      return;
-    StringRef kind = pcc::splitStateName(param.getName()).second;
-    int64_t bytes = getTensorBytes(param.getType());
-    if (hostCopy.contains(param.getName()))
-      host += bytes;
-    if (hostOnly.contains(param.getName())) {
-      host += bytes;
-      return;
-    }
-    if (inBucket.contains(param.getName())) {
-      bucketGaps -= bytes;
-      return;
-    }
-    if (kind == "bucket")
-      bucketGaps += bytes;
-    if (kind == pcc::kF16CopyState)
-      p.copyType = "fp16";
-    (kind == pcc::kBf16CopyState || kind == pcc::kF16CopyState ? p.copies
-     : kind.empty()                                            ? weights
-     : kind == "grad" || kind == "bucket"                      ? grads
-                                          : optimizer) += bytes;
-  });
-  for (func::FuncOp f : module.getOps<func::FuncOp>()) {
-    auto bytes = f->getAttrOfType<IntegerAttr>(kArenaBytesAttrName);
-    // An offloaded update's arena and inputs are in host memory; the
-    // device holds the outputs of the collectives before it.
-    if (offloaded && f.getSymName() == pcc::kPhaseFunctions[2]) {
-      for (Type t : f.getArgumentTypes())
-        host += getTensorBytes(t);
-      host += bytes ? bytes.getInt() : 0;
-      continue;
-    }
-    if (offloaded && f.getSymName() == pcc::kOffloadPhaseFunctions[0])
-      for (Type t : f.getResultTypes())
-        crossing += getTensorBytes(t);
-    if (bytes)
-      arena = std::max(arena, bytes.getInt());
-    if (f.getSymName() != pcc::kPhaseFunctions[0])
-      continue;
-    for (Type t : f.getArgumentTypes())
-      inputs += getTensorBytes(t);
-    for (Type t : f.getResultTypes().drop_front())
-      saved += getTensorBytes(t);
-  }
-  return p;
-}
-
 /// The ZeRO paper's accounting of model state, in float32: Psi trainable
 /// parameters (those with a gradient), 4 bytes each for the weights and
 /// the gradients, K for the optimizer state (AdamW 8, SGD 4; ZeRO 1 and 2
@@ -164,7 +74,7 @@ trainingPools(ModuleOp module,
 /// partition: K + 4); other weights (running statistics) on top. A
 /// sharded tensor is padded to a multiple of dp elements. Returns Psi.
 static int64_t
-explainModelState(ModuleOp module, const TrainingPools &p, int64_t dp,
+explainModelState(ModuleOp module, const StepMemory &p, int64_t dp,
                   const std::optional<pcc::TrainingConfig> &training,
                   llvm::raw_ostream &os) {
   int64_t weights = p.weights, grads = p.grads, optimizer = p.optimizer,
@@ -328,7 +238,7 @@ static void explainTrainingMemory(ModuleOp module, const ExplainSettings &s,
     return explainPipelineMemory(module, s, os);
   const int64_t tp = s.tp, dp = s.dp;
   std::optional<pcc::TrainingConfig> training = pcc::getTrainingConfig(module);
-  TrainingPools p = trainingPools(module, training);
+  StepMemory p = predictStepMemory(module);
   int64_t weights = p.weights, grads = p.grads, optimizer = p.optimizer,
           inputs = p.inputs, saved = p.saved, arena = p.arena, host = p.host,
           crossing = p.crossing;

@@ -12,6 +12,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
 
 #include <algorithm>
 #include <array>
@@ -120,6 +121,92 @@ std::vector<PipelineRankMemory> predictPipelineMemory(ModuleOp module) {
     mem.other = 8 + 4 * std::max<int64_t>(m, p);
   }
   return out;
+}
+
+StepMemory predictStepMemory(ModuleOp module) {
+  std::optional<TrainingConfig> training = getTrainingConfig(module);
+  StepMemory p;
+  llvm::StringMap<int64_t> stateBytes;
+  int64_t &weights = p.weights, &grads = p.grads, &optimizer = p.optimizer,
+          &inputs = p.inputs, &saved = p.saved, &arena = p.arena;
+  // Gradients in a bucket are views of it: the bucket counts, with the
+  // gaps that align each gradient.
+  llvm::StringSet<> inBucket;
+  // --offload=optimizer: state in host memory alone, and host copies.
+  llvm::StringSet<> hostOnly, hostCopy;
+  if (training) {
+    for (const GradientBucket &bucket : training->buckets)
+      for (const std::string &g : bucket.grads)
+        inBucket.insert(g);
+    for (const std::string &name : training->offloadHost)
+      hostOnly.insert(name);
+    for (const auto *copies :
+         {&training->offloadToHost, &training->offloadToDevice})
+      for (const std::string &name : *copies)
+        hostCopy.insert(name);
+  }
+  bool offloaded = p.offloaded = !hostOnly.empty() || !hostCopy.empty();
+  int64_t &host = p.host, &crossing = p.crossing, &bucketGaps = p.bucketGaps;
+  module.walk([&](ParamOp param) {
+    if (!stateBytes.insert({param.getName(), getTensorBytes(param.getType())})
+             .second)
+      return;
+    StringRef kind = splitStateName(param.getName()).second;
+    int64_t bytes = getTensorBytes(param.getType());
+    if (hostCopy.contains(param.getName()))
+      host += bytes;
+    if (hostOnly.contains(param.getName())) {
+      host += bytes;
+      return;
+    }
+    if (inBucket.contains(param.getName())) {
+      bucketGaps -= bytes;
+      return;
+    }
+    if (kind == "bucket")
+      bucketGaps += bytes;
+    if (kind == kF16CopyState)
+      p.copyType = "fp16";
+    (kind == kBf16CopyState || kind == kF16CopyState ? p.copies
+     : kind.empty()                                  ? weights
+     : kind == "grad" || kind == "bucket"            ? grads
+                                                     : optimizer) += bytes;
+  });
+  for (func::FuncOp f : module.getOps<func::FuncOp>()) {
+    auto bytes = f->getAttrOfType<IntegerAttr>(kArenaBytesAttrName);
+    // An offloaded update's arena and inputs are in host memory; the
+    // device holds the outputs of the collectives before it.
+    if (offloaded && f.getSymName() == kPhaseFunctions[2]) {
+      for (Type t : f.getArgumentTypes())
+        host += getTensorBytes(t);
+      host += bytes ? bytes.getInt() : 0;
+      continue;
+    }
+    if (offloaded && f.getSymName() == kOffloadPhaseFunctions[0])
+      for (Type t : f.getResultTypes())
+        crossing += getTensorBytes(t);
+    if (bytes)
+      arena = std::max(arena, bytes.getInt());
+    if (f.getSymName() != kPhaseFunctions[0])
+      continue;
+    for (Type t : f.getArgumentTypes())
+      inputs += getTensorBytes(t);
+    for (Type t : f.getResultTypes().drop_front())
+      saved += getTensorBytes(t);
+  }
+  return p;
+}
+
+int64_t predictPeakBytes(ModuleOp module) {
+  if (module.lookupSymbol(kPhaseFunctions[0]))
+    return predictStepMemory(module).device();
+  std::vector<PipelineRankMemory> ranks = predictPipelineMemory(module);
+  if (ranks.empty())
+    return -1;
+  int64_t peak = 0;
+  for (const PipelineRankMemory &r : ranks)
+    peak = std::max(peak, r.total());
+  return peak;
 }
 
 } // namespace mlir::pcc

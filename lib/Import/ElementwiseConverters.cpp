@@ -449,12 +449,8 @@ static LogicalResult convertClip(NodeImporter &n) {
   return success();
 }
 
-static LogicalResult convertCast(NodeImporter &n) {
-  int64_t to = n.intAttr("to", 0);
-  Type elementType = convertOnnxElementType(n.getContext(), to);
-  if (!elementType)
-    return n.error() << "Cast to " << onnxElementTypeName(to)
-                     << " is not supported";
+/// Cast's conversion to `elementType` (folded for a constant input).
+static LogicalResult castInputTo(NodeImporter &n, Type elementType) {
   if (const HostTensor *c = n.constant(0)) {
     n.setConstantOutput(0, c->castTo(elementType));
     return success();
@@ -465,6 +461,29 @@ static LogicalResult convertCast(NodeImporter &n) {
   auto type = cast<RankedTensorType>(v->getType());
   n.setOutput(0, n.create<CastOp>(type.clone(elementType), *v));
   return success();
+}
+
+static LogicalResult convertCast(NodeImporter &n) {
+  int64_t to = n.intAttr("to", 0);
+  Type elementType = convertOnnxElementType(n.getContext(), to);
+  if (!elementType)
+    return n.error() << "Cast to " << onnxElementTypeName(to)
+                     << " is not supported";
+  return castInputTo(n, elementType);
+}
+
+/// CastLike: Cast to the element type of the second input (the dynamo
+/// exporter writes it before its graph is optimised).
+static LogicalResult convertCastLike(NodeImporter &n) {
+  if (!n.hasInput(1))
+    return n.error() << "CastLike needs the tensor whose type it takes";
+  if (const HostTensor *like = n.constant(1))
+    return castInputTo(n, like->getElementType());
+  auto like = n.input(1);
+  if (failed(like))
+    return failure();
+  return castInputTo(n,
+                     cast<RankedTensorType>(like->getType()).getElementType());
 }
 
 /// Identity.
@@ -542,6 +561,7 @@ void onnx_import::registerElementwiseConverters(
   table["Gelu"] = convertGelu;
   table["Clip"] = convertClip;
   table["Cast"] = convertCast;
+  table["CastLike"] = convertCastLike;
   table["Identity"] = convertIdentity;
   table["Dropout"] = convertDropout;
 }

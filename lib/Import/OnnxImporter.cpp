@@ -98,15 +98,35 @@ static FailureOr<ModelFile> openModelFile(StringRef path,
 }
 
 static LogicalResult runChecker(const onnx::ModelProto &model, StringRef path,
-                                MLIRContext *context) {
+                                MLIRContext *context, bool shapesOnly) {
   Location loc = FileLineColLoc::get(context, path, 0, 0);
   try {
     // The path form resolves external data next to the model; the
     // ModelProto form would look in the working directory.
-    if (path.ends_with(".onnxtxt"))
+    if (shapesOnly) {
+      // The checker looks for every external file: check a copy in which
+      // each externally stored weight is a graph input of its type.
+      onnx::ModelProto copy = model;
+      auto *graph = copy.mutable_graph();
+      auto *inits = graph->mutable_initializer();
+      for (int i = inits->size() - 1; i >= 0; --i) {
+        const onnx::TensorProto &t = inits->Get(i);
+        if (t.data_location() != onnx::TensorProto::EXTERNAL)
+          continue;
+        onnx::ValueInfoProto *input = graph->add_input();
+        input->set_name(t.name());
+        auto *tensorType = input->mutable_type()->mutable_tensor_type();
+        tensorType->set_elem_type(t.data_type());
+        for (int64_t d : t.dims())
+          tensorType->mutable_shape()->add_dim()->set_dim_value(d);
+        inits->DeleteSubrange(i, 1);
+      }
+      onnx::checker::check_model(copy);
+    } else if (path.ends_with(".onnxtxt")) {
       onnx::checker::check_model(model);
-    else
+    } else {
       onnx::checker::check_model(path.str());
+    }
   } catch (const std::exception &e) {
     std::string message = e.what();
     // The checker appends a long context dump; keep its first lines.
@@ -218,7 +238,10 @@ FailureOr<Value> GraphImporter::materialize(StringRef name, Location loc) {
     return emitError(loc) << "initializer '" << name << "' has element type "
                           << onnxElementTypeName(init.data_type())
                           << ", which is not supported";
-  if (failed(checkTensorData(init, baseDir, loc)))
+  // pcc plan reads shapes alone: an external file need not exist.
+  bool unread =
+      options.shapesOnly && init.data_location() == onnx::TensorProto::EXTERNAL;
+  if (!unread && failed(checkTensorData(init, baseDir, loc)))
     return failure();
   SmallVector<int64_t> shape(init.dims().begin(), init.dims().end());
   // Named after the initializer, not the value: exporters alias shared
@@ -517,7 +540,7 @@ LogicalResult GraphImporter::importInto(ModuleOp module) {
     define(init.name(), std::move(value));
   }
 
-  if (failed(findTransposedCopies()))
+  if (!options.shapesOnly && failed(findTransposedCopies()))
     return failure();
 
   SmallVector<Type> argTypes;
@@ -577,7 +600,8 @@ mlir::pcc::importOnnxFile(StringRef path, MLIRContext *context,
   onnx::ModelProto model;
   if (failed(loadModel(path, context, model)))
     return failure();
-  if (options.runChecker && failed(runChecker(model, path, context)))
+  if (options.runChecker &&
+      failed(runChecker(model, path, context, options.shapesOnly)))
     return failure();
 
   Location loc = FileLineColLoc::get(context, path, 0, 0);

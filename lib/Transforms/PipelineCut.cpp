@@ -131,8 +131,8 @@ CutModel analyse(func::FuncOp main, const CostModel &cost) {
         last = std::max(last, it == m.index.end() ? n : it->second);
       }
       if (last > i) {
-        delta[i + 1] += tensorBytes(r);
-        delta[last + 1] -= tensorBytes(r);
+        delta[i + 1] += cutWeight(r);
+        delta[last + 1] -= cutWeight(r);
       }
     }
   m.crossing.assign(n + 1, 0);

@@ -249,37 +249,66 @@ static cl::opt<std::string> memCap(
              "prints what it chose"),
     cl::init(""), cl::cat(trainCategory));
 
-static const char *kOverview = R"(pcc: the pcc auto-partitioning compiler
+static cl::opt<bool> autoPlan(
+    "auto",
+    cl::desc("with --train: choose the plan (tp, pp and its chunks, dp, ZeRO, "
+             "micro-batches, schedule, recompute, precision) for --devices "
+             "ranks of --device-memory each on --machine, print it with the "
+             "runners-up, and compile it; a plan flag given (--tp=2, "
+             "--precision=fp32, ...) fixes that dimension"),
+    cl::cat(trainCategory));
+static cl::opt<int64_t> devices("devices",
+                                cl::desc("pcc plan and --auto: the ranks "
+                                         "the plan uses (tp x pp x dp)"),
+                                cl::init(0), cl::value_desc("N"),
+                                cl::cat(trainCategory));
+static cl::opt<std::string> deviceMemory(
+    "device-memory",
+    cl::desc("pcc plan and --auto: one rank's memory (such as 80GiB or "
+             "1.2GiB; default: the machine's)"),
+    cl::value_desc("bytes"), cl::cat(trainCategory));
+static cl::opt<std::string> machineFlag(
+    "machine",
+    cl::desc("pcc plan and --auto: the machine model: cpu, h100, h200 or a "
+             "JSON file (pcc calibrate writes one; default: cpu, or h100 "
+             "for --target=cuda)"),
+    cl::value_desc("name|file.json"), cl::cat(trainCategory));
+static cl::opt<int64_t> top("top",
+                            cl::desc("pcc plan and --auto: how many plans to "
+                                     "print (default 5)"),
+                            cl::init(5), cl::cat(trainCategory));
+static cl::opt<int64_t> planCheck(
+    "plan-check",
+    cl::desc("pcc plan and --auto: compile the N best plans and drop those "
+             "whose memory, as the library's analysis predicts it, does not "
+             "fit (default 1; the winner is always checked by --auto)"),
+    cl::init(1), cl::value_desc("N"), cl::cat(trainCategory));
 
-Reads an ONNX model, imports it into the pcc dialect and runs the pipeline.
+static const char *kOverview = R"(pcc: the pcc auto-partitioning compiler
 
 Examples:
   pcc examples/mlp.onnx --batch=2 --emit=mlir
-  pcc examples/gpt.onnx --dim=batch=2 --dim=seq=16 --emit=mlir -o gpt.mlir
-  pcc examples/mlp.onnx --batch=2 --emit=mlir --dump-ir=ir/   # ir/00-import.mlir, ...
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --explain  # memory plan, fusions
   pcc examples/mlp.onnx --batch=2 -o mlp.so                 # mlp.so + mlp.safetensors
   pcc-run mlp.so --input examples/data/mlp.input.npy --output y.npy
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --target=cuda -o gpt.so
-  pcc-run gpt.so --device cuda --input examples/data/gpt.input.npy --bench 100
   pcc examples/gpt.onnx --dim=batch=2 --dim=seq=16 --tp=4 -o gpt4.so
   pcc-run -n 4 gpt4.so --input examples/data/gpt.input.npy    # 4 ranks, mpirun
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --tp=2 --pp=2 --microbatches=4 -o gp.so
-  pcc-run -n 4 gp.so --input examples/data/gpt.batch8.input.npy --trace-svg t.svg
-  pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --pp=2 --pp-chunks=2 --microbatches=4 -o il.so
 
-Training (one device, or any mix of --tp, --pp, --dp and ZeRO):
+Training (one device, or any mix of --tp, --pp, --dp and ZeRO; pcc-run trains):
   pcc export ckpt -o trained.onnx; pcc ckpt inspect|verify ckpt   # ONNX; what it holds, is it sound
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --dp=4 --zero=3 -o z3.so
-  pcc-run -n 4 z3.so --steps 100 --data tokens.bin --seq 16   # ZeRO-3 over 4 ranks
-  pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --tp=2 --dp=4 --zero=3 --sp -o t.so
-  pcc-run -n 8 t.so --steps 100 --data tokens.bin --seq 16 --save-dir ckpt --save-sharded
   pcc examples/gpt.onnx --train --dim=batch=16 --dim=seq=16 --tp=2 --pp=2 --dp=2 --zero=2 --microbatches=4 -o 3d.so
-  pcc-run -n 8 3d.so --steps 100 --data tokens.bin --seq 16 --trace-svg 3d.svg
+  pcc-run -n 8 3d.so --steps 100 --data tokens.bin --seq 16 --save-dir ckpt --trace-svg 3d.svg
   pcc examples/mlp.onnx --train --loss=cross_entropy --optimizer=adamw --batch=8 -o train.so
   pcc-run train.so --steps 200 --input x.npy --labels y.npy --lr 3e-4 --loss-log loss.csv
   pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=64 --microbatches=2 --precision=bf16 -o gpt16.so
-  pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --target=cuda --offload=optimizer -o off.so
+
+Automatic plans (pcc plan searches and prints; --auto also compiles the winner):
+  pcc plan examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --devices=4 --device-memory=64MiB
+  pcc examples/gpt.onnx --train --dim=batch=8 --dim=seq=16 --auto --devices=4 --device-memory=64MiB -o a.so
+  pcc plan big.onnx --train --dim=batch=512 --dim=seq=4096 --devices=1024 --machine=h100 --top=10  # no .onnx.data needed
 
 Exit status: 0 on success, 1 on any error (the message names the file, the
 ONNX node or the option at fault).
@@ -319,6 +348,7 @@ std::string pcctool::readFlags(DriverFlags &driver,
   driver.keepSource = keepSource;
   driver.cudaArch.assign(cudaArch.begin(), cudaArch.end());
   driver.explain = explainPlan;
+  driver.autoPlan = autoPlan;
   if (driver.inputFile.empty())
     return "no input model; usage: pcc model.onnx [options] (see --help)";
 
@@ -352,4 +382,64 @@ std::string pcctool::readFlags(DriverFlags &driver,
              "number of bytes)";
   }
   return o.verify();
+}
+
+std::string pcctool::readPlanFlags(const DriverFlags &driver,
+                                   const pcc::CompileOptions &o,
+                                   pcc::PlanRequest &request) {
+  if (!o.train)
+    return std::string(driver.planOnly ? "pcc plan" : "--auto") +
+           " plans a training step: add --train";
+  if (devices < 1)
+    return std::string(driver.planOnly ? "pcc plan" : "--auto") +
+           " needs --devices=N, the ranks the plan uses";
+  if (o.memCapBytes > 0)
+    return "--mem-cap does not go with --auto or pcc plan: give "
+           "--device-memory and the search fits every rank in it";
+  if (!o.ppCuts.empty())
+    return "--pp-cuts does not go with --auto or pcc plan (the search cuts "
+           "the stages)";
+  std::string name = machineFlag.getNumOccurrences()
+                         ? machineFlag.getValue()
+                         : (o.target == Target::Cpu ? "cpu" : "h100");
+  std::string error;
+  std::optional<pcc::Machine> machine = pcc::Machine::load(name, error);
+  if (!machine)
+    return error;
+  if (!deviceMemory.empty()) {
+    machine->memoryBytes = pcc::parseBytes(deviceMemory);
+    if (machine->memoryBytes <= 0)
+      return "--device-memory=" + deviceMemory +
+             " is not an amount of memory (such as 80GiB, 1.2GiB or a "
+             "number of bytes)";
+  }
+  if (machine->memoryBytes <= machine->reservedBytes)
+    return "machine '" + machine->name +
+           "' does not say how much memory a rank has: give --device-memory";
+  if (top < 1)
+    return "--top must be at least 1";
+  if (planCheck < 0)
+    return "--plan-check must not be negative";
+  request.devices = devices;
+  request.machine = *machine;
+  request.base = o;
+  request.top = top;
+  request.verify =
+      driver.autoPlan ? std::max<int64_t>(1, planCheck) : planCheck.getValue();
+  auto given = [](const auto &flag) { return flag.getNumOccurrences() > 0; };
+  request.fixTp = given(flags.tp);
+  request.fixPp = given(flags.pp);
+  request.fixDp = given(flags.dp);
+  request.fixZero = given(flags.zero);
+  request.fixMicrobatches = given(flags.microbatches);
+  request.fixSchedule = given(flags.schedule);
+  request.fixChunks = given(flags.ppChunks);
+  request.fixRecompute = given(flags.recompute);
+  request.fixPrecision = given(flags.precision);
+  if (request.fixTp && request.fixPp && request.fixDp &&
+      o.tp * o.pp * o.dp != devices)
+    return "--tp=" + std::to_string(o.tp) + " x --pp=" + std::to_string(o.pp) +
+           " x --dp=" + std::to_string(o.dp) +
+           " is not --devices=" + std::to_string(devices.getValue());
+  return "";
 }

@@ -9,6 +9,7 @@
 #define PCC_TOOLS_PCC_FLAGS_H
 
 #include "pcc/Import/OnnxImporter.h"
+#include "pcc/Pipelines/AutoPlan.h"
 #include "pcc/Pipelines/Compile.h"
 
 #include <string>
@@ -27,6 +28,9 @@ struct DriverFlags {
   bool keepSource = false;
   std::vector<std::string> cudaArch;
   bool explain = false;
+  /// `pcc plan` (search and print) or --auto (search, then compile the
+  /// winner).
+  bool planOnly = false, autoPlan = false;
 };
 
 /// Parses the command line (pcc's flags and MLIR's IR-printing ones; --help
@@ -37,6 +41,13 @@ void parseCommandLine(int argc, char **argv);
 /// compile options' verify() included).
 std::string readFlags(DriverFlags &driver, mlir::pcc::OnnxImportOptions &import,
                       mlir::pcc::CompileOptions &compile);
+
+/// The plan search's request from --devices, --device-memory, --machine,
+/// --top and which plan flags the user gave (after readFlags); the
+/// message of the first that is not valid.
+std::string readPlanFlags(const DriverFlags &driver,
+                          const mlir::pcc::CompileOptions &compile,
+                          mlir::pcc::PlanRequest &request);
 
 } // namespace pcctool
 

@@ -13,6 +13,7 @@
 #include "pcc/Analysis/Explain.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Import/OnnxImporter.h"
+#include "pcc/Pipelines/AutoPlan.h"
 #include "pcc/Pipelines/Compile.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -106,13 +107,30 @@ int main(int argc, char **argv) {
   if (argc >= 2 && StringRef(argv[1]) == "ckpt")
     return runCkpt(argc, argv);
   llvm::InitLLVM init(argc, argv);
-  parseCommandLine(argc, argv);
+  // `pcc plan model.onnx ...`: the search alone, on the model's shapes.
+  SmallVector<char *> args(argv, argv + argc);
+  bool planOnly = args.size() >= 2 && StringRef(args[1]) == "plan";
+  if (planOnly)
+    args.erase(args.begin() + 1);
+  parseCommandLine(static_cast<int>(args.size()), args.data());
   DriverFlags flags;
   OnnxImportOptions importOptions;
   CompileOptions options;
   std::string message = readFlags(flags, importOptions, options);
   if (!message.empty())
     return fail(message);
+  flags.planOnly = planOnly;
+  PlanRequest planRequest;
+  if (planOnly || flags.autoPlan) {
+    message = readPlanFlags(flags, options, planRequest);
+    if (!message.empty())
+      return fail(message);
+    if (planOnly &&
+        (flags.emitGiven || flags.explain || flags.outputFile != "-"))
+      return fail("pcc plan prints the plans alone; compile one with --auto "
+                  "(or its flags) and -o");
+    importOptions.shapesOnly = planOnly;
+  }
 
   Emit what = flags.emit;
   if (what == Emit::Auto)
@@ -189,6 +207,24 @@ int main(int argc, char **argv) {
   imported = true;
   if (what == Emit::MlirImported)
     return printModule(**module, flags.outputFile);
+
+  if (planOnly || flags.autoPlan) {
+    planRequest.progress = [](const std::string &line) {
+      llvm::errs() << "pcc: plan: " << line << "\n";
+    };
+    FailureOr<PlanSearchResult> plans = searchPlans(**module, planRequest);
+    if (failed(plans))
+      return 1;
+    // --auto's table goes to standard error: standard output may carry
+    // the IR.
+    printPlans(*plans, planRequest, planOnly ? llvm::outs() : llvm::errs());
+    if (plans->ranked.empty())
+      return fail("no plan for " + std::to_string(planRequest.devices) +
+                  " devices fits in their memory (see above)");
+    if (planOnly)
+      return 0;
+    options = plans->ranked.front().options;
+  }
 
   std::unique_ptr<DumpIrInstrumentation> dumper;
   if (!flags.dumpIr.empty()) {

@@ -13,6 +13,7 @@
 #ifndef PCC_ANALYSIS_CUTSEARCH_H
 #define PCC_ANALYSIS_CUTSEARCH_H
 
+#include "mlir/IR/Value.h"
 #include "llvm/ADT/ArrayRef.h"
 
 #include <cstddef>
@@ -30,6 +31,13 @@ struct CutProfile {
   std::vector<int64_t> crossing;
   size_t size() const { return seconds.empty() ? 0 : seconds.size() - 1; }
 };
+
+/// What a value weighs where the stage cut counts the bytes live across a
+/// position: its bytes, except that a cast's result weighs as its input
+/// (mixed precision casts an activation to bf16 just before a product: that
+/// spot is not narrower than the layers' boundaries, whose residual stays
+/// f32, and taking it for the narrowest would rule them all out).
+int64_t cutWeight(mlir::Value v);
 
 /// Where a cut may go: positions with compute on both sides where no more
 /// bytes are live than at the narrowest point between the model's layers

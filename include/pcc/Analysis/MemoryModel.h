@@ -38,6 +38,36 @@ struct PipelineRankMemory {
   }
 };
 
+/// The pools of an unpipelined training step's device memory (and its
+/// host memory under --offload=optimizer), in bytes, as the runtime
+/// allocates them (pccrt::Trainer): every state tensor, the forward phase's
+/// inputs and saved activations, and one arena for the largest phase.
+struct StepMemory {
+  int64_t weights = 0, grads = 0, optimizer = 0, inputs = 0, saved = 0,
+          arena = 0;
+  /// Mixed precision: the bf16 (or fp16) copies of the products' weights.
+  int64_t copies = 0;
+  const char *copyType = "bf16";
+  /// Offloaded: host memory, and the collectives' results the host reads.
+  int64_t host = 0, crossing = 0;
+  /// Bytes that align the gradients in their buckets.
+  int64_t bucketGaps = 0;
+  bool offloaded = false;
+  /// What one device holds at most (pcc-run's measured high-water mark).
+  int64_t device() const {
+    return weights + grads + optimizer + copies + inputs + saved + arena +
+           crossing;
+  }
+};
+
+/// The pools of an unpipelined training module after pcc-plan-memory.
+StepMemory predictStepMemory(ModuleOp module);
+
+/// The most any rank of a training module after pcc-plan-memory holds
+/// (the largest pipeline rank's, or the unpipelined step's); -1 with an
+/// error emitted when it cannot be predicted.
+int64_t predictPeakBytes(ModuleOp module);
+
 /// Per pipeline rank, from a pipelined training module after
 /// pcc-plan-memory; empty (with an error emitted) when the module is not
 /// one.

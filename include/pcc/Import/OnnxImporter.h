@@ -41,6 +41,10 @@ struct OnnxImportOptions {
   /// mode becomes pcc.dropout. Otherwise it is imported in eval mode, as
   /// torch.nn.Module.eval() runs it (an identity), like batch norm.
   bool training = false;
+  /// Reads shapes alone (pcc plan): a weight stored in an external file
+  /// is not looked for, so a model plans with its `.onnx.data` left out.
+  /// Transposed copies are then not found (each is counted on its own).
+  bool shapesOnly = false;
 };
 
 /// Imports the model at `path`. On failure the error has been reported

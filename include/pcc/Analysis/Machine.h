@@ -1,0 +1,72 @@
+//===- Machine.h - the machine a plan is searched for -----------*- C++ -*-===//
+//
+// What the automatic planner (pcc --auto, pcc plan) prices a plan with: one
+// device's product rate per precision, its memory and memory bandwidth,
+// and the collectives' bandwidth and latency within a node and between
+// nodes. Presets for this project's machine kinds (cpu, h100, h200), or a
+// JSON file that `pcc calibrate` writes or a user edits.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PCC_ANALYSIS_MACHINE_H
+#define PCC_ANALYSIS_MACHINE_H
+
+#include "llvm/ADT/StringRef.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace mlir::pcc {
+
+struct Machine {
+  std::string name = "custom";
+  /// Devices (ranks) per node: tensor parallelism stays within one, and a
+  /// collective whose group spans nodes runs at the inter-node rate.
+  int64_t devicesPerNode = 8;
+  /// Memory of one device, and what its runtime takes beyond pcc's pools
+  /// (CUDA context, NCCL buffers, cuBLAS workspace; 0 on CPU ranks, whose
+  /// measured high-water mark counts pcc's pools alone).
+  int64_t memoryBytes = 0, reservedBytes = 0;
+  /// Product (matmul, attention) rates reached, FLOP/s, per precision, and
+  /// the published dense peaks MFU is reported against.
+  double fp32Flops = 0, bf16Flops = 0, fp32Peak = 0, bf16Peak = 0;
+  /// Bytes per second one device's elementwise kernels move (reads and
+  /// writes), and the seconds each kernel costs beyond its bytes.
+  double memoryBandwidth = 0, kernelSeconds = 0;
+  /// Per-rank bus bandwidth (bytes/s) and latency (s) of a collective
+  /// within a node and across nodes.
+  double intraBandwidth = 0, intraLatency = 0;
+  double interBandwidth = 0, interLatency = 0;
+  /// CPU ranks: cores shared by all the ranks of one node (0: each device
+  /// has its own); with more ranks than cores each rank gets a share of
+  /// the rates above.
+  int64_t cores = 0;
+  /// Whether gradient collectives overlap the backward pass (NCCL on its
+  /// own stream does; MPI over shared memory moves data only in its
+  /// calls).
+  bool overlapsCollectives = false;
+
+  double productFlops(bool bf16) const { return bf16 ? bf16Flops : fp32Flops; }
+  double peakFlops(bool bf16) const { return bf16 ? bf16Peak : fp32Peak; }
+
+  /// The presets: "cpu" (one core of this project's AVX-512/AMX machine
+  /// per rank, MPI over shared memory), "h100" (H100 SXM 80 GB, NVLink,
+  /// 400 Gb/s InfiniBand per GPU), "h200" (its 141 GB, 4.8 TB/s sibling).
+  static std::optional<Machine> preset(llvm::StringRef name);
+  /// The preset names, comma-separated.
+  static const char *presetNames();
+
+  /// A preset's name or a JSON file's path; the message of what is wrong
+  /// otherwise (an unknown key, a value that is not a positive number).
+  static std::optional<Machine> load(llvm::StringRef nameOrPath,
+                                     std::string &error);
+  /// The machine as the JSON `load` reads.
+  std::string toJson() const;
+  /// What is missing or not positive, or "".
+  std::string verify() const;
+};
+
+} // namespace mlir::pcc
+
+#endif // PCC_ANALYSIS_MACHINE_H

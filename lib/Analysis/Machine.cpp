@@ -1,0 +1,198 @@
+//===- Machine.cpp - the machine a plan is searched for -------------------===//
+
+#include "pcc/Analysis/Machine.h"
+
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <thread>
+
+using namespace mlir::pcc;
+
+namespace {
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+/// The numeric fields, by their JSON key.
+template <typename Fn> void forEachField(Machine &m, Fn fn) {
+  fn("devices_per_node", m.devicesPerNode);
+  fn("memory_bytes", m.memoryBytes);
+  fn("reserved_bytes", m.reservedBytes);
+  fn("fp32_flops", m.fp32Flops);
+  fn("bf16_flops", m.bf16Flops);
+  fn("fp32_peak", m.fp32Peak);
+  fn("bf16_peak", m.bf16Peak);
+  fn("memory_bandwidth", m.memoryBandwidth);
+  fn("kernel_seconds", m.kernelSeconds);
+  fn("intra_bandwidth", m.intraBandwidth);
+  fn("intra_latency", m.intraLatency);
+  fn("inter_bandwidth", m.interBandwidth);
+  fn("inter_latency", m.interLatency);
+  fn("cores", m.cores);
+}
+} // namespace
+
+const char *Machine::presetNames() { return "cpu, h100, h200"; }
+
+std::optional<Machine> Machine::preset(llvm::StringRef name) {
+  Machine m;
+  m.name = name.str();
+  if (name == "cpu") {
+    // One rank per core of this project's machine kind (AVX-512 with
+    // AMX-BF16; OpenBLAS SGEMM, pcc's AMX kernels for bf16), MPI over
+    // shared memory; every rank on one host. Measured figures of
+    // docs/benchmarks.md; `pcc calibrate` measures a machine instead.
+    m.devicesPerNode = 1 << 20;
+    m.memoryBytes = 0; // --device-memory says
+    m.fp32Flops = 120e9;
+    m.bf16Flops = 500e9;
+    m.fp32Peak = 160e9;  // 2 AVX-512 FMA units at about 2.5 GHz
+    m.bf16Peak = 2.5e12; // AMX: 1,024 bf16 FLOPs per cycle
+    m.memoryBandwidth = 8e9;
+    m.kernelSeconds = 2e-6;
+    m.intraBandwidth = m.interBandwidth = 4e9;
+    m.intraLatency = m.interLatency = 5e-6;
+    m.cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    m.overlapsCollectives = false;
+    return m;
+  }
+  if (name == "h100" || name == "h200") {
+    // H100 SXM: 989 TFLOP/s dense bf16, 67 fp32 (pcc's fp32 products run
+    // with TF32 off), NVLink 4 through NVSwitch within a node of 8, one
+    // 400 Gb/s InfiniBand link per GPU between nodes. Reached rates are
+    // the fractions large products and NCCL's bus bandwidth reach.
+    m.devicesPerNode = 8;
+    bool h200 = name == "h200";
+    m.memoryBytes = static_cast<int64_t>((h200 ? 139.0 : 79.0) * kGiB);
+    m.reservedBytes = static_cast<int64_t>(2.5 * kGiB);
+    m.fp32Flops = 50e12;
+    m.bf16Flops = 650e12;
+    m.fp32Peak = 67e12;
+    m.bf16Peak = 989e12;
+    m.memoryBandwidth = (h200 ? 4.8e12 : 3.35e12) * 0.8;
+    m.kernelSeconds = 4e-6;
+    m.intraBandwidth = 360e9;
+    m.intraLatency = 10e-6;
+    m.interBandwidth = 45e9;
+    m.interLatency = 20e-6;
+    m.overlapsCollectives = true;
+    return m;
+  }
+  return std::nullopt;
+}
+
+std::string Machine::verify() const {
+  auto positive = [](double v) { return v > 0; };
+  if (devicesPerNode < 1)
+    return "devices_per_node must be at least 1";
+  if (memoryBytes < 0 || reservedBytes < 0 || cores < 0)
+    return "memory_bytes, reserved_bytes and cores must not be negative";
+  for (auto [key, v] : {std::pair{"fp32_flops", fp32Flops},
+                        {"bf16_flops", bf16Flops},
+                        {"fp32_peak", fp32Peak},
+                        {"bf16_peak", bf16Peak},
+                        {"memory_bandwidth", memoryBandwidth},
+                        {"intra_bandwidth", intraBandwidth},
+                        {"inter_bandwidth", interBandwidth}})
+    if (!positive(v))
+      return std::string(key) + " must be a positive number";
+  if (kernelSeconds < 0 || intraLatency < 0 || interLatency < 0)
+    return "kernel_seconds and the latencies must not be negative";
+  return "";
+}
+
+std::optional<Machine> Machine::load(llvm::StringRef nameOrPath,
+                                     std::string &error) {
+  if (std::optional<Machine> m = preset(nameOrPath))
+    return m;
+  auto buffer = llvm::MemoryBuffer::getFile(nameOrPath);
+  if (!buffer) {
+    error = "--machine=" + nameOrPath.str() + " is neither a preset (" +
+            presetNames() +
+            ") nor a readable file: " + buffer.getError().message();
+    return std::nullopt;
+  }
+  llvm::Expected<llvm::json::Value> parsed =
+      llvm::json::parse((*buffer)->getBuffer());
+  if (!parsed) {
+    error = "machine file '" + nameOrPath.str() +
+            "' is not JSON: " + llvm::toString(parsed.takeError());
+    return std::nullopt;
+  }
+  const llvm::json::Object *object = parsed->getAsObject();
+  if (!object) {
+    error = "machine file '" + nameOrPath.str() + "' is not a JSON object";
+    return std::nullopt;
+  }
+  // A file may start from a preset ("base": "h100") and change some fields.
+  Machine m;
+  m.name = nameOrPath.str();
+  if (std::optional<llvm::StringRef> base = object->getString("base")) {
+    std::optional<Machine> b = preset(*base);
+    if (!b) {
+      error = "machine file '" + nameOrPath.str() + "': base '" + base->str() +
+              "' is not a preset (" + presetNames() + ")";
+      return std::nullopt;
+    }
+    m = *b;
+    m.name = nameOrPath.str();
+  }
+  for (const auto &entry : *object) {
+    llvm::StringRef key = entry.first;
+    const llvm::json::Value &value = entry.second;
+    if (key == "base" || key == "name") {
+      if (key == "name" && value.getAsString())
+        m.name = value.getAsString()->str();
+      continue;
+    }
+    if (key == "overlaps_collectives") {
+      std::optional<bool> b = value.getAsBoolean();
+      if (!b) {
+        error = "machine file '" + nameOrPath.str() +
+                "': overlaps_collectives must be true or false";
+        return std::nullopt;
+      }
+      m.overlapsCollectives = *b;
+      continue;
+    }
+    bool known = false;
+    forEachField(m, [&](llvm::StringRef name, auto &field) {
+      if (name != key)
+        return;
+      known = true;
+      std::optional<double> v = value.getAsNumber();
+      if (!v || *v < 0) {
+        error = "machine file '" + nameOrPath.str() + "': " + name.str() +
+                " must be a number >= 0";
+        return;
+      }
+      field = static_cast<std::decay_t<decltype(field)>>(*v);
+    });
+    if (!error.empty())
+      return std::nullopt;
+    if (!known) {
+      error = "machine file '" + nameOrPath.str() + "': unknown key '" +
+              key.str() + "'";
+      return std::nullopt;
+    }
+  }
+  error = m.verify();
+  if (!error.empty()) {
+    error = "machine file '" + nameOrPath.str() + "': " + error;
+    return std::nullopt;
+  }
+  return m;
+}
+
+std::string Machine::toJson() const {
+  llvm::json::Object object;
+  object["name"] = name;
+  Machine copy = *this;
+  forEachField(copy,
+               [&](llvm::StringRef key, auto &field) { object[key] = field; });
+  object["overlaps_collectives"] = overlapsCollectives;
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << llvm::formatv("{0:2}", llvm::json::Value(std::move(object))) << "\n";
+  return text;
+}

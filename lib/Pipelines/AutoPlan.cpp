@@ -1,0 +1,1006 @@
+//===- AutoPlan.cpp - the automatic plan search ---------------------------===//
+//
+// Probes, then numbers (see AutoPlan.h and docs/design-notes.md): a probe
+// is the real compile of the training step on one row per micro-batch at
+// one tensor-parallel degree, precision and recompute policy; every plan
+// with that triple is priced from it without compiling.
+//
+//===----------------------------------------------------------------------===//
+
+#include "pcc/Pipelines/AutoPlan.h"
+
+#include "pcc/Analysis/CostModel.h"
+#include "pcc/Analysis/CutSearch.h"
+#include "pcc/Analysis/MemoryModel.h"
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+#include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
+#include "pcc/Schedule/Schedule.h"
+#include "pcc/Schedule/StashSlots.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <tuple>
+
+using namespace mlir;
+using namespace mlir::pcc;
+namespace sched = ::pcc::schedule;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// Bytes in MiB below a GiB, else in GiB.
+std::string gib(int64_t bytes) {
+  if (bytes < (int64_t(1) << 30))
+    return llvm::formatv("{0:F1} MiB", bytes / 1048576.0).str();
+  return llvm::formatv("{0:F2} GiB", bytes / 1073741824.0).str();
+}
+
+/// Weights, constants and what is computed from them alone: cloned into
+/// every stage that reads them, as pcc-pipeline-cut does.
+bool isClonedGiven(Operation *op, const llvm::DenseSet<Operation *> &cloned) {
+  if (isa<ParamOp, ConstantOp>(op))
+    return true;
+  if (!isPure(op) || op->getNumRegions() != 0 || op->getNumOperands() == 0 ||
+      op->hasTrait<OpTrait::IsTerminator>())
+    return false;
+  return llvm::all_of(op->getOperands(), [&](Value v) {
+    Operation *def = v.getDefiningOp();
+    return def && cloned.contains(def);
+  });
+}
+
+bool isSixteenBit(Type t) {
+  auto shaped = dyn_cast<ShapedType>(t);
+  Type e = shaped ? shaped.getElementType() : t;
+  return e.isBF16() || e.isF16();
+}
+
+/// Prices ops on one rank of a machine.
+struct Pricer {
+  const Machine &machine;
+  /// The share of a CPU machine's cores each rank gets.
+  double share = 1;
+
+  double collective(CollectiveKind kind, int64_t bytes, int64_t ranks,
+                    bool intra) const {
+    if (ranks <= 1 || bytes <= 0)
+      return 0;
+    double part = static_cast<double>(ranks - 1) / static_cast<double>(ranks);
+    if (kind == CollectiveKind::AllReduce)
+      part *= 2;
+    double bw = intra ? machine.intraBandwidth : machine.interBandwidth;
+    double latency = intra ? machine.intraLatency : machine.interLatency;
+    return latency + part * static_cast<double>(bytes) / (bw * share);
+  }
+
+  /// Seconds of one top-level op of a phase; its collective's bytes moved
+  /// are added to `moved`.
+  /// `fixed` gets the part that does not grow with the rows (the kernel's
+  /// launch, the collective's latency).
+  double op(Operation *op, int64_t tp, double &moved, double &fixed) const {
+    if (isa<ParamOp, ConstantOp, ReshapeOp, func::ReturnOp>(op))
+      return 0;
+    if (auto c = dyn_cast<CollectiveOpInterface>(op)) {
+      FailureOr<int64_t> size = getMeshAxisSize(op, c.getMeshAxis());
+      int64_t ranks = succeeded(size) ? *size : tp;
+      double part = ranks > 1 ? static_cast<double>(ranks - 1) / ranks : 0;
+      if (c.getCollectiveKind() == CollectiveKind::AllReduce)
+        part *= 2;
+      moved += part * static_cast<double>(c.getPayloadBytes());
+      fixed += ranks > 1 ? machine.intraLatency : 0;
+      return collective(c.getCollectiveKind(), c.getPayloadBytes(), ranks,
+                        /*intra=*/true);
+    }
+    double bytes = 0;
+    bool sixteen = false;
+    for (Value v : op->getOperands()) {
+      bytes += static_cast<double>(getTensorBytes(v.getType()));
+      sixteen |= isSixteenBit(v.getType());
+    }
+    for (Value v : op->getResults())
+      bytes += static_cast<double>(getTensorBytes(v.getType()));
+    double memory = bytes / (machine.memoryBandwidth * share);
+    double flops = static_cast<double>(opFlops(op));
+    double compute =
+        flops > 0 ? flops / (machine.productFlops(sixteen) * share) : 0;
+    fixed += machine.kernelSeconds;
+    return std::max(memory, compute) + machine.kernelSeconds;
+  }
+};
+
+/// What one probe compile tells: prefix sums over the forward phase's
+/// positions (position c is before op c, as in CutProfile), the step's
+/// totals, and its memory pools. Rows: the probe's micro-batch size.
+struct Probe {
+  std::string error; // why it could not be compiled ("" when it was)
+  int64_t rows = 1;
+  CutProfile cut;              // step seconds, FLOPs, crossing bytes
+  std::vector<double> forward; // forward seconds
+  /// The parts of forward and of the backward's share that do not grow
+  /// with the rows (launches, latencies).
+  std::vector<double> forwardFixed, backwardFixed;
+  std::vector<double> backward; // the backward's share (products twice)
+  std::vector<double> weightGrad;
+  std::vector<int64_t> saved;
+  /// Per weight: its bytes and the positions of the ops reading it.
+  std::vector<std::pair<int64_t, std::vector<size_t>>> weights;
+  int64_t weightBytes = 0, largestWeight = 0;
+  double backwardSeconds = 0, backwardFixedSeconds = 0, optimizerSeconds = 0;
+  double tpSeconds = 0, tpBytes = 0; // per micro-batch, forward + backward
+  double flops = 0;                  // per micro-batch, forward + backward
+  StepMemory pools;
+  /// The largest arena of the per-micro-batch phases, and of the others.
+  int64_t rowArena = 0, stepArena = 0;
+  std::vector<size_t> candidates; // where a stage cut may go
+  size_t size() const { return forward.empty() ? 0 : forward.size() - 1; }
+};
+
+/// Which ops read `v` (through ops computed from weights alone), by
+/// position.
+void usePositions(Value v, const llvm::DenseMap<Operation *, size_t> &index,
+                  const llvm::DenseSet<Operation *> &cloned,
+                  std::vector<size_t> &out) {
+  for (Operation *user : v.getUsers()) {
+    auto it = index.find(user);
+    if (it != index.end())
+      out.push_back(it->second);
+    else if (cloned.contains(user))
+      for (Value r : user->getResults())
+        usePositions(r, index, cloned, out);
+  }
+}
+
+/// Reads a compiled probe module.
+void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, Probe &p) {
+  auto fwd = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[0]);
+  auto bwd = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[1]);
+  if (!fwd || !bwd || !fwd.getBody().hasOneBlock()) {
+    p.error = "the probe compile has no training phases";
+    return;
+  }
+  llvm::DenseSet<Operation *> cloned;
+  std::vector<Operation *> ops;
+  llvm::DenseMap<Operation *, size_t> index;
+  for (Operation &op : fwd.getBody().front()) {
+    if (op.hasTrait<OpTrait::IsTerminator>())
+      continue;
+    if (isClonedGiven(&op, cloned)) {
+      cloned.insert(&op);
+      continue;
+    }
+    index[&op] = ops.size();
+    ops.push_back(&op);
+  }
+  size_t n = ops.size();
+  p.forward.assign(n + 1, 0);
+  p.forwardFixed.assign(n + 1, 0);
+  p.backwardFixed.assign(n + 1, 0);
+  p.backward.assign(n + 1, 0);
+  p.weightGrad.assign(n + 1, 0);
+  p.saved.assign(n + 1, 0);
+  p.cut.seconds.assign(n + 1, 0);
+  p.cut.flops.assign(n + 1, 0);
+  double moved = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double fixed = 0;
+    double f = pricer.op(ops[i], tp, moved, fixed);
+    p.forwardFixed[i + 1] = p.forwardFixed[i] + fixed;
+    p.backwardFixed[i + 1] =
+        p.backwardFixed[i] + fixed * (opFlops(ops[i]) ? 2.0 : 1.0);
+    if (isa<CollectiveOpInterface>(ops[i]))
+      p.tpSeconds += f;
+    int64_t flops = opFlops(ops[i]);
+    // A product reading a weight: its weight's gradient is W's product of
+    // the same FLOPs; the input's gradient is B's.
+    bool readsWeight = llvm::any_of(ops[i]->getOperands(), [&](Value v) {
+      Operation *def = v.getDefiningOp();
+      return def && cloned.contains(def);
+    });
+    p.forward[i + 1] = p.forward[i] + f;
+    p.backward[i + 1] = p.backward[i] + f * (flops ? 2.0 : 1.0);
+    p.weightGrad[i + 1] = p.weightGrad[i] + (flops && readsWeight ? f : 0);
+    p.cut.seconds[i + 1] = p.cut.seconds[i] + f * (flops ? 3.0 : 2.0);
+    // The cut search's layers are the products reading weights (a loss
+    // with FLOPs after the head is no layer to cut before).
+    p.cut.flops[i + 1] = p.cut.flops[i] + (readsWeight ? flops : 0);
+    p.flops += 3.0 * static_cast<double>(flops);
+  }
+  // Saved activations: the forward phase's results after the loss.
+  std::vector<int64_t> savedAt(n + 1, 0);
+  auto ret = cast<func::ReturnOp>(fwd.getBody().front().getTerminator());
+  for (Value v : ret.getOperands().drop_front()) {
+    size_t at = 0;
+    if (Operation *def = v.getDefiningOp()) {
+      auto it = index.find(def);
+      at = it == index.end() ? 0 : it->second;
+    }
+    savedAt[at] += getTensorBytes(v.getType());
+  }
+  for (size_t i = 0; i < n; ++i)
+    p.saved[i + 1] = p.saved[i] + savedAt[i];
+  // Weights (not the optimizer's state), by the ops reading them.
+  llvm::StringSet<> seen;
+  fwd.walk([&](ParamOp param) {
+    if (!splitStateName(param.getName()).second.empty() ||
+        !seen.insert(param.getName()).second)
+      return;
+    std::vector<size_t> at;
+    usePositions(param.getResult(), index, cloned, at);
+    if (at.empty())
+      return;
+    llvm::sort(at);
+    at.erase(std::unique(at.begin(), at.end()), at.end());
+    int64_t bytes = getTensorBytes(param.getType());
+    p.weights.push_back({bytes, std::move(at)});
+    p.weightBytes += bytes;
+    p.largestWeight = std::max(p.largestWeight, bytes);
+  });
+  // Bytes live across each position (values used later; graph inputs live
+  // from the start to their last use), as pcc-pipeline-cut counts them.
+  std::vector<int64_t> delta(n + 2, 0);
+  auto addLive = [&](Value v, size_t from) {
+    std::vector<size_t> at;
+    usePositions(v, index, cloned, at);
+    size_t last = from;
+    for (size_t a : at)
+      last = std::max(last, a);
+    if (last > from || isa<BlockArgument>(v)) {
+      delta[isa<BlockArgument>(v) ? 0 : from + 1] += cutWeight(v);
+      delta[last + 1] -= cutWeight(v);
+    }
+  };
+  for (BlockArgument arg : fwd.getArguments())
+    addLive(arg, 0);
+  for (size_t i = 0; i < n; ++i)
+    for (Value r : ops[i]->getResults())
+      addLive(r, i);
+  p.cut.crossing.assign(n + 1, 0);
+  int64_t live = 0;
+  for (size_t c = 0; c <= n; ++c) {
+    live += delta[c];
+    p.cut.crossing[c] = live;
+  }
+  p.candidates = candidateCuts(p.cut);
+  if (getenv("PCC_PLAN_DEBUG"))
+    for (size_t i = 0; i < n; ++i)
+      llvm::errs() << i << " " << p.cut.crossing[i] << " " << p.cut.flops[i]
+                   << " " << ops[i]->getName() << "\n";
+
+  // The backward and the step's other phases, priced whole.
+  for (Operation &op : bwd.getBody().front()) {
+    double s = pricer.op(&op, tp, moved, p.backwardFixedSeconds);
+    p.backwardSeconds += s;
+    if (isa<CollectiveOpInterface>(&op))
+      p.tpSeconds += s;
+  }
+  for (int phase : {2, 3})
+    if (auto f = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[phase]))
+      for (Operation &op : f.getBody().front()) {
+        double ignored = 0, fixed = 0;
+        p.optimizerSeconds += pricer.op(&op, tp, ignored, fixed);
+      }
+  for (int phase : {0, 1, 2, 3})
+    if (auto f = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[phase]))
+      if (auto a = f->getAttrOfType<IntegerAttr>(kArenaBytesAttrName))
+        (phase < 2 ? p.rowArena : p.stepArena) =
+            std::max(phase < 2 ? p.rowArena : p.stepArena, a.getInt());
+  p.tpBytes = moved;
+  p.pools = predictStepMemory(module);
+}
+
+/// The key of a probe: tensor-parallel degree, precision, recompute.
+using ProbeKey = std::tuple<int64_t, std::string, std::string>;
+
+/// One plan being priced.
+struct Candidate {
+  int64_t tp, pp, chunks, dp, zero, microbatches;
+  sched::Policy policy;
+  std::string precision, recompute;
+};
+
+class Search {
+public:
+  Search(ModuleOp imported, const PlanRequest &request)
+      : imported(imported), request(request),
+        pricer{request.machine,
+               request.machine.cores > 0
+                   ? std::min(1.0, static_cast<double>(request.machine.cores) /
+                                       static_cast<double>(request.devices))
+                   : 1.0} {}
+
+  FailureOr<PlanSearchResult> run();
+
+private:
+  void report(const std::string &line) const {
+    if (request.progress)
+      request.progress(line);
+  }
+  const Probe &probe(int64_t tp, const std::string &precision,
+                     const std::string &recompute);
+  /// The stage cut for `stages` stages over `ranks` pipeline ranks (empty
+  /// when the model has too few cut points).
+  const std::vector<size_t> &cutsFor(const Probe &p, const ProbeKey &key,
+                                     int64_t stages, int64_t ranks);
+  std::optional<PlanPrediction> price(const Candidate &c, bool &overMemory,
+                                      std::string &why);
+  int64_t budget() const {
+    return request.machine.memoryBytes - request.machine.reservedBytes;
+  }
+
+  ModuleOp imported;
+  const PlanRequest &request;
+  Pricer pricer;
+  int64_t batch = 1;
+  std::map<ProbeKey, Probe> probes;
+  std::map<std::tuple<ProbeKey, int64_t, int64_t>, std::vector<size_t>> cuts;
+  /// Per schedule (policy, p, m, v): the generated lists, or "" errors.
+  std::map<std::tuple<int, int64_t, int64_t, int64_t>,
+           std::optional<sched::Schedule>>
+      schedules;
+};
+
+const Probe &Search::probe(int64_t tp, const std::string &precision,
+                           const std::string &recompute) {
+  ProbeKey key{tp, precision, recompute};
+  auto it = probes.find(key);
+  if (it != probes.end())
+    return it->second;
+  Probe &p = probes[key];
+  Clock::time_point start = Clock::now();
+  CompileOptions o = request.base;
+  o.tp = tp;
+  o.pp = 1;
+  o.dp = 1;
+  o.zero = 0;
+  o.ppCuts.clear();
+  o.ppChunks = 1;
+  o.schedule.reset();
+  o.microbatches = batch; // one row per micro-batch
+  o.recompute = recompute;
+  o.precision = precision;
+  o.memCapBytes = 0;
+  o.emitRemarks = false;
+  o.planMemory = true;
+  o.offload = "none";
+  o.bucketMb.reset();
+  p.rows = 1;
+  std::string verified = o.verify();
+  if (!verified.empty()) {
+    p.error = verified;
+    return p;
+  }
+  // The probe's errors are the search's notes, not the user's.
+  std::string firstError;
+  ScopedDiagnosticHandler quiet(imported.getContext(), [&](Diagnostic &d) {
+    if (d.getSeverity() == DiagnosticSeverity::Error && firstError.empty())
+      firstError = d.str();
+    return success();
+  });
+  OwningOpRef<ModuleOp> copy(cast<ModuleOp>(imported->clone()));
+  PassManager pm(imported.getContext(), ModuleOp::getOperationName());
+  buildCompilePipeline(pm, o);
+  if (failed(pm.run(*copy))) {
+    p.error = firstError.empty() ? "the compile failed" : firstError;
+  } else {
+    readProbe(*copy, pricer, tp, p);
+  }
+  report(llvm::formatv(
+             "probe tp={0} {1} recompute={2}: {3}", tp, precision, recompute,
+             p.error.empty() ? llvm::formatv("{0} forward ops, {1:F1} s",
+                                             p.size(), secondsSince(start))
+                                   .str()
+                             : "not possible: " + p.error)
+             .str());
+  return p;
+}
+
+const std::vector<size_t> &Search::cutsFor(const Probe &p, const ProbeKey &key,
+                                           int64_t stages, int64_t ranks) {
+  auto k = std::make_tuple(key, stages, ranks);
+  auto it = cuts.find(k);
+  if (it != cuts.end())
+    return it->second;
+  std::vector<size_t> &out = cuts[k];
+  if (static_cast<int64_t>(p.candidates.size()) < stages - 1)
+    return out;
+  out = balanceStages(p.cut, p.candidates, stages);
+  if (stages > ranks)
+    balanceRanks(p.cut, p.candidates, out, ranks);
+  return out;
+}
+
+std::optional<PlanPrediction>
+Search::price(const Candidate &c, bool &overMemory, std::string &why) {
+  overMemory = false;
+  ProbeKey key{c.tp, c.precision, c.recompute};
+  const Probe &p = probe(c.tp, c.precision, c.recompute);
+  if (!p.error.empty()) {
+    why = p.error;
+    return std::nullopt;
+  }
+  const Machine &m = request.machine;
+  int64_t stages = c.pp * c.chunks;
+  std::vector<size_t> bounds{0};
+  if (stages > 1) {
+    const std::vector<size_t> &cut = cutsFor(p, key, stages, c.pp);
+    if (cut.empty()) {
+      why = std::to_string(stages) + " stages need " +
+            std::to_string(stages - 1) + " cut points; the model has " +
+            std::to_string(p.candidates.size());
+      return std::nullopt;
+    }
+    bounds.insert(bounds.end(), cut.begin(), cut.end());
+  }
+  bounds.push_back(p.size());
+  double rows = static_cast<double>(batch / (c.dp * c.microbatches)) /
+                static_cast<double>(p.rows);
+  // Per stage: F, B, W seconds per micro-batch; saved bytes; weights.
+  auto range = [](const auto &prefix, size_t a, size_t b) {
+    return prefix[b] - prefix[a];
+  };
+  // The backward phase's time, per row and fixed, shared out over the
+  // stages as the forward's ops weigh (products twice: two products each).
+  double perRowTotal = p.backward.back() - p.backwardFixed.back();
+  double rowShare =
+      perRowTotal > 0
+          ? (p.backwardSeconds - p.backwardFixedSeconds) / perRowTotal
+          : 0;
+  double fixedShare = p.backwardFixed.back() > 0
+                          ? p.backwardFixedSeconds / p.backwardFixed.back()
+                          : 0;
+  std::vector<double> f(stages), b(stages), w(stages), transfer(stages, 0);
+  std::vector<int64_t> saved(stages), weights(stages, 0), inBytes(stages, 0),
+      outBytes(stages, 0);
+  for (int64_t k = 0; k < stages; ++k) {
+    size_t lo = bounds[k], hi = bounds[k + 1];
+    double fixedF = range(p.forwardFixed, lo, hi);
+    f[k] = fixedF + (range(p.forward, lo, hi) - fixedF) * rows;
+    double fixedB = range(p.backwardFixed, lo, hi);
+    double back = fixedB * fixedShare +
+                  (range(p.backward, lo, hi) - fixedB) * rowShare * rows;
+    w[k] = std::min(back, range(p.weightGrad, lo, hi) * rows);
+    b[k] = back - w[k];
+    saved[k] = static_cast<int64_t>(
+        std::ceil(static_cast<double>(range(p.saved, lo, hi)) * rows));
+    if (k > 0)
+      inBytes[k] = static_cast<int64_t>(p.cut.crossing[lo] * rows);
+    if (k + 1 < stages)
+      outBytes[k] = static_cast<int64_t>(p.cut.crossing[hi] * rows);
+    for (const auto &[bytes, at] : p.weights) {
+      auto first = std::lower_bound(at.begin(), at.end(), lo);
+      if (first != at.end() && *first < hi)
+        weights[k] += bytes;
+    }
+  }
+  // pp neighbours are tp ranks apart, dp groups tp x pp apart (the mesh
+  // order dp, pp, tp).
+  bool ppIntra = c.tp * c.pp <= m.devicesPerNode;
+  bool dpIntra = c.tp * c.pp * c.dp <= m.devicesPerNode;
+  for (int64_t k = 0; k + 1 < stages; ++k) {
+    double bw = ppIntra ? m.intraBandwidth : m.interBandwidth;
+    transfer[k] = (ppIntra ? m.intraLatency : m.interLatency) +
+                  static_cast<double>(outBytes[k]) / (bw * pricer.share);
+  }
+
+  // The pipeline: each rank's list replayed with these durations.
+  double makespan = 0, busiest = 0;
+  std::vector<std::vector<int32_t>> slotCounts(c.pp), stashCounts(c.pp);
+  if (c.pp == 1) {
+    double one = f[0] + b[0] + w[0];
+    makespan = busiest = one * c.microbatches;
+    slotCounts[0] = {1};
+    stashCounts[0] = {0};
+  } else {
+    auto skey = std::make_tuple(static_cast<int>(c.policy), c.pp,
+                                c.microbatches, c.chunks);
+    auto found = schedules.find(skey);
+    if (found == schedules.end()) {
+      sched::Options so;
+      so.policy = c.policy;
+      so.stages = static_cast<int32_t>(c.pp);
+      so.microbatches = static_cast<int32_t>(c.microbatches);
+      so.chunks = static_cast<int32_t>(c.chunks);
+      sched::GenerateResult g = sched::generate(so);
+      found = schedules.emplace(skey, std::move(g.schedule)).first;
+    }
+    if (!found->second) {
+      why = "no such schedule";
+      return std::nullopt;
+    }
+    const sched::Schedule &s = *found->second;
+    sched::Durations d;
+    d.forwardOf = f;
+    d.backwardOf = b;
+    d.weightGradOf = w;
+    // One transfer time for all the boundaries: the widest.
+    d.transfer = stages > 1
+                     ? *std::max_element(transfer.begin(), transfer.end() - 1)
+                     : 0;
+    sched::SimulateResult sim = sched::simulate(s, d);
+    if (!sim.simulation) {
+      why = "schedule: " + sim.error;
+      return std::nullopt;
+    }
+    makespan = sim.simulation->makespan;
+    for (int64_t r = 0; r < c.pp; ++r) {
+      double work = 0;
+      for (int64_t ch = 0; ch < c.chunks; ++ch) {
+        int64_t k = r + ch * c.pp;
+        work += (f[k] + b[k] + w[k]) * c.microbatches;
+      }
+      busiest = std::max(busiest, work);
+      std::vector<sched::SlotStep> steps;
+      for (const sched::Instr &in : s.ranks[r])
+        if (in.op == sched::Op::Forward || in.op == sched::Op::Backward ||
+            in.op == sched::Op::WeightGrad)
+          steps.push_back({in.chunk, in.microbatch,
+                           in.op == sched::Op::Backward,
+                           in.op == sched::Op::WeightGrad});
+      sched::StashSlots slots =
+          sched::assignStashSlots(steps, static_cast<int32_t>(c.chunks),
+                                  static_cast<int32_t>(c.microbatches));
+      slotCounts[r] = slots.slotCount;
+      stashCounts[r] = slots.stashCount;
+    }
+  }
+
+  // Per pipeline rank: memory, the data-parallel traffic and the update.
+  const StepMemory &pool = p.pools;
+  double weightTotal = static_cast<double>(std::max<int64_t>(1, p.weightBytes));
+  int64_t peak = 0;
+  double dpWorst = 0, optWorst = 0, movedWorst = 0;
+  double d = static_cast<double>(c.dp);
+  for (int64_t r = 0; r < c.pp; ++r) {
+    int64_t rankWeights = 0;
+    double back = 0;
+    for (int64_t ch = 0; ch < c.chunks; ++ch) {
+      int64_t k = r + ch * c.pp;
+      rankWeights += weights[k];
+      back += b[k] + w[k];
+    }
+    double share = static_cast<double>(rankWeights) / weightTotal;
+    double W = pool.weights * share, G = pool.grads * share,
+           O = pool.optimizer * share, C = pool.copies * share;
+    double state = 0;
+    switch (c.zero) {
+    case 0:
+      state = W + G + O + C;
+      break;
+    case 1:
+      state = W + G + C + (O + W) / d;
+      break;
+    case 2:
+      state = W + C + (G + W + O) / d;
+      break;
+    default:
+      state = C + (W + G + O) / d + 2.0 * p.largestWeight;
+      break;
+    }
+    double activations = 0;
+    for (int64_t ch = 0; ch < c.chunks; ++ch) {
+      int64_t k = r + ch * c.pp;
+      double slot = static_cast<double>(saved[k] + inBytes[k] + outBytes[k]) +
+                    (k + 1 < stages ? static_cast<double>(outBytes[k]) : 0);
+      if (c.pp == 1)
+        slot += static_cast<double>(pool.inputs) * rows;
+      activations += slotCounts[r][ch] * slot;
+      activations += stashCounts[r][ch] * 0.5 * saved[k];
+      activations += static_cast<double>(c.microbatches) * inBytes[k];
+    }
+    double arena = std::max(static_cast<double>(p.rowArena) * rows,
+                            static_cast<double>(p.stepArena) * share);
+    auto total = static_cast<int64_t>(state + activations + arena + 4096);
+    peak = std::max(peak, total);
+
+    // Gradients reduced (ZeRO 0: all-reduce; 1-2: reduce-scatter, then the
+    // updated weights all-gathered; 3 also gathers every weight for each
+    // micro-batch's forward and backward).
+    double comm = 0, moved = 0;
+    if (c.dp > 1) {
+      double part = (d - 1) / d;
+      double bytes = 2 * part * G;
+      if (c.zero == 3)
+        bytes += 2.0 * c.microbatches * part * W;
+      moved = bytes;
+      double bw = dpIntra ? m.intraBandwidth : m.interBandwidth;
+      double latency = dpIntra ? m.intraLatency : m.interLatency;
+      double buckets = 1 + G / (25.0 * 1048576.0);
+      comm = buckets * latency + bytes / (bw * pricer.share);
+      // NCCL's buckets run beside the last micro-batch's backward (and
+      // ZeRO-3's prefetched gathers beside the compute); MPI's do not.
+      if (m.overlapsCollectives)
+        comm =
+            std::max(0.1 * comm,
+                     comm - 0.8 * (c.zero == 3 ? back * c.microbatches : back));
+    }
+    dpWorst = std::max(dpWorst, comm);
+    optWorst =
+        std::max(optWorst, p.optimizerSeconds * share / (c.zero ? d : 1.0));
+    movedWorst =
+        std::max(movedWorst, moved + p.tpBytes * rows * c.microbatches * share +
+                                 static_cast<double>(outBytes[r] + inBytes[r]) *
+                                     c.microbatches);
+  }
+
+  PlanPrediction out;
+  CompileOptions &o = out.options;
+  o = request.base;
+  o.tp = c.tp;
+  o.pp = c.pp;
+  o.ppChunks = c.chunks;
+  o.dp = c.dp;
+  o.zero = c.zero;
+  o.microbatches = c.microbatches;
+  o.schedule = c.pp > 1
+                   ? std::optional<std::string>(sched::policyName(c.policy))
+                   : std::nullopt;
+  o.recompute = c.recompute;
+  o.precision = c.precision;
+  o.ppCuts.clear();
+  out.computeSeconds = busiest;
+  out.bubbleSeconds = std::max(0.0, makespan - busiest);
+  out.dpSeconds = dpWorst;
+  out.optimizerSeconds = optWorst;
+  out.stepSeconds = makespan + dpWorst + optWorst;
+  out.tpSeconds = p.tpSeconds * rows * c.microbatches / c.pp;
+  out.peakBytes = peak;
+  out.movedBytes = static_cast<int64_t>(movedWorst);
+  // Model FLOPs: the probe's (per tp rank) over every row of the batch.
+  const Probe &plain = probe(c.tp, c.precision, "none");
+  double modelFlops = (plain.error.empty() ? plain.flops : p.flops) *
+                      static_cast<double>(c.tp) * static_cast<double>(batch) /
+                      p.rows;
+  out.mfu = modelFlops / (out.stepSeconds * request.devices *
+                          m.peakFlops(c.precision != "fp32"));
+  if (peak > budget()) {
+    overMemory = true;
+    why = "needs " + gib(peak) + " per rank";
+  }
+  return out;
+}
+
+/// Why `p` ranks below `best`: its largest extra cost.
+std::string whyBelow(const PlanPrediction &p, const PlanPrediction &best) {
+  std::pair<double, std::string> parts[] = {
+      {p.computeSeconds - best.computeSeconds, "compute"},
+      {p.bubbleSeconds - best.bubbleSeconds, "pipeline bubble"},
+      {p.dpSeconds - best.dpSeconds, "data-parallel traffic"},
+      {p.optimizerSeconds - best.optimizerSeconds, "optimizer update"},
+  };
+  auto worst = std::max_element(
+      std::begin(parts), std::end(parts),
+      [](const auto &a, const auto &b) { return a.first < b.first; });
+  if (worst->first <= 1e-3 * best.stepSeconds)
+    return p.peakBytes > best.peakBytes
+               ? "as fast, " + gib(p.peakBytes - best.peakBytes) +
+                     " more memory"
+               : "as fast";
+  return llvm::formatv("+{0:F1}% {1}", 100 * worst->first / best.stepSeconds,
+                       worst->second)
+      .str();
+}
+
+std::vector<int64_t> powersOfTwoUpTo(int64_t limit) {
+  std::vector<int64_t> out;
+  for (int64_t v = 1; v <= limit; v *= 2)
+    out.push_back(v);
+  return out;
+}
+
+FailureOr<PlanSearchResult> Search::run() {
+  Clock::time_point start = Clock::now();
+  PlanSearchResult result;
+  const CompileOptions &base = request.base;
+  const Machine &m = request.machine;
+  auto main = imported.lookupSymbol<func::FuncOp>("main");
+  if (!main || main.getNumArguments() == 0) {
+    imported.emitError("plan: the model has no inputs to size its batch by");
+    return failure();
+  }
+  auto first = dyn_cast<RankedTensorType>(main.getArgumentTypes()[0]);
+  if (!first || first.getRank() == 0 || first.isDynamicDim(0)) {
+    imported.emitError("plan: the first input's leading dimension (the "
+                       "batch) is not known; bind it with --batch or --dim");
+    return failure();
+  }
+  batch = first.getDimSize(0);
+  int64_t devices = request.devices;
+
+  std::vector<int64_t> tps =
+      request.fixTp ? std::vector<int64_t>{base.tp}
+                    : powersOfTwoUpTo(std::min(devices, m.devicesPerNode));
+  std::vector<std::string> precisions =
+      request.fixPrecision ? std::vector<std::string>{base.precision}
+                           : std::vector<std::string>{"fp32", "bf16"};
+  std::vector<std::string> recomputes =
+      request.fixRecompute
+          ? std::vector<std::string>{base.getRecompute()}
+          : std::vector<std::string>{"none", "selective", "full"};
+  std::vector<sched::Policy> policies;
+  if (request.fixSchedule)
+    policies.push_back(*sched::parsePolicy(base.getSchedule()));
+  else if (request.fixChunks && base.ppChunks > 1)
+    policies.push_back(sched::Policy::Interleaved);
+  else
+    policies = {sched::Policy::OneFOneB, sched::Policy::ZeroBubbleH1,
+                sched::Policy::GPipe, sched::Policy::Interleaved};
+
+  std::vector<PlanPrediction> fitting;
+  std::optional<PlanPrediction> least;
+  // Why plans could not be priced: per reason, how many and one of them.
+  std::map<std::string, std::pair<int64_t, std::string>> notes;
+  auto note = [&](const std::string &reason, const std::string &example) {
+    auto &entry = notes[reason];
+    if (entry.first++ == 0)
+      entry.second = example;
+  };
+  for (int64_t tp : tps) {
+    if (devices % tp)
+      continue;
+    for (const std::string &precision : precisions) {
+      // Recompute only where saving everything does not fit.
+      for (const std::string &recompute : recomputes) {
+        if (!probe(tp, precision, recompute).error.empty()) {
+          note(probe(tp, precision, recompute).error,
+               "tp=" + std::to_string(tp) + " " + precision +
+                   " recompute=" + recompute);
+          continue;
+        }
+        int64_t fitsBefore = static_cast<int64_t>(fitting.size());
+        for (int64_t pp = 1; pp <= devices / tp; ++pp) {
+          if ((devices / tp) % pp || (request.fixPp && pp != base.pp))
+            continue;
+          int64_t dp = devices / (tp * pp);
+          if (request.fixDp && dp != base.dp)
+            continue;
+          if (batch % dp) {
+            ++result.notDividing;
+            note("dp does not divide the batch of " + std::to_string(batch),
+                 "dp=" + std::to_string(dp));
+            continue;
+          }
+          std::vector<int64_t> ms;
+          for (int64_t mb : powersOfTwoUpTo(batch / dp))
+            if ((batch / dp) % mb == 0)
+              ms.push_back(mb);
+          if ((batch / dp) % 3 == 0 || !llvm::is_contained(ms, batch / dp))
+            ms.push_back(batch / dp);
+          if (request.fixMicrobatches)
+            ms = {base.microbatches};
+          std::vector<int64_t> zeros = request.fixZero
+                                           ? std::vector<int64_t>{base.zero}
+                                           : std::vector<int64_t>{0, 1, 2, 3};
+          for (int64_t micro : ms) {
+            if ((batch / dp) % micro) {
+              ++result.notDividing;
+              continue;
+            }
+            for (sched::Policy policy :
+                 pp == 1 ? std::vector<sched::Policy>{sched::Policy::OneFOneB}
+                         : policies) {
+              std::vector<int64_t> chunkList{1};
+              if (policy == sched::Policy::Interleaved)
+                chunkList = request.fixChunks
+                                ? std::vector<int64_t>{base.ppChunks}
+                                : std::vector<int64_t>{2, 4};
+              for (int64_t chunks : chunkList) {
+                if (policy == sched::Policy::Interleaved &&
+                    (pp == 1 || micro % pp))
+                  continue;
+                for (int64_t zero : zeros) {
+                  if (zero > 0 && dp == 1)
+                    continue;
+                  Candidate c{tp,    pp,     chunks,    dp,       zero,
+                              micro, policy, precision, recompute};
+                  CompileOptions check = base;
+                  check.tp = tp, check.pp = pp, check.dp = dp,
+                  check.zero = zero, check.microbatches = micro,
+                  check.ppChunks = chunks;
+                  check.ppCuts.clear();
+                  check.schedule = pp > 1 ? std::optional<std::string>(
+                                                sched::policyName(policy))
+                                          : std::nullopt;
+                  check.precision = precision;
+                  check.recompute = recompute;
+                  std::string conflict = check.verify();
+                  if (!conflict.empty()) {
+                    note(conflict, planFlags(check));
+                    continue;
+                  }
+                  bool over = false;
+                  std::string why;
+                  std::optional<PlanPrediction> priced = price(c, over, why);
+                  if (!priced) {
+                    note(why, planFlags(check));
+                    continue;
+                  }
+                  ++result.priced;
+                  if (over) {
+                    ++result.overMemory;
+                    priced->why = why;
+                    if (!least || priced->peakBytes < least->peakBytes)
+                      least = *priced;
+                    continue;
+                  }
+                  fitting.push_back(std::move(*priced));
+                }
+              }
+            }
+          }
+        }
+        // Saving everything fits somewhere at this tp and precision: more
+        // recomputation only costs time.
+        if (!request.fixRecompute &&
+            static_cast<int64_t>(fitting.size()) > fitsBefore)
+          break;
+      }
+    }
+  }
+  llvm::stable_sort(fitting,
+                    [](const PlanPrediction &a, const PlanPrediction &b) {
+                      // Equal times (ZeRO 1 and 2 often tie): the one needing
+                      // less memory.
+                      if (a.stepSeconds != b.stepSeconds)
+                        return a.stepSeconds < b.stepSeconds;
+                      return a.peakBytes < b.peakBytes;
+                    });
+  report(llvm::formatv("{0} plans priced, {1} fit, in {2:F1} s", result.priced,
+                       fitting.size(), secondsSince(start))
+             .str());
+
+  // The best ones compiled: the library's own analysis has the last word
+  // on memory.
+  int64_t checked = 0;
+  for (size_t i = 0; i < fitting.size() && checked < request.verify;) {
+    PlanPrediction &p = fitting[i];
+    Clock::time_point t0 = Clock::now();
+    std::string firstError;
+    ScopedDiagnosticHandler quiet(imported.getContext(), [&](Diagnostic &d) {
+      if (d.getSeverity() == DiagnosticSeverity::Error && firstError.empty())
+        firstError = d.str();
+      return success();
+    });
+    OwningOpRef<ModuleOp> copy(cast<ModuleOp>(imported->clone()));
+    PassManager pm(imported.getContext(), ModuleOp::getOperationName());
+    CompileOptions o = p.options;
+    o.emitRemarks = false;
+    o.planMemory = true;
+    buildCompilePipeline(pm, o);
+    int64_t compiled = -1;
+    if (succeeded(pm.run(*copy)))
+      compiled = predictPeakBytes(*copy);
+    ++checked;
+    report(llvm::formatv("compiled {0}: {1} in {2:F1} s", planFlags(o),
+                         compiled < 0 ? "failed: " + firstError
+                                      : "peak " + gib(compiled) +
+                                            " per rank (predicted " +
+                                            gib(p.peakBytes) + ")",
+                         secondsSince(t0))
+               .str());
+    if (compiled >= 0 && compiled <= budget()) {
+      p.compiledPeakBytes = compiled;
+      ++i;
+      continue;
+    }
+    note(compiled < 0 ? "dropped: its compile failed: " + firstError
+                      : "dropped: compiled, it needs " + gib(compiled) +
+                            " (predicted " + gib(p.peakBytes) + ")",
+         planFlags(o));
+    fitting.erase(fitting.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  for (size_t i = 0;
+       i < fitting.size() &&
+       static_cast<int64_t>(i) < std::max<int64_t>(1, request.top);
+       ++i) {
+    if (i)
+      fitting[i].why = whyBelow(fitting[i], fitting[0]);
+    result.ranked.push_back(fitting[i]);
+  }
+  if (result.ranked.empty())
+    result.leastMemory = least;
+  for (const auto &[reason, entry] : notes)
+    result.notes.push_back(
+        entry.first == 1 ? entry.second + ": " + reason
+                         : llvm::formatv("{0} plans: {1} (such as {2})",
+                                         entry.first, reason, entry.second)
+                               .str());
+  result.searchSeconds = secondsSince(start);
+  return result;
+}
+
+} // namespace
+
+std::string mlir::pcc::planFlags(const CompileOptions &o) {
+  std::string s = llvm::formatv("--tp={0} --pp={1}", o.tp, o.pp).str();
+  if (o.ppChunks > 1)
+    s += " --pp-chunks=" + std::to_string(o.ppChunks);
+  s += " --dp=" + std::to_string(o.dp);
+  if (o.dp > 1)
+    s += " --zero=" + std::to_string(o.zero);
+  s += " --microbatches=" + std::to_string(o.microbatches);
+  if (o.pp > 1)
+    s += " --schedule=" + o.getSchedule();
+  s += " --recompute=" + o.getRecompute();
+  s += " --precision=" + o.precision;
+  return s;
+}
+
+FailureOr<PlanSearchResult> mlir::pcc::searchPlans(ModuleOp imported,
+                                                   const PlanRequest &request) {
+  std::string machine = request.machine.verify();
+  if (!machine.empty()) {
+    imported.emitError("plan: machine '")
+        << request.machine.name << "': " << machine;
+    return failure();
+  }
+  if (request.devices < 1) {
+    imported.emitError("plan: --devices must be at least 1");
+    return failure();
+  }
+  if (request.machine.memoryBytes <= request.machine.reservedBytes) {
+    imported.emitError("plan: no device memory to plan for (give "
+                       "--device-memory)");
+    return failure();
+  }
+  return Search(imported, request).run();
+}
+
+void mlir::pcc::printPlans(const PlanSearchResult &r, const PlanRequest &q,
+                           llvm::raw_ostream &os) {
+  const Machine &m = q.machine;
+  os << llvm::formatv("pcc plan: {0} devices ({1}), {2} per device", q.devices,
+                      m.name, gib(m.memoryBytes));
+  if (m.reservedBytes)
+    os << " less " << gib(m.reservedBytes) << " for the runtime";
+  os << llvm::formatv("; {0} plans priced in {1:F1} s, {2} over memory\n",
+                      r.priced, r.searchSeconds, r.overMemory);
+  if (r.ranked.empty()) {
+    os << "  no plan fits";
+    if (r.leastMemory)
+      os << ": the least memory, " << planFlags(r.leastMemory->options) << ", "
+         << r.leastMemory->why << " of "
+         << gib(m.memoryBytes - m.reservedBytes);
+    os << "\n";
+  } else {
+    os << "  #  step (s)   MFU   peak/rank  compiled   bubble  "
+          "sent/rank  plan\n";
+    for (auto [i, p] : llvm::enumerate(r.ranked)) {
+      double bubble = p.stepSeconds > 0 ? p.bubbleSeconds / p.stepSeconds : 0;
+      os << llvm::formatv(
+          "  {0,-2} {1,9:F4} {2,5:F1}% {3,10} {4,9} {5,7:F1}% {6,10}  {7}{8}\n",
+          i + 1, p.stepSeconds, 100 * p.mfu, gib(p.peakBytes),
+          p.compiledPeakBytes < 0 ? std::string("-") : gib(p.compiledPeakBytes),
+          100 * bubble,
+          llvm::formatv("{0:F1} MiB", p.movedBytes / 1048576.0).str(),
+          planFlags(p.options), p.why.empty() ? "" : "  (" + p.why + ")");
+    }
+    const PlanPrediction &w = r.ranked.front();
+    os << llvm::formatv("  chosen: {0}\n    predicted step {1:F4} s = compute "
+                        "{2:F4} (tensor-parallel collectives {3:F4}) + "
+                        "bubble {4:F4} + data-parallel {5:F4} + update "
+                        "{6:F4}\n",
+                        planFlags(w.options), w.stepSeconds, w.computeSeconds,
+                        w.tpSeconds, w.bubbleSeconds, w.dpSeconds,
+                        w.optimizerSeconds);
+  }
+  for (const std::string &note : r.notes)
+    os << "  note: " << note << "\n";
+}
