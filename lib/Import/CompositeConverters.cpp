@@ -93,31 +93,30 @@ LogicalResult convertCumSum(NodeImporter &n) {
   bool exclusive = n.intAttr("exclusive", 0) != 0,
        reverse = n.intAttr("reverse", 0) != 0;
   int64_t len = type->getDimSize(*a);
-  auto contributes = [&](int64_t from, int64_t to) {
-    // Whether input position `from` adds into output position `to`.
-    if (reverse)
-      return exclusive ? from > to : from >= to;
-    return exclusive ? from < to : from <= to;
-  };
   if (const HostTensor *c = n.constant(0)) {
+    // One running sum along each line of the axis (in the order of the
+    // sum: backwards for a reverse one), written before or after adding.
     HostTensor out(c->getElementType(), c->getShape());
     SmallVector<int64_t> strides = stridesOf(c->getShape());
     int64_t stride = strides[*a];
     for (int64_t i = 0; i < out.size(); ++i) {
-      int64_t pos = i / stride % len, base = i - pos * stride;
+      if (i / stride % len != 0)
+        continue; // not the first position of its line
       double sum = 0;
       int64_t isum = 0;
-      for (int64_t j = 0; j < len; ++j)
-        if (contributes(j, pos)) {
-          if (out.isFloat())
-            sum += c->getDouble(base + j * stride);
-          else
-            isum += c->getInt(base + j * stride);
+      for (int64_t k = 0; k < len; ++k) {
+        int64_t at = i + (reverse ? len - 1 - k : k) * stride;
+        if (exclusive) {
+          out.isFloat() ? out.setDouble(at, sum) : out.setInt(at, isum);
         }
-      if (out.isFloat())
-        out.setDouble(i, sum);
-      else
-        out.setInt(i, isum);
+        if (out.isFloat())
+          sum += c->getDouble(at);
+        else
+          isum += c->getInt(at);
+        if (!exclusive) {
+          out.isFloat() ? out.setDouble(at, sum) : out.setInt(at, isum);
+        }
+      }
     }
     n.setConstantOutput(0, std::move(out));
     return success();

@@ -404,7 +404,9 @@ GraphImporter::inputTypeOf(const onnx::ValueInfoProto &info) {
     std::string symbol = dim.has_dim_param() ? dim.dim_param() : "";
     auto bound = options.dimBindings.find(symbol);
     std::optional<int64_t> size;
-    if (!symbol.empty() && bound != options.dimBindings.end())
+    if (i == 0 && options.rows)
+      size = *options.rows;
+    else if (!symbol.empty() && bound != options.dimBindings.end())
       size = bound->second;
     else if (i == 0 && options.batch)
       size = *options.batch;

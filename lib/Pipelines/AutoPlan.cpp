@@ -48,18 +48,21 @@ double secondsSince(Clock::time_point start) {
 
 /// Bytes in MiB below a GiB, else in GiB.
 std::string gib(int64_t bytes) {
+  if (bytes < (int64_t(10) << 20))
+    return llvm::formatv("{0:F2} MiB", bytes / 1048576.0).str();
   if (bytes < (int64_t(1) << 30))
     return llvm::formatv("{0:F1} MiB", bytes / 1048576.0).str();
   return llvm::formatv("{0:F2} GiB", bytes / 1073741824.0).str();
 }
 
 /// Weights, constants and what is computed from them alone: cloned into
-/// every stage that reads them, as pcc-pipeline-cut does.
+/// every stage that reads them, as pcc-pipeline-cut does (which runs before
+/// fusion: a fusion of such values is one too).
 bool isClonedGiven(Operation *op, const llvm::DenseSet<Operation *> &cloned) {
   if (isa<ParamOp, ConstantOp>(op))
     return true;
-  if (!isPure(op) || op->getNumRegions() != 0 || op->getNumOperands() == 0 ||
-      op->hasTrait<OpTrait::IsTerminator>())
+  if (!isPure(op) || (op->getNumRegions() != 0 && !isa<FusionOp>(op)) ||
+      op->getNumOperands() == 0 || op->hasTrait<OpTrait::IsTerminator>())
     return false;
   return llvm::all_of(op->getOperands(), [&](Value v) {
     Operation *def = v.getDefiningOp();
@@ -263,8 +266,12 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, Probe &p) {
     for (size_t a : at)
       last = std::max(last, a);
     if (last > from || isa<BlockArgument>(v)) {
-      delta[isa<BlockArgument>(v) ? 0 : from + 1] += cutWeight(v);
-      delta[last + 1] -= cutWeight(v);
+      // As pcc-pipeline-cut weighs it (before fusion: a 16-bit value the
+      // fusion wrote is a cast of its f32 one).
+      int64_t bytes =
+          isSixteenBit(v.getType()) ? 2 * tensorBytes(v) : cutWeight(v);
+      delta[isa<BlockArgument>(v) ? 0 : from + 1] += bytes;
+      delta[last + 1] -= bytes;
     }
   };
   for (BlockArgument arg : fwd.getArguments())
@@ -279,10 +286,13 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, Probe &p) {
     p.cut.crossing[c] = live;
   }
   p.candidates = candidateCuts(p.cut);
-  if (getenv("PCC_PLAN_DEBUG"))
+  if (getenv("PCC_PLAN_DEBUG")) {
     for (size_t i = 0; i < n; ++i)
       llvm::errs() << i << " " << p.cut.crossing[i] << " " << p.cut.flops[i]
                    << " " << ops[i]->getName() << "\n";
+    for (size_t c : p.candidates)
+      llvm::errs() << "cand " << c << "\n";
+  }
 
   // The backward and the step's other phases, priced whole.
   for (Operation &op : bwd.getBody().front()) {
@@ -346,6 +356,11 @@ private:
   }
 
   ModuleOp imported;
+  /// What the probes compile: the model imported at one row, or the
+  /// imported model split into micro-batches of one row.
+  OwningOpRef<ModuleOp> oneRow;
+  ModuleOp probeModule;
+  int64_t probeMicrobatches = 1;
   const PlanRequest &request;
   Pricer pricer;
   int64_t batch = 1;
@@ -373,7 +388,7 @@ const Probe &Search::probe(int64_t tp, const std::string &precision,
   o.ppCuts.clear();
   o.ppChunks = 1;
   o.schedule.reset();
-  o.microbatches = batch; // one row per micro-batch
+  o.microbatches = probeMicrobatches; // one row per micro-batch
   o.recompute = recompute;
   o.precision = precision;
   o.memCapBytes = 0;
@@ -394,7 +409,7 @@ const Probe &Search::probe(int64_t tp, const std::string &precision,
       firstError = d.str();
     return success();
   });
-  OwningOpRef<ModuleOp> copy(cast<ModuleOp>(imported->clone()));
+  OwningOpRef<ModuleOp> copy(cast<ModuleOp>(probeModule->clone()));
   PassManager pm(imported.getContext(), ModuleOp::getOperationName());
   buildCompilePipeline(pm, o);
   if (failed(pm.run(*copy))) {
@@ -579,19 +594,22 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     double share = static_cast<double>(rankWeights) / weightTotal;
     double W = pool.weights * share, G = pool.grads * share,
            O = pool.optimizer * share, C = pool.copies * share;
+    // ZeRO's model state (the optimizer's and a master piece of each
+    // weight sharded from stage 1, the gradients from 2, the weights at 3,
+    // one gathered weight alive besides). In a pipeline the gradients
+    // accumulate whole through the step (--zero-grad-sync=step).
+    double shardedGrads = c.zero >= 2 && c.pp == 1 ? G / d : G;
     double state = 0;
     switch (c.zero) {
     case 0:
       state = W + G + O + C;
       break;
     case 1:
-      state = W + G + C + (O + W) / d;
-      break;
     case 2:
-      state = W + C + (G + W + O) / d;
+      state = W + shardedGrads + C + (O + W) / d;
       break;
     default:
-      state = C + (W + G + O) / d + 2.0 * p.largestWeight;
+      state = C + shardedGrads + (W + O) / d + p.largestWeight;
       break;
     }
     double activations = 0;
@@ -723,6 +741,26 @@ FailureOr<PlanSearchResult> Search::run() {
   }
   batch = first.getDimSize(0);
   int64_t devices = request.devices;
+  probeModule = imported;
+  probeMicrobatches = batch;
+  if (request.importOneRow) {
+    std::string firstError;
+    ScopedDiagnosticHandler quiet(imported.getContext(), [&](Diagnostic &d) {
+      if (d.getSeverity() == DiagnosticSeverity::Error && firstError.empty())
+        firstError = d.str();
+      return success();
+    });
+    FailureOr<OwningOpRef<ModuleOp>> row = request.importOneRow();
+    auto rowMain = succeeded(row) ? (**row).lookupSymbol<func::FuncOp>("main")
+                                  : func::FuncOp();
+    if (rowMain && rowMain.getNumArguments() > 0 &&
+        cast<RankedTensorType>(rowMain.getArgumentTypes()[0]).getDimSize(0) ==
+            1) {
+      oneRow = std::move(*row);
+      probeModule = *oneRow;
+      probeMicrobatches = 1;
+    }
+  }
 
   std::vector<int64_t> tps =
       request.fixTp ? std::vector<int64_t>{base.tp}

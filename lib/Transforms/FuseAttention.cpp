@@ -177,14 +177,23 @@ bool isCausalMask(Value mask) {
   auto dense = dyn_cast<DenseElementsAttr>(cst.getValue());
   if (s != l || !dense || !isa<FloatType>(dense.getElementType()))
     return false;
-  int64_t i = 0;
-  for (APFloat x : dense.getValues<APFloat>()) {
+  auto causalAt = [&](int64_t i, double d) {
     int64_t row = (i / l) % s, col = i % l;
-    double d = x.convertToDouble();
-    if (col <= row ? d != 0.0 : !(d <= -1e30))
-      return false;
-    ++i;
+    return col <= row ? d == 0.0 : d <= -1e30;
+  };
+  if (dense.isSplat()) // a causal mask holds two values unless S = 1
+    return s == 1 && dense.getSplatValue<APFloat>().convertToDouble() == 0.0;
+  int64_t i = 0;
+  // f32 masks read as floats: APFloat per element is slow at S = 2048.
+  if (dense.getElementType().isF32()) {
+    for (float x : dense.getValues<float>())
+      if (!causalAt(i++, x))
+        return false;
+    return true;
   }
+  for (APFloat x : dense.getValues<APFloat>())
+    if (!causalAt(i++, x.convertToDouble()))
+      return false;
   return true;
 }
 

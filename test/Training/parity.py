@@ -111,6 +111,9 @@ def main():
     ap.add_argument("--pp", type=int, default=1,
                     help="pipeline ranks (pcc --pp; the schedule with "
                     "--pcc-args=--schedule=...)")
+    ap.add_argument("--auto", type=int, default=0, metavar="N",
+                    help="let pcc choose the plan for N ranks (pcc --auto "
+                    "--devices=N; --pcc-args gives --device-memory)")
     ap.add_argument("--sp", action="store_true",
                     help="sequence parallelism over the tp ranks (pcc --sp)")
     ap.add_argument("--pcc-args", default="",
@@ -152,13 +155,14 @@ def main():
     if args.stage == "run" and not os.path.exists(lib):
         sys.exit("parity.py: no %s: compile it first (--stage compile)" % lib)
     if args.stage != "run":
+        plan = (["--auto", "--devices=%d" % args.auto] if args.auto else
+                ["--microbatches=%d" % args.microbatches, "--dp=%d" % args.dp,
+                 "--tp=%d" % args.tp, "--pp=%d" % args.pp,
+                 "--zero=%d" % args.zero])
         run([args.pcc, onnx_path(args.model),
              "--train", "--loss=" + loss, "--optimizer=" + args.optimizer,
-             "--microbatches=%d" % args.microbatches,
-             "--target=" + args.target, "--dp=%d" % args.dp,
-             "--tp=%d" % args.tp, "--pp=%d" % args.pp,
-             "--zero=%d" % args.zero, "--precision=" + args.precision,
-             "-o", lib] +
+             "--target=" + args.target, "--precision=" + args.precision,
+             "-o", lib] + plan +
             (["--sp"] if args.sp else []) + args.pcc_args.split() + flags)
     if args.stage == "compile":
         return
@@ -181,7 +185,7 @@ def main():
     inputs = []
     for f in config.get("inputs", ["input.npy"]):
         inputs += ["--input", os.path.join(ref, f)]
-    n = args.dp * args.tp * args.pp
+    n = args.auto or args.dp * args.tp * args.pp
     ranks = ["-n", str(n)] if n > 1 else []
     run([args.pcc_run] + ranks + [lib, "--steps", str(config["steps"]),
          "--device", args.device] + inputs + [

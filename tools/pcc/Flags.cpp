@@ -349,6 +349,10 @@ std::string pcctool::readFlags(DriverFlags &driver,
   driver.cudaArch.assign(cudaArch.begin(), cudaArch.end());
   driver.explain = explainPlan;
   driver.autoPlan = autoPlan;
+  driver.planFlagsGiven =
+      devices.getNumOccurrences() || deviceMemory.getNumOccurrences() ||
+      machineFlag.getNumOccurrences() || top.getNumOccurrences() ||
+      planCheck.getNumOccurrences();
   if (driver.inputFile.empty())
     return "no input model; usage: pcc model.onnx [options] (see --help)";
 

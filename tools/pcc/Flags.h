@@ -31,6 +31,8 @@ struct DriverFlags {
   /// `pcc plan` (search and print) or --auto (search, then compile the
   /// winner).
   bool planOnly = false, autoPlan = false;
+  /// Whether a flag of the plan search was given.
+  bool planFlagsGiven = false;
 };
 
 /// Parses the command line (pcc's flags and MLIR's IR-printing ones; --help

@@ -130,6 +130,9 @@ int main(int argc, char **argv) {
       return fail("pcc plan prints the plans alone; compile one with --auto "
                   "(or its flags) and -o");
     importOptions.shapesOnly = planOnly;
+  } else if (flags.planFlagsGiven) {
+    return fail("--devices, --device-memory, --machine, --top and "
+                "--plan-check go with --auto or pcc plan");
   }
 
   Emit what = flags.emit;
@@ -209,6 +212,12 @@ int main(int argc, char **argv) {
     return printModule(**module, flags.outputFile);
 
   if (planOnly || flags.autoPlan) {
+    planRequest.importOneRow = [&]() {
+      OnnxImportOptions oneRow = importOptions;
+      oneRow.rows = 1;
+      oneRow.runChecker = false; // checked once above
+      return importOnnxFile(flags.inputFile, &context, oneRow);
+    };
     planRequest.progress = [](const std::string &line) {
       llvm::errs() << "pcc: plan: " << line << "\n";
     };

@@ -45,6 +45,10 @@ struct OnnxImportOptions {
   /// is not looked for, so a model plans with its `.onnx.data` left out.
   /// Transposed copies are then not found (each is counted on its own).
   bool shapesOnly = false;
+  /// Binds the leading dimension of every graph input where it is
+  /// symbolic, over `dimBindings` and `batch`: the plan search imports
+  /// one row to price a plan by.
+  std::optional<int64_t> rows;
 };
 
 /// Imports the model at `path`. On failure the error has been reported

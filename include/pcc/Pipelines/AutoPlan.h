@@ -52,6 +52,10 @@ struct PlanRequest {
   /// How many of the best plans to compile and check against the memory
   /// analysis of the library (the first that fits wins); 0: none.
   int64_t verify = 1;
+  /// Imports the model with its batch dimension bound to one row (unset,
+  /// or a model whose batch is not symbolic: the probes split the imported
+  /// batch into micro-batches of one row).
+  std::function<FailureOr<OwningOpRef<ModuleOp>>()> importOneRow;
   /// One line per step of the search (probes, plans priced, checks).
   std::function<void(const std::string &)> progress;
 };
