@@ -17,6 +17,7 @@
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 #include "pcc/Schedule/Schedule.h"
 #include "pcc/Schedule/StashSlots.h"
+#include "pcc/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Diagnostics.h"
@@ -329,12 +330,7 @@ struct Candidate {
 class Search {
 public:
   Search(ModuleOp imported, const PlanRequest &request)
-      : imported(imported), request(request),
-        pricer{request.machine,
-               request.machine.cores > 0
-                   ? std::min(1.0, static_cast<double>(request.machine.cores) /
-                                       static_cast<double>(request.devices))
-                   : 1.0} {}
+      : imported(imported), request(request), pricer{request.machine, 1.0} {}
 
   FailureOr<PlanSearchResult> run();
 
@@ -361,6 +357,8 @@ private:
   OwningOpRef<ModuleOp> oneRow;
   ModuleOp probeModule;
   int64_t probeMicrobatches = 1;
+  /// One tensor-parallel search per degree for all the probes.
+  std::shared_ptr<ShardingMemo> shardingMemo = createShardingMemo();
   const PlanRequest &request;
   Pricer pricer;
   int64_t batch = 1;
@@ -396,6 +394,7 @@ const Probe &Search::probe(int64_t tp, const std::string &precision,
   o.planMemory = true;
   o.offload = "none";
   o.bucketMb.reset();
+  o.shardingMemo = shardingMemo;
   p.rows = 1;
   std::string verified = o.verify();
   if (!verified.empty()) {
@@ -582,6 +581,9 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   double weightTotal = static_cast<double>(std::max<int64_t>(1, p.weightBytes));
   int64_t peak = 0;
   double dpWorst = 0, optWorst = 0, movedWorst = 0;
+  // Every rank's busy time at a whole core's rates (CPU ranks sharing
+  // cores: one rank's bubble is another's compute).
+  double busyTotal = 0;
   double d = static_cast<double>(c.dp);
   for (int64_t r = 0; r < c.pp; ++r) {
     int64_t rankWeights = 0;
@@ -650,8 +652,14 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
                      comm - 0.8 * (c.zero == 3 ? back * c.microbatches : back));
     }
     dpWorst = std::max(dpWorst, comm);
-    optWorst =
-        std::max(optWorst, p.optimizerSeconds * share / (c.zero ? d : 1.0));
+    double update = p.optimizerSeconds * share / (c.zero ? d : 1.0);
+    optWorst = std::max(optWorst, update);
+    double work = 0;
+    for (int64_t ch = 0; ch < c.chunks; ++ch) {
+      int64_t k = r + ch * c.pp;
+      work += (f[k] + b[k] + w[k]) * c.microbatches;
+    }
+    busyTotal += static_cast<double>(c.tp * c.dp) * (work + comm + update);
     movedWorst =
         std::max(movedWorst, moved + p.tpBytes * rows * c.microbatches * share +
                                  static_cast<double>(outBytes[r] + inBytes[r]) *
@@ -678,6 +686,19 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   out.dpSeconds = dpWorst;
   out.optimizerSeconds = optWorst;
   out.stepSeconds = makespan + dpWorst + optWorst;
+  // More CPU ranks than cores: the cores' throughput bounds the step
+  // (the critical path at a whole core's rates stays a lower bound).
+  if (m.cores > 0 && request.devices > m.cores) {
+    double shared = busyTotal / static_cast<double>(m.cores);
+    if (shared > out.stepSeconds) {
+      double scale = shared / out.stepSeconds;
+      out.computeSeconds *= scale;
+      out.dpSeconds *= scale;
+      out.optimizerSeconds *= scale;
+      out.bubbleSeconds = 0; // another rank's work fills it
+      out.stepSeconds = shared;
+    }
+  }
   out.tpSeconds = p.tpSeconds * rows * c.microbatches / c.pp;
   out.peakBytes = peak;
   out.movedBytes = static_cast<int64_t>(movedWorst);
@@ -706,13 +727,17 @@ std::string whyBelow(const PlanPrediction &p, const PlanPrediction &best) {
   auto worst = std::max_element(
       std::begin(parts), std::end(parts),
       [](const auto &a, const auto &b) { return a.first < b.first; });
-  if (worst->first <= 1e-3 * best.stepSeconds)
+  double slower = p.stepSeconds - best.stepSeconds;
+  if (slower <= 1e-3 * best.stepSeconds)
     return p.peakBytes > best.peakBytes
                ? "as fast, " + gib(p.peakBytes - best.peakBytes) +
                      " more memory"
                : "as fast";
-  return llvm::formatv("+{0:F1}% {1}", 100 * worst->first / best.stepSeconds,
-                       worst->second)
+  if (worst->first <= 0)
+    return llvm::formatv("+{0:F1}%", 100 * slower / best.stepSeconds).str();
+  return llvm::formatv("+{0:F1}%: {1} +{2:F1}%",
+                       100 * slower / best.stepSeconds, worst->second,
+                       100 * worst->first / best.stepSeconds)
       .str();
 }
 
@@ -781,7 +806,7 @@ FailureOr<PlanSearchResult> Search::run() {
     policies = {sched::Policy::OneFOneB, sched::Policy::ZeroBubbleH1,
                 sched::Policy::GPipe, sched::Policy::Interleaved};
 
-  std::vector<PlanPrediction> fitting;
+  std::vector<PlanPrediction> fitting, uncertain;
   std::optional<PlanPrediction> least;
   // Why plans could not be priced: per reason, how many and one of them.
   std::map<std::string, std::pair<int64_t, std::string>> notes;
@@ -876,6 +901,11 @@ FailureOr<PlanSearchResult> Search::run() {
                     priced->why = why;
                     if (!least || priced->peakBytes < least->peakBytes)
                       least = *priced;
+                    // The numbers over-predict memory (the arena and the
+                    // activations scale from one row): within twice the
+                    // budget the compile decides.
+                    if (priced->peakBytes <= 2 * budget())
+                      uncertain.push_back(std::move(*priced));
                     continue;
                   }
                   fitting.push_back(std::move(*priced));
@@ -892,6 +922,13 @@ FailureOr<PlanSearchResult> Search::run() {
       }
     }
   }
+  int64_t predictedFits = static_cast<int64_t>(fitting.size());
+  report(llvm::formatv("{0} plans priced, {1} fit, {2} more within twice "
+                       "the memory (the compile decides), in {3:F1} s",
+                       result.priced, predictedFits, uncertain.size(),
+                       secondsSince(start))
+             .str());
+  std::move(uncertain.begin(), uncertain.end(), std::back_inserter(fitting));
   llvm::stable_sort(fitting,
                     [](const PlanPrediction &a, const PlanPrediction &b) {
                       // Equal times (ZeRO 1 and 2 often tie): the one needing
@@ -900,15 +937,25 @@ FailureOr<PlanSearchResult> Search::run() {
                         return a.stepSeconds < b.stepSeconds;
                       return a.peakBytes < b.peakBytes;
                     });
-  report(llvm::formatv("{0} plans priced, {1} fit, in {2:F1} s", result.priced,
-                       fitting.size(), secondsSince(start))
-             .str());
 
-  // The best ones compiled: the library's own analysis has the last word
-  // on memory.
+  // The fastest compiled: the library's own analysis has the last word on
+  // memory. A plan predicted over the budget is taken only once compiled;
+  // when the checks are spent, only plans predicted to fit (the first of
+  // them compiled all the same).
+  // The winner is always compiled (--plan-check=0: none of them).
   int64_t checked = 0;
-  for (size_t i = 0; i < fitting.size() && checked < request.verify;) {
-    PlanPrediction &p = fitting[i];
+  std::vector<PlanPrediction> accepted;
+  for (PlanPrediction &p : fitting) {
+    if (static_cast<int64_t>(accepted.size()) >=
+        std::max<int64_t>(1, request.top))
+      break;
+    bool predictedFit = p.peakBytes <= budget();
+    bool mustCheck = accepted.empty() && predictedFit && request.verify > 0;
+    if (checked >= request.verify && !mustCheck) {
+      if (predictedFit)
+        accepted.push_back(std::move(p));
+      continue;
+    }
     Clock::time_point t0 = Clock::now();
     std::string firstError;
     ScopedDiagnosticHandler quiet(imported.getContext(), [&](Diagnostic &d) {
@@ -921,6 +968,7 @@ FailureOr<PlanSearchResult> Search::run() {
     CompileOptions o = p.options;
     o.emitRemarks = false;
     o.planMemory = true;
+    o.shardingMemo.reset(); // the real search, as the compile will run it
     buildCompilePipeline(pm, o);
     int64_t compiled = -1;
     if (succeeded(pm.run(*copy)))
@@ -935,22 +983,19 @@ FailureOr<PlanSearchResult> Search::run() {
                .str());
     if (compiled >= 0 && compiled <= budget()) {
       p.compiledPeakBytes = compiled;
-      ++i;
+      p.why.clear();
+      accepted.push_back(std::move(p));
       continue;
     }
     note(compiled < 0 ? "dropped: its compile failed: " + firstError
                       : "dropped: compiled, it needs " + gib(compiled) +
                             " (predicted " + gib(p.peakBytes) + ")",
          planFlags(o));
-    fitting.erase(fitting.begin() + static_cast<std::ptrdiff_t>(i));
   }
-  for (size_t i = 0;
-       i < fitting.size() &&
-       static_cast<int64_t>(i) < std::max<int64_t>(1, request.top);
-       ++i) {
+  for (size_t i = 0; i < accepted.size(); ++i) {
     if (i)
-      fitting[i].why = whyBelow(fitting[i], fitting[0]);
-    result.ranked.push_back(fitting[i]);
+      accepted[i].why = whyBelow(accepted[i], accepted[0]);
+    result.ranked.push_back(accepted[i]);
   }
   if (result.ranked.empty())
     result.leastMemory = least;

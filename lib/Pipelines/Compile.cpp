@@ -119,7 +119,7 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
     // forward phase; every phase partitioned with it.
     PlanShardingOptions plan;
     plan.emitRemarks = o.emitRemarks;
-    pm.addNestedPass<func::FuncOp>(createPlanSharding(plan));
+    pm.addNestedPass<func::FuncOp>(createPlanSharding(plan, o.shardingMemo));
     PartitionTrainingOptions partition;
     partition.emitRemarks = o.emitRemarks;
     partition.sequenceParallel = o.sequenceParallel;
@@ -147,7 +147,7 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
   if (o.tp > 1 && !o.train) {
     PlanShardingOptions plan;
     plan.emitRemarks = o.emitRemarks;
-    pm.addNestedPass<func::FuncOp>(createPlanSharding(plan));
+    pm.addNestedPass<func::FuncOp>(createPlanSharding(plan, o.shardingMemo));
     PartitionOptions partition;
     partition.emitRemarks = o.emitRemarks;
     pm.addNestedPass<func::FuncOp>(createPartition(partition));

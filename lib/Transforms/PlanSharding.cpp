@@ -9,9 +9,16 @@
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <mutex>
+
 namespace mlir::pcc {
 #define GEN_PASS_DEF_PLANSHARDING
 #include "pcc/Transforms/Passes.h.inc"
+
+struct ShardingMemo {
+  std::mutex mutex;
+  llvm::StringMap<llvm::StringMap<Shard>> decisions;
+};
 } // namespace mlir::pcc
 
 using namespace mlir;
@@ -50,6 +57,40 @@ std::string roleOf(ParamOp weight, Shard shard) {
 struct PlanShardingPass
     : public mlir::pcc::impl::PlanShardingBase<PlanShardingPass> {
   using PlanShardingBase::PlanShardingBase;
+  PlanShardingPass(const PlanShardingOptions &options,
+                   std::shared_ptr<ShardingMemo> memo)
+      : PlanShardingBase(options), memo(std::move(memo)) {}
+
+  /// The search's decisions, or the memo's for these weights (propagated
+  /// again on this function).
+  SearchResult search(func::FuncOp func, int64_t ranks,
+                      const llvm::MapVector<StringRef, RankedTensorType> &w) {
+    if (!memo || emitRemarks) // the remarks need the search's classes
+      return searchShardings(func, axis, ranks);
+    SmallVector<StringRef> names;
+    for (auto &entry : w)
+      names.push_back(entry.first);
+    llvm::sort(names);
+    std::string key =
+        axis + "=" + std::to_string(ranks) + ":" + llvm::join(names, ",");
+    {
+      std::lock_guard<std::mutex> lock(memo->mutex);
+      auto it = memo->decisions.find(key);
+      if (it != memo->decisions.end()) {
+        SearchResult known;
+        known.decisions = it->second;
+        known.plan = propagateShardings(func, axis, ranks, known.decisions);
+        known.evaluations = 1;
+        return known;
+      }
+    }
+    SearchResult searched = searchShardings(func, axis, ranks);
+    std::lock_guard<std::mutex> lock(memo->mutex);
+    memo->decisions[key] = searched.decisions;
+    return searched;
+  }
+
+  std::shared_ptr<ShardingMemo> memo;
 
   void runOnOperation() override {
     func::FuncOp func = getOperation();
@@ -68,7 +109,7 @@ struct PlanShardingPass
     MLIRContext *context = &getContext();
 
     auto weights = decisionWeights(func);
-    SearchResult search = searchShardings(func, axis, *ranks);
+    SearchResult search = this->search(func, *ranks, weights);
     llvm::StringMap<Shard> &decisions = search.decisions;
     ShardingPlan &best = search.plan;
 
@@ -225,3 +266,13 @@ struct PlanShardingPass
 };
 
 } // namespace
+
+std::shared_ptr<ShardingMemo> mlir::pcc::createShardingMemo() {
+  return std::make_shared<ShardingMemo>();
+}
+
+std::unique_ptr<Pass>
+mlir::pcc::createPlanSharding(const PlanShardingOptions &options,
+                              std::shared_ptr<ShardingMemo> memo) {
+  return std::make_unique<PlanShardingPass>(options, std::move(memo));
+}

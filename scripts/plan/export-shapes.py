@@ -112,7 +112,7 @@ def main():
         count = 1
         for d in shape:
             count *= int(d)
-        length = count * dtype.itemsize
+        length = int(count * dtype.itemsize)
         for key, val in (("location", data), ("offset", str(offset)),
                          ("length", str(length))):
             entry = t.external_data.add()

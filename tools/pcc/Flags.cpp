@@ -279,9 +279,9 @@ static cl::opt<int64_t> top("top",
                             cl::init(5), cl::cat(trainCategory));
 static cl::opt<int64_t> planCheck(
     "plan-check",
-    cl::desc("pcc plan and --auto: compile the N best plans and drop those "
-             "whose memory, as the library's analysis predicts it, does not "
-             "fit (default 1; the winner is always checked by --auto)"),
+    cl::desc("pcc plan and --auto: compile the N fastest plans (also those "
+             "predicted up to twice over the memory) and keep those the "
+             "library's memory analysis fits (default 1)"),
     cl::init(1), cl::value_desc("N"), cl::cat(trainCategory));
 
 static const char *kOverview = R"(pcc: the pcc auto-partitioning compiler

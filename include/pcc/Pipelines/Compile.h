@@ -17,12 +17,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 namespace mlir::pcc {
+
+struct ShardingMemo;
 
 /// What the model library runs on (pcc --target).
 enum class DeviceTarget { Cpu, Cuda, All };
@@ -83,6 +86,9 @@ struct CompileOptions {
   DeviceTarget target = DeviceTarget::Cpu;
   /// The planners explain themselves in remarks (pcc --explain).
   bool emitRemarks = false;
+  /// Shared by compiles of one model (the plan search's probes): the
+  /// tensor-parallel search runs once per degree and set of weights.
+  std::shared_ptr<ShardingMemo> shardingMemo;
   /// Fuse elementwise ops and plan each function's memory: what code
   /// generation and the memory predictions read (pcc does unless it only
   /// prints the IR).
