@@ -691,11 +691,10 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   if (m.cores > 0 && request.devices > m.cores) {
     double shared = busyTotal / static_cast<double>(m.cores);
     if (shared > out.stepSeconds) {
-      double scale = shared / out.stepSeconds;
-      out.computeSeconds *= scale;
-      out.dpSeconds *= scale;
-      out.optimizerSeconds *= scale;
-      out.bubbleSeconds = 0; // another rank's work fills it
+      // Another rank's work fills the bubble; the compute is what the
+      // shared cores take beyond this rank's traffic and update.
+      out.bubbleSeconds = 0;
+      out.computeSeconds = shared - out.dpSeconds - out.optimizerSeconds;
       out.stepSeconds = shared;
     }
   }

@@ -11,6 +11,7 @@
 #include "pcc/Transforms/Sharding.h"
 
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/STLExtras.h"
 
 namespace mlir::pcc {
@@ -54,6 +55,75 @@ DenseElementsAttr pieceOf(DenseElementsAttr attr, int64_t dim, int64_t stripes,
   pieceShape[dim] = stripes * chunk;
   return DenseElementsAttr::get(
       RankedTensorType::get(pieceShape, type.getElementType()), piece);
+}
+
+/// The micro-batch piece of `v` along `dim` (of m equal pieces), rebuilt
+/// from its constants' pieces, when `v` is computed by elementwise ops and
+/// broadcasts from constants whose pieces are all the same: then every
+/// micro-batch's slice is the same too. The exporters' causal masks at
+/// long sequences are such values (aranges repeated over the batch,
+/// compared and selected, too large to fold while importing).
+FailureOr<Value> uniformPiece(Value v, int64_t dim, int64_t m, OpBuilder &b,
+                              IRMapping &done, int depth) {
+  if (Value known = done.lookupOrNull(v))
+    return known;
+  auto type = dyn_cast<RankedTensorType>(v.getType());
+  Operation *def = v.getDefiningOp();
+  if (!type || !def || depth > 64 || type.getRank() <= dim ||
+      type.getDimSize(dim) % m != 0)
+    return failure();
+  SmallVector<int64_t> shape(type.getShape());
+  shape[dim] /= m;
+  auto pieceType = RankedTensorType::get(shape, type.getElementType());
+  Value out;
+  if (auto cst = dyn_cast<ConstantOp>(def)) {
+    auto dense = dyn_cast<DenseElementsAttr>(cst.getValue());
+    if (!dense)
+      return failure();
+    if (dense.isSplat()) {
+      out = ConstantOp::create(b, cst.getLoc(), dense.resizeSplat(pieceType))
+                .getResult();
+    } else {
+      DenseElementsAttr piece = pieceOf(dense, dim, 1, m, 0);
+      for (int64_t r = 1; r < m; ++r)
+        if (pieceOf(dense, dim, 1, m, r) != piece)
+          return failure();
+      out = ConstantOp::create(b, cst.getLoc(), piece).getResult();
+    }
+  } else if (auto bc = dyn_cast<BroadcastOp>(def)) {
+    auto inType = cast<RankedTensorType>(bc.getInput().getType());
+    int64_t inDim = dim - (type.getRank() - inType.getRank());
+    Value input = bc.getInput();
+    if (inDim >= 0 && inType.getDimSize(inDim) != 1) {
+      FailureOr<Value> piece =
+          uniformPiece(input, inDim, m, b, done, depth + 1);
+      if (failed(piece))
+        return failure();
+      input = *piece;
+    }
+    out = BroadcastOp::create(b, bc.getLoc(), pieceType, input).getResult();
+  } else if (def->hasTrait<OpTrait::Elementwise>() &&
+             def->getNumResults() == 1 && def->getNumRegions() == 0 &&
+             isPure(def)) {
+    IRMapping operands;
+    for (Value operand : def->getOperands()) {
+      auto t = dyn_cast<RankedTensorType>(operand.getType());
+      if (!t || t.getShape() != type.getShape())
+        return failure();
+      FailureOr<Value> piece =
+          uniformPiece(operand, dim, m, b, done, depth + 1);
+      if (failed(piece))
+        return failure();
+      operands.map(operand, *piece);
+    }
+    Operation *copy = b.clone(*def, operands);
+    copy->getResult(0).setType(pieceType);
+    out = copy->getResult(0);
+  } else {
+    return failure();
+  }
+  done.map(v, out);
+  return out;
 }
 
 struct SplitBatchPass
@@ -235,6 +305,32 @@ struct SplitBatchPass
           slice.replaceAllUsesWith(
               ConstantOp::create(b, slice.getLoc(), piece).getResult());
           slice.erase();
+          return;
+        }
+      }
+      if (stripes == 1) {
+        OpBuilder b(slice);
+        IRMapping done;
+        FailureOr<Value> piece =
+            uniformPiece(slice.getInput(), dim, m, b, done, 0);
+        if (succeeded(piece) && piece->getType() == slice.getType()) {
+          Value whole = slice.getInput();
+          slice.replaceAllUsesWith(*piece);
+          slice.erase();
+          // The whole-batch ops the piece replaced, where nothing else
+          // reads them (constants go below).
+          SmallVector<Operation *> work;
+          if (Operation *def = whole.getDefiningOp())
+            work.push_back(def);
+          while (!work.empty()) {
+            Operation *op = work.pop_back_val();
+            if (!op->use_empty() || !isPure(op) || isa<ConstantOp>(op))
+              continue;
+            for (Value operand : op->getOperands())
+              if (Operation *def = operand.getDefiningOp())
+                work.push_back(def);
+            op->erase();
+          }
           return;
         }
       }

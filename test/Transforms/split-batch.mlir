@@ -85,3 +85,48 @@ func.func @seq_first_in(%x: tensor<5x4x8xf32> {pcc.name = "x"}) -> (tensor<5x4x8
 func.func @two_batches(%x: tensor<4x8xf32> {pcc.name = "x"}, %m: tensor<3x5xf32> {pcc.name = "m"}) -> (tensor<4x8xf32> {pcc.name = "y"}) {
   return %x : tensor<4x8xf32>
 }
+
+// -----
+
+// A mask computed from constants rather than folded (the exporters' causal
+// masks past the importer's folding limit): aranges repeated over the
+// batch, broadcast, compared and selected. Every micro-batch's slice is the
+// same, so its program computes the mask's piece from the constants'
+// pieces.
+// CHECK-LABEL: func.func @computed_mask
+// CHECK-DAG: %[[Q:.*]] = pcc.constant dense<{{.*}}> : tensor<2x4x1xi64>
+// CHECK-DAG: %[[K:.*]] = pcc.constant dense<{{.*}}> : tensor<1x4xi64>
+// CHECK-DAG: %[[BQ:.*]] = pcc.broadcast %[[Q]] : tensor<2x4x1xi64> -> tensor<2x4x4xi64>
+// CHECK-DAG: %[[BK:.*]] = pcc.broadcast %[[K]] : tensor<1x4xi64> -> tensor<2x4x4xi64>
+// CHECK: %[[C:.*]] = pcc.compare le, %[[BK]], %[[BQ]] : tensor<2x4x4xi64>
+// CHECK: %[[M:.*]] = pcc.select %[[C]], %{{.*}}, %{{.*}} : tensor<2x4x4xi1>, tensor<2x4x4xf32>
+// CHECK: pcc.add %{{.*}}, %[[M]] : tensor<2x4x4xf32>
+// CHECK-NOT: tensor<4x4x4
+func.func @computed_mask(%x: tensor<4x4x4xf32> {pcc.name = "x"}) -> (tensor<4x4x4xf32> {pcc.name = "y"}) {
+  %q = pcc.constant dense<[[[0], [1], [2], [3]], [[0], [1], [2], [3]], [[0], [1], [2], [3]], [[0], [1], [2], [3]]]> : tensor<4x4x1xi64>
+  %k = pcc.constant dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>
+  %bq = pcc.broadcast %q : tensor<4x4x1xi64> -> tensor<4x4x4xi64>
+  %bk = pcc.broadcast %k : tensor<1x4xi64> -> tensor<4x4x4xi64>
+  %c = pcc.compare le, %bk, %bq : tensor<4x4x4xi64>
+  %zero = pcc.constant dense<0.0> : tensor<4x4x4xf32>
+  %low = pcc.constant dense<-1.0e30> : tensor<4x4x4xf32>
+  %m = pcc.select %c, %zero, %low : tensor<4x4x4xi1>, tensor<4x4x4xf32>
+  %y = pcc.add %x, %m : tensor<4x4x4xf32>
+  return %y : tensor<4x4x4xf32>
+}
+
+// -----
+
+// The same with rows that differ between micro-batches: refused.
+func.func @differing_mask(%x: tensor<4x4xf32> {pcc.name = "x"}) -> (tensor<4x4xf32> {pcc.name = "y"}) {
+  %q = pcc.constant dense<[[0], [1], [2], [3]]> : tensor<4x1xi64>
+  %bq = pcc.broadcast %q : tensor<4x1xi64> -> tensor<4x4xi64>
+  %k = pcc.constant dense<2> : tensor<4x4xi64>
+  %c = pcc.compare le, %bq, %k : tensor<4x4xi64>
+  %zero = pcc.constant dense<0.0> : tensor<4x4xf32>
+  %low = pcc.constant dense<-1.0e30> : tensor<4x4xf32>
+  // expected-error @+1 {{cannot split the batch into micro-batches: this value is sliced along the batch, and its slices differ between micro-batches}}
+  %m = pcc.select %c, %zero, %low : tensor<4x4xi1>, tensor<4x4xf32>
+  %y = pcc.add %x, %m : tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}
