@@ -341,12 +341,27 @@ private:
   }
   const Probe &probe(int64_t tp, const std::string &precision,
                      const std::string &recompute);
-  /// The stage cut for `stages` stages over `ranks` pipeline ranks (empty
-  /// when the model has too few cut points).
-  const std::vector<size_t> &cutsFor(const Probe &p, const ProbeKey &key,
-                                     int64_t stages, int64_t ranks);
+  /// A stage cut and the weight bytes each stage reads.
+  struct StageCut {
+    std::vector<size_t> bounds; // stages + 1 positions
+    std::vector<int64_t> weights;
+  };
+  /// The stage cut for `stages` stages over `ranks` pipeline ranks (no
+  /// bounds when the model has too few cut points).
+  const StageCut &cutsFor(const Probe &p, const ProbeKey &key, int64_t stages,
+                          int64_t ranks);
+  /// A schedule replayed: the makespan, the busiest rank's compute, and
+  /// each rank's stash slots and B-to-W sets per chunk.
+  struct Replay {
+    std::optional<std::string> error;
+    double makespan = 0, busiest = 0;
+    std::vector<std::vector<int32_t>> slotCounts, stashCounts;
+  };
   std::optional<PlanPrediction> price(const Candidate &c, bool &overMemory,
                                       std::string &why);
+  Replay replay(const Candidate &c, const std::vector<double> &f,
+                const std::vector<double> &b, const std::vector<double> &w,
+                const std::vector<double> &transfer);
   int64_t budget() const {
     return request.machine.memoryBytes - request.machine.reservedBytes;
   }
@@ -363,7 +378,12 @@ private:
   Pricer pricer;
   int64_t batch = 1;
   std::map<ProbeKey, Probe> probes;
-  std::map<std::tuple<ProbeKey, int64_t, int64_t>, std::vector<size_t>> cuts;
+  std::map<std::tuple<ProbeKey, int64_t, int64_t>, StageCut> cuts;
+  /// Per probe, pp, chunks, dp, micro-batches and schedule: the replay
+  /// (the same for every ZeRO stage).
+  std::map<std::tuple<ProbeKey, int64_t, int64_t, int64_t, int64_t, int>,
+           Replay>
+      replays;
   /// Per schedule (policy, p, m, v): the generated lists, or "" errors.
   std::map<std::tuple<int, int64_t, int64_t, int64_t>,
            std::optional<sched::Schedule>>
@@ -426,18 +446,97 @@ const Probe &Search::probe(int64_t tp, const std::string &precision,
   return p;
 }
 
-const std::vector<size_t> &Search::cutsFor(const Probe &p, const ProbeKey &key,
-                                           int64_t stages, int64_t ranks) {
+const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
+                                        int64_t stages, int64_t ranks) {
   auto k = std::make_tuple(key, stages, ranks);
   auto it = cuts.find(k);
   if (it != cuts.end())
     return it->second;
-  std::vector<size_t> &out = cuts[k];
-  if (static_cast<int64_t>(p.candidates.size()) < stages - 1)
+  StageCut &out = cuts[k];
+  std::vector<size_t> cut;
+  if (stages > 1) {
+    if (static_cast<int64_t>(p.candidates.size()) < stages - 1)
+      return out;
+    cut = balanceStages(p.cut, p.candidates, stages);
+    if (stages > ranks)
+      balanceRanks(p.cut, p.candidates, cut, ranks);
+  }
+  out.bounds.push_back(0);
+  out.bounds.insert(out.bounds.end(), cut.begin(), cut.end());
+  out.bounds.push_back(p.size());
+  out.weights.assign(static_cast<size_t>(stages), 0);
+  for (int64_t k = 0; k < stages; ++k) {
+    size_t lo = out.bounds[k], hi = out.bounds[k + 1];
+    for (const auto &[bytes, at] : p.weights) {
+      auto first = std::lower_bound(at.begin(), at.end(), lo);
+      if (first != at.end() && *first < hi)
+        out.weights[k] += bytes;
+    }
+  }
+  return out;
+}
+
+Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
+                              const std::vector<double> &b,
+                              const std::vector<double> &w,
+                              const std::vector<double> &transfer) {
+  Replay out;
+  out.slotCounts.resize(static_cast<size_t>(c.pp));
+  out.stashCounts.resize(static_cast<size_t>(c.pp));
+  if (c.pp == 1) {
+    out.makespan = out.busiest = (f[0] + b[0] + w[0]) * c.microbatches;
+    out.slotCounts[0] = {1};
+    out.stashCounts[0] = {0};
     return out;
-  out = balanceStages(p.cut, p.candidates, stages);
-  if (stages > ranks)
-    balanceRanks(p.cut, p.candidates, out, ranks);
+  }
+  auto skey = std::make_tuple(static_cast<int>(c.policy), c.pp, c.microbatches,
+                              c.chunks);
+  auto found = schedules.find(skey);
+  if (found == schedules.end()) {
+    sched::Options so;
+    so.policy = c.policy;
+    so.stages = static_cast<int32_t>(c.pp);
+    so.microbatches = static_cast<int32_t>(c.microbatches);
+    so.chunks = static_cast<int32_t>(c.chunks);
+    sched::GenerateResult g = sched::generate(so);
+    found = schedules.emplace(skey, std::move(g.schedule)).first;
+  }
+  if (!found->second) {
+    out.error = "no such schedule";
+    return out;
+  }
+  const sched::Schedule &s = *found->second;
+  sched::Durations d;
+  d.forwardOf = f;
+  d.backwardOf = b;
+  d.weightGradOf = w;
+  // One transfer time for all the boundaries: the widest.
+  d.transfer = *std::max_element(transfer.begin(), transfer.end() - 1);
+  sched::SimulateResult sim = sched::simulate(s, d);
+  if (!sim.simulation) {
+    out.error = "schedule: " + sim.error;
+    return out;
+  }
+  out.makespan = sim.simulation->makespan;
+  for (int64_t r = 0; r < c.pp; ++r) {
+    double work = 0;
+    for (int64_t ch = 0; ch < c.chunks; ++ch) {
+      int64_t k = r + ch * c.pp;
+      work += (f[k] + b[k] + w[k]) * c.microbatches;
+    }
+    out.busiest = std::max(out.busiest, work);
+    std::vector<sched::SlotStep> steps;
+    for (const sched::Instr &in : s.ranks[r])
+      if (in.op == sched::Op::Forward || in.op == sched::Op::Backward ||
+          in.op == sched::Op::WeightGrad)
+        steps.push_back({in.chunk, in.microbatch, in.op == sched::Op::Backward,
+                         in.op == sched::Op::WeightGrad});
+    sched::StashSlots slots =
+        sched::assignStashSlots(steps, static_cast<int32_t>(c.chunks),
+                                static_cast<int32_t>(c.microbatches));
+    out.slotCounts[r] = slots.slotCount;
+    out.stashCounts[r] = slots.stashCount;
+  }
   return out;
 }
 
@@ -452,18 +551,15 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   }
   const Machine &m = request.machine;
   int64_t stages = c.pp * c.chunks;
-  std::vector<size_t> bounds{0};
-  if (stages > 1) {
-    const std::vector<size_t> &cut = cutsFor(p, key, stages, c.pp);
-    if (cut.empty()) {
-      why = std::to_string(stages) + " stages need " +
-            std::to_string(stages - 1) + " cut points; the model has " +
-            std::to_string(p.candidates.size());
-      return std::nullopt;
-    }
-    bounds.insert(bounds.end(), cut.begin(), cut.end());
+  const StageCut &stageCut = cutsFor(p, key, stages, c.pp);
+  if (stageCut.bounds.empty()) {
+    why = std::to_string(stages) + " stages need " +
+          std::to_string(stages - 1) + " cut points; the model has " +
+          std::to_string(p.candidates.size());
+    return std::nullopt;
   }
-  bounds.push_back(p.size());
+  const std::vector<size_t> &bounds = stageCut.bounds;
+  const std::vector<int64_t> &weights = stageCut.weights;
   double rows = static_cast<double>(batch / (c.dp * c.microbatches)) /
                 static_cast<double>(p.rows);
   // Per stage: F, B, W seconds per micro-batch; saved bytes; weights.
@@ -481,8 +577,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
                           ? p.backwardFixedSeconds / p.backwardFixed.back()
                           : 0;
   std::vector<double> f(stages), b(stages), w(stages), transfer(stages, 0);
-  std::vector<int64_t> saved(stages), weights(stages, 0), inBytes(stages, 0),
-      outBytes(stages, 0);
+  std::vector<int64_t> saved(stages), inBytes(stages, 0), outBytes(stages, 0);
   for (int64_t k = 0; k < stages; ++k) {
     size_t lo = bounds[k], hi = bounds[k + 1];
     double fixedF = range(p.forwardFixed, lo, hi);
@@ -498,11 +593,6 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       inBytes[k] = static_cast<int64_t>(p.cut.crossing[lo] * rows);
     if (k + 1 < stages)
       outBytes[k] = static_cast<int64_t>(p.cut.crossing[hi] * rows);
-    for (const auto &[bytes, at] : p.weights) {
-      auto first = std::lower_bound(at.begin(), at.end(), lo);
-      if (first != at.end() && *first < hi)
-        weights[k] += bytes;
-    }
   }
   // pp neighbours are tp ranks apart, dp groups tp x pp apart (the mesh
   // order dp, pp, tp).
@@ -514,67 +604,21 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
                   static_cast<double>(outBytes[k]) / (bw * pricer.share);
   }
 
-  // The pipeline: each rank's list replayed with these durations.
-  double makespan = 0, busiest = 0;
-  std::vector<std::vector<int32_t>> slotCounts(c.pp), stashCounts(c.pp);
-  if (c.pp == 1) {
-    double one = f[0] + b[0] + w[0];
-    makespan = busiest = one * c.microbatches;
-    slotCounts[0] = {1};
-    stashCounts[0] = {0};
-  } else {
-    auto skey = std::make_tuple(static_cast<int>(c.policy), c.pp,
-                                c.microbatches, c.chunks);
-    auto found = schedules.find(skey);
-    if (found == schedules.end()) {
-      sched::Options so;
-      so.policy = c.policy;
-      so.stages = static_cast<int32_t>(c.pp);
-      so.microbatches = static_cast<int32_t>(c.microbatches);
-      so.chunks = static_cast<int32_t>(c.chunks);
-      sched::GenerateResult g = sched::generate(so);
-      found = schedules.emplace(skey, std::move(g.schedule)).first;
-    }
-    if (!found->second) {
-      why = "no such schedule";
-      return std::nullopt;
-    }
-    const sched::Schedule &s = *found->second;
-    sched::Durations d;
-    d.forwardOf = f;
-    d.backwardOf = b;
-    d.weightGradOf = w;
-    // One transfer time for all the boundaries: the widest.
-    d.transfer = stages > 1
-                     ? *std::max_element(transfer.begin(), transfer.end() - 1)
-                     : 0;
-    sched::SimulateResult sim = sched::simulate(s, d);
-    if (!sim.simulation) {
-      why = "schedule: " + sim.error;
-      return std::nullopt;
-    }
-    makespan = sim.simulation->makespan;
-    for (int64_t r = 0; r < c.pp; ++r) {
-      double work = 0;
-      for (int64_t ch = 0; ch < c.chunks; ++ch) {
-        int64_t k = r + ch * c.pp;
-        work += (f[k] + b[k] + w[k]) * c.microbatches;
-      }
-      busiest = std::max(busiest, work);
-      std::vector<sched::SlotStep> steps;
-      for (const sched::Instr &in : s.ranks[r])
-        if (in.op == sched::Op::Forward || in.op == sched::Op::Backward ||
-            in.op == sched::Op::WeightGrad)
-          steps.push_back({in.chunk, in.microbatch,
-                           in.op == sched::Op::Backward,
-                           in.op == sched::Op::WeightGrad});
-      sched::StashSlots slots =
-          sched::assignStashSlots(steps, static_cast<int32_t>(c.chunks),
-                                  static_cast<int32_t>(c.microbatches));
-      slotCounts[r] = slots.slotCount;
-      stashCounts[r] = slots.stashCount;
-    }
+  // The pipeline: each rank's list replayed with these durations (the
+  // same for every ZeRO stage).
+  auto rkey = std::make_tuple(key, c.pp, c.chunks, c.dp, c.microbatches,
+                              static_cast<int>(c.policy));
+  auto cached = replays.find(rkey);
+  if (cached == replays.end())
+    cached = replays.emplace(rkey, replay(c, f, b, w, transfer)).first;
+  const Replay &rep = cached->second;
+  if (rep.error) {
+    why = *rep.error;
+    return std::nullopt;
   }
+  double makespan = rep.makespan, busiest = rep.busiest;
+  const std::vector<std::vector<int32_t>> &slotCounts = rep.slotCounts,
+                                          &stashCounts = rep.stashCounts;
 
   // Per pipeline rank: memory, the data-parallel traffic and the update.
   const StepMemory &pool = p.pools;
@@ -631,14 +675,15 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     peak = std::max(peak, total);
 
     // Gradients reduced (ZeRO 0: all-reduce; 1-2: reduce-scatter, then the
-    // updated weights all-gathered; 3 also gathers every weight for each
-    // micro-batch's forward and backward).
+    // updated weights all-gathered; 3 also gathers every weight, its
+    // 16-bit copy under mixed precision, for each micro-batch's forward and
+    // backward).
     double comm = 0, moved = 0;
     if (c.dp > 1) {
       double part = (d - 1) / d;
       double bytes = 2 * part * G;
       if (c.zero == 3)
-        bytes += 2.0 * c.microbatches * part * W;
+        bytes += 2.0 * c.microbatches * part * (C > 0 ? C : W);
       moved = bytes;
       double bw = dpIntra ? m.intraBandwidth : m.interBandwidth;
       double latency = dpIntra ? m.intraLatency : m.interLatency;
@@ -944,17 +989,8 @@ FailureOr<PlanSearchResult> Search::run() {
   // The winner is always compiled (--plan-check=0: none of them).
   int64_t checked = 0;
   std::vector<PlanPrediction> accepted;
-  for (PlanPrediction &p : fitting) {
-    if (static_cast<int64_t>(accepted.size()) >=
-        std::max<int64_t>(1, request.top))
-      break;
-    bool predictedFit = p.peakBytes <= budget();
-    bool mustCheck = accepted.empty() && predictedFit && request.verify > 0;
-    if (checked >= request.verify && !mustCheck) {
-      if (predictedFit)
-        accepted.push_back(std::move(p));
-      continue;
-    }
+  // Compiles `p`; whether the library's analysis fits it in the budget.
+  auto compileFits = [&](PlanPrediction &p) {
     Clock::time_point t0 = Clock::now();
     std::string firstError;
     ScopedDiagnosticHandler quiet(imported.getContext(), [&](Diagnostic &d) {
@@ -983,13 +1019,50 @@ FailureOr<PlanSearchResult> Search::run() {
     if (compiled >= 0 && compiled <= budget()) {
       p.compiledPeakBytes = compiled;
       p.why.clear();
-      accepted.push_back(std::move(p));
-      continue;
+      return true;
     }
     note(compiled < 0 ? "dropped: its compile failed: " + firstError
                       : "dropped: compiled, it needs " + gib(compiled) +
                             " (predicted " + gib(p.peakBytes) + ")",
          planFlags(o));
+    return false;
+  };
+  // Until one plan is taken, up to kFindChecks compiles look for it (a
+  // plan predicted to fit is compiled all the same).
+  constexpr int64_t kFindChecks = 16;
+  std::vector<char> tried(fitting.size(), 0);
+  for (size_t i = 0; i < fitting.size(); ++i) {
+    PlanPrediction &p = fitting[i];
+    if (static_cast<int64_t>(accepted.size()) >=
+        std::max<int64_t>(1, request.top))
+      break;
+    bool predictedFit = p.peakBytes <= budget();
+    bool mustCheck = accepted.empty() && request.verify > 0 &&
+                     (predictedFit || checked < kFindChecks / 2);
+    if (checked >= request.verify && !mustCheck) {
+      if (predictedFit)
+        accepted.push_back(std::move(p));
+      continue;
+    }
+    tried[i] = 1;
+    if (compileFits(p))
+      accepted.push_back(std::move(p));
+  }
+  // The fastest plans did not fit: those predicted to need the least
+  // memory, compiled in that order.
+  if (accepted.empty() && request.verify > 0) {
+    std::vector<size_t> order;
+    for (size_t i = 0; i < fitting.size(); ++i)
+      if (!tried[i])
+        order.push_back(i);
+    llvm::stable_sort(order, [&](size_t a, size_t b) {
+      return fitting[a].peakBytes < fitting[b].peakBytes;
+    });
+    for (size_t k = 0; k < order.size() && checked < kFindChecks; ++k)
+      if (compileFits(fitting[order[k]])) {
+        accepted.push_back(std::move(fitting[order[k]]));
+        break;
+      }
   }
   for (size_t i = 0; i < accepted.size(); ++i) {
     if (i)
