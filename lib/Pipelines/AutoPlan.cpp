@@ -327,6 +327,44 @@ struct Candidate {
   std::string precision, recompute;
 };
 
+/// The compile options of candidate `c` over the user's `base`.
+CompileOptions optionsOf(const CompileOptions &base, const Candidate &c) {
+  CompileOptions o = base;
+  o.tp = c.tp;
+  o.pp = c.pp;
+  o.ppChunks = c.chunks;
+  o.dp = c.dp;
+  o.zero = c.zero;
+  o.microbatches = c.microbatches;
+  o.schedule = c.pp > 1
+                   ? std::optional<std::string>(sched::policyName(c.policy))
+                   : std::nullopt;
+  o.recompute = c.recompute;
+  o.precision = c.precision;
+  o.ppCuts.clear();
+  return o;
+}
+
+/// Runs the compile pipeline with `o` on a copy of `source`, its errors
+/// kept from the user (the first in `error`); null when it fails.
+OwningOpRef<ModuleOp> compileQuietly(ModuleOp source, const CompileOptions &o,
+                                     std::string &error) {
+  ScopedDiagnosticHandler quiet(source.getContext(), [&](Diagnostic &d) {
+    if (d.getSeverity() == DiagnosticSeverity::Error && error.empty())
+      error = d.str();
+    return success();
+  });
+  OwningOpRef<ModuleOp> copy(cast<ModuleOp>(source->clone()));
+  PassManager pm(source.getContext(), ModuleOp::getOperationName());
+  buildCompilePipeline(pm, o);
+  if (failed(pm.run(*copy))) {
+    if (error.empty())
+      error = "the compile failed";
+    return nullptr;
+  }
+  return copy;
+}
+
 class Search {
 public:
   Search(ModuleOp imported, const PlanRequest &request)
@@ -422,20 +460,8 @@ const Probe &Search::probe(int64_t tp, const std::string &precision,
     return p;
   }
   // The probe's errors are the search's notes, not the user's.
-  std::string firstError;
-  ScopedDiagnosticHandler quiet(imported.getContext(), [&](Diagnostic &d) {
-    if (d.getSeverity() == DiagnosticSeverity::Error && firstError.empty())
-      firstError = d.str();
-    return success();
-  });
-  OwningOpRef<ModuleOp> copy(cast<ModuleOp>(probeModule->clone()));
-  PassManager pm(imported.getContext(), ModuleOp::getOperationName());
-  buildCompilePipeline(pm, o);
-  if (failed(pm.run(*copy))) {
-    p.error = firstError.empty() ? "the compile failed" : firstError;
-  } else {
+  if (OwningOpRef<ModuleOp> copy = compileQuietly(probeModule, o, p.error))
     readProbe(*copy, pricer, tp, p);
-  }
   report(llvm::formatv(
              "probe tp={0} {1} recompute={2}: {3}", tp, precision, recompute,
              p.error.empty() ? llvm::formatv("{0} forward ops, {1:F1} s",
@@ -712,20 +738,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   }
 
   PlanPrediction out;
-  CompileOptions &o = out.options;
-  o = request.base;
-  o.tp = c.tp;
-  o.pp = c.pp;
-  o.ppChunks = c.chunks;
-  o.dp = c.dp;
-  o.zero = c.zero;
-  o.microbatches = c.microbatches;
-  o.schedule = c.pp > 1
-                   ? std::optional<std::string>(sched::policyName(c.policy))
-                   : std::nullopt;
-  o.recompute = c.recompute;
-  o.precision = c.precision;
-  o.ppCuts.clear();
+  out.options = optionsOf(request.base, c);
   out.computeSeconds = busiest;
   out.bubbleSeconds = std::max(0.0, makespan - busiest);
   out.dpSeconds = dpWorst;
@@ -917,16 +930,7 @@ FailureOr<PlanSearchResult> Search::run() {
                     continue;
                   Candidate c{tp,    pp,     chunks,    dp,       zero,
                               micro, policy, precision, recompute};
-                  CompileOptions check = base;
-                  check.tp = tp, check.pp = pp, check.dp = dp,
-                  check.zero = zero, check.microbatches = micro,
-                  check.ppChunks = chunks;
-                  check.ppCuts.clear();
-                  check.schedule = pp > 1 ? std::optional<std::string>(
-                                                sched::policyName(policy))
-                                          : std::nullopt;
-                  check.precision = precision;
-                  check.recompute = recompute;
+                  CompileOptions check = optionsOf(base, c);
                   std::string conflict = check.verify();
                   if (!conflict.empty()) {
                     note(conflict, planFlags(check));
@@ -985,28 +989,19 @@ FailureOr<PlanSearchResult> Search::run() {
   // The fastest compiled: the library's own analysis has the last word on
   // memory. A plan predicted over the budget is taken only once compiled;
   // when the checks are spent, only plans predicted to fit (the first of
-  // them compiled all the same).
-  // The winner is always compiled (--plan-check=0: none of them).
+  // them compiled all the same; --plan-check=0: none is).
   int64_t checked = 0;
   std::vector<PlanPrediction> accepted;
   // Compiles `p`; whether the library's analysis fits it in the budget.
   auto compileFits = [&](PlanPrediction &p) {
     Clock::time_point t0 = Clock::now();
     std::string firstError;
-    ScopedDiagnosticHandler quiet(imported.getContext(), [&](Diagnostic &d) {
-      if (d.getSeverity() == DiagnosticSeverity::Error && firstError.empty())
-        firstError = d.str();
-      return success();
-    });
-    OwningOpRef<ModuleOp> copy(cast<ModuleOp>(imported->clone()));
-    PassManager pm(imported.getContext(), ModuleOp::getOperationName());
     CompileOptions o = p.options;
     o.emitRemarks = false;
     o.planMemory = true;
     o.shardingMemo.reset(); // the real search, as the compile will run it
-    buildCompilePipeline(pm, o);
     int64_t compiled = -1;
-    if (succeeded(pm.run(*copy)))
+    if (OwningOpRef<ModuleOp> copy = compileQuietly(imported, o, firstError))
       compiled = predictPeakBytes(*copy);
     ++checked;
     report(llvm::formatv("compiled {0}: {1} in {2:F1} s", planFlags(o),
