@@ -132,10 +132,9 @@ struct Pricer {
 
 /// What one probe compile tells: prefix sums over the forward phase's
 /// positions (position c is before op c, as in CutProfile), the step's
-/// totals, and its memory pools. Rows: the probe's micro-batch size.
+/// totals, and its memory pools, all for a micro-batch of one row.
 struct Probe {
-  std::string error; // why it could not be compiled ("" when it was)
-  int64_t rows = 1;
+  std::string error;           // why it could not be compiled ("" when it was)
   CutProfile cut;              // step seconds, FLOPs, crossing bytes
   std::vector<double> forward; // forward seconds
   /// The parts of forward and of the backward's share that do not grow
@@ -453,7 +452,6 @@ const Probe &Search::probe(int64_t tp, const std::string &precision,
   o.offload = "none";
   o.bucketMb.reset();
   o.shardingMemo = shardingMemo;
-  p.rows = 1;
   std::string verified = o.verify();
   if (!verified.empty()) {
     p.error = verified;
@@ -586,8 +584,8 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   }
   const std::vector<size_t> &bounds = stageCut.bounds;
   const std::vector<int64_t> &weights = stageCut.weights;
-  double rows = static_cast<double>(batch / (c.dp * c.microbatches)) /
-                static_cast<double>(p.rows);
+  // The micro-batch's rows (the probe's is one).
+  double rows = static_cast<double>(batch / (c.dp * c.microbatches));
   // Per stage: F, B, W seconds per micro-batch; saved bytes; weights.
   auto range = [](const auto &prefix, size_t a, size_t b) {
     return prefix[b] - prefix[a];
@@ -762,8 +760,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   // Model FLOPs: the probe's (per tp rank) over every row of the batch.
   const Probe &plain = probe(c.tp, c.precision, "none");
   double modelFlops = (plain.error.empty() ? plain.flops : p.flops) *
-                      static_cast<double>(c.tp) * static_cast<double>(batch) /
-                      p.rows;
+                      static_cast<double>(c.tp) * static_cast<double>(batch);
   out.mfu = modelFlops / (out.stepSeconds * request.devices *
                           m.peakFlops(c.precision != "fp32"));
   if (peak > budget()) {

@@ -12,12 +12,23 @@
 #include "pcc/Pipelines/AutoPlan.h"
 #include "pcc/Pipelines/Compile.h"
 
+#include "llvm/Support/CommandLine.h"
+
 #include <string>
 #include <vector>
 
 namespace pcctool {
 
 enum class Emit { Auto, Mlir, MlirImported, Weights, Cpp, SharedLibrary };
+
+/// Which plan dimensions the user gave (the plan search keeps them).
+struct GivenPlanDims {
+  bool tp = false, pp = false, dp = false, zero = false, microbatches = false,
+       schedule = false, chunks = false, recompute = false, precision = false;
+};
+
+/// The category of pcc's training (and plan-search) flags.
+extern llvm::cl::OptionCategory trainCategory;
 
 /// What the driver does with the compiled module.
 struct DriverFlags {
@@ -33,6 +44,7 @@ struct DriverFlags {
   bool planOnly = false, autoPlan = false;
   /// Whether a flag of the plan search was given.
   bool planFlagsGiven = false;
+  GivenPlanDims given;
 };
 
 /// Parses the command line (pcc's flags and MLIR's IR-printing ones; --help
@@ -43,6 +55,10 @@ void parseCommandLine(int argc, char **argv);
 /// compile options' verify() included).
 std::string readFlags(DriverFlags &driver, mlir::pcc::OnnxImportOptions &import,
                       mlir::pcc::CompileOptions &compile);
+
+/// Reads --auto into `driver` and whether any plan-search flag was given
+/// (PlanFlags.cpp).
+void readPlanDriverFlags(DriverFlags &driver);
 
 /// The plan search's request from --devices, --device-memory, --machine,
 /// --top and which plan flags the user gave (after readFlags); the

@@ -133,3 +133,18 @@ eb = rng.standard_normal((2, 4, 5)).astype(np.float32)
 write("einsum_implicit_ellipsis", """g (float[2,3,4] a, float[2,4,5] b) => (float[2,3,5] c) {
   c = Einsum <equation = "...ij,...jk"> (a, b)
 }""", [ea, eb], np.einsum("...ij,...jk", ea, eb))
+# CumSum of a constant folds while importing (one running sum per line):
+# plain along the middle axis, exclusive and reverse along the last.
+k = rng.standard_normal((2, 5, 3)).astype(np.float32)
+kf = ", ".join(repr(float(v)) for v in k.reshape(-1))
+kcs = np.cumsum(k, axis=1)
+kex = np.flip(np.cumsum(np.flip(k, 2), axis=2), 2) - k
+write("cumsum_folded", """g (float[2,5,3] x) => (float[2,5,3] y) {
+  c = Constant <value = float[2,5,3] {%s}> ()
+  a = Constant <value = int64[1] {1}> ()
+  b = Constant <value = int64[1] {-1}> ()
+  s = CumSum (c, a)
+  r = CumSum <exclusive = 1, reverse = 1> (c, b)
+  t = Add (x, s)
+  y = Add (t, r)
+}""" % kf, [x], (x + kcs + kex).astype(np.float32))
