@@ -65,7 +65,16 @@ def main():
     ap.add_argument("--devices", type=int, default=4)
     ap.add_argument("--device-memory", default="3GiB")
     ap.add_argument("--plans", type=int, default=20)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4,
+                    help="steps per plan; the median of all but the first is "
+                    "its measured step")
+    ap.add_argument("--select", choices=["spread", "top"], default="spread",
+                    help="spread: PLANS plans evenly over the ranked list of "
+                    "every plan that fits (what a rank correlation tests); "
+                    "top: the best PLANS")
+    ap.add_argument("--machine", default="",
+                    help="--machine for pcc plan (a preset or the file pcc "
+                    "calibrate wrote)")
     ap.add_argument("--pcc-args", default="", help="more flags for pcc plan "
                     "and every compile (--dim=..., --precision=fp32, ...)")
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
@@ -78,9 +87,12 @@ def main():
     env.pop("OPENBLAS_CORETYPE", None)
     extra = args.pcc_args.split()
 
+    top = args.plans if args.select == "top" else 10000
     plan_cmd = [pcc, "plan", args.model, "--train", "--devices=%d" % args.devices,
-                "--device-memory=" + args.device_memory, "--top=%d" % args.plans,
+                "--device-memory=" + args.device_memory, "--top=%d" % top,
                 "--plan-check=%d" % args.plans] + extra
+    if args.machine:
+        plan_cmd.append("--machine=" + args.machine)
     print("$ " + " ".join(plan_cmd), flush=True)
     t0 = time.time()
     out = subprocess.run(plan_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -97,6 +109,10 @@ def main():
                           "pred_mib": mib(m.group(4)),
                           "compiled_mib": None if m.group(5) == "-" else mib(m.group(5)),
                           "flags": m.group(8).split()})
+    if args.select == "spread" and len(plans) > args.plans:
+        # Evenly over the ranked list, the first and the last included.
+        step = (len(plans) - 1) / (args.plans - 1)
+        plans = [plans[round(i * step)] for i in range(args.plans)]
     rows = []
     for p in plans:
         lib = os.path.join(args.work, "plan%d.so" % p["rank"])

@@ -6,6 +6,8 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <thread>
 
 using namespace mlir::pcc;
@@ -30,6 +32,46 @@ template <typename Fn> void forEachField(Machine &m, Fn fn) {
   fn("inter_latency", m.interLatency);
   fn("cores", m.cores);
 }
+/// The "products" table: [{"size": N, "fp32_flops": R, "bf16_flops": R}]
+/// (a product N x N x N) or {"flops": F, ...} per call; the message of
+/// what is wrong, or "".
+std::string readProducts(const llvm::json::Value &value,
+                         std::vector<Machine::ProductRate> &out) {
+  const llvm::json::Array *rows = value.getAsArray();
+  if (!rows)
+    return "products must be a list of {\"size\": N, \"fp32_flops\": R, "
+           "\"bf16_flops\": R}";
+  out.clear();
+  for (const llvm::json::Value &row : *rows) {
+    const llvm::json::Object *o = row.getAsObject();
+    if (!o)
+      return "each entry of products must be an object";
+    Machine::ProductRate r;
+    for (const auto &entry : *o) {
+      std::optional<double> v = entry.second.getAsNumber();
+      llvm::StringRef key = entry.first;
+      if (!v || *v <= 0)
+        return "products: " + key.str() + " must be a positive number";
+      if (key == "size")
+        r.flops = 2.0 * *v * *v * *v;
+      else if (key == "flops")
+        r.flops = *v;
+      else if (key == "fp32_flops")
+        r.fp32 = *v;
+      else if (key == "bf16_flops")
+        r.bf16 = *v;
+      else
+        return "products: unknown key '" + key.str() +
+               "' (size or flops, fp32_flops, bf16_flops)";
+    }
+    if (r.flops <= 0 || (r.fp32 <= 0 && r.bf16 <= 0))
+      return "each entry of products needs a size (or flops) and a rate";
+    out.push_back(r);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto &a, const auto &b) { return a.flops < b.flops; });
+  return "";
+}
 } // namespace
 
 const char *Machine::presetNames() { return "cpu, h100, h200"; }
@@ -52,7 +94,7 @@ std::optional<Machine> Machine::preset(llvm::StringRef name) {
     m.kernelSeconds = 2e-6;
     m.intraBandwidth = m.interBandwidth = 4e9;
     m.intraLatency = m.interLatency = 5e-6;
-    m.cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    m.cores = std::max(1u, std::thread::hardware_concurrency());
     m.overlapsCollectives = false;
     return m;
   }
@@ -79,6 +121,28 @@ std::optional<Machine> Machine::preset(llvm::StringRef name) {
     return m;
   }
   return std::nullopt;
+}
+
+double Machine::productFlops(bool bf16, double flopsPerCall) const {
+  double flat = productFlops(bf16);
+  auto rate = [&](const ProductRate &r) {
+    double v = bf16 ? r.bf16 : r.fp32;
+    return v > 0 ? v : flat;
+  };
+  if (products.empty() || flopsPerCall <= 0)
+    return flat;
+  if (flopsPerCall <= products.front().flops)
+    return rate(products.front());
+  for (size_t i = 1; i < products.size(); ++i) {
+    const ProductRate &lo = products[i - 1], &hi = products[i];
+    if (flopsPerCall > hi.flops)
+      continue;
+    double t =
+        std::log(flopsPerCall / lo.flops) / std::log(hi.flops / lo.flops);
+    return std::exp(std::log(rate(lo)) +
+                    t * (std::log(rate(hi)) - std::log(rate(lo))));
+  }
+  return rate(products.back());
 }
 
 std::string Machine::verify() const {
@@ -145,6 +209,18 @@ std::optional<Machine> Machine::load(llvm::StringRef nameOrPath,
         m.name = value.getAsString()->str();
       continue;
     }
+    // What pcc calibrate saw (device, ranks, the all-reduce times): kept
+    // in the file for the reader.
+    if (key == "measured")
+      continue;
+    if (key == "products") {
+      error = readProducts(value, m.products);
+      if (!error.empty()) {
+        error = "machine file '" + nameOrPath.str() + "': " + error;
+        return std::nullopt;
+      }
+      continue;
+    }
     if (key == "overlaps_collectives") {
       std::optional<bool> b = value.getAsBoolean();
       if (!b) {
@@ -191,6 +267,18 @@ std::string Machine::toJson() const {
   forEachField(copy,
                [&](llvm::StringRef key, auto &field) { object[key] = field; });
   object["overlaps_collectives"] = overlapsCollectives;
+  if (!products.empty()) {
+    llvm::json::Array rows;
+    for (const ProductRate &r : products) {
+      llvm::json::Object row{{"flops", r.flops}};
+      if (r.fp32 > 0)
+        row["fp32_flops"] = r.fp32;
+      if (r.bf16 > 0)
+        row["bf16_flops"] = r.bf16;
+      rows.push_back(std::move(row));
+    }
+    object["products"] = std::move(rows);
+  }
   std::string text;
   llvm::raw_string_ostream os(text);
   os << llvm::formatv("{0:2}", llvm::json::Value(std::move(object))) << "\n";

@@ -124,7 +124,7 @@ struct Pricer {
     double memory = bytes / (machine.memoryBandwidth * share);
     double flops = static_cast<double>(opFlops(op));
     double compute =
-        flops > 0 ? flops / (machine.productFlops(sixteen) * share) : 0;
+        flops > 0 ? flops / (machine.productFlops(sixteen, flops) * share) : 0;
     fixed += machine.kernelSeconds;
     return std::max(memory, compute) + machine.kernelSeconds;
   }

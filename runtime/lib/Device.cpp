@@ -4,14 +4,17 @@
 
 #include <algorithm>
 
+#include "pcc/runtime/CpuKernels.h"
 #include "pcc/runtime/CudaKernels.h"
 #include "pcc/runtime/DType.h"
 
 #include "Loader.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <vector>
 
 namespace pccrt {
 
@@ -23,6 +26,42 @@ void setRunProfile(const pcc_profile *profile) { processProfile = profile; }
 const pcc_profile *runProfile() { return processProfile; }
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// The best of `times` runs of `run` (a Status-returning call) after one
+/// warm-up, in seconds.
+template <typename Fn> Result<double> bestOf(int times, Fn run) {
+  if (Status s = run(); !s.ok())
+    return Error{s.error()};
+  double best = 1e30;
+  for (int i = 0; i < std::max(1, times); ++i) {
+    Clock::time_point t0 = Clock::now();
+    if (Status s = run(); !s.ok())
+      return Error{s.error()};
+    best = std::min(best, secondsSince(t0));
+  }
+  return best;
+}
+
+/// The mean of `times` runs of `run` after one warm-up, the device
+/// synchronised once at the end (`sync`).
+template <typename Fn, typename Sync>
+Result<double> meanOf(int times, Fn run, Sync sync) {
+  run();
+  if (Status s = sync(); !s.ok())
+    return Error{s.error()};
+  Clock::time_point t0 = Clock::now();
+  for (int i = 0; i < std::max(1, times); ++i)
+    run();
+  if (Status s = sync(); !s.ok())
+    return Error{s.error()};
+  return secondsSince(t0) / std::max(1, times);
+}
 
 class CpuDevice final : public Device {
 public:
@@ -49,6 +88,38 @@ public:
   pcc_run_context runContext() const override {
     return {PCC_TARGET_CPU, 0, nullptr, nullptr, nullptr, runProfile()};
   }
+  Result<double> timeProduct(int64_t m, int64_t n, int64_t k, bool bf16,
+                             int times) override {
+    if (!bf16) {
+      std::vector<float> a(m * k, 0.5f), b(k * n, 0.25f), c(m * n);
+      return bestOf(times, [&] {
+        pcc_cpu_matmul_f32(a.data(), b.data(), c.data(), 1, m, n, k, 0, 0, 0,
+                           0);
+        return Status::success();
+      });
+    }
+    // 0.5 and 0.25 in bf16.
+    std::vector<uint16_t> a(m * k, 0x3f00), b(k * n, 0x3e80), c(m * n);
+    return bestOf(times, [&]() -> Status {
+      if (pcc_cpu_matmul_bf16(a.data(), b.data(), c.data(), 1, m, n, k, 0, 0, 0,
+                              0))
+        return Error{std::string("bf16 products: ") + pcc_cpu_last_error()};
+      return Status::success();
+    });
+  }
+  Result<double> timeCopy(int64_t bytes, int times) override {
+    std::vector<char> from(static_cast<size_t>(bytes), 1),
+        to(static_cast<size_t>(bytes), 2);
+    int64_t shape = bytes, stride = 1;
+    // Through the runtime's copy kernel, as a model library's copies run.
+    return meanOf(
+        times,
+        [&] {
+          pcc_cpu_copy_strided(from.data(), to.data(), 1, 1, &shape, &stride, 0,
+                               &stride, 0);
+        },
+        [] { return Status::success(); });
+  }
 };
 
 /// The host-side entry points of libpcc_runtime_cuda.so, found with dlsym.
@@ -66,6 +137,10 @@ struct CudaApi {
   decltype(&pcc_cuda_capture_begin) captureBegin;
   decltype(&pcc_cuda_capture_end) captureEnd;
   decltype(&pcc_cuda_graph_run) graphRun;
+  decltype(&pcc_cuda_finish) finish;
+  decltype(&pcc_cuda_matmul_f32) matmulF32;
+  decltype(&pcc_cuda_matmul_bf16) matmulBf16;
+  decltype(&pcc_cuda_copy_strided) copyStrided;
 };
 
 } // namespace
@@ -127,6 +202,10 @@ Result<CudaApi> loadCudaApi() {
   bind(api.captureBegin, "pcc_cuda_capture_begin");
   bind(api.captureEnd, "pcc_cuda_capture_end");
   bind(api.graphRun, "pcc_cuda_graph_run");
+  bind(api.finish, "pcc_cuda_finish");
+  bind(api.matmulF32, "pcc_cuda_matmul_f32");
+  bind(api.matmulBf16, "pcc_cuda_matmul_bf16");
+  bind(api.copyStrided, "pcc_cuda_copy_strided");
   if (!ok)
     return Error{"libpcc_runtime_cuda.so lacks the pcc_cuda_* entry points; "
                  "it belongs to another pcc version"};
@@ -183,8 +262,48 @@ public:
       return Error{std::string("the model graph failed: ") + api.lastError()};
     return Status::success();
   }
+  Result<double> timeProduct(int64_t m, int64_t n, int64_t k, bool bf16,
+                             int times) override {
+    int64_t elem = bf16 ? 2 : 4;
+    auto a = DeviceBuffer::zeros(*this, m * k * elem);
+    auto b = DeviceBuffer::zeros(*this, k * n * elem);
+    auto c = DeviceBuffer::zeros(*this, m * n * elem);
+    if (!a.ok() || !b.ok() || !c.ok())
+      return Error{!a.ok() ? a.error() : !b.ok() ? b.error() : c.error()};
+    return bestOf(times, [&]() -> Status {
+      if (bf16)
+        api.matmulBf16(ctx, a->data(), b->data(), c->data(), 1, m, n, k, 0, 0,
+                       0, 0);
+      else
+        api.matmulF32(ctx, static_cast<const float *>(a->data()),
+                      static_cast<const float *>(b->data()),
+                      static_cast<float *>(c->data()), 1, m, n, k, 0, 0, 0, 0);
+      return finish();
+    });
+  }
+  Result<double> timeCopy(int64_t bytes, int times) override {
+    auto from = DeviceBuffer::zeros(*this, bytes);
+    auto to = DeviceBuffer::zeros(*this, bytes);
+    if (!from.ok() || !to.ok())
+      return Error{!from.ok() ? from.error() : to.error()};
+    int64_t shape = bytes, stride = 1;
+    return meanOf(
+        times,
+        [&] {
+          api.copyStrided(ctx, from->data(), to->data(), 1, 1, &shape, &stride,
+                          0, &stride, 0);
+        },
+        [&] { return finish(); });
+  }
 
 private:
+  /// Waits for the stream; an error a kernel recorded is one.
+  Status finish() {
+    if (api.finish(ctx) != 0)
+      return Error{api.lastError()};
+    return Status::success();
+  }
+
   CudaApi api;
   pcc_cuda_context *ctx;
   int ordinal;

@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "pcc/runtime/ModelLibrary.h"
+#include "pcc/tooling/Calibrate.h"
 #include "pcc/tooling/Job.h"
 #include "pcc/tooling/Run.h"
 #include "pcc/tooling/Train.h"
@@ -68,6 +69,12 @@ Options:
                      against this CPU's measured peaks
   --profile-trace FILE  rank 0's ops of the last profiled run (or step)
                      as Chrome-trace JSON (with --profile)
+  --calibrate FILE   no library: measure this machine's products, copies
+                     and (with -n) collectives on --device and write the
+                     machine file pcc plan --machine=FILE reads (what
+                     pcc calibrate runs); --calibrate-base NAME names the
+                     preset for what is not measured, --calibrate-quick
+                     measures fewer sizes
 
 Training (a library built by pcc --train):
   --steps N          train until step N (counted from the start of training,
@@ -182,6 +189,12 @@ RunOptions parse(int argc, char **argv) {
       o.listDevices = true;
     } else if (a == "--cuda-graph") {
       o.cudaGraph = true;
+    } else if (a == "--calibrate") {
+      o.calibrate = value(i);
+    } else if (a == "--calibrate-base") {
+      o.calibrateBase = value(i);
+    } else if (a == "--calibrate-quick") {
+      o.calibrateQuick = true;
     } else if (a == "--collective-timeout") {
       o.collectiveTimeout = number(i);
     } else if (parseTrainOption(a, o.train, [&] { return value(i); })) {
@@ -196,7 +209,12 @@ RunOptions parse(int argc, char **argv) {
   }
   if (!o.profileTrace.empty() && !o.profile)
     die("--profile-trace writes what --profile measures; add --profile");
-  if (o.library.empty() && !o.listDevices)
+  if ((!o.calibrateBase.empty() || o.calibrateQuick) && o.calibrate.empty())
+    die("--calibrate-base and --calibrate-quick go with --calibrate FILE");
+  if (!o.calibrate.empty() && !o.library.empty())
+    die("--calibrate measures the machine, not a library; drop '" + o.library +
+        "'");
+  if (o.library.empty() && !o.listDevices && o.calibrate.empty())
     die("no model library; usage: pcc-run model.so --input x.npy (see "
         "--help)");
   return o;
@@ -208,6 +226,18 @@ int main(int argc, char **argv) {
   RunOptions opts = parse(argc, argv);
   if (opts.listDevices)
     return listDevices();
+  if (!opts.calibrate.empty()) {
+    CalibrateOptions c;
+    c.output = opts.calibrate;
+    c.base = opts.calibrateBase;
+    c.device = opts.device;
+    c.hostfile = opts.hostfile;
+    c.ranks = opts.ranks;
+    c.quick = opts.calibrateQuick;
+    c.collectiveTimeout = opts.collectiveTimeout;
+    c.rankArgs = opts.rankArgs;
+    return runCalibration(c);
+  }
   auto library = ModelLibrary::open(opts.library);
   if (!library.ok())
     die(library.error());

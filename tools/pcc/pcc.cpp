@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Calibrate.h"
 #include "Ckpt.h"
 #include "Flags.h"
 #include "Library.h"
@@ -106,6 +107,8 @@ int main(int argc, char **argv) {
     return exportCheckpoint(argc, argv);
   if (argc >= 2 && StringRef(argv[1]) == "ckpt")
     return runCkpt(argc, argv);
+  if (argc >= 2 && StringRef(argv[1]) == "calibrate")
+    return runCalibrate(argc, argv);
   llvm::InitLLVM init(argc, argv);
   // `pcc plan model.onnx ...`: the search alone, on the model's shapes.
   SmallVector<char *> args(argv, argv + argc);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace mlir::pcc {
 
@@ -38,16 +39,28 @@ struct Machine {
   /// within a node and across nodes.
   double intraBandwidth = 0, intraLatency = 0;
   double interBandwidth = 0, interLatency = 0;
-  /// CPU ranks: cores shared by all the ranks of one node (0: each device
-  /// has its own); with more ranks than cores each rank gets a share of
-  /// the rates above.
-  int64_t cores = 0;
+  /// CPU ranks: the cores all the ranks of one node share, in a core's
+  /// worth of the rates above (0: each device has its own). `pcc
+  /// calibrate -n N` measures it with N ranks computing at once (4 ranks
+  /// on 2 cores reach about 1.4 cores' worth: they thrash each other's
+  /// caches), so it holds for plans over N ranks.
+  double cores = 0;
+  /// Measured product rates by size (`pcc calibrate`): a product of
+  /// `flops` per call reaches the rate interpolated (in log-log) between
+  /// the two sizes around it, the end's beyond; empty: the rates above.
+  struct ProductRate {
+    double flops = 0, fp32 = 0, bf16 = 0;
+  };
+  std::vector<ProductRate> products;
   /// Whether gradient collectives overlap the backward pass (NCCL on its
   /// own stream does; MPI over shared memory moves data only in its
   /// calls).
   bool overlapsCollectives = false;
 
   double productFlops(bool bf16) const { return bf16 ? bf16Flops : fp32Flops; }
+  /// The rate a product of `flopsPerCall` reaches (the table's, else the
+  /// flat rate).
+  double productFlops(bool bf16, double flopsPerCall) const;
   double peakFlops(bool bf16) const { return bf16 ? bf16Peak : fp32Peak; }
 
   /// The presets: "cpu" (one core of this project's AVX-512/AMX machine

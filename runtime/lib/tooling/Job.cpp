@@ -37,6 +37,13 @@ Communicator *jobWorld = nullptr;
   std::exit(1);
 }
 
+void pccrun::joinedJob(Communicator &world) {
+  jobWorld = &world;
+  if (world.size() > 1)
+    rankPrefix = "rank " + std::to_string(world.rank()) + " of " +
+                 std::to_string(world.size()) + ": ";
+}
+
 /// Starts `ranks` copies of this program under mpirun; does not return.
 [[noreturn]] void pccrun::launch(int ranks, const std::string &hostfile,
                                  const std::vector<std::string> &rankArgs) {

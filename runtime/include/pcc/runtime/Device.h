@@ -56,6 +56,16 @@ public:
   virtual Status endCapture();
   virtual Status replay();
 
+  /// Calibration (pcc calibrate), on buffers of this device: the seconds
+  /// of one product C[m,n] = A[m,k] B[k,n] through the kernels model
+  /// libraries call (fp32, or bf16 operands and result with fp32
+  /// accumulation), the best of `times` after one warm-up; and of one
+  /// device-to-device copy of `bytes` (the mean of `times` calls, so that
+  /// tiny copies measure a kernel's fixed cost).
+  virtual Result<double> timeProduct(int64_t m, int64_t n, int64_t k, bool bf16,
+                                     int times) = 0;
+  virtual Result<double> timeCopy(int64_t bytes, int times) = 0;
+
   /// Bytes held in DeviceBuffers now, and the most ever held at once: the
   /// runtime's measured memory high-water mark on this device.
   int64_t bytesInUse() const { return inUse; }

@@ -27,6 +27,10 @@ using pccrt::Communicator;
 /// once it joined one.
 [[noreturn]] void die(const std::string &message);
 
+/// Makes `world` the job a failing rank ends (die), and names the rank in
+/// messages, for jobs that join without a mesh (pcc-run --calibrate).
+void joinedJob(Communicator &world);
+
 /// Starts `ranks` copies of this program under mpirun, each with
 /// `rankArgs`; does not return.
 [[noreturn]] void launch(int ranks, const std::string &hostfile,

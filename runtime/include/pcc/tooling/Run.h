@@ -37,6 +37,10 @@ struct RunOptions {
   bool profile = false;
   std::string profileTrace;
   double collectiveTimeout = 300;
+  /// --calibrate FILE [--calibrate-base NAME] [--calibrate-quick]
+  /// (Calibrate.h; what `pcc calibrate` runs).
+  std::string calibrate, calibrateBase;
+  bool calibrateQuick = false;
   /// Training libraries (pcc --train).
   pccrt::TrainOptions train;
 };
