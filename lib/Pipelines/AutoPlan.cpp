@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <tuple>
@@ -382,6 +383,12 @@ private:
   struct StageCut {
     std::vector<size_t> bounds; // stages + 1 positions
     std::vector<int64_t> weights;
+    /// Per pipeline rank: the bytes of the weights it shares with other
+    /// pipeline ranks (a tied embedding and LM head on the first and
+    /// last stage), whose gradients the step sums over those ranks, and
+    /// the largest such group.
+    std::vector<int64_t> sharedBytes;
+    std::vector<int64_t> sharedRanks;
   };
   /// The stage cut for `stages` stages over `ranks` pipeline ranks (no
   /// bounds when the model has too few cut points).
@@ -399,6 +406,11 @@ private:
   Replay replay(const Candidate &c, const std::vector<double> &f,
                 const std::vector<double> &b, const std::vector<double> &w,
                 const std::vector<double> &transfer);
+  /// A plan whose busiest pipeline rank computes longer than this is not
+  /// simulated (`price` sets `bounded`): enough faster plans fit.
+  double pruneAbove = std::numeric_limits<double>::infinity();
+  bool bounded = false;
+
   int64_t budget() const {
     return request.machine.memoryBytes - request.machine.reservedBytes;
   }
@@ -489,13 +501,25 @@ const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
   out.bounds.insert(out.bounds.end(), cut.begin(), cut.end());
   out.bounds.push_back(p.size());
   out.weights.assign(static_cast<size_t>(stages), 0);
-  for (int64_t k = 0; k < stages; ++k) {
-    size_t lo = out.bounds[k], hi = out.bounds[k + 1];
-    for (const auto &[bytes, at] : p.weights) {
+  out.sharedBytes.assign(static_cast<size_t>(ranks), 0);
+  out.sharedRanks.assign(static_cast<size_t>(ranks), 1);
+  for (const auto &[bytes, at] : p.weights) {
+    llvm::SmallVector<int64_t, 4> holders;
+    for (int64_t k = 0; k < stages; ++k) {
+      size_t lo = out.bounds[k], hi = out.bounds[k + 1];
       auto first = std::lower_bound(at.begin(), at.end(), lo);
-      if (first != at.end() && *first < hi)
-        out.weights[k] += bytes;
+      if (first == at.end() || *first >= hi)
+        continue;
+      out.weights[k] += bytes;
+      if (!llvm::is_contained(holders, k % ranks))
+        holders.push_back(k % ranks);
     }
+    if (holders.size() > 1)
+      for (int64_t r : holders) {
+        out.sharedBytes[r] += bytes;
+        out.sharedRanks[r] =
+            std::max<int64_t>(out.sharedRanks[r], holders.size());
+      }
   }
   return out;
 }
@@ -618,6 +642,29 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     if (k + 1 < stages)
       outBytes[k] = static_cast<int64_t>(p.cut.crossing[hi] * rows);
   }
+  // The step is at least the busiest pipeline rank's compute: a plan
+  // slower by that alone than enough plans predicted to fit is not
+  // simulated (the simulation is most of the pricing at pp x m in the
+  // thousands).
+  bounded = false;
+  auto rkeyEarly = std::make_tuple(key, c.pp, c.chunks, c.dp, c.microbatches,
+                                   static_cast<int>(c.policy));
+  if (pruneAbove < std::numeric_limits<double>::infinity() &&
+      !replays.count(rkeyEarly)) {
+    double busiest = 0;
+    for (int64_t r = 0; r < c.pp; ++r) {
+      double work = 0;
+      for (int64_t ch = 0; ch < c.chunks; ++ch) {
+        int64_t k = r + ch * c.pp;
+        work += (f[k] + b[k] + w[k]) * c.microbatches;
+      }
+      busiest = std::max(busiest, work);
+    }
+    if (busiest > pruneAbove) {
+      bounded = true;
+      return std::nullopt;
+    }
+  }
   // pp neighbours are tp ranks apart, dp groups tp x pp apart (the mesh
   // order dp, pp, tp).
   bool ppIntra = c.tp * c.pp <= m.devicesPerNode;
@@ -719,6 +766,18 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
         comm =
             std::max(0.1 * comm,
                      comm - 0.8 * (c.zero == 3 ? back * c.microbatches : back));
+    }
+    // A weight on several pipeline ranks (a tied embedding and head): its
+    // gradient is summed over them once a step (an all-reduce of the
+    // whole gradient on the pp link; GPT-2's 154 MB table at pp=2).
+    if (stageCut.sharedBytes[r] > 0 && weightTotal > 0) {
+      double k = static_cast<double>(stageCut.sharedRanks[r]);
+      double grads = static_cast<double>(stageCut.sharedBytes[r]) *
+                     (pool.grads / weightTotal);
+      double bw = ppIntra ? m.intraBandwidth : m.interBandwidth;
+      comm += (ppIntra ? m.intraLatency : m.interLatency) +
+              2 * (k - 1) / k * grads / (bw * pricer.share);
+      moved += 2 * (k - 1) / k * grads;
     }
     dpWorst = std::max(dpWorst, comm);
     double update = p.optimizerSeconds * share / (c.zero ? d : 1.0);
@@ -862,6 +921,11 @@ FailureOr<PlanSearchResult> Search::run() {
 
   std::vector<PlanPrediction> fitting, uncertain;
   std::optional<PlanPrediction> least;
+  // Plans slower than this many plans predicted to fit can be neither
+  // shown nor chosen: the walk below takes at most `top` and compiles at
+  // most kFindChecks before it takes one.
+  const int64_t kBound = 2 * (std::max<int64_t>(1, request.top) + 16);
+  std::vector<double> fastestFits;
   // Why plans could not be priced: per reason, how many and one of them.
   std::map<std::string, std::pair<int64_t, std::string>> notes;
   auto note = [&](const std::string &reason, const std::string &example) {
@@ -936,6 +1000,10 @@ FailureOr<PlanSearchResult> Search::run() {
                   bool over = false;
                   std::string why;
                   std::optional<PlanPrediction> priced = price(c, over, why);
+                  if (!priced && bounded) {
+                    ++result.bounded;
+                    continue;
+                  }
                   if (!priced) {
                     note(why, planFlags(check));
                     continue;
@@ -953,6 +1021,16 @@ FailureOr<PlanSearchResult> Search::run() {
                       uncertain.push_back(std::move(*priced));
                     continue;
                   }
+                  // The kBound fastest plans predicted to fit bound the
+                  // rest (a max-heap of their times).
+                  fastestFits.push_back(priced->stepSeconds);
+                  std::push_heap(fastestFits.begin(), fastestFits.end());
+                  if (static_cast<int64_t>(fastestFits.size()) > kBound) {
+                    std::pop_heap(fastestFits.begin(), fastestFits.end());
+                    fastestFits.pop_back();
+                  }
+                  if (static_cast<int64_t>(fastestFits.size()) == kBound)
+                    pruneAbove = fastestFits.front();
                   fitting.push_back(std::move(*priced));
                 }
               }
@@ -969,9 +1047,16 @@ FailureOr<PlanSearchResult> Search::run() {
   }
   int64_t predictedFits = static_cast<int64_t>(fitting.size());
   report(llvm::formatv("{0} plans priced, {1} fit, {2} more within twice "
-                       "the memory (the compile decides), in {3:F1} s",
+                       "the memory (the compile decides), in {3:F1} s{4}",
                        result.priced, predictedFits, uncertain.size(),
-                       secondsSince(start))
+                       secondsSince(start),
+                       result.bounded
+                           ? llvm::formatv("; {0} slower than {1} that fit "
+                                           "by their compute alone, not "
+                                           "simulated",
+                                           result.bounded, kBound)
+                                 .str()
+                           : std::string())
              .str());
   std::move(uncertain.begin(), uncertain.end(), std::back_inserter(fitting));
   llvm::stable_sort(fitting,

@@ -204,11 +204,18 @@ private:
   /// (same-rank work that should have come first).
   std::optional<double> ready(int32_t rank, const Instr &i,
                               std::string &error) const;
+  /// Where (op, mb, vs) finishes in `finished`, or -1 outside the
+  /// schedule's micro-batches and virtual stages.
+  int64_t slot(Op op, int32_t mb, int32_t vs) const {
+    if (mb < 0 || mb >= o.microbatches || vs < 0 || vs >= V)
+      return -1;
+    return (static_cast<int64_t>(op) * V + vs) * o.microbatches + mb;
+  }
   std::optional<double> done(Op op, int32_t mb, int32_t vs) const {
-    auto it = finished.find({static_cast<int>(op), mb, vs});
-    if (it == finished.end())
+    int64_t at = slot(op, mb, vs);
+    if (at < 0 || finished[at] < 0)
       return std::nullopt;
-    return it->second;
+    return finished[at];
   }
   /// When what `op` of virtual stage `vs` sends has arrived.
   std::optional<double> arrival(Op op, int32_t mb, int32_t vs) const {
@@ -223,7 +230,8 @@ private:
   std::vector<std::vector<Instr>> lists;
   bool implicit, flexible;
   int32_t p, V;
-  std::map<Key, double> finished;
+  /// When each (op, micro-batch, virtual stage) finished; -1: not yet.
+  std::vector<double> finished;
   std::vector<double> freeAt;
   std::vector<std::deque<Instr>> pendingW;
   std::vector<int32_t> inFlight;
@@ -281,7 +289,8 @@ std::optional<double> Replay::ready(int32_t rank, const Instr &i,
 void Replay::execute(int32_t rank, const Instr &i, double start) {
   int32_t vs = vstage(rank, i.chunk);
   double end = start + duration(i.op, vs);
-  finished[{static_cast<int>(i.op), i.microbatch, vs}] = end;
+  if (int64_t at = slot(i.op, i.microbatch, vs); at >= 0)
+    finished[at] = end;
   freeAt[rank] = end;
   order[rank].push_back(i);
   if (isCompute(i.op))
@@ -306,15 +315,26 @@ std::string Replay::run() {
   pendingW.assign(p, {});
   inFlight.assign(p, 0);
   std::vector<size_t> next(p, 0);
+  finished.assign(static_cast<size_t>(7) * V * std::max(0, o.microbatches),
+                  -1.0);
+  // Ranks by the time they are free, ties by rank: decisions are made in
+  // time order, so a rank that finds its next work not ready is really
+  // idle then. Only the rank that ran moves (later: its time only grows).
+  std::vector<int32_t> byTime(p);
+  for (int32_t r = 0; r < p; ++r)
+    byTime[r] = r;
+  auto moveLater = [&](int32_t rank) {
+    size_t at = std::find(byTime.begin(), byTime.end(), rank) - byTime.begin();
+    auto before = [&](int32_t a, int32_t b) {
+      return freeAt[a] < freeAt[b] || (freeAt[a] == freeAt[b] && a < b);
+    };
+    while (at + 1 < byTime.size() && before(byTime[at + 1], rank)) {
+      byTime[at] = byTime[at + 1];
+      ++at;
+    }
+    byTime[at] = rank;
+  };
   for (;;) {
-    // Ranks by the time they are free: decisions are made in time order,
-    // so a rank that finds its next work not ready is really idle then.
-    std::vector<int32_t> byTime(p);
-    for (int32_t r = 0; r < p; ++r)
-      byTime[r] = r;
-    std::stable_sort(byTime.begin(), byTime.end(), [&](int32_t a, int32_t b) {
-      return freeAt[a] < freeAt[b];
-    });
     bool progressed = false, finishedAll = true;
     std::string error;
     for (int32_t r : byTime) {
@@ -340,12 +360,14 @@ std::string Replay::run() {
         Instr w = pendingW[r].front();
         pendingW[r].pop_front();
         execute(r, w, freeAt[r]);
+        moveLater(r);
         progressed = true;
         break;
       }
       if (!at)
         continue;
       execute(r, lists[r][next[r]], std::max(*at, freeAt[r]));
+      moveLater(r);
       ++next[r];
       progressed = true;
       break;

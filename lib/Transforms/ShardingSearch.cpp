@@ -80,10 +80,16 @@ WeightClasses mlir::pcc::classifyWeights(func::FuncOp func, int depth) {
       }
       nextUp[op] = h;
       SmallVector<size_t> readers;
+      // A value returned is hashed without its position in the return: a
+      // training forward phase returns every layer's saved activations,
+      // each at its own position, and hashing that position gave every
+      // layer its own classes (98 for 16 Llama layers against 23 in
+      // inference), which made the search quadratic in depth.
       for (OpResult r : op->getResults())
         for (OpOperand &use : r.getUses())
           readers.push_back(llvm::hash_combine(
-              down.lookup(use.getOwner()), use.getOperandNumber(),
+              down.lookup(use.getOwner()),
+              isa<func::ReturnOp>(use.getOwner()) ? 0 : use.getOperandNumber(),
               r.getResultNumber()));
       llvm::sort(readers);
       nextDown[op] = llvm::hash_combine(
@@ -239,9 +245,18 @@ ShardingPlan Search::followSplit(llvm::StringMap<Shard> &trial) {
   }
 }
 
+/// The activations a plan all-gathers. A weight gathered for a reader that
+/// needs it whole is not counted: the whole-bytes term of betterThan
+/// already weighs it, and counting it made a group move on tied classes
+/// (one class for a role in every layer) keep K and V whole. Splitting
+/// layer 0's attention with its siblings sets the O class to rows in
+/// every layer, whose other layers' weights are gathered until their own
+/// move; the variant without siblings then won, froze K and V whole, and
+/// the search ended gathering around every block.
 static int64_t countGathers(const ShardingPlan &plan) {
   return llvm::count_if(plan.collectives, [](const PlannedCollective &c) {
-    return c.kind == CollectiveKind::AllGather;
+    return c.kind == CollectiveKind::AllGather &&
+           !c.value.getDefiningOp<ParamOp>();
   });
 }
 

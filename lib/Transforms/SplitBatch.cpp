@@ -63,12 +63,33 @@ DenseElementsAttr pieceOf(DenseElementsAttr attr, int64_t dim, int64_t stripes,
 /// micro-batch's slice is the same too. The exporters' causal masks at
 /// long sequences are such values (aranges repeated over the batch,
 /// compared and selected, too large to fold while importing).
+/// The splat a constant holds, or null.
+DenseElementsAttr splatOf(Value v) {
+  auto cst = v.getDefiningOp<ConstantOp>();
+  auto dense = cst ? dyn_cast<DenseElementsAttr>(cst.getValue()) : nullptr;
+  return dense && dense.isSplat() ? dense : nullptr;
+}
+
+/// Whether `v` is computed from constants alone by pure ops (no graph
+/// input, weight or state reaches it).
+bool computedFromConstants(Value v, int depth) {
+  Operation *def = v.getDefiningOp();
+  if (!def || depth > 64 || !isPure(def) || def->getNumRegions() ||
+      isa<ParamOp>(def))
+    return false;
+  return llvm::all_of(def->getOperands(), [&](Value operand) {
+    return computedFromConstants(operand, depth + 1);
+  });
+}
+
+/// `blocker` is set to the op whose pieces could not be shown equal.
 FailureOr<Value> uniformPiece(Value v, int64_t dim, int64_t m, OpBuilder &b,
-                              IRMapping &done, int depth) {
+                              IRMapping &done, int depth, Operation *&blocker) {
   if (Value known = done.lookupOrNull(v))
     return known;
   auto type = dyn_cast<RankedTensorType>(v.getType());
   Operation *def = v.getDefiningOp();
+  blocker = def;
   if (!type || !def || depth > 64 || type.getRank() <= dim ||
       type.getDimSize(dim) % m != 0)
     return failure();
@@ -90,13 +111,22 @@ FailureOr<Value> uniformPiece(Value v, int64_t dim, int64_t m, OpBuilder &b,
           return failure();
       out = ConstantOp::create(b, cst.getLoc(), piece).getResult();
     }
+  } else if (auto gather = dyn_cast<GatherOp>(def);
+             gather && splatOf(gather.getData()) &&
+             computedFromConstants(gather.getIndices(), 0)) {
+    // Every element of a splat table is the same whichever rows the
+    // indices pick (the exporters' padding masks, attention_mask[b, kv]
+    // of an all-ones mask, past the folding limit at 1,024 x 4,096).
+    out = ConstantOp::create(b, gather.getLoc(),
+                             splatOf(gather.getData()).resizeSplat(pieceType))
+              .getResult();
   } else if (auto bc = dyn_cast<BroadcastOp>(def)) {
     auto inType = cast<RankedTensorType>(bc.getInput().getType());
     int64_t inDim = dim - (type.getRank() - inType.getRank());
     Value input = bc.getInput();
     if (inDim >= 0 && inType.getDimSize(inDim) != 1) {
       FailureOr<Value> piece =
-          uniformPiece(input, inDim, m, b, done, depth + 1);
+          uniformPiece(input, inDim, m, b, done, depth + 1, blocker);
       if (failed(piece))
         return failure();
       input = *piece;
@@ -111,7 +141,7 @@ FailureOr<Value> uniformPiece(Value v, int64_t dim, int64_t m, OpBuilder &b,
       if (!t || t.getShape() != type.getShape())
         return failure();
       FailureOr<Value> piece =
-          uniformPiece(operand, dim, m, b, done, depth + 1);
+          uniformPiece(operand, dim, m, b, done, depth + 1, blocker);
       if (failed(piece))
         return failure();
       operands.map(operand, *piece);
@@ -308,11 +338,12 @@ struct SplitBatchPass
           return;
         }
       }
+      Operation *blocker = nullptr;
       if (stripes == 1) {
         OpBuilder b(slice);
         IRMapping done;
         FailureOr<Value> piece =
-            uniformPiece(slice.getInput(), dim, m, b, done, 0);
+            uniformPiece(slice.getInput(), dim, m, b, done, 0, blocker);
         if (succeeded(piece) && piece->getType() == slice.getType()) {
           Value whole = slice.getInput();
           slice.replaceAllUsesWith(*piece);
@@ -334,9 +365,13 @@ struct SplitBatchPass
           return;
         }
       }
-      slice.emitError() << "cannot split the batch into micro-batches: this "
-                           "value is sliced along the batch, and its slices "
-                           "differ between micro-batches";
+      auto diag = slice.emitError()
+                  << "cannot split the batch into micro-batches: this "
+                     "value is sliced along the batch, and its slices "
+                     "differ between micro-batches";
+      if (blocker)
+        diag << " (or cannot be shown equal through " << blocker->getName()
+             << " at " << blocker->getLoc() << ")";
       bad = true;
     });
     func.walk([&](ParamOp param) {

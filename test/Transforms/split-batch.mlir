@@ -130,3 +130,37 @@ func.func @differing_mask(%x: tensor<4x4xf32> {pcc.name = "x"}) -> (tensor<4x4xf
   %y = pcc.add %x, %m : tensor<4x4xf32>
   return %y : tensor<4x4xf32>
 }
+
+// -----
+
+// A gather from a splat table is that splat whichever rows the indices
+// pick (the exporters' padding mask, attention_mask[b, kv] of an all-ones
+// mask, left computed past the folding limit at 1,024 x 4,096 tokens).
+// CHECK-LABEL: func.func @splat_gather
+// CHECK: %[[G:.*]] = pcc.constant dense<1.000000e+00> : tensor<2x4xf32>
+// CHECK: pcc.mul %{{.*}}, %[[G]] : tensor<2x4xf32>
+// CHECK-NOT: pcc.gather
+func.func @splat_gather(%x: tensor<4x4xf32> {pcc.name = "x"}) -> (tensor<4x4xf32> {pcc.name = "y"}) {
+  %t = pcc.constant dense<1.0> : tensor<16xf32>
+  %i = pcc.constant dense<[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]> : tensor<4x4xi64>
+  %z = pcc.constant dense<0> : tensor<4x4xi64>
+  %j = pcc.add %i, %z : tensor<4x4xi64>
+  %g = pcc.gather %t[%j] axis = 0 : tensor<16xf32>, tensor<4x4xi64> -> tensor<4x4xf32>
+  %y = pcc.mul %x, %g : tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}
+
+// -----
+
+// From a table whose entries differ, the rows picked differ: refused, and
+// the error names the op it could not see through.
+func.func @table_gather(%x: tensor<4x4xf32> {pcc.name = "x"}) -> (tensor<4x4xf32> {pcc.name = "y"}) {
+  %t = pcc.constant dense<[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0]> : tensor<16xf32>
+  %i = pcc.constant dense<[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]> : tensor<4x4xi64>
+  %z = pcc.constant dense<0> : tensor<4x4xi64>
+  %j = pcc.add %i, %z : tensor<4x4xi64>
+  // expected-error @+1 {{slices differ between micro-batches (or cannot be shown equal through pcc.gather at}}
+  %g = pcc.gather %t[%j] axis = 0 : tensor<16xf32>, tensor<4x4xi64> -> tensor<4x4xf32>
+  %y = pcc.mul %x, %g : tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}

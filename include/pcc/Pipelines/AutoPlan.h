@@ -86,6 +86,9 @@ struct PlanSearchResult {
   /// The plan needing the least memory, when none fits.
   std::optional<PlanPrediction> leastMemory;
   int64_t priced = 0, overMemory = 0, notDividing = 0;
+  /// Plans not simulated: their busiest rank's compute alone is slower
+  /// than enough plans predicted to fit (none of them could be chosen).
+  int64_t bounded = 0;
   /// What ruled out whole parts of the space ("tp=8: ...").
   std::vector<std::string> notes;
   double searchSeconds = 0;
