@@ -26,7 +26,8 @@
 # in fp32, bf16 and fp16), and a
 # checkpoint resumes bit for bit on the GPU (also one saved by a CPU run).
 # Communicators: pcc-collective-tests on
-# the NCCL engine in a world of one.
+# the NCCL engine in a world of one. Calibration: pcc-run --calibrate on
+# cuda:0 (cuBLAS products by size, a device copy) writes a machine file.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -205,7 +206,26 @@ run_prepared() {
   PCC_RUN="$run" "$root/scripts/run-exported.sh" "$out" cuda || status=1
   run_training "$out" "$run" || status=1
   run_collectives "$out" || status=1
+  run_calibration "$out" "$run" || status=1
   return "$status"
+}
+
+# pcc-run --calibrate on the GPU (what `pcc calibrate --device cuda` runs):
+# cuBLAS's fp32 and bf16 products by size and a device copy, written as a
+# machine file on the h100 preset; prints the file for the issue's record.
+run_calibration() {
+  local out="$1" run="$2"
+  echo "== calibrating cuda:0 (pcc-run --calibrate)"
+  if LD_LIBRARY_PATH="$out/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      "$run" --calibrate "$out/machine-cuda.json" --device cuda \
+      --calibrate-base h100 >"$out/calibrate.log" 2>&1 &&
+      grep -q '"fp32_flops"' "$out/machine-cuda.json"; then
+    echo "PASS calibrate/cuda:"
+    sed 's/^/    /' "$out/calibrate.log"
+  else
+    echo "FAIL calibrate/cuda:"; tail -n 12 "$out/calibrate.log" | sed 's/^/    /'
+    return 1
+  fi
 }
 
 # The NCCL engine on one GPU (a world of one): every collective, the
@@ -251,6 +271,7 @@ case "$mode" in
       echo "GPU suite skipped: $("$run" --list-devices | grep '^cuda' | head -1)"
       exit 0
     fi
-    run_training "$dir" "$run" && run_collectives "$dir" ;;
+    run_training "$dir" "$run" && run_collectives "$dir" &&
+      run_calibration "$dir" "$run" ;;
   *) echo "usage: test-gpu.sh [--prepare DIR | --run DIR | --prepare-train DIR | --run-train DIR]" >&2; exit 2 ;;
 esac
