@@ -394,11 +394,11 @@ private:
   /// bounds when the model has too few cut points).
   const StageCut &cutsFor(const Probe &p, const ProbeKey &key, int64_t stages,
                           int64_t ranks);
-  /// A schedule replayed: the makespan, the busiest rank's compute, and
-  /// each rank's stash slots and B-to-W sets per chunk.
+  /// A schedule replayed: the makespan, and each rank's stash slots and B-to-W
+  /// sets per chunk.
   struct Replay {
     std::optional<std::string> error;
-    double makespan = 0, busiest = 0;
+    double makespan = 0;
     std::vector<std::vector<int32_t>> slotCounts, stashCounts;
   };
   std::optional<PlanPrediction> price(const Candidate &c, bool &overMemory,
@@ -532,7 +532,7 @@ Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
   out.slotCounts.resize(static_cast<size_t>(c.pp));
   out.stashCounts.resize(static_cast<size_t>(c.pp));
   if (c.pp == 1) {
-    out.makespan = out.busiest = (f[0] + b[0] + w[0]) * c.microbatches;
+    out.makespan = (f[0] + b[0] + w[0]) * c.microbatches;
     out.slotCounts[0] = {1};
     out.stashCounts[0] = {0};
     return out;
@@ -567,12 +567,6 @@ Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
   }
   out.makespan = sim.simulation->makespan;
   for (int64_t r = 0; r < c.pp; ++r) {
-    double work = 0;
-    for (int64_t ch = 0; ch < c.chunks; ++ch) {
-      int64_t k = r + ch * c.pp;
-      work += (f[k] + b[k] + w[k]) * c.microbatches;
-    }
-    out.busiest = std::max(out.busiest, work);
     std::vector<sched::SlotStep> steps;
     for (const sched::Instr &in : s.ranks[r])
       if (in.op == sched::Op::Forward || in.op == sched::Op::Backward ||
@@ -646,24 +640,23 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   // slower by that alone than enough plans predicted to fit is not
   // simulated (the simulation is most of the pricing at pp x m in the
   // thousands).
+  // Each pipeline rank's compute per step: its chunks' F + B + W for every
+  // micro-batch.
+  std::vector<double> work(static_cast<size_t>(c.pp), 0);
+  for (int64_t r = 0; r < c.pp; ++r)
+    for (int64_t ch = 0; ch < c.chunks; ++ch) {
+      int64_t k = r + ch * c.pp;
+      work[r] += (f[k] + b[k] + w[k]) * c.microbatches;
+    }
+  double busiest = *std::max_element(work.begin(), work.end());
+  // The pipeline's replay is the same for every ZeRO stage.
+  auto rkey = std::make_tuple(key, c.pp, c.chunks, c.dp, c.microbatches,
+                              static_cast<int>(c.policy));
+  auto cached = replays.find(rkey);
   bounded = false;
-  auto rkeyEarly = std::make_tuple(key, c.pp, c.chunks, c.dp, c.microbatches,
-                                   static_cast<int>(c.policy));
-  if (pruneAbove < std::numeric_limits<double>::infinity() &&
-      !replays.count(rkeyEarly)) {
-    double busiest = 0;
-    for (int64_t r = 0; r < c.pp; ++r) {
-      double work = 0;
-      for (int64_t ch = 0; ch < c.chunks; ++ch) {
-        int64_t k = r + ch * c.pp;
-        work += (f[k] + b[k] + w[k]) * c.microbatches;
-      }
-      busiest = std::max(busiest, work);
-    }
-    if (busiest > pruneAbove) {
-      bounded = true;
-      return std::nullopt;
-    }
+  if (cached == replays.end() && busiest > pruneAbove) {
+    bounded = true;
+    return std::nullopt;
   }
   // pp neighbours are tp ranks apart, dp groups tp x pp apart (the mesh
   // order dp, pp, tp).
@@ -675,11 +668,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
                   static_cast<double>(outBytes[k]) / (bw * pricer.share);
   }
 
-  // The pipeline: each rank's list replayed with these durations (the
-  // same for every ZeRO stage).
-  auto rkey = std::make_tuple(key, c.pp, c.chunks, c.dp, c.microbatches,
-                              static_cast<int>(c.policy));
-  auto cached = replays.find(rkey);
+  // The pipeline: each rank's list replayed with these durations.
   if (cached == replays.end())
     cached = replays.emplace(rkey, replay(c, f, b, w, transfer)).first;
   const Replay &rep = cached->second;
@@ -687,7 +676,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     why = *rep.error;
     return std::nullopt;
   }
-  double makespan = rep.makespan, busiest = rep.busiest;
+  double makespan = rep.makespan;
   const std::vector<std::vector<int32_t>> &slotCounts = rep.slotCounts,
                                           &stashCounts = rep.stashCounts;
 
@@ -782,12 +771,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     dpWorst = std::max(dpWorst, comm);
     double update = p.optimizerSeconds * share / (c.zero ? d : 1.0);
     optWorst = std::max(optWorst, update);
-    double work = 0;
-    for (int64_t ch = 0; ch < c.chunks; ++ch) {
-      int64_t k = r + ch * c.pp;
-      work += (f[k] + b[k] + w[k]) * c.microbatches;
-    }
-    busyTotal += static_cast<double>(c.tp * c.dp) * (work + comm + update);
+    busyTotal += static_cast<double>(c.tp * c.dp) * (work[r] + comm + update);
     movedWorst =
         std::max(movedWorst, moved + p.tpBytes * rows * c.microbatches * share +
                                  static_cast<double>(outBytes[r] + inBytes[r]) *

@@ -86,54 +86,19 @@ std::vector<ProfileRecord> Profiler::records(int rank) const {
 // The machine's peaks
 //===----------------------------------------------------------------------===//
 
-namespace {
-
-/// The best of `times` calls of `fn`, in seconds.
-template <typename Fn> double bestOf(int times, Fn fn) {
-  double best = 1e30;
-  for (int i = 0; i < times; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    if (!fn())
-      return 0;
-    best = std::min(best, std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - t0)
-                              .count());
-  }
-  return best;
-}
-
-} // namespace
-
-MachinePeaks measureCpuPeaks() {
+MachinePeaks measureCpuPeaks(pccrt::Device &device) {
+  // Through the device's own timing entry points, which `pcc calibrate`
+  // uses too: one way of measuring the machine.
   MachinePeaks peaks;
   const int64_t n = 1024;
   const double flops = 2.0 * n * n * n;
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
-  auto sgemm = [&] {
-    pcc_cpu_matmul_f32(a.data(), b.data(), c.data(), 1, n, n, n, 0, 0, 0, 0);
-    return true;
-  };
-  sgemm(); // warm-up: threads, pages
-  if (double s = bestOf(4, sgemm); s > 0)
-    peaks.gemmF32 = flops / s / 1e9;
-  std::vector<uint16_t> a16(n * n, 0x3f00), b16(n * n, 0x3e80), c16(n * n);
-  auto bf16 = [&] {
-    return pcc_cpu_matmul_bf16(a16.data(), b16.data(), c16.data(), 1, n, n, n,
-                               0, 0, 0, 0) == 0;
-  };
-  if (bf16())
-    if (double s = bestOf(4, bf16); s > 0)
-      peaks.gemmBf16 = flops / s / 1e9;
-  const size_t bytes = size_t(128) << 20;
-  std::unique_ptr<char[]> from(new char[bytes]), to(new char[bytes]);
-  std::memset(from.get(), 1, bytes);
-  std::memset(to.get(), 2, bytes);
-  auto copy = [&] {
-    std::memcpy(to.get(), from.get(), bytes);
-    return true;
-  };
-  if (double s = bestOf(3, copy); s > 0)
-    peaks.copy = 2.0 * static_cast<double>(bytes) / s / 1e9;
+  if (auto s = device.timeProduct(n, n, n, /*bf16=*/false, 4); s.ok() && *s > 0)
+    peaks.gemmF32 = flops / *s / 1e9;
+  if (auto s = device.timeProduct(n, n, n, /*bf16=*/true, 4); s.ok() && *s > 0)
+    peaks.gemmBf16 = flops / *s / 1e9;
+  const int64_t bytes = int64_t(128) << 20;
+  if (auto s = device.timeCopy(bytes, 3); s.ok() && *s > 0)
+    peaks.copy = 2.0 * static_cast<double>(bytes) / *s / 1e9;
   return peaks;
 }
 
@@ -479,7 +444,7 @@ Status finishProfiling(Profiler &profiler, pccrt::Device &device,
   summary.device = device.describe();
   summary.cuda = !device.isHost();
   if (device.isHost())
-    summary.peaks = measureCpuPeaks();
+    summary.peaks = measureCpuPeaks(device);
   std::fputs(("\n" + profileReport(records, summary)).c_str(), stdout);
   if (!tracePath.empty()) {
     Status s = writeProfileTrace(tracePath, profiler.lastRunEvents());

@@ -89,11 +89,11 @@ private:
 
 /// The machine's rates, measured now (0: not measured): an fp32 and a bf16
 /// 1024^3 product through the runtime's kernels (GFLOP/s), and a 128 MiB
-/// copy on one thread (GB/s, bytes read plus written).
+/// copy through the runtime's copy kernel (GB/s, bytes read plus written).
 struct MachinePeaks {
   double gemmF32 = 0, gemmBf16 = 0, copy = 0;
 };
-MachinePeaks measureCpuPeaks();
+MachinePeaks measureCpuPeaks(pccrt::Device &device);
 
 /// Every rank's records, on rank 0 (the others get an empty list).
 pccrt::Result<std::vector<ProfileRecord>>
