@@ -171,7 +171,9 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
     pm.addPass(createCheckCollectives());
   if (o.planMemory) {
     pm.addNestedPass<func::FuncOp>(createFuseElementwise());
-    pm.addNestedPass<func::FuncOp>(createPlanMemory());
+    PlanMemoryOptions plan;
+    plan.cpu = o.target == DeviceTarget::Cpu;
+    pm.addNestedPass<func::FuncOp>(createPlanMemory(plan));
   }
 }
 

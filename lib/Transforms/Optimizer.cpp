@@ -179,6 +179,14 @@ struct AssignFirstGradientsPass
     for (auto [acc, zero] : firsts) {
       OpBuilder b(acc);
       AssignOp::create(b, acc.getLoc(), acc.getState(), acc.getValue());
+      // The state loaded before its value is made, so that the CPU back end
+      // can compute the value in the state's memory (a weight gradient's
+      // product: CpuDeferral::IntoState).
+      Operation *def = acc.getValue().getDefiningOp();
+      Operation *load = acc.getState().getDefiningOp();
+      if (def && isa_and_nonnull<ParamOp>(load) &&
+          def->getBlock() == load->getBlock() && def->isBeforeInBlock(load))
+        load->moveBefore(def);
       acc.erase();
       Value state = zero.getState();
       zero.erase();

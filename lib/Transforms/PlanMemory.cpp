@@ -134,20 +134,6 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
       return;
     }
 
-    // Index of each op and the last use of each buffer (through aliases).
-    llvm::DenseMap<Operation *, int64_t> index;
-    llvm::DenseMap<Value, int64_t> lastUse;
-    int64_t i = 0;
-    for (Operation &op : body) {
-      index[&op] = i;
-      bool isReturn = op.hasTrait<OpTrait::IsTerminator>();
-      for (Value operand : op.getOperands()) {
-        Value storage = storageOf(operand);
-        lastUse[storage] = isReturn ? INT64_MAX : i;
-      }
-      ++i;
-    }
-
     // A result the function returns is written straight into the caller's
     // output (the C++ emitter's out[k], at its first place in the return):
     // it takes no arena space (offset -2).
@@ -160,19 +146,43 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
         v = reshape.getInput();
       returned.insert(v);
     }
+    // For the CPU alone: the ops its back end computes in their users.
+    llvm::DenseSet<Operation *> deferred;
+    if (cpu)
+      for (Operation &op : body)
+        if (getCpuDeferral(&op, [&](Value v) {
+              return returned.contains(v);
+            }) != CpuDeferral::None)
+          deferred.insert(&op);
+
+    // Index of each op and the last use of each buffer (through aliases);
+    // a deferred op's operands are read by its user.
+    llvm::DenseMap<Operation *, int64_t> index;
+    for (auto [i, op] : llvm::enumerate(body))
+      index[&op] = static_cast<int64_t>(i);
+    llvm::DenseMap<Value, int64_t> lastUse;
+    for (Operation &op : body) {
+      bool isReturn = op.hasTrait<OpTrait::IsTerminator>();
+      int64_t at =
+          deferred.contains(&op) ? index[*op.getUsers().begin()] : index[&op];
+      for (Value operand : op.getOperands()) {
+        Value storage = storageOf(operand);
+        int64_t &last = lastUse[storage];
+        last = isReturn ? INT64_MAX : std::max(last, at);
+      }
+    }
 
     Arena arena(alignment);
     std::multimap<int64_t, std::pair<int64_t, int64_t>>
         dying; // at -> (off, bytes)
     Builder b(func.getContext());
     int64_t total = 0;
-    for (Operation &op : body) {
-      int64_t at = index[&op];
-      if (op.getNumResults() == 0 || !isa<PccDialect>(op.getDialect()))
-        continue;
+    // Places `op`'s results (at position `at`) in the arena.
+    auto allocateResults = [&](Operation &op, int64_t at) {
       SmallVector<int64_t> offsets;
       for (Value result : op.getResults()) {
-        if (needsNoBuffer(&op) || skippedUnread(result)) {
+        if (needsNoBuffer(&op) || skippedUnread(result) ||
+            deferred.contains(&op)) {
           offsets.push_back(kNoBuffer);
           continue;
         }
@@ -191,8 +201,17 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
           dying.emplace(dies, std::make_pair(offset, bytes));
       }
       op.setAttr(kBufferOffsetsAttrName, b.getDenseI64ArrayAttr(offsets));
+    };
+    for (Operation &op : body) {
+      int64_t at = index[&op];
+      if (op.getNumResults() != 0 && isa<PccDialect>(op.getDialect()))
+        allocateResults(op, at);
       // Buffers whose last use is this op are free for the next ops; an
-      // op's own operands stay live until it has written its results.
+      // op's own operands stay live until it has written its results. Ops
+      // without results count too: a weight gradient's last reader is the
+      // pcc.accumulate that adds it into its state, and its buffer is free
+      // from there on (released only at result-producing ops, a
+      // pipeline's W phase kept every weight gradient of the stage).
       auto [from, to] = dying.equal_range(at);
       for (auto it = from; it != to; ++it)
         arena.release(it->second.first, it->second.second);

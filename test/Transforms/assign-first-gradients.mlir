@@ -4,7 +4,9 @@
 // One micro-batch: each gradient is written where the backward phase
 // first makes it (pcc.assign), and the zero-grad phase zeroes nothing. The
 // embedding table tied to the head gets a second contribution, still
-// accumulated.
+// accumulated. The state is loaded before the product that makes its
+// value, so that the CPU back end computes the product in the state
+// (CpuDeferral::IntoState).
 func.func @main(%ids: tensor<2x4xi64>) -> tensor<2x4x16xf32> {
   %t = pcc.param "wte.weight" : tensor<16x8xf32>
   %b = pcc.param "b" : tensor<2x4x8xf32>
@@ -16,9 +18,11 @@ func.func @main(%ids: tensor<2x4xi64>) -> tensor<2x4x16xf32> {
 }
 // CHECK-LABEL: func.func @train_backward
 // CHECK: %[[T1:.*]] = pcc.param "wte.weight@grad" : tensor<16x8xf32>
-// CHECK-NEXT: pcc.assign %[[T1]], %{{.*}} : tensor<16x8xf32>
+// CHECK-NEXT: %[[DT:.*]] = pcc.matmul %{{.*}}, %{{.*}} {transpose_a}
+// CHECK-NEXT: pcc.assign %[[T1]], %[[DT]] : tensor<16x8xf32>
 // CHECK: %[[B:.*]] = pcc.param "b@grad" : tensor<2x4x8xf32>
-// CHECK-NEXT: pcc.assign %[[B]], %{{.*}} : tensor<2x4x8xf32>
+// CHECK-NEXT: %[[DB:.*]] = pcc.mul
+// CHECK-NEXT: pcc.assign %[[B]], %[[DB]] : tensor<2x4x8xf32>
 // CHECK: %[[T2:.*]] = pcc.param "wte.weight@grad" : tensor<16x8xf32>
 // CHECK-NEXT: pcc.accumulate %[[T2]], %{{.*}} : tensor<16x8xf32>
 // CHECK-LABEL: func.func @train_zero_grad

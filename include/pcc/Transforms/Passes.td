@@ -156,7 +156,16 @@ def PlanMemory : Pass<"pcc-plan-memory", "func::FuncOp"> {
     space, and neither does a result the function returns: the generated
     code writes it straight into the caller's output buffer. Each op gets
     `pcc.buffer_offsets` (one offset per result, -1 for an alias, -2 for a
-    returned result) and the function `pcc.arena_bytes` (the peak).
+    returned result) and the function `pcc.arena_bytes` (the peak). An op
+    without results (`pcc.accumulate`, `pcc.assign`) ends its operands'
+    ranges like any other reader.
+
+    With `cpu`, the plan is for the CPU back end alone, which computes some
+    ops inside their one user (`getCpuDeferral` in Contracts.h: a product
+    assigned whole to a state is computed in the state, a scatter-add in the
+    state it is accumulated into, the squares of the gradient norm in its
+    sum, a cast in the state it is assigned to): those get no buffer (-1),
+    and their operands live to the user.
 
     ```mlir
     // before
@@ -174,7 +183,10 @@ def PlanMemory : Pass<"pcc-plan-memory", "func::FuncOp"> {
     Option<"alignment", "alignment", "int64_t", /*default=*/"64",
            "byte alignment of every buffer">,
     Option<"emitRemark", "emit-remark", "bool", /*default=*/"false",
-           "attach a remark with the arena size and the bytes saved by reuse">
+           "attach a remark with the arena size and the bytes saved by reuse">,
+    Option<"cpu", "cpu", "bool", /*default=*/"false",
+           "plan for the CPU back end alone: the ops it computes in their "
+           "users get no buffer">
   ];
   let statistics = [
     Statistic<"arenaBytes", "arena-bytes", "peak bytes of the arena">,

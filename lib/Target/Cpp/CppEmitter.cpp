@@ -48,12 +48,13 @@ LogicalResult CppEmitter::defineResult(Operation *op, unsigned i) {
     return op->emitError("code generation: the op has no buffer offsets; "
                          "run pcc-plan-memory first");
   int64_t offset = offsets[i];
+  // A product assigned to a state is computed there (pcc-plan-memory,
+  // planning for the CPU, gave it no buffer).
+  if (Value state = intoState.lookup(result))
+    return define(result, info->cType, nameOf(state), /*isConst=*/false);
   // A result its op skips (pcc-plan-memory gave it no buffer): null.
   if (offset == kNoBuffer)
     return define(result, info->cType, "nullptr", /*isConst=*/false);
-  // A product assigned to a state is computed there.
-  if (Value state = intoState.lookup(result))
-    return define(result, info->cType, nameOf(state), /*isConst=*/false);
   // A returned result is computed where the caller wants it.
   if (auto it = returnedAt.find(result); it != returnedAt.end()) {
     writtenInPlace.insert(result);
@@ -525,51 +526,29 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
 
 namespace {
 int64_t bytesOf(Value v);
-
-/// The op after `op` that runs code (a weight's load runs none).
-Operation *nextWorker(Operation *op) {
-  Operation *next = op->getNextNode();
-  while (next && isa<ParamOp>(next))
-    next = next->getNextNode();
-  return next;
-}
 } // namespace
 
 bool CppEmitter::deferToUser(Operation *op) {
-  if (cuda || op->getNumResults() != 1 || !op->hasOneUse())
+  if (cuda)
     return false;
-  Value result = op->getResult(0);
+  CpuDeferral deferral =
+      getCpuDeferral(op, [&](Value v) { return returnedAt.count(v) != 0; });
+  if (deferral == CpuDeferral::None || deferral == CpuDeferral::IntoState)
+    return false;
   Operation *user = *op->getUsers().begin();
-  if (user != nextWorker(op) || returnedAt.count(result))
-    return false;
-  if (auto mul = dyn_cast<MulOp>(op)) {
-    auto sum = dyn_cast<ReduceSumOp>(user);
-    auto type = tensorTypeOf(result);
-    if (!sum || mul.getLhs() != mul.getRhs() ||
-        !type.getElementType().isF32() ||
-        static_cast<int64_t>(sum.getAxes().size()) != type.getRank())
-      return false;
-    squares[user] = mul.getLhs();
-  } else if (auto sa = dyn_cast<ScatterAddOp>(op)) {
-    // The accumulator is read by no op in between: the user is next.
-    if (!isa<AssignOp, AccumulateOp>(user) ||
-        user->getOperand(0).getType() != sa.getType())
-      return false;
-    scatterInto[user] = sa;
-  } else if (auto cast = dyn_cast<CastOp>(op)) {
-    Type from = cast.getInput().getType().getElementType();
-    Type to = cast.getType().getElementType();
-    if (auto acc = dyn_cast<AccumulateOp>(user)) {
-      if (!(from.isBF16() || from.isF16()) || !to.isF32())
-        return false;
-      widened[user] = cast.getInput();
-    } else if (isa<AssignOp>(user) && elementInfo(from) && elementInfo(to)) {
-      castInto[user] = cast;
-    } else {
-      return false;
-    }
-  } else {
-    return false;
+  switch (deferral) {
+  case CpuDeferral::SumSquares:
+    squares[user] = cast<MulOp>(op).getLhs();
+    break;
+  case CpuDeferral::ScatterInto:
+    scatterInto[user] = cast<ScatterAddOp>(op);
+    break;
+  case CpuDeferral::Widen:
+    widened[user] = cast<CastOp>(op).getInput();
+    break;
+  default:
+    castInto[user] = cast<CastOp>(op);
+    break;
   }
   return true;
 }
@@ -786,19 +765,11 @@ FailureOr<TargetCode> CppEmitter::emit() {
   // product kernels write their whole result).
   if (!cuda)
     for (auto assign : block.getOps<AssignOp>()) {
-      auto product = assign.getValue().getDefiningOp<MatmulOp>();
-      auto load = assign.getState().getDefiningOp<ParamOp>();
-      // Not a product that reads the state it would overwrite.
-      auto readsState = [&](Value v) {
-        auto p = v.getDefiningOp<ParamOp>();
-        return p && p.getName() == load.getName();
-      };
-      if (product && load && product->getBlock() == &block &&
-          llvm::none_of(product->getOperands(), readsState) &&
-          load->getBlock() == &block && load->isBeforeInBlock(product) &&
-          product->hasOneUse() && nextWorker(product) == assign &&
-          !returnedAt.count(product.getResult())) {
-        intoState[product.getResult()] = assign.getState();
+      Operation *product = assign.getValue().getDefiningOp();
+      if (product && getCpuDeferral(product, [&](Value v) {
+                       return returnedAt.count(v) != 0;
+                     }) == CpuDeferral::IntoState) {
+        intoState[product->getResult(0)] = assign.getState();
         assignedInPlace.insert(assign);
       }
     }

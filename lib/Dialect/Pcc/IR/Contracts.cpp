@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
 
 #include "mlir/IR/BuiltinAttributes.h"
 #include "llvm/ADT/STLExtras.h"
@@ -160,4 +161,80 @@ std::optional<TrainingConfig> mlir::pcc::getTrainingConfig(ModuleOp module) {
                                [&] { return module.emitError(); })))
     return std::nullopt;
   return config;
+}
+
+//===----------------------------------------------------------------------===//
+// Ops the CPU back end computes in their users
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The op after `op` that does work (pcc.param loads are none).
+Operation *nextWorker(Operation *op) {
+  Operation *next = op->getNextNode();
+  while (next && isa<ParamOp>(next))
+    next = next->getNextNode();
+  return next;
+}
+
+/// Element types the C++ back end stores (its ElementInfo table).
+bool storable(Type t) {
+  return isa<Float32Type, Float64Type, Float16Type, BFloat16Type>(t) ||
+         t.isInteger(64) || t.isInteger(32) || t.isInteger(16) ||
+         t.isInteger(8) || t.isInteger(1);
+}
+
+} // namespace
+
+CpuDeferral
+mlir::pcc::getCpuDeferral(Operation *op,
+                          llvm::function_ref<bool(Value)> isReturned) {
+  if (op->getNumResults() != 1 || !op->hasOneUse())
+    return CpuDeferral::None;
+  Value result = op->getResult(0);
+  Operation *user = *op->getUsers().begin();
+  if (user != nextWorker(op) || isReturned(result))
+    return CpuDeferral::None;
+  auto type = cast<RankedTensorType>(result.getType());
+  if (auto product = dyn_cast<MatmulOp>(op)) {
+    auto assign = dyn_cast<AssignOp>(user);
+    if (!assign || assign.getValue() != result)
+      return CpuDeferral::None;
+    auto load = assign.getState().getDefiningOp<ParamOp>();
+    // Not a product that reads the state it would overwrite.
+    auto readsState = [&](Value v) {
+      auto p = v.getDefiningOp<ParamOp>();
+      return p && p.getName() == load.getName();
+    };
+    if (load && load->getBlock() == op->getBlock() &&
+        load->isBeforeInBlock(op) &&
+        llvm::none_of(op->getOperands(), readsState))
+      return CpuDeferral::IntoState;
+    return CpuDeferral::None;
+  }
+  if (auto mul = dyn_cast<MulOp>(op)) {
+    auto sum = dyn_cast<ReduceSumOp>(user);
+    if (sum && mul.getLhs() == mul.getRhs() && type.getElementType().isF32() &&
+        static_cast<int64_t>(sum.getAxes().size()) == type.getRank())
+      return CpuDeferral::SumSquares;
+    return CpuDeferral::None;
+  }
+  if (auto sa = dyn_cast<ScatterAddOp>(op)) {
+    if (isa<AssignOp, AccumulateOp>(user) &&
+        user->getOperand(0).getType() == sa.getType() &&
+        user->getOperand(1) == result)
+      return CpuDeferral::ScatterInto;
+    return CpuDeferral::None;
+  }
+  if (auto cast = dyn_cast<CastOp>(op)) {
+    Type from = cast.getInput().getType().getElementType();
+    Type to = type.getElementType();
+    if (isa<AccumulateOp>(user))
+      return (from.isBF16() || from.isF16()) && to.isF32() ? CpuDeferral::Widen
+                                                           : CpuDeferral::None;
+    if (isa<AssignOp>(user) && user->getOperand(1) == result &&
+        storable(from) && storable(to))
+      return CpuDeferral::CastInto;
+  }
+  return CpuDeferral::None;
 }

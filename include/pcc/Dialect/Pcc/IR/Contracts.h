@@ -186,6 +186,36 @@ parseTrainingAttr(DictionaryAttr attr, TrainingConfig &config,
 /// nullopt for an inference module.
 std::optional<TrainingConfig> getTrainingConfig(ModuleOp module);
 
+/// How the CPU back end computes an op inside the op that consumes it, so
+/// that the op needs no buffer of its own. pcc-plan-memory (planning for
+/// the CPU alone: --target=cpu) and the C++ emitter both ask this one
+/// function, so the arena holds no buffer the code never writes.
+enum class CpuDeferral {
+  None,
+  /// An f32 x * x whose one user, the next op, sums it whole: the sum
+  /// reads x (the global gradient norm).
+  SumSquares,
+  /// A scatter-add whose one user, the next op, assigns or accumulates it
+  /// into a state of its type: it is computed in the state (an embedding's
+  /// gradient).
+  ScatterInto,
+  /// A 16-bit to f32 cast whose one user, the next op, accumulates it into
+  /// a state: widened as it is added.
+  Widen,
+  /// A cast whose one user, the next op, assigns it to a state: cast
+  /// straight into the state.
+  CastInto,
+  /// A product whose one user, the next op, assigns it whole to a state
+  /// loaded before it and not read by the product: computed in the state.
+  IntoState,
+};
+
+/// The deferral of `op` (the next op skips pcc.param loads); `isReturned`
+/// says whether a value is returned by the function (directly or through
+/// reshapes), which keeps it in the caller's output.
+CpuDeferral getCpuDeferral(Operation *op,
+                           llvm::function_ref<bool(Value)> isReturned);
+
 } // namespace mlir::pcc
 
 #endif // PCC_DIALECT_PCC_IR_CONTRACTS_H
