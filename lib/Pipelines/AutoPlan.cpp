@@ -23,6 +23,7 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Format.h"
@@ -146,14 +147,24 @@ struct Probe {
   std::vector<int64_t> saved;
   /// Per weight: its bytes and the positions of the ops reading it.
   std::vector<std::pair<int64_t, std::vector<size_t>>> weights;
+  /// The same for the 16-bit weight copies (mixed precision), which only
+  /// the stages whose products read them hold.
+  std::vector<std::pair<int64_t, std::vector<size_t>>> copies;
   int64_t weightBytes = 0, largestWeight = 0;
   double backwardSeconds = 0, backwardFixedSeconds = 0, optimizerSeconds = 0;
   double tpSeconds = 0, tpBytes = 0; // per micro-batch, forward + backward
   double flops = 0;                  // per micro-batch, forward + backward
   StepMemory pools;
-  /// The largest arena of the per-micro-batch phases, and of the others.
-  int64_t rowArena = 0, stepArena = 0;
+  /// The per-micro-batch phases' largest arena at one row, less the
+  /// buffer of an accumulated weight gradient (`gradBuffer`, the largest,
+  /// which does not grow with the rows); the other phases' largest arena.
+  int64_t rowArena = 0, stepArena = 0, gradBuffer = 0;
+  /// The largest gradient of a weight with several contributions.
+  int64_t tiedGrad = 0;
   std::vector<size_t> candidates; // where a stage cut may go
+  /// Per candidate position: the ONNX node to cut after (--pp-cuts), or ""
+  /// where no name picks that position out.
+  std::vector<std::string> cutNames;
   size_t size() const { return forward.empty() ? 0 : forward.size() - 1; }
 };
 
@@ -173,7 +184,8 @@ void usePositions(Value v, const llvm::DenseMap<Operation *, size_t> &index,
 }
 
 /// Reads a compiled probe module.
-void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, Probe &p) {
+void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
+               Probe &p) {
   auto fwd = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[0]);
   auto bwd = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[1]);
   if (!fwd || !bwd || !fwd.getBody().hasOneBlock()) {
@@ -240,23 +252,38 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, Probe &p) {
   }
   for (size_t i = 0; i < n; ++i)
     p.saved[i + 1] = p.saved[i] + savedAt[i];
-  // Weights (not the optimizer's state), by the ops reading them.
-  llvm::StringSet<> seen;
+  // Weights (not the optimizer's state), by the ops reading them. Under
+  // mixed precision the products read a weight's 16-bit copy: its reads
+  // are the weight's, and the weight's bytes are its f32 ones.
+  llvm::StringMap<size_t> weightAt;
   fwd.walk([&](ParamOp param) {
-    if (!splitStateName(param.getName()).second.empty() ||
-        !seen.insert(param.getName()).second)
+    auto [weight, kind] = splitStateName(param.getName());
+    bool copy = kind == kBf16CopyState || kind == kF16CopyState;
+    if (!kind.empty() && !copy)
       return;
     std::vector<size_t> at;
     usePositions(param.getResult(), index, cloned, at);
     if (at.empty())
       return;
-    llvm::sort(at);
-    at.erase(std::unique(at.begin(), at.end()), at.end());
-    int64_t bytes = getTensorBytes(param.getType());
-    p.weights.push_back({bytes, std::move(at)});
-    p.weightBytes += bytes;
-    p.largestWeight = std::max(p.largestWeight, bytes);
+    int64_t bytes = getTensorBytes(param.getType()) * (copy ? 2 : 1);
+    auto [it, inserted] = weightAt.try_emplace(weight, p.weights.size());
+    if (inserted) {
+      p.weights.push_back({bytes, {}});
+      p.weightBytes += bytes;
+      p.largestWeight = std::max(p.largestWeight, bytes);
+    }
+    std::vector<size_t> &all = p.weights[it->second].second;
+    all.insert(all.end(), at.begin(), at.end());
+    if (copy)
+      p.copies.push_back({getTensorBytes(param.getType()), at});
   });
+  for (auto &entry : p.copies)
+    llvm::sort(entry.second);
+  for (auto &entry : p.weights) {
+    llvm::sort(entry.second);
+    entry.second.erase(std::unique(entry.second.begin(), entry.second.end()),
+                       entry.second.end());
+  }
   // Bytes live across each position (values used later; graph inputs live
   // from the start to their last use), as pcc-pipeline-cut counts them.
   std::vector<int64_t> delta(n + 2, 0);
@@ -287,6 +314,29 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, Probe &p) {
     p.cut.crossing[c] = live;
   }
   p.candidates = candidateCuts(p.cut);
+  // The node before each candidate, as --pp-cuts names it: the compile
+  // cuts after the last op of that node, so the name must not come later.
+  auto nameOf = [](Operation *op) {
+    std::string node = getOnnxNodeOfLocation(op->getLoc()).second;
+    return node.empty() ? op->getName().getStringRef().str() : node;
+  };
+  llvm::StringMap<size_t> lastOf;
+  for (size_t i = 0; i < n; ++i)
+    lastOf[nameOf(ops[i])] = i;
+  // A cut between a node's cast of its input and its product (the
+  // mixed-precision cast the product's node owns) is named after the node
+  // before the cast: the cast goes to the next stage, which changes
+  // nothing the cut weighs (a cast weighs as its input).
+  for (size_t c : p.candidates) {
+    size_t at = c;
+    while (at > 1 && isa<CastOp, ReshapeOp>(ops[at - 1]) &&
+           lastOf.lookup(nameOf(ops[at - 1])) != at - 1)
+      --at;
+    std::string name = at > 0 ? nameOf(ops[at - 1]) : std::string();
+    bool names = !name.empty() && lastOf.lookup(name) == at - 1 &&
+                 name.find(',') == std::string::npos;
+    p.cutNames.push_back(names ? name : std::string());
+  }
   if (getenv("PCC_PLAN_DEBUG")) {
     for (size_t i = 0; i < n; ++i)
       llvm::errs() << i << " " << p.cut.crossing[i] << " " << p.cut.flops[i]
@@ -308,11 +358,43 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, Probe &p) {
         double ignored = 0, fixed = 0;
         p.optimizerSeconds += pricer.op(&op, tp, ignored, fixed);
       }
-  for (int phase : {0, 1, 2, 3})
-    if (auto f = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[phase]))
-      if (auto a = f->getAttrOfType<IntegerAttr>(kArenaBytesAttrName))
-        (phase < 2 ? p.rowArena : p.stepArena) =
-            std::max(phase < 2 ? p.rowArena : p.stepArena, a.getInt());
+  auto arenaOf = [&](int phase) -> int64_t {
+    auto f = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[phase]);
+    auto a = f ? f->getAttrOfType<IntegerAttr>(kArenaBytesAttrName) : nullptr;
+    return a ? a.getInt() : 0;
+  };
+  // A weight gradient accumulated (the probe's micro-batches) is made in a
+  // buffer first; the largest such buffer does not grow with the rows.
+  // (On the CPU a scatter-add is computed in the gradient it is added to,
+  // and a 16-bit value widened as it is added: getCpuDeferral.)
+  auto returnsNothing = [](Value) { return false; };
+  bwd.walk([&](AccumulateOp acc) {
+    Value v = acc.getValue();
+    Operation *def = v.getDefiningOp();
+    if (!def || isa<ParamOp>(def))
+      return;
+    CpuDeferral deferral =
+        cpu ? getCpuDeferral(def, returnsNothing) : CpuDeferral::None;
+    if (deferral == CpuDeferral::ScatterInto)
+      return;
+    if (deferral == CpuDeferral::Widen)
+      v = cast<CastOp>(def).getInput();
+    p.gradBuffer = std::max(p.gradBuffer, getTensorBytes(v.getType()));
+  });
+  // A weight the backward phase gives several gradients (a tied embedding
+  // and LM head): with ZeRO 2 and 3 they are summed before the one
+  // reduce-scatter, each contribution and the sum whole in the arena.
+  llvm::StringMap<int> contributions;
+  bwd.walk([&](Operation *op) {
+    if (!isa<AccumulateOp, AssignOp>(op))
+      return;
+    auto state = op->getOperand(0).getDefiningOp<ParamOp>();
+    if (state && ++contributions[state.getName()] == 2)
+      p.tiedGrad = std::max(p.tiedGrad, getTensorBytes(state.getType()));
+  });
+  p.rowArena =
+      std::max(arenaOf(0), std::max<int64_t>(0, arenaOf(1) - p.gradBuffer));
+  p.stepArena = std::max(arenaOf(2), arenaOf(3));
   p.tpBytes = moved;
   p.pools = predictStepMemory(module);
 }
@@ -388,6 +470,8 @@ private:
     /// last stage), whose gradients the step sums over those ranks, and
     /// the largest such group.
     std::vector<int64_t> sharedBytes;
+    /// Per stage: the bytes of the 16-bit weight copies it reads.
+    std::vector<int64_t> copies;
     std::vector<int64_t> sharedRanks;
   };
   /// The stage cut for `stages` stages over `ranks` pipeline ranks (no
@@ -471,7 +555,7 @@ const Probe &Search::probe(int64_t tp, const std::string &precision,
   }
   // The probe's errors are the search's notes, not the user's.
   if (OwningOpRef<ModuleOp> copy = compileQuietly(probeModule, o, p.error))
-    readProbe(*copy, pricer, tp, p);
+    readProbe(*copy, pricer, tp, o.target == DeviceTarget::Cpu, p);
   report(llvm::formatv(
              "probe tp={0} {1} recompute={2}: {3}", tp, precision, recompute,
              p.error.empty() ? llvm::formatv("{0} forward ops, {1:F1} s",
@@ -501,14 +585,21 @@ const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
   out.bounds.insert(out.bounds.end(), cut.begin(), cut.end());
   out.bounds.push_back(p.size());
   out.weights.assign(static_cast<size_t>(stages), 0);
+  out.copies.assign(static_cast<size_t>(stages), 0);
+  auto readIn = [&](const std::vector<size_t> &at, int64_t k) {
+    auto first = std::lower_bound(at.begin(), at.end(), out.bounds[k]);
+    return first != at.end() && *first < out.bounds[k + 1];
+  };
+  for (const auto &[bytes, at] : p.copies)
+    for (int64_t k = 0; k < stages; ++k)
+      if (readIn(at, k))
+        out.copies[k] += bytes;
   out.sharedBytes.assign(static_cast<size_t>(ranks), 0);
   out.sharedRanks.assign(static_cast<size_t>(ranks), 1);
   for (const auto &[bytes, at] : p.weights) {
     llvm::SmallVector<int64_t, 4> holders;
     for (int64_t k = 0; k < stages; ++k) {
-      size_t lo = out.bounds[k], hi = out.bounds[k + 1];
-      auto first = std::lower_bound(at.begin(), at.end(), lo);
-      if (first == at.end() || *first >= hi)
+      if (!readIn(at, k))
         continue;
       out.weights[k] += bytes;
       if (!llvm::is_contained(holders, k % ranks))
@@ -689,17 +780,27 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   // cores: one rank's bubble is another's compute).
   double busyTotal = 0;
   double d = static_cast<double>(c.dp);
+  // The largest gradient of weights shared by pipeline ranks.
+  double sharedGrads = 0;
+  for (int64_t bytes : stageCut.sharedBytes)
+    sharedGrads = std::max(sharedGrads, static_cast<double>(bytes) *
+                                            (pool.grads / weightTotal));
   for (int64_t r = 0; r < c.pp; ++r) {
-    int64_t rankWeights = 0;
+    int64_t rankWeights = 0, rankCopies = 0;
     double back = 0;
     for (int64_t ch = 0; ch < c.chunks; ++ch) {
       int64_t k = r + ch * c.pp;
       rankWeights += weights[k];
+      rankCopies += stageCut.copies[k];
       back += b[k] + w[k];
     }
     double share = static_cast<double>(rankWeights) / weightTotal;
+    // The 16-bit copies where the rank's products read them (the pool's
+    // whole when no stage is cut: every copy the probe read).
     double W = pool.weights * share, G = pool.grads * share,
-           O = pool.optimizer * share, C = pool.copies * share;
+           O = pool.optimizer * share,
+           C = c.pp * c.chunks > 1 ? static_cast<double>(rankCopies)
+                                   : static_cast<double>(pool.copies);
     // ZeRO's model state (the optimizer's and a master piece of each
     // weight sharded from stage 1, the gradients from 2, the weights at 3,
     // one gathered weight alive besides). In a pipeline the gradients
@@ -715,7 +816,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       state = W + shardedGrads + C + (O + W) / d;
       break;
     default:
-      state = C + shardedGrads + (W + O) / d + p.largestWeight;
+      state = C + shardedGrads + (W + O) / d;
       break;
     }
     double activations = 0;
@@ -729,8 +830,44 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       activations += stashCounts[r][ch] * 0.5 * saved[k];
       activations += static_cast<double>(c.microbatches) * inBytes[k];
     }
-    double arena = std::max(static_cast<double>(p.rowArena) * rows,
-                            static_cast<double>(p.stepArena) * share);
+    // The arena: the largest phase's scratch. A micro-batch's phases: the
+    // one-row scratch grown with the rows, and an accumulated weight
+    // gradient's buffer (pcc-assign-first-gradients writes a gradient
+    // where it is made only with one micro-batch, no pipeline and no
+    // data parallelism).
+    bool accumulates = c.microbatches > 1 || c.pp > 1 || c.dp > 1;
+    double perMicrobatch =
+        static_cast<double>(p.rowArena) * rows +
+        (accumulates ? static_cast<double>(p.gradBuffer) : 0.0);
+    // ZeRO 3 gathers each weight whole as its phase reads it; ZeRO 2 and 3
+    // without a pipeline sum a tied weight's contributions before its one
+    // reduce-scatter (both and the sum whole at once).
+    if (c.dp > 1 && c.zero == 3)
+      perMicrobatch =
+          std::max(perMicrobatch, static_cast<double>(p.rowArena) * rows +
+                                      static_cast<double>(p.largestWeight));
+    if (c.dp > 1 && c.zero >= 2 && c.pp == 1)
+      perMicrobatch =
+          std::max(perMicrobatch, static_cast<double>(p.rowArena) * rows +
+                                      3.0 * static_cast<double>(p.tiedGrad));
+    // The update: ZeRO 1 reduce-scatters the gradients into pieces, 1 and 2
+    // gather each updated weight; a weight on several pipeline ranks has
+    // its gradient all-reduced over the whole pipeline axis, on every rank
+    // of it.
+    double stepScratch = static_cast<double>(p.stepArena) * share;
+    // In a pipeline the gradients are all-reduced over dp once a step, in
+    // the update phase: every sum in the arena at once.
+    if (c.dp > 1 && c.zero == 0 && c.pp > 1)
+      stepScratch = std::max(stepScratch, G);
+    // (In a pipeline ZeRO 2 and 3 reduce-scatter the gradients once a step
+    // there too: --zero-grad-sync=step.)
+    if (c.dp > 1 && c.zero >= 1) {
+      bool pieces = c.zero == 1 || c.pp > 1;
+      double gather = c.zero < 3 ? static_cast<double>(p.largestWeight) : 0;
+      stepScratch = std::max(stepScratch, (pieces ? G / d : 0.0) + gather);
+    }
+    stepScratch = std::max(stepScratch, sharedGrads);
+    double arena = std::max(perMicrobatch, stepScratch);
     auto total = static_cast<int64_t>(state + activations + arena + 4096);
     peak = std::max(peak, total);
 
@@ -780,6 +917,19 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
 
   PlanPrediction out;
   out.options = optionsOf(request.base, c);
+  // The stage cut priced here is the plan's: the compile takes it as
+  // --pp-cuts (its own cost model would balance the stages otherwise).
+  for (size_t k = 1; k + 1 < bounds.size(); ++k) {
+    auto at = llvm::lower_bound(p.candidates, bounds[k]);
+    std::string name = at != p.candidates.end() && *at == bounds[k]
+                           ? p.cutNames[at - p.candidates.begin()]
+                           : std::string();
+    if (name.empty()) {
+      out.options.ppCuts.clear();
+      break;
+    }
+    out.options.ppCuts.push_back(name);
+  }
   out.computeSeconds = busiest;
   out.bubbleSeconds = std::max(0.0, makespan - busiest);
   out.dpSeconds = dpWorst;
@@ -1057,6 +1207,7 @@ FailureOr<PlanSearchResult> Search::run() {
   // when the checks are spent, only plans predicted to fit (the first of
   // them compiled all the same; --plan-check=0: none is).
   int64_t checked = 0;
+  double checkSeconds = 0;
   std::vector<PlanPrediction> accepted;
   // Compiles `p`; whether the library's analysis fits it in the budget.
   auto compileFits = [&](PlanPrediction &p) {
@@ -1070,6 +1221,7 @@ FailureOr<PlanSearchResult> Search::run() {
     if (OwningOpRef<ModuleOp> copy = compileQuietly(imported, o, firstError))
       compiled = predictPeakBytes(*copy);
     ++checked;
+    checkSeconds += secondsSince(t0);
     report(llvm::formatv("compiled {0}: {1} in {2:F1} s", planFlags(o),
                          compiled < 0 ? "failed: " + firstError
                                       : "peak " + gib(compiled) +
@@ -1091,6 +1243,7 @@ FailureOr<PlanSearchResult> Search::run() {
   // Until one plan is taken, up to kFindChecks compiles look for it (a
   // plan predicted to fit is compiled all the same).
   constexpr int64_t kFindChecks = 16;
+  constexpr double kCheapCheckSeconds = 10;
   std::vector<char> tried(fitting.size(), 0);
   for (size_t i = 0; i < fitting.size(); ++i) {
     PlanPrediction &p = fitting[i];
@@ -1100,7 +1253,11 @@ FailureOr<PlanSearchResult> Search::run() {
     bool predictedFit = p.peakBytes <= budget();
     bool mustCheck = accepted.empty() && request.verify > 0 &&
                      (predictedFit || checked < kFindChecks / 2);
-    if (checked >= request.verify && !mustCheck) {
+    // Beyond --plan-check, the printed plans are compiled too while the
+    // checks have been cheap (a small model's take a fraction of a
+    // second): their memory is then the library's own figure.
+    bool cheap = request.verify > 0 && checkSeconds < kCheapCheckSeconds;
+    if (checked >= request.verify && !mustCheck && !cheap) {
       if (predictedFit)
         accepted.push_back(std::move(p));
       continue;
@@ -1156,6 +1313,8 @@ std::string mlir::pcc::planFlags(const CompileOptions &o) {
     s += " --schedule=" + o.getSchedule();
   s += " --recompute=" + o.getRecompute();
   s += " --precision=" + o.precision;
+  if (!o.ppCuts.empty())
+    s += " --pp-cuts=" + llvm::join(o.ppCuts, ",");
   return s;
 }
 
