@@ -161,6 +161,8 @@ struct Probe {
   int64_t rowArena = 0, stepArena = 0, gradBuffer = 0;
   /// The largest gradient of a weight with several contributions.
   int64_t tiedGrad = 0;
+  /// The forward phase's largest buffer made from the weights alone.
+  int64_t weightOnly = 0;
   std::vector<size_t> candidates; // where a stage cut may go
   /// Per candidate position: the ONNX node to cut after (--pp-cuts), or ""
   /// where no name picks that position out.
@@ -316,13 +318,15 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   p.candidates = candidateCuts(p.cut);
   // The node before each candidate, as --pp-cuts names it: the compile
   // cuts after the last op of that node, so the name must not come later.
+  // (An op without an ONNX node, such as the loss pcc adds, names no cut:
+  // the compile would find it at another place.)
   auto nameOf = [](Operation *op) {
-    std::string node = getOnnxNodeOfLocation(op->getLoc()).second;
-    return node.empty() ? op->getName().getStringRef().str() : node;
+    return getOnnxNodeOfLocation(op->getLoc()).second;
   };
   llvm::StringMap<size_t> lastOf;
   for (size_t i = 0; i < n; ++i)
-    lastOf[nameOf(ops[i])] = i;
+    if (std::string name = nameOf(ops[i]); !name.empty())
+      lastOf[name] = i;
   // A cut between a node's cast of its input and its product (the
   // mixed-precision cast the product's node owns) is named after the node
   // before the cast: the cast goes to the next stage, which changes
@@ -337,6 +341,16 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
                  name.find(',') == std::string::npos;
     p.cutNames.push_back(names ? name : std::string());
   }
+  // Only cuts a plan can name: the compiled plan is then the priced one.
+  std::vector<size_t> named;
+  std::vector<std::string> names;
+  for (auto [c, name] : llvm::zip(p.candidates, p.cutNames))
+    if (!name.empty()) {
+      named.push_back(c);
+      names.push_back(name);
+    }
+  p.candidates = std::move(named);
+  p.cutNames = std::move(names);
   if (getenv("PCC_PLAN_DEBUG")) {
     for (size_t i = 0; i < n; ++i)
       llvm::errs() << i << " " << p.cut.crossing[i] << " " << p.cut.flops[i]
@@ -392,8 +406,24 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     if (state && ++contributions[state.getName()] == 2)
       p.tiedGrad = std::max(p.tiedGrad, getTensorBytes(state.getType()));
   });
-  p.rowArena =
-      std::max(arenaOf(0), std::max<int64_t>(0, arenaOf(1) - p.gradBuffer));
+  // The forward phase's largest buffer computed from the weights alone
+  // (no batch input reaches it: a gathered or cast table) does not grow
+  // with the rows either.
+  llvm::DenseSet<Value> fromBatch(fwd.getArguments().begin(),
+                                  fwd.getArguments().end());
+  for (Operation &op : fwd.getBody().front()) {
+    bool batch = llvm::any_of(op.getOperands(),
+                              [&](Value v) { return fromBatch.contains(v); });
+    for (Value r : op.getResults()) {
+      if (batch)
+        fromBatch.insert(r);
+      else if (isa<PccDialect>(op.getDialect()) &&
+               !isa<ParamOp, ConstantOp, ReshapeOp>(op))
+        p.weightOnly = std::max(p.weightOnly, getTensorBytes(r.getType()));
+    }
+  }
+  p.rowArena = std::max<int64_t>(
+      0, std::max(arenaOf(0), arenaOf(1) - p.gradBuffer) - p.weightOnly);
   p.stepArena = std::max(arenaOf(2), arenaOf(3));
   p.tpBytes = moved;
   p.pools = predictStepMemory(module);
@@ -838,6 +868,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     bool accumulates = c.microbatches > 1 || c.pp > 1 || c.dp > 1;
     double perMicrobatch =
         static_cast<double>(p.rowArena) * rows +
+        static_cast<double>(p.weightOnly) +
         (accumulates ? static_cast<double>(p.gradBuffer) : 0.0);
     // ZeRO 3 gathers each weight whole as its phase reads it; ZeRO 2 and 3
     // without a pipeline sum a tied weight's contributions before its one

@@ -1,5 +1,6 @@
 //===- PlanSharding.cpp - choose every weight's layout over a mesh axis --===//
 
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Transforms/Passes.h"
 #include "pcc/Transforms/Sharding.h"
 #include "pcc/Transforms/Training.h"
@@ -71,8 +72,14 @@ struct PlanShardingPass
     for (auto &entry : w)
       names.push_back(entry.first);
     llvm::sort(names);
-    std::string key =
-        axis + "=" + std::to_string(ranks) + ":" + llvm::join(names, ",");
+    // The decisions depend on the precision too (pcc-autocast has set it:
+    // the products' costs and the bytes a layout moves).
+    std::string precision;
+    if (auto module = func->getParentOfType<ModuleOp>())
+      if (auto p = module->getAttrOfType<StringAttr>(kPrecisionAttrName))
+        precision = p.getValue().str();
+    std::string key = axis + "=" + std::to_string(ranks) + ":" + precision +
+                      ":" + llvm::join(names, ",");
     {
       std::lock_guard<std::mutex> lock(memo->mutex);
       auto it = memo->decisions.find(key);
