@@ -381,11 +381,20 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   // buffer first; the largest such buffer does not grow with the rows.
   // (On the CPU a scatter-add is computed in the gradient it is added to,
   // and a 16-bit value widened as it is added: getCpuDeferral.)
+  // A weight the backward phase gives several gradients (a tied embedding
+  // and LM head): with ZeRO 2 and 3 they are summed before the one
+  // reduce-scatter, each contribution and the sum whole in the arena.
   auto returnsNothing = [](Value) { return false; };
-  bwd.walk([&](AccumulateOp acc) {
-    Value v = acc.getValue();
+  llvm::StringMap<int> contributions;
+  bwd.walk([&](Operation *op) {
+    if (!isa<AccumulateOp, AssignOp>(op))
+      return;
+    if (auto state = op->getOperand(0).getDefiningOp<ParamOp>())
+      if (++contributions[state.getName()] == 2)
+        p.tiedGrad = std::max(p.tiedGrad, getTensorBytes(state.getType()));
+    Value v = op->getOperand(1);
     Operation *def = v.getDefiningOp();
-    if (!def || isa<ParamOp>(def))
+    if (!isa<AccumulateOp>(op) || !def || isa<ParamOp>(def))
       return;
     CpuDeferral deferral =
         cpu ? getCpuDeferral(def, returnsNothing) : CpuDeferral::None;
@@ -394,17 +403,6 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     if (deferral == CpuDeferral::Widen)
       v = cast<CastOp>(def).getInput();
     p.gradBuffer = std::max(p.gradBuffer, getTensorBytes(v.getType()));
-  });
-  // A weight the backward phase gives several gradients (a tied embedding
-  // and LM head): with ZeRO 2 and 3 they are summed before the one
-  // reduce-scatter, each contribution and the sum whole in the arena.
-  llvm::StringMap<int> contributions;
-  bwd.walk([&](Operation *op) {
-    if (!isa<AccumulateOp, AssignOp>(op))
-      return;
-    auto state = op->getOperand(0).getDefiningOp<ParamOp>();
-    if (state && ++contributions[state.getName()] == 2)
-      p.tiedGrad = std::max(p.tiedGrad, getTensorBytes(state.getType()));
   });
   // The forward phase's largest buffer computed from the weights alone
   // (no batch input reaches it: a gathered or cast table) does not grow

@@ -2,8 +2,6 @@
 
 #include "pcc/tooling/Profile.h"
 
-#include "pcc/runtime/CpuKernels.h"
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
