@@ -4,6 +4,10 @@
 #include "pcc/Analysis/CostModel.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
 #include <algorithm>
 #include <limits>
 #include <tuple>
@@ -46,6 +50,112 @@ std::vector<size_t> mlir::pcc::candidateCuts(const CutProfile &p) {
     if (interior(c) && p.crossing[c] <= least &&
         (out.empty() || p.seconds[c] > p.seconds[out.back()]))
       out.push_back(c);
+  return out;
+}
+
+llvm::SetVector<Value>
+mlir::pcc::layerBoundaryValues(ArrayRef<Operation *> all,
+                               ArrayRef<BlockArgument> args) {
+  // Ops of weights and constants alone are not positions: they are read
+  // again wherever they are needed.
+  llvm::DenseSet<Operation *> fromWeights;
+  std::vector<Operation *> ops;
+  llvm::DenseMap<Operation *, size_t> index;
+  for (Operation *op : all) {
+    bool weightsOnly =
+        isa<ParamOp, ConstantOp>(op) ||
+        (isPure(op) && op->getNumRegions() == 0 && op->getNumOperands() > 0 &&
+         llvm::all_of(op->getOperands(), [&](Value v) {
+           Operation *def = v.getDefiningOp();
+           return def && fromWeights.contains(def);
+         }));
+    if (weightsOnly) {
+      fromWeights.insert(op);
+      continue;
+    }
+    index[op] = ops.size();
+    ops.push_back(op);
+  }
+  size_t n = ops.size();
+  if (n < 3)
+    return {};
+  // A value is live from after its definition to its last reader among
+  // `ops` (position n for the terminator; the backward's readers, where
+  // the program is being differentiated, do not count).
+  auto lastUse = [&](Value v, size_t from) {
+    size_t last = from;
+    for (Operation *user : v.getUsers()) {
+      auto it = index.find(user);
+      if (it != index.end())
+        last = std::max(last, it->second);
+      else if (user->hasTrait<OpTrait::IsTerminator>())
+        last = n;
+    }
+    return last;
+  };
+  // Weighted as the stage cut weighs them (cutWeight), arguments included,
+  // so that the narrow points are the cut candidates; `bytes` without the
+  // arguments and at the values' own size, to choose within a run.
+  std::vector<int64_t> delta(n + 2, 0), byteDelta(n + 2, 0);
+  for (BlockArgument arg : args) {
+    size_t last = lastUse(arg, 0);
+    delta[0] += tensorBytes(arg);
+    delta[last + 1] -= tensorBytes(arg);
+  }
+  struct Live {
+    Value value;
+    size_t from, last;
+  };
+  std::vector<Live> values;
+  for (size_t i = 0; i < n; ++i)
+    for (Value r : ops[i]->getResults()) {
+      size_t last = lastUse(r, i);
+      if (last == i)
+        continue;
+      values.push_back({r, i + 1, last});
+      delta[i + 1] += cutWeight(r);
+      delta[last + 1] -= cutWeight(r);
+      byteDelta[i + 1] += tensorBytes(r);
+      byteDelta[last + 1] -= tensorBytes(r);
+    }
+  std::vector<int64_t> crossing(n + 1, 0), bytes(n + 1, 0), flops(n + 1, 0);
+  int64_t live = 0, liveBytes = 0;
+  for (size_t c = 0; c <= n; ++c) {
+    live += delta[c];
+    liveBytes += byteDelta[c];
+    crossing[c] = live;
+    bytes[c] = liveBytes;
+    if (c < n)
+      flops[c + 1] = flops[c] + opFlops(ops[c]);
+  }
+  auto betweenLayers = [&](size_t c) {
+    return flops[c] > 0 && flops[n] - flops[c] > 0;
+  };
+  int64_t least = std::numeric_limits<int64_t>::max();
+  for (size_t c = 1; c < n; ++c)
+    if (betweenLayers(c))
+      least = std::min(least, crossing[c]);
+  // One position per run of narrow positions: the fewest bytes, the first
+  // on a tie.
+  auto narrow = [&](size_t c) {
+    return betweenLayers(c) && crossing[c] <= least;
+  };
+  std::vector<size_t> chosen;
+  for (size_t c = 1; c < n; ++c) {
+    if (!narrow(c))
+      continue;
+    if (chosen.empty() || !narrow(c - 1))
+      chosen.push_back(c);
+    else if (bytes[c] < bytes[chosen.back()])
+      chosen.back() = c;
+  }
+  llvm::SetVector<Value> out;
+  for (const Live &l : values) {
+    // Live across position c when defined before it and read at or after.
+    auto it = std::lower_bound(chosen.begin(), chosen.end(), l.from);
+    if (it != chosen.end() && *it <= l.last)
+      out.insert(l.value);
+  }
   return out;
 }
 

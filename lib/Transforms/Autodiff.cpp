@@ -13,6 +13,7 @@
 
 #include "Differentiate.h"
 #include "StagePhases.h"
+#include "pcc/Analysis/CutSearch.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
 #include "pcc/Transforms/Passes.h"
@@ -329,6 +330,14 @@ mlir::pcc::differentiateFunction(func::FuncOp main,
   // Forward values the backward recomputes: what they read is saved (or
   // recomputed in turn).
   DenseSet<Value> recomputed, readByRecompute;
+  // Full recomputation keeps the residual stream where one layer hands
+  // over to the next and recomputes one layer at a time, as the backward
+  // reaches it (recomputing back to the step's inputs would hold every
+  // layer's activations again at once).
+  llvm::SetVector<Value> kept;
+  if (spec.recompute == Recompute::Full)
+    kept =
+        layerBoundaryValues(forward, block.getArguments().take_front(numArgs));
   std::function<void(Value, bool)> addResidual = [&](Value operand,
                                                      bool direct) {
     if (seedSet.contains(operand))
@@ -336,7 +345,9 @@ mlir::pcc::differentiateFunction(func::FuncOp main,
     Operation *def = operand.getDefiningOp();
     if (def && inBackward.contains(def))
       return;
-    if (isRecomputable(operand, spec.recompute)) {
+    if (isRecomputable(operand, spec.recompute) &&
+        !(kept.contains(operand) &&
+          !isRecomputable(operand, Recompute::None))) {
       if (recomputed.insert(operand).second)
         for (Value v : def->getOperands())
           addResidual(v, false);

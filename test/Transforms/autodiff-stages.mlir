@@ -92,11 +92,13 @@ module {
 // SGD: pcc.sgd_update {{.*}} : tensor<16x16xf32>, tensor<f32>
 
 // One recompute policy per stage: stage 1 recomputes everything from its
-// inputs, so its forward saves nothing else.
+// inputs and what crosses the narrowest point between its layers (here the
+// product between its two matmuls, saved2), so its forward saves nothing
+// else.
 // FULL-LABEL: func.func @stage0_forward
 // FULL-SAME: -> (tensor<4x16xf32> {pcc.name = "out0"}, tensor<4x16xf32> {pcc.name = "saved0"}, tensor<4x8xf32> {pcc.name = "saved1"})
 // FULL-LABEL: func.func @stage1_forward(%arg0: tensor<4x16xf32>, %arg1: tensor<4x8xf32>)
-// FULL-SAME: -> (tensor<f32> {pcc.name = "loss"}, tensor<4x16xf32> {pcc.name = "saved0"}, tensor<4x8xf32> {pcc.name = "saved1"})
+// FULL-SAME: -> (tensor<f32> {pcc.name = "loss"}, tensor<4x16xf32> {pcc.name = "saved0"}, tensor<4x8xf32> {pcc.name = "saved1"}, tensor<4x16xf32> {pcc.name = "saved2"})
 // FULL-NEXT: pcc.param
 
 // The passes before it: the loss on @main, cut after node 'act'.

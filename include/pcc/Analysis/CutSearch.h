@@ -15,6 +15,7 @@
 
 #include "mlir/IR/Value.h"
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/SetVector.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +44,17 @@ int64_t cutWeight(mlir::Value v);
 /// bytes are live than at the narrowest point between the model's layers
 /// (between its first and last op with FLOPs), one per run of free ops.
 std::vector<size_t> candidateCuts(const CutProfile &profile);
+
+/// The values live across the narrowest positions between the layers of
+/// the program `ops` (a function body in order, without its terminator;
+/// `args` its arguments): the residual stream where one layer hands over to
+/// the next, one position per run of narrow positions, the one of fewest
+/// bytes. Ops computed from weights and constants alone, and the
+/// arguments, are not counted among the values (they are read again, not
+/// kept). Empty where the program has no positions between layers.
+llvm::SetVector<mlir::Value>
+layerBoundaryValues(llvm::ArrayRef<mlir::Operation *> ops,
+                    llvm::ArrayRef<mlir::BlockArgument> args);
 
 /// The stages - 1 candidates minimising (slowest stage, bytes crossing);
 /// on a tie the later cut. `candidates` must hold stages - 1 or more.
