@@ -93,9 +93,16 @@ mlir::pcc::layerBoundaryValues(ArrayRef<Operation *> all,
     }
     return last;
   };
-  // Weighted as the stage cut weighs them (cutWeight), arguments included,
-  // so that the narrow points are the cut candidates; `bytes` without the
-  // arguments and at the values' own size, to choose within a run.
+  // Weighted as the stage cut weighs them (cutWeight; a 16-bit value at
+  // its f32 size, so that the epilogue's 16-bit input to the head is no
+  // narrower than the residual stream), arguments included, so that the
+  // narrow points are the cut candidates; `bytes` without the arguments
+  // and at the values' own size, to choose within a run.
+  auto weight = [](Value v) {
+    Type element = cast<ShapedType>(v.getType()).getElementType();
+    return element.isBF16() || element.isF16() ? 2 * tensorBytes(v)
+                                               : cutWeight(v);
+  };
   std::vector<int64_t> delta(n + 2, 0), byteDelta(n + 2, 0);
   for (BlockArgument arg : args) {
     size_t last = lastUse(arg, 0);
@@ -113,8 +120,8 @@ mlir::pcc::layerBoundaryValues(ArrayRef<Operation *> all,
       if (last == i)
         continue;
       values.push_back({r, i + 1, last});
-      delta[i + 1] += cutWeight(r);
-      delta[last + 1] -= cutWeight(r);
+      delta[i + 1] += weight(r);
+      delta[last + 1] -= weight(r);
       byteDelta[i + 1] += tensorBytes(r);
       byteDelta[last + 1] -= tensorBytes(r);
     }

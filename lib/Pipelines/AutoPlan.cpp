@@ -351,14 +351,6 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     }
   p.candidates = std::move(named);
   p.cutNames = std::move(names);
-  if (getenv("PCC_PLAN_DEBUG")) {
-    for (size_t i = 0; i < n; ++i)
-      llvm::errs() << i << " " << p.cut.crossing[i] << " " << p.cut.flops[i]
-                   << " " << ops[i]->getName() << "\n";
-    for (size_t c : p.candidates)
-      llvm::errs() << "cand " << c << "\n";
-  }
-
   // The backward and the step's other phases, priced whole.
   for (Operation &op : bwd.getBody().front()) {
     double s = pricer.op(&op, tp, moved, p.backwardFixedSeconds);

@@ -53,6 +53,8 @@ static void addTraining(OpPassManager &pm, const CompileOptions &o,
   AutodiffOptions autodiff;
   for (StringRef r : llvm::split(StringRef(choices.recompute), ','))
     autodiff.recompute.push_back(r.str());
+  autodiff.frozen.assign(o.frozen.begin(), o.frozen.end());
+  autodiff.emitRemarks = o.emitRemarks;
   pm.addPass(createAutodiff(autodiff));
   OptimizerOptions optimizer;
   optimizer.kind = o.getOptimizer();

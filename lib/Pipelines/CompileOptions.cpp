@@ -115,6 +115,9 @@ static std::string verifyTraining(const CompileOptions &o) {
     if (o.recompute)
       return "--mem-cap chooses the recomputation itself; drop --recompute";
   }
+  if (!o.frozen.empty() && !o.train)
+    return "--frozen names weights a training step holds constant; it goes "
+           "with --train";
   if (o.recompute && !o.train)
     return "--recompute chooses what a training step saves for its backward "
            "pass; it goes with --train";

@@ -63,6 +63,8 @@ struct CompilePipelineOptions
                              llvm::cl::desc("sgd or adamw")};
   Opt<std::string> recompute{*this, "recompute",
                              llvm::cl::desc("none, selective or full")};
+  List<std::string> frozen{*this, "frozen",
+                           llvm::cl::desc("weights held constant")};
   Opt<int64_t> zero{*this, "zero", llvm::cl::desc("ZeRO stage"),
                     llvm::cl::init(0)};
   Opt<double> bucketMb{*this, "bucket-mb",

@@ -76,6 +76,33 @@ bool isRecomputable(Value v, Recompute policy) {
 
 } // namespace
 
+FailureOr<llvm::StringSet<>>
+mlir::pcc::getFrozenWeights(ModuleOp module, ArrayRef<std::string> names,
+                            bool remarks) {
+  llvm::StringSet<> out, weights;
+  module.walk([&](ParamOp param) {
+    auto [weight, kind] = splitStateName(param.getName());
+    if (!kind.empty() || !isFloat(param.getResult()))
+      return;
+    weights.insert(weight);
+    // PyTorch's rotary embeddings keep their inverse frequencies in a
+    // buffer (Hugging Face: `rotary_emb.inv_freq`), which the dynamo
+    // exporter writes as an initializer like any weight.
+    if (weight.ends_with("inv_freq") && out.insert(weight).second && remarks)
+      param.emitRemark("weight '")
+          << weight
+          << "' is held constant: a rotary embedding's inverse frequencies, "
+             "a buffer PyTorch does not train (--frozen names more)";
+  });
+  for (const std::string &name : names) {
+    if (!weights.contains(name))
+      return module.emitError("autodiff: --frozen names '")
+             << name << "', which is no float weight of the model";
+    out.insert(name);
+  }
+  return out;
+}
+
 DictionaryAttr mlir::pcc::nameAttr(MLIRContext *ctx, StringRef name) {
   return DictionaryAttr::get(ctx,
                              {NamedAttribute(StringAttr::get(ctx, "pcc.name"),
@@ -219,7 +246,9 @@ mlir::pcc::differentiateFunction(func::FuncOp main,
         isFloat(block.getArgument(i)))
       active.insert(block.getArgument(i));
   for (Operation *op : forward) {
-    bool fromWeight = isa<ParamOp>(op);
+    auto param = dyn_cast<ParamOp>(op);
+    bool fromWeight =
+        param && !(spec.frozen && spec.frozen->contains(param.getName()));
     for (Value operand : op->getOperands())
       fromWeight |= active.contains(operand);
     if (fromWeight)
@@ -398,8 +427,12 @@ struct AutodiffPass : public mlir::pcc::impl::AutodiffBase<AutodiffPass> {
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    FailureOr<llvm::StringSet<>> frozenWeights =
+        getFrozenWeights(module, frozen, emitRemarks);
+    if (failed(frozenWeights))
+      return signalPassFailure();
     if (isCutIntoStages(module)) {
-      if (failed(differentiateStages(module, recompute)))
+      if (failed(differentiateStages(module, recompute, *frozenWeights)))
         signalPassFailure();
       return;
     }
@@ -438,6 +471,7 @@ struct AutodiffPass : public mlir::pcc::impl::AutodiffBase<AutodiffPass> {
       return signalPassFailure();
     }
     spec.recompute = *policy;
+    spec.frozen = &*frozenWeights;
     spec.forwardName = kPhaseFunctions[0];
     spec.backwardName = kPhaseFunctions[1];
     spec.resultNames.push_back("loss");

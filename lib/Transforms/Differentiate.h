@@ -13,6 +13,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringSet.h"
 
 #include <optional>
 
@@ -50,7 +51,18 @@ struct DifferentiateSpec {
   /// Names of the forward function's results (the residuals are
   /// saved<i>); empty: out<j>.
   llvm::SmallVector<std::string> resultNames;
+  /// Weights held constant: no gradient, no optimizer state
+  /// (getFrozenWeights).
+  const llvm::StringSet<> *frozen = nullptr;
 };
+
+/// The weights of `module` training holds constant: those named in
+/// `names` (an error names one that is not a weight) and, by default, the
+/// rotary embeddings' inverse frequencies (`...inv_freq`), buffers PyTorch
+/// does not train that its current exporter writes as initializers.
+/// With `remarks`, one remark per weight frozen by default.
+FailureOr<llvm::StringSet<>>
+getFrozenWeights(ModuleOp module, ArrayRef<std::string> names, bool remarks);
 
 struct Differentiated {
   func::FuncOp forward, backward;

@@ -207,7 +207,8 @@ bool mlir::pcc::isCutIntoStages(ModuleOp module) {
 }
 
 LogicalResult mlir::pcc::differentiateStages(ModuleOp module,
-                                             ArrayRef<std::string> recompute) {
+                                             ArrayRef<std::string> recompute,
+                                             const llvm::StringSet<> &frozen) {
   auto main = module.lookupSymbol<func::FuncOp>("main");
   if (!main)
     return module.emitError("autodiff: no func.func @main");
@@ -235,6 +236,7 @@ LogicalResult mlir::pcc::differentiateStages(ModuleOp module,
       return f.emitError("autodiff: the last stage must return the "
                          "scalar loss alone");
     DifferentiateSpec spec;
+    spec.frozen = &frozen;
     if (!recompute.empty()) {
       StringRef name = recompute.size() == 1  ? StringRef(recompute[0])
                        : k < recompute.size() ? StringRef(recompute[k])

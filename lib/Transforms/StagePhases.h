@@ -18,9 +18,10 @@ bool isCutIntoStages(ModuleOp module);
 
 /// pcc-autodiff on a module cut into stages: every stage's forward, B and W
 /// phases, with recompute policy `recompute[k]` for stage k (one value: for
-/// every stage; none: none).
+/// every stage; none: none); the `frozen` weights get no gradient.
 LogicalResult differentiateStages(ModuleOp module,
-                                  ArrayRef<std::string> recompute);
+                                  ArrayRef<std::string> recompute,
+                                  const llvm::StringSet<> &frozen);
 
 /// pcc-optimizer on a module differentiated by stage: every pipeline rank's
 /// optimizer (`kind`: sgd or adamw) and zero-grad phases.

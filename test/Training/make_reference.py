@@ -683,7 +683,7 @@ def global_grad_norm(params):
 
 
 def train(name, model0, mapping, opt, x, y, float64=False, amp=None,
-          init_scale=65536.0, decomposed_gelu=False):
+          init_scale=65536.0, decomposed_gelu=False, frozen=()):
     """Trains a copy of model0; returns the log rows (step, loss, grad
     norm, loss scale), the final weights under the ONNX names, the optimizer
     config and, per torch parameter, the largest |gradient| each element
@@ -692,7 +692,9 @@ def train(name, model0, mapping, opt, x, y, float64=False, amp=None,
     precision, fp32 weights, gradients and optimizer; float16 with
     torch.amp.GradScaler's dynamic loss scaling (its defaults: from 2^16,
     halved at an overflow, whose optimizer step is skipped, doubled after
-    2000 steps without one; init_scale sets where it starts). With
+    2000 steps without one; init_scale sets where it starts). The
+    `frozen` torch parameters get requires_grad=False and stay out of the
+    optimizer (pcc --frozen). With
     decomposed_gelu, GELU runs as the ONNX exporter writes it: erf's
     formula op by op, each op rounding to the 16-bit type (one torch op,
     F.gelu, rounds once)."""
@@ -704,7 +706,11 @@ def train(name, model0, mapping, opt, x, y, float64=False, amp=None,
                    for a in xs)
         y = y.astype(np.float64) if y.dtype == np.float32 else y
     model.train()
-    named = list(model.named_parameters())  # a tied weight once
+    for n, p in model.named_parameters():
+        if n in frozen:
+            p.requires_grad_(False)
+    named = [(n, p) for n, p in model.named_parameters()  # a tied weight once
+             if p.requires_grad]
     params = [p for _, p in named]
     cfg = optimizer_config(name, opt)
     optim = make_optimizer(params, cfg)
@@ -783,8 +789,8 @@ def noise_gradient_elements(mapping, max_grad32, max_grad64, rel=1e-10):
     computes those zeros exactly.)"""
     out = {}
     for iname, m in mapping.items():
-        if m["kind"] != "parameter":
-            continue
+        if m["kind"] != "parameter" or m["param"] not in max_grad64:
+            continue  # a buffer, or a frozen parameter
         g64, g32 = max_grad64[m["param"]], max_grad32[m["param"]]
         if m["slice"] is not None:
             g64 = g64[m["slice"]["start"]:m["slice"]["stop"]]
@@ -999,6 +1005,62 @@ def do_model_amp(name, precision, init_scale=65536.0, tag=None):
         f.write("\n")
 
 
+def do_model_frozen(name, frozen, tag):
+    """The float32 references of `name` with the torch parameters `frozen`
+    held constant (requires_grad=False, not in the optimizer): the runs
+    pcc --frozen=<their ONNX names> must match, in
+    ref/<model>/<tag>.<opt>.losses.csv and <tag>.<opt>.final.safetensors;
+    <tag>.json names the frozen weights in both."""
+    model, mapping, _ = prepare(name)
+    out_dir = os.path.join(REF, name)
+    x, y = make_data(name)
+    torch_names = dict(model.named_parameters())
+    for n in frozen:
+        if n not in torch_names:
+            raise MappingError("%s has no parameter '%s'" % (name, n))
+    onnx_names = sorted(k for k, v in mapping.items() if v["param"] in frozen)
+    notes = dict(model=name, torch=torch.__version__,
+                 frozen_torch_parameters=sorted(frozen),
+                 frozen_onnx_initializers=onnx_names,
+                 pcc_flag="--frozen=" + ",".join(onnx_names), optimizers={})
+    for opt in ("sgd", "adamw"):
+        rows, weights, cfg, grad32 = train(name, model, mapping, opt, x, y,
+                                           frozen=frozen)
+        cfg = dict(cfg)
+        metadata = {}
+        if cfg["type"] == "AdamW":
+            # As do_model: elements whose gradient is rounding noise.
+            _, _, _, grad64 = train(name, model, mapping, opt, x, y,
+                                    float64=True, frozen=frozen)
+            exclude = noise_gradient_elements(mapping, grad32, grad64)
+            if exclude:
+                cfg["excluded_from_weight_comparison"] = exclude
+                metadata["pcc.exclude"] = json.dumps(exclude,
+                                                     separators=(",", ":"))
+        notes["optimizers"][opt] = cfg
+        for n in onnx_names:
+            init = torch_names[mapping[n]["param"]].detach().numpy()
+            if mapping[n]["transposed"]:
+                init = init.T
+            assert np.array_equal(weights[n], init), n
+        with open(os.path.join(out_dir, tag + "." + opt + ".losses.csv"),
+                  "w") as f:
+            f.write("step,loss,grad_norm\n")
+            for s, l, g, _ in rows:
+                f.write("%d,%r,%r\n" % (s, l, g))
+        copies = tied_copies(mapping)
+        if copies:
+            metadata["pcc.tied"] = json.dumps(copies, separators=(",", ":"))
+        write_safetensors(os.path.join(out_dir, tag + "." + opt +
+                                       ".final.safetensors"), weights,
+                          metadata)
+        print("%s/%s %s: loss %.6g -> %.6g, %s held constant" % (
+            name, opt, tag, rows[0][1], rows[-1][1], ", ".join(onnx_names)))
+    with open(os.path.join(out_dir, tag + ".json"), "w") as f:
+        json.dump(notes, f, indent=1)
+        f.write("\n")
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="any of: " + " ".join(MODELS))
@@ -1015,7 +1077,12 @@ def main(argv):
     ap.add_argument("--tag", default=None,
                     help="fp16/bf16: name the files <tag>.<opt>.* instead "
                     "of <precision>.<opt>.*")
+    ap.add_argument("--frozen", default=None, metavar="PARAM,PARAM",
+                    help="float32 runs with these torch parameters held "
+                    "constant, in <tag>.<opt>.* (needs --tag)")
     args = ap.parse_args(argv)
+    if args.frozen and not args.tag:
+        ap.error("--frozen needs --tag")
     for name in args.models:
         if name not in MODELS:
             ap.error("unknown model '%s' (one of: %s)" % (name, " ".join(MODELS)))
@@ -1024,6 +1091,9 @@ def main(argv):
     torch.set_default_dtype(torch.float32)
     for name in args.models or MODELS:
         try:
+            if args.frozen:
+                do_model_frozen(name, args.frozen.split(","), args.tag)
+                continue
             if args.precision != "fp32":
                 do_model_amp(name, args.precision, args.init_scale,
                              args.tag)

@@ -197,7 +197,7 @@ def main():
         return
     tolerances = (["--wrtol", "1e-3", "--watol", "1e-5"]
                   if args.optimizer == "adamw" else [])
-    prefix = ""
+    prefix = args.ref_tag + "." if args.ref_tag else ""
     if args.precision != "fp32":
         prefix = (args.ref_tag or args.precision) + "."
         tolerances = bf16_tolerances(ref, args.optimizer, args.precision)

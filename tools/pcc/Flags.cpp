@@ -134,10 +134,18 @@ static struct SharedFlags {
       cl::desc("activation recomputation: none; selective (save what matmuls, "
                "convolutions and lookups produce, compute the elementwise "
                "ops, norms, softmax and dropout after them again in the "
-               "backward pass); full (save each stage's or the step's inputs "
-               "alone, compute the whole forward again); with --pp one value "
+               "backward pass); full (save the residual stream between "
+               "layers, compute each layer again as the backward pass "
+               "reaches it); with --pp one value "
                "per stage may be given, comma-separated"),
       cl::init("none"), cl::cat(trainCategory)};
+  cl::list<std::string> frozen{
+      "frozen",
+      cl::desc("weights training holds constant, as PyTorch's "
+               "requires_grad=False (no gradient, no optimizer state); the "
+               "rotary embeddings' inv_freq buffers are by default"),
+      cl::value_desc("weight,weight"), cl::CommaSeparated,
+      cl::cat(trainCategory)};
   cl::opt<int64_t> zero{
       "zero",
       cl::desc("ZeRO stage with --dp: 0 replicates the model state on "
@@ -259,7 +267,6 @@ Examples:
   pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --target=cuda -o gpt.so
   pcc examples/gpt.onnx --dim=batch=2 --dim=seq=16 --tp=4 -o gpt4.so
   pcc-run -n 4 gpt4.so --input examples/data/gpt.input.npy    # 4 ranks, mpirun
-  pcc examples/gpt.onnx --dim=batch=8 --dim=seq=16 --tp=2 --pp=2 --microbatches=4 -o gp.so
 
 Training (one device, or any mix of --tp, --pp, --dp and ZeRO; pcc-run trains):
   pcc export ckpt -o trained.onnx; pcc ckpt inspect|verify ckpt   # ONNX; what it holds, is it sound

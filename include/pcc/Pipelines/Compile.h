@@ -60,6 +60,9 @@ struct CompileOptions {
   std::optional<bool> fuseCrossEntropy;
   std::optional<std::string> optimizer;
   std::optional<std::string> recompute;
+  /// --frozen: weights training holds constant (getFrozenWeights adds the
+  /// rotary inv_freq buffers).
+  std::vector<std::string> frozen;
 
   // Data parallelism and ZeRO.
   int64_t zero = 0;
@@ -137,6 +140,7 @@ void setSharedOptions(CompileOptions &o, const Flags &flags, Given given) {
   o.fuseCrossEntropy = ifGiven(flags.fuseCrossEntropy);
   o.optimizer = ifGiven(flags.optimizer);
   o.recompute = ifGiven(flags.recompute);
+  o.frozen.assign(flags.frozen.begin(), flags.frozen.end());
   o.zero = flags.zero;
   o.bucketMb = ifGiven(flags.bucketMb);
   o.reshardAfterForward = ifGiven(flags.reshardAfterForward);

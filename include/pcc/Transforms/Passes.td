@@ -733,7 +733,15 @@ def Autodiff : Pass<"pcc-autodiff", "ModuleOp"> {
     contractions and lookups produce (matmul, conv, gather) and computes
     the ops after them again in the backward phase (elementwise ops,
     norms, softmax, dropout with its counter-based mask); `full` saves
-    only the phase's inputs and computes the whole forward again.
+    the phase's inputs and the residual stream where one layer hands over
+    to the next (the narrowest points between layers, as the stage cut
+    finds them) and computes each layer again when the backward reaches
+    it.
+
+    `frozen` weights get no gradient and no optimizer state, as a
+    PyTorch parameter with `requires_grad=False` or a buffer; the rotary
+    embeddings' `inv_freq` (a buffer the dynamo exporter writes as an
+    initializer) are frozen by default.
 
     On a step pcc-pipeline-cut has cut into stages, each stage k is
     differentiated instead: `@stage<k>_forward` (the stage's outputs, then
@@ -748,7 +756,12 @@ def Autodiff : Pass<"pcc-autodiff", "ModuleOp"> {
   let options = [
     ListOption<"recompute", "recompute", "std::string",
                "none, selective or full (default none); on a step cut into "
-               "stages, one value for every stage or one per stage">
+               "stages, one value for every stage or one per stage">,
+    ListOption<"frozen", "frozen", "std::string",
+               "weights held constant (no gradient, no optimizer state); "
+               "the rotary embeddings' inv_freq buffers are by default">,
+    Option<"emitRemarks", "remarks", "bool", /*default=*/"false",
+           "a remark for each weight held constant by default">
   ];
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
