@@ -337,8 +337,15 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
            lastOf.lookup(nameOf(ops[at - 1])) != at - 1)
       --at;
     std::string name = at > 0 ? nameOf(ops[at - 1]) : std::string();
-    bool names = !name.empty() && lastOf.lookup(name) == at - 1 &&
-                 name.find(',') == std::string::npos;
+    // The node's later ops may be what tensor parallelism adds to hand its
+    // value on (with --sp, the residual's all-gather and its layout
+    // changes): they go to the next stage with the readers they serve.
+    bool handsOn = !name.empty();
+    for (size_t i = at; handsOn && i <= lastOf.lookup(name); ++i)
+      handsOn = nameOf(ops[i]) != name ||
+                isa<AllGatherOp, ShardSliceOp, ReshapeOp, TransposeOp, CastOp>(
+                    ops[i]);
+    bool names = handsOn && name.find(',') == std::string::npos;
     p.cutNames.push_back(names ? name : std::string());
   }
   // Only cuts a plan can name: the compiled plan is then the priced one.
@@ -419,14 +426,16 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   p.pools = predictStepMemory(module);
 }
 
-/// The key of a probe: tensor-parallel degree, precision, recompute.
-using ProbeKey = std::tuple<int64_t, std::string, std::string>;
+/// The key of a probe: tensor-parallel degree, precision, recompute,
+/// sequence parallelism.
+using ProbeKey = std::tuple<int64_t, std::string, std::string, bool>;
 
 /// One plan being priced.
 struct Candidate {
   int64_t tp, pp, chunks, dp, zero, microbatches;
   sched::Policy policy;
   std::string precision, recompute;
+  bool sp = false; // sequence parallelism (--sp, with tp > 1)
 };
 
 /// The compile options of candidate `c` over the user's `base`.
@@ -443,6 +452,7 @@ CompileOptions optionsOf(const CompileOptions &base, const Candidate &c) {
                    : std::nullopt;
   o.recompute = c.recompute;
   o.precision = c.precision;
+  o.sequenceParallel = c.sp;
   o.ppCuts.clear();
   return o;
 }
@@ -480,7 +490,7 @@ private:
       request.progress(line);
   }
   const Probe &probe(int64_t tp, const std::string &precision,
-                     const std::string &recompute);
+                     const std::string &recompute, bool sp);
   /// A stage cut and the weight bytes each stage reads.
   struct StageCut {
     std::vector<size_t> bounds; // stages + 1 positions
@@ -544,8 +554,8 @@ private:
 };
 
 const Probe &Search::probe(int64_t tp, const std::string &precision,
-                           const std::string &recompute) {
-  ProbeKey key{tp, precision, recompute};
+                           const std::string &recompute, bool sp) {
+  ProbeKey key{tp, precision, recompute, sp};
   auto it = probes.find(key);
   if (it != probes.end())
     return it->second;
@@ -562,6 +572,7 @@ const Probe &Search::probe(int64_t tp, const std::string &precision,
   o.microbatches = probeMicrobatches; // one row per micro-batch
   o.recompute = recompute;
   o.precision = precision;
+  o.sequenceParallel = sp;
   o.memCapBytes = 0;
   o.emitRemarks = false;
   o.planMemory = true;
@@ -577,11 +588,12 @@ const Probe &Search::probe(int64_t tp, const std::string &precision,
   if (OwningOpRef<ModuleOp> copy = compileQuietly(probeModule, o, p.error))
     readProbe(*copy, pricer, tp, o.target == DeviceTarget::Cpu, p);
   report(llvm::formatv(
-             "probe tp={0} {1} recompute={2}: {3}", tp, precision, recompute,
+             "probe tp={0}{4} {1} recompute={2}: {3}", tp, precision, recompute,
              p.error.empty() ? llvm::formatv("{0} forward ops, {1:F1} s",
                                              p.size(), secondsSince(start))
                                    .str()
-                             : "not possible: " + p.error)
+                             : "not possible: " + p.error,
+             sp ? " sp" : "")
              .str());
   return p;
 }
@@ -696,8 +708,8 @@ Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
 std::optional<PlanPrediction>
 Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   overMemory = false;
-  ProbeKey key{c.tp, c.precision, c.recompute};
-  const Probe &p = probe(c.tp, c.precision, c.recompute);
+  ProbeKey key{c.tp, c.precision, c.recompute, c.sp};
+  const Probe &p = probe(c.tp, c.precision, c.recompute, c.sp);
   if (!p.error.empty()) {
     why = p.error;
     return std::nullopt;
@@ -972,7 +984,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   out.peakBytes = peak;
   out.movedBytes = static_cast<int64_t>(movedWorst);
   // Model FLOPs: the probe's (per tp rank) over every row of the batch.
-  const Probe &plain = probe(c.tp, c.precision, "none");
+  const Probe &plain = probe(c.tp, c.precision, "none", c.sp);
   double modelFlops = (plain.error.empty() ? plain.flops : p.flops) *
                       static_cast<double>(c.tp) * static_cast<double>(batch);
   out.mfu = modelFlops / (out.stepSeconds * request.devices *
@@ -1091,114 +1103,122 @@ FailureOr<PlanSearchResult> Search::run() {
   for (int64_t tp : tps) {
     if (devices % tp)
       continue;
-    for (const std::string &precision : precisions) {
-      // Recompute only where saving everything does not fit.
-      for (const std::string &recompute : recomputes) {
-        if (!probe(tp, precision, recompute).error.empty()) {
-          note(probe(tp, precision, recompute).error,
-               "tp=" + std::to_string(tp) + " " + precision +
-                   " recompute=" + recompute);
-          continue;
-        }
-        int64_t fitsBefore = static_cast<int64_t>(fitting.size());
-        for (int64_t pp = 1; pp <= devices / tp; ++pp) {
-          if ((devices / tp) % pp || (request.fixPp && pp != base.pp))
-            continue;
-          int64_t dp = devices / (tp * pp);
-          if (request.fixDp && dp != base.dp)
-            continue;
-          if (batch % dp) {
-            ++result.notDividing;
-            note("dp does not divide the batch of " + std::to_string(batch),
-                 "dp=" + std::to_string(dp));
+    // Sequence parallelism splits the norms' and residuals' activations
+    // over the tensor-parallel ranks for the same bytes sent.
+    std::vector<bool> sps{false};
+    if (request.fixSp)
+      sps = {base.sequenceParallel};
+    else if (tp > 1)
+      sps = {false, true};
+    for (const std::string &precision : precisions)
+      for (bool sp : sps) {
+        // Recompute only where saving everything does not fit.
+        for (const std::string &recompute : recomputes) {
+          if (!probe(tp, precision, recompute, sp).error.empty()) {
+            note(probe(tp, precision, recompute, sp).error,
+                 "tp=" + std::to_string(tp) + (sp ? " sp " : " ") + precision +
+                     " recompute=" + recompute);
             continue;
           }
-          std::vector<int64_t> ms;
-          for (int64_t mb : powersOfTwoUpTo(batch / dp))
-            if ((batch / dp) % mb == 0)
-              ms.push_back(mb);
-          if ((batch / dp) % 3 == 0 || !llvm::is_contained(ms, batch / dp))
-            ms.push_back(batch / dp);
-          if (request.fixMicrobatches)
-            ms = {base.microbatches};
-          std::vector<int64_t> zeros = request.fixZero
-                                           ? std::vector<int64_t>{base.zero}
-                                           : std::vector<int64_t>{0, 1, 2, 3};
-          for (int64_t micro : ms) {
-            if ((batch / dp) % micro) {
+          int64_t fitsBefore = static_cast<int64_t>(fitting.size());
+          for (int64_t pp = 1; pp <= devices / tp; ++pp) {
+            if ((devices / tp) % pp || (request.fixPp && pp != base.pp))
+              continue;
+            int64_t dp = devices / (tp * pp);
+            if (request.fixDp && dp != base.dp)
+              continue;
+            if (batch % dp) {
               ++result.notDividing;
+              note("dp does not divide the batch of " + std::to_string(batch),
+                   "dp=" + std::to_string(dp));
               continue;
             }
-            for (sched::Policy policy :
-                 pp == 1 ? std::vector<sched::Policy>{sched::Policy::OneFOneB}
-                         : policies) {
-              std::vector<int64_t> chunkList{1};
-              if (policy == sched::Policy::Interleaved)
-                chunkList = request.fixChunks
-                                ? std::vector<int64_t>{base.ppChunks}
-                                : std::vector<int64_t>{2, 4};
-              for (int64_t chunks : chunkList) {
-                if (policy == sched::Policy::Interleaved &&
-                    (pp == 1 || micro % pp))
-                  continue;
-                for (int64_t zero : zeros) {
-                  if (zero > 0 && dp == 1)
+            std::vector<int64_t> ms;
+            for (int64_t mb : powersOfTwoUpTo(batch / dp))
+              if ((batch / dp) % mb == 0)
+                ms.push_back(mb);
+            if ((batch / dp) % 3 == 0 || !llvm::is_contained(ms, batch / dp))
+              ms.push_back(batch / dp);
+            if (request.fixMicrobatches)
+              ms = {base.microbatches};
+            std::vector<int64_t> zeros = request.fixZero
+                                             ? std::vector<int64_t>{base.zero}
+                                             : std::vector<int64_t>{0, 1, 2, 3};
+            for (int64_t micro : ms) {
+              if ((batch / dp) % micro) {
+                ++result.notDividing;
+                continue;
+              }
+              for (sched::Policy policy :
+                   pp == 1 ? std::vector<sched::Policy>{sched::Policy::OneFOneB}
+                           : policies) {
+                std::vector<int64_t> chunkList{1};
+                if (policy == sched::Policy::Interleaved)
+                  chunkList = request.fixChunks
+                                  ? std::vector<int64_t>{base.ppChunks}
+                                  : std::vector<int64_t>{2, 4};
+                for (int64_t chunks : chunkList) {
+                  if (policy == sched::Policy::Interleaved &&
+                      (pp == 1 || micro % pp))
                     continue;
-                  Candidate c{tp,    pp,     chunks,    dp,       zero,
-                              micro, policy, precision, recompute};
-                  CompileOptions check = optionsOf(base, c);
-                  std::string conflict = check.verify();
-                  if (!conflict.empty()) {
-                    note(conflict, planFlags(check));
-                    continue;
+                  for (int64_t zero : zeros) {
+                    if (zero > 0 && dp == 1)
+                      continue;
+                    Candidate c{tp,    pp,     chunks,    dp,        zero,
+                                micro, policy, precision, recompute, sp};
+                    CompileOptions check = optionsOf(base, c);
+                    std::string conflict = check.verify();
+                    if (!conflict.empty()) {
+                      note(conflict, planFlags(check));
+                      continue;
+                    }
+                    bool over = false;
+                    std::string why;
+                    std::optional<PlanPrediction> priced = price(c, over, why);
+                    if (!priced && bounded) {
+                      ++result.bounded;
+                      continue;
+                    }
+                    if (!priced) {
+                      note(why, planFlags(check));
+                      continue;
+                    }
+                    ++result.priced;
+                    if (over) {
+                      ++result.overMemory;
+                      priced->why = why;
+                      if (!least || priced->peakBytes < least->peakBytes)
+                        least = *priced;
+                      // The numbers over-predict memory (the arena and the
+                      // activations scale from one row): within twice the
+                      // budget the compile decides.
+                      if (priced->peakBytes <= 2 * budget())
+                        uncertain.push_back(std::move(*priced));
+                      continue;
+                    }
+                    // The kBound fastest plans predicted to fit bound the
+                    // rest (a max-heap of their times).
+                    fastestFits.push_back(priced->stepSeconds);
+                    std::push_heap(fastestFits.begin(), fastestFits.end());
+                    if (static_cast<int64_t>(fastestFits.size()) > kBound) {
+                      std::pop_heap(fastestFits.begin(), fastestFits.end());
+                      fastestFits.pop_back();
+                    }
+                    if (static_cast<int64_t>(fastestFits.size()) == kBound)
+                      pruneAbove = fastestFits.front();
+                    fitting.push_back(std::move(*priced));
                   }
-                  bool over = false;
-                  std::string why;
-                  std::optional<PlanPrediction> priced = price(c, over, why);
-                  if (!priced && bounded) {
-                    ++result.bounded;
-                    continue;
-                  }
-                  if (!priced) {
-                    note(why, planFlags(check));
-                    continue;
-                  }
-                  ++result.priced;
-                  if (over) {
-                    ++result.overMemory;
-                    priced->why = why;
-                    if (!least || priced->peakBytes < least->peakBytes)
-                      least = *priced;
-                    // The numbers over-predict memory (the arena and the
-                    // activations scale from one row): within twice the
-                    // budget the compile decides.
-                    if (priced->peakBytes <= 2 * budget())
-                      uncertain.push_back(std::move(*priced));
-                    continue;
-                  }
-                  // The kBound fastest plans predicted to fit bound the
-                  // rest (a max-heap of their times).
-                  fastestFits.push_back(priced->stepSeconds);
-                  std::push_heap(fastestFits.begin(), fastestFits.end());
-                  if (static_cast<int64_t>(fastestFits.size()) > kBound) {
-                    std::pop_heap(fastestFits.begin(), fastestFits.end());
-                    fastestFits.pop_back();
-                  }
-                  if (static_cast<int64_t>(fastestFits.size()) == kBound)
-                    pruneAbove = fastestFits.front();
-                  fitting.push_back(std::move(*priced));
                 }
               }
             }
           }
+          // Saving everything fits somewhere at this tp and precision: more
+          // recomputation only costs time.
+          if (!request.fixRecompute &&
+              static_cast<int64_t>(fitting.size()) > fitsBefore)
+            break;
         }
-        // Saving everything fits somewhere at this tp and precision: more
-        // recomputation only costs time.
-        if (!request.fixRecompute &&
-            static_cast<int64_t>(fitting.size()) > fitsBefore)
-          break;
       }
-    }
   }
   int64_t predictedFits = static_cast<int64_t>(fitting.size());
   report(llvm::formatv("{0} plans priced, {1} fit, {2} more within twice "
@@ -1334,6 +1354,8 @@ std::string mlir::pcc::planFlags(const CompileOptions &o) {
     s += " --schedule=" + o.getSchedule();
   s += " --recompute=" + o.getRecompute();
   s += " --precision=" + o.precision;
+  if (o.sequenceParallel)
+    s += " --sp";
   if (!o.ppCuts.empty())
     s += " --pp-cuts=" + llvm::join(o.ppCuts, ",");
   return s;

@@ -78,8 +78,12 @@ struct PlanShardingPass
     if (auto module = func->getParentOfType<ModuleOp>())
       if (auto p = module->getAttrOfType<StringAttr>(kPrecisionAttrName))
         precision = p.getValue().str();
+    // And on --sp's propagation (pcc-partition marks the module).
+    bool sp = false;
+    if (auto module = func->getParentOfType<ModuleOp>())
+      sp = module->hasAttr(kSequenceParallelAttrName);
     std::string key = axis + "=" + std::to_string(ranks) + ":" + precision +
-                      ":" + llvm::join(names, ",");
+                      (sp ? ":sp:" : ":") + llvm::join(names, ",");
     {
       std::lock_guard<std::mutex> lock(memo->mutex);
       auto it = memo->decisions.find(key);

@@ -344,10 +344,11 @@ std::string pcctool::readFlags(DriverFlags &driver,
 
   auto given = [](const auto &flag) { return flag.getNumOccurrences() > 0; };
   pcc::setSharedOptions(o, flags, given);
-  driver.given = {
-      given(flags.tp),       given(flags.pp),           given(flags.dp),
-      given(flags.zero),     given(flags.microbatches), given(flags.schedule),
-      given(flags.ppChunks), given(flags.recompute),    given(flags.precision)};
+  driver.given = {given(flags.tp),           given(flags.pp),
+                  given(flags.dp),           given(flags.zero),
+                  given(flags.microbatches), given(flags.schedule),
+                  given(flags.ppChunks),     given(flags.recompute),
+                  given(flags.precision),    given(flags.sequenceParallel)};
   o.target = target;
   o.emitRemarks = explainPlan;
   if (!memCap.empty()) {

@@ -24,7 +24,8 @@ enum class Emit { Auto, Mlir, MlirImported, Weights, Cpp, SharedLibrary };
 /// Which plan dimensions the user gave (the plan search keeps them).
 struct GivenPlanDims {
   bool tp = false, pp = false, dp = false, zero = false, microbatches = false,
-       schedule = false, chunks = false, recompute = false, precision = false;
+       schedule = false, chunks = false, recompute = false, precision = false,
+       sp = false;
 };
 
 /// The category of pcc's training (and plan-search) flags.

@@ -109,6 +109,7 @@ std::string pcctool::readPlanFlags(const DriverFlags &driver,
   request.fixChunks = g.chunks;
   request.fixRecompute = g.recompute;
   request.fixPrecision = g.precision;
+  request.fixSp = g.sp;
   if (request.fixTp && request.fixPp && request.fixDp &&
       o.tp * o.pp * o.dp != devices)
     return "--tp=" + std::to_string(o.tp) + " x --pp=" + std::to_string(o.pp) +

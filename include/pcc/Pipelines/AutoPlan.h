@@ -46,7 +46,7 @@ struct PlanRequest {
   /// Which plan dimensions the user fixed (the rest are searched).
   bool fixTp = false, fixPp = false, fixDp = false, fixZero = false,
        fixMicrobatches = false, fixSchedule = false, fixChunks = false,
-       fixRecompute = false, fixPrecision = false;
+       fixRecompute = false, fixPrecision = false, fixSp = false;
   /// How many plans to report.
   int64_t top = 5;
   /// How many of the best plans to compile and check against the memory
