@@ -334,6 +334,15 @@ std::string Replay::run() {
     }
     byTime[at] = rank;
   };
+  // A rank whose next work waits on another rank stays blocked until a
+  // neighbour (which owns the virtual stages next to its own) runs
+  // something: the scan skips it without asking again.
+  std::vector<char> blocked(p, 0);
+  auto ran = [&](int32_t rank) {
+    blocked[rank] = 0;
+    blocked[(rank + 1) % p] = 0;
+    blocked[(rank + p - 1) % p] = 0;
+  };
   for (;;) {
     bool progressed = false, finishedAll = true;
     std::string error;
@@ -342,6 +351,8 @@ std::string Replay::run() {
       if (!fixedLeft && pendingW[r].empty())
         continue;
       finishedAll = false;
+      if (blocked[r])
+        continue;
       std::optional<double> at;
       if (fixedLeft) {
         at = ready(r, lists[r][next[r]], error);
@@ -361,13 +372,17 @@ std::string Replay::run() {
         pendingW[r].pop_front();
         execute(r, w, freeAt[r]);
         moveLater(r);
+        ran(r);
         progressed = true;
         break;
       }
-      if (!at)
+      if (!at) {
+        blocked[r] = 1;
         continue;
+      }
       execute(r, lists[r][next[r]], std::max(*at, freeAt[r]));
       moveLater(r);
+      ran(r);
       ++next[r];
       progressed = true;
       break;
@@ -388,16 +403,17 @@ std::string Replay::run() {
   }
   // Every piece of work once, on the rank that owns its virtual stage;
   // every transfer received.
-  std::map<Key, int> count;
+  std::vector<int> count(finished.size(), 0);
   for (int32_t r = 0; r < p; ++r)
     for (const Instr &i : order[r])
-      ++count[{static_cast<int>(i.op), i.microbatch, vstage(r, i.chunk)}];
+      if (int64_t at = slot(i.op, i.microbatch, vstage(r, i.chunk)); at >= 0)
+        ++count[at];
   for (int32_t vs = 0; vs < V; ++vs)
     for (int32_t mb = 0; mb < o.microbatches; ++mb)
       for (Op op : {Op::Forward, Op::Backward, Op::WeightGrad}) {
         if (o.forwardOnly && op != Op::Forward)
           continue;
-        int n = count[{static_cast<int>(op), mb, vs}];
+        int n = count[slot(op, mb, vs)];
         if (n != 1)
           return std::string(opName(op)) + " of micro-batch " +
                  std::to_string(mb) + " on virtual stage " +
@@ -405,18 +421,20 @@ std::string Replay::run() {
                  " times, not once";
       }
   if (!implicit)
-    for (auto &[key, n] : count) {
-      auto [op, mb, vs] = key;
-      Op sent = static_cast<Op>(op);
-      if (sent != Op::SendForward && sent != Op::SendBackward)
-        continue;
-      Op recv = sent == Op::SendForward ? Op::RecvForward : Op::RecvBackward;
-      int32_t to = sent == Op::SendForward ? vs + 1 : vs - 1;
-      if (!count.count({static_cast<int>(recv), mb, to}))
-        return std::string(opName(sent)) + " of micro-batch " +
-               std::to_string(mb) + " from virtual stage " +
-               std::to_string(vs) + " is never received";
-    }
+    for (int32_t vs = 0; vs < V; ++vs)
+      for (int32_t mb = 0; mb < o.microbatches; ++mb)
+        for (Op sent : {Op::SendForward, Op::SendBackward}) {
+          if (!count[slot(sent, mb, vs)])
+            continue;
+          Op recv =
+              sent == Op::SendForward ? Op::RecvForward : Op::RecvBackward;
+          int32_t to = sent == Op::SendForward ? vs + 1 : vs - 1;
+          int64_t received = slot(recv, mb, to);
+          if (received < 0 || !count[received])
+            return std::string(opName(sent)) + " of micro-batch " +
+                   std::to_string(mb) + " from virtual stage " +
+                   std::to_string(vs) + " is never received";
+        }
   if (!implicit) {
     std::string error = checkChannels();
     if (!error.empty())
