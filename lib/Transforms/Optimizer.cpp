@@ -118,6 +118,31 @@ struct OptimizerPass : public mlir::pcc::impl::OptimizerBase<OptimizerPass> {
 
 namespace {
 
+/// Program order, each block numbered once: Operation::isBeforeInBlock
+/// renumbers a whole block whenever an insertion found no gap, which grows
+/// with the square of a large model's backward phase when asked after
+/// every rewrite. Valid for ops that were in their block when it was
+/// numbered and have kept their relative order.
+class ProgramOrder {
+public:
+  bool isBefore(Operation *a, Operation *b) {
+    number(a->getBlock());
+    number(b->getBlock());
+    return index.lookup(a) < index.lookup(b);
+  }
+
+private:
+  void number(Block *block) {
+    if (!numbered.insert(block).second)
+      return;
+    size_t i = 0;
+    for (Operation &op : *block)
+      index[&op] = i++;
+  }
+  llvm::DenseMap<Operation *, size_t> index;
+  llvm::DenseSet<Block *> numbered;
+};
+
 struct AssignFirstGradientsPass
     : public mlir::pcc::impl::AssignFirstGradientsBase<
           AssignFirstGradientsPass> {
@@ -176,6 +201,7 @@ struct AssignFirstGradientsPass
             state.getType() == zero.getState().getType())
           firsts.push_back({acc, zero});
       });
+    ProgramOrder order;
     for (auto [acc, zero] : firsts) {
       OpBuilder b(acc);
       AssignOp::create(b, acc.getLoc(), acc.getState(), acc.getValue());
@@ -185,7 +211,7 @@ struct AssignFirstGradientsPass
       Operation *def = acc.getValue().getDefiningOp();
       Operation *load = acc.getState().getDefiningOp();
       if (def && isa_and_nonnull<ParamOp>(load) &&
-          def->getBlock() == load->getBlock() && def->isBeforeInBlock(load))
+          def->getBlock() == load->getBlock() && order.isBefore(def, load))
         load->moveBefore(def);
       acc.erase();
       Value state = zero.getState();
@@ -253,6 +279,7 @@ struct Bf16GradientsPass
         rejected.insert(p.getName());
       loads[p.getName()].push_back(p);
     });
+    ProgramOrder order;
     for (auto &[name, ps] : loads) {
       if (rejected.contains(name))
         continue;
@@ -280,8 +307,9 @@ struct Bf16GradientsPass
             // Loaded before the value is made, so that the back end can
             // compute the value in the state's memory.
             Operation *def = widen.getInput().getDefiningOp();
+            // (narrow is just before p, which was there when numbered.)
             if (def && def->getBlock() == narrow->getBlock() &&
-                def->isBeforeInBlock(narrow))
+                order.isBefore(def, p))
               narrow->moveBefore(def);
             assign.erase();
             if (widen->use_empty())
