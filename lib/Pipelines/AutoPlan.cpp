@@ -1275,6 +1275,8 @@ FailureOr<PlanSearchResult> Search::run() {
       p.why.clear();
       return true;
     }
+    if (compiled < 0 && result.compileFailures++ == 0)
+      result.firstCompileFailure = planFlags(o) + ": " + firstError;
     note(compiled < 0 ? "dropped: its compile failed: " + firstError
                       : "dropped: compiled, it needs " + gib(compiled) +
                             " (predicted " + gib(p.peakBytes) + ")",

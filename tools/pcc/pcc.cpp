@@ -230,6 +230,14 @@ int main(int argc, char **argv) {
     // --auto's table goes to standard error: standard output may carry
     // the IR.
     printPlans(*plans, planRequest, planOnly ? llvm::outs() : llvm::errs());
+    if (plans->ranked.empty() && plans->compileFailures > 0)
+      return fail(
+          "no plan for " + std::to_string(planRequest.devices) +
+          " devices passed its compile check: " +
+          std::to_string(plans->compileFailures) +
+          " failed to compile, the first " + plans->firstCompileFailure +
+          " (--plan-check=0 prints the search's plans without compiling "
+          "them)");
     if (plans->ranked.empty())
       return fail("no plan for " + std::to_string(planRequest.devices) +
                   " devices fits in their memory (see above)");

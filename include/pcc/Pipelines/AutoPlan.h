@@ -89,6 +89,10 @@ struct PlanSearchResult {
   /// Plans not simulated: their busiest rank's compute alone is slower
   /// than enough plans predicted to fit (none of them could be chosen).
   int64_t bounded = 0;
+  /// Compile checks that failed (not for memory), and the first one's
+  /// plan and error.
+  int64_t compileFailures = 0;
+  std::string firstCompileFailure;
   /// What ruled out whole parts of the space ("tp=8: ...").
   std::vector<std::string> notes;
   double searchSeconds = 0;
