@@ -187,7 +187,7 @@ void usePositions(Value v, const llvm::DenseMap<Operation *, size_t> &index,
 
 /// Reads a compiled probe module.
 void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
-               Probe &p) {
+               const llvm::StringSet<> &perRow, Probe &p) {
   auto fwd = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[0]);
   auto bwd = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[1]);
   if (!fwd || !bwd || !fwd.getBody().hasOneBlock()) {
@@ -405,17 +405,31 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   });
   // The forward phase's largest buffer computed from the weights alone
   // (no batch input reaches it: a gathered or cast table) does not grow
-  // with the rows either.
+  // with the rows either, nor one computed from constants alone, unless
+  // the whole batch's program has it per row (`perRow`, by ONNX node: an
+  // attention mask built from position ids expanded over the batch is one
+  // row's at the probe's one row).
   llvm::DenseSet<Value> fromBatch(fwd.getArguments().begin(),
                                   fwd.getArguments().end());
+  llvm::DenseSet<Value> fromWeights;
   for (Operation &op : fwd.getBody().front()) {
     bool batch = llvm::any_of(op.getOperands(),
                               [&](Value v) { return fromBatch.contains(v); });
+    bool weights =
+        isa<ParamOp>(op) || llvm::any_of(op.getOperands(), [&](Value v) {
+          return fromWeights.contains(v);
+        });
     for (Value r : op.getResults()) {
-      if (batch)
+      if (batch) {
         fromBatch.insert(r);
-      else if (isa<PccDialect>(op.getDialect()) &&
-               !isa<ParamOp, ConstantOp, ReshapeOp>(op))
+        continue;
+      }
+      if (weights)
+        fromWeights.insert(r);
+      else if (perRow.contains(getOnnxNodeOfLocation(op.getLoc()).second))
+        continue;
+      if (isa<PccDialect>(op.getDialect()) &&
+          !isa<ParamOp, ConstantOp, ReshapeOp>(op))
         p.weightOnly = std::max(p.weightOnly, getTensorBytes(r.getType()));
     }
   }
@@ -534,6 +548,9 @@ private:
   /// imported model split into micro-batches of one row.
   OwningOpRef<ModuleOp> oneRow;
   ModuleOp probeModule;
+  /// ONNX nodes computing, from constants alone, a value with a row per
+  /// batch entry in the whole batch's program.
+  llvm::StringSet<> perRowConstants;
   int64_t probeMicrobatches = 1;
   /// One tensor-parallel search per degree for all the probes.
   std::shared_ptr<ShardingMemo> shardingMemo = createShardingMemo();
@@ -586,7 +603,8 @@ const Probe &Search::probe(int64_t tp, const std::string &precision,
   }
   // The probe's errors are the search's notes, not the user's.
   if (OwningOpRef<ModuleOp> copy = compileQuietly(probeModule, o, p.error))
-    readProbe(*copy, pricer, tp, o.target == DeviceTarget::Cpu, p);
+    readProbe(*copy, pricer, tp, o.target == DeviceTarget::Cpu, perRowConstants,
+              p);
   report(llvm::formatv(
              "probe tp={0}{4} {1} recompute={2}: {3}", tp, precision, recompute,
              p.error.empty() ? llvm::formatv("{0} forward ops, {1:F1} s",
@@ -1046,6 +1064,27 @@ FailureOr<PlanSearchResult> Search::run() {
   }
   batch = first.getDimSize(0);
   int64_t devices = request.devices;
+  if (batch > 1) {
+    llvm::DenseSet<Value> fromInputs(main.getArguments().begin(),
+                                     main.getArguments().end());
+    for (Operation &op : main.getBody().front()) {
+      bool reached =
+          isa<ParamOp>(op) || llvm::any_of(op.getOperands(), [&](Value v) {
+            return fromInputs.contains(v);
+          });
+      for (Value r : op.getResults()) {
+        if (reached) {
+          fromInputs.insert(r);
+          continue;
+        }
+        auto type = dyn_cast<RankedTensorType>(r.getType());
+        std::string node = getOnnxNodeOfLocation(op.getLoc()).second;
+        if (type && type.getRank() > 1 && type.getDimSize(0) == batch &&
+            !node.empty())
+          perRowConstants.insert(node);
+      }
+    }
+  }
   probeModule = imported;
   probeMicrobatches = batch;
   if (request.importOneRow) {
