@@ -811,6 +811,15 @@ def noise_gradient_elements(mapping, max_grad32, max_grad64, rel=1e-10):
     return out
 
 
+def exclude_noise(cfg, metadata, mapping, max_grad32, max_grad64):
+    """Records noise_gradient_elements in an AdamW run's config and its
+    reference weights' metadata (compare.py leaves them out)."""
+    exclude = noise_gradient_elements(mapping, max_grad32, max_grad64)
+    if exclude:
+        cfg["excluded_from_weight_comparison"] = exclude
+        metadata["pcc.exclude"] = json.dumps(exclude, separators=(",", ":"))
+
+
 def tied_copies(mapping):
     """{copy: {"of": first, "transposed": bool}} for initializers that hold
     the same torch tensor as an earlier one (a tied weight the exporter
@@ -889,11 +898,7 @@ def do_model(name, export=False):
         if copies:
             metadata["pcc.tied"] = json.dumps(copies, separators=(",", ":"))
         if cfg["type"] == "AdamW":
-            exclude = noise_gradient_elements(mapping, grad32, grad64)
-            if exclude:
-                cfg["excluded_from_weight_comparison"] = exclude
-                metadata["pcc.exclude"] = json.dumps(exclude,
-                                                     separators=(",", ":"))
+            exclude_noise(cfg, metadata, mapping, grad32, grad64)
         config["optimizers"][opt] = cfg
         with open(os.path.join(out_dir, opt + ".losses.csv"), "w") as f:
             f.write("step,loss,grad_norm\n")
@@ -1032,11 +1037,7 @@ def do_model_frozen(name, frozen, tag):
             # As do_model: elements whose gradient is rounding noise.
             _, _, _, grad64 = train(name, model, mapping, opt, x, y,
                                     float64=True, frozen=frozen)
-            exclude = noise_gradient_elements(mapping, grad32, grad64)
-            if exclude:
-                cfg["excluded_from_weight_comparison"] = exclude
-                metadata["pcc.exclude"] = json.dumps(exclude,
-                                                     separators=(",", ":"))
+            exclude_noise(cfg, metadata, mapping, grad32, grad64)
         notes["optimizers"][opt] = cfg
         for n in onnx_names:
             init = torch_names[mapping[n]["param"]].detach().numpy()
