@@ -23,6 +23,25 @@ int64_t mlir::pcc::cutWeight(Value v) {
   return bytes;
 }
 
+int64_t mlir::pcc::cutWeightAsF32(Value v) {
+  Type element = cast<ShapedType>(v.getType()).getElementType();
+  return element.isBF16() || element.isF16() ? 2 * tensorBytes(v)
+                                             : cutWeight(v);
+}
+
+bool mlir::pcc::isComputedFromWeights(
+    Operation *op, const llvm::DenseSet<Operation *> &fromWeights) {
+  if (isa<ParamOp, ConstantOp>(op))
+    return true;
+  if (!isPure(op) || (op->getNumRegions() != 0 && !isa<FusionOp>(op)) ||
+      op->getNumOperands() == 0 || op->hasTrait<OpTrait::IsTerminator>())
+    return false;
+  return llvm::all_of(op->getOperands(), [&](Value v) {
+    Operation *def = v.getDefiningOp();
+    return def && fromWeights.contains(def);
+  });
+}
+
 /// Where a cut may go: positions with compute on both sides where no more
 /// bytes are live than at the narrowest point between the model's layers
 /// (between its first and last matmul or convolution), one per run of free
@@ -62,14 +81,7 @@ mlir::pcc::layerBoundaryValues(ArrayRef<Operation *> all,
   std::vector<Operation *> ops;
   llvm::DenseMap<Operation *, size_t> index;
   for (Operation *op : all) {
-    bool weightsOnly =
-        isa<ParamOp, ConstantOp>(op) ||
-        (isPure(op) && op->getNumRegions() == 0 && op->getNumOperands() > 0 &&
-         llvm::all_of(op->getOperands(), [&](Value v) {
-           Operation *def = v.getDefiningOp();
-           return def && fromWeights.contains(def);
-         }));
-    if (weightsOnly) {
+    if (isComputedFromWeights(op, fromWeights)) {
       fromWeights.insert(op);
       continue;
     }
@@ -93,16 +105,11 @@ mlir::pcc::layerBoundaryValues(ArrayRef<Operation *> all,
     }
     return last;
   };
-  // Weighted as the stage cut weighs them (cutWeight; a 16-bit value at
-  // its f32 size, so that the epilogue's 16-bit input to the head is no
-  // narrower than the residual stream), arguments included, so that the
-  // narrow points are the cut candidates; `bytes` without the arguments
-  // and at the values' own size, to choose within a run.
-  auto weight = [](Value v) {
-    Type element = cast<ShapedType>(v.getType()).getElementType();
-    return element.isBF16() || element.isF16() ? 2 * tensorBytes(v)
-                                               : cutWeight(v);
-  };
+  // Weighted as the stage cut weighs them (a 16-bit value at its f32
+  // size, so that the epilogue's 16-bit input to the head is no narrower
+  // than the residual stream), arguments included, so that the narrow
+  // points are the cut candidates; `bytes` without the arguments and at
+  // the values' own size, to choose within a run.
   std::vector<int64_t> delta(n + 2, 0), byteDelta(n + 2, 0);
   for (BlockArgument arg : args) {
     size_t last = lastUse(arg, 0);
@@ -120,8 +127,8 @@ mlir::pcc::layerBoundaryValues(ArrayRef<Operation *> all,
       if (last == i)
         continue;
       values.push_back({r, i + 1, last});
-      delta[i + 1] += weight(r);
-      delta[last + 1] -= weight(r);
+      delta[i + 1] += cutWeightAsF32(r);
+      delta[last + 1] -= cutWeightAsF32(r);
       byteDelta[i + 1] += tensorBytes(r);
       byteDelta[last + 1] -= tensorBytes(r);
     }

@@ -58,21 +58,6 @@ std::string gib(int64_t bytes) {
   return llvm::formatv("{0:F2} GiB", bytes / 1073741824.0).str();
 }
 
-/// Weights, constants and what is computed from them alone: cloned into
-/// every stage that reads them, as pcc-pipeline-cut does (which runs before
-/// fusion: a fusion of such values is one too).
-bool isClonedGiven(Operation *op, const llvm::DenseSet<Operation *> &cloned) {
-  if (isa<ParamOp, ConstantOp>(op))
-    return true;
-  if (!isPure(op) || (op->getNumRegions() != 0 && !isa<FusionOp>(op)) ||
-      op->getNumOperands() == 0 || op->hasTrait<OpTrait::IsTerminator>())
-    return false;
-  return llvm::all_of(op->getOperands(), [&](Value v) {
-    Operation *def = v.getDefiningOp();
-    return def && cloned.contains(def);
-  });
-}
-
 bool isSixteenBit(Type t) {
   auto shaped = dyn_cast<ShapedType>(t);
   Type e = shaped ? shaped.getElementType() : t;
@@ -200,7 +185,7 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   for (Operation &op : fwd.getBody().front()) {
     if (op.hasTrait<OpTrait::IsTerminator>())
       continue;
-    if (isClonedGiven(&op, cloned)) {
+    if (isComputedFromWeights(&op, cloned)) {
       cloned.insert(&op);
       continue;
     }
@@ -298,8 +283,7 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     if (last > from || isa<BlockArgument>(v)) {
       // As pcc-pipeline-cut weighs it (before fusion: a 16-bit value the
       // fusion wrote is a cast of its f32 one).
-      int64_t bytes =
-          isSixteenBit(v.getType()) ? 2 * tensorBytes(v) : cutWeight(v);
+      int64_t bytes = cutWeightAsF32(v);
       delta[isa<BlockArgument>(v) ? 0 : from + 1] += bytes;
       delta[last + 1] -= bytes;
     }

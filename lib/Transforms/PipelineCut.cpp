@@ -36,21 +36,6 @@ using namespace mlir::pcc;
 
 namespace {
 
-/// Weights, constants and what is computed from them alone (a causal
-/// mask broadcast once and shared by every layer) are cloned into every
-/// stage that reads them rather than transferred.
-bool isClonedGiven(Operation *op, const llvm::DenseSet<Operation *> &cloned) {
-  if (isa<ParamOp, ConstantOp>(op))
-    return true;
-  if (!isPure(op) || op->getNumRegions() != 0 || op->getNumOperands() == 0 ||
-      op->hasTrait<OpTrait::IsTerminator>())
-    return false;
-  return llvm::all_of(op->getOperands(), [&](Value v) {
-    Operation *def = v.getDefiningOp();
-    return def && cloned.contains(def);
-  });
-}
-
 /// Clones the cloned op defining `v` (and what it reads) into `b`.
 void cloneDefinition(Value v, OpBuilder &b, IRMapping &map) {
   if (map.contains(v))
@@ -99,7 +84,7 @@ CutModel analyse(func::FuncOp main, const CostModel &cost) {
   bool training = main->getParentOfType<ModuleOp>()->hasAttr(kTrainingAttrName);
   CutModel m;
   for (Operation &op : main.getBody().front())
-    if (isClonedGiven(&op, m.cloned))
+    if (isComputedFromWeights(&op, m.cloned))
       m.cloned.insert(&op);
   for (Operation &op : main.getBody().front())
     if (!m.isCloned(&op) && !op.hasTrait<OpTrait::IsTerminator>()) {

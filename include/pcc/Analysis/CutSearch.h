@@ -15,6 +15,7 @@
 
 #include "mlir/IR/Value.h"
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SetVector.h"
 
 #include <cstddef>
@@ -39,6 +40,18 @@ struct CutProfile {
 /// spot is not narrower than the layers' boundaries, whose residual stays
 /// f32, and taking it for the narrowest would rule them all out).
 int64_t cutWeight(mlir::Value v);
+
+/// cutWeight, and a 16-bit value at its f32 size: how a program after
+/// mixed precision's casts (and fusion, which writes a 16-bit value where
+/// the f32 one was cast) is weighed as the cut weighs it before them.
+int64_t cutWeightAsF32(mlir::Value v);
+
+/// Whether `op` is a weight, a constant or computed from such ops alone
+/// (those in `fromWeights`): what a stage clones rather than receives, and
+/// what the backward phase reads again rather than keeps. A fusion of such
+/// values is one too.
+bool isComputedFromWeights(
+    mlir::Operation *op, const llvm::DenseSet<mlir::Operation *> &fromWeights);
 
 /// Where a cut may go: positions with compute on both sides where no more
 /// bytes are live than at the narrowest point between the model's layers
