@@ -36,10 +36,12 @@ struct BinarySpec {
 } // namespace
 
 /// Applies `spec` to two host constants with numpy broadcasting.
-static std::optional<HostTensor>
-foldBinary(const HostTensor &a, const HostTensor &b, const BinarySpec &spec) {
+static std::optional<HostTensor> foldBinary(const HostTensor &a,
+                                            const HostTensor &b,
+                                            const BinarySpec &spec,
+                                            int64_t limit) {
   auto shape = broadcastShapes(a.getShape(), b.getShape());
-  if (!shape || numElements(*shape) > kMaxFoldElements)
+  if (!shape || numElements(*shape) > limit)
     return std::nullopt;
   HostTensor lhs = broadcastTo(a, *shape), rhs = broadcastTo(b, *shape);
   Type resultType = spec.producesBool
@@ -110,7 +112,7 @@ static int64_t intPow(int64_t a, int64_t b) {
 static LogicalResult convertBinary(NodeImporter &n, const BinarySpec &spec) {
   const HostTensor *ca = n.constant(0), *cb = n.constant(1);
   if (ca && cb && n.getOpset() >= 7) {
-    if (auto folded = foldBinary(*ca, *cb, spec)) {
+    if (auto folded = foldBinary(*ca, *cb, spec, n.maxFoldElements())) {
       n.setConstantOutput(0, std::move(*folded));
       return success();
     }
@@ -303,7 +305,7 @@ static LogicalResult convertWhere(NodeImporter &n) {
     auto shape = broadcastShapes(c->getShape(), x->getShape());
     if (shape)
       shape = broadcastShapes(*shape, y->getShape());
-    if (shape && numElements(*shape) <= kMaxFoldElements) {
+    if (shape && numElements(*shape) <= n.maxFoldElements()) {
       HostTensor cb = broadcastTo(*c, *shape), xb = broadcastTo(*x, *shape),
                  yb = broadcastTo(*y, *shape);
       HostTensor out(x->getElementType(), *shape);

@@ -33,7 +33,7 @@ LogicalResult gatherRows(NodeImporter &n, RankedTensorType dataType,
   llvm::append_range(outShape, inner);
   if (const HostTensor *data = n.constant(0)) {
     int64_t innerCount = numElements(inner);
-    if (numElements(outShape) <= kMaxFoldElements) {
+    if (numElements(outShape) <= n.maxFoldElements()) {
       HostTensor out(data->getElementType(), outShape);
       for (int64_t r = 0; r < rows.size(); ++r)
         for (int64_t j = 0; j < innerCount; ++j) {

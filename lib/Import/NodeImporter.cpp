@@ -91,6 +91,10 @@ FailureOr<RankedTensorType> NodeImporter::inputType(unsigned i) {
   return cast<RankedTensorType>(value->getType());
 }
 
+int64_t NodeImporter::maxFoldElements() const {
+  return graph.getOptions().foldLimit;
+}
+
 const HostTensor *NodeImporter::constant(unsigned i) {
   if (!hasInput(i))
     return nullptr;
@@ -103,7 +107,7 @@ const HostTensor *NodeImporter::constant(unsigned i) {
   // folds; such a value stays in IR.
   if (entry->value)
     if (auto cst = entry->value.getDefiningOp<ConstantOp>())
-      if (cst.getValue().getNumElements() <= kMaxFoldElements) {
+      if (cst.getValue().getNumElements() <= maxFoldElements()) {
         entry->constant = HostTensor::fromAttr(cst.getValue());
         return &*entry->constant;
       }

@@ -42,10 +42,6 @@ struct ImportedValue {
 
 class GraphImporter;
 
-/// Largest constant (in elements) the importer folds on the host; bigger
-/// results are computed in IR when the op has an IR form.
-constexpr int64_t kMaxFoldElements = int64_t(1) << 22;
-
 class NodeImporter {
 public:
   NodeImporter(GraphImporter &graph, const onnx::NodeProto &node, int64_t opset,
@@ -54,6 +50,10 @@ public:
 
   const onnx::NodeProto &getNode() const { return node; }
   int64_t getOpset() const { return opset; }
+  /// Largest constant (in elements) the importer folds on the host; bigger
+  /// results are computed in IR when the op has an IR form
+  /// (OnnxImportOptions::foldLimit).
+  int64_t maxFoldElements() const;
   OpBuilder &getBuilder() { return builder; }
   Location getLoc() const { return loc; }
   MLIRContext *getContext() { return builder.getContext(); }

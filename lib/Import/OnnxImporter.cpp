@@ -274,7 +274,10 @@ FailureOr<const HostTensor *> GraphImporter::constantOf(StringRef name,
   if (entry->value)
     if (auto cst = entry->value.getDefiningOp<ConstantOp>()) {
       // A splat (ConstantOfShape, Expand of a constant) can be far larger
-      // than its attribute; host tensors store every element.
+      // than its attribute; host tensors store every element. (A value an
+      // op needs on the host, such as a shape, is evaluated up to the
+      // default fold limit whatever --import-fold-limit says.)
+      const int64_t kMaxFoldElements = OnnxImportOptions().foldLimit;
       int64_t count = cst.getValue().getNumElements();
       if (count > kMaxFoldElements)
         return emitError(loc)

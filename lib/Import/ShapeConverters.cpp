@@ -22,7 +22,7 @@ using namespace mlir::pcc::onnx_import;
 template <typename BuildFn>
 static LogicalResult
 foldOrBuild(NodeImporter &n, std::optional<HostTensor> folded, BuildFn build) {
-  if (folded && folded->size() <= kMaxFoldElements) {
+  if (folded && folded->size() <= n.maxFoldElements()) {
     n.setConstantOutput(0, std::move(*folded));
     return success();
   }
@@ -130,7 +130,7 @@ static LogicalResult convertConstantOfShape(NodeImporter &n) {
     fill = std::move(*t);
   }
   HostTensor scalar = fill.reshaped({});
-  if (numElements(shape) > kMaxFoldElements) {
+  if (numElements(shape) > n.maxFoldElements()) {
     auto type = RankedTensorType::get(shape, fill.getElementType());
     n.setOutput(0, n.splat(type, scalar.getDouble(0)));
     return success();
@@ -152,7 +152,7 @@ static LogicalResult convertRange(NodeImporter &n) {
   // Compared as a double: converting an out-of-range (or NaN) count to
   // int64 would be undefined behaviour.
   double steps = std::ceil((l - s) / d);
-  if (!(steps <= static_cast<double>(kMaxFoldElements)))
+  if (!(steps <= static_cast<double>(n.maxFoldElements())))
     return n.error() << "Range: " << steps << " elements is too large";
   int64_t count = std::max<int64_t>(0, static_cast<int64_t>(steps));
   HostTensor out(start->getElementType(), {count});
@@ -388,7 +388,7 @@ static LogicalResult convertConcat(NodeImporter &n) {
       shape[*a] += c->getShape()[*a];
       parts.push_back(c);
     }
-    if (numElements(shape) <= kMaxFoldElements) {
+    if (numElements(shape) <= n.maxFoldElements()) {
       int64_t outer = numElements(ArrayRef<int64_t>(shape).take_front(*a));
       int64_t inner = numElements(ArrayRef<int64_t>(shape).drop_front(*a + 1));
       HostTensor out(first->getElementType(), shape);
@@ -577,7 +577,7 @@ static LogicalResult convertGather(NodeImporter &n) {
         for (int64_t j = 0; j < inner; ++j)
           source.push_back((o * dim + idx) * inner + j);
       }
-    if (static_cast<int64_t>(source.size()) <= kMaxFoldElements) {
+    if (static_cast<int64_t>(source.size()) <= n.maxFoldElements()) {
       n.setConstantOutput(0, gatherFlat(*data, shape, source));
       return success();
     }
@@ -603,7 +603,7 @@ static LogicalResult convertExpand(NodeImporter &n) {
                      << "]";
   std::optional<HostTensor> folded;
   if (const HostTensor *c = n.constant(0))
-    if (numElements(*shape) <= kMaxFoldElements)
+    if (numElements(*shape) <= n.maxFoldElements())
       folded = broadcastTo(*c, *shape);
   return foldOrBuild(n, std::move(folded), [&]() -> LogicalResult {
     auto v = n.input(0);

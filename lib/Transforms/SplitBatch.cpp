@@ -13,6 +13,10 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SetVector.h"
+
+#include <map>
+#include <vector>
 
 namespace mlir::pcc {
 #define GEN_PASS_DEF_SPLITBATCH
@@ -57,12 +61,6 @@ DenseElementsAttr pieceOf(DenseElementsAttr attr, int64_t dim, int64_t stripes,
       RankedTensorType::get(pieceShape, type.getElementType()), piece);
 }
 
-/// The micro-batch piece of `v` along `dim` (of m equal pieces), rebuilt
-/// from its constants' pieces, when `v` is computed by elementwise ops and
-/// broadcasts from constants whose pieces are all the same: then every
-/// micro-batch's slice is the same too. The exporters' causal masks at
-/// long sequences are such values (aranges repeated over the batch,
-/// compared and selected, too large to fold while importing).
 /// The splat a constant holds, or null.
 DenseElementsAttr splatOf(Value v) {
   auto cst = v.getDefiningOp<ConstantOp>();
@@ -82,78 +80,422 @@ bool computedFromConstants(Value v, int depth) {
   });
 }
 
-/// `blocker` is set to the op whose pieces could not be shown equal.
-FailureOr<Value> uniformPiece(Value v, int64_t dim, int64_t m, OpBuilder &b,
-                              IRMapping &done, int depth, Operation *&blocker) {
-  if (Value known = done.lookupOrNull(v))
-    return known;
+/// A constant's elements as bytes, one element after another (booleans one
+/// byte each; MLIR packs them eight to a byte).
+struct ConstantBytes {
+  explicit ConstantBytes(DenseElementsAttr attr) : attr(attr) {
+    Type element = attr.getElementType();
+    if (element.isInteger(1)) {
+      owned.reserve(attr.getNumElements());
+      for (bool bit : attr.getValues<bool>())
+        owned.push_back(bit);
+      bytes = owned;
+      width = 1;
+    } else {
+      bytes = attr.getRawData();
+      width = (element.getIntOrFloatBitWidth() + 7) / 8;
+    }
+  }
+
+  /// The elements of the box at `starts` of `sizes`, row-major.
+  std::vector<char> box(ArrayRef<int64_t> starts,
+                        ArrayRef<int64_t> sizes) const {
+    ArrayRef<int64_t> shape = attr.getType().getShape();
+    int64_t rank = shape.size();
+    std::vector<char> out;
+    if (rank == 0) {
+      out.assign(bytes.begin(), bytes.begin() + width);
+      return out;
+    }
+    int64_t count = 1;
+    for (int64_t s : sizes)
+      count *= s;
+    out.reserve(count * width);
+    if (count == 0)
+      return out;
+    SmallVector<int64_t> strides(rank, 1);
+    for (int64_t d = rank - 2; d >= 0; --d)
+      strides[d] = strides[d + 1] * shape[d + 1];
+    // An odometer over every dimension but the last, whose run is copied.
+    SmallVector<int64_t> at(rank, 0);
+    int64_t run = sizes[rank - 1] * width;
+    while (true) {
+      int64_t offset = 0;
+      for (int64_t d = 0; d < rank; ++d)
+        offset += (starts[d] + at[d]) * strides[d];
+      out.insert(out.end(), bytes.begin() + offset * width,
+                 bytes.begin() + offset * width + run);
+      int64_t d = rank - 2;
+      for (; d >= 0; --d) {
+        if (++at[d] < sizes[d])
+          break;
+        at[d] = 0;
+      }
+      if (d < 0)
+        break;
+    }
+    return out;
+  }
+
+  /// A constant of `type` holding `data` (as `box` returns it).
+  DenseElementsAttr toAttr(RankedTensorType type, ArrayRef<char> data) const {
+    if (type.getElementType().isInteger(1)) {
+      SmallVector<bool> bits(data.begin(), data.end());
+      return DenseElementsAttr::get(type, ArrayRef<bool>(bits));
+    }
+    return DenseElementsAttr::getFromRawBuffer(type, data);
+  }
+
+  DenseElementsAttr attr;
+  std::vector<char> owned;
+  ArrayRef<char> bytes;
+  int64_t width = 1;
+};
+
+/// Builds micro-batch 0's piece of a whole-batch value computed from
+/// constants (and weights, broadcast over the batch) when every
+/// micro-batch's piece is the same, so that piece 0's program is every
+/// micro-batch's. The exporters' causal and padding masks at long
+/// sequences are such values: aranges and position ids repeated over the
+/// batch, compared, selected and indexed row by row (Hugging Face's
+/// `padding_mask[batch_idx, kv_idx]`, a GatherND over ids flattened with
+/// the batch), too large to fold while importing.
+///
+/// A request is a box of the value: per dimension a start and a size, the
+/// batch dimension's being micro-batch 0's rows. Slices and concatenations
+/// along other dimensions narrow the box instead of building the whole, so
+/// the batch index a GatherND stacks beside the position is never needed.
+class PieceBuilder {
+public:
+  PieceBuilder(OpBuilder &b) : b(b) {}
+
+  /// Piece 0 of box `starts`/`sizes` of `v` along `dim` of `m` pieces.
+  FailureOr<Value> piece(Value v, int64_t dim, int64_t m,
+                         ArrayRef<int64_t> starts, ArrayRef<int64_t> sizes,
+                         int depth = 0);
+
+  /// The whole-value request: piece 0 of `v` along `dim`.
+  FailureOr<Value> piece(Value v, int64_t dim, int64_t m) {
+    auto type = cast<RankedTensorType>(v.getType());
+    SmallVector<int64_t> starts(type.getRank(), 0);
+    SmallVector<int64_t> sizes(type.getShape());
+    sizes[dim] /= m;
+    return piece(v, dim, m, starts, sizes);
+  }
+
+  /// The op whose pieces could not be shown equal.
+  Operation *blocker = nullptr;
+
+private:
+  FailureOr<Value> build(Value v, int64_t dim, int64_t m,
+                         ArrayRef<int64_t> starts, ArrayRef<int64_t> sizes,
+                         RankedTensorType pieceType, int depth);
+  /// Box `starts`/`sizes` of `v` (no batch dimension to split).
+  Value sliceOf(Value v, ArrayRef<int64_t> starts, ArrayRef<int64_t> sizes);
+  /// `table` (rank 1) as rows of `row` elements that are all equal: the
+  /// first row.
+  FailureOr<Value> equalRows(Value table, int64_t row, int depth);
+  FailureOr<Value> linearGather(GatherOp gather, int64_t dim, int64_t m,
+                                ArrayRef<int64_t> starts,
+                                ArrayRef<int64_t> sizes,
+                                RankedTensorType pieceType, int depth);
+
+  OpBuilder &b;
+  std::map<std::pair<void *, std::vector<int64_t>>, Value> memo;
+};
+
+Value PieceBuilder::sliceOf(Value v, ArrayRef<int64_t> starts,
+                            ArrayRef<int64_t> sizes) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (llvm::all_of(starts, [](int64_t s) { return s == 0; }) &&
+      type.getShape() == sizes)
+    return v;
+  SmallVector<int64_t> limits, steps(starts.size(), 1);
+  for (auto [s, n] : llvm::zip(starts, sizes))
+    limits.push_back(s + n);
+  return SliceOp::create(
+             b, v.getLoc(), RankedTensorType::get(sizes, type.getElementType()),
+             v, b.getDenseI64ArrayAttr(starts), b.getDenseI64ArrayAttr(limits),
+             b.getDenseI64ArrayAttr(steps))
+      .getResult();
+}
+
+FailureOr<Value> PieceBuilder::piece(Value v, int64_t dim, int64_t m,
+                                     ArrayRef<int64_t> starts,
+                                     ArrayRef<int64_t> sizes, int depth) {
+  std::vector<int64_t> key{dim, m};
+  key.insert(key.end(), starts.begin(), starts.end());
+  key.insert(key.end(), sizes.begin(), sizes.end());
+  auto memoKey = std::make_pair(v.getAsOpaquePointer(), std::move(key));
+  if (auto it = memo.find(memoKey); it != memo.end()) {
+    if (!it->second)
+      return failure();
+    return it->second;
+  }
   auto type = dyn_cast<RankedTensorType>(v.getType());
-  Operation *def = v.getDefiningOp();
-  blocker = def;
-  if (!type || !def || depth > 64 || type.getRank() <= dim ||
+  blocker = v.getDefiningOp();
+  if (!type || !blocker || depth > 256 || type.getRank() <= dim ||
       type.getDimSize(dim) % m != 0)
     return failure();
-  SmallVector<int64_t> shape(type.getShape());
-  shape[dim] /= m;
-  auto pieceType = RankedTensorType::get(shape, type.getElementType());
-  Value out;
+  // The piece of the whole rows, sliced, where it can be built: boxes
+  // narrowed at every level (a prefix sum's shifted slices) would build
+  // one piece per offset. A narrower box is built only where the whole
+  // differs between micro-batches (a GatherND's batch index beside its
+  // position).
+  FailureOr<Value> out = failure();
+  SmallVector<int64_t> wholeSizes(type.getShape());
+  wholeSizes[dim] = sizes[dim];
+  bool narrowed = wholeSizes != sizes ||
+                  llvm::any_of(starts, [](int64_t s) { return s != 0; });
+  if (narrowed) {
+    SmallVector<int64_t> zeros(type.getRank(), 0);
+    FailureOr<Value> whole = piece(v, dim, m, zeros, wholeSizes, depth);
+    if (succeeded(whole))
+      out = sliceOf(*whole, starts, sizes);
+  }
+  if (failed(out))
+    out = build(v, dim, m, starts, sizes,
+                RankedTensorType::get(sizes, type.getElementType()), depth);
+  memo[memoKey] = succeeded(out) ? *out : Value();
+  return out;
+}
+
+FailureOr<Value> PieceBuilder::equalRows(Value table, int64_t row, int depth) {
+  auto type = cast<RankedTensorType>(table.getType());
+  int64_t rows = type.getNumElements() / row;
+  auto rowType = RankedTensorType::get({row}, type.getElementType());
+  if (auto cst = table.getDefiningOp<ConstantOp>()) {
+    auto dense = dyn_cast<DenseElementsAttr>(cst.getValue());
+    if (!dense)
+      return failure();
+    if (dense.isSplat())
+      return ConstantOp::create(b, cst.getLoc(), dense.resizeSplat(rowType))
+          .getResult();
+    ConstantBytes bytes(dense);
+    ArrayRef<char> all = bytes.bytes;
+    int64_t width = row * bytes.width;
+    for (int64_t r = 1; r < rows; ++r)
+      if (all.slice(r * width, width) != all.take_front(width))
+        return failure();
+    return ConstantOp::create(b, cst.getLoc(),
+                              bytes.toAttr(rowType, all.take_front(width)))
+        .getResult();
+  }
+  // A reshape of [rows, ...] whose rows after the first are the row.
+  auto reshape = table.getDefiningOp<ReshapeOp>();
+  if (!reshape)
+    return failure();
+  auto inType = cast<RankedTensorType>(reshape.getInput().getType());
+  if (inType.getRank() < 1 || inType.getDimSize(0) != rows)
+    return failure();
+  SmallVector<int64_t> starts(inType.getRank(), 0);
+  SmallVector<int64_t> sizes(inType.getShape());
+  sizes[0] = 1;
+  FailureOr<Value> first =
+      piece(reshape.getInput(), 0, rows, starts, sizes, depth + 1);
+  if (failed(first))
+    return failure();
+  return ReshapeOp::create(b, reshape.getLoc(), rowType, *first).getResult();
+}
+
+/// gather(table, X * row + Y) over a flattened table whose rows of `row`
+/// elements are all equal is gather(first row, Y mod row) whatever the
+/// row X picks: the importer's GatherND flattens its index tuples so.
+FailureOr<Value> PieceBuilder::linearGather(GatherOp gather, int64_t dim,
+                                            int64_t m, ArrayRef<int64_t> starts,
+                                            ArrayRef<int64_t> sizes,
+                                            RankedTensorType pieceType,
+                                            int depth) {
+  auto dataType = cast<RankedTensorType>(gather.getData().getType());
+  auto add = gather.getIndices().getDefiningOp<AddOp>();
+  if (gather.getAxis() != 0 || dataType.getRank() != 1 || !add)
+    return failure();
+  for (auto [scaled, offset] : {std::pair(add.getLhs(), add.getRhs()),
+                                std::pair(add.getRhs(), add.getLhs())}) {
+    auto mul = scaled.getDefiningOp<MulOp>();
+    if (!mul)
+      continue;
+    DenseElementsAttr stride = splatOf(mul.getRhs());
+    if (!stride)
+      stride = splatOf(mul.getLhs());
+    if (!stride || !isa<IntegerType>(stride.getElementType()))
+      continue;
+    int64_t row = stride.getSplatValue<APInt>().getSExtValue();
+    if (row <= 0 || dataType.getDimSize(0) % row != 0)
+      continue;
+    FailureOr<Value> first = equalRows(gather.getData(), row, depth);
+    if (failed(first))
+      return failure();
+    FailureOr<Value> column = piece(offset, dim, m, starts, sizes, depth + 1);
+    if (failed(column))
+      return failure();
+    auto columnType = cast<RankedTensorType>(column->getType());
+    Value rowSize =
+        ConstantOp::create(
+            b, gather.getLoc(),
+            DenseElementsAttr::get(
+                columnType, APInt(columnType.getElementTypeBitWidth(), row)))
+            .getResult();
+    Value index =
+        ModOp::create(b, gather.getLoc(), columnType, *column, rowSize, nullptr)
+            .getResult();
+    return GatherOp::create(b, gather.getLoc(), pieceType, *first, index,
+                            b.getI64IntegerAttr(0))
+        .getResult();
+  }
+  return failure();
+}
+
+FailureOr<Value> PieceBuilder::build(Value v, int64_t dim, int64_t m,
+                                     ArrayRef<int64_t> starts,
+                                     ArrayRef<int64_t> sizes,
+                                     RankedTensorType pieceType, int depth) {
+  auto type = cast<RankedTensorType>(v.getType());
+  ArrayRef<int64_t> shape = type.getShape();
+  Operation *def = v.getDefiningOp();
+  int64_t rank = type.getRank();
   if (auto cst = dyn_cast<ConstantOp>(def)) {
     auto dense = dyn_cast<DenseElementsAttr>(cst.getValue());
     if (!dense)
       return failure();
-    if (dense.isSplat()) {
-      out = ConstantOp::create(b, cst.getLoc(), dense.resizeSplat(pieceType))
-                .getResult();
-    } else {
-      DenseElementsAttr piece = pieceOf(dense, dim, 1, m, 0);
-      for (int64_t r = 1; r < m; ++r)
-        if (pieceOf(dense, dim, 1, m, r) != piece)
-          return failure();
-      out = ConstantOp::create(b, cst.getLoc(), piece).getResult();
+    if (dense.isSplat())
+      return ConstantOp::create(b, cst.getLoc(), dense.resizeSplat(pieceType))
+          .getResult();
+    ConstantBytes bytes(dense);
+    std::vector<char> first = bytes.box(starts, sizes);
+    SmallVector<int64_t> at(starts);
+    for (int64_t r = 1; r < m; ++r) {
+      at[dim] = starts[dim] + r * (shape[dim] / m);
+      if (bytes.box(at, sizes) != first)
+        return failure();
     }
-  } else if (auto gather = dyn_cast<GatherOp>(def);
-             gather && splatOf(gather.getData()) &&
-             computedFromConstants(gather.getIndices(), 0)) {
+    return ConstantOp::create(b, cst.getLoc(), bytes.toAttr(pieceType, first))
+        .getResult();
+  }
+  if (auto gather = dyn_cast<GatherOp>(def)) {
     // Every element of a splat table is the same whichever rows the
     // indices pick (the exporters' padding masks, attention_mask[b, kv]
     // of an all-ones mask, past the folding limit at 1,024 x 4,096).
-    out = ConstantOp::create(b, gather.getLoc(),
-                             splatOf(gather.getData()).resizeSplat(pieceType))
-              .getResult();
-  } else if (auto bc = dyn_cast<BroadcastOp>(def)) {
+    if (DenseElementsAttr splat = splatOf(gather.getData());
+        splat && computedFromConstants(gather.getIndices(), 0))
+      return ConstantOp::create(b, gather.getLoc(),
+                                splat.resizeSplat(pieceType))
+          .getResult();
+    return linearGather(gather, dim, m, starts, sizes, pieceType, depth);
+  }
+  if (auto bc = dyn_cast<BroadcastOp>(def)) {
     auto inType = cast<RankedTensorType>(bc.getInput().getType());
-    int64_t inDim = dim - (type.getRank() - inType.getRank());
-    Value input = bc.getInput();
-    if (inDim >= 0 && inType.getDimSize(inDim) != 1) {
-      FailureOr<Value> piece =
-          uniformPiece(input, inDim, m, b, done, depth + 1, blocker);
-      if (failed(piece))
-        return failure();
-      input = *piece;
+    int64_t offset = rank - inType.getRank();
+    SmallVector<int64_t> inStarts, inSizes;
+    for (int64_t d = 0; d < inType.getRank(); ++d) {
+      bool stretched = inType.getDimSize(d) == 1 && shape[d + offset] != 1;
+      inStarts.push_back(stretched ? 0 : starts[d + offset]);
+      inSizes.push_back(stretched ? 1 : sizes[d + offset]);
     }
-    out = BroadcastOp::create(b, bc.getLoc(), pieceType, input).getResult();
-  } else if (def->hasTrait<OpTrait::Elementwise>() &&
-             def->getNumResults() == 1 && def->getNumRegions() == 0 &&
-             isPure(def)) {
+    int64_t inDim = dim - offset;
+    Value input;
+    if (inDim < 0 || inType.getDimSize(inDim) == 1) {
+      // The same rows for every micro-batch.
+      input = sliceOf(bc.getInput(), inStarts, inSizes);
+    } else {
+      FailureOr<Value> p =
+          piece(bc.getInput(), inDim, m, inStarts, inSizes, depth + 1);
+      if (failed(p))
+        return failure();
+      input = *p;
+    }
+    return BroadcastOp::create(b, bc.getLoc(), pieceType, input).getResult();
+  }
+  if (auto slice = dyn_cast<SliceOp>(def)) {
+    // A unit-step slice that keeps the batch whole narrows the box.
+    auto inType = cast<RankedTensorType>(slice.getInput().getType());
+    if (inType.getDimSize(dim) != shape[dim] || slice.getStarts()[dim] != 0 ||
+        llvm::any_of(slice.getSteps(), [](int64_t s) { return s != 1; }))
+      return failure();
+    SmallVector<int64_t> inStarts;
+    for (int64_t d = 0; d < rank; ++d)
+      inStarts.push_back(slice.getStarts()[d] + starts[d]);
+    return piece(slice.getInput(), dim, m, inStarts, sizes, depth + 1);
+  }
+  if (auto concat = dyn_cast<ConcatOp>(def)) {
+    // The operands the box overlaps, each narrowed to its part.
+    int64_t axis = concat.getAxis();
+    if (axis == dim)
+      return failure();
+    SmallVector<Value> parts;
+    int64_t at = 0, begin = starts[axis], end = starts[axis] + sizes[axis];
+    for (Value input : concat.getInputs()) {
+      int64_t len = cast<RankedTensorType>(input.getType()).getDimSize(axis);
+      int64_t lo = std::max(begin, at), hi = std::min(end, at + len);
+      if (lo < hi) {
+        SmallVector<int64_t> inStarts(starts), inSizes(sizes);
+        inStarts[axis] = lo - at;
+        inSizes[axis] = hi - lo;
+        FailureOr<Value> p = piece(input, dim, m, inStarts, inSizes, depth + 1);
+        if (failed(p))
+          return failure();
+        parts.push_back(*p);
+      }
+      at += len;
+    }
+    if (parts.size() == 1)
+      return parts.front();
+    return ConcatOp::create(b, concat.getLoc(), pieceType, parts,
+                            b.getI64IntegerAttr(axis))
+        .getResult();
+  }
+  if (auto reshape = dyn_cast<ReshapeOp>(def)) {
+    // A reshape that only inserts or drops unit dimensions maps the box
+    // dimension by dimension.
+    auto inType = cast<RankedTensorType>(reshape.getInput().getType());
+    SmallVector<int64_t> inStarts(inType.getRank(), 0),
+        inSizes(inType.getRank(), 1);
+    int64_t inDim = -1, d = 0;
+    bool mapped = true;
+    for (int64_t i = 0; i < inType.getRank() && mapped; ++i) {
+      if (inType.getDimSize(i) == 1)
+        continue;
+      while (d < rank && shape[d] == 1)
+        ++d;
+      if (d == rank || shape[d] != inType.getDimSize(i)) {
+        mapped = false;
+        break;
+      }
+      inStarts[i] = starts[d];
+      inSizes[i] = sizes[d];
+      if (d == dim)
+        inDim = i;
+      ++d;
+    }
+    while (d < rank && shape[d] == 1)
+      ++d;
+    if (!mapped || d != rank || inDim < 0)
+      return failure();
+    FailureOr<Value> p =
+        piece(reshape.getInput(), inDim, m, inStarts, inSizes, depth + 1);
+    if (failed(p))
+      return failure();
+    if (p->getType() == pieceType)
+      return *p;
+    return ReshapeOp::create(b, reshape.getLoc(), pieceType, *p).getResult();
+  }
+  if ((def->hasTrait<OpTrait::Elementwise>() || isa<CastOp>(def)) &&
+      def->getNumResults() == 1 && def->getNumRegions() == 0 && isPure(def)) {
     IRMapping operands;
     for (Value operand : def->getOperands()) {
       auto t = dyn_cast<RankedTensorType>(operand.getType());
-      if (!t || t.getShape() != type.getShape())
+      if (!t || t.getShape() != shape)
         return failure();
-      FailureOr<Value> piece =
-          uniformPiece(operand, dim, m, b, done, depth + 1, blocker);
-      if (failed(piece))
+      FailureOr<Value> p = piece(operand, dim, m, starts, sizes, depth + 1);
+      if (failed(p))
         return failure();
-      operands.map(operand, *piece);
+      operands.map(operand, *p);
     }
     Operation *copy = b.clone(*def, operands);
     copy->getResult(0).setType(pieceType);
-    out = copy->getResult(0);
-  } else {
-    return failure();
+    return copy->getResult(0);
   }
-  done.map(v, out);
-  return out;
+  return failure();
 }
 
 struct SplitBatchPass
@@ -321,45 +663,48 @@ struct SplitBatchPass
     // the same in every piece.
     bool bad = false;
     func.walk([&](ShardSliceOp slice) {
-      DenseElementsAttr whole;
-      if (auto cst = slice.getInput().getDefiningOp<ConstantOp>())
-        whole = dyn_cast<DenseElementsAttr>(cst.getValue());
       int64_t dim = slice.getDim(), stripes = slice.getStripes();
-      if (whole) {
-        DenseElementsAttr piece = pieceOf(whole, dim, stripes, m, 0);
-        bool same = true;
-        for (int64_t r = 1; r < m && same; ++r)
-          same = pieceOf(whole, dim, stripes, m, r) == piece;
-        if (same) {
-          OpBuilder b(slice);
-          slice.replaceAllUsesWith(
-              ConstantOp::create(b, slice.getLoc(), piece).getResult());
-          slice.erase();
-          return;
-        }
-      }
       Operation *blocker = nullptr;
-      if (stripes == 1) {
+      if (stripes > 1) {
+        // Stripes of a constant (a fused product's columns).
+        DenseElementsAttr whole;
+        if (auto cst = slice.getInput().getDefiningOp<ConstantOp>())
+          whole = dyn_cast<DenseElementsAttr>(cst.getValue());
+        if (whole) {
+          DenseElementsAttr piece = pieceOf(whole, dim, stripes, m, 0);
+          bool same = true;
+          for (int64_t r = 1; r < m && same; ++r)
+            same = pieceOf(whole, dim, stripes, m, r) == piece;
+          if (same) {
+            OpBuilder b(slice);
+            slice.replaceAllUsesWith(
+                ConstantOp::create(b, slice.getLoc(), piece).getResult());
+            slice.erase();
+            return;
+          }
+        }
+      } else {
         OpBuilder b(slice);
-        IRMapping done;
-        FailureOr<Value> piece =
-            uniformPiece(slice.getInput(), dim, m, b, done, 0, blocker);
+        PieceBuilder pieces(b);
+        FailureOr<Value> piece = pieces.piece(slice.getInput(), dim, m);
+        blocker = pieces.blocker;
         if (succeeded(piece) && piece->getType() == slice.getType()) {
           Value whole = slice.getInput();
           slice.replaceAllUsesWith(*piece);
           slice.erase();
           // The whole-batch ops the piece replaced, where nothing else
           // reads them (constants go below).
-          SmallVector<Operation *> work;
+          // (A set: an op read twice by one op is erased once.)
+          llvm::SetVector<Operation *> work;
           if (Operation *def = whole.getDefiningOp())
-            work.push_back(def);
+            work.insert(def);
           while (!work.empty()) {
             Operation *op = work.pop_back_val();
             if (!op->use_empty() || !isPure(op) || isa<ConstantOp>(op))
               continue;
             for (Value operand : op->getOperands())
               if (Operation *def = operand.getDefiningOp())
-                work.push_back(def);
+                work.insert(def);
             op->erase();
           }
           return;

@@ -108,12 +108,22 @@ class TextLMWithTypes(TextLM):
                           token_type_ids=token_type_ids, return_dict=True).logits
 
 
+class IdsLM(TextLM):
+    """Token ids alone: the model builds its causal mask from positions (a
+    user's pretraining export; no padding mask input)."""
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False,
+                          return_dict=True).logits
+
+
 class Image(TextLM):
     def forward(self, pixel_values):
         return self.model(pixel_values=pixel_values, return_dict=True).logits
 
 
-WRAPPERS = {"text": TextLM, "text+types": TextLMWithTypes, "image": Image}
+WRAPPERS = {"text": TextLM, "text+types": TextLMWithTypes, "image": Image,
+            "ids": IdsLM}
 
 
 def make_inputs(kind, batch, seq=SEQ):
@@ -121,6 +131,8 @@ def make_inputs(kind, batch, seq=SEQ):
     if kind == "image":
         return {"pixel_values": torch.randn(batch, 3, 32, 32, generator=g, dtype=torch.float32)}
     ids = torch.randint(0, VOCAB, (batch, seq), generator=g, dtype=torch.int64)
+    if kind == "ids":
+        return {"input_ids": ids}
     mask = torch.ones(batch, seq, dtype=torch.int64)
     # Right padding in row 1 (and row 3 when there are 4): every query row still
     # sees at least one key, so the reference outputs hold no NaN.
@@ -286,6 +298,8 @@ def export_dynamo(wrapper, args, names, path, opset=None):
 
 def export_one(family, exporter, batch=BATCH, dynamic=True, outdir=None):
     config, model, kind = build(family)
+    if exporter.endswith("-ids"):
+        kind = "ids"
     inputs = make_inputs(kind, batch)
     names = list(inputs)
     args = tuple(inputs.values())
@@ -388,7 +402,7 @@ def main():
     ap.add_argument("families", nargs="*", help=f"default: all of {', '.join(FAMILIES)}")
     ap.add_argument("--exporters", nargs="*",
                     help="only these variants (torchscript, dynamo, dynamo-opset23, "
-                         "torchscript-fixed)")
+                         "torchscript-fixed, dynamo-ids)")
     ns = ap.parse_args()
     families = ns.families or list(FAMILIES)
     for fam in families:
@@ -402,6 +416,10 @@ def main():
             jobs.append((fam, "torchscript-fixed", 4, False))
         if fam in ("gpt2", "bert", "llama", "qwen2"):
             jobs.append((fam, "dynamo-opset23", BATCH, True))
+        if fam == "llama":
+            # Token ids alone, 4 rows: micro-batches of the mask the model
+            # computes from positions (test/Zoo/llama-dynamo-ids.test).
+            jobs.append((fam, "dynamo-ids", 4, True))
     if ns.exporters:
         jobs = [j for j in jobs if j[1] in ns.exporters]
     failed = 0

@@ -164,3 +164,62 @@ func.func @table_gather(%x: tensor<4x4xf32> {pcc.name = "x"}) -> (tensor<4x4xf32
   %y = pcc.mul %x, %g : tensor<4x4xf32>
   return %y : tensor<4x4xf32>
 }
+
+// -----
+
+// Hugging Face's `mask[batch_idx, q_idx]`, as the importer flattens a
+// GatherND past the folding limit: gather(reshape(table), b * 4 + q) with
+// (b, q) sliced from stacked index tuples. The table's rows are all the
+// same (position ids repeated over the batch), so whichever row b picks,
+// the entry is row 0's at q mod 4; the batch index b is never built.
+// CHECK-LABEL: func.func @gathernd_rows
+// CHECK: %[[ROW:.*]] = pcc.reshape %{{.*}} : tensor<1x4xi64> -> tensor<4xi64>
+// CHECK: %[[Q1:.*]] = pcc.constant dense<{{\[\[\[}}0], [1], [2], [3]], {{\[\[}}0], [1], [2], [3]]]> : tensor<2x4x1xi64>
+// CHECK: %[[Q:.*]] = pcc.reshape %[[Q1]] : tensor<2x4x1xi64> -> tensor<2x4xi64>
+// CHECK: %[[S:.*]] = pcc.constant dense<4> : tensor<2x4xi64>
+// CHECK: %[[I:.*]] = pcc.mod %[[Q]], %[[S]] : tensor<2x4xi64>
+// CHECK: pcc.gather %[[ROW]][%[[I]]] axis = 0 : tensor<4xi64>, tensor<2x4xi64> -> tensor<2x4xi64>
+// CHECK-NOT: tensor<16xi64>
+// CHECK-NOT: tensor<4x4x2xi64>
+func.func @gathernd_rows(%x: tensor<4x4xf32> {pcc.name = "x"}) -> (tensor<4x4xf32> {pcc.name = "y"}) {
+  %p = pcc.constant dense<[[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3]]> : tensor<4x4xi64>
+  %one = pcc.constant dense<1> : tensor<4x4xi64>
+  %ids = pcc.add %p, %one : tensor<4x4xi64>
+  %flat = pcc.reshape %ids : tensor<4x4xi64> -> tensor<16xi64>
+  %b = pcc.constant dense<[[[0], [0], [0], [0]], [[1], [1], [1], [1]], [[2], [2], [2], [2]], [[3], [3], [3], [3]]]> : tensor<4x4x1xi64>
+  %q = pcc.constant dense<[[[0], [1], [2], [3]], [[0], [1], [2], [3]], [[0], [1], [2], [3]], [[0], [1], [2], [3]]]> : tensor<4x4x1xi64>
+  %t = pcc.concat %b, %q axis = 2 : tensor<4x4x1xi64>, tensor<4x4x1xi64> -> tensor<4x4x2xi64>
+  %t0 = pcc.slice %t starts = [0, 0, 0] limits = [4, 4, 1] steps = [1, 1, 1] : tensor<4x4x2xi64> -> tensor<4x4x1xi64>
+  %r0 = pcc.reshape %t0 : tensor<4x4x1xi64> -> tensor<4x4xi64>
+  %s = pcc.constant dense<4> : tensor<4x4xi64>
+  %rs = pcc.mul %r0, %s : tensor<4x4xi64>
+  %t1 = pcc.slice %t starts = [0, 0, 1] limits = [4, 4, 2] steps = [1, 1, 1] : tensor<4x4x2xi64> -> tensor<4x4x1xi64>
+  %r1 = pcc.reshape %t1 : tensor<4x4x1xi64> -> tensor<4x4xi64>
+  %k = pcc.add %rs, %r1 : tensor<4x4xi64>
+  %g = pcc.gather %flat[%k] axis = 0 : tensor<16xi64>, tensor<4x4xi64> -> tensor<4x4xi64>
+  %c = pcc.cast %g : tensor<4x4xi64> -> tensor<4x4xf32>
+  %y = pcc.add %x, %c : tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}
+
+// -----
+
+// The same over a table whose rows differ (each batch entry its own
+// positions): the entries picked differ between micro-batches, refused,
+// naming the table whose rows differ.
+func.func @gathernd_rows_differ(%x: tensor<4x4xf32> {pcc.name = "x"}) -> (tensor<4x4xf32> {pcc.name = "y"}) {
+  %p = pcc.constant dense<[[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]> : tensor<4x4xi64>
+  %one = pcc.constant dense<1> : tensor<4x4xi64>
+  %ids = pcc.add %p, %one : tensor<4x4xi64>
+  %flat = pcc.reshape %ids : tensor<4x4xi64> -> tensor<16xi64>
+  %b = pcc.constant dense<[[0, 0, 0, 0], [1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]]> : tensor<4x4xi64>
+  %q = pcc.constant dense<[[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3]]> : tensor<4x4xi64>
+  %s = pcc.constant dense<4> : tensor<4x4xi64>
+  %rs = pcc.mul %b, %s : tensor<4x4xi64>
+  %k = pcc.add %rs, %q : tensor<4x4xi64>
+  %g = pcc.gather %flat[%k] axis = 0 : tensor<16xi64>, tensor<4x4xi64> -> tensor<4x4xi64>
+  // expected-error @+1 {{slices differ between micro-batches (or cannot be shown equal through pcc.constant at}}
+  %c = pcc.cast %g : tensor<4x4xi64> -> tensor<4x4xf32>
+  %y = pcc.add %x, %c : tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}

@@ -5,7 +5,9 @@ against PyTorch's output (the model directory's output.*.npy).
   check_model.py PCC PCC_RUN MODEL_DIR OUT_DIR CONFIG...
 
 CONFIG is `1` (one device), `tpN`, `ppN`, `tpNxppM`, optionally followed by
-`mK` for K micro-batches (`pp2m2`). Prints one line per configuration:
+`mK` for K micro-batches (`pp2m2`); an argument starting with `--` is a pcc
+flag given to every compile (and named in each line). Prints one line per
+configuration:
 
   <family>/<exporter> <config>: matches (max |diff| ...)
   <family>/<exporter> <config>: FAILED ...   (then the tool's output)
@@ -40,9 +42,12 @@ def main():
     if len(sys.argv) < 6:
         sys.exit(__doc__)
     pcc, pcc_run, model_dir, out_dir = sys.argv[1:5]
-    configs = sys.argv[5:]
+    configs = [a for a in sys.argv[5:] if not a.startswith("--")]
+    extra = [a for a in sys.argv[5:] if a.startswith("--")]
     manifest = json.load(open(os.path.join(model_dir, "manifest.json")))
     name = f"{manifest['family']}/{manifest['exporter']}"
+    if extra:
+        name += " " + " ".join(extra)
     inputs = []
     dims = {}
     for i in manifest["inputs"]:
@@ -58,7 +63,8 @@ def main():
     for config in configs:
         flags, ranks = parse_config(config)
         lib = os.path.join(out_dir, f"{manifest['family']}.{manifest['exporter']}.{config}.so")
-        compile_cmd = [pcc, os.path.join(model_dir, "model.onnx"), *dim_flags, *flags, "-o", lib]
+        compile_cmd = [pcc, os.path.join(model_dir, "model.onnx"), *dim_flags, *flags, *extra,
+                       "-o", lib]
         run_cmd = [pcc_run, "-n", str(ranks), lib, *inputs, "--expect", expect]
         for what, cmd in (("compile", compile_cmd), ("run", run_cmd)):
             r = subprocess.run(cmd, capture_output=True, text=True)

@@ -49,6 +49,13 @@ static cl::opt<int64_t> batch("batch",
 static cl::list<std::string>
     dims("dim", cl::desc("bind a symbolic dimension by name (repeatable)"),
          cl::value_desc("name=N"), cl::cat(pccCategory));
+static cl::opt<int64_t> importFoldLimit(
+    "import-fold-limit",
+    cl::desc("the largest value, in elements, the importer evaluates on the "
+             "host (default 4194304); tests lower it to make a small model "
+             "compute its masks in IR as a large one does"),
+    cl::value_desc("N"), cl::init(pcc::OnnxImportOptions().foldLimit),
+    cl::Hidden, cl::cat(pccCategory));
 /// The flags that are options of the compile (mlir::pcc::CompileOptions),
 /// each named as the field it sets, as the pcc-compile pipeline's are:
 /// pcc::setSharedOptions reads either.
@@ -325,6 +332,9 @@ std::string pcctool::readFlags(DriverFlags &driver,
     return "no input model; usage: pcc model.onnx [options] (see --help)";
 
   import.runChecker = !noOnnxCheck;
+  if (importFoldLimit < 1)
+    return "--import-fold-limit must be a positive number of elements";
+  import.foldLimit = importFoldLimit;
   import.remarkSharedWeights = explainPlan;
   import.training = flags.train;
   if (batch.getNumOccurrences()) {

@@ -49,6 +49,11 @@ struct OnnxImportOptions {
   /// symbolic, over `dimBindings` and `batch`: the plan search imports
   /// one row to price a plan by.
   std::optional<int64_t> rows;
+  /// The largest value, in elements, evaluated on the host while
+  /// importing; a larger one is computed in IR where its op has an IR form
+  /// (`pcc --import-fold-limit`: tests make a small model take the path
+  /// of a large one's masks).
+  int64_t foldLimit = int64_t(1) << 22;
 };
 
 /// Imports the model at `path`. On failure the error has been reported
