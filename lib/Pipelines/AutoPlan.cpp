@@ -130,6 +130,11 @@ struct Probe {
   std::vector<double> backward; // the backward's share (products twice)
   std::vector<double> weightGrad;
   std::vector<int64_t> saved;
+  /// Prefix sums per op: the bytes a stage's B keeps for its W when W runs
+  /// later (zb-h1): the output cotangent of every op reading a weight (a
+  /// product, a norm's scale, a bias), and its other operands where the
+  /// forward does not save them (recomputed in B).
+  std::vector<int64_t> wgradSet;
   /// Per weight: its bytes and the positions of the ops reading it.
   std::vector<std::pair<int64_t, std::vector<size_t>>> weights;
   /// The same for the 16-bit weight copies (mixed precision), which only
@@ -239,6 +244,33 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   }
   for (size_t i = 0; i < n; ++i)
     p.saved[i + 1] = p.saved[i] + savedAt[i];
+  // What W reads from B: the output cotangent of each op reading a
+  // weight, and its activation operands where they are not saved (once per
+  // value).
+  llvm::DenseSet<Value> savedValues(ret.getOperands().begin() + 1,
+                                    ret.getOperands().end());
+  llvm::DenseSet<Value> counted;
+  p.wgradSet.assign(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t set = 0;
+    Operation *op = ops[i];
+    bool readsWeight = false;
+    for (Value v : op->getOperands())
+      if (Operation *def = v.getDefiningOp(); def && cloned.contains(def))
+        readsWeight = true;
+    if (readsWeight) {
+      for (Value r : op->getResults())
+        set += getTensorBytes(r.getType());
+      for (Value v : op->getOperands()) {
+        Operation *def = v.getDefiningOp();
+        if ((def && cloned.contains(def)) || savedValues.contains(v) ||
+            !counted.insert(v).second)
+          continue;
+        set += getTensorBytes(v.getType());
+      }
+    }
+    p.wgradSet[i + 1] = p.wgradSet[i] + set;
+  }
   // Weights (not the optimizer's state), by the ops reading them. Under
   // mixed precision the products read a weight's 16-bit copy: its reads
   // are the weight's, and the weight's bytes are its f32 ones.
@@ -744,7 +776,8 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
                           ? p.backwardFixedSeconds / p.backwardFixed.back()
                           : 0;
   std::vector<double> f(stages), b(stages), w(stages), transfer(stages, 0);
-  std::vector<int64_t> saved(stages), inBytes(stages, 0), outBytes(stages, 0);
+  std::vector<int64_t> saved(stages), wgSet(stages), inBytes(stages, 0),
+      outBytes(stages, 0);
   for (int64_t k = 0; k < stages; ++k) {
     size_t lo = bounds[k], hi = bounds[k + 1];
     double fixedF = range(p.forwardFixed, lo, hi);
@@ -756,6 +789,8 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     b[k] = back - w[k];
     saved[k] = static_cast<int64_t>(
         std::ceil(static_cast<double>(range(p.saved, lo, hi)) * rows));
+    wgSet[k] = static_cast<int64_t>(
+        std::ceil(static_cast<double>(range(p.wgradSet, lo, hi)) * rows));
     if (k > 0)
       inBytes[k] = static_cast<int64_t>(p.cut.crossing[lo] * rows);
     if (k + 1 < stages)
@@ -861,7 +896,11 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       if (c.pp == 1)
         slot += static_cast<double>(pool.inputs) * rows;
       activations += slotCounts[r][ch] * slot;
-      activations += stashCounts[r][ch] * 0.5 * saved[k];
+      // B's values for W: zb-h1's sets in flight (the others run W right
+      // after B, within it: pcc-merge-weight-gradients). The first stage's
+      // B computes nothing (no cotangent to send back): W does it all.
+      if (c.policy == sched::Policy::ZeroBubbleH1 && k > 0)
+        activations += stashCounts[r][ch] * static_cast<double>(wgSet[k]);
       activations += static_cast<double>(c.microbatches) * inBytes[k];
     }
     // The arena: the largest phase's scratch. A micro-batch's phases: the

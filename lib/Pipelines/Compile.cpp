@@ -169,6 +169,10 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
   // bf16 gradients on the CPU (the CUDA kernels read f32 gradients).
   if (o.train && o.precision == "bf16" && o.target == DeviceTarget::Cpu)
     pm.addPass(createBf16Gradients());
+  // W right after B (not zb-h1): one backward, each weight's gradient as
+  // soon as its inputs are.
+  if (o.train && o.pp > 1)
+    pm.addPass(createMergeWeightGradients());
   if (o.tp * o.pp * o.dp > 1)
     pm.addPass(createCheckCollectives());
   if (o.planMemory) {

@@ -766,6 +766,28 @@ def Autodiff : Pass<"pcc-autodiff", "ModuleOp"> {
   let dependentDialects = ["::mlir::pcc::PccDialect"];
 }
 
+def MergeWeightGradients : Pass<"pcc-merge-weight-gradients", "ModuleOp"> {
+  let summary = "moves each stage's weight gradients (W) back into its "
+                "backward (B) where the schedule runs W right after B";
+  let description = [{
+    pcc-autodiff splits a pipeline stage's backward in two so that a
+    zero-bubble schedule can run W later; B then returns every value W
+    reads (each layer's inputs and output cotangents), and all of them
+    stay live from B's first op to W's end. Under GPipe, 1F1B and the
+    interleaved schedules W runs right after its B, and that set is pure
+    cost: Llama-3 70B with `--recompute=full`, 10 layers a stage, keeps
+    25 GiB of it, more than the layer-by-layer recomputation saves.
+
+    This pass moves W's ops into B, in W's order (its accumulations,
+    gradient buckets and collectives are side effects), each right after
+    the last of B's ops that defines one of its operands: a weight's
+    gradient is computed as soon as B has its inputs, which die there. B
+    stops returning W's values and W is left empty (the schedule still
+    calls it). zb-h1 keeps its W.
+  }];
+  let dependentDialects = ["::mlir::pcc::PccDialect"];
+}
+
 def AssignFirstGradients : Pass<"pcc-assign-first-gradients", "ModuleOp"> {
   let summary = "writes a gradient where it is first accumulated, instead of zeroing it first";
   let description = [{
