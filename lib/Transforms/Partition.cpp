@@ -498,27 +498,67 @@ struct PartitionTrainingPass
     // gathered in every micro-batch (Llama's attention did).
     CostModel keepWeightsSplit;
     keepWeightsSplit.weightGatherFactor = 1e3;
-    for (auto &phases : step->stages) {
+    // Under --sp a pipeline's activations cross the stage boundaries split
+    // along the sequence as a stage's forward returns them: each stage's
+    // forward receives them so, and its backward returns their cotangents
+    // in the same layouts (and reads those of its outputs so).
+    SmallVector<SmallVector<int32_t>> sources;
+    if (step->pipelined && sequenceParallel)
+      sources = stageSources(module);
+    SmallVector<Shard> previousOut; // by output number, of the last stage
+    for (auto [k, phases] : llvm::enumerate(step->stages)) {
       // The layouts of the values a phase returns for a later one, by name.
       llvm::StringMap<Shard> later;
+      SmallVector<Shard> forwardArgs;
       for (auto [i, phase] : llvm::enumerate(phases)) {
         func::FuncOp func = phase;
         SmallVector<Shard> args;
+        SmallVector<std::optional<Shard>> results;
+        bool boundaries = k < sources.size();
+        if (i == 0 && boundaries) {
+          for (int32_t s : sources[k])
+            args.push_back(s >= 0 && static_cast<size_t>(s) < previousOut.size()
+                               ? previousOut[s]
+                               : Shard::replicated());
+          forwardArgs = args;
+        }
         if (i > 0)
           for (unsigned a = 0; a < func.getNumArguments(); ++a) {
             auto name = func.getArgAttrOfType<StringAttr>(a, "pcc.name");
+            StringRef n = name ? name.getValue() : StringRef();
+            // A received cotangent: in its output's layout.
+            if (boundaries && n.consume_front("grad_out")) {
+              args.push_back(later.lookup(("out" + n).str()));
+              continue;
+            }
             args.push_back(name ? later.lookup(name.getValue())
                                 : Shard::replicated());
           }
+        if (i == 1 && boundaries)
+          for (unsigned r = 0; r < func.getNumResults(); ++r) {
+            auto of = func.getResultAttrOfType<IntegerAttr>(r, "pcc.grad_of");
+            results.push_back(
+                of && of.getInt() >= 0 &&
+                        static_cast<size_t>(of.getInt()) < forwardArgs.size()
+                    ? std::optional<Shard>(forwardArgs[of.getInt()])
+                    : std::nullopt);
+          }
         ShardingPlan plan = propagateShardings(
             func, axis, *ranks, decisions,
-            i > 0 || sequenceParallel ? keepWeightsSplit : CostModel(), args);
+            i > 0 || sequenceParallel ? keepWeightsSplit : CostModel(), args,
+            results);
         auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
         SmallVector<Shard> layouts = plan.operandShards.lookup(ret);
         for (unsigned r = 0; r < func.getNumResults(); ++r)
           if (auto name = func.getResultAttrOfType<StringAttr>(r, "pcc.name"))
             later[name.getValue()] =
                 r < layouts.size() ? layouts[r] : Shard::replicated();
+        if (i == 0) {
+          previousOut.clear();
+          for (unsigned r = 0; r < func.getNumResults(); ++r)
+            previousOut.push_back(r < layouts.size() ? layouts[r]
+                                                     : Shard::replicated());
+        }
         if (failed(partitionPhase(func, plan, *ranks, total)))
           return signalPassFailure();
       }
@@ -558,6 +598,28 @@ struct PartitionTrainingPass
                           << total.counts[1] << " all_gather, "
                           << total.counts[2] << " reduce_scatter; "
                           << total.bytes << " bytes per micro-batch and step";
+  }
+
+  /// Per pipeline stage (@main's calls in order), per input: the output of
+  /// the previous stage it receives, or -1 (a model input).
+  static SmallVector<SmallVector<int32_t>> stageSources(ModuleOp module) {
+    SmallVector<SmallVector<int32_t>> out;
+    auto main = module.lookupSymbol<func::FuncOp>("main");
+    if (!main)
+      return out;
+    for (auto call : main.getBody().front().getOps<func::CallOp>()) {
+      SmallVector<int32_t> stage;
+      for (Value v : call.getOperands()) {
+        auto transfer = v.getDefiningOp<TransferOp>();
+        auto result =
+            transfer ? dyn_cast<OpResult>(transfer.getInput()) : OpResult();
+        stage.push_back(result && isa<func::CallOp>(result.getOwner())
+                            ? static_cast<int32_t>(result.getResultNumber())
+                            : -1);
+      }
+      out.push_back(std::move(stage));
+    }
+    return out;
   }
 
   /// Before partitioning a step over `ranks`: false with one rank, whose

@@ -73,9 +73,10 @@ class Propagator {
 public:
   Propagator(func::FuncOp func, StringRef axis, int64_t ranks,
              const llvm::StringMap<Shard> &decisions, const CostModel &cost,
-             ArrayRef<Shard> argLayouts)
+             ArrayRef<Shard> argLayouts,
+             ArrayRef<std::optional<Shard>> resultLayouts)
       : func(func), ranks(ranks), decisions(decisions), cost(cost),
-        argLayouts(argLayouts) {
+        argLayouts(argLayouts), resultLayouts(resultLayouts) {
     plan.axis = axis.str();
     plan.ranks = ranks;
     if (auto module = func->getParentOfType<ModuleOp>())
@@ -125,6 +126,9 @@ private:
   const llvm::StringMap<Shard> &decisions;
   CostModel cost;
   ArrayRef<Shard> argLayouts;
+  /// Where given, the layout a result is returned in (a pipeline stage's
+  /// cotangents under --sp, in the layout their activations came in).
+  ArrayRef<std::optional<Shard>> resultLayouts;
   /// --sp: activations [batch, sequence, hidden] may be split along the
   /// sequence (Megatron's sequence parallelism).
   bool sequenceParallel = false;
@@ -406,11 +410,14 @@ ShardingPlan Propagator::run() {
   // "saved<i>"); a pipeline stage's backward phase returns the cotangents
   // it sends, then the values its weight-gradient phase reads
   // ("stash<i>"). Those read later stay in their layouts (a partial sum
-  // reduced), since the later phase reads them partitioned.
+  // reduced), since the later phase reads them partitioned. Under --sp a
+  // stage's outputs ("out<i>") do too: the next stage receives them split
+  // along the sequence, as Megatron sends them.
   auto keptResult = [&](unsigned i) {
     auto name = func.getResultAttrOfType<StringAttr>(i, "pcc.name");
     return name && (name.getValue().starts_with("saved") ||
-                    name.getValue().starts_with("stash"));
+                    name.getValue().starts_with("stash") ||
+                    (sequenceParallel && name.getValue().starts_with("out")));
   };
   for (Operation &op : block) {
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
@@ -418,6 +425,8 @@ ShardingPlan Propagator::run() {
       for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
         Shard to =
             keptResult(i) && of(v).isSplit() ? of(v) : Shard::replicated();
+        if (i < resultLayouts.size() && resultLayouts[i])
+          to = *resultLayouts[i];
         convert(v, to, nullptr);
         targets.push_back(to);
       }
@@ -541,7 +550,9 @@ ShardingPlan Propagator::run() {
 ShardingPlan
 mlir::pcc::propagateShardings(func::FuncOp func, StringRef axis, int64_t ranks,
                               const llvm::StringMap<Shard> &decisions,
-                              const CostModel &cost,
-                              ArrayRef<Shard> argLayouts) {
-  return Propagator(func, axis, ranks, decisions, cost, argLayouts).run();
+                              const CostModel &cost, ArrayRef<Shard> argLayouts,
+                              ArrayRef<std::optional<Shard>> resultLayouts) {
+  return Propagator(func, axis, ranks, decisions, cost, argLayouts,
+                    resultLayouts)
+      .run();
 }

@@ -73,11 +73,11 @@ llvm::MapVector<StringRef, RankedTensorType> decisionWeights(func::FuncOp func);
 /// Derives the layout of every value from the weight decisions (weights not
 /// listed are replicated) and the layouts of the function's arguments
 /// (`argLayouts`, one per argument; replicated when empty).
-ShardingPlan propagateShardings(func::FuncOp func, StringRef axis,
-                                int64_t ranks,
-                                const llvm::StringMap<Shard> &decisions,
-                                const CostModel &cost = {},
-                                ArrayRef<Shard> argLayouts = {});
+ShardingPlan
+propagateShardings(func::FuncOp func, StringRef axis, int64_t ranks,
+                   const llvm::StringMap<Shard> &decisions,
+                   const CostModel &cost = {}, ArrayRef<Shard> argLayouts = {},
+                   ArrayRef<std::optional<Shard>> resultLayouts = {});
 
 /// Rewrites `func` to what one rank of `plan`'s axis computes (the
 /// pcc-partition pass's rewrite). With `keepResultLayouts` the results stay
