@@ -18,8 +18,10 @@
 //                          the updates of the rank's weights
 //   @rank<r>_zero_grad
 //
-// B and W are separate so that a schedule (ZB-H1) can run W later; GPipe
-// and 1F1B run it right after B.
+// B and W are separate so that a schedule (ZB-H1) can run W later; GPipe,
+// 1F1B and the interleaved schedules run it right after B, and
+// pcc-merge-weight-gradients moves W's ops back into B for them once the
+// passes that work on W (data parallelism, autocast) have run.
 //
 // Every float value that crosses a cut has a cotangent flowing back, so
 // the sends and receives of the backward pass mirror the forward's. @main
