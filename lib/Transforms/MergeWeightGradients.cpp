@@ -75,6 +75,9 @@ LogicalResult merge(func::FuncOp b, func::FuncOp w) {
       stash[resultName(b, j)] = bRet.getOperand(j);
   for (unsigned i = 0; i < w.getNumArguments(); ++i) {
     StringRef name = argName(w, i);
+    if (name.empty())
+      return w.emitError("merge weight gradients: input ")
+             << i << " of " << w.getSymName() << " has no pcc.name";
     auto it = stash.find(name);
     Value v = it != stash.end() ? it->second : bArgs.lookup(name);
     if (!v)
