@@ -152,6 +152,27 @@ struct ConstantBytes {
   int64_t width = 1;
 };
 
+/// Piece 0 of box `starts`/`sizes` of constant `dense` along `dim` of `m`
+/// pieces, when every piece's box holds the same elements.
+FailureOr<DenseElementsAttr> uniformConstantPiece(DenseElementsAttr dense,
+                                                  int64_t dim, int64_t m,
+                                                  ArrayRef<int64_t> starts,
+                                                  ArrayRef<int64_t> sizes) {
+  auto pieceType = RankedTensorType::get(sizes, dense.getElementType());
+  if (dense.isSplat())
+    return dense.resizeSplat(pieceType);
+  ConstantBytes bytes(dense);
+  std::vector<char> first = bytes.box(starts, sizes);
+  SmallVector<int64_t> at(starts);
+  int64_t chunk = dense.getType().getDimSize(dim) / m;
+  for (int64_t r = 1; r < m; ++r) {
+    at[dim] = starts[dim] + r * chunk;
+    if (bytes.box(at, sizes) != first)
+      return failure();
+  }
+  return bytes.toAttr(pieceType, first);
+}
+
 /// Builds micro-batch 0's piece of a whole-batch value computed from
 /// constants (and weights, broadcast over the batch) when every
 /// micro-batch's piece is the same, so that piece 0's program is every
@@ -265,20 +286,17 @@ FailureOr<Value> PieceBuilder::equalRows(Value table, int64_t row, int depth) {
   int64_t rows = type.getNumElements() / row;
   auto rowType = RankedTensorType::get({row}, type.getElementType());
   if (auto cst = table.getDefiningOp<ConstantOp>()) {
+    // The table as [rows, row], its first row if every row is it.
     auto dense = dyn_cast<DenseElementsAttr>(cst.getValue());
     if (!dense)
       return failure();
-    if (dense.isSplat())
-      return ConstantOp::create(b, cst.getLoc(), dense.resizeSplat(rowType))
-          .getResult();
-    ConstantBytes bytes(dense);
-    ArrayRef<char> all = bytes.bytes;
-    int64_t width = row * bytes.width;
-    for (int64_t r = 1; r < rows; ++r)
-      if (all.slice(r * width, width) != all.take_front(width))
-        return failure();
-    return ConstantOp::create(b, cst.getLoc(),
-                              bytes.toAttr(rowType, all.take_front(width)))
+    FailureOr<DenseElementsAttr> first =
+        uniformConstantPiece(dense.reshape(RankedTensorType::get(
+                                 {rows, row}, type.getElementType())),
+                             0, rows, {0, 0}, {1, row});
+    if (failed(first))
+      return failure();
+    return ConstantOp::create(b, cst.getLoc(), first->reshape(rowType))
         .getResult();
   }
   // A reshape of [rows, ...] whose rows after the first are the row.
@@ -358,19 +376,11 @@ FailureOr<Value> PieceBuilder::build(Value v, int64_t dim, int64_t m,
     auto dense = dyn_cast<DenseElementsAttr>(cst.getValue());
     if (!dense)
       return failure();
-    if (dense.isSplat())
-      return ConstantOp::create(b, cst.getLoc(), dense.resizeSplat(pieceType))
-          .getResult();
-    ConstantBytes bytes(dense);
-    std::vector<char> first = bytes.box(starts, sizes);
-    SmallVector<int64_t> at(starts);
-    for (int64_t r = 1; r < m; ++r) {
-      at[dim] = starts[dim] + r * (shape[dim] / m);
-      if (bytes.box(at, sizes) != first)
-        return failure();
-    }
-    return ConstantOp::create(b, cst.getLoc(), bytes.toAttr(pieceType, first))
-        .getResult();
+    FailureOr<DenseElementsAttr> piece =
+        uniformConstantPiece(dense, dim, m, starts, sizes);
+    if (failed(piece))
+      return failure();
+    return ConstantOp::create(b, cst.getLoc(), *piece).getResult();
   }
   if (auto gather = dyn_cast<GatherOp>(def)) {
     // Every element of a splat table is the same whichever rows the
