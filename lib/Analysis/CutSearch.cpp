@@ -42,6 +42,20 @@ bool mlir::pcc::isComputedFromWeights(
   });
 }
 
+llvm::DenseSet<Value>
+mlir::pcc::valuesReachedFrom(Block &block, ValueRange seeds,
+                             llvm::function_ref<bool(Operation &)> isSource) {
+  llvm::DenseSet<Value> reached(seeds.begin(), seeds.end());
+  for (Operation &op : block) {
+    if (!isSource(op) && llvm::none_of(op.getOperands(), [&](Value v) {
+          return reached.contains(v);
+        }))
+      continue;
+    reached.insert(op.getResults().begin(), op.getResults().end());
+  }
+  return reached;
+}
+
 /// Where a cut may go: positions with compute on both sides where no more
 /// bytes are live than at the narrowest point between the model's layers
 /// (between its first and last matmul or convolution), one per run of free

@@ -277,13 +277,12 @@ FailureOr<const HostTensor *> GraphImporter::constantOf(StringRef name,
       // than its attribute; host tensors store every element. (A value an
       // op needs on the host, such as a shape, is evaluated up to the
       // default fold limit whatever --import-fold-limit says.)
-      const int64_t kMaxFoldElements = OnnxImportOptions().foldLimit;
       int64_t count = cst.getValue().getNumElements();
-      if (count > kMaxFoldElements)
+      if (count > kDefaultFoldLimit)
         return emitError(loc)
                << "input '" << name << "' is a constant of " << count
                << " elements, too large to evaluate while importing (at most "
-               << kMaxFoldElements << ")";
+               << kDefaultFoldLimit << ")";
       entry->constant = HostTensor::fromAttr(cst.getValue());
       return &*entry->constant;
     }

@@ -425,24 +425,15 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   // the whole batch's program has it per row (`perRow`, by ONNX node: an
   // attention mask built from position ids expanded over the batch is one
   // row's at the probe's one row).
-  llvm::DenseSet<Value> fromBatch(fwd.getArguments().begin(),
-                                  fwd.getArguments().end());
-  llvm::DenseSet<Value> fromWeights;
-  for (Operation &op : fwd.getBody().front()) {
-    bool batch = llvm::any_of(op.getOperands(),
-                              [&](Value v) { return fromBatch.contains(v); });
-    bool weights =
-        isa<ParamOp>(op) || llvm::any_of(op.getOperands(), [&](Value v) {
-          return fromWeights.contains(v);
-        });
+  Block &body = fwd.getBody().front();
+  llvm::DenseSet<Value> fromBatch = valuesReachedFrom(body, fwd.getArguments());
+  llvm::DenseSet<Value> fromWeights = valuesReachedFrom(
+      body, {}, [](Operation &op) { return isa<ParamOp>(op); });
+  for (Operation &op : body) {
     for (Value r : op.getResults()) {
-      if (batch) {
-        fromBatch.insert(r);
-        continue;
-      }
-      if (weights)
-        fromWeights.insert(r);
-      else if (perRow.contains(getOnnxNodeOfLocation(op.getLoc()).second))
+      if (fromBatch.contains(r) ||
+          (!fromWeights.contains(r) &&
+           perRow.contains(getOnnxNodeOfLocation(op.getLoc()).second)))
         continue;
       if (isa<PccDialect>(op.getDialect()) &&
           !isa<ParamOp, ConstantOp, ReshapeOp>(op))
@@ -1088,18 +1079,14 @@ FailureOr<PlanSearchResult> Search::run() {
   batch = first.getDimSize(0);
   int64_t devices = request.devices;
   if (batch > 1) {
-    llvm::DenseSet<Value> fromInputs(main.getArguments().begin(),
-                                     main.getArguments().end());
-    for (Operation &op : main.getBody().front()) {
-      bool reached =
-          isa<ParamOp>(op) || llvm::any_of(op.getOperands(), [&](Value v) {
-            return fromInputs.contains(v);
-          });
+    Block &body = main.getBody().front();
+    llvm::DenseSet<Value> fromInputs =
+        valuesReachedFrom(body, main.getArguments(),
+                          [](Operation &op) { return isa<ParamOp>(op); });
+    for (Operation &op : body) {
       for (Value r : op.getResults()) {
-        if (reached) {
-          fromInputs.insert(r);
+        if (fromInputs.contains(r))
           continue;
-        }
         auto type = dyn_cast<RankedTensorType>(r.getType());
         std::string node = getOnnxNodeOfLocation(op.getLoc()).second;
         if (type && type.getRank() > 1 && type.getDimSize(0) == batch &&

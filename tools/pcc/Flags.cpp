@@ -54,8 +54,8 @@ static cl::opt<int64_t> importFoldLimit(
     cl::desc("the largest value, in elements, the importer evaluates on the "
              "host (default 4194304); tests lower it to make a small model "
              "compute its masks in IR as a large one does"),
-    cl::value_desc("N"), cl::init(pcc::OnnxImportOptions().foldLimit),
-    cl::Hidden, cl::cat(pccCategory));
+    cl::value_desc("N"), cl::init(pcc::kDefaultFoldLimit), cl::Hidden,
+    cl::cat(pccCategory));
 /// The flags that are options of the compile (mlir::pcc::CompileOptions),
 /// each named as the field it sets, as the pcc-compile pipeline's are:
 /// pcc::setSharedOptions reads either.

@@ -14,8 +14,10 @@
 #define PCC_ANALYSIS_CUTSEARCH_H
 
 #include "mlir/IR/Value.h"
+#include "mlir/IR/ValueRange.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/SetVector.h"
 
 #include <cstddef>
@@ -52,6 +54,15 @@ int64_t cutWeightAsF32(mlir::Value v);
 /// values is one too.
 bool isComputedFromWeights(
     mlir::Operation *op, const llvm::DenseSet<mlir::Operation *> &fromWeights);
+
+/// The values of `block` computed, through any chain of its ops, from
+/// `seeds` or from an op `isSource` accepts (the seeds and the sources'
+/// results included): what depends on the graph's inputs, say, as against
+/// what is computed from weights and constants alone.
+llvm::DenseSet<mlir::Value> valuesReachedFrom(
+    mlir::Block &block, mlir::ValueRange seeds,
+    llvm::function_ref<bool(mlir::Operation &)> isSource =
+        [](mlir::Operation &) { return false; });
 
 /// Where a cut may go: positions with compute on both sides where no more
 /// bytes are live than at the narrowest point between the model's layers

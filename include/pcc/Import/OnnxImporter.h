@@ -26,6 +26,10 @@
 
 namespace mlir::pcc {
 
+/// The largest value, in elements, the importer evaluates on the host by
+/// default (OnnxImportOptions::foldLimit).
+inline constexpr int64_t kDefaultFoldLimit = int64_t(1) << 22;
+
 struct OnnxImportOptions {
   /// Values for symbolic dimensions, by their ONNX `dim_param` name.
   llvm::StringMap<int64_t> dimBindings;
@@ -53,7 +57,7 @@ struct OnnxImportOptions {
   /// importing; a larger one is computed in IR where its op has an IR form
   /// (`pcc --import-fold-limit`: tests make a small model take the path
   /// of a large one's masks).
-  int64_t foldLimit = int64_t(1) << 22;
+  int64_t foldLimit = kDefaultFoldLimit;
 };
 
 /// Imports the model at `path`. On failure the error has been reported
