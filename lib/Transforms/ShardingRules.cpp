@@ -333,9 +333,14 @@ std::vector<Option> Propagator::options(Operation *op) {
     // result's type are split (the saved residual stream), then the
     // innermost (the sequence of [batch, sequence, hidden]): on a tie the
     // first is kept, so the residual stream keeps one split.
+    // (Shapes, not types: under mixed precision a bf16 partial product is
+    // widened by a cast to the f32 residual stream.)
+    auto sameShape = [&](Value v) {
+      return typeOf(v).getShape() == typeOf(result).getShape();
+    };
     SmallVector<int64_t> dims;
     for (BlockArgument arg : func.getArguments())
-      if (arg.getType() == result.getType())
+      if (sameShape(arg))
         if (auto it = plan.shards.find(arg);
             it != plan.shards.end() && it->second.isSplit() &&
             it->second.dim < typeOf(result).getRank() - 1 &&
@@ -348,14 +353,13 @@ std::vector<Option> Propagator::options(Operation *op) {
       Shard tokens = Shard::split(d, 1);
       SmallVector<Shard> split;
       for (Value v : op->getOperands())
-        split.push_back(v.getType() == result.getType() ? tokens : of(v));
+        split.push_back(sameShape(v) ? tokens : of(v));
       SmallVector<Option> more;
       sharding.getShardingOptions(split, ranks, more);
       for (Option &o : more)
         if (o.results.size() == 1 && o.results[0] == tokens &&
             llvm::all_of(llvm::zip(op->getOperands(), o.operands), [&](auto p) {
-              return std::get<0>(p).getType() != result.getType() ||
-                     std::get<1>(p) == tokens;
+              return !sameShape(std::get<0>(p)) || std::get<1>(p) == tokens;
             }))
           candidates.push_back(std::move(o));
     }
@@ -425,6 +429,17 @@ ShardingPlan Propagator::run() {
       for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
         Shard to =
             keptResult(i) && of(v).isSplit() ? of(v) : Shard::replicated();
+        // A kept partial sum already reduce-scattered for its readers here
+        // (--sp: the embedding's lookup, split along the sequence for the
+        // first norm) is kept as that split: no all-reduce for the later
+        // phase alone, and a quarter of the bytes kept at tp = 4.
+        if (keptResult(i) && of(v).isPartial())
+          for (int64_t d = 0; d < typeOf(v).getRank(); ++d)
+            if (done.contains({v, static_cast<int64_t>(ShardKind::split), d,
+                               int64_t{1}})) {
+              to = Shard::split(d, 1);
+              break;
+            }
         if (i < resultLayouts.size() && resultLayouts[i])
           to = *resultLayouts[i];
         convert(v, to, nullptr);
