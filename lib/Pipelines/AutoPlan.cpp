@@ -151,6 +151,11 @@ struct Probe {
   int64_t rowArena = 0, stepArena = 0, gradBuffer = 0;
   /// The largest gradient of a weight with several contributions.
   int64_t tiedGrad = 0;
+  /// The bytes of the gradients the probe keeps in bf16
+  /// (pcc-bf16-gradients: written once, by one micro-batch); a plan that
+  /// accumulates them (micro-batches, stages, data parallelism) keeps them
+  /// in f32, twice these bytes.
+  int64_t narrowGrads = 0;
   /// The forward phase's largest buffer made from the weights alone.
   int64_t weightOnly = 0;
   std::vector<size_t> candidates; // where a stage cut may go
@@ -445,6 +450,13 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   p.stepArena = std::max(arenaOf(2), arenaOf(3));
   p.tpBytes = moved;
   p.pools = predictStepMemory(module);
+  llvm::StringSet<> narrowed;
+  module.walk([&](ParamOp param) {
+    if (splitStateName(param.getName()).second == "grad" &&
+        param.getType().getElementType().isBF16() &&
+        narrowed.insert(param.getName()).second)
+      p.narrowGrads += getTensorBytes(param.getType());
+  });
 }
 
 /// The key of a probe: tensor-parallel degree, precision, recompute,
@@ -834,6 +846,12 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   // Per pipeline rank: memory, the data-parallel traffic and the update.
   const StepMemory &pool = p.pools;
   double weightTotal = static_cast<double>(std::max<int64_t>(1, p.weightBytes));
+  // A gradient is written once (pcc-assign-first-gradients, and in bf16
+  // where the probe kept it so) only with one micro-batch, no pipeline and
+  // no data parallelism; otherwise it accumulates, in f32.
+  bool accumulates = c.microbatches > 1 || c.pp > 1 || c.dp > 1;
+  double gradBytes = static_cast<double>(
+      pool.grads + (accumulates ? p.narrowGrads : int64_t{0}));
   int64_t peak = 0;
   double dpWorst = 0, optWorst = 0, movedWorst = 0;
   // Every rank's busy time at a whole core's rates (CPU ranks sharing
@@ -844,7 +862,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   double sharedGrads = 0;
   for (int64_t bytes : stageCut.sharedBytes)
     sharedGrads = std::max(sharedGrads, static_cast<double>(bytes) *
-                                            (pool.grads / weightTotal));
+                                            (gradBytes / weightTotal));
   for (int64_t r = 0; r < c.pp; ++r) {
     int64_t rankWeights = 0, rankCopies = 0;
     double back = 0;
@@ -857,7 +875,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     double share = static_cast<double>(rankWeights) / weightTotal;
     // The 16-bit copies where the rank's products read them (the pool's
     // whole when no stage is cut: every copy the probe read).
-    double W = pool.weights * share, G = pool.grads * share,
+    double W = pool.weights * share, G = gradBytes * share,
            O = pool.optimizer * share,
            C = c.pp * c.chunks > 1 ? static_cast<double>(rankCopies)
                                    : static_cast<double>(pool.copies);
@@ -899,7 +917,6 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     // gradient's buffer (pcc-assign-first-gradients writes a gradient
     // where it is made only with one micro-batch, no pipeline and no
     // data parallelism).
-    bool accumulates = c.microbatches > 1 || c.pp > 1 || c.dp > 1;
     double perMicrobatch =
         static_cast<double>(p.rowArena) * rows +
         static_cast<double>(p.weightOnly) +
@@ -964,7 +981,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     if (stageCut.sharedBytes[r] > 0 && weightTotal > 0) {
       double k = static_cast<double>(stageCut.sharedRanks[r]);
       double grads = static_cast<double>(stageCut.sharedBytes[r]) *
-                     (pool.grads / weightTotal);
+                     (gradBytes / weightTotal);
       double bw = ppIntra ? m.intraBandwidth : m.interBandwidth;
       comm += (ppIntra ? m.intraLatency : m.interLatency) +
               2 * (k - 1) / k * grads / (bw * pricer.share);
