@@ -48,6 +48,20 @@ if config.pcc_have_cuda:
     if "cuda:0" in devices:
         config.available_features.add("cuda-gpu")
 
+# bf16 products through oneDNN's own bf16 kernels (AVX512 or AMX); on a CPU
+# without them (AVX2 only) they widen to fp32 and run its sgemm, whose
+# rounding depends on how the rows are split over threads and ranks. Tests
+# of bitwise equality across layouts in bf16 need the former.
+try:
+    import subprocess
+    cpu = subprocess.run(
+        [os.path.join(config.pcc_tools_dir, "pcc-run"), "--list-devices"],
+        capture_output=True, text=True, timeout=60).stdout
+except (OSError, subprocess.SubprocessError):
+    cpu = ""
+if "bf16 products: oneDNN" in cpu:
+    config.available_features.add("cpu-bf16-kernels")
+
 # CPU ranks under OpenMPI (as root it needs --allow-run-as-root; two cores
 # need --oversubscribe for four ranks).
 if config.pcc_have_mpi:

@@ -168,6 +168,8 @@ int64_t spanOf(const int64_t (&dims)[4], const pccrt::MatrixView &v) {
 
 } // namespace
 
+bool pccrt::nativeHalfProducts(bool f16) { return nativeHalf(halfType(f16)); }
+
 int pccrt::halfGemm(bool f16, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                     const void *a, int64_t lda, const void *b, int64_t ldb,
                     bool accumulate, float *c, int64_t ldc) {
@@ -218,14 +220,14 @@ int pccrt::batchedProduct(int type, int outType, int64_t batch, int64_t group,
         y(outType == PCC_F32 ? 0 : static_cast<size_t>(nc));
     pcc_cpu_cast(a.data, type, x.data(), PCC_F32, na);
     pcc_cpu_cast(b.data, type, w.data(), PCC_F32, nb);
-    float *out = outType == PCC_F32 ? static_cast<float *>(
-                                          const_cast<void *>(c.data))
-                                    : y.data();
+    float *out = outType == PCC_F32
+                     ? static_cast<float *>(const_cast<void *>(c.data))
+                     : y.data();
     if (outType != PCC_F32)
       pcc_cpu_cast(c.data, outType, out, PCC_F32, nc);
     auto with = [](const MatrixView &v, const void *data) {
-      return MatrixView{data, {v.strides[0], v.strides[1], v.strides[2],
-                               v.strides[3]}};
+      return MatrixView{
+          data, {v.strides[0], v.strides[1], v.strides[2], v.strides[3]}};
     };
     if (int rc = batchedProduct(PCC_F32, PCC_F32, batch, group, broadcastB, m,
                                 n, k, with(a, x.data()), with(b, w.data()),
@@ -306,8 +308,8 @@ int halfProduct(bool f16, const void *a, const void *b, void *c, bool f32Out,
     return 0;
   memory::data_type type = halfType(f16);
   if (nativeHalf(type))
-    return product(type, f32Out ? memory::data_type::f32 : type, a, b, c,
-                   batch, m, n, k, trans_a, trans_b, stride_a, stride_b);
+    return product(type, f32Out ? memory::data_type::f32 : type, a, b, c, batch,
+                   m, n, k, trans_a, trans_b, stride_a, stride_b);
   int code = f16 ? PCC_F16 : PCC_BF16;
   int64_t na = (batch - 1) * stride_a + m * k;
   int64_t nb = (batch - 1) * stride_b + k * n;

@@ -208,8 +208,14 @@ const char *pcc_cpu_describe(void) {
                          std::to_string(v->minor) + "." +
                          std::to_string(v->patch);
     int threads = omp_get_max_threads();
+    // Where oneDNN has no kernels on a 16-bit type for this CPU (bf16
+    // without AVX512, fp16 without AVX512-FP16), its products widen to fp32.
+    auto half = [&](bool f16) {
+      return pccrt::nativeHalfProducts(f16) ? onednn : "widened to fp32";
+    };
     return "fp32 products: " + (sgemmByOnednn() ? onednn : blas) +
-           ", 16-bit products: " + onednn + ", convolutions: " + blas + ", " +
+           ", bf16 products: " + half(false) + ", fp16 products: " +
+           half(true) + ", convolutions: " + blas + ", " +
            std::to_string(threads) + " OpenMP thread" +
            (threads == 1 ? "" : "s");
   }();

@@ -21,6 +21,10 @@ int halfGemm(bool f16, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
              const void *a, int64_t lda, const void *b, int64_t ldb,
              bool accumulate, float *c, int64_t ldc);
 
+/// Whether oneDNN has matmul kernels on fp16 (`f16`) or bf16 for this CPU;
+/// where it has not, 16-bit products widen their operands to fp32.
+bool nativeHalfProducts(bool f16);
+
 /// A 4-D operand of a batched product: its data and its element strides
 /// over [batch, group, rows, columns] (0 where it broadcasts).
 struct MatrixView {
