@@ -93,6 +93,10 @@ struct PlanSearchResult {
   /// plan and error.
   int64_t compileFailures = 0;
   std::string firstCompileFailure;
+  /// Plans predicted over the budget and not compiled: their family's
+  /// checks showed the prediction too close to the compile for them to
+  /// fit.
+  int64_t skippedChecks = 0;
   /// What ruled out whole parts of the space ("tp=8: ...").
   std::vector<std::string> notes;
   double searchSeconds = 0;
