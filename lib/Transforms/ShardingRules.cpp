@@ -232,7 +232,13 @@ double Propagator::conversionSeconds(Value v, Shard to,
         collectiveSeconds(from.isPartial() ? CollectiveKind::AllReduce
                                            : CollectiveKind::AllGather,
                           bytes);
-    if (auto param = v.getDefiningOp<ParamOp>();
+    // (A weight read through autocast's cast to 16 bits is still the
+    // weight: pcc-bf16-copies makes the cast its bf16 copy, split as the
+    // weight is.)
+    Value w = v;
+    while (auto c = w.getDefiningOp<CastOp>())
+      w = c.getInput();
+    if (auto param = w.getDefiningOp<ParamOp>();
         param && param.getType().getRank() >= 2)
       seconds *= cost.weightGatherFactor;
     return seconds;
