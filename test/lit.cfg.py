@@ -36,15 +36,15 @@ if os.path.isdir("/usr/share/libonnx-testdata/data/node"):
 # The CUDA backend builds wherever nvcc is (CI included); running it needs a
 # GPU, which `pcc-run --list-devices` looks for. Tests that need either say
 # so with REQUIRES, and lit reports them as unsupported elsewhere.
+import subprocess
+try:
+    devices = subprocess.run(
+        [os.path.join(config.pcc_tools_dir, "pcc-run"), "--list-devices"],
+        capture_output=True, text=True, timeout=60).stdout
+except (OSError, subprocess.SubprocessError):
+    devices = ""
 if config.pcc_have_cuda:
     config.available_features.add("cuda-toolkit")
-    import subprocess
-    try:
-        devices = subprocess.run(
-            [os.path.join(config.pcc_tools_dir, "pcc-run"), "--list-devices"],
-            capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        devices = ""
     if "cuda:0" in devices:
         config.available_features.add("cuda-gpu")
 
@@ -52,14 +52,7 @@ if config.pcc_have_cuda:
 # without them (AVX2 only) they widen to fp32 and run its sgemm, whose
 # rounding depends on how the rows are split over threads and ranks. Tests
 # of bitwise equality across layouts in bf16 need the former.
-try:
-    import subprocess
-    cpu = subprocess.run(
-        [os.path.join(config.pcc_tools_dir, "pcc-run"), "--list-devices"],
-        capture_output=True, text=True, timeout=60).stdout
-except (OSError, subprocess.SubprocessError):
-    cpu = ""
-if "bf16 products: oneDNN" in cpu:
+if "bf16 products: oneDNN" in devices:
     config.available_features.add("cpu-bf16-kernels")
 
 # CPU ranks under OpenMPI (as root it needs --allow-run-as-root; two cores
