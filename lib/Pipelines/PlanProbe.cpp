@@ -1,0 +1,361 @@
+//===- PlanProbe.cpp - what one probe compile tells the plan search -------===//
+//
+// Prices a compiled probe's ops on one rank of a machine and reads the
+// prefix sums, memory pools and cut candidates the search prices plans
+// from (PlanProbe.h).
+//
+//===----------------------------------------------------------------------===//
+
+#include "PlanProbe.h"
+
+#include "pcc/Analysis/CostModel.h"
+#include "pcc/Dialect/Pcc/IR/Contracts.h"
+#include "pcc/Dialect/Pcc/IR/PccDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringMap.h"
+
+#include <algorithm>
+
+using namespace mlir;
+using namespace mlir::pcc;
+
+namespace mlir::pcc::autoplan {
+
+namespace {
+
+bool isSixteenBit(Type t) {
+  auto shaped = dyn_cast<ShapedType>(t);
+  Type e = shaped ? shaped.getElementType() : t;
+  return e.isBF16() || e.isF16();
+}
+
+/// Which ops read `v` (through ops computed from weights alone), by
+/// position.
+void usePositions(Value v, const llvm::DenseMap<Operation *, size_t> &index,
+                  const llvm::DenseSet<Operation *> &cloned,
+                  std::vector<size_t> &out) {
+  for (Operation *user : v.getUsers()) {
+    auto it = index.find(user);
+    if (it != index.end())
+      out.push_back(it->second);
+    else if (cloned.contains(user))
+      for (Value r : user->getResults())
+        usePositions(r, index, cloned, out);
+  }
+}
+
+} // namespace
+
+double Pricer::op(Operation *op, int64_t tp, double &moved,
+                  double &fixed) const {
+  if (isa<ParamOp, ConstantOp, ReshapeOp, func::ReturnOp>(op))
+    return 0;
+  if (auto c = dyn_cast<CollectiveOpInterface>(op)) {
+    FailureOr<int64_t> size = getMeshAxisSize(op, c.getMeshAxis());
+    int64_t ranks = succeeded(size) ? *size : tp;
+    double part = ranks > 1 ? static_cast<double>(ranks - 1) / ranks : 0;
+    if (c.getCollectiveKind() == CollectiveKind::AllReduce)
+      part *= 2;
+    moved += part * static_cast<double>(c.getPayloadBytes());
+    fixed += ranks > 1 ? machine.intraLatency : 0;
+    return collective(c.getCollectiveKind(), c.getPayloadBytes(), ranks,
+                      /*intra=*/true);
+  }
+  double bytes = 0;
+  bool sixteen = false;
+  for (Value v : op->getOperands()) {
+    bytes += static_cast<double>(getTensorBytes(v.getType()));
+    sixteen |= isSixteenBit(v.getType());
+  }
+  for (Value v : op->getResults())
+    bytes += static_cast<double>(getTensorBytes(v.getType()));
+  double memory = bytes / (machine.memoryBandwidth * share);
+  double flops = static_cast<double>(opFlops(op));
+  double compute =
+      flops > 0 ? flops / (machine.productFlops(sixteen, flops) * share) : 0;
+  fixed += machine.kernelSeconds;
+  return std::max(memory, compute) + machine.kernelSeconds;
+}
+
+/// Reads a compiled probe module.
+void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
+               const llvm::StringSet<> &perRow, Probe &p) {
+  auto fwd = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[0]);
+  auto bwd = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[1]);
+  if (!fwd || !bwd || !fwd.getBody().hasOneBlock()) {
+    p.error = "the probe compile has no training phases";
+    return;
+  }
+  llvm::DenseSet<Operation *> cloned;
+  std::vector<Operation *> ops;
+  llvm::DenseMap<Operation *, size_t> index;
+  for (Operation &op : fwd.getBody().front()) {
+    if (op.hasTrait<OpTrait::IsTerminator>())
+      continue;
+    if (isComputedFromWeights(&op, cloned)) {
+      cloned.insert(&op);
+      continue;
+    }
+    index[&op] = ops.size();
+    ops.push_back(&op);
+  }
+  size_t n = ops.size();
+  p.forward.assign(n + 1, 0);
+  p.forwardFixed.assign(n + 1, 0);
+  p.backwardFixed.assign(n + 1, 0);
+  p.backward.assign(n + 1, 0);
+  p.weightGrad.assign(n + 1, 0);
+  p.saved.assign(n + 1, 0);
+  p.cut.seconds.assign(n + 1, 0);
+  p.cut.flops.assign(n + 1, 0);
+  double moved = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double fixed = 0;
+    double f = pricer.op(ops[i], tp, moved, fixed);
+    p.forwardFixed[i + 1] = p.forwardFixed[i] + fixed;
+    p.backwardFixed[i + 1] =
+        p.backwardFixed[i] + fixed * (opFlops(ops[i]) ? 2.0 : 1.0);
+    if (isa<CollectiveOpInterface>(ops[i]))
+      p.tpSeconds += f;
+    int64_t flops = opFlops(ops[i]);
+    // A product reading a weight: its weight's gradient is W's product of
+    // the same FLOPs; the input's gradient is B's.
+    bool readsWeight = llvm::any_of(ops[i]->getOperands(), [&](Value v) {
+      Operation *def = v.getDefiningOp();
+      return def && cloned.contains(def);
+    });
+    p.forward[i + 1] = p.forward[i] + f;
+    p.backward[i + 1] = p.backward[i] + f * (flops ? 2.0 : 1.0);
+    p.weightGrad[i + 1] = p.weightGrad[i] + (flops && readsWeight ? f : 0);
+    p.cut.seconds[i + 1] = p.cut.seconds[i] + f * (flops ? 3.0 : 2.0);
+    // The cut search's layers are the products reading weights (a loss
+    // with FLOPs after the head is no layer to cut before).
+    p.cut.flops[i + 1] = p.cut.flops[i] + (readsWeight ? flops : 0);
+    p.flops += 3.0 * static_cast<double>(flops);
+  }
+  // Saved activations: the forward phase's results after the loss.
+  std::vector<int64_t> savedAt(n + 1, 0);
+  auto ret = cast<func::ReturnOp>(fwd.getBody().front().getTerminator());
+  for (Value v : ret.getOperands().drop_front()) {
+    size_t at = 0;
+    if (Operation *def = v.getDefiningOp()) {
+      auto it = index.find(def);
+      at = it == index.end() ? 0 : it->second;
+    }
+    savedAt[at] += getTensorBytes(v.getType());
+  }
+  for (size_t i = 0; i < n; ++i)
+    p.saved[i + 1] = p.saved[i] + savedAt[i];
+  // What W reads from B: the output cotangent of each op reading a
+  // weight, and its activation operands where they are not saved (once per
+  // value).
+  llvm::DenseSet<Value> savedValues(ret.getOperands().begin() + 1,
+                                    ret.getOperands().end());
+  llvm::DenseSet<Value> counted;
+  p.wgradSet.assign(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t set = 0;
+    Operation *op = ops[i];
+    bool readsWeight = false;
+    for (Value v : op->getOperands())
+      if (Operation *def = v.getDefiningOp(); def && cloned.contains(def))
+        readsWeight = true;
+    if (readsWeight) {
+      for (Value r : op->getResults())
+        set += getTensorBytes(r.getType());
+      for (Value v : op->getOperands()) {
+        Operation *def = v.getDefiningOp();
+        if ((def && cloned.contains(def)) || savedValues.contains(v) ||
+            !counted.insert(v).second)
+          continue;
+        set += getTensorBytes(v.getType());
+      }
+    }
+    p.wgradSet[i + 1] = p.wgradSet[i] + set;
+  }
+  // Weights (not the optimizer's state), by the ops reading them. Under
+  // mixed precision the products read a weight's 16-bit copy: its reads
+  // are the weight's, and the weight's bytes are its f32 ones.
+  llvm::StringMap<size_t> weightAt;
+  fwd.walk([&](ParamOp param) {
+    auto [weight, kind] = splitStateName(param.getName());
+    bool copy = kind == kBf16CopyState || kind == kF16CopyState;
+    if (!kind.empty() && !copy)
+      return;
+    std::vector<size_t> at;
+    usePositions(param.getResult(), index, cloned, at);
+    if (at.empty())
+      return;
+    int64_t bytes = getTensorBytes(param.getType()) * (copy ? 2 : 1);
+    auto [it, inserted] = weightAt.try_emplace(weight, p.weights.size());
+    if (inserted) {
+      p.weights.push_back({bytes, {}});
+      p.weightBytes += bytes;
+      p.largestWeight = std::max(p.largestWeight, bytes);
+    }
+    std::vector<size_t> &all = p.weights[it->second].second;
+    all.insert(all.end(), at.begin(), at.end());
+    if (copy)
+      p.copies.push_back({getTensorBytes(param.getType()), at});
+  });
+  for (auto &entry : p.copies)
+    llvm::sort(entry.second);
+  for (auto &entry : p.weights) {
+    llvm::sort(entry.second);
+    entry.second.erase(std::unique(entry.second.begin(), entry.second.end()),
+                       entry.second.end());
+  }
+  // Bytes live across each position (values used later; graph inputs live
+  // from the start to their last use), as pcc-pipeline-cut counts them.
+  std::vector<int64_t> delta(n + 2, 0);
+  auto addLive = [&](Value v, size_t from) {
+    std::vector<size_t> at;
+    usePositions(v, index, cloned, at);
+    size_t last = from;
+    for (size_t a : at)
+      last = std::max(last, a);
+    if (last > from || isa<BlockArgument>(v)) {
+      // As pcc-pipeline-cut weighs it (before fusion: a 16-bit value the
+      // fusion wrote is a cast of its f32 one).
+      int64_t bytes = cutWeightAsF32(v);
+      delta[isa<BlockArgument>(v) ? 0 : from + 1] += bytes;
+      delta[last + 1] -= bytes;
+    }
+  };
+  for (BlockArgument arg : fwd.getArguments())
+    addLive(arg, 0);
+  for (size_t i = 0; i < n; ++i)
+    for (Value r : ops[i]->getResults())
+      addLive(r, i);
+  p.cut.crossing.assign(n + 1, 0);
+  int64_t live = 0;
+  for (size_t c = 0; c <= n; ++c) {
+    live += delta[c];
+    p.cut.crossing[c] = live;
+  }
+  p.candidates = candidateCuts(p.cut);
+  // The node before each candidate, as --pp-cuts names it: the compile
+  // cuts after the last op of that node, so the name must not come later.
+  // (An op without an ONNX node, such as the loss pcc adds, names no cut:
+  // the compile would find it at another place.)
+  auto nameOf = [](Operation *op) {
+    return getOnnxNodeOfLocation(op->getLoc()).second;
+  };
+  llvm::StringMap<size_t> lastOf;
+  for (size_t i = 0; i < n; ++i)
+    if (std::string name = nameOf(ops[i]); !name.empty())
+      lastOf[name] = i;
+  // A cut between a node's cast of its input and its product (the
+  // mixed-precision cast the product's node owns) is named after the node
+  // before the cast: the cast goes to the next stage, which changes
+  // nothing the cut weighs (a cast weighs as its input).
+  for (size_t c : p.candidates) {
+    size_t at = c;
+    while (at > 1 && isa<CastOp, ReshapeOp>(ops[at - 1]) &&
+           lastOf.lookup(nameOf(ops[at - 1])) != at - 1)
+      --at;
+    std::string name = at > 0 ? nameOf(ops[at - 1]) : std::string();
+    // The node's later ops may be what tensor parallelism adds to hand its
+    // value on (with --sp, the residual's all-gather and its layout
+    // changes): they go to the next stage with the readers they serve.
+    bool handsOn = !name.empty();
+    for (size_t i = at; handsOn && i <= lastOf.lookup(name); ++i)
+      handsOn = nameOf(ops[i]) != name ||
+                isa<AllGatherOp, ShardSliceOp, ReshapeOp, TransposeOp, CastOp>(
+                    ops[i]);
+    bool names = handsOn && name.find(',') == std::string::npos;
+    p.cutNames.push_back(names ? name : std::string());
+  }
+  // Only cuts a plan can name: the compiled plan is then the priced one.
+  std::vector<size_t> named;
+  std::vector<std::string> names;
+  for (auto [c, name] : llvm::zip(p.candidates, p.cutNames))
+    if (!name.empty()) {
+      named.push_back(c);
+      names.push_back(name);
+    }
+  p.candidates = std::move(named);
+  p.cutNames = std::move(names);
+  // The backward and the step's other phases, priced whole.
+  for (Operation &op : bwd.getBody().front()) {
+    double s = pricer.op(&op, tp, moved, p.backwardFixedSeconds);
+    p.backwardSeconds += s;
+    if (isa<CollectiveOpInterface>(&op))
+      p.tpSeconds += s;
+  }
+  for (int phase : {2, 3})
+    if (auto f = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[phase]))
+      for (Operation &op : f.getBody().front()) {
+        double ignored = 0, fixed = 0;
+        p.optimizerSeconds += pricer.op(&op, tp, ignored, fixed);
+      }
+  auto arenaOf = [&](int phase) -> int64_t {
+    auto f = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[phase]);
+    auto a = f ? f->getAttrOfType<IntegerAttr>(kArenaBytesAttrName) : nullptr;
+    return a ? a.getInt() : 0;
+  };
+  // A weight gradient accumulated (the probe's micro-batches) is made in a
+  // buffer first; the largest such buffer does not grow with the rows.
+  // (On the CPU a scatter-add is computed in the gradient it is added to,
+  // and a 16-bit value widened as it is added: getCpuDeferral.)
+  // A weight the backward phase gives several gradients (a tied embedding
+  // and LM head): with ZeRO 2 and 3 they are summed before the one
+  // reduce-scatter, each contribution and the sum whole in the arena.
+  auto returnsNothing = [](Value) { return false; };
+  llvm::StringMap<int> contributions;
+  bwd.walk([&](Operation *op) {
+    if (!isa<AccumulateOp, AssignOp>(op))
+      return;
+    if (auto state = op->getOperand(0).getDefiningOp<ParamOp>())
+      if (++contributions[state.getName()] == 2)
+        p.tiedGrad = std::max(p.tiedGrad, getTensorBytes(state.getType()));
+    Value v = op->getOperand(1);
+    Operation *def = v.getDefiningOp();
+    if (!isa<AccumulateOp>(op) || !def || isa<ParamOp>(def))
+      return;
+    CpuDeferral deferral =
+        cpu ? getCpuDeferral(def, returnsNothing) : CpuDeferral::None;
+    if (deferral == CpuDeferral::ScatterInto)
+      return;
+    if (deferral == CpuDeferral::Widen)
+      v = cast<CastOp>(def).getInput();
+    p.gradBuffer = std::max(p.gradBuffer, getTensorBytes(v.getType()));
+  });
+  // The forward phase's largest buffer computed from the weights alone
+  // (no batch input reaches it: a gathered or cast table) does not grow
+  // with the rows either, nor one computed from constants alone, unless
+  // the whole batch's program has it per row (`perRow`, by ONNX node: an
+  // attention mask built from position ids expanded over the batch is one
+  // row's at the probe's one row).
+  Block &body = fwd.getBody().front();
+  llvm::DenseSet<Value> fromBatch = valuesReachedFrom(body, fwd.getArguments());
+  llvm::DenseSet<Value> fromWeights = valuesReachedFrom(
+      body, {}, [](Operation &op) { return isa<ParamOp>(op); });
+  for (Operation &op : body) {
+    for (Value r : op.getResults()) {
+      if (fromBatch.contains(r) ||
+          (!fromWeights.contains(r) &&
+           perRow.contains(getOnnxNodeOfLocation(op.getLoc()).second)))
+        continue;
+      if (isa<PccDialect>(op.getDialect()) &&
+          !isa<ParamOp, ConstantOp, ReshapeOp>(op))
+        p.weightOnly = std::max(p.weightOnly, getTensorBytes(r.getType()));
+    }
+  }
+  p.rowArena = std::max<int64_t>(
+      0, std::max(arenaOf(0), arenaOf(1) - p.gradBuffer) - p.weightOnly);
+  p.stepArena = std::max(arenaOf(2), arenaOf(3));
+  p.tpBytes = moved;
+  p.pools = predictStepMemory(module);
+  llvm::StringSet<> narrowed;
+  module.walk([&](ParamOp param) {
+    if (splitStateName(param.getName()).second == "grad" &&
+        param.getType().getElementType().isBF16() &&
+        narrowed.insert(param.getName()).second)
+      p.narrowGrads += getTensorBytes(param.getType());
+  });
+}
+
+} // namespace mlir::pcc::autoplan
