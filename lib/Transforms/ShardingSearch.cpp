@@ -19,7 +19,8 @@
 //   group is then judged as one move.
 //
 // After the group moves, single-class moves refine the plan (coordinate
-// descent, matmul weights first, then lookups).
+// descent, matmul weights first, then lookups), over the layouts whose
+// stripes match a cut the program makes.
 //
 //===----------------------------------------------------------------------===//
 
@@ -29,6 +30,7 @@
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/Hashing.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringSet.h"
 
 #include <algorithm>
@@ -117,9 +119,9 @@ WeightClasses mlir::pcc::classifyWeights(func::FuncOp func, int depth) {
   for (auto &w : weights) {
     SmallVector<size_t> list = uses.lookup(w.first);
     llvm::sort(list);
-    size_t signature = llvm::hash_combine(
-        w.second.getAsOpaquePointer(),
-        llvm::hash_combine_range(list.begin(), list.end()));
+    size_t signature =
+        llvm::hash_combine(w.second.getAsOpaquePointer(),
+                           llvm::hash_combine_range(list.begin(), list.end()));
     auto [it, inserted] = bySignature.try_emplace(signature, out.size());
     if (inserted)
       out.members.emplace_back();
@@ -146,8 +148,8 @@ struct WeightMatmul {
 class Search {
 public:
   Search(func::FuncOp func, StringRef axis, int64_t ranks)
-      : func(func), axis(axis), ranks(ranks),
-        weights(decisionWeights(func)), classes(classifyWeights(func)) {
+      : func(func), axis(axis), ranks(ranks), weights(decisionWeights(func)),
+        classes(classifyWeights(func)) {
     for (auto &w : weights)
       decisions[w.first] = Shard::replicated();
     func.walk([&](MatmulOp mm) {
@@ -156,9 +158,29 @@ public:
           param.getType().getRank() != 2)
         return;
       int64_t ra = mm.getLhs().getType().getRank();
-      matmuls.push_back({mm, param.getName(),
-                         mm.getTransposeB() ? 1 : 0, mm.getTransposeB() ? 0 : 1,
+      matmuls.push_back({mm, param.getName(), mm.getTransposeB() ? 1 : 0,
+                         mm.getTransposeB() ? 0 : 1,
                          mm.getTransposeA() ? ra - 2 : ra - 1});
+    });
+    // The stripe counts worth trying: one, and the number of equal pieces
+    // the program cuts a dimension into (a fused QKV's split or three
+    // slices; at most 16: a one-token slice of a sequence is not a fused
+    // projection). Any other count cuts where nothing in the program does, and
+    // trying every divisor made a 70B layer's classes ~40 trials each.
+    stripeChoices.insert(1);
+    func.walk([&](Operation *op) {
+      if (auto split = dyn_cast<SplitOp>(op)) {
+        if (llvm::all_equal(split.getSizes()))
+          stripeChoices.insert(static_cast<int64_t>(split.getSizes().size()));
+      } else if (auto slice = dyn_cast<SliceOp>(op)) {
+        ArrayRef<int64_t> shape = slice.getInput().getType().getShape();
+        for (auto [d, size] : llvm::enumerate(shape)) {
+          int64_t width = slice.getLimits()[d] - slice.getStarts()[d];
+          if (slice.getSteps()[d] == 1 && width > 0 && width < size &&
+              size % width == 0 && size / width <= 16)
+            stripeChoices.insert(size / width);
+        }
+      }
     });
     best = evaluate(decisions);
   }
@@ -198,6 +220,8 @@ private:
   llvm::MapVector<StringRef, RankedTensorType> weights;
   WeightClasses classes;
   std::vector<WeightMatmul> matmuls;
+  /// Stripe counts the coordinate descent tries (the constructor's).
+  llvm::SmallSetVector<int64_t, 4> stripeChoices;
   /// Classes a group move decided to keep whole.
   llvm::DenseSet<unsigned> frozen;
   llvm::StringMap<Shard> decisions;
@@ -356,7 +380,9 @@ void Search::coordinateDescent() {
             frozen.contains(classes.classOf.lookup(w)))
           continue;
         for (Shard candidate : candidateShards(weights.lookup(w), ranks)) {
-          if (candidate == decisions.lookup(w))
+          if (candidate == decisions.lookup(w) ||
+              (candidate.isSplit() &&
+               !stripeChoices.contains(candidate.stripes)))
             continue;
           llvm::StringMap<Shard> trial = decisions;
           setClass(trial, w, candidate);
