@@ -122,6 +122,44 @@ TEST(CpuKernels, ScatterAccumulate) {
             std::string::npos);
 }
 
+// A vocabulary-parallel embedding's gradient (pcc.shard_scatter_add): each
+// rank's block holds exactly the rows of the whole table's scatter-add that
+// fall in it (indices into the whole dimension, negative from its end), the
+// accumulating form adds them to what the block holds, and an index outside
+// the whole dimension is refused on every rank.
+TEST(CpuKernels, ScatterAddBlock) {
+  // Whole table [4, 2] over 2 ranks of 2 rows; updates at rows 1, -1 (3),
+  // 1 and 2.
+  const float updates[] = {1, 2, 10, 20, 100, 200, 1000, 2000};
+  const int64_t indices[] = {1, -1, 1, 2};
+  std::vector<float> whole(8, -1.0f);
+  ASSERT_EQ(
+      pcc_cpu_scatter_add_f32(updates, indices, whole.data(), 1, 4, 2, 4, 1),
+      0);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<float> block(4, -1.0f);
+    ASSERT_EQ(pcc_cpu_scatter_add_block_f32(updates, indices, block.data(), 1,
+                                            2, rank * 2, 4, 2, 4, 1),
+              0);
+    EXPECT_EQ(block, std::vector<float>(whole.begin() + rank * 4,
+                                        whole.begin() + rank * 4 + 4))
+        << "rank " << rank;
+    std::vector<float> acc(4, 0.5f);
+    ASSERT_EQ(pcc_cpu_scatter_accumulate_block_f32(updates, indices, acc.data(),
+                                                   1, 2, rank * 2, 4, 2, 4, 1),
+              0);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(acc[i], block[i] + 0.5f) << "rank " << rank << " i " << i;
+  }
+  const int64_t bad[] = {1, 4};
+  std::vector<float> block(4, 0.0f);
+  EXPECT_NE(pcc_cpu_scatter_add_block_f32(updates, bad, block.data(), 1, 2, 0,
+                                          4, 2, 2, 1),
+            0);
+  EXPECT_NE(std::string(pcc_cpu_last_error()).find("index 4"),
+            std::string::npos);
+}
+
 // The bf16 casts of large tensors (8 MiB of results and more) stream their
 // results past the caches: the same values as the element-wise conversions,
 // from and to unaligned addresses, NaNs, infinities and ties included.

@@ -1212,21 +1212,24 @@ void adamw(float *param, const G *grad, float *exp_avg, float *exp_avg_sq,
 } // extern "C++"
 } // namespace
 
-int pcc_cpu_scatter_accumulate_f32(const float *updates, const void *indices,
-                                   float *y, int64_t outer, int64_t axis_dim,
-                                   int64_t inner, int64_t num_indices,
-                                   int indices_are_i64) {
+int pcc_cpu_scatter_accumulate_block_f32(const float *updates,
+                                         const void *indices, float *y,
+                                         int64_t outer, int64_t block,
+                                         int64_t start, int64_t total,
+                                         int64_t inner, int64_t num_indices,
+                                         int indices_are_i64) {
   for (int64_t j = 0; j < num_indices; ++j) {
     int64_t idx = indexAt(indices, j, indices_are_i64);
-    if (idx < -axis_dim || idx >= axis_dim) {
+    if (idx < -total || idx >= total) {
       cpuLastError = "index " + std::to_string(idx) +
                      " is out of range for a dimension of size " +
-                     std::to_string(axis_dim);
+                     std::to_string(total);
       return 1;
     }
   }
   // Rows are added in index order, each column by one thread: the same
-  // sums in the same order on every run.
+  // sums in the same order on every run. Rows of other ranks' blocks are
+  // skipped.
 #pragma omp parallel for collapse(2) if (outer * num_indices * inner >         \
                                          kParallelThreshold)
   for (int64_t o = 0; o < outer; ++o)
@@ -1234,19 +1237,41 @@ int pcc_cpu_scatter_accumulate_f32(const float *updates, const void *indices,
       for (int64_t j = 0; j < num_indices; ++j) {
         int64_t idx = indexAt(indices, j, indices_are_i64);
         if (idx < 0)
-          idx += axis_dim;
-        y[(o * axis_dim + idx) * inner + i] +=
+          idx += total;
+        idx -= start;
+        if (idx < 0 || idx >= block)
+          continue;
+        y[(o * block + idx) * inner + i] +=
             updates[(o * num_indices + j) * inner + i];
       }
   return 0;
 }
 
+int pcc_cpu_scatter_add_block_f32(const float *updates, const void *indices,
+                                  float *y, int64_t outer, int64_t block,
+                                  int64_t start, int64_t total, int64_t inner,
+                                  int64_t num_indices, int indices_are_i64) {
+  std::memset(y, 0, static_cast<size_t>(outer * block * inner) * 4);
+  return pcc_cpu_scatter_accumulate_block_f32(updates, indices, y, outer, block,
+                                              start, total, inner, num_indices,
+                                              indices_are_i64);
+}
+
+int pcc_cpu_scatter_accumulate_f32(const float *updates, const void *indices,
+                                   float *y, int64_t outer, int64_t axis_dim,
+                                   int64_t inner, int64_t num_indices,
+                                   int indices_are_i64) {
+  return pcc_cpu_scatter_accumulate_block_f32(updates, indices, y, outer,
+                                              axis_dim, 0, axis_dim, inner,
+                                              num_indices, indices_are_i64);
+}
+
 int pcc_cpu_scatter_add_f32(const float *updates, const void *indices, float *y,
                             int64_t outer, int64_t axis_dim, int64_t inner,
                             int64_t num_indices, int indices_are_i64) {
-  std::memset(y, 0, static_cast<size_t>(outer * axis_dim * inner) * 4);
-  return pcc_cpu_scatter_accumulate_f32(updates, indices, y, outer, axis_dim,
-                                        inner, num_indices, indices_are_i64);
+  return pcc_cpu_scatter_add_block_f32(updates, indices, y, outer, axis_dim, 0,
+                                       axis_dim, inner, num_indices,
+                                       indices_are_i64);
 }
 
 namespace {

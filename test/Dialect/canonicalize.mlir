@@ -170,3 +170,28 @@ func.func @splat_arithmetic(%x: tensor<4xbf16>, %y: tensor<4xf32>) -> (tensor<4x
   %r = pcc.div %d, %one32 : tensor<4xf32>
   return %g, %s, %tenth, %q, %r : tensor<4xbf16>, tensor<4xbf16>, tensor<4xbf16>, tensor<4xf32>, tensor<4xf32>
 }
+
+// -----
+
+// Tests that this rank's slice of a scatter-add along the scattered axis
+// becomes the scatter-add of this rank's block (the vocabulary-parallel
+// embedding's gradient without the whole table), and that a slice along
+// another dimension, a striped one or a table with another reader is kept.
+// CHECK-LABEL: func.func @scatter_only_the_block
+// CHECK-SAME:    (%[[G:.+]]: tensor<2x3x8xf32>, %[[I:.+]]: tensor<2x3xi64>)
+// CHECK-NEXT:    %[[B:.+]] = pcc.shard_scatter_add %[[G]][%[[I]]] axis = 0 mesh_axis = "tp" : tensor<2x3x8xf32>, tensor<2x3xi64> -> tensor<8x8xf32>
+// CHECK-NEXT:    %[[W:.+]] = pcc.scatter_add %[[G]][%[[I]]] axis = 0 : tensor<2x3x8xf32>, tensor<2x3xi64> -> tensor<16x8xf32>
+// CHECK-NEXT:    %[[C:.+]] = pcc.shard_slice %[[W]] axis = "tp" dim = 1
+// CHECK-NEXT:    %[[S:.+]] = pcc.shard_slice %[[W]] axis = "tp" dim = 0 stripes = 2
+// CHECK-NEXT:    return %[[B]], %[[C]], %[[S]]
+module {
+  pcc.mesh @mesh [tp = 2]
+  func.func @scatter_only_the_block(%g: tensor<2x3x8xf32>, %ids: tensor<2x3xi64>) -> (tensor<8x8xf32>, tensor<16x4xf32>, tensor<8x8xf32>) {
+    %t = pcc.scatter_add %g[%ids] axis = 0 : tensor<2x3x8xf32>, tensor<2x3xi64> -> tensor<16x8xf32>
+    %b = pcc.shard_slice %t axis = "tp" dim = 0 stripes = 1 : tensor<16x8xf32> -> tensor<8x8xf32>
+    %w = pcc.scatter_add %g[%ids] axis = 0 : tensor<2x3x8xf32>, tensor<2x3xi64> -> tensor<16x8xf32>
+    %c = pcc.shard_slice %w axis = "tp" dim = 1 stripes = 1 : tensor<16x8xf32> -> tensor<16x4xf32>
+    %s = pcc.shard_slice %w axis = "tp" dim = 0 stripes = 2 : tensor<16x8xf32> -> tensor<8x8xf32>
+    return %b, %c, %s : tensor<8x8xf32>, tensor<16x4xf32>, tensor<8x8xf32>
+  }
+}

@@ -125,3 +125,27 @@ module {
     return %g : tensor<3x4xf32>
   }
 }
+
+// -----
+
+// Tests that a shard scatter-add's updates are what gathering from its
+// block gives and that it names a mesh axis.
+module {
+  pcc.mesh @mesh [tp = 2]
+  func.func @shard_scatter_add_shape(%g: tensor<3x5xf32>, %i: tensor<3xi64>) -> tensor<4x4xf32> {
+    // expected-error @below {{updates 'tensor<3x5xf32>' are not what gathering 'tensor<3xi64>' from 'tensor<4x4xf32>' along axis 0 gives}}
+    %t = pcc.shard_scatter_add %g[%i] axis = 0 mesh_axis = "tp" : tensor<3x5xf32>, tensor<3xi64> -> tensor<4x4xf32>
+    return %t : tensor<4x4xf32>
+  }
+}
+
+// -----
+
+module {
+  pcc.mesh @mesh [tp = 2]
+  func.func @shard_scatter_add_axis(%g: tensor<3x4xf32>, %i: tensor<3xi64>) -> tensor<4x4xf32> {
+    // expected-error @below {{'pcc.shard_scatter_add' op names mesh axis 'dp', which is not an axis of @mesh}}
+    %t = pcc.shard_scatter_add %g[%i] axis = 0 mesh_axis = "dp" : tensor<3x4xf32>, tensor<3xi64> -> tensor<4x4xf32>
+    return %t : tensor<4x4xf32>
+  }
+}

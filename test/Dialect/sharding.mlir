@@ -24,6 +24,8 @@ module {
     %t = pcc.param "table" shard(#pcc.shard<tp, dim = 0>) : tensor<128x64xf32>
     %ids = pcc.constant dense<1> : tensor<2x16xi64>
     %e = pcc.shard_gather %t[%ids] axis = 0 mesh_axis = "tp" : tensor<128x64xf32>, tensor<2x16xi64> -> tensor<2x16x64xf32>
+    // CHECK: pcc.shard_scatter_add %{{.*}}[%{{.*}}] axis = 0 mesh_axis = "tp" : tensor<2x16x64xf32>, tensor<2x16xi64> -> tensor<32x64xf32>
+    %dt = pcc.shard_scatter_add %e[%ids] axis = 0 mesh_axis = "tp" : tensor<2x16x64xf32>, tensor<2x16xi64> -> tensor<32x64xf32>
     return %r : tensor<2x64xf32>
   }
 }

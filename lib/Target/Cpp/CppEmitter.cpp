@@ -303,19 +303,31 @@ void CppEmitter::copyBytes(const std::string &to, const std::string &from,
     line(llvm::formatv("std::memcpy({0}, {1}, {2});", to, from, bytes).str());
 }
 
-void CppEmitter::emitScatterAdd(ScatterAddOp sa, const std::string &into,
-                                bool accumulate) {
-  ArrayRef<int64_t> shape = sa.getType().getShape();
-  int64_t axis = static_cast<int64_t>(sa.getAxis());
-  auto indices = sa.getIndices().getType();
+LogicalResult CppEmitter::emitScatterAdd(Operation *sa, const std::string &into,
+                                         bool accumulate) {
+  Value updates = sa->getOperand(0), indexValue = sa->getOperand(1);
+  ArrayRef<int64_t> shape = tensorTypeOf(sa->getResult(0)).getShape();
+  int64_t axis = sa->getAttrOfType<IntegerAttr>("axis").getInt();
+  auto indices = tensorTypeOf(indexValue);
+  int64_t block = shape[axis], total = block;
+  std::string start = "0";
+  if (auto sharded = dyn_cast<ShardScatterAddOp>(sa)) {
+    FailureOr<int64_t> ranks = getMeshAxisSize(sa, sharded.getMeshAxis());
+    if (failed(ranks))
+      return failure();
+    total = block * *ranks;
+    start = "static_cast<int64_t>(" + comm(sharded.getMeshAxis()) +
+            ".rank) * " + std::to_string(block);
+  }
   std::string args = llvm::formatv(
-      "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}", nameOf(sa.getUpdates()),
-      nameOf(sa.getIndices()), into, product(shape.take_front(axis)),
-      shape[axis], product(shape.drop_front(axis + 1)),
-      indices.getNumElements(), indices.getElementType().isInteger(64) ? 1 : 0);
-  checkedCall(accumulate ? "scatter_accumulate_f32" : "scatter_add_f32", args,
-              llvm::formatv("an index is outside [-{0}, {0})", shape[axis]),
-              sa);
+      "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}", nameOf(updates),
+      nameOf(indexValue), into, product(shape.take_front(axis)), block, start,
+      total, product(shape.drop_front(axis + 1)), indices.getNumElements(),
+      indices.getElementType().isInteger(64) ? 1 : 0);
+  checkedCall(
+      accumulate ? "scatter_accumulate_block_f32" : "scatter_add_block_f32",
+      args, llvm::formatv("an index is outside [-{0}, {0})", total), sa);
+  return success();
 }
 
 LogicalResult CppEmitter::emitTraining(Operation *op) {
@@ -353,10 +365,9 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
                .str());
       return success();
     }
-    if (ScatterAddOp sa = scatterInto.lookup(op)) {
-      emitScatterAdd(sa, nameOf(op->getOperand(0)), /*accumulate=*/false);
-      return success();
-    }
+    if (Operation *sa = scatterInto.lookup(op))
+      return emitScatterAdd(sa, nameOf(op->getOperand(0)),
+                            /*accumulate=*/false);
     if (auto assign = dyn_cast<AssignOp>(op))
       copyBytes(nameOf(assign.getState()), nameOf(assign.getValue()),
                 getTensorBytes(state));
@@ -420,16 +431,12 @@ LogicalResult CppEmitter::emitTraining(Operation *op) {
   }
   if (failed(requireF32(op, op->getOperand(0))))
     return failure();
-  if (auto sa = dyn_cast<ScatterAddOp>(op)) {
-    emitScatterAdd(sa, nameOf(sa.getResult()), /*accumulate=*/false);
-    return success();
-  }
+  if (isa<ScatterAddOp, ShardScatterAddOp>(op))
+    return emitScatterAdd(op, nameOf(op->getResult(0)), /*accumulate=*/false);
   auto state = tensorTypeOf(op->getOperand(0));
   int64_t count = state.getNumElements();
-  if (ScatterAddOp sa = scatterInto.lookup(op)) {
-    emitScatterAdd(sa, nameOf(op->getOperand(0)), /*accumulate=*/true);
-    return success();
-  }
+  if (Operation *sa = scatterInto.lookup(op))
+    return emitScatterAdd(sa, nameOf(op->getOperand(0)), /*accumulate=*/true);
   if (auto acc = dyn_cast<AccumulateOp>(op); acc && widened.count(op)) {
     // A 16-bit gradient widened (exactly) as it is added.
     Value x = widened.lookup(op);
@@ -541,7 +548,7 @@ bool CppEmitter::deferToUser(Operation *op) {
     squares[user] = cast<MulOp>(op).getLhs();
     break;
   case CpuDeferral::ScatterInto:
-    scatterInto[user] = cast<ScatterAddOp>(op);
+    scatterInto[user] = op;
     break;
   case CpuDeferral::Widen:
     widened[user] = cast<CastOp>(op).getInput();
@@ -585,9 +592,9 @@ LogicalResult CppEmitter::emitOp(Operation *op) {
       .Case<AllReduceOp, AllGatherOp, ReduceScatterOp, ReduceScatterStartOp,
             AllGatherStartOp, ShardSliceOp>(
           [&](Operation *op) { return emitCollective(op); })
-      .Case<ScatterAddOp, PadOp, CrossEntropyOp, CrossEntropyGradOp,
-            AccumulateOp, AssignOp, ZeroOp, EmaUpdateOp, DropoutOp, SgdUpdateOp,
-            AdamwUpdateOp, RefreshCopyOp, SumSquaresOp>(
+      .Case<ScatterAddOp, ShardScatterAddOp, PadOp, CrossEntropyOp,
+            CrossEntropyGradOp, AccumulateOp, AssignOp, ZeroOp, EmaUpdateOp,
+            DropoutOp, SgdUpdateOp, AdamwUpdateOp, RefreshCopyOp, SumSquaresOp>(
           [&](Operation *op) { return emitTraining(op); })
       .Case<BucketStartOp, BucketWaitOp, CastOp, BroadcastOp, TransposeOp,
             SliceOp, ConcatOp, SplitOp, MatmulOp, LayerNormOp, BatchNormOp,

@@ -196,8 +196,10 @@ private:
   /// A scatter-add of `sa`'s updates into `into`: zeroed first, or added
   /// to what it holds (`accumulate`: an embedding gradient added to its
   /// accumulator touches only the rows its indices name).
-  void emitScatterAdd(ScatterAddOp sa, const std::string &into,
-                      bool accumulate);
+  /// `sa` is a pcc.scatter_add or a pcc.shard_scatter_add (this rank's
+  /// block of the table: the rows whose index falls in it).
+  LogicalResult emitScatterAdd(Operation *sa, const std::string &into,
+                               bool accumulate);
   void copyBytes(const std::string &to, const std::string &from, int64_t bytes);
   /// `rc->comms[i]` for mesh axis `axis`.
   std::string comm(StringRef axis) const {
@@ -262,7 +264,7 @@ private:
   /// it, the scatter-add.
   llvm::DenseMap<Operation *, Value> squares, widened;
   llvm::DenseMap<Operation *, CastOp> castInto;
-  llvm::DenseMap<Operation *, ScatterAddOp> scatterInto;
+  llvm::DenseMap<Operation *, Operation *> scatterInto;
   /// The initialisers of the function's profile sites, in op order.
   std::vector<std::string> profileSites;
   llvm::DenseMap<Value, std::string> names;

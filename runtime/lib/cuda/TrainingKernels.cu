@@ -31,20 +31,27 @@ namespace {
 /// (outer, inner) column, looping over the indices in order, so every sum
 /// is formed in pcc_cpu_scatter_add_f32's order on every run (no atomics).
 /// Bad indices add nothing; checkIndicesKernel reports them.
+/// y is this rank's block of `block` rows from `start` of a dimension of
+/// `total` (pcc.shard_scatter_add; the whole table: start 0, block total):
+/// rows with an index outside the block are skipped.
 template <typename Index>
 __global__ void scatterAddKernel(const float *updates, const Index *indices,
-                                 float *y, int64_t axisDim, int64_t inner,
+                                 float *y, int64_t block, int64_t start,
+                                 int64_t total, int64_t inner,
                                  int64_t numIndices, int64_t columns) {
   for (int64_t c = threadIndex(); c < columns; c += threadCount()) {
     int64_t o = c / inner, i = c % inner;
     const float *in = updates + o * numIndices * inner + i;
-    float *out = y + o * axisDim * inner + i;
+    float *out = y + o * block * inner + i;
     for (int64_t j = 0; j < numIndices; ++j) {
       int64_t idx = indices[j];
-      if (idx < -axisDim || idx >= axisDim)
+      if (idx < -total || idx >= total)
         continue;
       if (idx < 0)
-        idx += axisDim;
+        idx += total;
+      idx -= start;
+      if (idx < 0 || idx >= block)
+        continue;
       out[idx * inner] = __fadd_rn(out[idx * inner], in[j * inner]);
     }
   }
@@ -52,10 +59,11 @@ __global__ void scatterAddKernel(const float *updates, const Index *indices,
 
 template <typename Index>
 void scatterAdd(pcc_cuda_context *ctx, const float *updates,
-                const void *indices, float *y, int64_t outer, int64_t axisDim,
-                int64_t inner, int64_t numIndices, int site) {
+                const void *indices, float *y, int64_t outer, int64_t block,
+                int64_t start, int64_t total, int64_t inner, int64_t numIndices,
+                int site) {
   const Index *idx = static_cast<const Index *>(indices);
-  int64_t bytes = outer * axisDim * inner * int64_t(sizeof(float));
+  int64_t bytes = outer * block * inner * int64_t(sizeof(float));
   if (bytes > 0)
     if (cudaError_t err =
             cudaMemsetAsync(y, 0, static_cast<size_t>(bytes), ctx->stream))
@@ -64,12 +72,12 @@ void scatterAdd(pcc_cuda_context *ctx, const float *updates,
     return;
   // As on the CPU, every index is checked, even when nothing is added.
   checkIndicesKernel<Index><<<gridFor(numIndices), kThreads, 0, ctx->stream>>>(
-      idx, axisDim, numIndices, ctx->errorSite, site);
+      idx, total, numIndices, ctx->errorSite, site);
   int64_t columns = outer * inner;
-  if (columns == 0 || axisDim == 0)
+  if (columns == 0 || block == 0)
     return;
   scatterAddKernel<Index><<<gridFor(columns), kThreads, 0, ctx->stream>>>(
-      updates, idx, y, axisDim, inner, numIndices, columns);
+      updates, idx, y, block, start, total, inner, numIndices, columns);
 }
 
 /// Cross-entropy of contiguous rows (kGrad: its gradient), one warp or one
@@ -263,12 +271,23 @@ void pcc_cuda_scatter_add_f32(pcc_cuda_context *ctx, const float *updates,
                               int64_t axis_dim, int64_t inner,
                               int64_t num_indices, int indices_are_i64,
                               int site) {
+  pcc_cuda_scatter_add_block_f32(ctx, updates, indices, y, outer, axis_dim, 0,
+                                 axis_dim, inner, num_indices, indices_are_i64,
+                                 site);
+}
+
+void pcc_cuda_scatter_add_block_f32(pcc_cuda_context *ctx, const float *updates,
+                                    const void *indices, float *y,
+                                    int64_t outer, int64_t block, int64_t start,
+                                    int64_t total, int64_t inner,
+                                    int64_t num_indices, int indices_are_i64,
+                                    int site) {
   if (indices_are_i64)
-    scatterAdd<int64_t>(ctx, updates, indices, y, outer, axis_dim, inner,
-                        num_indices, site);
+    scatterAdd<int64_t>(ctx, updates, indices, y, outer, block, start, total,
+                        inner, num_indices, site);
   else
-    scatterAdd<int32_t>(ctx, updates, indices, y, outer, axis_dim, inner,
-                        num_indices, site);
+    scatterAdd<int32_t>(ctx, updates, indices, y, outer, block, start, total,
+                        inner, num_indices, site);
 }
 
 void pcc_cuda_cross_entropy_f32(pcc_cuda_context *ctx, const float *logits,

@@ -219,10 +219,9 @@ mlir::pcc::getCpuDeferral(Operation *op,
       return CpuDeferral::SumSquares;
     return CpuDeferral::None;
   }
-  if (auto sa = dyn_cast<ScatterAddOp>(op)) {
+  if (isa<ScatterAddOp, ShardScatterAddOp>(op)) {
     if (isa<AssignOp, AccumulateOp>(user) &&
-        user->getOperand(0).getType() == sa.getType() &&
-        user->getOperand(1) == result)
+        user->getOperand(0).getType() == type && user->getOperand(1) == result)
       return CpuDeferral::ScatterInto;
     return CpuDeferral::None;
   }

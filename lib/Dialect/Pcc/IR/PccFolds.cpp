@@ -377,6 +377,32 @@ struct GatherOnceAndBroadcast : OpRewritePattern<GatherOp> {
 };
 } // namespace
 
+/// This rank's block of a scatter-add along the scattered axis: each rank
+/// adds only the rows its block holds (pcc.shard_scatter_add) instead of
+/// every rank forming the whole table's gradient and slicing it (a
+/// vocabulary-parallel embedding's gradient: 4.2 GB of Llama-3 70B's
+/// table at tp 4 where each rank keeps 1.05 GB).
+struct ScatterOnlyTheBlock : OpRewritePattern<ShardSliceOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(ShardSliceOp op,
+                                PatternRewriter &rewriter) const override {
+    auto scatter = op.getInput().getDefiningOp<ScatterAddOp>();
+    if (!scatter || !scatter->hasOneUse() || op.getStripes() != 1 ||
+        op.getDim() != static_cast<int64_t>(scatter.getAxis()))
+      return failure();
+    rewriter.replaceOpWithNewOp<ShardScatterAddOp>(
+        op, op.getType(), scatter.getUpdates(), scatter.getIndices(),
+        scatter.getAxisAttr(), op.getAxisAttr());
+    rewriter.eraseOp(scatter);
+    return success();
+  }
+};
+
+void ShardSliceOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                               MLIRContext *context) {
+  patterns.add<ScatterOnlyTheBlock>(context);
+}
+
 void GatherOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                            MLIRContext *context) {
   patterns.add<GatherWithinGroups, GatherOnceAndBroadcast>(context);

@@ -815,23 +815,35 @@ LogicalResult ShardSliceOp::verifyAxisSize(int64_t size) {
 // Gradients and training
 //===----------------------------------------------------------------------===//
 
-LogicalResult ScatterAddOp::verify() {
-  RankedTensorType updates = getUpdates().getType(),
-                   indices = getIndices().getType(), table = getType();
-  int64_t axis = static_cast<int64_t>(getAxis());
+/// A scatter-add's shapes: updates = table[:axis] + indices +
+/// table[axis+1:], as gather's result (for shard_scatter_add, `table` is
+/// this rank's block: only the scattered dimension differs).
+static LogicalResult verifyScatterAdd(Operation *op, RankedTensorType updates,
+                                      RankedTensorType indices,
+                                      RankedTensorType table, int64_t axis) {
   if (axis < 0 || axis >= table.getRank())
-    return emitOpError("axis ") << axis << " is outside the result's rank "
-                                << table.getRank();
+    return op->emitOpError("axis ")
+           << axis << " is outside the result's rank " << table.getRank();
   // updates = table[:axis] + indices + table[axis+1:], as gather's result.
   SmallVector<int64_t> expected(table.getShape().take_front(axis));
   llvm::append_range(expected, indices.getShape());
   llvm::append_range(expected, table.getShape().drop_front(axis + 1));
   if (ArrayRef<int64_t>(expected) != updates.getShape() ||
       updates.getElementType() != table.getElementType())
-    return emitOpError("updates ")
+    return op->emitOpError("updates ")
            << updates << " are not what gathering " << indices << " from "
            << table << " along axis " << axis << " gives";
   return success();
+}
+
+LogicalResult ScatterAddOp::verify() {
+  return verifyScatterAdd(*this, getUpdates().getType(), getIndices().getType(),
+                          getType(), static_cast<int64_t>(getAxis()));
+}
+
+LogicalResult ShardScatterAddOp::verify() {
+  return verifyScatterAdd(*this, getUpdates().getType(), getIndices().getType(),
+                          getType(), static_cast<int64_t>(getAxis()));
 }
 
 LogicalResult DropoutOp::verify() {

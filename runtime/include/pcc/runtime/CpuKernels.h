@@ -191,6 +191,20 @@ int pcc_cpu_scatter_accumulate_f32(const float *updates, const void *indices,
                                    float *y, int64_t outer, int64_t axis_dim,
                                    int64_t inner, int64_t num_indices,
                                    int indices_are_i64);
+/* The same for rank r's block of a table whose dimension is split over
+ * ranks (pcc.shard_scatter_add): y is [outer, block, inner], indices are
+ * into the whole dimension of size `total` (checked against it), and only
+ * rows with an index in [start, start + block) are added, at index - start. */
+int pcc_cpu_scatter_add_block_f32(const float *updates, const void *indices,
+                                  float *y, int64_t outer, int64_t block,
+                                  int64_t start, int64_t total, int64_t inner,
+                                  int64_t num_indices, int indices_are_i64);
+int pcc_cpu_scatter_accumulate_block_f32(const float *updates,
+                                         const void *indices, float *y,
+                                         int64_t outer, int64_t block,
+                                         int64_t start, int64_t total,
+                                         int64_t inner, int64_t num_indices,
+                                         int indices_are_i64);
 
 /* Per-row cross-entropy of logits [rows, classes] against labels (int64 or
  * int32): logsumexp(row) - row[label], 0 for ignore_index. The gradient

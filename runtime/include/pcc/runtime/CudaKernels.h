@@ -190,6 +190,14 @@ void pcc_cuda_scatter_add_f32(pcc_cuda_context *ctx, const float *updates,
                               int64_t axis_dim, int64_t inner,
                               int64_t num_indices, int indices_are_i64,
                               int site);
+/* Rank r's block of a table split on the scattered dimension
+ * (pcc.shard_scatter_add; see pcc_cpu_scatter_add_block_f32). */
+void pcc_cuda_scatter_add_block_f32(pcc_cuda_context *ctx, const float *updates,
+                                    const void *indices, float *y,
+                                    int64_t outer, int64_t block, int64_t start,
+                                    int64_t total, int64_t inner,
+                                    int64_t num_indices, int indices_are_i64,
+                                    int site);
 
 /* A label outside [0, classes) that is not ignore_index records `site`;
  * its row gets a zero loss (gradient). */

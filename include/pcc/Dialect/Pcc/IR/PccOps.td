@@ -889,6 +889,7 @@ def Pcc_ShardSliceOp : Pcc_Op<"shard_slice", [
     `:` type($input) `->` type($result)
   }];
   let hasVerifier = 1;
+  let hasCanonicalizer = 1;
   let extraClassDeclaration = [{
     /// The checks that need the size of the mesh axis (MeshAxisUser).
     ::mlir::LogicalResult verifyAxisSize(int64_t size);

@@ -39,6 +39,38 @@ def Pcc_ScatterAddOp : Pcc_Op<"scatter_add", [Pcc_RunsWhole, Pure]> {
   let hasVerifier = 1;
 }
 
+def Pcc_ShardScatterAddOp : Pcc_Op<"shard_scatter_add", [Pcc_MeshAxisUser,
+    Pcc_RunsWhole, Pure]> {
+  let summary = "this rank's block of a scatter-add into a table split on its axis";
+  let description = [{
+    `pcc.scatter_add` for a table whose dimension `axis` is split over mesh
+    axis `mesh_axis`: the result is this rank's block, entries
+    `[r * n, (r + 1) * n)` of the whole dimension of size `n * ranks` on
+    rank r. It starts at zero and the rows of `updates` whose index (into
+    the whole dimension; negative ones count from its end) falls in the
+    block are added, in index order; the others belong to other ranks.
+    This is the gradient of `pcc.shard_gather` (Megatron's
+    vocabulary-parallel embedding) without the whole table:
+    canonicalization makes it from a `pcc.shard_slice` of a
+    `pcc.scatter_add` along the scattered axis, which held the whole
+    table's gradient on every rank (4.2 GB for Llama-3 70B's embedding at
+    tp 4, where each rank keeps 1.05 GB).
+
+    ```mlir
+    %dw = pcc.shard_scatter_add %g[%ids] axis = 0 mesh_axis = "tp"
+        : tensor<2x16x64xf32>, tensor<2x16xi64> -> tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins Pcc_Tensor:$updates, Pcc_IndexTensor:$indices,
+                       I64Attr:$axis, StrAttr:$mesh_axis);
+  let results = (outs Pcc_Tensor:$result);
+  let assemblyFormat = [{
+    $updates `[` $indices `]` `axis` `=` $axis `mesh_axis` `=` $mesh_axis
+    attr-dict `:` type($updates) `,` type($indices) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 def Pcc_PadOp : Pcc_Op<"pad", [Pure]> {
   let summary = "places a tensor into zeros at strided positions (slice's gradient)";
   let description = [{
