@@ -496,7 +496,10 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       state = W + shardedGrads + C + (O + W) / d;
       break;
     default:
-      state = C + shardedGrads + (W + O) / d;
+      // ZeRO 3 shards the 16-bit copies too (each gathered as its phase
+      // reads it, in the arena): a whole copy per rank made every 70B
+      // mixed-precision ZeRO-3 plan twice its compiled peak.
+      state = shardedGrads + (W + O + C) / d;
       break;
     }
     double activations = 0;
