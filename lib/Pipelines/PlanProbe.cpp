@@ -154,23 +154,67 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   llvm::DenseSet<Value> savedValues(ret.getOperands().begin() + 1,
                                     ret.getOperands().end());
   llvm::DenseSet<Value> counted;
+  // Only the readers of trained weights (with a gradient) have a W: the
+  // rotary tables and masks computed from constants have none.
+  llvm::StringSet<> trained;
+  module.walk([&](ParamOp param) {
+    auto [weight, kind] = splitStateName(param.getName());
+    if (kind == "grad")
+      trained.insert(weight);
+  });
+  std::vector<char> readsTrained(n, 0);
+  fwd.walk([&](ParamOp param) {
+    auto [weight, kind] = splitStateName(param.getName());
+    if (!trained.contains(weight) ||
+        (!kind.empty() && kind != kBf16CopyState && kind != kF16CopyState))
+      return;
+    std::vector<size_t> at;
+    usePositions(param.getResult(), index, cloned, at);
+    for (size_t a : at)
+      if (a < n)
+        readsTrained[a] = 1;
+  });
   p.wgradSet.assign(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {
     int64_t set = 0;
     Operation *op = ops[i];
-    bool readsWeight = false;
-    for (Value v : op->getOperands())
-      if (Operation *def = v.getDefiningOp(); def && cloned.contains(def))
-        readsWeight = true;
+    bool readsWeight = readsTrained[i];
     if (readsWeight) {
-      for (Value r : op->getResults())
-        set += getTensorBytes(r.getType());
+      for (Value r : op->getResults()) {
+        // A partial sum reduce-scattered (--sp's row-parallel output): W
+        // keeps its cotangent split and gathers it again.
+        Value kept = r;
+        if (r.hasOneUse())
+          if (auto rs = dyn_cast<ReduceScatterOp>(*r.getUsers().begin()))
+            kept = rs.getResult();
+        int64_t bytes = getTensorBytes(kept.getType());
+        set += bytes;
+        // A norm's scale (no FLOPs, not a bias add): its gradient also
+        // reads the normalized input, which B recomputes.
+        if (opFlops(op) == 0 && !isa<AddOp>(op))
+          set += bytes;
+      }
       for (Value v : op->getOperands()) {
         Operation *def = v.getDefiningOp();
         if ((def && cloned.contains(def)) || savedValues.contains(v) ||
             !counted.insert(v).second)
           continue;
-        set += getTensorBytes(v.getType());
+        // An input all-gathered (--sp's column-parallel input): W gathers
+        // it again from its piece, which the forward saves.
+        Value piece = v;
+        while (Operation *d = piece.getDefiningOp()) {
+          if (isa<ReshapeOp, TransposeOp>(d)) {
+            piece = d->getOperand(0);
+            continue;
+          }
+          if (auto gather = dyn_cast<AllGatherOp>(d))
+            piece = gather.getInput();
+          break;
+        }
+        if (piece != v &&
+            (savedValues.contains(piece) || !counted.insert(piece).second))
+          continue;
+        set += getTensorBytes(piece.getType());
       }
     }
     p.wgradSet[i + 1] = p.wgradSet[i] + set;
