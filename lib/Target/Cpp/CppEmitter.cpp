@@ -303,6 +303,22 @@ void CppEmitter::copyBytes(const std::string &to, const std::string &from,
     line(llvm::formatv("std::memcpy({0}, {1}, {2});", to, from, bytes).str());
 }
 
+LogicalResult CppEmitter::blockOf(Operation *op, StringRef meshAxis,
+                                  int64_t block, int64_t &total,
+                                  std::string &start) {
+  total = block;
+  start = "0";
+  if (meshAxis.empty())
+    return success();
+  FailureOr<int64_t> ranks = getMeshAxisSize(op, meshAxis);
+  if (failed(ranks))
+    return failure();
+  total = block * *ranks;
+  start = "static_cast<int64_t>(" + comm(meshAxis) + ".rank) * " +
+          std::to_string(block);
+  return success();
+}
+
 LogicalResult CppEmitter::emitScatterAdd(Operation *sa, const std::string &into,
                                          bool accumulate) {
   Value updates = sa->getOperand(0), indexValue = sa->getOperand(1);
@@ -310,15 +326,11 @@ LogicalResult CppEmitter::emitScatterAdd(Operation *sa, const std::string &into,
   int64_t axis = sa->getAttrOfType<IntegerAttr>("axis").getInt();
   auto indices = tensorTypeOf(indexValue);
   int64_t block = shape[axis], total = block;
-  std::string start = "0";
-  if (auto sharded = dyn_cast<ShardScatterAddOp>(sa)) {
-    FailureOr<int64_t> ranks = getMeshAxisSize(sa, sharded.getMeshAxis());
-    if (failed(ranks))
-      return failure();
-    total = block * *ranks;
-    start = "static_cast<int64_t>(" + comm(sharded.getMeshAxis()) +
-            ".rank) * " + std::to_string(block);
-  }
+  std::string start;
+  auto sharded = dyn_cast<ShardScatterAddOp>(sa);
+  if (failed(blockOf(sa, sharded ? sharded.getMeshAxis() : "", block, total,
+                     start)))
+    return failure();
   std::string args = llvm::formatv(
       "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}", nameOf(updates),
       nameOf(indexValue), into, product(shape.take_front(axis)), block, start,

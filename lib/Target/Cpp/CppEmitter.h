@@ -201,6 +201,11 @@ private:
   LogicalResult emitScatterAdd(Operation *sa, const std::string &into,
                                bool accumulate);
   void copyBytes(const std::string &to, const std::string &from, int64_t bytes);
+  /// This rank's block of `block` entries of a dimension split over mesh
+  /// axis `meshAxis` (empty: the whole dimension): the whole dimension's
+  /// size and the block's first entry, as C++.
+  LogicalResult blockOf(Operation *op, StringRef meshAxis, int64_t block,
+                        int64_t &total, std::string &start);
   /// `rc->comms[i]` for mesh axis `axis`.
   std::string comm(StringRef axis) const {
     return "rc->comms[" + std::to_string(meshAxes.lookup(axis)) + "]";

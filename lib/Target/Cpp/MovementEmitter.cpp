@@ -89,15 +89,10 @@ LogicalResult CppEmitter::emitGather(Operation *op) {
   ArrayRef<int64_t> shape = tensorTypeOf(data).getShape();
   int64_t axis = op->getAttrOfType<IntegerAttr>("axis").getInt();
   int64_t block = shape[axis], total = block;
-  std::string start = "0";
-  if (auto sg = dyn_cast<ShardGatherOp>(op)) {
-    FailureOr<int64_t> ranks = getMeshAxisSize(op, sg.getMeshAxis());
-    if (failed(ranks))
-      return failure();
-    total = block * *ranks;
-    start = "static_cast<int64_t>(" + comm(sg.getMeshAxis()) + ".rank) * " +
-            std::to_string(block);
-  }
+  std::string start;
+  auto sg = dyn_cast<ShardGatherOp>(op);
+  if (failed(blockOf(op, sg ? sg.getMeshAxis() : "", block, total, start)))
+    return failure();
   auto indexType = tensorTypeOf(indices);
   std::string args = llvm::formatv(
       "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}", nameOf(data),
