@@ -533,10 +533,16 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       perMicrobatch =
           std::max(perMicrobatch, static_cast<double>(p.rowArena) * rows +
                                       static_cast<double>(p.largestWeight));
+    // ZeRO 2 and 3 without a pipeline also make each weight's gradient
+    // whole in the arena, beside the micro-batch's scratch, before its
+    // reduce-scatter (Llama-3 8B's embedding: 2.1 GB; without it every 8B
+    // ZeRO-2 plan was under-predicted by that much).
     if (c.dp > 1 && c.zero >= 2 && c.pp == 1)
-      perMicrobatch =
-          std::max(perMicrobatch, static_cast<double>(p.rowArena) * rows +
-                                      3.0 * static_cast<double>(p.tiedGrad));
+      perMicrobatch = std::max(
+          perMicrobatch,
+          static_cast<double>(p.rowArena) * rows +
+              std::max(3.0 * static_cast<double>(p.tiedGrad),
+                       static_cast<double>(p.largestWeight)));
     // The update: ZeRO 1 reduce-scatters the gradients into pieces, 1 and 2
     // gather each updated weight; a weight on several pipeline ranks has
     // its gradient all-reduced over the whole pipeline axis, on every rank
