@@ -569,6 +569,7 @@ const char *const kRefused[] = {
     "pcc.reduce_scatter",
     "pcc.shard_slice",
     "pcc.shard_gather",
+    "pcc.shard_scatter_add",
     "pcc.transfer",
     "pcc.fusion",
     "pcc.yield",
