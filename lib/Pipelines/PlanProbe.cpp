@@ -189,9 +189,10 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
             kept = rs.getResult();
         int64_t bytes = getTensorBytes(kept.getType());
         set += bytes;
-        // A norm's scale (no FLOPs, not a bias add): its gradient also
-        // reads the normalized input, which B recomputes.
-        if (opFlops(op) == 0 && !isa<AddOp>(op))
+        // A norm's scale (no FLOPs, not a bias add or a lookup, whose
+        // gradients read only the cotangent and the indices): its gradient
+        // also reads the normalized input, which B recomputes.
+        if (opFlops(op) == 0 && !isa<AddOp, GatherOp, ShardGatherOp>(op))
           set += bytes;
       }
       for (Value v : op->getOperands()) {
