@@ -34,9 +34,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <numeric>
+#include <thread>
 #include <tuple>
 
 using namespace mlir;
@@ -94,9 +97,14 @@ CompileOptions optionsOf(const CompileOptions &base, const Candidate &c) {
 
 /// Runs the compile pipeline with `o` on a copy of `source`, its errors
 /// kept from the user (the first in `error`); null when it fails.
+/// Another thread may compile beside it (the probes run on two), each
+/// keeping only its own thread's diagnostics.
 OwningOpRef<ModuleOp> compileQuietly(ModuleOp source, const CompileOptions &o,
                                      std::string &error) {
+  std::thread::id self = std::this_thread::get_id();
   ScopedDiagnosticHandler quiet(source.getContext(), [&](Diagnostic &d) {
+    if (std::this_thread::get_id() != self)
+      return failure(); // the other compile's
     if (d.getSeverity() == DiagnosticSeverity::Error && error.empty())
       error = d.str();
     return success();
@@ -116,6 +124,7 @@ class Search {
 public:
   Search(ModuleOp imported, const PlanRequest &request)
       : imported(imported), request(request), pricer{request.machine, 1.0} {}
+  ~Search() { stopProbesAhead(); }
 
   FailureOr<PlanSearchResult> run();
 
@@ -126,6 +135,21 @@ private:
   }
   const Probe &probe(int64_t tp, const std::string &precision,
                      const std::string &recompute, bool sp);
+  /// Compiles the probe of `key` into `p` (on either thread).
+  void compileProbe(const ProbeKey &key, Probe &p);
+  struct ProbeSlot;
+  /// Claims `slot` and compiles its probe, `lock` (on probeMutex) released
+  /// meanwhile.
+  void fillSlot(const ProbeKey &key, ProbeSlot &slot,
+                std::unique_lock<std::mutex> &lock);
+  /// Compiles, on a second thread, the probes in `order` the search has not
+  /// asked for yet, until `stopAhead`: the search asks for them in about
+  /// that order, pricing each probe's plans meanwhile.
+  void startProbesAhead(std::vector<ProbeKey> order);
+  /// Compiles the next probe of aheadOrder no thread has taken; false when
+  /// none is left, or the next must wait for another to finish.
+  bool compileNextAhead(std::unique_lock<std::mutex> &lock);
+  void stopProbesAhead();
   /// A stage cut and the weight bytes each stage reads.
   struct StageCut {
     std::vector<size_t> bounds; // stages + 1 positions
@@ -178,7 +202,21 @@ private:
   const PlanRequest &request;
   Pricer pricer;
   int64_t batch = 1;
-  std::map<ProbeKey, Probe> probes;
+  /// A probe and whether a thread compiles it or has.
+  struct ProbeSlot {
+    Probe probe;
+    bool started = false, done = false, reported = false;
+    double seconds = 0;
+  };
+  std::map<ProbeKey, ProbeSlot> probes; // under probeMutex
+  std::mutex probeMutex;
+  std::condition_variable probeDone;
+  std::thread ahead;
+  /// The probes the search will likely ask for, in order, and the next one
+  /// no thread has taken (under probeMutex).
+  std::vector<ProbeKey> aheadOrder;
+  size_t nextAhead = 0;
+  bool stopAhead = false; // under probeMutex
   std::map<std::tuple<ProbeKey, int64_t, int64_t>, StageCut> cuts;
   /// Per probe, pp, chunks, dp, micro-batches and schedule: the replay
   /// (the same for every ZeRO stage).
@@ -191,14 +229,8 @@ private:
       schedules;
 };
 
-const Probe &Search::probe(int64_t tp, const std::string &precision,
-                           const std::string &recompute, bool sp) {
-  ProbeKey key{tp, precision, recompute, sp};
-  auto it = probes.find(key);
-  if (it != probes.end())
-    return it->second;
-  Probe &p = probes[key];
-  Clock::time_point start = Clock::now();
+void Search::compileProbe(const ProbeKey &key, Probe &p) {
+  const auto &[tp, precision, recompute, sp] = key;
   CompileOptions o = request.base;
   o.tp = tp;
   o.pp = 1;
@@ -220,21 +252,90 @@ const Probe &Search::probe(int64_t tp, const std::string &precision,
   std::string verified = o.verify();
   if (!verified.empty()) {
     p.error = verified;
-    return p;
+    return;
   }
   // The probe's errors are the search's notes, not the user's.
   if (OwningOpRef<ModuleOp> copy = compileQuietly(probeModule, o, p.error))
     readProbe(*copy, pricer, tp, o.target == DeviceTarget::Cpu, perRowConstants,
               p);
-  report(llvm::formatv(
-             "probe tp={0}{4} {1} recompute={2}: {3}", tp, precision, recompute,
-             p.error.empty() ? llvm::formatv("{0} forward ops, {1:F1} s",
-                                             p.size(), secondsSince(start))
+}
+
+void Search::fillSlot(const ProbeKey &key, ProbeSlot &slot,
+                      std::unique_lock<std::mutex> &lock) {
+  slot.started = true;
+  lock.unlock();
+  Clock::time_point start = Clock::now();
+  compileProbe(key, slot.probe);
+  lock.lock();
+  slot.seconds = secondsSince(start);
+  slot.done = true;
+  probeDone.notify_all();
+}
+
+bool Search::compileNextAhead(std::unique_lock<std::mutex> &lock) {
+  while (nextAhead < aheadOrder.size()) {
+    const ProbeKey &key = aheadOrder[nextAhead];
+    // Another recompute policy's probe waits for its group's first: that
+    // one searches the tensor-parallel layouts the others reuse.
+    ProbeKey first = key;
+    std::get<2>(first) = std::get<2>(aheadOrder.front());
+    if (first != key && !probes[first].done)
+      return false;
+    ++nextAhead;
+    ProbeSlot &slot = probes[key];
+    if (!slot.started) {
+      fillSlot(key, slot, lock);
+      return true;
+    }
+  }
+  return false;
+}
+
+const Probe &Search::probe(int64_t tp, const std::string &precision,
+                           const std::string &recompute, bool sp) {
+  ProbeKey key{tp, precision, recompute, sp};
+  std::unique_lock<std::mutex> lock(probeMutex);
+  ProbeSlot &slot = probes[key]; // std::map: the reference stays valid
+  if (!slot.started)
+    fillSlot(key, slot, lock);
+  // The other thread compiles it: compile the next ones meanwhile.
+  while (!slot.done && compileNextAhead(lock))
+    ;
+  probeDone.wait(lock, [&] { return slot.done; });
+  if (!slot.reported) {
+    slot.reported = true;
+    const Probe &p = slot.probe;
+    report(llvm::formatv("probe tp={0}{4} {1} recompute={2}: {3}", tp,
+                         precision, recompute,
+                         p.error.empty()
+                             ? llvm::formatv("{0} forward ops, {1:F1} s",
+                                             p.size(), slot.seconds)
                                    .str()
                              : "not possible: " + p.error,
-             sp ? " sp" : "")
-             .str());
-  return p;
+                         sp ? " sp" : "")
+               .str());
+  }
+  return slot.probe;
+}
+
+void Search::startProbesAhead(std::vector<ProbeKey> order) {
+  aheadOrder = std::move(order);
+  ahead = std::thread([this] {
+    std::unique_lock<std::mutex> lock(probeMutex);
+    while (!stopAhead && nextAhead < aheadOrder.size())
+      if (!compileNextAhead(lock))
+        probeDone.wait(lock); // for the other thread's probe
+  });
+}
+
+void Search::stopProbesAhead() {
+  {
+    std::lock_guard<std::mutex> lock(probeMutex);
+    stopAhead = true;
+    probeDone.notify_all();
+  }
+  if (ahead.joinable())
+    ahead.join();
 }
 
 const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
@@ -750,10 +851,37 @@ FailureOr<PlanSearchResult> Search::run() {
   std::vector<std::string> precisions =
       request.fixPrecision ? std::vector<std::string>{base.precision}
                            : std::vector<std::string>{"fp32", "bf16"};
+  // Sequence parallelism splits the norms' and residuals' activations over
+  // the tensor-parallel ranks for the same bytes sent.
+  auto spsOf = [&](int64_t tp) {
+    if (request.fixSp)
+      return std::vector<bool>{base.sequenceParallel};
+    return tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  };
   std::vector<std::string> recomputes =
       request.fixRecompute
           ? std::vector<std::string>{base.getRecompute()}
           : std::vector<std::string>{"none", "selective", "full"};
+  // The probes, compiled ahead on a second thread while this one prices
+  // (and this one compiles the next while it waits for one): first those
+  // of the first recompute policy, which the walk below always asks for,
+  // in its order; then the others (asked for only where saving everything
+  // fits nowhere), each after its group's first has searched the tensor-
+  // parallel layouts they reuse, so that the decisions do not depend on
+  // how the threads interleave.
+  std::vector<ProbeKey> order;
+  for (bool first : {true, false})
+    for (int64_t tp : tps)
+      if (devices % tp == 0)
+        for (const std::string &precision : precisions)
+          for (bool sp : spsOf(tp))
+            for (size_t k = 0; k < recomputes.size(); ++k)
+              if ((k == 0) == first)
+                order.emplace_back(tp, precision, recomputes[k], sp);
+  if (order.size() > 1 && imported.getContext()->isMultithreadingEnabled() &&
+      std::thread::hardware_concurrency() > 1)
+    startProbesAhead(std::move(order));
+
   std::vector<sched::Policy> policies;
   if (request.fixSchedule)
     policies.push_back(*sched::parsePolicy(base.getSchedule()));
@@ -780,15 +908,8 @@ FailureOr<PlanSearchResult> Search::run() {
   for (int64_t tp : tps) {
     if (devices % tp)
       continue;
-    // Sequence parallelism splits the norms' and residuals' activations
-    // over the tensor-parallel ranks for the same bytes sent.
-    std::vector<bool> sps{false};
-    if (request.fixSp)
-      sps = {base.sequenceParallel};
-    else if (tp > 1)
-      sps = {false, true};
     for (const std::string &precision : precisions)
-      for (bool sp : sps) {
+      for (bool sp : spsOf(tp)) {
         // Recompute only where saving everything does not fit.
         for (const std::string &recompute : recomputes) {
           if (!probe(tp, precision, recompute, sp).error.empty()) {
@@ -897,6 +1018,7 @@ FailureOr<PlanSearchResult> Search::run() {
         }
       }
   }
+  stopProbesAhead(); // the checks compile on this thread alone
   int64_t predictedFits = static_cast<int64_t>(fitting.size());
   report(llvm::formatv("{0} plans priced, {1} fit, {2} more within twice "
                        "the memory (the compile decides), in {3:F1} s{4}",

@@ -10,6 +10,7 @@
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <condition_variable>
 #include <mutex>
 
 namespace mlir::pcc {
@@ -18,7 +19,12 @@ namespace mlir::pcc {
 
 struct ShardingMemo {
   std::mutex mutex;
+  std::condition_variable searched;
   llvm::StringMap<llvm::StringMap<Shard>> decisions;
+  /// Keys a thread is searching: another asking for one waits for it, so
+  /// that every probe gets the first search's decisions, however the
+  /// threads interleave.
+  llvm::StringSet<> searching;
 };
 } // namespace mlir::pcc
 
@@ -84,20 +90,24 @@ struct PlanShardingPass
       sp = module->hasAttr(kSequenceParallelAttrName);
     std::string key = axis + "=" + std::to_string(ranks) + ":" + precision +
                       (sp ? ":sp:" : ":") + llvm::join(names, ",");
-    {
-      std::lock_guard<std::mutex> lock(memo->mutex);
-      auto it = memo->decisions.find(key);
-      if (it != memo->decisions.end()) {
-        SearchResult known;
-        known.decisions = it->second;
-        known.plan = propagateShardings(func, axis, ranks, known.decisions);
-        known.evaluations = 1;
-        return known;
-      }
+    std::unique_lock<std::mutex> lock(memo->mutex);
+    memo->searched.wait(lock, [&] { return !memo->searching.contains(key); });
+    auto it = memo->decisions.find(key);
+    if (it != memo->decisions.end()) {
+      SearchResult known;
+      known.decisions = it->second;
+      lock.unlock();
+      known.plan = propagateShardings(func, axis, ranks, known.decisions);
+      known.evaluations = 1;
+      return known;
     }
+    memo->searching.insert(key);
+    lock.unlock();
     SearchResult searched = searchShardings(func, axis, ranks);
-    std::lock_guard<std::mutex> lock(memo->mutex);
+    lock.lock();
     memo->decisions[key] = searched.decisions;
+    memo->searching.erase(key);
+    memo->searched.notify_all();
     return searched;
   }
 
