@@ -557,6 +557,9 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       pool.grads + (accumulates ? p.narrowGrads : int64_t{0}));
   int64_t peak = 0;
   double dpWorst = 0, optWorst = 0, movedWorst = 0;
+  int64_t largestCopy = 0;
+  for (const auto &copy : p.copies)
+    largestCopy = std::max(largestCopy, copy.first);
   // Every rank's busy time at a whole core's rates (CPU ranks sharing
   // cores: one rank's bubble is another's compute).
   double busyTotal = 0;
@@ -638,12 +641,15 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     // whole in the arena, beside the micro-batch's scratch, before its
     // reduce-scatter (Llama-3 8B's embedding: 2.1 GB; without it every 8B
     // ZeRO-2 plan was under-predicted by that much).
+    // A 16-bit product's gradient is made in 16 bits and widened there
+    // (both whole at once: the 8B's LM head, 1.05 GB more than the f32
+    // gradient alone, which under-predicted its ZeRO-3 plans by 1%).
     if (c.dp > 1 && c.zero >= 2 && c.pp == 1)
       perMicrobatch = std::max(
-          perMicrobatch,
-          static_cast<double>(p.rowArena) * rows +
-              std::max(3.0 * static_cast<double>(p.tiedGrad),
-                       static_cast<double>(p.largestWeight)));
+          perMicrobatch, static_cast<double>(p.rowArena) * rows +
+                             std::max(3.0 * static_cast<double>(p.tiedGrad),
+                                      static_cast<double>(p.largestWeight)) +
+                             static_cast<double>(largestCopy));
     // The update: ZeRO 1 reduce-scatters the gradients into pieces, 1 and 2
     // gather each updated weight; a weight on several pipeline ranks has
     // its gradient all-reduced over the whole pipeline axis, on every rank
