@@ -139,7 +139,8 @@ static struct SharedFlags {
   cl::opt<std::string> recompute{
       "recompute",
       cl::desc("activation recomputation: none; selective (save what matmuls, "
-               "convolutions and lookups produce, compute the elementwise "
+               "convolutions and lookups produce and the residual and bias "
+               "adds after them, compute the other elementwise "
                "ops, norms, softmax and dropout after them again in the "
                "backward pass); full (save the residual stream between "
                "layers, compute each layer again as the backward pass "
