@@ -159,8 +159,9 @@ private:
     /// last stage), whose gradients the step sums over those ranks, and
     /// the largest such group.
     std::vector<int64_t> sharedBytes;
-    /// Per stage: the bytes of the 16-bit weight copies it reads.
-    std::vector<int64_t> copies;
+    /// Per stage: the bytes of the 16-bit weight copies it reads, and of
+    /// the saved activations read in several places that it saves.
+    std::vector<int64_t> copies, savedReads;
     std::vector<int64_t> sharedRanks;
   };
   /// The stage cut for `stages` stages over `ranks` pipeline ranks (no
@@ -366,6 +367,11 @@ const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
     for (int64_t k = 0; k < stages; ++k)
       if (readIn(at, k))
         out.copies[k] += bytes;
+  out.savedReads.assign(static_cast<size_t>(stages), 0);
+  for (const auto &[bytes, at] : p.savedReads)
+    for (int64_t k = 0; k < stages; ++k)
+      if (readIn(at, k))
+        out.savedReads[k] += bytes;
   out.sharedBytes.assign(static_cast<size_t>(ranks), 0);
   out.sharedRanks.assign(static_cast<size_t>(ranks), 1);
   for (const auto &[bytes, at] : p.weights) {
@@ -493,8 +499,9 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
                   (range(p.backward, lo, hi) - fixedB) * rowShare * rows;
     w[k] = std::min(back, range(p.weightGrad, lo, hi) * rows);
     b[k] = back - w[k];
-    saved[k] = static_cast<int64_t>(
-        std::ceil(static_cast<double>(range(p.saved, lo, hi)) * rows));
+    saved[k] = static_cast<int64_t>(std::ceil(
+        static_cast<double>(range(p.saved, lo, hi) + stageCut.savedReads[k]) *
+        rows));
     wgSet[k] = static_cast<int64_t>(
         std::ceil(static_cast<double>(range(p.wgradSet, lo, hi)) * rows));
     if (k > 0)

@@ -63,7 +63,11 @@ struct Probe {
   std::vector<double> forwardFixed, backwardFixed;
   std::vector<double> backward; // the backward's share (products twice)
   std::vector<double> weightGrad;
+  /// Prefix sums of the saved activations read where they are made; and
+  /// those read elsewhere too, with the positions of their readers: each
+  /// stage holding a reader saves one (a stage's input, a mask).
   std::vector<int64_t> saved;
+  std::vector<std::pair<int64_t, std::vector<size_t>>> savedReads;
   /// Prefix sums per op: the bytes a stage's B keeps for its W when W runs
   /// later (zb-h1): the output cotangent of every op reading a weight (a
   /// product, a norm's scale, a bias), and its other operands where the
