@@ -358,20 +358,22 @@ const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
   out.bounds.insert(out.bounds.end(), cut.begin(), cut.end());
   out.bounds.push_back(p.size());
   out.weights.assign(static_cast<size_t>(stages), 0);
-  out.copies.assign(static_cast<size_t>(stages), 0);
   auto readIn = [&](const std::vector<size_t> &at, int64_t k) {
     auto first = std::lower_bound(at.begin(), at.end(), out.bounds[k]);
     return first != at.end() && *first < out.bounds[k + 1];
   };
-  for (const auto &[bytes, at] : p.copies)
-    for (int64_t k = 0; k < stages; ++k)
-      if (readIn(at, k))
-        out.copies[k] += bytes;
-  out.savedReads.assign(static_cast<size_t>(stages), 0);
-  for (const auto &[bytes, at] : p.savedReads)
-    for (int64_t k = 0; k < stages; ++k)
-      if (readIn(at, k))
-        out.savedReads[k] += bytes;
+  // Per stage, the bytes of the values some op of the stage reads.
+  auto perStage =
+      [&](const std::vector<std::pair<int64_t, std::vector<size_t>>> &read) {
+        std::vector<int64_t> sums(static_cast<size_t>(stages), 0);
+        for (const auto &[bytes, at] : read)
+          for (int64_t k = 0; k < stages; ++k)
+            if (readIn(at, k))
+              sums[k] += bytes;
+        return sums;
+      };
+  out.copies = perStage(p.copies);
+  out.savedReads = perStage(p.savedReads);
   out.sharedBytes.assign(static_cast<size_t>(ranks), 0);
   out.sharedRanks.assign(static_cast<size_t>(ranks), 1);
   for (const auto &[bytes, at] : p.weights) {
@@ -564,9 +566,6 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       pool.grads + (accumulates ? p.narrowGrads : int64_t{0}));
   int64_t peak = 0;
   double dpWorst = 0, optWorst = 0, movedWorst = 0;
-  int64_t largestCopy = 0;
-  for (const auto &copy : p.copies)
-    largestCopy = std::max(largestCopy, copy.first);
   // Every rank's busy time at a whole core's rates (CPU ranks sharing
   // cores: one rank's bubble is another's compute).
   double busyTotal = 0;
@@ -656,7 +655,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
           perMicrobatch, static_cast<double>(p.rowArena) * rows +
                              std::max(3.0 * static_cast<double>(p.tiedGrad),
                                       static_cast<double>(p.largestWeight)) +
-                             static_cast<double>(largestCopy));
+                             static_cast<double>(p.largestCopy));
     // The update: ZeRO 1 reduce-scatters the gradients into pieces, 1 and 2
     // gather each updated weight; a weight on several pipeline ranks has
     // its gradient all-reduced over the whole pipeline axis, on every rank

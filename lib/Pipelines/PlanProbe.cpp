@@ -255,8 +255,10 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     }
     std::vector<size_t> &all = p.weights[it->second].second;
     all.insert(all.end(), at.begin(), at.end());
-    if (copy)
+    if (copy) {
       p.copies.push_back({getTensorBytes(param.getType()), at});
+      p.largestCopy = std::max(p.largestCopy, getTensorBytes(param.getType()));
+    }
   });
   for (auto &entry : p.copies)
     llvm::sort(entry.second);

@@ -78,7 +78,9 @@ struct Probe {
   /// The same for the 16-bit weight copies (mixed precision), which only
   /// the stages whose products read them hold.
   std::vector<std::pair<int64_t, std::vector<size_t>>> copies;
-  int64_t weightBytes = 0, largestWeight = 0;
+  /// All the weights' f32 bytes, the largest weight's, and the largest
+  /// 16-bit copy's (mixed precision).
+  int64_t weightBytes = 0, largestWeight = 0, largestCopy = 0;
   double backwardSeconds = 0, backwardFixedSeconds = 0, optimizerSeconds = 0;
   double tpSeconds = 0, tpBytes = 0; // per micro-batch, forward + backward
   double flops = 0;                  // per micro-batch, forward + backward

@@ -72,11 +72,13 @@ bool isRecomputable(Value v, Recompute policy) {
           ShardGatherOp, TransferOp>(def))
     return false;
   // A product's sum with another value (a residual or bias add) is saved
-  // rather than the product: as many bytes, and under tensor parallelism
-  // a row-split product is a partial sum that only the add's all-reduce
-  // makes whole. Saving the product itself took an all-reduce of its own
-  // per projection, and led the sharding search to split the residual
-  // stream along the hidden dimension (3x the bytes sent at Llama-3 8B).
+  // rather than the product (as many bytes in f32; twice a 16-bit
+  // product's under mixed precision, whose sums are f32), and under tensor
+  // parallelism a row-split product is a partial sum that only the add's
+  // all-reduce makes whole. Saving the product itself took an all-reduce
+  // of its own per projection, and led the sharding search to split the
+  // residual stream along the hidden dimension (3x the bytes sent at
+  // Llama-3 8B).
   // Mixed precision widens the 16-bit product first: recomputing such an
   // add chained the residual stream back to the first layer, recomputed
   // at the start of the backward and held (12 GB of arena at Llama-3 70B).
