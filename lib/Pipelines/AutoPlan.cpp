@@ -172,7 +172,9 @@ private:
   /// sets per chunk.
   struct Replay {
     std::optional<std::string> error;
-    double makespan = 0;
+    /// The makespan at a whole core's rates per rank, and with the ranks
+    /// sharing the machine's cores (CPU ranks outnumbering them).
+    double makespan = 0, sharedMakespan = 0;
     std::vector<std::vector<int32_t>> slotCounts, stashCounts;
   };
   std::optional<PlanPrediction> price(const Candidate &c, bool &overMemory,
@@ -395,6 +397,35 @@ const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
   return out;
 }
 
+/// The makespan of `sim` when its ranks share `cores` cores' worth: each
+/// stretch of the timeline in which `a` ranks compute (`copies` ranks run
+/// each pipeline rank's list: its tp x dp) runs at min(1, cores / a) of a
+/// whole core's rates. A waiting rank gives its core away (the MPI
+/// engine's waits sleep on a host with more ranks than cores), so a
+/// bubble is another rank's compute only as far as that rank is waiting
+/// for cores: one rank computing alone runs at one core's rate, all of
+/// them at the cores' worth shared out.
+double sharedMakespan(const sched::Simulation &sim, double copies,
+                      double cores) {
+  std::vector<std::pair<double, int>> events;
+  for (const std::vector<sched::Interval> &rank : sim.timeline)
+    for (const sched::Interval &in : rank)
+      if (in.end > in.start) {
+        events.push_back({in.start, 1});
+        events.push_back({in.end, -1});
+      }
+  llvm::sort(events);
+  double t = 0, out = 0;
+  int active = 0;
+  for (auto [at, change] : events) {
+    double a = active * copies;
+    out += (at - t) / (a > cores ? cores / a : 1.0);
+    t = at;
+    active += change;
+  }
+  return out + std::max(0.0, sim.makespan - t);
+}
+
 Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
                               const std::vector<double> &b,
                               const std::vector<double> &w,
@@ -402,8 +433,14 @@ Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
   Replay out;
   out.slotCounts.resize(static_cast<size_t>(c.pp));
   out.stashCounts.resize(static_cast<size_t>(c.pp));
+  const Machine &m = request.machine;
+  double cores = m.cores;
+  double copies = static_cast<double>(c.tp * c.dp);
+  bool sharing = cores > 0 && static_cast<double>(request.devices) > cores;
   if (c.pp == 1) {
     out.makespan = (f[0] + b[0] + w[0]) * c.microbatches;
+    out.sharedMakespan =
+        out.makespan * (sharing ? std::max(1.0, copies / cores) : 1.0);
     out.slotCounts[0] = {1};
     out.stashCounts[0] = {0};
     return out;
@@ -437,6 +474,9 @@ Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
     return out;
   }
   out.makespan = sim.simulation->makespan;
+  out.sharedMakespan = sharing
+                           ? sharedMakespan(*sim.simulation, copies, cores)
+                           : out.makespan;
   for (int64_t r = 0; r < c.pp; ++r) {
     std::vector<sched::SlotStep> steps;
     for (const sched::Instr &in : s.ranks[r])
@@ -481,24 +521,36 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   };
   // The backward phase's time, per row and fixed, shared out over the
   // stages as the forward's ops weigh (products twice: two products each).
+  // What handles the weights' gradients is a micro-batch's whatever its
+  // rows, on the stage holding the weights.
   double perRowTotal = p.backward.back() - p.backwardFixed.back();
-  double rowShare =
-      perRowTotal > 0
-          ? (p.backwardSeconds - p.backwardFixedSeconds) / perRowTotal
-          : 0;
+  double rowShare = perRowTotal > 0 ? (p.backwardSeconds -
+                                       p.backwardFixedSeconds -
+                                       p.backwardWeightSeconds) /
+                                          perRowTotal
+                                    : 0;
+  double allWeights = static_cast<double>(std::max<int64_t>(1, p.weightBytes));
   double fixedShare = p.backwardFixed.back() > 0
                           ? p.backwardFixedSeconds / p.backwardFixed.back()
                           : 0;
-  std::vector<double> f(stages), b(stages), w(stages), transfer(stages, 0);
+  std::vector<double> f(stages), b(stages), w(stages), transfer(stages, 0),
+      weightWork(stages);
   std::vector<int64_t> saved(stages), wgSet(stages), inBytes(stages, 0),
       outBytes(stages, 0);
   for (int64_t k = 0; k < stages; ++k) {
     size_t lo = bounds[k], hi = bounds[k + 1];
     double fixedF = range(p.forwardFixed, lo, hi);
-    f[k] = fixedF + (range(p.forward, lo, hi) - fixedF) * rows;
+    double weightF = range(p.forwardWeight, lo, hi);
+    f[k] = fixedF + weightF +
+           (range(p.forward, lo, hi) - fixedF - weightF) * rows;
+    weightWork[k] = weightF + p.backwardWeightSeconds *
+                                     static_cast<double>(weights[k]) /
+                                     allWeights;
     double fixedB = range(p.backwardFixed, lo, hi);
     double back = fixedB * fixedShare +
-                  (range(p.backward, lo, hi) - fixedB) * rowShare * rows;
+                  (range(p.backward, lo, hi) - fixedB) * rowShare * rows +
+                  p.backwardWeightSeconds *
+                      static_cast<double>(weights[k]) / allWeights;
     w[k] = std::min(back, range(p.weightGrad, lo, hi) * rows);
     b[k] = back - w[k];
     saved[k] = static_cast<int64_t>(std::ceil(
@@ -517,13 +569,17 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   // thousands).
   // Each pipeline rank's compute per step: its chunks' F + B + W for every
   // micro-batch.
-  std::vector<double> work(static_cast<size_t>(c.pp), 0);
+  std::vector<double> work(static_cast<size_t>(c.pp), 0),
+      gradWork(static_cast<size_t>(c.pp), 0);
   for (int64_t r = 0; r < c.pp; ++r)
     for (int64_t ch = 0; ch < c.chunks; ++ch) {
       int64_t k = r + ch * c.pp;
       work[r] += (f[k] + b[k] + w[k]) * c.microbatches;
+      gradWork[r] += weightWork[k] * static_cast<double>(c.microbatches);
     }
-  double busiest = *std::max_element(work.begin(), work.end());
+  size_t busiestRank = static_cast<size_t>(
+      std::max_element(work.begin(), work.end()) - work.begin());
+  double busiest = work[busiestRank];
   // The pipeline's replay is the same for every ZeRO stage.
   auto rkey = std::make_tuple(key, c.pp, c.chunks, c.dp, c.microbatches,
                               static_cast<int>(c.policy));
@@ -566,9 +622,6 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       pool.grads + (accumulates ? p.narrowGrads : int64_t{0}));
   int64_t peak = 0;
   double dpWorst = 0, optWorst = 0, movedWorst = 0;
-  // Every rank's busy time at a whole core's rates (CPU ranks sharing
-  // cores: one rank's bubble is another's compute).
-  double busyTotal = 0;
   double d = static_cast<double>(c.dp);
   // The largest gradient of weights shared by pipeline ranks.
   double sharedGrads = 0;
@@ -714,7 +767,6 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     dpWorst = std::max(dpWorst, comm);
     double update = p.optimizerSeconds * share / (c.zero ? d : 1.0);
     optWorst = std::max(optWorst, update);
-    busyTotal += static_cast<double>(c.tp * c.dp) * (work[r] + comm + update);
     movedWorst =
         std::max(movedWorst, moved + p.tpBytes * rows * c.microbatches * share +
                                  static_cast<double>(outBytes[r] + inBytes[r]) *
@@ -741,19 +793,21 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   out.dpSeconds = dpWorst;
   out.optimizerSeconds = optWorst;
   out.stepSeconds = makespan + dpWorst + optWorst;
-  // More CPU ranks than cores: the cores' throughput bounds the step
-  // (the critical path at a whole core's rates stays a lower bound).
-  if (m.cores > 0 && request.devices > m.cores) {
-    double shared = busyTotal / static_cast<double>(m.cores);
-    if (shared > out.stepSeconds) {
-      // Another rank's work fills the bubble; the compute is what the
-      // shared cores take beyond this rank's traffic and update.
-      out.bubbleSeconds = 0;
-      out.computeSeconds = shared - out.dpSeconds - out.optimizerSeconds;
-      out.stepSeconds = shared;
-    }
+  // More CPU ranks than cores: the pipeline's timeline stretched where
+  // more ranks compute than there are cores (at least every rank's work
+  // over the cores' worth), the update run by every rank at once; the
+  // data-parallel collectives were measured with every rank taking part.
+  double cores = m.cores;
+  if (cores > 0 && static_cast<double>(request.devices) > cores) {
+    double busyShare = makespan > 0 ? std::min(1.0, busiest / makespan) : 1;
+    out.computeSeconds = rep.sharedMakespan * busyShare;
+    out.bubbleSeconds = rep.sharedMakespan - out.computeSeconds;
+    out.optimizerSeconds =
+        optWorst * std::max(1.0, static_cast<double>(request.devices) / cores);
+    out.stepSeconds = rep.sharedMakespan + dpWorst + out.optimizerSeconds;
   }
   out.tpSeconds = p.tpSeconds * rows * c.microbatches / c.pp;
+  out.weightWorkSeconds = gradWork[busiestRank];
   out.peakBytes = peak;
   out.movedBytes = static_cast<int64_t>(movedWorst);
   // Model FLOPs: the probe's (per tp rank) over every row of the batch.
@@ -1263,13 +1317,14 @@ void mlir::pcc::printPlans(const PlanSearchResult &r, const PlanRequest &q,
           planFlags(p.options), p.why.empty() ? "" : "  (" + p.why + ")");
     }
     const PlanPrediction &w = r.ranked.front();
-    os << llvm::formatv("  chosen: {0}\n    predicted step {1:F4} s = compute "
-                        "{2:F4} (tensor-parallel collectives {3:F4}) + "
-                        "bubble {4:F4} + data-parallel {5:F4} + update "
-                        "{6:F4}\n",
+    os << llvm::formatv("  chosen: {0}\n    predicted step {1:F6} s = compute "
+                        "{2:F6} (tensor-parallel collectives {3:F6}, "
+                        "weight-sized work {7:F6}) + "
+                        "bubble {4:F6} + data-parallel {5:F6} + update "
+                        "{6:F6}\n",
                         planFlags(w.options), w.stepSeconds, w.computeSeconds,
                         w.tpSeconds, w.bubbleSeconds, w.dpSeconds,
-                        w.optimizerSeconds);
+                        w.optimizerSeconds, w.weightWorkSeconds);
   }
   for (const std::string &note : r.notes)
     os << "  note: " << note << "\n";

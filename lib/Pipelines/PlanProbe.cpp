@@ -46,6 +46,44 @@ void usePositions(Value v, const llvm::DenseMap<Operation *, size_t> &index,
   }
 }
 
+/// The backward phase's values shaped like a weight: the gradients on
+/// their way into the state, from each accumulate or assign into a state
+/// up through the ops that only move or sum them (a shard slice of the
+/// whole gradient, casts, reshapes, transposes, adds, a scatter-add's
+/// table, collectives). A product (the weight gradient's) or a reduction
+/// ends the walk: what it reads grows with the rows.
+llvm::DenseSet<Value> weightShapedValues(func::FuncOp f) {
+  llvm::DenseSet<Value> out;
+  SmallVector<Value> work;
+  auto add = [&](Value v) {
+    if (out.insert(v).second)
+      work.push_back(v);
+  };
+  f.walk([&](Operation *op) {
+    if (isa<AccumulateOp, AssignOp>(op) && op->getNumOperands() == 2 &&
+        op->getOperand(0).getDefiningOp<ParamOp>())
+      for (Value v : op->getOperands())
+        add(v);
+  });
+  auto elements = [](Value v) {
+    auto t = dyn_cast<ShapedType>(v.getType());
+    return t && t.hasStaticShape() ? t.getNumElements() : int64_t{-1};
+  };
+  while (!work.empty()) {
+    Value v = work.pop_back_val();
+    Operation *def = v.getDefiningOp();
+    if (!def || !isa<ShardSliceOp, CastOp, ReshapeOp, TransposeOp, AddOp,
+                     ScatterAddOp, ShardScatterAddOp, AllReduceOp,
+                     ReduceScatterOp, AllGatherOp>(def))
+      continue;
+    for (Value u : def->getOperands())
+      if (isa<ShardSliceOp, ReduceScatterOp, AllGatherOp>(def) ||
+          elements(u) == elements(v))
+        add(u);
+  }
+  return out;
+}
+
 } // namespace
 
 double Pricer::op(Operation *op, int64_t tp, double &moved,
@@ -106,7 +144,10 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   p.forwardFixed.assign(n + 1, 0);
   p.backwardFixed.assign(n + 1, 0);
   p.backward.assign(n + 1, 0);
+  p.forwardWeight.assign(n + 1, 0);
   p.weightGrad.assign(n + 1, 0);
+  llvm::DenseSet<Value> batchValues =
+      valuesReachedFrom(fwd.getBody().front(), fwd.getArguments());
   p.saved.assign(n + 1, 0);
   p.cut.seconds.assign(n + 1, 0);
   p.cut.flops.assign(n + 1, 0);
@@ -127,6 +168,10 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
       return def && cloned.contains(def);
     });
     p.forward[i + 1] = p.forward[i] + f;
+    bool perRow = llvm::any_of(ops[i]->getResults(), [&](Value r) {
+      return batchValues.contains(r);
+    });
+    p.forwardWeight[i + 1] = p.forwardWeight[i] + (perRow ? 0.0 : f - fixed);
     p.backward[i + 1] = p.backward[i] + f * (flops ? 2.0 : 1.0);
     p.weightGrad[i + 1] = p.weightGrad[i] + (flops && readsWeight ? f : 0);
     p.cut.seconds[i + 1] = p.cut.seconds[i] + f * (flops ? 3.0 : 2.0);
@@ -338,12 +383,40 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     }
   p.candidates = std::move(named);
   p.cutNames = std::move(names);
-  // The backward and the step's other phases, priced whole.
+  // The backward and the step's other phases, priced whole; of the
+  // backward, the bytes of weight-shaped values are a micro-batch's
+  // whatever its rows (GPT-2's 154 MB table gradient, made whole and
+  // sliced at tp 2: 0.25 s a micro-batch on a CPU rank, at one row as at
+  // four).
+  llvm::DenseSet<Value> perWeight = weightShapedValues(bwd);
+  // And what no saved activation or cotangent reaches (a weight gathered
+  // again for the input gradient's product).
+  llvm::DenseSet<Value> fromRows =
+      valuesReachedFrom(bwd.getBody().front(), bwd.getArguments());
   for (Operation &op : bwd.getBody().front()) {
-    double s = pricer.op(&op, tp, moved, p.backwardFixedSeconds);
+    double fixed = 0;
+    double s = pricer.op(&op, tp, moved, fixed);
+    p.backwardFixedSeconds += fixed;
     p.backwardSeconds += s;
-    if (isa<CollectiveOpInterface>(&op))
+    bool collective = isa<CollectiveOpInterface>(&op);
+    if (collective)
       p.tpSeconds += s;
+    double all = 0, weightBytes = 0;
+    auto count = [&](Value v) {
+      double bytes = static_cast<double>(getTensorBytes(v.getType()));
+      all += bytes;
+      if (perWeight.contains(v))
+        weightBytes += bytes;
+    };
+    llvm::for_each(op.getOperands(), count);
+    llvm::for_each(op.getResults(), count);
+    bool perRow = llvm::any_of(op.getResults(), [&](Value r) {
+      return fromRows.contains(r);
+    });
+    if (!perRow && op.getNumResults() > 0)
+      p.backwardWeightSeconds += s - fixed;
+    else if (all > 0 && weightBytes > 0 && (collective || opFlops(&op) == 0))
+      p.backwardWeightSeconds += (s - fixed) * weightBytes / all;
   }
   for (int phase : {2, 3})
     if (auto f = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[phase]))

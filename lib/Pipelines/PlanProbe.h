@@ -62,6 +62,9 @@ struct Probe {
   /// with the rows (launches, latencies).
   std::vector<double> forwardFixed, backwardFixed;
   std::vector<double> backward; // the backward's share (products twice)
+  /// The forward's ops that no batch input reaches (a weight gathered over
+  /// the tp ranks for a product): a micro-batch's whatever its rows.
+  std::vector<double> forwardWeight;
   std::vector<double> weightGrad;
   /// Prefix sums of the saved activations read where they are made; and
   /// those read elsewhere too, with the positions of their readers: each
@@ -82,6 +85,12 @@ struct Probe {
   /// 16-bit copy's (mixed precision).
   int64_t weightBytes = 0, largestWeight = 0, largestCopy = 0;
   double backwardSeconds = 0, backwardFixedSeconds = 0, optimizerSeconds = 0;
+  /// The part of backwardSeconds that handles the weights' gradients on
+  /// their way to the state (a whole table's gradient sliced to this
+  /// rank's rows, a tied weight's two summed, the accumulation): a
+  /// micro-batch's whatever its rows, so a plan's micro-batch count, not
+  /// its rows, multiplies it.
+  double backwardWeightSeconds = 0;
   double tpSeconds = 0, tpBytes = 0; // per micro-batch, forward + backward
   double flops = 0;                  // per micro-batch, forward + backward
   StepMemory pools;

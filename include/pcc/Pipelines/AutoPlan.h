@@ -68,8 +68,12 @@ struct PlanPrediction {
   /// data-parallel (and ZeRO) collectives not hidden, and the update.
   double computeSeconds = 0, bubbleSeconds = 0, dpSeconds = 0,
          optimizerSeconds = 0;
-  /// The tensor-parallel collectives inside the compute.
-  double tpSeconds = 0;
+  /// The tensor-parallel collectives inside the compute; and the work on
+  /// weight-sized buffers on the busiest pipeline rank, which each
+  /// micro-batch pays whatever its rows (a weight gathered over the tp
+  /// ranks; the backward's slicing, summing and accumulating of the weight
+  /// gradients).
+  double tpSeconds = 0, weightWorkSeconds = 0;
   double mfu = 0;
   /// The largest rank's predicted peak and the bytes a rank sends per step.
   int64_t peakBytes = 0, movedBytes = 0;
