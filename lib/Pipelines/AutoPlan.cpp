@@ -520,9 +520,9 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     return prefix[b] - prefix[a];
   };
   // The backward phase's time, per row and fixed, shared out over the
-  // stages as the forward's ops weigh (products twice: two products each).
-  // What handles the weights' gradients is a micro-batch's whatever its
-  // rows, on the stage holding the weights.
+  // stages as the forward's ops weigh (products twice: two products each);
+  // its work on weight-sized buffers, a micro-batch's whatever its rows,
+  // on the stages holding the weights (by their bytes).
   double perRowTotal = p.backward.back() - p.backwardFixed.back();
   double rowShare = perRowTotal > 0 ? (p.backwardSeconds -
                                        p.backwardFixedSeconds -
@@ -543,14 +543,13 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     double weightF = range(p.forwardWeight, lo, hi);
     f[k] = fixedF + weightF +
            (range(p.forward, lo, hi) - fixedF - weightF) * rows;
-    weightWork[k] = weightF + p.backwardWeightSeconds *
-                                     static_cast<double>(weights[k]) /
-                                     allWeights;
+    double weightB = p.backwardWeightSeconds *
+                     static_cast<double>(weights[k]) / allWeights;
+    weightWork[k] = weightF + weightB;
     double fixedB = range(p.backwardFixed, lo, hi);
     double back = fixedB * fixedShare +
                   (range(p.backward, lo, hi) - fixedB) * rowShare * rows +
-                  p.backwardWeightSeconds *
-                      static_cast<double>(weights[k]) / allWeights;
+                  weightB;
     w[k] = std::min(back, range(p.weightGrad, lo, hi) * rows);
     b[k] = back - w[k];
     saved[k] = static_cast<int64_t>(std::ceil(
@@ -570,12 +569,13 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   // Each pipeline rank's compute per step: its chunks' F + B + W for every
   // micro-batch.
   std::vector<double> work(static_cast<size_t>(c.pp), 0),
-      gradWork(static_cast<size_t>(c.pp), 0);
+      rankWeightWork(static_cast<size_t>(c.pp), 0);
   for (int64_t r = 0; r < c.pp; ++r)
     for (int64_t ch = 0; ch < c.chunks; ++ch) {
       int64_t k = r + ch * c.pp;
       work[r] += (f[k] + b[k] + w[k]) * c.microbatches;
-      gradWork[r] += weightWork[k] * static_cast<double>(c.microbatches);
+      rankWeightWork[r] +=
+          weightWork[k] * static_cast<double>(c.microbatches);
     }
   size_t busiestRank = static_cast<size_t>(
       std::max_element(work.begin(), work.end()) - work.begin());
@@ -807,7 +807,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     out.stepSeconds = rep.sharedMakespan + dpWorst + out.optimizerSeconds;
   }
   out.tpSeconds = p.tpSeconds * rows * c.microbatches / c.pp;
-  out.weightWorkSeconds = gradWork[busiestRank];
+  out.weightWorkSeconds = rankWeightWork[busiestRank];
   out.peakBytes = peak;
   out.movedBytes = static_cast<int64_t>(movedWorst);
   // Model FLOPs: the probe's (per tp rank) over every row of the batch.
