@@ -12,7 +12,11 @@ memory errors (issue 35's validation).
     python3 bench/plan_validation.py --model ~/.cache/pcc/bench/gpt2/model.onnx \\
         --input ~/.cache/pcc/bench/gpt2/work/ids.npy \\
         --labels ~/.cache/pcc/bench/gpt2/work/labels.npy \\
-        --devices 4 --device-memory 3GiB --plans 20 --steps 3
+        --devices 4 --device-memory 3GiB --plans 20 --steps 3 [--rounds 3]
+
+With --rounds N every plan runs N times, the plans in turn each round, and
+its measured step is the median of its rounds (single runs of four ranks
+on two cores vary by up to 25%).
 
 OPENBLAS_CORETYPE is unset for the runs (as the other benches do).
 """
@@ -69,6 +73,11 @@ def main():
                     help="steps per plan; the median of all but the first two "
                     "(warm-up: first touches of memory, first collectives) is "
                     "its measured step")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every plan this many times, the plans in turn "
+                    "each round (alternating rounds), and take the median "
+                    "of its rounds: four ranks on two cores measured one "
+                    "library at 2.64 s in one run and 3.42 s in another")
     ap.add_argument("--select", choices=["spread", "top"], default="spread",
                     help="spread: PLANS plans evenly over the ranked list of "
                     "every plan that fits (what a rank correlation tests); "
@@ -114,7 +123,7 @@ def main():
         # Evenly over the ranked list, the first and the last included.
         step = (len(plans) - 1) / (args.plans - 1)
         plans = [plans[round(i * step)] for i in range(args.plans)]
-    rows = []
+    compiled = []
     for p in plans:
         lib = os.path.join(args.work, "plan%d.so" % p["rank"])
         cmd = [pcc, args.model, "--train", "-o", lib] + p["flags"] + extra
@@ -123,28 +132,42 @@ def main():
         if c.returncode:
             print("plan %d: compile failed:\n%s" % (p["rank"], c.stdout))
             continue
-        cmd = [run, "-n", str(args.devices), lib, "--steps", str(args.steps),
-               "--input", args.input, "--labels", args.labels]
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, env=env)
-        if r.returncode:
-            print("plan %d: run failed:\n%s" % (p["rank"], r.stdout[-2000:]))
-            continue
-        ms = [float(x) for x in re.findall(r"^step \d+/\d+ .* ([\d.]+) ms$",
-                                          r.stdout, re.M)]
-        peaks = [float(x) for x in re.findall(r"memory high-water ([\d.]+) MiB",
-                                             r.stdout)]
-        # The first steps warm up (page faults, first collectives): on 4
-        # ranks sharing 2 cores a plan's steps 1-4 measured 3.79, 3.63,
-        # 3.06 and 2.88 s.
-        p["meas_s"] = statistics.median(ms[2:] if len(ms) > 2 else ms) / 1000
-        p["meas_mib"] = max(peaks) if peaks else float("nan")
-        rows.append(p)
-        print("plan %d: predicted %.3f s, measured %.3f s; memory predicted "
-              "%.1f, compiled %s, measured %.1f MiB  %s" % (
-                  p["rank"], p["pred_s"], p["meas_s"], p["pred_mib"],
-                  "-" if p["compiled_mib"] is None else "%.1f" % p["compiled_mib"],
-                  p["meas_mib"], " ".join(p["flags"])), flush=True)
+        p["lib"], p["rounds"], p["meas_mib"] = lib, [], float("nan")
+        compiled.append(p)
+    for round_ in range(args.rounds):
+        for p in compiled:
+            if p.get("failed"):
+                continue
+            cmd = [run, "-n", str(args.devices), p["lib"], "--steps",
+                   str(args.steps), "--input", args.input, "--labels",
+                   args.labels]
+            r = subprocess.run(cmd, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env)
+            if r.returncode:
+                print("plan %d: run failed:\n%s" % (p["rank"], r.stdout[-2000:]))
+                p["failed"] = True
+                continue
+            ms = [float(x) for x in re.findall(r"^step \d+/\d+ .* ([\d.]+) ms$",
+                                              r.stdout, re.M)]
+            peaks = [float(x) for x in
+                     re.findall(r"memory high-water ([\d.]+) MiB", r.stdout)]
+            # The first steps warm up (page faults, first collectives): on 4
+            # ranks sharing 2 cores a plan's steps 1-4 measured 3.79, 3.63,
+            # 3.06 and 2.88 s.
+            p["rounds"].append(
+                statistics.median(ms[2:] if len(ms) > 2 else ms) / 1000)
+            if peaks:
+                p["meas_mib"] = max(peaks)
+            p["meas_s"] = statistics.median(p["rounds"])
+            print("plan %d%s: predicted %.3f s, measured %.3f s; memory "
+                  "predicted %.1f, compiled %s, measured %.1f MiB  %s" % (
+                      p["rank"],
+                      " (round %d)" % (round_ + 1) if args.rounds > 1 else "",
+                      p["pred_s"], p["rounds"][-1], p["pred_mib"],
+                      "-" if p["compiled_mib"] is None
+                      else "%.1f" % p["compiled_mib"],
+                      p["meas_mib"], " ".join(p["flags"])), flush=True)
+    rows = [p for p in compiled if not p.get("failed") and p["rounds"]]
     if len(rows) < 2:
         sys.exit("plan_validation.py: fewer than two plans ran")
     rho = spearman([p["pred_s"] for p in rows], [p["meas_s"] for p in rows])
