@@ -50,11 +50,6 @@ Options:
                      started it. Each rank reads only its slice of the
                      weights; rank 0 writes and checks the outputs. If a
                      rank dies, mpirun ends the others and the run fails.
-                     With more ranks than cores, a rank waiting for a
-                     pipeline transfer sleeps between tests of it so its
-                     core goes to the rank it waits for
-                     (PCC_MPI_WAIT=poll keeps polling; =sleep sleeps on
-                     any host).
   --hostfile FILE    passed to mpirun for runs over several hosts
   --collective-timeout SECONDS
                      with several ranks: a collective or transfer that

@@ -14,12 +14,10 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 struct pcc_mpi_comm {
@@ -60,58 +58,6 @@ int failWith(const std::string &message) {
   lastError = message;
   return 1;
 }
-
-/// Whether this host runs more ranks than it has cores. There a rank
-/// waiting for a pipeline transfer in MPI_Waitall polls (Open MPI yields
-/// between polls, which the kernel's fair scheduler hardly honours) and
-/// takes half a core from the rank it waits for: GPT-2 124M on 4 ranks of
-/// 2 cores at pp 4 and 2 micro-batches ran its step in 3.5 s, 2.6-2.95 s
-/// with the waits below. Collectives keep polling: their rounds need every
-/// rank's calls, and sleeping between tests made a 1 MiB all-reduce over
-/// 4 ranks 2.3x slower.
-/// PCC_MPI_WAIT=poll or =sleep chooses either way on any host.
-bool oversubscribed() {
-  static const bool value = [] {
-    if (const char *wait = std::getenv("PCC_MPI_WAIT")) {
-      if (std::strcmp(wait, "poll") == 0)
-        return false;
-      if (std::strcmp(wait, "sleep") == 0)
-        return true;
-    }
-    const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (!local)
-      local = std::getenv("MPI_LOCALNRANKS");
-    unsigned cores = std::thread::hardware_concurrency();
-    return local && cores > 0 && std::atoi(local) > static_cast<int>(cores);
-  }();
-  return value;
-}
-
-/// MPI_Waitall, but on an oversubscribed host a wait longer than 200 us
-/// sleeps between tests (20 us, then 100 us after 20 ms), leaving the
-/// core to the ranks that compute; shorter waits (a tensor-parallel
-/// all-reduce among ranks in step) poll as MPI_Waitall does, so that
-/// they do not wait for a sleeping peer.
-int waitAll(int n, MPI_Request *requests) {
-  if (!oversubscribed())
-    return MPI_Waitall(n, requests, MPI_STATUSES_IGNORE);
-  using namespace std::chrono;
-  auto start = steady_clock::now();
-  for (;;) {
-    int done = 0;
-    int rc = MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS || done)
-      return rc;
-    auto waited = steady_clock::now() - start;
-    if (waited < microseconds(200))
-      continue;
-    std::this_thread::sleep_for(
-        microseconds(waited > milliseconds(20) ? 100 : 20));
-  }
-}
-
-/// One request waited for as waitAll does.
-int waitOne(MPI_Request request) { return waitAll(1, &request); }
 
 /// The MPI type of a pcc dtype, or MPI_DATATYPE_NULL.
 MPI_Datatype mpiType(int dtype) {
@@ -338,15 +284,6 @@ int pcc_mpi_recv(pcc_mpi_comm *comm, void *buffer, int64_t count, int dtype,
   MPI_Datatype type;
   if (prepare(count, dtype, type))
     return 1;
-  if (oversubscribed()) {
-    MPI_Request request;
-    if (int rc =
-            MPI_Irecv(buffer, int(count), type, peer, 0, comm->comm, &request))
-      return fail("MPI_Irecv", rc);
-    if (int rc = waitOne(request))
-      return fail("MPI_Recv (wait)", rc);
-    return 0;
-  }
   if (int rc = MPI_Recv(buffer, int(count), type, peer, 0, comm->comm,
                         MPI_STATUS_IGNORE))
     return fail("MPI_Recv", rc);
@@ -369,8 +306,8 @@ int pcc_mpi_isend(pcc_mpi_comm *comm, const void *buffer, int64_t count,
 int pcc_mpi_wait_sends(pcc_mpi_comm *comm) {
   if (comm->pending.empty())
     return 0;
-  int rc = waitAll(static_cast<int>(comm->pending.size()),
-                   comm->pending.data());
+  int rc = MPI_Waitall(static_cast<int>(comm->pending.size()),
+                       comm->pending.data(), MPI_STATUSES_IGNORE);
   comm->pending.clear();
   if (rc)
     return fail("MPI_Waitall (sends)", rc);
@@ -395,7 +332,8 @@ int pcc_mpi_wait_receives(pcc_mpi_comm *comm, int64_t count) {
   n = std::min(n, comm->receives.size());
   if (n == 0)
     return 0;
-  int rc = waitAll(static_cast<int>(n), comm->receives.data());
+  int rc = MPI_Waitall(static_cast<int>(n), comm->receives.data(),
+                       MPI_STATUSES_IGNORE);
   comm->receives.erase(comm->receives.begin(), comm->receives.begin() + n);
   return rc == MPI_SUCCESS ? 0 : fail("MPI_Waitall (receives)", rc);
 }
