@@ -187,6 +187,13 @@ private:
   double pruneAbove = std::numeric_limits<double>::infinity();
   bool bounded = false;
 
+  /// Whether the plan's ranks share the machine's cores (CPU ranks
+  /// outnumbering them).
+  bool sharesCores() const {
+    return request.machine.cores > 0 &&
+           static_cast<double>(request.devices) > request.machine.cores;
+  }
+
   int64_t budget() const {
     return request.machine.memoryBytes - request.machine.reservedBytes;
   }
@@ -433,10 +440,9 @@ Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
   Replay out;
   out.slotCounts.resize(static_cast<size_t>(c.pp));
   out.stashCounts.resize(static_cast<size_t>(c.pp));
-  const Machine &m = request.machine;
-  double cores = m.cores;
+  double cores = request.machine.cores;
   double copies = static_cast<double>(c.tp * c.dp);
-  bool sharing = cores > 0 && static_cast<double>(request.devices) > cores;
+  bool sharing = sharesCores();
   if (c.pp == 1) {
     out.makespan = (f[0] + b[0] + w[0]) * c.microbatches;
     out.sharedMakespan =
@@ -797,13 +803,13 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   // more ranks compute than there are cores (at least every rank's work
   // over the cores' worth), the update run by every rank at once; the
   // data-parallel collectives were measured with every rank taking part.
-  double cores = m.cores;
-  if (cores > 0 && static_cast<double>(request.devices) > cores) {
+  if (sharesCores()) {
     double busyShare = makespan > 0 ? std::min(1.0, busiest / makespan) : 1;
     out.computeSeconds = rep.sharedMakespan * busyShare;
     out.bubbleSeconds = rep.sharedMakespan - out.computeSeconds;
     out.optimizerSeconds =
-        optWorst * std::max(1.0, static_cast<double>(request.devices) / cores);
+        optWorst *
+        std::max(1.0, static_cast<double>(request.devices) / m.cores);
     out.stepSeconds = rep.sharedMakespan + dpWorst + out.optimizerSeconds;
   }
   out.tpSeconds = p.tpSeconds * rows * c.microbatches / c.pp;

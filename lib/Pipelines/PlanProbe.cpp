@@ -146,7 +146,9 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   p.backward.assign(n + 1, 0);
   p.forwardWeight.assign(n + 1, 0);
   p.weightGrad.assign(n + 1, 0);
-  llvm::DenseSet<Value> batchValues =
+  // What the batch inputs reach (the rest is a micro-batch's whatever its
+  // rows: weights, constants and what is made from them alone).
+  llvm::DenseSet<Value> fromBatch =
       valuesReachedFrom(fwd.getBody().front(), fwd.getArguments());
   p.saved.assign(n + 1, 0);
   p.cut.seconds.assign(n + 1, 0);
@@ -169,7 +171,7 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     });
     p.forward[i + 1] = p.forward[i] + f;
     bool perRow = llvm::any_of(ops[i]->getResults(), [&](Value r) {
-      return batchValues.contains(r);
+      return fromBatch.contains(r);
     });
     p.forwardWeight[i + 1] = p.forwardWeight[i] + (perRow ? 0.0 : f - fixed);
     p.backward[i + 1] = p.backward[i] + f * (flops ? 2.0 : 1.0);
@@ -401,6 +403,15 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     bool collective = isa<CollectiveOpInterface>(&op);
     if (collective)
       p.tpSeconds += s;
+    bool perRow = llvm::any_of(op.getResults(), [&](Value r) {
+      return fromRows.contains(r);
+    });
+    if (!perRow && op.getNumResults() > 0) {
+      p.backwardWeightSeconds += s - fixed;
+      continue;
+    }
+    if (!collective && opFlops(&op) != 0)
+      continue; // a product: its FLOPs grow with the rows
     double all = 0, weightBytes = 0;
     auto count = [&](Value v) {
       double bytes = static_cast<double>(getTensorBytes(v.getType()));
@@ -410,12 +421,7 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     };
     llvm::for_each(op.getOperands(), count);
     llvm::for_each(op.getResults(), count);
-    bool perRow = llvm::any_of(op.getResults(), [&](Value r) {
-      return fromRows.contains(r);
-    });
-    if (!perRow && op.getNumResults() > 0)
-      p.backwardWeightSeconds += s - fixed;
-    else if (all > 0 && weightBytes > 0 && (collective || opFlops(&op) == 0))
+    if (weightBytes > 0)
       p.backwardWeightSeconds += (s - fixed) * weightBytes / all;
   }
   for (int phase : {2, 3})
@@ -463,7 +469,6 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   // attention mask built from position ids expanded over the batch is one
   // row's at the probe's one row).
   Block &body = fwd.getBody().front();
-  llvm::DenseSet<Value> fromBatch = valuesReachedFrom(body, fwd.getArguments());
   llvm::DenseSet<Value> fromWeights = valuesReachedFrom(
       body, {}, [](Operation &op) { return isa<ParamOp>(op); });
   for (Operation &op : body) {
