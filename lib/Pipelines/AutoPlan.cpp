@@ -163,6 +163,9 @@ private:
     /// the saved activations read in several places that it saves.
     std::vector<int64_t> copies, savedReads;
     std::vector<int64_t> sharedRanks;
+    /// Per stage: the arena bytes a tied table it splits adds (its
+    /// lookups' gradient made whole, then sliced to the rank's piece).
+    std::vector<int64_t> gathered;
   };
   /// The stage cut for `stages` stages over `ranks` pipeline ranks (no
   /// bounds when the model has too few cut points).
@@ -185,6 +188,10 @@ private:
   /// A plan whose busiest pipeline rank computes longer than this is not
   /// simulated (`price` sets `bounded`): enough faster plans fit.
   double pruneAbove = std::numeric_limits<double>::infinity();
+  /// A stage's micro-batch arena by probe, stage bounds, rows and which
+  /// weight gradients take a buffer (replayArena).
+  std::map<std::tuple<const Probe *, size_t, size_t, int64_t, int>, double>
+      arenas;
   bool bounded = false;
 
   /// Whether the plan's ranks share the machine's cores (CPU ranks
@@ -266,8 +273,7 @@ void Search::compileProbe(const ProbeKey &key, Probe &p) {
   }
   // The probe's errors are the search's notes, not the user's.
   if (OwningOpRef<ModuleOp> copy = compileQuietly(probeModule, o, p.error))
-    readProbe(*copy, pricer, tp, o.target == DeviceTarget::Cpu, perRowConstants,
-              p);
+    readProbe(*copy, pricer, tp, perRowConstants, p);
 }
 
 void Search::fillSlot(const ProbeKey &key, ProbeSlot &slot,
@@ -385,18 +391,46 @@ const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
   out.savedReads = perStage(p.savedReads);
   out.sharedBytes.assign(static_cast<size_t>(ranks), 0);
   out.sharedRanks.assign(static_cast<size_t>(ranks), 1);
-  for (const auto &[bytes, at] : p.weights) {
+  out.gathered.assign(static_cast<size_t>(stages), 0);
+  for (auto [w, entry] : llvm::enumerate(p.weights)) {
+    const auto &[bytes, at] = entry;
+    // A weight on several stages: the first one's layout holds. Kept
+    // whole by the one-stage probe for a later stage's product (a tied LM
+    // head), it is split where the first stage only looks it up, and
+    // gathered whole in the arena of the later stages.
+    int64_t held = bytes;
+    const Probe::WeightSplit &split = p.splits[w];
+    int64_t first = -1, readers = 0;
+    for (int64_t k = 0; k < stages; ++k)
+      if (readIn(at, k)) {
+        first = first < 0 ? k : first;
+        ++readers;
+      }
+    bool splitFirst = false;
+    if (readers > 1 && split.splitBytes > 0) {
+      auto lo = std::lower_bound(at.begin(), at.end(), out.bounds[first]);
+      auto hi = std::lower_bound(at.begin(), at.end(), out.bounds[first + 1]);
+      splitFirst = std::all_of(lo, hi, [&](size_t a) {
+        return std::binary_search(split.lookups.begin(), split.lookups.end(),
+                                  a);
+      });
+    }
+    if (splitFirst)
+      held = split.splitBytes;
     llvm::SmallVector<int64_t, 4> holders;
     for (int64_t k = 0; k < stages; ++k) {
       if (!readIn(at, k))
         continue;
-      out.weights[k] += bytes;
+      out.weights[k] += held;
+      // (Its lookups' gradient is made whole there, then sliced.)
+      if (splitFirst && k == first)
+        out.gathered[k] += bytes + held;
       if (!llvm::is_contained(holders, k % ranks))
         holders.push_back(k % ranks);
     }
     if (holders.size() > 1)
       for (int64_t r : holders) {
-        out.sharedBytes[r] += bytes;
+        out.sharedBytes[r] += held;
         out.sharedRanks[r] =
             std::max<int64_t>(out.sharedRanks[r], holders.size());
       }
@@ -480,9 +514,8 @@ Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
     return out;
   }
   out.makespan = sim.simulation->makespan;
-  out.sharedMakespan = sharing
-                           ? sharedMakespan(*sim.simulation, copies, cores)
-                           : out.makespan;
+  out.sharedMakespan =
+      sharing ? sharedMakespan(*sim.simulation, copies, cores) : out.makespan;
   for (int64_t r = 0; r < c.pp; ++r) {
     std::vector<sched::SlotStep> steps;
     for (const sched::Instr &in : s.ranks[r])
@@ -530,11 +563,11 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
   // its work on weight-sized buffers, a micro-batch's whatever its rows,
   // on the stages holding the weights (by their bytes).
   double perRowTotal = p.backward.back() - p.backwardFixed.back();
-  double rowShare = perRowTotal > 0 ? (p.backwardSeconds -
-                                       p.backwardFixedSeconds -
-                                       p.backwardWeightSeconds) /
-                                          perRowTotal
-                                    : 0;
+  double rowShare = perRowTotal > 0
+                        ? (p.backwardSeconds - p.backwardFixedSeconds -
+                           p.backwardWeightSeconds) /
+                              perRowTotal
+                        : 0;
   double allWeights = static_cast<double>(std::max<int64_t>(1, p.weightBytes));
   double fixedShare = p.backwardFixed.back() > 0
                           ? p.backwardFixedSeconds / p.backwardFixed.back()
@@ -547,10 +580,10 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     size_t lo = bounds[k], hi = bounds[k + 1];
     double fixedF = range(p.forwardFixed, lo, hi);
     double weightF = range(p.forwardWeight, lo, hi);
-    f[k] = fixedF + weightF +
-           (range(p.forward, lo, hi) - fixedF - weightF) * rows;
-    double weightB = p.backwardWeightSeconds *
-                     static_cast<double>(weights[k]) / allWeights;
+    f[k] =
+        fixedF + weightF + (range(p.forward, lo, hi) - fixedF - weightF) * rows;
+    double weightB =
+        p.backwardWeightSeconds * static_cast<double>(weights[k]) / allWeights;
     weightWork[k] = weightF + weightB;
     double fixedB = range(p.backwardFixed, lo, hi);
     double back = fixedB * fixedShare +
@@ -580,8 +613,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     for (int64_t ch = 0; ch < c.chunks; ++ch) {
       int64_t k = r + ch * c.pp;
       work[r] += (f[k] + b[k] + w[k]) * c.microbatches;
-      rankWeightWork[r] +=
-          weightWork[k] * static_cast<double>(c.microbatches);
+      rankWeightWork[r] += weightWork[k] * static_cast<double>(c.microbatches);
     }
   size_t busiestRank = static_cast<size_t>(
       std::max_element(work.begin(), work.end()) - work.begin());
@@ -687,21 +719,42 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       activations += static_cast<double>(c.microbatches) * inBytes[k];
     }
     // The arena: the largest phase's scratch. A micro-batch's phases: the
-    // one-row scratch grown with the rows, and an accumulated weight
-    // gradient's buffer (pcc-assign-first-gradients writes a gradient
-    // where it is made only with one micro-batch, no pipeline and no
-    // data parallelism).
-    double perMicrobatch =
-        static_cast<double>(p.rowArena) * rows +
-        static_cast<double>(p.weightOnly) +
-        (accumulates ? static_cast<double>(p.gradBuffer) : 0.0);
+    // rank's stages' buffers laid out again at the micro-batch's rows,
+    // with an accumulated weight gradient's buffer where it accumulates
+    // (pcc-assign-first-gradients writes a gradient where it is made only
+    // with one micro-batch, no pipeline and no data parallelism).
+    // The rank's stages' arena with `gradients` of the weight gradients'
+    // buffers (replayArena).
+    auto stageArena = [&](int gradients) {
+      double most = 0;
+      for (int64_t ch = 0; ch < c.chunks; ++ch) {
+        int64_t k = r + ch * c.pp;
+        auto akey = std::make_tuple(&p, bounds[k], bounds[k + 1],
+                                    static_cast<int64_t>(rows), gradients);
+        auto it = arenas.find(akey);
+        if (it == arenas.end())
+          it = arenas
+                   .emplace(akey, replayArena(p, bounds[k], bounds[k + 1], rows,
+                                              gradients))
+                   .first;
+        // A pipeline stage's backward merges its W into B in its own order
+        // (pcc-merge-weight-gradients), not the probe's: laid out again
+        // from the probe's order a stage before the last came out up to
+        // 14% under its compiled arena (Llama-3 8B's width at 8,192
+        // tokens, 1F1B over 4 stages: 672 MiB against 784).
+        double margin = k + 1 < stages ? 1.2 : 1.0;
+        most = std::max(most, it->second * margin +
+                                  static_cast<double>(stageCut.gathered[k]));
+      }
+      return most;
+    };
+    double perMicrobatch = stageArena(accumulates ? 2 : 1);
     // ZeRO 3 gathers each weight whole as its phase reads it; ZeRO 2 and 3
     // without a pipeline sum a tied weight's contributions before its one
     // reduce-scatter (both and the sum whole at once).
     if (c.dp > 1 && c.zero == 3)
-      perMicrobatch =
-          std::max(perMicrobatch, static_cast<double>(p.rowArena) * rows +
-                                      static_cast<double>(p.largestWeight));
+      perMicrobatch = std::max(
+          perMicrobatch, stageArena(0) + static_cast<double>(p.largestWeight));
     // ZeRO 2 and 3 without a pipeline also make each weight's gradient
     // whole in the arena, beside the micro-batch's scratch, before its
     // reduce-scatter (Llama-3 8B's embedding: 2.1 GB; without it every 8B
@@ -711,7 +764,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     // gradient alone, which under-predicted its ZeRO-3 plans by 1%).
     if (c.dp > 1 && c.zero >= 2 && c.pp == 1)
       perMicrobatch = std::max(
-          perMicrobatch, static_cast<double>(p.rowArena) * rows +
+          perMicrobatch, stageArena(0) +
                              std::max(3.0 * static_cast<double>(p.tiedGrad),
                                       static_cast<double>(p.largestWeight)) +
                              static_cast<double>(p.largestCopy));

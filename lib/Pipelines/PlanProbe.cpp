@@ -8,6 +8,7 @@
 
 #include "PlanProbe.h"
 
+#include "pcc/Analysis/Arena.h"
 #include "pcc/Analysis/CostModel.h"
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/Dialect/Pcc/IR/PccDialect.h"
@@ -72,14 +73,91 @@ llvm::DenseSet<Value> weightShapedValues(func::FuncOp f) {
   while (!work.empty()) {
     Value v = work.pop_back_val();
     Operation *def = v.getDefiningOp();
-    if (!def || !isa<ShardSliceOp, CastOp, ReshapeOp, TransposeOp, AddOp,
-                     ScatterAddOp, ShardScatterAddOp, AllReduceOp,
-                     ReduceScatterOp, AllGatherOp>(def))
+    if (!def ||
+        !isa<ShardSliceOp, CastOp, ReshapeOp, TransposeOp, AddOp, ScatterAddOp,
+             ShardScatterAddOp, AllReduceOp, ReduceScatterOp, AllGatherOp>(def))
       continue;
     for (Value u : def->getOperands())
       if (isa<ShardSliceOp, ReduceScatterOp, AllGatherOp>(def) ||
           elements(u) == elements(v))
         add(u);
+  }
+  return out;
+}
+
+/// The buffers the memory plan gave a phase's results (its
+/// `pcc.buffer_offsets`), in program order, for the search to lay out
+/// again per stage and rows (replayArena). `at` gives an op's forward
+/// position; `isFixed` whether a result's bytes do not grow with the
+/// rows; `contributions` how many gradients each state receives.
+std::vector<ArenaBuffer>
+arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
+             llvm::function_ref<bool(Value)> isFixed,
+             llvm::function_ref<bool(Value)> fromConstants,
+             const llvm::StringMap<int> &contributions) {
+  llvm::DenseMap<Operation *, uint32_t> order;
+  for (Operation &op : body)
+    order[&op] = order.size();
+  auto offsetsOf = [](Operation *op) -> ArrayRef<int64_t> {
+    if (auto a = op->getAttrOfType<DenseI64ArrayAttr>(kBufferOffsetsAttrName))
+      return a.asArrayRef();
+    return {};
+  };
+  // An op computed in its user (the CPU's deferrals: no buffer of its
+  // own, though one could be): its operands are read there.
+  auto deferredTo = [&](Operation *op) -> Operation * {
+    if (isa<ParamOp, ConstantOp, ReshapeOp, WaitCollectivesOp>(op) ||
+        op->getNumResults() == 0 || !op->hasOneUse())
+      return nullptr;
+    ArrayRef<int64_t> offsets = offsetsOf(op);
+    if (offsets.empty() ||
+        !llvm::all_of(offsets, [](int64_t o) { return o == kNoBuffer; }))
+      return nullptr;
+    return *op->getUsers().begin();
+  };
+  std::vector<ArenaBuffer> out;
+  for (Operation &op : body) {
+    ArrayRef<int64_t> offsets = offsetsOf(&op);
+    for (auto [r, offset] : llvm::zip(op.getResults(), offsets)) {
+      if (offset < 0)
+        continue;
+      ArenaBuffer b;
+      b.op = order.lookup(&op);
+      b.dies = b.op;
+      b.pos = at(&op);
+      b.firstReader = b.lastReader = b.pos;
+      b.bytes = getTensorBytes(r.getType());
+      b.perRow = !isFixed(r);
+      b.fromConstants = fromConstants(r);
+      // Its readers, and those of its views (a reshape is its buffer, a
+      // completed collective the buffer it was started into).
+      SmallVector<Operation *> users(r.getUsers().begin(), r.getUsers().end());
+      for (size_t u = 0; u < users.size(); ++u) {
+        Operation *user = users[u];
+        if (isa<ReshapeOp, WaitCollectivesOp>(user)) {
+          for (Value v : user->getResults())
+            users.append(v.getUsers().begin(), v.getUsers().end());
+          continue;
+        }
+        if (Operation *into = deferredTo(user))
+          user = into;
+        Operation *top = body.findAncestorOpInBlock(*user);
+        if (!top)
+          continue;
+        if (top->hasTrait<OpTrait::IsTerminator>()) {
+          b.escapes = true; // saved for a later phase
+          continue;
+        }
+        if (isa<AccumulateOp, AssignOp>(top))
+          if (auto state = top->getOperand(0).getDefiningOp<ParamOp>())
+            b.intoState = contributions.lookup(state.getName()) > 1 ? 2 : 1;
+        b.dies = std::max(b.dies, order.lookup(top));
+        size_t c = at(top);
+        b.firstReader = std::min(b.firstReader, c);
+        b.lastReader = std::max(b.lastReader, c);
+      }
+      out.push_back(b);
+    }
   }
   return out;
 }
@@ -118,7 +196,7 @@ double Pricer::op(Operation *op, int64_t tp, double &moved,
 }
 
 /// Reads a compiled probe module.
-void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
+void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
                const llvm::StringSet<> &perRow, Probe &p) {
   auto fwd = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[0]);
   auto bwd = module.lookupSymbol<func::FuncOp>(kPhaseFunctions[1]);
@@ -170,9 +248,8 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
       return def && cloned.contains(def);
     });
     p.forward[i + 1] = p.forward[i] + f;
-    bool perRow = llvm::any_of(ops[i]->getResults(), [&](Value r) {
-      return fromBatch.contains(r);
-    });
+    bool perRow = llvm::any_of(ops[i]->getResults(),
+                               [&](Value r) { return fromBatch.contains(r); });
     p.forwardWeight[i + 1] = p.forwardWeight[i] + (perRow ? 0.0 : f - fixed);
     p.backward[i + 1] = p.backward[i] + f * (flops ? 2.0 : 1.0);
     p.weightGrad[i + 1] = p.weightGrad[i] + (flops && readsWeight ? f : 0);
@@ -302,6 +379,18 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     }
     std::vector<size_t> &all = p.weights[it->second].second;
     all.insert(all.end(), at.begin(), at.end());
+    // Kept whole over tp ranks that could split it: its lookups.
+    if (inserted) {
+      Probe::WeightSplit split;
+      auto shape = param.getType().getShape();
+      if (tp > 1 && !param.getShardAttr() &&
+          llvm::any_of(shape, [&](int64_t d) { return d % tp == 0; }))
+        split.splitBytes = bytes / tp;
+      p.splits.push_back(split);
+    }
+    for (size_t a : at)
+      if (a < n && isa<GatherOp, ShardGatherOp>(ops[a]))
+        p.splits[it->second].lookups.push_back(a);
     if (copy) {
       p.copies.push_back({getTensorBytes(param.getType()), at});
       p.largestCopy = std::max(p.largestCopy, getTensorBytes(param.getType()));
@@ -309,6 +398,8 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
   });
   for (auto &entry : p.copies)
     llvm::sort(entry.second);
+  for (Probe::WeightSplit &split : p.splits)
+    llvm::sort(split.lookups);
   for (auto &entry : p.weights) {
     llvm::sort(entry.second);
     entry.second.erase(std::unique(entry.second.begin(), entry.second.end()),
@@ -403,9 +494,8 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     bool collective = isa<CollectiveOpInterface>(&op);
     if (collective)
       p.tpSeconds += s;
-    bool perRow = llvm::any_of(op.getResults(), [&](Value r) {
-      return fromRows.contains(r);
-    });
+    bool perRow = llvm::any_of(op.getResults(),
+                               [&](Value r) { return fromRows.contains(r); });
     if (!perRow && op.getNumResults() > 0) {
       p.backwardWeightSeconds += s - fixed;
       continue;
@@ -435,14 +525,10 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     auto a = f ? f->getAttrOfType<IntegerAttr>(kArenaBytesAttrName) : nullptr;
     return a ? a.getInt() : 0;
   };
-  // A weight gradient accumulated (the probe's micro-batches) is made in a
-  // buffer first; the largest such buffer does not grow with the rows.
-  // (On the CPU a scatter-add is computed in the gradient it is added to,
-  // and a 16-bit value widened as it is added: getCpuDeferral.)
-  // A weight the backward phase gives several gradients (a tied embedding
-  // and LM head): with ZeRO 2 and 3 they are summed before the one
-  // reduce-scatter, each contribution and the sum whole in the arena.
-  auto returnsNothing = [](Value) { return false; };
+  // How many gradients each state receives: a weight the backward phase
+  // gives several (a tied embedding and LM head) sums them in a buffer,
+  // and with ZeRO 2 and 3 before its one reduce-scatter, each
+  // contribution and the sum whole in the arena.
   llvm::StringMap<int> contributions;
   bwd.walk([&](Operation *op) {
     if (!isa<AccumulateOp, AssignOp>(op))
@@ -450,40 +536,84 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
     if (auto state = op->getOperand(0).getDefiningOp<ParamOp>())
       if (++contributions[state.getName()] == 2)
         p.tiedGrad = std::max(p.tiedGrad, getTensorBytes(state.getType()));
-    Value v = op->getOperand(1);
-    Operation *def = v.getDefiningOp();
-    if (!isa<AccumulateOp>(op) || !def || isa<ParamOp>(def))
-      return;
-    CpuDeferral deferral =
-        cpu ? getCpuDeferral(def, returnsNothing) : CpuDeferral::None;
-    if (deferral == CpuDeferral::ScatterInto)
-      return;
-    if (deferral == CpuDeferral::Widen)
-      v = cast<CastOp>(def).getInput();
-    p.gradBuffer = std::max(p.gradBuffer, getTensorBytes(v.getType()));
   });
-  // The forward phase's largest buffer computed from the weights alone
-  // (no batch input reaches it: a gathered or cast table) does not grow
-  // with the rows either, nor one computed from constants alone, unless
-  // the whole batch's program has it per row (`perRow`, by ONNX node: an
-  // attention mask built from position ids expanded over the batch is one
-  // row's at the probe's one row).
+  // What does not grow with the rows in the forward phase: what the
+  // weights alone make (a gathered or cast table), and what constants
+  // alone make unless the whole batch's program has it per row (`perRow`,
+  // by ONNX node: an attention mask built from position ids expanded over
+  // the batch is one row's at the probe's one row).
   Block &body = fwd.getBody().front();
   llvm::DenseSet<Value> fromWeights = valuesReachedFrom(
       body, {}, [](Operation &op) { return isa<ParamOp>(op); });
-  for (Operation &op : body) {
-    for (Value r : op.getResults()) {
-      if (fromBatch.contains(r) ||
-          (!fromWeights.contains(r) &&
-           perRow.contains(getOnnxNodeOfLocation(op.getLoc()).second)))
-        continue;
-      if (isa<PccDialect>(op.getDialect()) &&
-          !isa<ParamOp, ConstantOp, ReshapeOp>(op))
-        p.weightOnly = std::max(p.weightOnly, getTensorBytes(r.getType()));
-    }
+  // The micro-batch phases' buffers by forward position (the backward's
+  // ops by their ONNX node's), so that a stage's arena is laid out from
+  // its own ops' (the logits and their gradient only on the last stage's;
+  // a tied head's gradient buffer there, not on the embedding's stage).
+  {
+    llvm::StringMap<size_t> firstOf;
+    for (size_t i = 0; i < n; ++i)
+      if (std::string name = getOnnxNodeOfLocation(ops[i]->getLoc()).second;
+          !name.empty())
+        firstOf.try_emplace(name, i);
+    auto positions = [&](Block &body, bool forward) {
+      llvm::DenseMap<Operation *, size_t> out;
+      SmallVector<Operation *> pending;
+      for (Operation &op : body) {
+        size_t c = n;
+        if (forward) {
+          auto it = index.find(&op);
+          if (it != index.end())
+            c = it->second;
+        } else if (std::string name = getOnnxNodeOfLocation(op.getLoc()).second;
+                   !name.empty()) {
+          auto it = firstOf.find(name);
+          if (it != firstOf.end())
+            c = it->second;
+        }
+        if (c == n) {
+          pending.push_back(&op);
+          continue;
+        }
+        for (Operation *o : pending)
+          out[o] = c;
+        pending.clear();
+        out[&op] = c;
+      }
+      for (Operation *o : pending)
+        out[o] = forward ? (n ? n - 1 : 0) : 0;
+      return out;
+    };
+    auto fwdAt = positions(body, true);
+    llvm::DenseSet<Value> bwdFromWeights =
+        valuesReachedFrom(bwd.getBody().front(), {},
+                          [](Operation &op) { return isa<ParamOp>(op); });
+    auto bwdAt = positions(bwd.getBody().front(), false);
+    p.arenaBuffers = {
+        arenaBuffers(
+            body, [&](Operation *op) { return fwdAt.lookup(op); },
+            [&](Value v) {
+              if (fromBatch.contains(v))
+                return false;
+              Operation *def = v.getDefiningOp();
+              return fromWeights.contains(v) || !def ||
+                     !perRow.contains(
+                         getOnnxNodeOfLocation(def->getLoc()).second);
+            },
+            [&](Value v) {
+              return !fromBatch.contains(v) && !fromWeights.contains(v);
+            },
+            contributions),
+        arenaBuffers(
+            bwd.getBody().front(),
+            [&](Operation *op) { return bwdAt.lookup(op); },
+            [&](Value v) {
+              return !fromRows.contains(v) || perWeight.contains(v);
+            },
+            [&](Value v) {
+              return !fromRows.contains(v) && !bwdFromWeights.contains(v);
+            },
+            contributions)};
   }
-  p.rowArena = std::max<int64_t>(
-      0, std::max(arenaOf(0), arenaOf(1) - p.gradBuffer) - p.weightOnly);
   p.stepArena = std::max(arenaOf(2), arenaOf(3));
   p.tpBytes = moved;
   p.pools = predictStepMemory(module);
@@ -494,6 +624,59 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
         narrowed.insert(param.getName()).second)
       p.narrowGrads += getTensorBytes(param.getType());
   });
+}
+
+double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
+                   int gradients) {
+  double largest = 0;
+  for (const std::vector<ArenaBuffer> &phase : p.arenaBuffers) {
+    // The buffers that grow with the rows and those that do not in two
+    // arenas: the one-row probe's program is not the many-row one's (a
+    // layout change of --sp's gathered logits at several rows), and in the
+    // compile a fixed buffer does not fit in the holes the rows' leave
+    // (GPT-2's 147 MiB tied head gradient beside its all-reduce, after the
+    // logits' gradient: 419 MiB at tp 4 and four rows, 321 MiB laid out
+    // together from the one-row probe).
+    std::array<BestFitArena, 2> arenas = {BestFitArena(kArenaAlignment),
+                                          BestFitArena(kArenaAlignment)};
+    // (dies, offset, bytes, arena) of the buffers laid out, the next to die
+    // first.
+    std::vector<std::tuple<uint32_t, int64_t, int64_t, int>> live;
+    auto later = [](const auto &a, const auto &b) {
+      return std::get<0>(a) > std::get<0>(b);
+    };
+    // What constants alone make (a causal mask, rotary tables) each stage
+    // reading it makes again: held through the stage's phase.
+    for (const ArenaBuffer &b : phase)
+      if (b.fromConstants && !b.escapes && b.lastReader >= lo &&
+          b.firstReader < hi && (b.pos < lo || b.lastReader >= hi))
+        arenas[b.perRow].allocate(static_cast<int64_t>(
+            static_cast<double>(b.bytes) * (b.perRow ? rows : 1.0)));
+    for (const ArenaBuffer &b : phase) {
+      // The stage's own buffers: one read by another stage crosses the
+      // cut (the stage's output), one the phase returns is saved.
+      if (b.pos < lo || b.pos >= hi || b.escapes || b.firstReader < lo ||
+          b.lastReader >= hi)
+        continue;
+      if ((b.intoState == 1 && gradients < 2) ||
+          (b.intoState == 2 && gradients < 1))
+        continue;
+      while (!live.empty() && std::get<0>(live.front()) < b.op) {
+        arenas[std::get<3>(live.front())].release(std::get<1>(live.front()),
+                                                  std::get<2>(live.front()));
+        std::pop_heap(live.begin(), live.end(), later);
+        live.pop_back();
+      }
+      auto bytes = static_cast<int64_t>(static_cast<double>(b.bytes) *
+                                        (b.perRow ? rows : 1.0));
+      int64_t off = arenas[b.perRow].allocate(bytes);
+      live.emplace_back(b.dies, off, bytes, b.perRow ? 1 : 0);
+      std::push_heap(live.begin(), live.end(), later);
+    }
+    largest = std::max(largest, static_cast<double>(arenas[0].getPeak() +
+                                                    arenas[1].getPeak()));
+  }
+  return largest;
 }
 
 } // namespace mlir::pcc::autoplan

@@ -20,6 +20,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/StringSet.h"
 
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,25 @@ struct Pricer {
   double op(Operation *op, int64_t tp, double &moved, double &fixed) const;
 };
 
+/// A buffer the probe's memory plan gave a phase's result: its op and the
+/// last op reading it (phase order), the forward positions of its op and
+/// of its first and last readers, its bytes at one row and whether they
+/// grow with the rows; whether the phase returns it (saved for a later
+/// phase) and whether it is a weight gradient on its way into the state
+/// (1; 2 for a tied weight's, which has several).
+struct ArenaBuffer {
+  uint32_t op = 0, dies = 0;
+  size_t pos = 0, firstReader = 0, lastReader = 0;
+  int64_t bytes = 0;
+  bool perRow = false, escapes = false;
+  /// Made from constants alone: each stage reading it makes its own.
+  bool fromConstants = false;
+  uint8_t intoState = 0;
+};
+
+/// The byte alignment of the compile's memory plan (pcc-plan-memory's).
+inline constexpr int64_t kArenaAlignment = 64;
+
 /// What one probe compile tells: prefix sums over the forward phase's
 /// positions (position c is before op c, as in CutProfile), the step's
 /// totals, and its memory pools, all for a micro-batch of one row.
@@ -78,6 +98,17 @@ struct Probe {
   std::vector<int64_t> wgradSet;
   /// Per weight: its bytes and the positions of the ops reading it.
   std::vector<std::pair<int64_t, std::vector<size_t>>> weights;
+  /// Per weight (as `weights`): a weight the probe keeps whole over its
+  /// tp ranks though a dimension divides over them has its split bytes
+  /// here (0 otherwise), and the positions of its lookups (gathers). A
+  /// weight on several stages takes the layout its first stage plans
+  /// alone (pcc-partition-training): a tied table that stage only looks
+  /// up is split there, and the later stages gather it whole.
+  struct WeightSplit {
+    int64_t splitBytes = 0;
+    std::vector<size_t> lookups;
+  };
+  std::vector<WeightSplit> splits;
   /// The same for the 16-bit weight copies (mixed precision), which only
   /// the stages whose products read them hold.
   std::vector<std::pair<int64_t, std::vector<size_t>>> copies;
@@ -94,10 +125,12 @@ struct Probe {
   double tpSeconds = 0, tpBytes = 0; // per micro-batch, forward + backward
   double flops = 0;                  // per micro-batch, forward + backward
   StepMemory pools;
-  /// The per-micro-batch phases' largest arena at one row, less the
-  /// buffer of an accumulated weight gradient (`gradBuffer`, the largest,
-  /// which does not grow with the rows); the other phases' largest arena.
-  int64_t rowArena = 0, stepArena = 0, gradBuffer = 0;
+  /// The step's other phases' largest arena (the update, zero-grad).
+  int64_t stepArena = 0;
+  /// The forward and the backward phase's buffers (the backward's ops at
+  /// their ONNX node's forward position), which replayArena lays out
+  /// again for a stage and a plan's rows.
+  std::array<std::vector<ArenaBuffer>, 2> arenaBuffers;
   /// The largest gradient of a weight with several contributions.
   int64_t tiedGrad = 0;
   /// The bytes of the gradients the probe keeps in bf16
@@ -105,8 +138,6 @@ struct Probe {
   /// accumulates them (micro-batches, stages, data parallelism) keeps them
   /// in f32, twice these bytes.
   int64_t narrowGrads = 0;
-  /// The forward phase's largest buffer made from the weights alone.
-  int64_t weightOnly = 0;
   std::vector<size_t> candidates; // where a stage cut may go
   /// Per candidate position: the ONNX node to cut after (--pp-cuts), or ""
   /// where no name picks that position out.
@@ -114,8 +145,19 @@ struct Probe {
   size_t size() const { return forward.empty() ? 0 : forward.size() - 1; }
 };
 
+/// The arena of a stage's micro-batch phases (the forward positions
+/// [lo, hi)) at `rows` rows a micro-batch: the probe's buffers of those ops
+/// laid out again as the compile's memory plan lays them out (best fit in
+/// program order, so that a buffer fitting in no freed gap grows the arena
+/// as it does there), each per-row buffer grown by the rows. The weight
+/// gradients on their way into the state take a buffer by `gradients`: 2
+/// every one (they accumulate), 1 a tied weight's second contribution
+/// only, 0 none.
+double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
+                   int gradients);
+
 /// Reads a compiled probe module.
-void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp, bool cpu,
+void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
                const llvm::StringSet<> &perRow, Probe &p);
 
 } // namespace mlir::pcc::autoplan
