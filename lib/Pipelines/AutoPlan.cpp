@@ -184,7 +184,7 @@ private:
                                       std::string &why);
   Replay replay(const Candidate &c, const std::vector<double> &f,
                 const std::vector<double> &b, const std::vector<double> &w,
-                const std::vector<double> &transfer);
+                const std::vector<double> &transfer, double collectives);
   /// A plan whose busiest pipeline rank computes longer than this is not
   /// simulated (`price` sets `bounded`): enough faster plans fit.
   double pruneAbove = std::numeric_limits<double>::infinity();
@@ -445,9 +445,13 @@ const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
 /// that rank is waiting for cores. One rank computing alone runs at one
 /// core's rate (GPT-2 124M at pp 4 and one micro-batch on 4 ranks of 2
 /// cores: 3.4-3.6 s a step, priced 2.35 s as every rank's busy time over
-/// the cores' worth), all of them at the cores' worth shared out.
-double sharedMakespan(const sched::Simulation &sim, double copies,
-                      double cores) {
+/// the cores' worth), all of them at the cores' worth shared out. The
+/// `collectives` share of each stretch is not slowed: the collectives'
+/// rates were calibrated with every rank taking part (GPT-2 at tp 4 with
+/// --sp and two micro-batches: 3.86 s a step measured, 4.33 priced with
+/// its 0.53 s of tensor-parallel collectives stretched 2.7x, 3.60 not).
+double sharedMakespan(const sched::Simulation &sim, double copies, double cores,
+                      double collectives) {
   std::vector<std::pair<double, int>> events;
   for (const std::vector<sched::Interval> &rank : sim.timeline)
     for (const sched::Interval &in : rank)
@@ -460,7 +464,8 @@ double sharedMakespan(const sched::Simulation &sim, double copies,
   int active = 0;
   for (auto [at, change] : events) {
     double a = active * copies;
-    out += (at - t) / (a > cores ? cores / a : 1.0);
+    double stretch = a > cores ? a / cores : 1.0;
+    out += (at - t) * (collectives + (1 - collectives) * stretch);
     t = at;
     active += change;
   }
@@ -470,7 +475,8 @@ double sharedMakespan(const sched::Simulation &sim, double copies,
 Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
                               const std::vector<double> &b,
                               const std::vector<double> &w,
-                              const std::vector<double> &transfer) {
+                              const std::vector<double> &transfer,
+                              double collectives) {
   Replay out;
   out.slotCounts.resize(static_cast<size_t>(c.pp));
   out.stashCounts.resize(static_cast<size_t>(c.pp));
@@ -479,8 +485,9 @@ Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
   bool sharing = sharesCores();
   if (c.pp == 1) {
     out.makespan = (f[0] + b[0] + w[0]) * c.microbatches;
+    double stretch = sharing ? std::max(1.0, copies / cores) : 1.0;
     out.sharedMakespan =
-        out.makespan * (sharing ? std::max(1.0, copies / cores) : 1.0);
+        out.makespan * (collectives + (1 - collectives) * stretch);
     out.slotCounts[0] = {1};
     out.stashCounts[0] = {0};
     return out;
@@ -515,7 +522,8 @@ Search::Replay Search::replay(const Candidate &c, const std::vector<double> &f,
   }
   out.makespan = sim.simulation->makespan;
   out.sharedMakespan =
-      sharing ? sharedMakespan(*sim.simulation, copies, cores) : out.makespan;
+      sharing ? sharedMakespan(*sim.simulation, copies, cores, collectives)
+              : out.makespan;
   for (int64_t r = 0; r < c.pp; ++r) {
     std::vector<sched::SlotStep> steps;
     for (const sched::Instr &in : s.ranks[r])
@@ -637,9 +645,16 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
                   static_cast<double>(outBytes[k]) / (bw * pricer.share);
   }
 
-  // The pipeline: each rank's list replayed with these durations.
+  // The pipeline: each rank's list replayed with these durations. The
+  // tensor-parallel collectives' share of them is not slowed where ranks
+  // share cores (sharedMakespan).
+  double stepWork = p.forward.back() + p.backwardSeconds;
+  double collectiveShare =
+      stepWork > 0 ? std::min(1.0, p.tpSeconds / stepWork) : 0.0;
   if (cached == replays.end())
-    cached = replays.emplace(rkey, replay(c, f, b, w, transfer)).first;
+    cached =
+        replays.emplace(rkey, replay(c, f, b, w, transfer, collectiveShare))
+            .first;
   const Replay &rep = cached->second;
   if (rep.error) {
     why = *rep.error;
