@@ -35,6 +35,16 @@ ROW = re.compile(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+ [MG]iB)\s+"
                  r"(?: --\S+)*)")
 
 
+def secs(x):
+    """Seconds to print: three decimals, five below 0.1 s (millisecond steps)."""
+    return "%.3f" % x if x >= 0.1 else "%.5f" % x
+
+
+def mibs(x):
+    """MiB to print: one decimal, two below 10 MiB (the bundled models)."""
+    return "%.1f" % x if x >= 10 else "%.2f" % x
+
+
 def mib(text):
     value, unit = text.split()
     return float(value) * (1024 if unit == "GiB" else 1)
@@ -151,6 +161,11 @@ def main():
                                               r.stdout, re.M)]
             peaks = [float(x) for x in
                      re.findall(r"memory high-water ([\d.]+) MiB", r.stdout)]
+            # A pipeline's ranks each (rank 0's is the line above): the
+            # largest, as the search and the compiled analysis give it.
+            for line in re.findall(r"memory high-water per pipeline rank: "
+                                   r"([\d., ]+) MiB", r.stdout):
+                peaks += [float(x) for x in line.split(",")]
             # The first steps warm up (page faults, first collectives): on 4
             # ranks sharing 2 cores a plan's steps 1-4 measured 3.79, 3.63,
             # 3.06 and 2.88 s.
@@ -159,14 +174,15 @@ def main():
             if peaks:
                 p["meas_mib"] = max(peaks)
             p["meas_s"] = statistics.median(p["rounds"])
-            print("plan %d%s: predicted %.3f s, measured %.3f s; memory "
-                  "predicted %.1f, compiled %s, measured %.1f MiB  %s" % (
+            print("plan %d%s: predicted %s s, measured %s s; memory "
+                  "predicted %s, compiled %s, measured %s MiB  %s" % (
                       p["rank"],
                       " (round %d)" % (round_ + 1) if args.rounds > 1 else "",
-                      p["pred_s"], p["rounds"][-1], p["pred_mib"],
+                      secs(p["pred_s"]), secs(p["rounds"][-1]),
+                      mibs(p["pred_mib"]),
                       "-" if p["compiled_mib"] is None
-                      else "%.1f" % p["compiled_mib"],
-                      p["meas_mib"], " ".join(p["flags"])), flush=True)
+                      else mibs(p["compiled_mib"]),
+                      mibs(p["meas_mib"]), " ".join(p["flags"])), flush=True)
     rows = [p for p in compiled if not p.get("failed") and p["rounds"]]
     if len(rows) < 2:
         sys.exit("plan_validation.py: fewer than two plans ran")
@@ -177,19 +193,19 @@ def main():
           "| measured MiB |")
     print("|---|---|---|---|---|---|---|")
     for p in rows:
-        print("| %d | `%s` | %.3f | %.3f | %.1f | %s | %.1f |" % (
-            p["rank"], " ".join(p["flags"]), p["pred_s"], p["meas_s"],
-            p["pred_mib"],
-            "-" if p["compiled_mib"] is None else "%.1f" % p["compiled_mib"],
-            p["meas_mib"]))
+        print("| %d | `%s` | %s | %s | %s | %s | %s |" % (
+            p["rank"], " ".join(p["flags"]), secs(p["pred_s"]),
+            secs(p["meas_s"]), mibs(p["pred_mib"]),
+            "-" if p["compiled_mib"] is None else mibs(p["compiled_mib"]),
+            mibs(p["meas_mib"])))
     over = [p["pred_mib"] / p["meas_mib"] - 1 for p in rows]
     comp = [p["compiled_mib"] / p["meas_mib"] - 1 for p in rows
             if p["compiled_mib"] is not None]
     print("\nsearch %.1f s; %d plans ran; Spearman rank correlation of predicted "
-          "and measured step time %.2f; the chosen plan (#%d) measured %.3f s, "
-          "the fastest (#%d) %.3f s (chosen / fastest %.2f)" % (
-              search, len(rows), rho, chosen["rank"], chosen["meas_s"],
-              fastest["rank"], fastest["meas_s"],
+          "and measured step time %.2f; the chosen plan (#%d) measured %s s, "
+          "the fastest (#%d) %s s (chosen / fastest %.2f)" % (
+              search, len(rows), rho, chosen["rank"], secs(chosen["meas_s"]),
+              fastest["rank"], secs(fastest["meas_s"]),
               chosen["meas_s"] / fastest["meas_s"]))
     print("search's memory against measured: %+.1f%% to %+.1f%%; the "
           "library's analysis: %s" % (
