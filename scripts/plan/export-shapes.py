@@ -13,7 +13,8 @@ Run it with the zoo venv's python (scripts/zoo/setup-venv.sh):
     ~/.cache/pcc/zoo-venv/bin/python scripts/plan/export-shapes.py llama3-70b -o llama70b.onnx
 
 Shapes: llama3-8b, llama3-70b, llama3-405b (Meta's Llama 3 configurations),
-gpt2 (124M), or --layers/--hidden/... for any Llama-shaped model.
+gpt2 (124M; --layers/--hidden/--heads/--vocab reshape it), or
+--layers/--hidden/... for any Llama-shaped model.
 """
 
 import argparse
@@ -44,6 +45,11 @@ SHAPES = {
 def build(args):
     if args.shape == "gpt2":
         cfg = transformers.GPT2Config(use_cache=False)
+        # --layers/--hidden/--heads/--vocab reshape it (its tied table kept).
+        for flag, key in (("layers", "n_layer"), ("hidden", "n_embd"),
+                          ("heads", "n_head"), ("vocab", "vocab_size")):
+            if getattr(args, flag):
+                setattr(cfg, key, getattr(args, flag))
         with torch.device("meta"):
             model = transformers.GPT2LMHeadModel(cfg)
         return model
