@@ -52,6 +52,10 @@ def main():
     for flags in plans:
         # `pcc plan` takes the plan's dimensions; its cut it finds again.
         fixed = [f for f in flags if not f.startswith("--pp-cuts")]
+        # A plan without --sp is one without it (absent, the search would
+        # choose it again).
+        if "--sp" not in fixed:
+            fixed.append("--sp=false")
         o = subprocess.run(base + ["--top=1", "--plan-check=1"] + fixed,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         m = PEAK.search(o.stdout)

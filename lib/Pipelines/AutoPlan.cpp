@@ -167,7 +167,7 @@ private:
     std::vector<int64_t> sharedRanks;
     /// Per stage: the arena bytes a tied table it splits adds (its
     /// lookups' gradient made whole, then sliced to the rank's piece).
-    std::vector<int64_t> gathered;
+    std::vector<int64_t> lookupGradient;
   };
   /// The stage cut for `stages` stages over `ranks` pipeline ranks (no
   /// bounds when the model has too few cut points).
@@ -394,13 +394,14 @@ const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
   out.savedReads = perStage(p.savedReads);
   out.sharedBytes.assign(static_cast<size_t>(ranks), 0);
   out.sharedRanks.assign(static_cast<size_t>(ranks), 1);
-  out.gathered.assign(static_cast<size_t>(stages), 0);
+  out.lookupGradient.assign(static_cast<size_t>(stages), 0);
   for (auto [w, entry] : llvm::enumerate(p.weights)) {
     const auto &[bytes, at] = entry;
     // A weight on several stages: the first one's layout holds. Kept
     // whole by the one-stage probe for a later stage's product (a tied LM
-    // head), it is split where the first stage only looks it up, and
-    // gathered whole in the arena of the later stages.
+    // head), it is split where the first stage only looks it up (the
+    // later stages gather it, as the probe's product read it whole), and
+    // that stage's lookup gradient is made whole, then sliced.
     int64_t held = bytes;
     const Probe::WeightSplit &split = p.splits[w];
     int64_t first = -1, readers = 0;
@@ -426,9 +427,8 @@ const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
         continue;
       out.weights[k] += held;
       ++out.weightCounts[k];
-      // (Its lookups' gradient is made whole there, then sliced.)
       if (splitFirst && k == first)
-        out.gathered[k] += bytes + held;
+        out.lookupGradient[k] += bytes + held;
       if (!llvm::is_contained(holders, k % ranks))
         holders.push_back(k % ranks);
     }
@@ -763,8 +763,9 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
         // 14% under its compiled arena (Llama-3 8B's width at 8,192
         // tokens, 1F1B over 4 stages: 672 MiB against 784).
         double margin = k + 1 < stages ? 1.2 : 1.0;
-        most = std::max(most, it->second * margin +
-                                  static_cast<double>(stageCut.gathered[k]));
+        most =
+            std::max(most, it->second * margin +
+                               static_cast<double>(stageCut.lookupGradient[k]));
       }
       return most;
     };

@@ -93,7 +93,6 @@ llvm::DenseSet<Value> weightShapedValues(func::FuncOp f) {
 std::vector<ArenaBuffer>
 arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
              llvm::function_ref<bool(Value)> isFixed,
-             llvm::function_ref<bool(Value)> fromConstants,
              const llvm::StringMap<int> &contributions) {
   llvm::DenseMap<Operation *, uint32_t> order;
   for (Operation &op : body)
@@ -128,7 +127,6 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
       b.firstReader = b.lastReader = b.pos;
       b.bytes = getTensorBytes(r.getType());
       b.perRow = !isFixed(r);
-      b.fromConstants = fromConstants(r);
       // Its readers, and those of its views (a reshape is its buffer, a
       // completed collective the buffer it was started into).
       SmallVector<Operation *> users(r.getUsers().begin(), r.getUsers().end());
@@ -584,9 +582,6 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
       return out;
     };
     auto fwdAt = positions(body, true);
-    llvm::DenseSet<Value> bwdFromWeights =
-        valuesReachedFrom(bwd.getBody().front(), {},
-                          [](Operation &op) { return isa<ParamOp>(op); });
     auto bwdAt = positions(bwd.getBody().front(), false);
     p.arenaBuffers = {
         arenaBuffers(
@@ -599,18 +594,12 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
                      !perRow.contains(
                          getOnnxNodeOfLocation(def->getLoc()).second);
             },
-            [&](Value v) {
-              return !fromBatch.contains(v) && !fromWeights.contains(v);
-            },
             contributions),
         arenaBuffers(
             bwd.getBody().front(),
             [&](Operation *op) { return bwdAt.lookup(op); },
             [&](Value v) {
               return !fromRows.contains(v) || perWeight.contains(v);
-            },
-            [&](Value v) {
-              return !fromRows.contains(v) && !bwdFromWeights.contains(v);
             },
             contributions)};
   }
@@ -645,13 +634,6 @@ double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
     auto later = [](const auto &a, const auto &b) {
       return std::get<0>(a) > std::get<0>(b);
     };
-    // What constants alone make (a causal mask, rotary tables) each stage
-    // reading it makes again: held through the stage's phase.
-    for (const ArenaBuffer &b : phase)
-      if (b.fromConstants && !b.escapes && b.lastReader >= lo &&
-          b.firstReader < hi && (b.pos < lo || b.lastReader >= hi))
-        arenas[b.perRow].allocate(static_cast<int64_t>(
-            static_cast<double>(b.bytes) * (b.perRow ? rows : 1.0)));
     for (const ArenaBuffer &b : phase) {
       // The stage's own buffers: one read by another stage crosses the
       // cut (the stage's output), one the phase returns is saved.

@@ -63,8 +63,6 @@ struct ArenaBuffer {
   size_t pos = 0, firstReader = 0, lastReader = 0;
   int64_t bytes = 0;
   bool perRow = false, escapes = false;
-  /// Made from constants alone: each stage reading it makes its own.
-  bool fromConstants = false;
   uint8_t intoState = 0;
 };
 

@@ -1,5 +1,4 @@
-//===- Arena.h - the arena allocator pcc-plan-memory lays buffers out with
-//-===//
+//===- Arena.h - pcc-plan-memory's arena allocator -------------*- C++ -*-===//
 //
 // Best fit over the free gaps of one arena, in program order: the memory
 // plan of every compiled function, and the plan search's replay of a
