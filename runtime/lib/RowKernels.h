@@ -1,8 +1,8 @@
 //===- RowKernels.h - vectorised row loops of the CPU kernels ---*- C++ -*-===//
 //
 // Row helpers shared by the normalising kernels (CpuKernels.cpp) and fused
-// attention (Attention.cpp). Each gets an AVX2+FMA clone beside the
-// baseline one, picked when the runtime loads (the runtime is built for
+// attention (Attention.cpp). Each gets AVX-512 and AVX2+FMA clones beside
+// the baseline one, picked when the runtime loads (the runtime is built for
 // x86-64's baseline, as the generated kernels' clones are); the OpenMP
 // loops call them per row. Their reductions run in interleaved lanes:
 // GCC keeps a floating-point reduction's order, so a single accumulator
@@ -20,7 +20,8 @@
 #include <limits>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PCC_ROW_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define PCC_ROW_KERNEL                                                         \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define PCC_ROW_KERNEL
 #endif
