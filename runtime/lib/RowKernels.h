@@ -13,15 +13,15 @@
 #ifndef PCC_RUNTIME_LIB_ROWKERNELS_H
 #define PCC_RUNTIME_LIB_ROWKERNELS_H
 
+#include "pcc/runtime/CpuClones.h"
 #include "pcc/runtime/FastMath.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PCC_ROW_KERNEL                                                         \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#if !defined(__clang__)
+#define PCC_ROW_KERNEL PCC_CPU_CLONES
 #else
 #define PCC_ROW_KERNEL
 #endif
