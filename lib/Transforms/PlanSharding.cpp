@@ -51,12 +51,20 @@ std::string roleOf(ParamOp weight, Shard shard) {
     if (!llvm::is_contained(roles, role))
       roles.push_back(std::move(role));
   };
-  for (OpOperand &use : weight.getResult().getUses())
-    if (auto sharding = dyn_cast<ShardingOpInterface>(use.getOwner())) {
-      std::string role =
-          sharding.getSplitRole(use.getOperandNumber(), shard);
-      if (!role.empty())
-        note(std::move(role));
+  // Its readers, and those of its 16-bit casts (autocast's).
+  SmallVector<Value> values{weight.getResult()};
+  for (size_t i = 0; i < values.size(); ++i)
+    for (OpOperand &use : values[i].getUses()) {
+      if (auto c = dyn_cast<CastOp>(use.getOwner())) {
+        values.push_back(c.getResult());
+        continue;
+      }
+      if (auto sharding = dyn_cast<ShardingOpInterface>(use.getOwner())) {
+        std::string role =
+            sharding.getSplitRole(use.getOperandNumber(), shard);
+        if (!role.empty())
+          note(std::move(role));
+      }
     }
   return llvm::join(roles, " and ");
 }

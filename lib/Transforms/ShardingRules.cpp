@@ -15,6 +15,7 @@
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <functional>
 #include <limits>
 
 using namespace mlir;
@@ -35,6 +36,12 @@ bool ShardingPlan::betterThan(const ShardingPlan &other) const {
 
 static RankedTensorType typeOf(Value v) {
   return cast<RankedTensorType>(v.getType());
+}
+
+ParamOp mlir::pcc::weightParamOf(Value v) {
+  while (auto c = v.getDefiningOp<CastOp>())
+    v = c.getInput();
+  return v.getDefiningOp<ParamOp>();
 }
 
 llvm::MapVector<StringRef, RankedTensorType>
@@ -198,8 +205,6 @@ static bool broadcastAlong(Value v, Shard to) {
 /// its result as well, so that reducing the operand once, here, wins.
 double Propagator::partialFanOutSeconds(Operation *op,
                                         const Option &option) const {
-  if (!sequenceParallel)
-    return 0;
   bool fansOut =
       llvm::any_of(llvm::zip(op->getOperands(), option.operands), [&](auto p) {
         Value v = std::get<0>(p);
@@ -213,8 +218,10 @@ double Propagator::partialFanOutSeconds(Operation *op,
   double seconds = 0;
   for (auto [result, shard] : llvm::zip(op->getResults(), option.results))
     if (shard.isPartial())
-      seconds +=
-          collectiveSeconds(CollectiveKind::ReduceScatter, tensorBytes(result));
+      seconds += collectiveSeconds(sequenceParallel
+                                       ? CollectiveKind::ReduceScatter
+                                       : CollectiveKind::AllReduce,
+                                   tensorBytes(result));
   return seconds;
 }
 
@@ -233,19 +240,17 @@ double Propagator::conversionSeconds(Value v, Shard to,
                                            : CollectiveKind::AllGather,
                           bytes);
     // (A weight read through autocast's cast to 16 bits is still the
-    // weight: pcc-bf16-copies makes the cast its bf16 copy, split as the
-    // weight is.)
-    Value w = v;
-    while (auto c = w.getDefiningOp<CastOp>())
-      w = c.getInput();
-    if (auto param = w.getDefiningOp<ParamOp>();
+    // weight.)
+    if (ParamOp param = weightParamOf(v);
         param && param.getType().getRank() >= 2)
       seconds *= cost.weightGatherFactor;
     return seconds;
   }
   // A weight of rank >= 2 has the layout the plan decided: it is not sliced
-  // on demand (that would be another decision).
-  if (auto param = v.getDefiningOp<ParamOp>())
+  // on demand (that would be another decision), nor is its 16-bit cast
+  // (slicing the cast made a column split of an MLP under bf16 look free
+  // where it is not, and the search kept every MLP weight split by rows).
+  if (ParamOp param = weightParamOf(v))
     if (param.getType().getRank() >= 2)
       return std::numeric_limits<double>::infinity();
   // An activation computed from weights is never sliced: that would throw
@@ -407,9 +412,20 @@ ShardingPlan Propagator::run() {
     auto it = state ? decisions.find(state.getName()) : decisions.end();
     if (it == decisions.end() || !it->second.isSplit())
       continue;
-    for (Value v : op.getOperands().drop_front())
-      if (v.getType() == state.getType() && v.hasOneUse())
+    for (Value v : op.getOperands().drop_front()) {
+      if (v.getType() != state.getType() || !v.hasOneUse())
+        continue;
+      demanded[v] = it->second;
+      // Under mixed precision the gradient is a 16-bit product widened:
+      // the product is wanted in the same layout (reduce-scattered into
+      // it, not into another split and re-gathered after the cast).
+      while (auto c = v.getDefiningOp<CastOp>()) {
+        v = c.getInput();
+        if (!v.hasOneUse())
+          break;
         demanded[v] = it->second;
+      }
+    }
   }
   for (BlockArgument arg : block.getArguments())
     plan.shards[arg] = arg.getArgNumber() < argLayouts.size()
@@ -508,6 +524,11 @@ ShardingPlan Propagator::run() {
         }
       }
     }
+    // A result in another layout than the one demanded is converted again
+    // where it is accumulated (an all-gather at most).
+    std::optional<Shard> want;
+    if (op.getNumResults() == 1 && demanded.count(op.getResult(0)))
+      want = demanded.lookup(op.getResult(0));
     const Option *best = nullptr;
     double bestSeconds = std::numeric_limits<double>::infinity();
     for (auto [index, o] : llvm::enumerate(candidates)) {
@@ -525,6 +546,9 @@ ShardingPlan Propagator::run() {
       if (!fromOperand)
         continue;
       double seconds = computeSeconds(&op, o) + partialFanOutSeconds(&op, o);
+      if (want && o.results.size() == 1 && o.results[0] != *want)
+        seconds += collectiveSeconds(CollectiveKind::AllGather,
+                                     tensorBytes(op.getResult(0)));
       // A value read twice in one layout (x * x) is converted once.
       SmallVector<std::pair<Value, Shard>, 4> counted;
       for (auto [v, s] : llvm::zip(op.getOperands(), o.operands)) {
@@ -547,15 +571,22 @@ ShardingPlan Propagator::run() {
   }
 
   // Weight memory: a weight counts whole on every rank unless every op reads
-  // it split; whole weights of rank >= 2 are the plan's replicated bytes.
+  // it split (its 16-bit casts' readers included: a bf16 copy gathered
+  // whole is a whole weight); whole weights of rank >= 2 are the plan's
+  // replicated bytes.
+  std::function<bool(Value)> readSplit = [&](Value v) {
+    return !v.use_empty() && llvm::all_of(v.getUses(), [&](OpOperand &use) {
+      auto it = plan.operandShards.find(use.getOwner());
+      if (it == plan.operandShards.end() ||
+          !it->second[use.getOperandNumber()].isSplit())
+        return false;
+      auto c = dyn_cast<CastOp>(use.getOwner());
+      return !c || readSplit(c.getResult());
+    });
+  };
   func.walk([&](ParamOp param) {
     Value v = param.getResult();
-    bool split =
-        !v.use_empty() && llvm::all_of(v.getUses(), [&](OpOperand &use) {
-          auto it = plan.operandShards.find(use.getOwner());
-          return it != plan.operandShards.end() &&
-                 it->second[use.getOperandNumber()].isSplit();
-        });
+    bool split = readSplit(v);
     if (!seenWeights.insert(param.getName()).second)
       return;
     int64_t bytes = tensorBytes(v);

@@ -153,7 +153,7 @@ public:
     for (auto &w : weights)
       decisions[w.first] = Shard::replicated();
     func.walk([&](MatmulOp mm) {
-      auto param = mm.getRhs().getDefiningOp<ParamOp>();
+      ParamOp param = weightParamOf(mm.getRhs());
       if (!param || !weights.count(param.getName()) ||
           param.getType().getRank() != 2)
         return;
@@ -280,7 +280,7 @@ ShardingPlan Search::followSplit(llvm::StringMap<Shard> &trial) {
 static int64_t countGathers(const ShardingPlan &plan) {
   return llvm::count_if(plan.collectives, [](const PlannedCollective &c) {
     return c.kind == CollectiveKind::AllGather &&
-           !c.value.getDefiningOp<ParamOp>();
+           !weightParamOf(c.value);
   });
 }
 
@@ -368,7 +368,7 @@ void Search::coordinateDescent() {
   llvm::StringSet<> layerWeights;
   func.walk([&](MatmulOp mm) {
     for (Value v : mm->getOperands())
-      if (auto p = v.getDefiningOp<ParamOp>())
+      if (ParamOp p = weightParamOf(v))
         layerWeights.insert(p.getName());
   });
   for (int phase = 0; phase < 2; ++phase) {

@@ -281,6 +281,31 @@ void pcc_cpu_copy_strided(const void *x, void *y, int64_t elem_size,
                           const int64_t *y_strides, int64_t y_offset) {
   const char *src = static_cast<const char *>(x);
   char *dst = static_cast<char *>(y);
+  // Dimensions of size 1 dropped and neighbours contiguous on both sides
+  // merged, so that the innermost loop is as long as it can be: a
+  // tensor-parallel slice of columns, [rows, 1, columns, 1], was copied
+  // one element a call (16K calls, 0.26 ms, for a 64 x 256 slice).
+  constexpr int64_t kMaxRank = 16;
+  int64_t dims[kMaxRank], xst[kMaxRank], yst[kMaxRank];
+  if (rank <= kMaxRank) {
+    int64_t n = 0;
+    for (int64_t d = 0; d < rank; ++d) {
+      if (shape[d] == 0)
+        return;
+      if (shape[d] == 1)
+        continue;
+      if (n > 0 && xst[n - 1] == shape[d] * x_strides[d] &&
+          yst[n - 1] == shape[d] * y_strides[d]) {
+        dims[n - 1] *= shape[d];
+        xst[n - 1] = x_strides[d];
+        yst[n - 1] = y_strides[d];
+        continue;
+      }
+      dims[n] = shape[d], xst[n] = x_strides[d], yst[n] = y_strides[d];
+      ++n;
+    }
+    rank = n, shape = dims, x_strides = xst, y_strides = yst;
+  }
   if (rank == 0) {
     std::memcpy(dst + y_offset * elem_size, src + x_offset * elem_size,
                 elem_size);

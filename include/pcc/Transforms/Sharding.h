@@ -70,6 +70,11 @@ struct ShardingPlan {
 /// a consumer needs them split.
 llvm::MapVector<StringRef, RankedTensorType> decisionWeights(func::FuncOp func);
 
+/// The weight `v` is, seen through autocast's casts (a matmul under
+/// --precision=bf16 reads its weight's 16-bit cast, which pcc-bf16-copies
+/// makes the weight's bf16 copy, split as the weight is); null otherwise.
+ParamOp weightParamOf(Value v);
+
 /// Derives the layout of every value from the weight decisions (weights not
 /// listed are replicated) and the layouts of the function's arguments
 /// (`argLayouts`, one per argument; replicated when empty).
