@@ -218,10 +218,10 @@ double Propagator::partialFanOutSeconds(Operation *op,
   double seconds = 0;
   for (auto [result, shard] : llvm::zip(op->getResults(), option.results))
     if (shard.isPartial())
-      seconds += collectiveSeconds(sequenceParallel
-                                       ? CollectiveKind::ReduceScatter
-                                       : CollectiveKind::AllReduce,
-                                   tensorBytes(result));
+      seconds +=
+          collectiveSeconds(sequenceParallel ? CollectiveKind::ReduceScatter
+                                             : CollectiveKind::AllReduce,
+                            tensorBytes(result));
   return seconds;
 }
 

@@ -279,8 +279,7 @@ ShardingPlan Search::followSplit(llvm::StringMap<Shard> &trial) {
 /// the search ended gathering around every block.
 static int64_t countGathers(const ShardingPlan &plan) {
   return llvm::count_if(plan.collectives, [](const PlannedCollective &c) {
-    return c.kind == CollectiveKind::AllGather &&
-           !weightParamOf(c.value);
+    return c.kind == CollectiveKind::AllGather && !weightParamOf(c.value);
   });
 }
 

@@ -14,7 +14,9 @@
 //     and what a tiny one costs (`kernel_seconds`);
 //   - with several ranks, an all-reduce over all of them from 4 bytes to
 //     64 MiB (MPI on CPU ranks, NCCL on GPUs): latency and bus bandwidth
-//     (`intra_latency`, `intra_bandwidth`).
+//     (`intra_latency`, `intra_bandwidth`); the latency is the larger of
+//     the back-to-back one and that of a 4-byte all-reduce between small
+//     products (what a step's collectives see).
 // What it cannot measure (published peaks, memory per device, the links
 // between nodes) comes from the preset named as `base`.
 //
