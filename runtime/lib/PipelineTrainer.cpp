@@ -127,10 +127,14 @@ Status Trainer::createPipeline() {
         if (Status s = make(slot.in, fwd.inputs[i]); !s.ok())
           return s;
       }
+      // A stage's outputs as its forward phase makes them, this rank's
+      // piece (under --sp the boundary is split along the sequence; the
+      // stage table has the whole tensor).
       if (k > 0) {
-        const pcc_stage_info &prev = info.stages[k - 1];
-        for (int j = 0; j < prev.num_outputs; ++j)
-          if (Status s = make(slot.recv, prev.outputs[j]); !s.ok())
+        const pcc_phase_info &prevFwd =
+            info.phases[stagePhase(PCC_PHASE_FORWARD, k - 1)];
+        for (int j = 0; j < info.stages[k - 1].num_outputs; ++j)
+          if (Status s = make(slot.recv, prevFwd.outputs[j]); !s.ok())
             return s;
       }
       for (int j = 0; j < fwd.num_outputs; ++j) {
@@ -144,7 +148,7 @@ Status Trainer::createPipeline() {
           slot.gradOut.emplace_back();
           continue;
         }
-        if (Status s = make(slot.gradOut, me.outputs[j]); !s.ok())
+        if (Status s = make(slot.gradOut, fwd.outputs[j]); !s.ok())
           return s;
       }
     }
@@ -297,11 +301,12 @@ Status Trainer::runInstruction(const pcc_pipeline_instr &instr,
   const char *what = "transfer";
   switch (instr.op) {
   case PCC_PIPE_RECV_FORWARD: {
-    const pcc_stage_info &prev = info.stages[k - 1];
-    for (int j = 0; j < prev.num_outputs && st.ok(); ++j)
-      st =
-          pipe->postRecv(slot.recv[j].data(), count(prev.outputs[j]),
-                         static_cast<DType>(prev.outputs[j].dtype), instr.peer);
+    const pcc_phase_info &prevFwd =
+        info.phases[stagePhase(PCC_PHASE_FORWARD, k - 1)];
+    for (int j = 0; j < info.stages[k - 1].num_outputs && st.ok(); ++j)
+      st = pipe->postRecv(slot.recv[j].data(), count(prevFwd.outputs[j]),
+                          static_cast<DType>(prevFwd.outputs[j].dtype),
+                          instr.peer);
     posted[{PCC_PIPE_FORWARD, k, mb}] = {pipe->postedReceives(), instr.peer};
     break;
   }
@@ -330,15 +335,17 @@ Status Trainer::runInstruction(const pcc_pipeline_instr &instr,
   }
   case PCC_PIPE_SEND_FORWARD:
     for (int j = 0; j < me.num_outputs && st.ok(); ++j)
-      st = pipe->sendAsync(slot.out[j].data(), count(me.outputs[j]),
-                           static_cast<DType>(me.outputs[j].dtype), instr.peer);
+      st = pipe->sendAsync(slot.out[j].data(), count(fwd.outputs[j]),
+                           static_cast<DType>(fwd.outputs[j].dtype),
+                           instr.peer);
     break;
   case PCC_PIPE_RECV_BACKWARD:
     for (int j = 0; j < me.num_outputs && st.ok(); ++j)
       if (isFloat(me.outputs[j].dtype))
         st =
-            pipe->postRecv(slot.gradOut[j].data(), count(me.outputs[j]),
-                           static_cast<DType>(me.outputs[j].dtype), instr.peer);
+            pipe->postRecv(slot.gradOut[j].data(), count(fwd.outputs[j]),
+                           static_cast<DType>(fwd.outputs[j].dtype),
+                           instr.peer);
     posted[{PCC_PIPE_BACKWARD, k, mb}] = {pipe->postedReceives(), instr.peer};
     break;
   case PCC_PIPE_BACKWARD: {
@@ -376,8 +383,8 @@ Status Trainer::runInstruction(const pcc_pipeline_instr &instr,
       if (found < 0)
         return Error{"no cotangent for output " + std::to_string(j) +
                      " of stage " + std::to_string(k - 1)};
-      st = pipe->sendAsync(send[found].data(), count(prev.outputs[j]),
-                           static_cast<DType>(prev.outputs[j].dtype),
+      st = pipe->sendAsync(send[found].data(), count(bwd.outputs[found]),
+                           static_cast<DType>(bwd.outputs[found].dtype),
                            instr.peer);
     }
     break;
