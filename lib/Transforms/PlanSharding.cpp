@@ -142,7 +142,8 @@ struct PlanShardingPass
     ShardingPlan &best = search.plan;
 
     // Nothing split: every rank would hold and compute the whole model.
-    if (!weights.empty() && llvm::none_of(decisions, [](const auto &d) {
+    if (!weights.empty() &&
+        llvm::none_of(decisions, [](const auto &d) {
           return d.getValue().isSplit();
         }))
       func.emitWarning() << axis << "=" << *ranks
@@ -201,8 +202,8 @@ struct PlanShardingPass
                                        : "split " + altShard.describe())
            << ": "
            << sign(alt->replicatedWeightBytes - best.replicatedWeightBytes)
-           << " B whole weights, " << sign(alt->commBytes() - best.commBytes())
-           << " B communicated, "
+           << " B whole weights, "
+           << sign(alt->commBytes() - best.commBytes()) << " B communicated, "
            << llvm::formatv("{0}{1:f1}",
                             alt->seconds() >= best.seconds() ? "+" : "",
                             (alt->seconds() - best.seconds()) * 1e6)

@@ -176,6 +176,7 @@ void convertAll(void (*range)(const void *, void *, int64_t, int64_t),
 
 } // namespace
 
+
 extern "C" {
 
 const char *pcc_cpu_last_error(void) { return cpuLastError.c_str(); }
@@ -213,8 +214,8 @@ const char *pcc_cpu_describe(void) {
       return pccrt::nativeHalfProducts(f16) ? onednn : "widened to fp32";
     };
     return "fp32 products: " + (sgemmByOnednn() ? onednn : blas) +
-           ", bf16 products: " + half(false) +
-           ", fp16 products: " + half(true) + ", convolutions: " + blas + ", " +
+           ", bf16 products: " + half(false) + ", fp16 products: " +
+           half(true) + ", convolutions: " + blas + ", " +
            std::to_string(threads) + " OpenMP thread" +
            (threads == 1 ? "" : "s");
   }();
@@ -492,8 +493,8 @@ void reduceRuns(const T *x, double *acc, int64_t outer, int64_t middle,
   }
   constexpr int64_t kBlock = 512;
   int64_t blocks = (inner + kBlock - 1) / kBlock;
-#pragma omp parallel for collapse(2) if (total > kParallelThreshold &&         \
-                                         outer * blocks > 1)
+#pragma omp parallel for collapse(2) if (total > kParallelThreshold &&        \
+                                             outer * blocks > 1)
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t b = 0; b < blocks; ++b) {
       int64_t begin = b * kBlock, end = std::min(inner, begin + kBlock);
@@ -551,8 +552,8 @@ void reduce(const T *x, T *y, int64_t rank, const int64_t *shape,
     // accumulator is a chain of dependent adds, four cycles each.
 #pragma omp parallel for if (total > kParallelThreshold && outer > 1)
     for (int64_t o = 0; o < outer; ++o)
-      acc[o] +=
-          sumDouble(reinterpret_cast<const float *>(x) + o * middle, middle);
+      acc[o] += sumDouble(reinterpret_cast<const float *>(x) + o * middle,
+                          middle);
     for (int64_t o = 0; o < outCount; ++o)
       y[o] = static_cast<T>(kind == PCC_REDUCE_MEAN ? acc[o] / reducedCount
                                                     : acc[o]);
@@ -797,8 +798,9 @@ const std::vector<int64_t> &cachedSourceTable(const Window &win) {
   static std::map<std::vector<int64_t>, std::vector<int64_t>> tables;
   std::vector<int64_t> key{win.rank};
   for (int64_t d = 0; d < win.rank; ++d)
-    key.insert(key.end(), {win.inSpatial[d], win.outSpatial[d], win.kernel[d],
-                           win.strides[d], win.pads[d], win.dilations[d]});
+    key.insert(key.end(),
+               {win.inSpatial[d], win.outSpatial[d], win.kernel[d],
+                win.strides[d], win.pads[d], win.dilations[d]});
   std::lock_guard<std::mutex> guard(lock);
   auto it = tables.find(key);
   if (it == tables.end())
@@ -1017,7 +1019,8 @@ void pcc_cpu_conv_grad_input_f32(const float *dy, const float *w, float *dx,
 }
 
 void pcc_cpu_conv_grad_weight_f32(const float *x, const float *dy, float *dw,
-                                  int64_t spatial_rank, const int64_t *in_shape,
+                                  int64_t spatial_rank,
+                                  const int64_t *in_shape,
                                   const int64_t *w_shape,
                                   const int64_t *out_shape,
                                   const int64_t *strides, const int64_t *pads,
@@ -1075,8 +1078,8 @@ void pcc_cpu_max_pool_grad_f32(const float *x, const float *dy, float *dx,
   }
 }
 
-void pcc_cpu_avg_pool_grad_f32(const float *dy, float *dx, int64_t spatial_rank,
-                               const int64_t *in_shape,
+void pcc_cpu_avg_pool_grad_f32(const float *dy, float *dx,
+                               int64_t spatial_rank, const int64_t *in_shape,
                                const int64_t *out_shape, const int64_t *kernel,
                                const int64_t *strides, const int64_t *pads,
                                const int64_t *dilations,
@@ -1150,6 +1153,7 @@ void pcc_cpu_cast(const void *x, int from_type, void *y, int to_type,
   for (int64_t i = 0; i < count; ++i)
     pccrt::castElement(x, from_type, y, to_type, i);
 }
+
 
 //===----------------------------------------------------------------------===//
 // Training

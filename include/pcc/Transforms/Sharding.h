@@ -17,8 +17,8 @@
 #ifndef PCC_TRANSFORMS_SHARDING_H
 #define PCC_TRANSFORMS_SHARDING_H
 
-#include "pcc/Analysis/CostModel.h"
 #include "pcc/Dialect/Pcc/IR/PccInterfaces.h"
+#include "pcc/Analysis/CostModel.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/DenseMap.h"
@@ -38,10 +38,10 @@ inline constexpr llvm::StringLiteral kSequenceParallelAttrName =
 /// One collective the plan inserts.
 struct PlannedCollective {
   CollectiveKind kind;
-  Value value;         // the value converted
+  Value value;    // the value converted
   Operation *consumer; // the op that reads it converted (null: the results)
-  Shard from, to;      // its layouts
-  int64_t bytes;       // the whole tensor's bytes (the collective's payload)
+  Shard from, to; // its layouts
+  int64_t bytes;  // the whole tensor's bytes (the collective's payload)
 };
 
 struct ShardingPlan {
