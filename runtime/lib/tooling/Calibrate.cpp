@@ -350,7 +350,9 @@ void writeMachine(const CalibrateOptions &o, const std::string &base, int ranks,
   if (m.alone > 0)
     os << ", \"product_alone_flops\": " << m.alone
        << ", \"product_together_flops\": " << m.together;
-  if (m.stepLatency > 0)
+  // Both whenever the all-reduce was measured (between products it may
+  // measure 0: no slower than the products alone).
+  if (!m.allReduce.empty())
     os << ", \"all_reduce_latency_back_to_back\": " << m.latency
        << ", \"all_reduce_latency_between_products\": " << m.stepLatency;
   if (!m.allReduce.empty()) {
