@@ -33,6 +33,11 @@ FailureOr<std::string> tensorElementBytes(const onnx::TensorProto &tensor,
 LogicalResult checkTensorData(const onnx::TensorProto &tensor,
                               llvm::StringRef baseDir, Location loc);
 
+/// Whether checkTensorData would succeed, without reporting anything
+/// (pcc plan reads the weights it can and plans without the rest).
+bool tensorDataReadable(const onnx::TensorProto &tensor,
+                        llvm::StringRef baseDir, Location loc);
+
 /// Checks that a tensor's dimensions are non-negative and that its size in
 /// bytes fits in 64 bits (checkTensorData does this first).
 LogicalResult checkTensorShape(const onnx::TensorProto &tensor, Location loc);

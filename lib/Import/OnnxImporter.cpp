@@ -305,6 +305,10 @@ LogicalResult GraphImporter::findTransposedCopies() {
     if (!entry || entry->constant || init.dims_size() != 2 ||
         init.dims(0) == init.dims(1))
       continue;
+    // pcc plan: a weight whose external file is absent is counted as its
+    // own (never under: a tied copy counts twice).
+    if (options.shapesOnly && !tensorDataReadable(init, baseDir, fileLoc))
+      continue;
     byShape[{init.data_type(), init.dims(0), init.dims(1)}].push_back(&init);
   }
   // A fingerprint first (a few elements, read without loading the tensor),
@@ -544,7 +548,9 @@ LogicalResult GraphImporter::importInto(ModuleOp module) {
     define(init.name(), std::move(value));
   }
 
-  if (!options.shapesOnly && failed(findTransposedCopies()))
+  // Also for pcc plan (tied weights are stored once: the search must count
+  // them as the compile does), over the weights whose data is present.
+  if (failed(findTransposedCopies()))
     return failure();
 
   SmallVector<Type> argTypes;
