@@ -117,6 +117,27 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
   std::vector<ArenaBuffer> out;
   for (Operation &op : body) {
     ArrayRef<int64_t> offsets = offsetsOf(&op);
+    // A weight gradient's product that the CPU back end computes straight
+    // into the state it is assigned to (the one-row probe's one
+    // micro-batch) takes a buffer where the gradients accumulate (a
+    // pipeline's, or over micro-batches): replayArena counts it there. The
+    // last stage's tied head gradient, missing, was half its arena.
+    if (isa<MatmulOp>(op) && offsets.size() == 1 && offsets[0] == kNoBuffer &&
+        getCpuDeferral(&op, [](Value) { return false; }) ==
+            CpuDeferral::IntoState) {
+      Operation *assign = *op.getUsers().begin();
+      ArenaBuffer b;
+      b.op = order.lookup(&op);
+      b.dies = order.lookup(assign);
+      b.pos = at(&op);
+      b.firstReader = b.lastReader = at(assign);
+      b.bytes = getTensorBytes(op.getResult(0).getType());
+      auto state = assign->getOperand(0).getDefiningOp<ParamOp>();
+      b.intoState =
+          state && contributions.lookup(state.getName()) > 1 ? 2 : 1;
+      out.push_back(b);
+      continue;
+    }
     for (auto [r, offset] : llvm::zip(op.getResults(), offsets)) {
       if (offset < 0)
         continue;

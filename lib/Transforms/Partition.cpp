@@ -7,6 +7,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
@@ -348,6 +349,33 @@ LogicalResult recordedDecisions(func::FuncOp func,
   return failure(bad);
 }
 
+/// The weights `func` only looks rows up in (every use a pcc.gather, or a
+/// cast that only they read).
+llvm::StringSet<> lookupOnlyWeights(func::FuncOp func) {
+  llvm::StringMap<bool> only;
+  std::function<bool(Value)> lookups = [&](Value v) {
+    for (Operation *user : v.getUsers()) {
+      if (isa<GatherOp>(user) && user->getOperand(0) == v)
+        continue;
+      if (isa<CastOp>(user) && lookups(user->getResult(0)))
+        continue;
+      return false;
+    }
+    return true;
+  };
+  func.walk([&](ParamOp param) {
+    bool l = lookups(param.getResult());
+    auto [it, inserted] = only.try_emplace(param.getName(), l);
+    if (!inserted)
+      it->second = it->second && l;
+  });
+  llvm::StringSet<> out;
+  for (auto &entry : only)
+    if (entry.getValue())
+      out.insert(entry.getKey());
+  return out;
+}
+
 struct PartitionPass : public mlir::pcc::impl::PartitionBase<PartitionPass> {
   using PartitionBase::PartitionBase;
 
@@ -475,15 +503,31 @@ struct PartitionTrainingPass
     if (failed(ranks))
       return signalPassFailure();
     // A weight on several stages (a tied embedding and LM head) was
-    // planned on each: the first stage's layout holds, and the later
-    // stages' values flow around it.
+    // planned on each: the first stage that computes with it (not only
+    // looks rows up in it) decides, else the first, and the other stages'
+    // values flow around it. The LM head's vocabulary split holds, as
+    // Megatron's: the embedding stage's own choice, a split of the
+    // columns, made the head's stage gather the table whole and
+    // re-stack it every micro-batch (two whole tables in its arena) and
+    // the embedding stage make its gradient whole and slice it.
     llvm::StringMap<Shard> decisions;
+    llvm::StringSet<> lookedUp;
     for (auto &phases : step->stages) {
       llvm::StringMap<Shard> own;
       if (failed(recordedDecisions(phases[0], own)))
         return signalPassFailure();
-      for (auto &entry : own)
-        decisions.try_emplace(entry.getKey(), entry.getValue());
+      llvm::StringSet<> onlyLookups = lookupOnlyWeights(phases[0]);
+      for (auto &entry : own) {
+        StringRef name = entry.getKey();
+        bool lookup = onlyLookups.contains(name);
+        auto [it, inserted] = decisions.try_emplace(name, entry.getValue());
+        if (!inserted && lookedUp.contains(name) && !lookup) {
+          it->second = entry.getValue();
+          lookedUp.erase(name);
+        } else if (inserted && lookup) {
+          lookedUp.insert(name);
+        }
+      }
     }
     // --sp changes how layouts flow, not the weights' plan.
     if (!beginStep(module, *ranks, decisions))
