@@ -41,8 +41,9 @@ def secs(x):
 
 
 def mibs(x):
-    """MiB to print: one decimal, two below 10 MiB (the bundled models)."""
-    return "%.1f" % x if x >= 10 else "%.2f" % x
+    """MiB to print: one decimal, two below 10 MiB, three below 1 (the
+    bundled models)."""
+    return "%.1f" % x if x >= 10 else "%.2f" % x if x >= 1 else "%.3f" % x
 
 
 def mib(text):

@@ -57,6 +57,10 @@ double secondsSince(Clock::time_point start) {
 
 /// Bytes in MiB below a GiB, else in GiB.
 std::string gib(int64_t bytes) {
+  // Three decimals below 1 MiB: a small model's plans differ by less than
+  // 1% of it (and "never under" needs the digits to tell).
+  if (bytes < (int64_t(1) << 20))
+    return llvm::formatv("{0:F3} MiB", bytes / 1048576.0).str();
   if (bytes < (int64_t(10) << 20))
     return llvm::formatv("{0:F2} MiB", bytes / 1048576.0).str();
   if (bytes < (int64_t(1) << 30))
