@@ -330,12 +330,46 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
       if (a < n)
         readsTrained[a] = 1;
   });
+  // An add, or a fusion of adds alone (broadcasts and reshapes beside).
+  auto addsOnly = [](Operation *op) {
+    if (isa<AddOp>(op))
+      return true;
+    auto fusion = dyn_cast<FusionOp>(op);
+    if (!fusion)
+      return false;
+    bool adds = false;
+    for (Operation &inner : fusion.getBody().front()) {
+      if (isa<AddOp>(inner))
+        adds = true;
+      else if (!isa<BroadcastOp, ReshapeOp, YieldOp>(inner))
+        return false;
+    }
+    return adds;
+  };
   p.wgradSet.assign(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {
     int64_t set = 0;
     Operation *op = ops[i];
     bool readsWeight = readsTrained[i];
-    if (readsWeight) {
+    // A bias added (alone or fused with a residual add): its gradient
+    // reads only the sum's cotangent, and when the sum adds to what an op
+    // reading a weight made (a product's bias, a norm's shift after its
+    // scale) that cotangent is the op's, which B keeps once. Counted with
+    // the fusion's operands and as a norm's scale, zb-h1's sets came out
+    // 3x their compiled ones.
+    bool biasAdd = readsWeight && addsOnly(op);
+    bool passesCotangent =
+        biasAdd && llvm::any_of(op->getOperands(), [&](Value v) {
+          Operation *def = v.getDefiningOp();
+          auto it = def ? index.find(def) : index.end();
+          return it != index.end() && it->second < n &&
+                 readsTrained[it->second] && !isa<ParamOp>(def);
+        });
+    if (biasAdd) {
+      if (!passesCotangent)
+        for (Value r : op->getResults())
+          set += getTensorBytes(r.getType());
+    } else if (readsWeight) {
       for (Value r : op->getResults()) {
         // A partial sum reduce-scattered (--sp's row-parallel output): W
         // keeps its cotangent split and gathers it again.
@@ -343,6 +377,17 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
         if (r.hasOneUse())
           if (auto rs = dyn_cast<ReduceScatterOp>(*r.getUsers().begin()))
             kept = rs.getResult();
+        // A result all-gathered whole (the LM head's logits for the
+        // loss): its cotangent comes whole, and W keeps it so (the head's
+        // set was half its compiled one).
+        SmallVector<Value> views = {r};
+        for (size_t u = 0; u < views.size() && u < 8; ++u)
+          for (Operation *user : views[u].getUsers()) {
+            if (isa<AllGatherOp>(user))
+              kept = user->getResult(0);
+            else if (isa<ReshapeOp, TransposeOp>(user))
+              views.push_back(user->getResult(0));
+          }
         int64_t bytes = getTensorBytes(kept.getType());
         set += bytes;
         // A norm's scale (no FLOPs, not a bias add or a lookup, whose
@@ -568,12 +613,17 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
   // ops by their ONNX node's), so that a stage's arena is laid out from
   // its own ops' (the logits and their gradient only on the last stage's;
   // a tied head's gradient buffer there, not on the embedding's stage).
+  // A node's backward ops go where its last forward op is: with --sp the
+  // all-gather before the LM head carries the head's node and may end the
+  // stage before the head's (pcc-pipeline-cut hands it on there), and the
+  // head's and the loss's gradients, placed at its first op, were laid out
+  // in that stage's arena (3.5x its compiled one).
   {
-    llvm::StringMap<size_t> firstOf;
+    llvm::StringMap<size_t> nodeAt;
     for (size_t i = 0; i < n; ++i)
       if (std::string name = getOnnxNodeOfLocation(ops[i]->getLoc()).second;
           !name.empty())
-        firstOf.try_emplace(name, i);
+        nodeAt[name] = i;
     auto positions = [&](Block &body, bool forward) {
       llvm::DenseMap<Operation *, size_t> out;
       SmallVector<Operation *> pending;
@@ -585,8 +635,8 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
             c = it->second;
         } else if (std::string name = getOnnxNodeOfLocation(op.getLoc()).second;
                    !name.empty()) {
-          auto it = firstOf.find(name);
-          if (it != firstOf.end())
+          auto it = nodeAt.find(name);
+          if (it != nodeAt.end())
             c = it->second;
         }
         if (c == n) {
