@@ -638,6 +638,16 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
           auto it = nodeAt.find(name);
           if (it != nodeAt.end())
             c = it->second;
+        } else if (isa<AccumulateOp, AssignOp>(op)) {
+          // A gradient added into the state (no node of its own) goes
+          // where the gradient was made: placed at the next node's, the
+          // LM head's weight gradient seemed read by the stage before and
+          // was left out of the last stage's arena.
+          if (Operation *def = op.getOperand(1).getDefiningOp()) {
+            auto it = out.find(def);
+            if (it != out.end())
+              c = it->second;
+          }
         }
         if (c == n) {
           pending.push_back(&op);
