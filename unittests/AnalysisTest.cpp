@@ -10,6 +10,7 @@
 
 #include "pcc/Analysis/CostModel.h"
 #include "pcc/Analysis/CutSearch.h"
+#include "pcc/Analysis/Machine.h"
 #include "pcc/Analysis/PipelineStages.h"
 #include "pcc/Dialect/Pcc/IR/Contracts.h"
 #include "pcc/runtime/ModelAbi.h"
@@ -20,6 +21,8 @@
 #include "mlir/Parser/Parser.h"
 
 #include <gtest/gtest.h>
+
+#include <cstdio>
 
 using namespace mlir;
 using namespace mlir::pcc;
@@ -160,6 +163,38 @@ std::vector<std::string> names(ArrayRef<func::FuncOp> funcs) {
   for (func::FuncOp f : funcs)
     out.push_back(f ? f.getSymName().str() : "(none)");
   return out;
+}
+
+TEST(Machine, AttentionRatesByNearestWidthAndLength) {
+  Machine m = *Machine::preset("cpu");
+  EXPECT_EQ(m.attentionFlops(false, false, 64, 256), 0) << "no table: 0";
+  m.attention = {{16, 64, 10e9, 0, 20e9, 0},
+                 {16, 256, 40e9, 0, 80e9, 0},
+                 {64, 64, 100e9, 200e9, 100e9, 200e9}};
+  // Width 16's row, interpolated in log-log between 64 and 256 keys.
+  EXPECT_DOUBLE_EQ(m.attentionFlops(false, false, 16, 64), 10e9);
+  EXPECT_NEAR(m.attentionFlops(false, false, 16, 128), 20e9, 1e3);
+  EXPECT_NEAR(m.attentionFlops(false, true, 16, 128), 40e9, 1e3);
+  // Beyond the ends: the end's; a width of 24 is nearer 16 than 64.
+  EXPECT_DOUBLE_EQ(m.attentionFlops(false, false, 24, 4096), 40e9);
+  EXPECT_DOUBLE_EQ(m.attentionFlops(false, false, 128, 16), 100e9);
+  // No bf16 rate at width 16: 0, the caller prices it as a product.
+  EXPECT_EQ(m.attentionFlops(true, false, 16, 64), 0);
+  EXPECT_DOUBLE_EQ(m.attentionFlops(true, true, 64, 64), 200e9);
+  // The table survives the JSON round trip.
+  std::string error;
+  std::string path = ::testing::TempDir() + "attention-machine.json";
+  {
+    std::FILE *f = std::fopen(path.c_str(), "w");
+    ASSERT_TRUE(f);
+    std::string json = m.toJson();
+    std::fwrite(json.data(), 1, json.size(), f);
+    std::fclose(f);
+  }
+  std::optional<Machine> back = Machine::load(path, error);
+  ASSERT_TRUE(back) << error;
+  EXPECT_NEAR(back->attentionFlops(false, false, 16, 128), 20e9, 1e3);
+  std::remove(path.c_str());
 }
 
 TEST(TrainingStep, AWholeStepIsOneStage) {

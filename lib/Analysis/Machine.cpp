@@ -72,7 +72,81 @@ std::string readProducts(const llvm::json::Value &value,
             [](const auto &a, const auto &b) { return a.flops < b.flops; });
   return "";
 }
+/// The "attention" table: [{"head_dim": D, "seq": S, "fp32_flops": R,
+/// "grad_fp32_flops": R, "bf16_flops": R, "grad_bf16_flops": R}]; the
+/// message of what is wrong, or "".
+std::string readAttention(const llvm::json::Value &value,
+                          std::vector<Machine::AttentionRate> &out) {
+  const llvm::json::Array *rows = value.getAsArray();
+  if (!rows)
+    return "attention must be a list of {\"head_dim\": D, \"seq\": S, "
+           "\"fp32_flops\": R, ...}";
+  out.clear();
+  for (const llvm::json::Value &row : *rows) {
+    const llvm::json::Object *o = row.getAsObject();
+    if (!o)
+      return "each entry of attention must be an object";
+    Machine::AttentionRate r;
+    for (const auto &entry : *o) {
+      std::optional<double> v = entry.second.getAsNumber();
+      llvm::StringRef key = entry.first;
+      if (!v || *v <= 0)
+        return "attention: " + key.str() + " must be a positive number";
+      double *field = key == "head_dim"          ? &r.headDim
+                      : key == "seq"             ? &r.seq
+                      : key == "fp32_flops"      ? &r.fp32
+                      : key == "bf16_flops"      ? &r.bf16
+                      : key == "grad_fp32_flops" ? &r.gradFp32
+                      : key == "grad_bf16_flops" ? &r.gradBf16
+                                                 : nullptr;
+      if (!field)
+        return "attention: unknown key '" + key.str() +
+               "' (head_dim, seq, fp32_flops, bf16_flops, grad_fp32_flops, "
+               "grad_bf16_flops)";
+      *field = *v;
+    }
+    if (r.headDim <= 0 || r.seq <= 0 || (r.fp32 <= 0 && r.bf16 <= 0))
+      return "each entry of attention needs a head_dim, a seq and a rate";
+    out.push_back(r);
+  }
+  std::sort(out.begin(), out.end(), [](const auto &a, const auto &b) {
+    return std::make_pair(a.headDim, a.seq) < std::make_pair(b.headDim, b.seq);
+  });
+  return "";
+}
 } // namespace
+
+double Machine::attentionFlops(bool bf16, bool grad, double headDim,
+                               double seq) const {
+  if (attention.empty() || headDim <= 0 || seq <= 0)
+    return 0;
+  auto rate = [&](const AttentionRate &r) {
+    return grad ? (bf16 ? r.gradBf16 : r.gradFp32) : (bf16 ? r.bf16 : r.fp32);
+  };
+  // The nearest measured width (in log).
+  double width = attention.front().headDim;
+  for (const AttentionRate &r : attention)
+    if (std::abs(std::log(r.headDim / headDim)) <
+        std::abs(std::log(width / headDim)))
+      width = r.headDim;
+  std::vector<const AttentionRate *> row;
+  for (const AttentionRate &r : attention)
+    if (r.headDim == width && rate(r) > 0)
+      row.push_back(&r);
+  if (row.empty())
+    return 0;
+  if (seq <= row.front()->seq)
+    return rate(*row.front());
+  for (size_t i = 1; i < row.size(); ++i) {
+    const AttentionRate &lo = *row[i - 1], &hi = *row[i];
+    if (seq > hi.seq)
+      continue;
+    double t = std::log(seq / lo.seq) / std::log(hi.seq / lo.seq);
+    return std::exp(std::log(rate(lo)) +
+                    t * (std::log(rate(hi)) - std::log(rate(lo))));
+  }
+  return rate(*row.back());
+}
 
 const char *Machine::presetNames() { return "cpu, h100, h200"; }
 
@@ -221,6 +295,14 @@ std::optional<Machine> Machine::load(llvm::StringRef nameOrPath,
       }
       continue;
     }
+    if (key == "attention") {
+      error = readAttention(value, m.attention);
+      if (!error.empty()) {
+        error = "machine file '" + nameOrPath.str() + "': " + error;
+        return std::nullopt;
+      }
+      continue;
+    }
     if (key == "overlaps_collectives") {
       std::optional<bool> b = value.getAsBoolean();
       if (!b) {
@@ -278,6 +360,20 @@ std::string Machine::toJson() const {
       rows.push_back(std::move(row));
     }
     object["products"] = std::move(rows);
+  }
+  if (!attention.empty()) {
+    llvm::json::Array rows;
+    for (const AttentionRate &r : attention) {
+      llvm::json::Object row{{"head_dim", r.headDim}, {"seq", r.seq}};
+      for (auto [key, v] : {std::pair<const char *, double>{"fp32_flops", r.fp32},
+                            {"bf16_flops", r.bf16},
+                            {"grad_fp32_flops", r.gradFp32},
+                            {"grad_bf16_flops", r.gradBf16}})
+        if (v > 0)
+          row[key] = v;
+      rows.push_back(std::move(row));
+    }
+    object["attention"] = std::move(rows);
   }
   std::string text;
   llvm::raw_string_ostream os(text);

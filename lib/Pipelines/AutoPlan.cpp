@@ -618,9 +618,11 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     wgSet[k] = static_cast<int64_t>(
         std::ceil(static_cast<double>(range(p.wgradSet, lo, hi)) * rows));
     if (k > 0)
-      inBytes[k] = static_cast<int64_t>(p.cut.crossing[lo] * rows);
+      inBytes[k] = static_cast<int64_t>(
+          (p.cut.crossing[lo] + p.gatheredAt[lo]) * rows);
     if (k + 1 < stages)
-      outBytes[k] = static_cast<int64_t>(p.cut.crossing[hi] * rows);
+      outBytes[k] = static_cast<int64_t>(
+          (p.cut.crossing[hi] + p.gatheredAt[hi]) * rows);
   }
   // The step is at least the busiest pipeline rank's compute: a plan
   // slower by that alone than enough plans predicted to fit is not
@@ -737,7 +739,9 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       int64_t k = r + ch * c.pp;
       double slot = static_cast<double>(saved[k] + inBytes[k] + outBytes[k]) +
                     (k + 1 < stages ? static_cast<double>(outBytes[k]) : 0);
-      if (c.pp == 1)
+      // The batch's inputs: the first stage reads the ids, the last the
+      // labels (counted whole on both).
+      if (c.pp == 1 || k == 0 || k + 1 == stages)
         slot += static_cast<double>(pool.inputs) * rows;
       activations += slotCounts[r][ch] * slot;
       // B's values for W: zb-h1's sets in flight (the others run W right

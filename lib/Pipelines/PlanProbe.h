@@ -88,6 +88,11 @@ struct Probe {
   /// those read elsewhere too, with the positions of their readers: each
   /// stage holding a reader saves one (a stage's input, a mask).
   std::vector<int64_t> saved;
+  /// Per position (n + 1 entries): under --sp, the bytes an all-gather
+  /// right after it adds to the value crossing there (a final norm's
+  /// output, gathered for the head). The probe hands the value on split;
+  /// a stage planned on its own may gather it first and send it whole.
+  std::vector<int64_t> gatheredAt;
   std::vector<std::pair<int64_t, std::vector<size_t>>> savedReads;
   /// Prefix sums per op: the bytes a stage's B keeps for its W when W runs
   /// later (zb-h1): the output cotangent of every op reading a weight (a

@@ -11,6 +11,7 @@
 #include "Loader.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
@@ -35,6 +36,20 @@ double secondsSince(Clock::time_point start) {
 
 /// The best of `times` runs of `run` (a Status-returning call) after one
 /// warm-up, in seconds.
+/// A causal self-attention's sizes, as pcc_cpu_attention reads them.
+pcc_attention_shape causalAttention(int64_t batchHeads, int64_t seq,
+                                    int64_t headDim, bool bf16) {
+  pcc_attention_shape shape{};
+  shape.batch = 1;
+  shape.heads = shape.kv_heads = batchHeads;
+  shape.seq = shape.len = seq;
+  shape.head_dim = shape.v_dim = headDim;
+  shape.scale = 1.0 / std::sqrt(static_cast<double>(headDim));
+  shape.causal = 1;
+  shape.dtype = bf16 ? 1 : 0;
+  return shape;
+}
+
 template <typename Fn> Result<double> bestOf(int times, Fn run) {
   if (Status s = run(); !s.ok())
     return Error{s.error()};
@@ -120,7 +135,36 @@ public:
         },
         [] { return Status::success(); });
   }
+  Result<double> timeAttention(int64_t batchHeads, int64_t seq,
+                               int64_t headDim, bool bf16, bool grad,
+                               int times) override {
+    pcc_attention_shape shape =
+        causalAttention(batchHeads, seq, headDim, bf16);
+    auto elements = static_cast<size_t>(batchHeads * seq * headDim);
+    // 0.5 in each precision; every tensor of q's shape.
+    std::vector<float> f32(bf16 ? 0 : 7 * elements, 0.5f);
+    std::vector<uint16_t> b16(bf16 ? 7 * elements : 0, 0x3f00);
+    auto at = [&](int i) -> void * {
+      return bf16 ? static_cast<void *>(b16.data() + i * elements)
+                  : static_cast<void *>(f32.data() + i * elements);
+    };
+    std::vector<float> lse(static_cast<size_t>(batchHeads * seq));
+    if (pcc_cpu_attention(&shape, at(0), at(1), at(2), nullptr, at(3),
+                          lse.data()))
+      return Error{std::string("attention: ") + pcc_cpu_last_error()};
+    return bestOf(times, [&]() -> Status {
+      int rc = grad ? pcc_cpu_attention_grad(&shape, at(0), at(1), at(2),
+                                             at(3), lse.data(), at(3), nullptr,
+                                             at(4), at(5), at(6))
+                    : pcc_cpu_attention(&shape, at(0), at(1), at(2), nullptr,
+                                        at(3), lse.data());
+      if (rc)
+        return Error{std::string("attention: ") + pcc_cpu_last_error()};
+      return Status::success();
+    });
+  }
 };
+
 
 /// The host-side entry points of libpcc_runtime_cuda.so, found with dlsym.
 struct CudaApi {
@@ -141,6 +185,8 @@ struct CudaApi {
   decltype(&pcc_cuda_matmul_f32) matmulF32;
   decltype(&pcc_cuda_matmul_bf16) matmulBf16;
   decltype(&pcc_cuda_copy_strided) copyStrided;
+  decltype(&pcc_cuda_attention) attention;
+  decltype(&pcc_cuda_attention_grad) attentionGrad;
 };
 
 } // namespace
@@ -206,6 +252,8 @@ Result<CudaApi> loadCudaApi() {
   bind(api.matmulF32, "pcc_cuda_matmul_f32");
   bind(api.matmulBf16, "pcc_cuda_matmul_bf16");
   bind(api.copyStrided, "pcc_cuda_copy_strided");
+  bind(api.attention, "pcc_cuda_attention");
+  bind(api.attentionGrad, "pcc_cuda_attention_grad");
   if (!ok)
     return Error{"libpcc_runtime_cuda.so lacks the pcc_cuda_* entry points; "
                  "it belongs to another pcc version"};
@@ -294,6 +342,38 @@ public:
                           0, &stride, 0);
         },
         [&] { return finish(); });
+  }
+  Result<double> timeAttention(int64_t batchHeads, int64_t seq,
+                               int64_t headDim, bool bf16, bool grad,
+                               int times) override {
+    pcc_attention_shape shape =
+        causalAttention(batchHeads, seq, headDim, bf16);
+    int64_t bytes = batchHeads * seq * headDim * (bf16 ? 2 : 4);
+    std::vector<DeviceBuffer> t;
+    for (int i = 0; i < 7; ++i) {
+      auto b = DeviceBuffer::zeros(*this, bytes);
+      if (!b.ok())
+        return Error{b.error()};
+      t.push_back(b.take());
+    }
+    auto lse = DeviceBuffer::zeros(*this, batchHeads * seq * 4);
+    if (!lse.ok())
+      return Error{lse.error()};
+    auto *l = static_cast<float *>(lse->data());
+    api.attention(ctx, &shape, t[0].data(), t[1].data(), t[2].data(), nullptr,
+                  t[3].data(), l);
+    if (Status s = finish(); !s.ok())
+      return Error{s.error()};
+    return bestOf(times, [&]() -> Status {
+      if (grad)
+        api.attentionGrad(ctx, &shape, t[0].data(), t[1].data(), t[2].data(),
+                          t[3].data(), l, t[3].data(), nullptr, t[4].data(),
+                          t[5].data(), t[6].data());
+      else
+        api.attention(ctx, &shape, t[0].data(), t[1].data(), t[2].data(),
+                      nullptr, t[3].data(), l);
+      return finish();
+    });
   }
 
 private:

@@ -52,6 +52,14 @@ struct Machine {
     double flops = 0, fp32 = 0, bf16 = 0;
   };
   std::vector<ProductRate> products;
+  /// Measured fused-attention rates (`pcc calibrate`), FLOPs counted as
+  /// pcc.attention's and pcc.attention_grad's (every key, masked or not),
+  /// by head width and sequence length; empty: priced as products.
+  struct AttentionRate {
+    double headDim = 0, seq = 0;
+    double fp32 = 0, bf16 = 0, gradFp32 = 0, gradBf16 = 0;
+  };
+  std::vector<AttentionRate> attention;
   /// Whether gradient collectives overlap the backward pass (NCCL on its
   /// own stream does; MPI over shared memory moves data only in its
   /// calls).
@@ -62,6 +70,12 @@ struct Machine {
   /// flat rate).
   double productFlops(bool bf16, double flopsPerCall) const;
   double peakFlops(bool bf16) const { return bf16 ? bf16Peak : fp32Peak; }
+  /// The rate of a fused attention (or its gradient) of this head width
+  /// over `seq` keys: the table's nearest width, interpolated in log-log
+  /// between the lengths around `seq` (the end's beyond); 0 without a
+  /// measured rate (the caller prices it as a product).
+  double attentionFlops(bool bf16, bool grad, double headDim,
+                        double seq) const;
 
   /// The presets: "cpu" (one core of this project's AVX-512/AMX machine
   /// per rank, MPI over shared memory), "h100" (H100 SXM 80 GB, NVLink,

@@ -37,8 +37,17 @@ struct CollectiveTime {
   double seconds = 0;
 };
 
+/// A fused causal attention's rates (FLOPs as pcc counts them: 2 products
+/// forward, 5 for the gradient, over every key) at one head width and
+/// sequence length.
+struct AttentionRate {
+  int64_t headDim = 0, seq = 0;
+  double fp32 = 0, bf16 = 0, gradFp32 = 0, gradBf16 = 0;
+};
+
 /// What was measured; 0 where not.
 struct Measured {
+  std::vector<AttentionRate> attention;
   std::string device;
   std::vector<ProductRate> products;
   double fp32 = 0, bf16 = 0;
@@ -118,6 +127,63 @@ void measureProducts(Device &device, bool quick, bool root, Measured &out) {
     out.bf16 = std::max(out.bf16, r.bf16);
     out.products.push_back(r);
   }
+}
+
+/// Fused attention (pcc.attention and its gradient), through the kernels
+/// model libraries call: a product's rate misprices it by up to ten times
+/// (the zoo's Llama, head width 16 at 64 tokens: 12.6 GFLOP/s forward and
+/// 22 backward in bf16, where its products reach 150).
+void measureAttention(Device &device, bool quick, bool root, Measured &out) {
+  std::vector<int64_t> widths = {16, 64, 128};
+  std::vector<int64_t> lengths = {64, 256, 1024};
+  if (quick) {
+    widths = {64};
+    lengths = {64, 256};
+  }
+  int times = quick ? 1 : 3;
+  bool bf16Works = true;
+  for (int64_t d : widths)
+    for (int64_t s : lengths) {
+      // About 50 MFLOP a call forward (a few ms on one CPU core).
+      int64_t heads = std::max<int64_t>(1, (int64_t(50) << 20) / (4 * s * s * d));
+      heads = std::min<int64_t>(heads, 64);
+      double forward = 2.0 * heads * s * s * 2.0 * d;
+      AttentionRate r;
+      r.headDim = d;
+      r.seq = s;
+      auto name = [&](const char *what) {
+        return std::string(what) + " (" + std::to_string(heads) + " heads, " +
+               std::to_string(s) + " tokens, width " + std::to_string(d) + ")";
+      };
+      r.fp32 = forward / must(device.timeAttention(heads, s, d, false, false,
+                                                   times),
+                              name("attention"));
+      r.gradFp32 =
+          2.5 * forward /
+          must(device.timeAttention(heads, s, d, false, true, times),
+               name("attention gradient"));
+      if (bf16Works) {
+        auto f = device.timeAttention(heads, s, d, true, false, times);
+        auto g = device.timeAttention(heads, s, d, true, true, times);
+        if (f.ok() && g.ok()) {
+          r.bf16 = forward / *f;
+          r.gradBf16 = 2.5 * forward / *g;
+        } else {
+          bf16Works = false;
+          progress(root, "bf16 attention not measured: " +
+                             (f.ok() ? g.error() : f.error()));
+        }
+      }
+      progress(root, "attention, width " + std::to_string(d) + " at " +
+                         std::to_string(s) + " tokens: fp32 " +
+                         fmt("%.1f", r.fp32 / 1e9) + " GFLOP/s (gradient " +
+                         fmt("%.1f", r.gradFp32 / 1e9) + ")" +
+                         (r.bf16 > 0 ? ", bf16 " + fmt("%.1f", r.bf16 / 1e9) +
+                                           " (gradient " +
+                                           fmt("%.1f", r.gradBf16 / 1e9) + ")"
+                                     : ""));
+      out.attention.push_back(r);
+    }
 }
 
 /// Copies: a large one's bytes per second (read and write), a tiny one's
@@ -350,6 +416,20 @@ void writeMachine(const CalibrateOptions &o, const std::string &base, int ranks,
     os << "}";
   }
   os << "\n  ],\n";
+  if (!m.attention.empty()) {
+    os << "  \"attention\": [";
+    for (size_t i = 0; i < m.attention.size(); ++i) {
+      const AttentionRate &r = m.attention[i];
+      os << (i ? "," : "") << "\n    {\"head_dim\": " << r.headDim
+         << ", \"seq\": " << r.seq << ", \"fp32_flops\": " << r.fp32
+         << ", \"grad_fp32_flops\": " << r.gradFp32;
+      if (r.bf16 > 0)
+        os << ", \"bf16_flops\": " << r.bf16
+           << ", \"grad_bf16_flops\": " << r.gradBf16;
+      os << "}";
+    }
+    os << "\n  ],\n";
+  }
   os << "  \"measured\": {\"device\": \"" << m.device
      << "\", \"ranks\": " << ranks
      << ", \"hardware_cores\": " << m.hardwareCores;
@@ -420,6 +500,7 @@ int pccrun::runCalibration(const CalibrateOptions &o) {
                      (o.quick ? " (quick)" : ""));
   if (root) {
     measureProducts(*device, o.quick, root, m);
+    measureAttention(*device, o.quick, root, m);
     measureCopies(*device, o.quick, root, m);
   }
   if (world->size() > 1) {

@@ -65,6 +65,14 @@ public:
   virtual Result<double> timeProduct(int64_t m, int64_t n, int64_t k, bool bf16,
                                      int times) = 0;
   virtual Result<double> timeCopy(int64_t bytes, int times) = 0;
+  /// The seconds of one fused causal attention (pcc.attention) of
+  /// `batchHeads` heads of `seq` queries and keys of width `headDim`, or of
+  /// its gradient (pcc.attention_grad), through the kernels model
+  /// libraries call (f32, or bf16 operands), the best of `times` after one
+  /// warm-up.
+  virtual Result<double> timeAttention(int64_t batchHeads, int64_t seq,
+                                       int64_t headDim, bool bf16, bool grad,
+                                       int times) = 0;
 
   /// Bytes held in DeviceBuffers now, and the most ever held at once: the
   /// runtime's measured memory high-water mark on this device.
