@@ -93,7 +93,8 @@ llvm::DenseSet<Value> weightShapedValues(func::FuncOp f) {
 std::vector<ArenaBuffer>
 arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
              llvm::function_ref<bool(Value)> isFixed,
-             const llvm::StringMap<int> &contributions) {
+             const llvm::StringMap<int> &contributions,
+             const llvm::StringMap<int> &forwardReads) {
   llvm::DenseMap<Operation *, uint32_t> order;
   for (Operation &op : body)
     order[&op] = order.size();
@@ -113,6 +114,28 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
         !llvm::all_of(offsets, [](int64_t o) { return o == kNoBuffer; }))
       return nullptr;
     return *op->getUsers().begin();
+  };
+  // Whether `top` sums the contributions to the gradient of a weight
+  // read in several places (its result reduced into that state): in a
+  // pipeline each stage sums its own, at its backward's end.
+  auto sumsTiedGradient = [&](Operation *top) {
+    Operation *cur = top;
+    for (int step = 0; step < 4; ++step) {
+      if (cur->getNumResults() != 1 || !cur->getResult(0).hasOneUse())
+        return false;
+      cur = *cur->getResult(0).getUsers().begin();
+      if (isa<AccumulateOp, AssignOp>(cur)) {
+        // Several gradients, or one fused sum of several (the zoo Llama's
+        // RMSNorm weights, one all-ones initializer read by every norm).
+        auto state = cur->getOperand(0).getDefiningOp<ParamOp>();
+        return state &&
+               (contributions.lookup(state.getName()) > 1 ||
+                forwardReads.lookup(splitStateName(state.getName()).first) > 1);
+      }
+      if (!isa<ReduceSumOp, ReshapeOp, CastOp, FusionOp>(cur))
+        return false;
+    }
+    return false;
   };
   std::vector<ArenaBuffer> out;
   for (Operation &op : body) {
@@ -158,8 +181,16 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
             users.append(v.getUsers().begin(), v.getUsers().end());
           continue;
         }
-        if (Operation *into = deferredTo(user))
+        // A product computed into the state reads the buffer as an
+        // operand (the cotangent a weight gradient is made from): the
+        // buffer is not that gradient. Taken for one, the seventeen
+        // cotangents of the zoo Llama's products were left out of its
+        // one-device backward (2.23 MB laid out, 2.63 MB compiled).
+        bool readByProduct = false;
+        if (Operation *into = deferredTo(user)) {
+          readByProduct = isa<MatmulOp>(user);
           user = into;
+        }
         Operation *top = body.findAncestorOpInBlock(*user);
         if (!top)
           continue;
@@ -167,10 +198,14 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
           b.escapes = true; // saved for a later phase
           continue;
         }
-        if (isa<AccumulateOp, AssignOp>(top))
+        if (!readByProduct && isa<AccumulateOp, AssignOp>(top))
           if (auto state = top->getOperand(0).getDefiningOp<ParamOp>())
             b.intoState = contributions.lookup(state.getName()) > 1 ? 2 : 1;
         b.dies = std::max(b.dies, order.lookup(top));
+        if (sumsTiedGradient(top)) {
+          b.sumsTied = true;
+          continue;
+        }
         size_t c = at(top);
         b.firstReader = std::min(b.firstReader, c);
         b.lastReader = std::max(b.lastReader, c);
@@ -625,6 +660,12 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
       if (++contributions[state.getName()] == 2)
         p.tiedGrad = std::max(p.tiedGrad, getTensorBytes(state.getType()));
   });
+  // How many ops of the forward phase read each weight.
+  llvm::StringMap<int> forwardReads;
+  for (Operation &op : fwd.getBody().front())
+    if (auto param = dyn_cast<ParamOp>(op))
+      forwardReads[param.getName()] += static_cast<int>(
+          std::distance(param->getUsers().begin(), param->getUsers().end()));
   // What does not grow with the rows in the forward phase: what the
   // weights alone make (a gathered or cast table), and what constants
   // alone make unless the whole batch's program has it per row (`perRow`,
@@ -699,14 +740,14 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
                      !perRow.contains(
                          getOnnxNodeOfLocation(def->getLoc()).second);
             },
-            contributions),
+            contributions, forwardReads),
         arenaBuffers(
             bwd.getBody().front(),
             [&](Operation *op) { return bwdAt.lookup(op); },
             [&](Value v) {
               return !fromRows.contains(v) || perWeight.contains(v);
             },
-            contributions)};
+            contributions, forwardReads)};
   }
   p.stepArena = std::max(arenaOf(2), arenaOf(3));
   p.tpBytes = moved;
@@ -736,6 +777,12 @@ double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
     // (dies, offset, bytes, arena) of the buffers laid out, the next to die
     // first.
     std::vector<std::tuple<uint32_t, int64_t, int64_t, int>> live;
+    // The stage's last op with a buffer of its own: where the stage sums
+    // its contributions to a tied weight's gradient.
+    uint32_t stageEnd = 0;
+    for (const ArenaBuffer &b : phase)
+      if (b.pos >= lo && b.pos < hi)
+        stageEnd = std::max(stageEnd, b.op);
     auto later = [](const auto &a, const auto &b) {
       return std::get<0>(a) > std::get<0>(b);
     };
@@ -757,7 +804,8 @@ double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
       auto bytes = static_cast<int64_t>(static_cast<double>(b.bytes) *
                                         (b.perRow ? rows : 1.0));
       int64_t off = arenas[b.perRow].allocate(bytes);
-      live.emplace_back(b.dies, off, bytes, b.perRow ? 1 : 0);
+      live.emplace_back(b.sumsTied ? std::min(b.dies, stageEnd) : b.dies, off,
+                        bytes, b.perRow ? 1 : 0);
       std::push_heap(live.begin(), live.end(), later);
     }
     largest = std::max(largest, static_cast<double>(arenas[0].getPeak() +

@@ -57,12 +57,14 @@ struct Pricer {
 /// of its first and last readers, its bytes at one row and whether they
 /// grow with the rows; whether the phase returns it (saved for a later
 /// phase) and whether it is a weight gradient on its way into the state
-/// (1; 2 for a tied weight's, which has several).
+/// (1; 2 for a tied weight's, which has several); whether a reader sums a
+/// tied weight's contributions (not counted among its readers: a stage
+/// sums its own, so the buffer lives to its stage's end).
 struct ArenaBuffer {
   uint32_t op = 0, dies = 0;
   size_t pos = 0, firstReader = 0, lastReader = 0;
   int64_t bytes = 0;
-  bool perRow = false, escapes = false;
+  bool perRow = false, escapes = false, sumsTied = false;
   uint8_t intoState = 0;
 };
 
