@@ -266,6 +266,7 @@ void Search::compileProbe(const ProbeKey &key, Probe &p) {
   o.recompute = recompute;
   o.precision = precision;
   o.sequenceParallel = sp;
+  p.sequenceParallel = sp;
   o.memCapBytes = 0;
   o.emitRemarks = false;
   o.planMemory = true;
@@ -796,12 +797,20 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     // A 16-bit product's gradient is made in 16 bits and widened there
     // (both whole at once: the 8B's LM head, 1.05 GB more than the f32
     // gradient alone, which under-predicted its ZeRO-3 plans by 1%).
-    if (c.dp > 1 && c.zero >= 2 && c.pp == 1)
+    // A tied weight's contributions are summed whole before its one
+    // reduce-scatter: the product's (made in 16 bits under mixed
+    // precision, widened in the sum), the lookup's and the sum (3 f32 ones
+    // counted under bf16 too made the bundled GPT's tp 2 x dp 4 ZeRO-2
+    // plan 15-18% over).
+    if (c.dp > 1 && c.zero >= 2 && c.pp == 1) {
+      double tied = static_cast<double>(p.tiedGrad);
+      double product = c.precision == "fp32" ? tied : tied / 2;
       perMicrobatch = std::max(
-          perMicrobatch, stageArena(0) +
-                             std::max(3.0 * static_cast<double>(p.tiedGrad),
-                                      static_cast<double>(p.largestWeight)) +
-                             static_cast<double>(p.largestCopy));
+          perMicrobatch,
+          stageArena(0) +
+              std::max(2 * tied + product,
+                       static_cast<double>(p.largestWeight + p.largestCopy)));
+    }
     // The update: ZeRO 1 reduce-scatters the gradients into pieces, 1 and 2
     // gather each updated weight; a weight on several pipeline ranks has
     // its gradient all-reduced over the whole pipeline axis, on every rank

@@ -765,13 +765,21 @@ double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
                    int gradients) {
   double largest = 0;
   for (const std::vector<ArenaBuffer> &phase : p.arenaBuffers) {
-    // The buffers that grow with the rows and those that do not in two
-    // arenas: the one-row probe's program is not the many-row one's (a
-    // layout change of --sp's gathered logits at several rows), and in the
-    // compile a fixed buffer does not fit in the holes the rows' leave
-    // (GPT-2's 147 MiB tied head gradient beside its all-reduce, after the
-    // logits' gradient: 419 MiB at tp 4 and four rows, 321 MiB laid out
-    // together from the one-row probe).
+    // The buffers that grow with the rows and those that do not laid out
+    // together, as the compile does, on the last stage (and without a
+    // pipeline), whose program runs the probe's order; before it, in two
+    // arenas: the stage's backward merges its W into B in its own order
+    // (pcc-merge-weight-gradients), accumulates its gradients in f32 where
+    // the probe kept bf16 (GPT's MLP gradient in f32 and then a second f32
+    // buffer for its bias gradient), and a fixed buffer laid out in the
+    // rows' holes from the probe's order came out under (the bundled GPT's
+    // fourth of eight stages: 139 KB together at four rows, 172 KB apart,
+    // 188 KB compiled). Together on the last stage the bundled GPT's tp 2 x
+    // pp 2 x dp 2 ZeRO-3 bf16 plan's is its compiled arena to the byte
+    // (apart, 20% over), and GPT-2's tp 4 arena too (apart, 15% over).
+    // Under --sp the many-row program lays out the gathered logits
+    // otherwise (together, tp 4 x dp 2 came out 3% under).
+    bool together = hi >= p.size() && !p.sequenceParallel;
     std::array<BestFitArena, 2> arenas = {BestFitArena(kArenaAlignment),
                                           BestFitArena(kArenaAlignment)};
     // (dies, offset, bytes, arena) of the buffers laid out, the next to die
@@ -803,9 +811,10 @@ double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
       }
       auto bytes = static_cast<int64_t>(static_cast<double>(b.bytes) *
                                         (b.perRow ? rows : 1.0));
-      int64_t off = arenas[b.perRow].allocate(bytes);
+      int ai = !together && b.perRow ? 1 : 0;
+      int64_t off = arenas[ai].allocate(bytes);
       live.emplace_back(b.sumsTied ? std::min(b.dies, stageEnd) : b.dies, off,
-                        bytes, b.perRow ? 1 : 0);
+                        bytes, ai);
       std::push_heap(live.begin(), live.end(), later);
     }
     largest = std::max(largest, static_cast<double>(arenas[0].getPeak() +

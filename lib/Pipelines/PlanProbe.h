@@ -76,6 +76,7 @@ inline constexpr int64_t kArenaAlignment = 64;
 /// totals, and its memory pools, all for a micro-batch of one row.
 struct Probe {
   std::string error;           // why it could not be compiled ("" when it was)
+  bool sequenceParallel = false; // compiled with --sp
   CutProfile cut;              // step seconds, FLOPs, crossing bytes
   std::vector<double> forward; // forward seconds
   /// The parts of forward and of the backward's share that do not grow
