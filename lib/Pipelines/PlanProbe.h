@@ -59,12 +59,14 @@ struct Pricer {
 /// phase) and whether it is a weight gradient on its way into the state
 /// (1; 2 for a tied weight's, which has several); whether a reader sums a
 /// tied weight's contributions (not counted among its readers: a stage
-/// sums its own, so the buffer lives to its stage's end).
+/// sums its own, so the buffer lives to its stage's end); whether only a
+/// program of several rows has it (under --sp, the copy a collective's
+/// operand or result is transposed into, a reshape at one row).
 struct ArenaBuffer {
   uint32_t op = 0, dies = 0;
   size_t pos = 0, firstReader = 0, lastReader = 0;
   int64_t bytes = 0;
-  bool perRow = false, escapes = false, sumsTied = false;
+  bool perRow = false, escapes = false, sumsTied = false, manyRows = false;
   uint8_t intoState = 0;
 };
 
