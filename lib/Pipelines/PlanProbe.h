@@ -21,6 +21,7 @@
 #include "llvm/ADT/StringSet.h"
 
 #include <array>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +68,10 @@ struct ArenaBuffer {
   size_t pos = 0, firstReader = 0, lastReader = 0;
   int64_t bytes = 0;
   bool perRow = false, escapes = false, sumsTied = false, manyRows = false;
+  /// A weight gradient's product: where its last operand is made, where a
+  /// pipeline stage computes it (pcc-merge-weight-gradients puts each W op
+  /// as early as its operands allow, its accumulate right after).
+  std::optional<uint32_t> mergedAt;
   uint8_t intoState = 0;
 };
 
