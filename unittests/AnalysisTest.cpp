@@ -20,6 +20,7 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Parser/Parser.h"
 
+#include <cmath>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -194,6 +195,39 @@ TEST(Machine, AttentionRatesByNearestWidthAndLength) {
   std::optional<Machine> back = Machine::load(path, error);
   ASSERT_TRUE(back) << error;
   EXPECT_NEAR(back->attentionFlops(false, false, 16, 128), 20e9, 1e3);
+  std::remove(path.c_str());
+}
+
+TEST(Machine, LatencyByGroupSize) {
+  std::optional<Machine> cpu = Machine::preset("cpu");
+  ASSERT_TRUE(cpu);
+  Machine m = *cpu;
+  m.intraLatency = 50e-6;
+  EXPECT_DOUBLE_EQ(m.intraLatencyFor(2), 50e-6) << "no table: intraLatency";
+  m.intraLatencies = {{2, 10e-6}, {4, 20e-6}, {8, 50e-6}};
+  EXPECT_DOUBLE_EQ(m.intraLatencyFor(2), 10e-6);
+  EXPECT_DOUBLE_EQ(m.intraLatencyFor(8), 50e-6);
+  // Between the sizes around it, in log2 of the ranks; the end's beyond.
+  EXPECT_NEAR(m.intraLatencyFor(6), 20e-6 + std::log2(1.5) * 30e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(m.intraLatencyFor(64), 50e-6);
+  EXPECT_DOUBLE_EQ(m.intraLatencyFor(1), 50e-6);
+  // The table survives the JSON round trip; a bad entry is an error.
+  std::string error;
+  std::string path = ::testing::TempDir() + "latency-machine.json";
+  auto write = [&](const std::string &json) {
+    std::FILE *f = std::fopen(path.c_str(), "w");
+    ASSERT_TRUE(f);
+    std::fwrite(json.data(), 1, json.size(), f);
+    std::fclose(f);
+  };
+  write(m.toJson());
+  std::optional<Machine> back = Machine::load(path, error);
+  ASSERT_TRUE(back) << error;
+  EXPECT_DOUBLE_EQ(back->intraLatencyFor(4), 20e-6);
+  write(
+      R"({"base": "cpu", "intra_latencies": [{"ranks": 1, "seconds": 1e-5}]})");
+  EXPECT_FALSE(Machine::load(path, error));
+  EXPECT_NE(error.find("intra_latencies"), std::string::npos) << error;
   std::remove(path.c_str());
 }
 

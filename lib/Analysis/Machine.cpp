@@ -114,7 +114,45 @@ std::string readAttention(const llvm::json::Value &value,
   });
   return "";
 }
+/// The "intra_latencies" table: [{"ranks": G, "seconds": S}]; the message
+/// of what is wrong, or "".
+std::string readLatencies(const llvm::json::Value &value,
+                          std::vector<Machine::GroupLatency> &out) {
+  const llvm::json::Array *rows = value.getAsArray();
+  if (!rows)
+    return "intra_latencies must be a list of {\"ranks\": G, \"seconds\": S}";
+  out.clear();
+  for (const llvm::json::Value &row : *rows) {
+    const llvm::json::Object *o = row.getAsObject();
+    std::optional<double> ranks = o ? o->getNumber("ranks") : std::nullopt;
+    std::optional<double> seconds = o ? o->getNumber("seconds") : std::nullopt;
+    if (!o || o->size() != 2 || !ranks || !seconds || *ranks < 2 ||
+        *ranks != std::floor(*ranks) || *seconds < 0)
+      return "each entry of intra_latencies must be {\"ranks\": G >= 2, "
+             "\"seconds\": S >= 0}";
+    out.push_back({static_cast<int64_t>(*ranks), *seconds});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto &a, const auto &b) { return a.ranks < b.ranks; });
+  return "";
+}
 } // namespace
+
+double Machine::intraLatencyFor(int64_t ranks) const {
+  if (intraLatencies.empty() || ranks <= 1)
+    return intraLatency;
+  if (ranks <= intraLatencies.front().ranks)
+    return intraLatencies.front().seconds;
+  for (size_t i = 1; i < intraLatencies.size(); ++i) {
+    const GroupLatency &lo = intraLatencies[i - 1], &hi = intraLatencies[i];
+    if (ranks > hi.ranks)
+      continue;
+    double t = std::log2(static_cast<double>(ranks) / lo.ranks) /
+               std::log2(static_cast<double>(hi.ranks) / lo.ranks);
+    return lo.seconds + t * (hi.seconds - lo.seconds);
+  }
+  return intraLatencies.back().seconds;
+}
 
 double Machine::attentionFlops(bool bf16, bool grad, double headDim,
                                double seq) const {
@@ -295,6 +333,14 @@ std::optional<Machine> Machine::load(llvm::StringRef nameOrPath,
       }
       continue;
     }
+    if (key == "intra_latencies") {
+      error = readLatencies(value, m.intraLatencies);
+      if (!error.empty()) {
+        error = "machine file '" + nameOrPath.str() + "': " + error;
+        return std::nullopt;
+      }
+      continue;
+    }
     if (key == "attention") {
       error = readAttention(value, m.attention);
       if (!error.empty()) {
@@ -374,6 +420,13 @@ std::string Machine::toJson() const {
       rows.push_back(std::move(row));
     }
     object["attention"] = std::move(rows);
+  }
+  if (!intraLatencies.empty()) {
+    llvm::json::Array rows;
+    for (const GroupLatency &g : intraLatencies)
+      rows.push_back(
+          llvm::json::Object{{"ranks", g.ranks}, {"seconds", g.seconds}});
+    object["intra_latencies"] = std::move(rows);
   }
   std::string text;
   llvm::raw_string_ostream os(text);

@@ -844,7 +844,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
         bytes += 2.0 * c.microbatches * part * (C > 0 ? C : W);
       moved = bytes;
       double bw = dpIntra ? m.intraBandwidth : m.interBandwidth;
-      double latency = dpIntra ? m.intraLatency : m.interLatency;
+      double latency = dpIntra ? m.intraLatencyFor(c.dp) : m.interLatency;
       // One collective per weight (the runtime does not bucket them):
       // ZeRO 0 an all-reduce, 1 and 2 a reduce-scatter and the updated
       // weight's all-gather, 3 the reduce-scatter and a gather in every

@@ -256,7 +256,7 @@ double Pricer::op(Operation *op, int64_t tp, double &moved,
     if (c.getCollectiveKind() == CollectiveKind::AllReduce)
       part *= 2;
     moved += part * static_cast<double>(c.getPayloadBytes());
-    fixed += ranks > 1 ? machine.intraLatency : 0;
+    fixed += ranks > 1 ? machine.intraLatencyFor(ranks) : 0;
     return collective(c.getCollectiveKind(), c.getPayloadBytes(), ranks,
                       /*intra=*/true);
   }

@@ -42,7 +42,8 @@ struct Pricer {
     if (kind == CollectiveKind::AllReduce)
       part *= 2;
     double bw = intra ? machine.intraBandwidth : machine.interBandwidth;
-    double latency = intra ? machine.intraLatency : machine.interLatency;
+    double latency =
+        intra ? machine.intraLatencyFor(ranks) : machine.interLatency;
     return latency + part * static_cast<double>(bytes) / (bw * share);
   }
 

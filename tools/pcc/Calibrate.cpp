@@ -147,6 +147,13 @@ int runCalibrate(int argc, char **argv) {
     llvm::outs() << llvm::formatv(
         "  all-reduce over {0} ranks: {1:F1} us + bytes at {2:F2} GB/s bus\n",
         ranks, m->intraLatency * 1e6, m->intraBandwidth / 1e9);
+  if (m->intraLatencies.size() > 1) {
+    llvm::outs() << "  a collective between kernels:";
+    for (const Machine::GroupLatency &g : m->intraLatencies)
+      llvm::outs() << llvm::formatv(" {0} ranks {1:F1} us", g.ranks,
+                                    g.seconds * 1e6);
+    llvm::outs() << "\n";
+  }
   if (m->cores > 0)
     llvm::outs() << llvm::formatv(
         "  cores' worth shared by the ranks: {0:F2}\n", m->cores);

@@ -39,6 +39,15 @@ struct Machine {
   /// within a node and across nodes.
   double intraBandwidth = 0, intraLatency = 0;
   double interBandwidth = 0, interLatency = 0;
+  /// Measured latency of a collective between kernels by group size
+  /// (`pcc calibrate -n N`: groups of 2, 4, ... and N, every rank in a
+  /// group at once, as a plan's tp or dp groups run); empty: intraLatency
+  /// for every group.
+  struct GroupLatency {
+    int64_t ranks = 0;
+    double seconds = 0;
+  };
+  std::vector<GroupLatency> intraLatencies;
   /// CPU ranks: the cores all the ranks of one node share, in a core's
   /// worth of the rates above (0: each device has its own). `pcc
   /// calibrate -n N` measures it with N ranks computing at once (4 ranks
@@ -66,6 +75,10 @@ struct Machine {
   bool overlapsCollectives = false;
 
   double productFlops(bool bf16) const { return bf16 ? bf16Flops : fp32Flops; }
+  /// The latency of a collective over `ranks` ranks within a node: the
+  /// measured table's, interpolated in log2 of the ranks between the sizes
+  /// around it (the end's beyond), else intraLatency.
+  double intraLatencyFor(int64_t ranks) const;
   /// The rate a product of `flopsPerCall` reaches (the table's, else the
   /// flat rate).
   double productFlops(bool bf16, double flopsPerCall) const;

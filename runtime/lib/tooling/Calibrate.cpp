@@ -15,10 +15,13 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <sched.h>
 #include <sstream>
 #include <thread>
 #include <unistd.h>
+#include <utility>
+#include <vector>
 
 using namespace pccrt;
 using namespace pccrun;
@@ -58,6 +61,9 @@ struct Measured {
   std::vector<CollectiveTime> allReduce;
   double latency = 0, busBandwidth = 0;
   double stepLatency = 0; // a collective between kernels (measureInStep)
+  /// The same in groups of fewer ranks, every rank in a group at once:
+  /// (group size, seconds).
+  std::vector<std::pair<int, double>> groupLatencies;
 };
 
 void progress(bool root, const std::string &line) {
@@ -344,9 +350,34 @@ void measureInStep(Device &device, Communicator &world, Communicator &comm,
   std::nth_element(extra.begin(), extra.begin() + extra.size() / 2,
                    extra.end());
   out.stepLatency = std::max(0.0, extra[extra.size() / 2]);
+  if (comm.size() < world.size()) {
+    progress(root, "all_reduce of 4 bytes between products in groups of " +
+                       std::to_string(comm.size()) + " ranks: " +
+                       fmt("%.1f", out.stepLatency * 1e6) + " us a call");
+    return;
+  }
   progress(root, "all_reduce of 4 bytes between products: " +
                      fmt("%.1f", out.stepLatency * 1e6) + " us a call (" +
                      fmt("%.1f", out.latency * 1e6) + " back to back)");
+}
+
+/// measureInStep in groups of 2, 4, ... ranks below the world's, every
+/// rank in one group at once (a plan's tp or dp groups): over 8 CPU ranks
+/// sharing 2 cores a group of 2 is not an 8-rank collective, and pricing
+/// every group at the 8-rank latency put the bundled GPT's tp 2 x pp 2 x dp
+/// 2 plans at twice their measured step.
+void measureGroups(Device &device, Communicator &world, bool quick,
+                   Measured &out) {
+  for (int g = 2; g < world.size(); g *= 2) {
+    if (world.size() % g != 0)
+      continue;
+    std::unique_ptr<Communicator> group =
+        must(world.split(world.rank() / g, world.rank()),
+             "a group of " + std::to_string(g) + " ranks");
+    Measured m;
+    measureInStep(device, world, *group, quick, m);
+    out.groupLatencies.push_back({g, m.stepLatency});
+  }
 }
 
 std::string today() {
@@ -401,6 +432,13 @@ void writeMachine(const CalibrateOptions &o, const std::string &base, int ranks,
     // The latency a step's collectives see (the larger of the two).
     os << "  \"intra_latency\": " << std::max(m.latency, m.stepLatency)
        << ",\n";
+    if (!m.groupLatencies.empty()) {
+      os << "  \"intra_latencies\": [";
+      for (const auto &[ranks, seconds] : m.groupLatencies)
+        os << "{\"ranks\": " << ranks << ", \"seconds\": " << seconds << "}, ";
+      os << "{\"ranks\": " << ranks
+         << ", \"seconds\": " << std::max(m.latency, m.stepLatency) << "}],\n";
+    }
   }
   if (m.cores > 0)
     os << "  \"cores\": " << m.cores << ",\n";
@@ -515,6 +553,9 @@ int pccrun::runCalibration(const CalibrateOptions &o) {
     }
     measureAllReduce(*device, *world, *comm, o.quick, m);
     measureInStep(*device, *world, *comm, o.quick, m);
+    // (MPI groups only: NCCL's would each need their own communicator.)
+    if (device->isHost())
+      measureGroups(*device, *world, o.quick, m);
   }
   if (root) {
     writeMachine(o, base, world->size(), m);
