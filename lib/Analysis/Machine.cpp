@@ -325,26 +325,17 @@ std::optional<Machine> Machine::load(llvm::StringRef nameOrPath,
     // in the file for the reader.
     if (key == "measured")
       continue;
-    if (key == "products") {
-      error = readProducts(value, m.products);
-      if (!error.empty()) {
-        error = "machine file '" + nameOrPath.str() + "': " + error;
-        return std::nullopt;
-      }
-      continue;
-    }
-    if (key == "intra_latencies") {
-      error = readLatencies(value, m.intraLatencies);
-      if (!error.empty()) {
-        error = "machine file '" + nameOrPath.str() + "': " + error;
-        return std::nullopt;
-      }
-      continue;
-    }
-    if (key == "attention") {
-      error = readAttention(value, m.attention);
-      if (!error.empty()) {
-        error = "machine file '" + nameOrPath.str() + "': " + error;
+    // The tables.
+    std::optional<std::string> table;
+    if (key == "products")
+      table = readProducts(value, m.products);
+    else if (key == "intra_latencies")
+      table = readLatencies(value, m.intraLatencies);
+    else if (key == "attention")
+      table = readAttention(value, m.attention);
+    if (table) {
+      if (!table->empty()) {
+        error = "machine file '" + nameOrPath.str() + "': " + *table;
         return std::nullopt;
       }
       continue;
