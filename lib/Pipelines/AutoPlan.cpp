@@ -196,7 +196,8 @@ private:
   double pruneAbove = std::numeric_limits<double>::infinity();
   /// A stage's micro-batch arena by probe, stage bounds, rows and which
   /// weight gradients take a buffer (replayArena).
-  std::map<std::tuple<const Probe *, size_t, size_t, int64_t, int>, double>
+  std::map<std::tuple<const Probe *, size_t, size_t, int64_t, int, bool>,
+           double>
       arenas;
   bool bounded = false;
 
@@ -759,17 +760,18 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     // with one micro-batch, no pipeline and no data parallelism).
     // The rank's stages' arena with `gradients` of the weight gradients'
     // buffers (replayArena).
-    auto stageArena = [&](int gradients) {
+    auto stageArena = [&](int gradients, bool gathers = false) {
       double most = 0;
       for (int64_t ch = 0; ch < c.chunks; ++ch) {
         int64_t k = r + ch * c.pp;
-        auto akey = std::make_tuple(&p, bounds[k], bounds[k + 1],
-                                    static_cast<int64_t>(rows), gradients);
+        auto akey =
+            std::make_tuple(&p, bounds[k], bounds[k + 1],
+                            static_cast<int64_t>(rows), gradients, gathers);
         auto it = arenas.find(akey);
         if (it == arenas.end())
           it = arenas
                    .emplace(akey, replayArena(p, bounds[k], bounds[k + 1], rows,
-                                              gradients))
+                                              gradients, gathers))
                    .first;
         // A pipeline stage's backward merges its W into B in its own order
         // (pcc-merge-weight-gradients), not the probe's: laid out again
@@ -784,12 +786,13 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       return most;
     };
     double perMicrobatch = stageArena(accumulates ? 2 : 1);
-    // ZeRO 3 gathers each weight whole as its phase reads it; ZeRO 2 and 3
-    // without a pipeline sum a tied weight's contributions before its one
-    // reduce-scatter (both and the sum whole at once).
+    // ZeRO 3 gathers each weight as its phase reads it, alive to its last
+    // reader: laid out with the phase's buffers (one largest weight beside
+    // the largest scratch put the bundled GPT's ZeRO-3 pipelines 6-14%
+    // over; with each read's gather where it is, 0.4-7%).
     if (c.dp > 1 && c.zero == 3)
-      perMicrobatch = std::max(
-          perMicrobatch, stageArena(0) + static_cast<double>(p.largestWeight));
+      perMicrobatch =
+          std::max(perMicrobatch, stageArena(accumulates ? 2 : 1, true));
     // ZeRO 2 and 3 without a pipeline also make each weight's gradient
     // whole in the arena, beside the micro-batch's scratch, before its
     // reduce-scatter (Llama-3 8B's embedding: 2.1 GB; without it every 8B

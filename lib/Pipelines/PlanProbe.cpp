@@ -166,6 +166,39 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
       out.push_back(b);
       continue;
     }
+    // ZeRO 3 gathers a weight where it is read, into a buffer alive to
+    // its last reader (each read its own gather).
+    if (auto param = dyn_cast<ParamOp>(op); param && !param->use_empty()) {
+      llvm::StringRef kind = splitStateName(param.getName()).second;
+      if (kind.empty() || kind == kBf16CopyState || kind == kF16CopyState) {
+        ArenaBuffer b;
+        b.op = b.dies = order.lookup(&op);
+        b.pos = at(&op);
+        b.firstReader = b.lastReader = b.pos;
+        b.bytes = getTensorBytes(param.getType());
+        b.gathered = true;
+        SmallVector<Operation *> users(param->getUsers().begin(),
+                                       param->getUsers().end());
+        for (size_t u = 0; u < users.size(); ++u) {
+          if (isa<ReshapeOp>(users[u])) {
+            users.append(users[u]->getUsers().begin(),
+                         users[u]->getUsers().end());
+            continue;
+          }
+          Operation *user = users[u];
+          if (Operation *into = deferredTo(user))
+            user = into;
+          Operation *top = body.findAncestorOpInBlock(*user);
+          if (!top || top->hasTrait<OpTrait::IsTerminator>())
+            continue;
+          b.dies = std::max(b.dies, order.lookup(top));
+          b.firstReader = std::min(b.firstReader, at(top));
+          b.lastReader = std::max(b.lastReader, at(top));
+        }
+        out.push_back(b);
+      }
+      continue;
+    }
     for (auto [r, offset] : llvm::zip(op.getResults(), offsets)) {
       if (offset < 0)
         continue;
@@ -789,7 +822,7 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
 }
 
 double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
-                   int gradients) {
+                   int gradients, bool gathers) {
   double largest = 0;
   // A pipeline stage computes each weight gradient's product where its
   // operands are ready and accumulates it at once: the bundled GPT's last
@@ -846,7 +879,8 @@ double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
           b.lastReader >= hi)
         continue;
       if ((b.intoState == 1 && gradients < 2) ||
-          (b.intoState == 2 && gradients < 1) || (b.manyRows && rows <= 1))
+          (b.intoState == 2 && gradients < 1) || (b.manyRows && rows <= 1) ||
+          (b.gathered && !gathers))
         continue;
       while (!live.empty() && std::get<0>(live.front()) < b.op) {
         arenas[std::get<3>(live.front())].release(std::get<1>(live.front()),

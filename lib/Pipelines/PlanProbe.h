@@ -69,6 +69,9 @@ struct ArenaBuffer {
   size_t pos = 0, firstReader = 0, lastReader = 0;
   int64_t bytes = 0;
   bool perRow = false, escapes = false, sumsTied = false, manyRows = false;
+  /// A weight's read (no buffer in the probe): under ZeRO 3 its gathered
+  /// piece, from the read to its last reader.
+  bool gathered = false;
   /// A weight gradient's product: where its last operand is made, where a
   /// pipeline stage computes it (pcc-merge-weight-gradients puts each W op
   /// as early as its operands allow, its accumulate right after).
@@ -166,9 +169,10 @@ struct Probe {
 /// as it does there), each per-row buffer grown by the rows. The weight
 /// gradients on their way into the state take a buffer by `gradients`: 2
 /// every one (they accumulate), 1 a tied weight's second contribution
-/// only, 0 none.
+/// only, 0 none; `gathers`: each weight read gathered into a buffer
+/// (ZeRO 3).
 double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
-                   int gradients);
+                   int gradients, bool gathers = false);
 
 /// Reads a compiled probe module.
 void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
