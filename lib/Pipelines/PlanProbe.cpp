@@ -115,6 +115,33 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
       return nullptr;
     return *op->getUsers().begin();
   };
+  // Calls `fn(top, readByProduct)` for each op of the block reading `v`:
+  // through its views (a reshape is its buffer, a completed collective the
+  // buffer it was started into) and the CPU's deferrals (an op computed in
+  // its user is read there; `readByProduct`: a product computed into the
+  // state reads it as an operand, the cotangent a weight gradient is made
+  // from, which is not that gradient: taken for one, the seventeen
+  // cotangents of the zoo Llama's products were left out of its one-device
+  // backward, 2.23 MB laid out, 2.63 MB compiled).
+  auto forEachReader = [&](Value v,
+                           llvm::function_ref<void(Operation *, bool)> fn) {
+    SmallVector<Operation *> users(v.getUsers().begin(), v.getUsers().end());
+    for (size_t u = 0; u < users.size(); ++u) {
+      Operation *user = users[u];
+      if (isa<ReshapeOp, WaitCollectivesOp>(user)) {
+        for (Value r : user->getResults())
+          users.append(r.getUsers().begin(), r.getUsers().end());
+        continue;
+      }
+      bool readByProduct = false;
+      if (Operation *into = deferredTo(user)) {
+        readByProduct = isa<MatmulOp>(user);
+        user = into;
+      }
+      if (Operation *top = body.findAncestorOpInBlock(*user))
+        fn(top, readByProduct);
+    }
+  };
   // Whether `top` sums the contributions to the gradient of a weight
   // read in several places (its result reduced into that state): in a
   // pipeline each stage sums its own, at its backward's end.
@@ -177,24 +204,13 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
         b.firstReader = b.lastReader = b.pos;
         b.bytes = getTensorBytes(param.getType());
         b.gathered = true;
-        SmallVector<Operation *> users(param->getUsers().begin(),
-                                       param->getUsers().end());
-        for (size_t u = 0; u < users.size(); ++u) {
-          if (isa<ReshapeOp>(users[u])) {
-            users.append(users[u]->getUsers().begin(),
-                         users[u]->getUsers().end());
-            continue;
-          }
-          Operation *user = users[u];
-          if (Operation *into = deferredTo(user))
-            user = into;
-          Operation *top = body.findAncestorOpInBlock(*user);
-          if (!top || top->hasTrait<OpTrait::IsTerminator>())
-            continue;
+        forEachReader(param.getResult(), [&](Operation *top, bool) {
+          if (top->hasTrait<OpTrait::IsTerminator>())
+            return;
           b.dies = std::max(b.dies, order.lookup(top));
           b.firstReader = std::min(b.firstReader, at(top));
           b.lastReader = std::max(b.lastReader, at(top));
-        }
+        });
         out.push_back(b);
       }
       continue;
@@ -209,32 +225,10 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
       b.firstReader = b.lastReader = b.pos;
       b.bytes = getTensorBytes(r.getType());
       b.perRow = !isFixed(r);
-      // Its readers, and those of its views (a reshape is its buffer, a
-      // completed collective the buffer it was started into).
-      SmallVector<Operation *> users(r.getUsers().begin(), r.getUsers().end());
-      for (size_t u = 0; u < users.size(); ++u) {
-        Operation *user = users[u];
-        if (isa<ReshapeOp, WaitCollectivesOp>(user)) {
-          for (Value v : user->getResults())
-            users.append(v.getUsers().begin(), v.getUsers().end());
-          continue;
-        }
-        // A product computed into the state reads the buffer as an
-        // operand (the cotangent a weight gradient is made from): the
-        // buffer is not that gradient. Taken for one, the seventeen
-        // cotangents of the zoo Llama's products were left out of its
-        // one-device backward (2.23 MB laid out, 2.63 MB compiled).
-        bool readByProduct = false;
-        if (Operation *into = deferredTo(user)) {
-          readByProduct = isa<MatmulOp>(user);
-          user = into;
-        }
-        Operation *top = body.findAncestorOpInBlock(*user);
-        if (!top)
-          continue;
+      forEachReader(r, [&](Operation *top, bool readByProduct) {
         if (top->hasTrait<OpTrait::IsTerminator>()) {
           b.escapes = true; // saved for a later phase
-          continue;
+          return;
         }
         if (!readByProduct && isa<AccumulateOp, AssignOp>(top))
           if (auto state = top->getOperand(0).getDefiningOp<ParamOp>())
@@ -242,12 +236,12 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
         b.dies = std::max(b.dies, order.lookup(top));
         if (sumsTiedGradient(top)) {
           b.sumsTied = true;
-          continue;
+          return;
         }
         size_t c = at(top);
         b.firstReader = std::min(b.firstReader, c);
         b.lastReader = std::max(b.lastReader, c);
-      }
+      });
       out.push_back(b);
     }
     // Under --sp a sequence-split collective's operand (a reduce-scatter)
