@@ -142,10 +142,6 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
     pm.addPass(createDataParallel(data));
     pm.addPass(createCanonicalizerPass());
   }
-  if (o.isOffloading()) {
-    pm.addPass(createOffloadOptimizer());
-    pm.addPass(createCanonicalizerPass());
-  }
   if (o.tp > 1 && !o.train) {
     PlanShardingOptions plan;
     plan.emitRemarks = o.emitRemarks;
@@ -163,6 +159,13 @@ void mlir::pcc::buildCompilePasses(OpPassManager &pm, const CompileOptions &o,
     else
       pm.addPass(createBf16Weights());
     pm.addNestedPass<func::FuncOp>(createLegalizeBf16());
+  }
+  // After the 16-bit copies: the host's update writes each weight's copy
+  // too (pcc.adamw_update ... copy), which the offload table must send
+  // back to the device.
+  if (o.isOffloading()) {
+    pm.addPass(createOffloadOptimizer());
+    pm.addPass(createCanonicalizerPass());
   }
   if (o.train)
     pm.addPass(createAssignFirstGradients());

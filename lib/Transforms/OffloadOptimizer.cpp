@@ -33,25 +33,14 @@ using namespace mlir::pcc;
 
 namespace {
 
-/// The state tensors an op writes in place (their pcc.param values).
-SmallVector<Value> writtenState(Operation *op) {
-  if (auto o = dyn_cast<AccumulateOp>(op))
-    return {o.getState()};
-  if (auto o = dyn_cast<EmaUpdateOp>(op))
-    return {o.getState()};
-  if (auto o = dyn_cast<ZeroOp>(op))
-    return {o.getState()};
-  if (auto o = dyn_cast<AssignOp>(op))
-    return {o.getState()};
-  if (auto o = dyn_cast<BucketStartOp>(op))
-    return {o.getBucket()};
-  if (auto o = dyn_cast<BucketWaitOp>(op))
-    return {o.getBucket()};
-  if (auto o = dyn_cast<SgdUpdateOp>(op))
-    return {o.getParam(), o.getMomentumBuffer()};
-  if (auto o = dyn_cast<AdamwUpdateOp>(op))
-    return {o.getParam(), o.getExpAvg(), o.getExpAvgSq()};
-  return {};
+/// The names of the state an op writes in place, by its effects (a
+/// gradient, the optimizer's moments, the weight and its 16-bit copy that
+/// pcc.adamw_update writes under mixed precision, a bucket).
+SmallVector<StringRef> writtenState(Operation *op) {
+  SmallVector<StringRef> names;
+  for (ParamOp state : getStoredState(op))
+    names.push_back(state.getName());
+  return names;
 }
 
 /// Ops that must run where the communicators are: on the device.
@@ -89,13 +78,13 @@ DenseMap<Operation *, Place> placeOps(ArrayRef<Operation *> ops) {
     }
     if (isFree(op))
       depends = false;
-    SmallVector<Value> written = writtenState(op);
+    SmallVector<StringRef> written = writtenState(op);
     if (!written.empty() && !onDevice(op))
       depends = true;
     if (depends)
       afterUpdate.insert(op);
-    for (Value w : written)
-      updated.insert(stateOf(w));
+    for (StringRef w : written)
+      updated.insert(w);
   }
 
   // Pre: device ops before any update, with what they read.
@@ -180,8 +169,8 @@ void recordOffloadTable(ModuleOp module, func::FuncOp host) {
     f.walk([&](Operation *op) {
       if (auto param = dyn_cast<ParamOp>(op))
         (onHost ? hostRead : deviceRead).insert(param.getName());
-      for (Value w : writtenState(op))
-        (onHost ? hostWritten : deviceWritten).insert(stateOf(w));
+      for (StringRef w : writtenState(op))
+        (onHost ? hostWritten : deviceWritten).insert(w);
     });
   });
   SmallVector<Attribute> hostOnly, toHost, toDevice;
