@@ -12,8 +12,9 @@ third of the models in bf16 or fp16). Each (model, plan) pair is compiled
 by pcc, run by pcc-run on CPU ranks over MPI, and compared with the same
 model's one-device run in the same precision: the outputs for inference;
 the per-step losses, gradient norms and final weights for training. A
-16-bit model is compared within three times its own rounding noise (its
-one-device run against its fp32 run), fp32 within float32's bounds.
+16-bit model is compared within four times its own rounding noise (its
+one-device run against its fp32 run) and at least its format's unit
+roundoff, fp32 within float32's bounds.
 
 A finding is: a crash or signal, a compile slower than --compile-timeout
 (a planner that loops), a run that hangs, a refusal with no `error:` line,
@@ -69,7 +70,7 @@ class Graph:
     """An ONNX graph written in ONNX's text format."""
 
     def __init__(self, seed):
-        self.rng = np.random.RandomState(seed)
+        self.rng = np.random.RandomState(seed % 2**32)
         self.nodes, self.inits, self.inputs, self.outputs = [], [], [], []
         self.count = 0
 
@@ -548,7 +549,7 @@ def normalize(message):
 
 
 def write_inputs(work, inputs, out_shape, loss, seed, spec):
-    rng = np.random.RandomState(seed)
+    rng = np.random.RandomState(seed % 2**32)
     files = []
     for name, dtype, shape in inputs:
         if dtype == "int64":
@@ -614,15 +615,15 @@ def diverging(losses):
 def compare_training(ref_dir, run_dir, optimizer, noise=None):
     """"" when the run matches the one-device run, else what differs.
     `noise`: a 16-bit model's rounding noise (noise()), which widens the
-    bounds to three times it."""
+    bounds to four times it."""
     noise = noise or {}
     # One relative figure for the loss and the gradient norm (one pair of
     # runs samples the noise thinly: a model's bf16 gradient norm once came
     # within 3e-5 of fp32's at a step where its loss differed by 7e-4),
     # and at least the format's unit roundoff.
     rel = max(noise.get("loss", 0), noise.get("grad", 0))
-    loss_rtol = max(1e-4, noise.get("unit", 0), 3 * rel)
-    grad_rtol = max(1e-3, noise.get("unit", 0), 3 * rel)
+    loss_rtol = max(1e-4, noise.get("unit", 0), 4 * rel)
+    grad_rtol = max(1e-3, noise.get("unit", 0), 4 * rel)
     ref = read_losses(os.path.join(ref_dir, "loss.csv"))
     got = read_losses(os.path.join(run_dir, "loss.csv"))
     for step, (loss, gn) in sorted(ref.items()):
@@ -690,8 +691,9 @@ def noise(tools, case, work):
     same model's fp32 run. Two 16-bit runs that round at other places (a
     tensor-parallel partial product, a pipeline's stage by stage gradient
     norm) differ by about as much, so a plan is compared with its 16-bit
-    reference within three times this (as parity.py bounds pcc's bf16 run
-    by PyTorch's autocast noise). Sets case["noise"]; None, or a finding."""
+    reference within four times this (parity.py bounds pcc's bf16 run by
+    three times PyTorch's autocast noise; here the estimate is one pair of
+    tiny runs, and a plan rounds at more places than one device). Sets case["noise"]; None, or a finding."""
     ref = os.path.join(work, "one-fp32")
     os.makedirs(ref, exist_ok=True)
     lib = os.path.join(ref, "m.so")
@@ -716,8 +718,11 @@ def noise(tools, case, work):
         case["noise"] = dict(out=float(d[np.isfinite(d)].max(initial=0)))
         return None
     lo, hi = (read_losses(os.path.join(d, "loss.csv")) for d in (one, ref))
-    # bf16 keeps 8 significant bits, fp16 11: half a unit in the last place.
-    unit = 2.0 ** -8 if case["plan"]["precision"] == "bf16" else 2.0 ** -11
+    # bf16 keeps 8 significant bits, fp16 11: bf16's unit roundoff, and
+    # twice fp16's (tensor parallelism rounds each rank's partial product
+    # too: an fp16 tp 2 run's third gradient norm 1.2e-3 from fp32's, the
+    # one-device fp16 run's 4.9e-4).
+    unit = 2.0 ** -8 if case["plan"]["precision"] == "bf16" else 2.0 ** -10
     rel = {"loss": 0.0, "grad": 0.0, "weights": 0.0, "unit": unit}
     for step, (loss, gn) in lo.items():
         if step in hi and all(map(math.isfinite, (loss, gn) + hi[step])):
