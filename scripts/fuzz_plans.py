@@ -57,6 +57,9 @@ from compare import read_safetensors  # noqa: E402
 
 IGNORE = -100
 STEPS = 3
+# A 16-bit plan against its 16-bit one-device run: within this many times
+# the model's own noise against fp32 (noise()).
+NOISE_FACTOR = 4
 
 
 # --------------------------------------------------------------------------
@@ -615,15 +618,15 @@ def diverging(losses):
 def compare_training(ref_dir, run_dir, optimizer, noise=None):
     """"" when the run matches the one-device run, else what differs.
     `noise`: a 16-bit model's rounding noise (noise()), which widens the
-    bounds to four times it."""
+    bounds to NOISE_FACTOR times it."""
     noise = noise or {}
     # One relative figure for the loss and the gradient norm (one pair of
     # runs samples the noise thinly: a model's bf16 gradient norm once came
     # within 3e-5 of fp32's at a step where its loss differed by 7e-4),
     # and at least the format's unit roundoff.
     rel = max(noise.get("loss", 0), noise.get("grad", 0))
-    loss_rtol = max(1e-4, noise.get("unit", 0), 4 * rel)
-    grad_rtol = max(1e-3, noise.get("unit", 0), 4 * rel)
+    loss_rtol = max(1e-4, noise.get("unit", 0), NOISE_FACTOR * rel)
+    grad_rtol = max(1e-3, noise.get("unit", 0), NOISE_FACTOR * rel)
     ref = read_losses(os.path.join(ref_dir, "loss.csv"))
     got = read_losses(os.path.join(run_dir, "loss.csv"))
     for step, (loss, gn) in sorted(ref.items()):
@@ -646,7 +649,7 @@ def compare_training(ref_dir, run_dir, optimizer, noise=None):
     b = read_safetensors(os.path.join(run_dir, "ckpt", step_dir,
                                       "weights.safetensors"))
     rtol, atol = (1e-3, 1e-4) if optimizer == "adamw" else (1e-4, 1e-5)
-    atol = max(atol, 4 * noise.get("weights", 0))
+    atol = max(atol, NOISE_FACTOR * noise.get("weights", 0))
     for name, w in a.items():
         if "@" in name:
             continue
@@ -664,7 +667,6 @@ def compare_training(ref_dir, run_dir, optimizer, noise=None):
 def reference(tools, case, work):
     """The one-device compile and run of the case's model: None, or a
     (kind, ...) tuple when the model itself fails (then no plan runs)."""
-    spec, train = case["spec"], case["train"]
     ref = os.path.join(work, "one")
     os.makedirs(ref, exist_ok=True)
     lib = os.path.join(ref, "m.so")
@@ -691,9 +693,10 @@ def noise(tools, case, work):
     same model's fp32 run. Two 16-bit runs that round at other places (a
     tensor-parallel partial product, a pipeline's stage by stage gradient
     norm) differ by about as much, so a plan is compared with its 16-bit
-    reference within four times this (parity.py bounds pcc's bf16 run by
-    three times PyTorch's autocast noise; here the estimate is one pair of
-    tiny runs, and a plan rounds at more places than one device). Sets case["noise"]; None, or a finding."""
+    reference within NOISE_FACTOR times this (parity.py bounds pcc's bf16
+    run by three times PyTorch's autocast noise; here the estimate is one
+    pair of tiny runs, and a plan rounds at more places than one device).
+    Sets case["noise"]; returns None, or a finding."""
     ref = os.path.join(work, "one-fp32")
     os.makedirs(ref, exist_ok=True)
     lib = os.path.join(ref, "m.so")
@@ -811,7 +814,7 @@ def run_lib(tools, case, lib, work, ranks, expect):
                 "--log-every", str(STEPS)] + hyper(
                     case["plan"].get("optimizer", "sgd"))
     elif expect:
-        atol = max(1e-5, 3 * case.get("noise", {}).get("out", 0))
+        atol = max(1e-5, NOISE_FACTOR * case.get("noise", {}).get("out", 0))
         cmd += ["--expect", expect, "--rtol", "1e-4", "--atol", repr(atol)]
     else:
         cmd += ["--output", os.path.join(work, "out.npy")]
@@ -1101,11 +1104,11 @@ def save_finding(tools, r, root, do_shrink):
     name = "finding-%s-%d" % (r["kind"], case.get("pair", case["seed"]))
     d = os.path.join(root, name)
     os.makedirs(d, exist_ok=True)
-    shrunk, sr = (case, r)
+    shrunk = case
     if do_shrink and r["kind"] != "fuzzer-error":
         s, res = shrink(tools, case, r["kind"], os.path.join(root, "tmp"))
         if res:
-            shrunk, sr = s, res
+            shrunk = s
     final = os.path.join(d, "case")
     shutil.rmtree(final, ignore_errors=True)
     res = run_case(tools, copy.deepcopy(shrunk), final)
