@@ -512,10 +512,16 @@ struct PartitionTrainingPass
     // the embedding stage make its gradient whole and slice it.
     llvm::StringMap<Shard> decisions;
     llvm::StringSet<> lookedUp;
+    // Per stage, its own search's decisions; how many stages decided each
+    // weight.
+    SmallVector<llvm::StringMap<Shard>> stageOwn;
+    llvm::StringMap<int> deciders;
     for (auto &phases : step->stages) {
-      llvm::StringMap<Shard> own;
+      llvm::StringMap<Shard> &own = stageOwn.emplace_back();
       if (failed(recordedDecisions(phases[0], own)))
         return signalPassFailure();
+      for (auto &entry : own)
+        ++deciders[entry.getKey()];
       llvm::StringSet<> onlyLookups = lookupOnlyWeights(phases[0]);
       for (auto &entry : own) {
         StringRef name = entry.getKey();
@@ -587,10 +593,14 @@ struct PartitionTrainingPass
                     ? std::optional<Shard>(forwardArgs[of.getInt()])
                     : std::nullopt);
           }
-        ShardingPlan plan = propagateShardings(
-            func, axis, *ranks, decisions,
-            i > 0 || sequenceParallel ? keepWeightsSplit : CostModel(), args,
-            results);
+        const CostModel &cost =
+            i > 0 || sequenceParallel ? keepWeightsSplit : CostModel();
+        // (Their gradients and moments follow them.)
+        if (i == 0 && replanLookups(func, stageOwn[k], deciders, decisions,
+                                    *ranks, cost, args))
+          addStateDecisions(module, decisions);
+        ShardingPlan plan = propagateShardings(func, axis, *ranks, decisions,
+                                               cost, args, results);
         auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
         SmallVector<Shard> layouts = plan.operandShards.lookup(ret);
         for (unsigned r = 0; r < func.getNumResults(); ++r)
@@ -632,6 +642,56 @@ struct PartitionTrainingPass
     if (failed(buildRankPhases(module, held, pieces, /*zero=*/0)))
       return signalPassFailure();
     remarkStep(module, *ranks, "pipelined training step", total);
+  }
+
+  /// A stage whose search decided a weight another stage's decision
+  /// overrode (a tied table this stage only looks up, split by the LM
+  /// head's vocabulary) planned its other weights around a layout it does
+  /// not get: the bundled GPT's embedding stage split the positional table
+  /// by columns beside the token table's, so with the table split by rows
+  /// it reduce-scattered the embedding by columns, and under --sp sent the
+  /// residual stream on split by columns (the next stage gathered it and
+  /// saved it whole). Its own lookup-only weights, which no other stage
+  /// reads, are planned again here, the overriding layouts held: each
+  /// takes the layout with the better plan of the stage's forward.
+  bool replanLookups(func::FuncOp forward, const llvm::StringMap<Shard> &own,
+                     const llvm::StringMap<int> &deciders,
+                     llvm::StringMap<Shard> &decisions, int64_t ranks,
+                     const CostModel &cost, ArrayRef<Shard> args) {
+    bool overridden = llvm::any_of(own, [&](const auto &entry) {
+      return decisions.lookup(entry.getKey()) != entry.getValue();
+    });
+    if (!overridden)
+      return false;
+    llvm::StringSet<> onlyLookups = lookupOnlyWeights(forward);
+    llvm::MapVector<StringRef, RankedTensorType> weights =
+        decisionWeights(forward);
+    SmallVector<StringRef> free;
+    for (auto &[name, type] : weights)
+      if (onlyLookups.contains(name) && deciders.lookup(name) == 1 &&
+          own.count(name) && decisions.lookup(name) == own.lookup(name))
+        free.push_back(name);
+    bool changed = false;
+    if (free.empty())
+      return false;
+    ShardingPlan best =
+        propagateShardings(forward, axis, ranks, decisions, cost, args);
+    for (StringRef name : free)
+      for (Shard candidate : candidateShards(weights.lookup(name), ranks)) {
+        Shard before = decisions.lookup(name);
+        if (candidate == before)
+          continue;
+        decisions[name] = candidate;
+        ShardingPlan plan =
+            propagateShardings(forward, axis, ranks, decisions, cost, args);
+        if (plan.betterThan(best)) {
+          best = std::move(plan);
+          changed = true;
+        } else {
+          decisions[name] = before;
+        }
+      }
+    return changed;
   }
 
   void remarkStep(ModuleOp module, int64_t ranks, StringRef what,
