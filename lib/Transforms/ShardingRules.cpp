@@ -139,6 +139,24 @@ private:
   /// --sp: activations [batch, sequence, hidden] may be split along the
   /// sequence (Megatron's sequence parallelism).
   bool sequenceParallel = false;
+  /// Under --sp: the split along a token dimension that the phase's
+  /// arguments of `v`'s shape have (the saved residual stream), where it
+  /// divides `v` over the ranks; none otherwise.
+  std::optional<Shard> streamSplit(Value v) {
+    RankedTensorType type = typeOf(v);
+    for (BlockArgument arg : func.getArguments()) {
+      if (typeOf(arg).getShape() != type.getShape())
+        continue;
+      auto it = plan.shards.find(arg);
+      if (it == plan.shards.end() || !it->second.isSplit() ||
+          it->second.dim >= type.getRank() - 1)
+        continue;
+      Shard tokens = Shard::split(it->second.dim, 1);
+      if (type.getDimSize(tokens.dim) % ranks == 0 && alongTokens(v, tokens))
+        return tokens;
+    }
+    return std::nullopt;
+  }
   /// Whether `to` splits `v` along a token dimension (any but the last,
   /// the hidden one: [batch, sequence, hidden], or [batch x sequence,
   /// hidden] as exporters flatten it for a Gemm).
@@ -447,6 +465,10 @@ ShardingPlan Propagator::run() {
                     name.getValue().starts_with("stash") ||
                     (sequenceParallel && name.getValue().starts_with("out")));
   };
+  auto stashed = [&](unsigned i) {
+    auto name = func.getResultAttrOfType<StringAttr>(i, "pcc.name");
+    return name && name.getValue().starts_with("stash");
+  };
   for (Operation &op : block) {
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       SmallVector<Shard> targets;
@@ -464,6 +486,17 @@ ShardingPlan Propagator::run() {
               to = Shard::split(d, 1);
               break;
             }
+        // And a stashed one no reader here reduced (a norm's input
+        // cotangent that the next op carries on partial, kept for the norm
+        // weight's gradient in W): reduce-scattered along the sequence, as
+        // the phase's saved residual stream is split, rather than
+        // all-reduced whole and sliced, twice the bytes (the zoo Llama's
+        // last stage at tp 2: three 256 KB all-reduces a micro-batch, where
+        // the one-stage program reduce-scatters).
+        if (sequenceParallel && stashed(i) && of(v).isPartial() &&
+            to.isReplicated())
+          if (std::optional<Shard> tokens = streamSplit(v))
+            to = *tokens;
         if (i < resultLayouts.size() && resultLayouts[i])
           to = *resultLayouts[i];
         convert(v, to, nullptr);
