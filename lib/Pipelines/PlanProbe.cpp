@@ -479,22 +479,51 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
       for (Value r : op->getResults()) {
         // A partial sum reduce-scattered (--sp's row-parallel output): W
         // keeps its cotangent split and gathers it again.
+        // (Through the reshape and, at several rows, the transpose that
+        // move the rank's chunk of the sequence first: the zoo Llama's
+        // row-parallel outputs were counted whole.)
         Value kept = r;
-        if (r.hasOneUse())
-          if (auto rs = dyn_cast<ReduceScatterOp>(*r.getUsers().begin()))
-            kept = rs.getResult();
         // A result all-gathered whole (the LM head's logits for the
         // loss): its cotangent comes whole, and W keeps it so (the head's
-        // set was half its compiled one).
+        // set was half its compiled one). One gathered for a product
+        // (--sp: a norm's output for the column-parallel projections)
+        // gets its cotangent back as the products' partial sums, which B
+        // reduce-scatters: W keeps it split (the zoo Llama's zb-h1 sets
+        // were 1.7x their compiled ones).
+        auto readByProduct = [](Value gathered) {
+          SmallVector<Value> vs = {gathered};
+          for (size_t u = 0; u < vs.size() && u < 8; ++u)
+            for (Operation *user : vs[u].getUsers()) {
+              if (isa<MatmulOp>(user))
+                return true;
+              if (isa<ReshapeOp, TransposeOp, CastOp>(user))
+                vs.push_back(user->getResult(0));
+            }
+          return false;
+        };
         SmallVector<Value> views = {r};
+        bool scattered = false;
         for (size_t u = 0; u < views.size() && u < 8; ++u)
           for (Operation *user : views[u].getUsers()) {
-            if (isa<AllGatherOp>(user))
+            if (isa<ReduceScatterOp>(user)) {
               kept = user->getResult(0);
-            else if (isa<ReshapeOp, TransposeOp>(user))
+              scattered = true;
+            } else if (isa<CastOp>(user) && !scattered) {
+              // (Under mixed precision a 16-bit product's f32 sum is
+              // reduce-scattered in 16 bits; its cotangent stays f32.)
               views.push_back(user->getResult(0));
+            } else if (isa<AllGatherOp>(user) &&
+                       !readByProduct(user->getResult(0))) {
+              kept = user->getResult(0);
+            } else if (isa<ReshapeOp, TransposeOp>(user)) {
+              views.push_back(user->getResult(0));
+            }
           }
         int64_t bytes = getTensorBytes(kept.getType());
+        if (scattered)
+          bytes = getTensorBytes(
+              cast<RankedTensorType>(kept.getType())
+                  .clone(cast<RankedTensorType>(r.getType()).getElementType()));
         set += bytes;
         // A norm's scale (no FLOPs, not a bias add or a lookup, whose
         // gradients read only the cotangent and the indices): its gradient
