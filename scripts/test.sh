@@ -27,6 +27,10 @@ if [ "${u:-0}" != 0 ]; then
   gpu="$("$build/bin/pcc-run" --list-devices 2>&1 | grep '^cuda' | head -1)"
   echo "lit: $u test(s) unsupported here, listed above; GPU: ${gpu:-unknown}"
   echo "lit: on a machine with an NVIDIA GPU, scripts/test-gpu.sh runs the GPU suite"
+  # The onnxruntime checks need the zoo's virtual environment (test/lit.cfg.py).
+  if ! "$HOME/.cache/pcc/zoo-venv/bin/python" -c "import onnxruntime" >/dev/null 2>&1; then
+    echo "lit: onnxruntime: not in ~/.cache/pcc/zoo-venv (bash scripts/zoo/setup-venv.sh installs it; tests marked REQUIRES: onnxruntime are unsupported without it)"
+  fi
 fi
 passed=$((passed + ${p:-0}))
 failed=$((failed + ${f:-0}))
