@@ -139,22 +139,30 @@ private:
   /// --sp: activations [batch, sequence, hidden] may be split along the
   /// sequence (Megatron's sequence parallelism).
   bool sequenceParallel = false;
-  /// Under --sp: the split along a token dimension that the phase's
-  /// arguments of `v`'s shape have (the saved residual stream), where it
-  /// divides `v` over the ranks; none otherwise.
-  std::optional<Shard> streamSplit(Value v) {
+  /// The token dimensions (any but the last) along which the phase's
+  /// arguments of `v`'s shape are split (the saved residual stream), in
+  /// argument order, each once. Shapes, not types: under mixed precision
+  /// a bf16 partial product is widened by a cast to the f32 stream.
+  SmallVector<int64_t> argTokenDims(Value v) {
     RankedTensorType type = typeOf(v);
+    SmallVector<int64_t> dims;
     for (BlockArgument arg : func.getArguments()) {
       if (typeOf(arg).getShape() != type.getShape())
         continue;
       auto it = plan.shards.find(arg);
-      if (it == plan.shards.end() || !it->second.isSplit() ||
-          it->second.dim >= type.getRank() - 1)
-        continue;
-      Shard tokens = Shard::split(it->second.dim, 1);
-      if (type.getDimSize(tokens.dim) % ranks == 0 && alongTokens(v, tokens))
-        return tokens;
+      if (it != plan.shards.end() && it->second.isSplit() &&
+          it->second.dim < type.getRank() - 1 &&
+          !llvm::is_contained(dims, it->second.dim))
+        dims.push_back(it->second.dim);
     }
+    return dims;
+  }
+  /// Under --sp: the first of `argTokenDims(v)` that divides `v` over the
+  /// ranks; none otherwise.
+  std::optional<Shard> streamSplit(Value v) {
+    for (int64_t d : argTokenDims(v))
+      if (typeOf(v).getDimSize(d) % ranks == 0)
+        return Shard::split(d, 1);
     return std::nullopt;
   }
   /// Whether `to` splits `v` along a token dimension (any but the last,
@@ -360,23 +368,14 @@ std::vector<Option> Propagator::options(Operation *op) {
       llvm::any_of(op->getOperands(),
                    [&](Value v) { return of(v).isPartial(); })) {
     Value result = op->getResult(0);
-    // The token dimension along which the phase's arguments of the
-    // result's type are split (the saved residual stream), then the
+    // The token dimensions along which the phase's arguments of the
+    // result's shape are split (the saved residual stream), then the
     // innermost (the sequence of [batch, sequence, hidden]): on a tie the
     // first is kept, so the residual stream keeps one split.
-    // (Shapes, not types: under mixed precision a bf16 partial product is
-    // widened by a cast to the f32 residual stream.)
     auto sameShape = [&](Value v) {
       return typeOf(v).getShape() == typeOf(result).getShape();
     };
-    SmallVector<int64_t> dims;
-    for (BlockArgument arg : func.getArguments())
-      if (sameShape(arg))
-        if (auto it = plan.shards.find(arg);
-            it != plan.shards.end() && it->second.isSplit() &&
-            it->second.dim < typeOf(result).getRank() - 1 &&
-            !llvm::is_contained(dims, it->second.dim))
-          dims.push_back(it->second.dim);
+    SmallVector<int64_t> dims = argTokenDims(result);
     for (int64_t d = typeOf(result).getRank() - 2; d >= 0; --d)
       if (!llvm::is_contained(dims, d))
         dims.push_back(d);
