@@ -447,10 +447,26 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
     for (Operation &inner : fusion.getBody().front()) {
       if (isa<AddOp>(inner))
         adds = true;
-      else if (!isa<BroadcastOp, ReshapeOp, YieldOp>(inner))
+      else if (!isa<BroadcastOp, ReshapeOp, CastOp, YieldOp>(inner))
         return false;
     }
     return adds;
+  };
+  // The 16-bit float type a fused add casts to or from (mixed precision:
+  // a product's bias added in f32 and the sum narrowed, or a 16-bit
+  // reduce-scattered partial sum widened into the residual stream).
+  auto narrowType = [](Operation *op) -> Type {
+    auto fusion = dyn_cast<FusionOp>(op);
+    if (!fusion)
+      return {};
+    for (Operation &inner : fusion.getBody().front())
+      if (isa<CastOp>(inner))
+        for (Type t :
+             {inner.getOperand(0).getType(), inner.getResult(0).getType()})
+          if (Type e = cast<RankedTensorType>(t).getElementType();
+              e.isBF16() || e.isF16())
+            return e;
+    return {};
   };
   p.wgradSet.assign(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {
@@ -472,9 +488,18 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
                  readsTrained[it->second] && !isa<ParamOp>(def);
         });
     if (biasAdd) {
-      if (!passesCotangent)
+      if (!passesCotangent) {
         for (Value r : op->getResults())
           set += getTensorBytes(r.getType());
+      } else if (Type narrow = narrowType(op)) {
+        // Cast on the way, the product's W reads its cotangent in 16 bits
+        // besides the f32 one the bias's gradient reads (GPT's bf16 zb-h1
+        // sets counted the fusion as a product's, 1.9x their compiled
+        // ones).
+        for (Value r : op->getResults())
+          set +=
+              getTensorBytes(cast<RankedTensorType>(r.getType()).clone(narrow));
+      }
     } else if (readsWeight) {
       for (Value r : op->getResults()) {
         // A partial sum reduce-scattered (--sp's row-parallel output): W
@@ -519,16 +544,34 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
               views.push_back(user->getResult(0));
             }
           }
-        int64_t bytes = getTensorBytes(kept.getType());
-        if (scattered)
-          bytes = getTensorBytes(
-              cast<RankedTensorType>(kept.getType())
-                  .clone(cast<RankedTensorType>(r.getType()).getElementType()));
+        // At the product's precision: a 16-bit sum is reduce-scattered in
+        // 16 bits, its cotangent f32; a 16-bit product's logits are
+        // widened and gathered whole, their cotangent kept in 16 bits (the
+        // bundled GPT's bf16 LM head was counted at f32).
+        // A fusion that narrows what it computes (a written-out norm's
+        // scale, then the cast for the products under mixed precision)
+        // takes the weight's gradient from the cotangent before the cast
+        // (the zoo Llama's bf16 norms were counted at 16 bits).
+        Type element = cast<RankedTensorType>(r.getType()).getElementType();
+        if (auto fusion = dyn_cast<FusionOp>(op))
+          if (auto narrowed =
+                  fusion.getBody()
+                      .front()
+                      .getTerminator()
+                      ->getOperand(cast<OpResult>(r).getResultNumber())
+                      .getDefiningOp<CastOp>())
+            element = cast<RankedTensorType>(narrowed.getOperand().getType())
+                          .getElementType();
+        int64_t bytes = getTensorBytes(
+            cast<RankedTensorType>(kept.getType()).clone(element));
         set += bytes;
-        // A norm's scale (no FLOPs, not a bias add or a lookup, whose
-        // gradients read only the cotangent and the indices): its gradient
-        // also reads the normalized input, which B recomputes.
-        if (opFlops(op) == 0 && !isa<AddOp, GatherOp, ShardGatherOp>(op))
+        // A norm op's scale: its gradient also reads the normalized input,
+        // made inside the op, which B recomputes. (A norm written out, as
+        // exporters do RMSNorm, multiplies the scale into a normalized
+        // value of its own: an operand, saved or counted below; counted
+        // here too, the zoo Llama's zb-h1 sets were 1.3x their compiled
+        // ones.)
+        if (isa<LayerNormOp, BatchNormOp>(op))
           set += bytes;
       }
       for (Value v : op->getOperands()) {
