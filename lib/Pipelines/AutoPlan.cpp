@@ -167,7 +167,7 @@ private:
     std::vector<int64_t> sharedBytes;
     /// Per stage: the bytes of the 16-bit weight copies it reads, and of
     /// the saved activations read in several places that it saves.
-    std::vector<int64_t> copies, savedReads;
+    std::vector<int64_t> copies, savedReads, savedReadsFixed;
     std::vector<int64_t> sharedRanks;
     /// Per stage: the arena bytes a tied table it splits adds (its
     /// lookups' gradient made whole, then sliced to the rank's piece).
@@ -398,6 +398,7 @@ const Search::StageCut &Search::cutsFor(const Probe &p, const ProbeKey &key,
       };
   out.copies = perStage(p.copies);
   out.savedReads = perStage(p.savedReads);
+  out.savedReadsFixed = perStage(p.savedReadsFixed);
   out.sharedBytes.assign(static_cast<size_t>(ranks), 0);
   out.sharedRanks.assign(static_cast<size_t>(ranks), 1);
   out.lookupGradient.assign(static_cast<size_t>(stages), 0);
@@ -616,7 +617,9 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
     b[k] = back - w[k];
     saved[k] = static_cast<int64_t>(std::ceil(
         static_cast<double>(range(p.saved, lo, hi) + stageCut.savedReads[k]) *
-        rows));
+            rows +
+        static_cast<double>(range(p.savedFixed, lo, hi) +
+                            stageCut.savedReadsFixed[k])));
     wgSet[k] = static_cast<int64_t>(
         std::ceil(static_cast<double>(range(p.wgradSet, lo, hi)) * rows));
     if (k > 0)
@@ -778,7 +781,7 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
         // from the probe's order a stage before the last came out up to
         // 14% under its compiled arena (Llama-3 8B's width at 8,192
         // tokens, 1F1B over 4 stages: 672 MiB against 784).
-        double margin = k + 1 < stages ? 1.2 : 1.0;
+        double margin = k + 1 < stages ? 1.1 : 1.0;
         most =
             std::max(most, it->second * margin +
                                static_cast<double>(stageCut.lookupGradient[k]));
@@ -794,26 +797,16 @@ Search::price(const Candidate &c, bool &overMemory, std::string &why) {
       perMicrobatch =
           std::max(perMicrobatch, stageArena(accumulates ? 2 : 1, true));
     // ZeRO 2 and 3 without a pipeline also make each weight's gradient
-    // whole in the arena, beside the micro-batch's scratch, before its
-    // reduce-scatter (Llama-3 8B's embedding: 2.1 GB; without it every 8B
-    // ZeRO-2 plan was under-predicted by that much).
-    // A 16-bit product's gradient is made in 16 bits and widened there
-    // (both whole at once: the 8B's LM head, 1.05 GB more than the f32
-    // gradient alone, which under-predicted its ZeRO-3 plans by 1%).
-    // A tied weight's contributions are summed whole before its one
-    // reduce-scatter: the product's (made in 16 bits under mixed
-    // precision, widened in the sum), the lookup's and the sum (3 f32 ones
-    // counted under bf16 too made the bundled GPT's tp 2 x dp 4 ZeRO-2
-    // plan 15-18% over).
-    if (c.dp > 1 && c.zero >= 2 && c.pp == 1) {
-      double tied = static_cast<double>(p.tiedGrad);
-      double product = c.precision == "fp32" ? tied : tied / 2;
-      perMicrobatch = std::max(
-          perMicrobatch,
-          stageArena(0) +
-              std::max(2 * tied + product,
-                       static_cast<double>(p.largestWeight + p.largestCopy)));
-    }
+    // whole in the arena before its reduce-scatter, where it is made
+    // (replayArena's gradients 3): Llama-3 8B's embedding (2.1 GB; left
+    // out, every 8B ZeRO-2 plan was under by that much) and a 16-bit
+    // product's gradient with its widened copy (the 8B's LM head); a tied
+    // weight's contributions summed at the backward's end. (Added to the
+    // scratch without them, one largest gradient and a largest copy put
+    // the 8B's ZeRO-3 plan 13% over once pcc-plan-memory laid its arena
+    // out by size.)
+    if (c.dp > 1 && c.zero >= 2 && c.pp == 1)
+      perMicrobatch = std::max(perMicrobatch, stageArena(3, c.zero == 3));
     // The update: ZeRO 1 reduce-scatters the gradients into pieces, 1 and 2
     // gather each updated weight; a weight on several pipeline ranks has
     // its gradient all-reduced over the whole pipeline axis, on every rank

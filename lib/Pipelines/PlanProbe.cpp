@@ -164,6 +164,63 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
     }
     return false;
   };
+  // A weight gradient's product computed into its state, and the ops
+  // that only feed it (a slice of the cotangent, the gather of a split
+  // input): a pipeline stage's backward has them all where their other
+  // operands are ready (pcc-merge-weight-gradients moves W's ops as early
+  // as they can go), before B's ops reading the same cotangent. Placed
+  // after the probe's input gradient instead, the bundled GPT's last
+  // stage's head gradient was laid out after the logits' gradient had
+  // died (--sp, 131 KB against 172 KB compiled).
+  // (Also an embedding's scatter-add and a 16-bit gradient's widening,
+  // computed into the state however the gradients accumulate: a buffer
+  // only where ZeRO 2 and 3 without a pipeline reduce-scatter it whole.)
+  auto deferralOf = [&](Operation &op) {
+    ArrayRef<int64_t> offsets = offsetsOf(&op);
+    if (op.getNumResults() != 1 || offsets.size() != 1 ||
+        offsets[0] != kNoBuffer)
+      return CpuDeferral::None;
+    return getCpuDeferral(&op, [](Value) { return false; });
+  };
+  auto intoState = [&](Operation &op) {
+    CpuDeferral d = deferralOf(op);
+    if (d == CpuDeferral::CastInto) {
+      // (A cast into a gradient: the first one, assigned.)
+      auto state =
+          (*op.getUsers().begin())->getOperand(0).getDefiningOp<ParamOp>();
+      return state && splitStateName(state.getName()).second == "grad";
+    }
+    return (d == CpuDeferral::IntoState && isa<MatmulOp>(op)) ||
+           d == CpuDeferral::ScatterInto || d == CpuDeferral::Widen;
+  };
+  llvm::DenseMap<Operation *, uint32_t> mergedAt;
+  for (Operation &op : body) {
+    if (!intoState(op))
+      continue;
+    llvm::SmallPtrSet<Operation *, 8> chain{&op};
+    SmallVector<Operation *> work{&op};
+    uint32_t made = 0;
+    while (!work.empty()) {
+      Operation *cur = work.pop_back_val();
+      for (Value v : cur->getOperands()) {
+        Operation *def = v.getDefiningOp();
+        if (!def || !order.count(def) || chain.contains(def))
+          continue;
+        bool feedsOnly = chain.size() < 8 && !isa<ParamOp>(def) &&
+                         llvm::all_of(def->getUsers(), [&](Operation *user) {
+                           return chain.contains(user);
+                         });
+        if (feedsOnly) {
+          chain.insert(def);
+          work.push_back(def);
+        } else {
+          made = std::max(made, order.lookup(def));
+        }
+      }
+    }
+    for (Operation *o : chain)
+      mergedAt[o] = made;
+  }
   std::vector<ArenaBuffer> out;
   for (Operation &op : body) {
     ArrayRef<int64_t> offsets = offsetsOf(&op);
@@ -172,9 +229,7 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
     // micro-batch) takes a buffer where the gradients accumulate (a
     // pipeline's, or over micro-batches): replayArena counts it there. The
     // last stage's tied head gradient, missing, was half its arena.
-    if (isa<MatmulOp>(op) && offsets.size() == 1 && offsets[0] == kNoBuffer &&
-        getCpuDeferral(&op, [](Value) { return false; }) ==
-            CpuDeferral::IntoState) {
+    if (intoState(op)) {
       Operation *assign = *op.getUsers().begin();
       ArenaBuffer b;
       b.op = order.lookup(&op);
@@ -185,11 +240,8 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
       auto state = assign->getOperand(0).getDefiningOp<ParamOp>();
       b.intoState =
           state && contributions.lookup(state.getName()) > 1 ? 2 : 1;
-      uint32_t made = 0;
-      for (Value v : op.getOperands())
-        if (Operation *def = v.getDefiningOp(); def && order.count(def))
-          made = std::max(made, order.lookup(def));
-      b.mergedAt = made;
+      b.wholeForScatter = deferralOf(op) != CpuDeferral::IntoState;
+      b.mergedAt = mergedAt.lookup(&op);
       out.push_back(b);
       continue;
     }
@@ -225,14 +277,18 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
       b.firstReader = b.lastReader = b.pos;
       b.bytes = getTensorBytes(r.getType());
       b.perRow = !isFixed(r);
+      if (auto it = mergedAt.find(&op); it != mergedAt.end())
+        b.mergedAt = it->second;
       forEachReader(r, [&](Operation *top, bool readByProduct) {
         if (top->hasTrait<OpTrait::IsTerminator>()) {
           b.escapes = true; // saved for a later phase
           return;
         }
         if (!readByProduct && isa<AccumulateOp, AssignOp>(top))
-          if (auto state = top->getOperand(0).getDefiningOp<ParamOp>())
+          if (auto state = top->getOperand(0).getDefiningOp<ParamOp>()) {
             b.intoState = contributions.lookup(state.getName()) > 1 ? 2 : 1;
+            b.widened = isSixteenBit(state.getType());
+          }
         b.dies = std::max(b.dies, order.lookup(top));
         if (sumsTiedGradient(top)) {
           b.sumsTied = true;
@@ -263,6 +319,8 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
         b.bytes = getTensorBytes(v.getType());
         b.perRow = true;
         b.manyRows = true;
+        if (auto it = mergedAt.find(&op); it != mergedAt.end())
+          b.mergedAt = it->second;
         out.push_back(b);
       }
     }
@@ -387,6 +445,23 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
   // Saved activations: the forward phase's results after the loss.
   std::vector<int64_t> savedAt(n + 1, 0);
   auto ret = cast<func::ReturnOp>(fwd.getBody().front().getTerminator());
+  // What does not grow with the rows in the forward phase: what the
+  // weights alone make (a gathered or cast table), and what constants
+  // alone make unless the whole batch's program has it per row (`perRow`,
+  // by ONNX node: an attention mask built from position ids expanded over
+  // the batch is one row's at the probe's one row). Saved so, a rotary
+  // table counted per row put the zoo Llama's stages 3% over at 8 rows.
+  Block &body = fwd.getBody().front();
+  llvm::DenseSet<Value> fromWeights = valuesReachedFrom(
+      body, {}, [](Operation &op) { return isa<ParamOp>(op); });
+  auto fixedInForward = [&](Value v) {
+    if (fromBatch.contains(v))
+      return false;
+    Operation *def = v.getDefiningOp();
+    return fromWeights.contains(v) || !def ||
+           !perRow.contains(getOnnxNodeOfLocation(def->getLoc()).second);
+  };
+  std::vector<int64_t> fixedAt(n + 1, 0);
   // A value read in more than one place is saved by every stage with a
   // reader whose backward needs it (the stage's input, received and saved
   // again; a causal mask or rotary table each stage computes from
@@ -402,14 +477,19 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
     usePositions(v, index, cloned, readers);
     llvm::sort(readers);
     readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+    bool fixed = fixedInForward(v);
     if (readers.size() > 1 || (readers.size() == 1 && readers[0] != at)) {
-      p.savedReads.push_back({getTensorBytes(v.getType()), readers});
+      (fixed ? p.savedReadsFixed : p.savedReads)
+          .push_back({getTensorBytes(v.getType()), readers});
       continue;
     }
-    savedAt[at] += getTensorBytes(v.getType());
+    (fixed ? fixedAt : savedAt)[at] += getTensorBytes(v.getType());
   }
-  for (size_t i = 0; i < n; ++i)
+  p.savedFixed.assign(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
     p.saved[i + 1] = p.saved[i] + savedAt[i];
+    p.savedFixed[i + 1] = p.savedFixed[i] + fixedAt[i];
+  }
   // What W reads from B: the output cotangent of each op reading a
   // weight, and its activation operands where they are not saved (once per
   // value).
@@ -792,14 +872,6 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
     if (auto param = dyn_cast<ParamOp>(op))
       forwardReads[param.getName()] += static_cast<int>(
           std::distance(param->getUsers().begin(), param->getUsers().end()));
-  // What does not grow with the rows in the forward phase: what the
-  // weights alone make (a gathered or cast table), and what constants
-  // alone make unless the whole batch's program has it per row (`perRow`,
-  // by ONNX node: an attention mask built from position ids expanded over
-  // the batch is one row's at the probe's one row).
-  Block &body = fwd.getBody().front();
-  llvm::DenseSet<Value> fromWeights = valuesReachedFrom(
-      body, {}, [](Operation &op) { return isa<ParamOp>(op); });
   // The micro-batch phases' buffers by forward position (the backward's
   // ops by their ONNX node's), so that a stage's arena is laid out from
   // its own ops' (the logits and their gradient only on the last stage's;
@@ -858,15 +930,7 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
     p.arenaBuffers = {
         arenaBuffers(
             body, [&](Operation *op) { return fwdAt.lookup(op); },
-            [&](Value v) {
-              if (fromBatch.contains(v))
-                return false;
-              Operation *def = v.getDefiningOp();
-              return fromWeights.contains(v) || !def ||
-                     !perRow.contains(
-                         getOnnxNodeOfLocation(def->getLoc()).second);
-            },
-            contributions, forwardReads, p.sequenceParallel),
+            fixedInForward, contributions, forwardReads, p.sequenceParallel),
         arenaBuffers(
             bwd.getBody().front(),
             [&](Operation *op) { return bwdAt.lookup(op); },
@@ -895,19 +959,27 @@ double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
   // stage's tied head gradient, made right after the logits' gradient
   // there, was laid out after the logits' gradient had died (fp32 tp 2 x
   // pp 2: 131 KB against 164 KB compiled).
+  // (On a timeline of twice the ops: a merged W op goes right after the
+  // op making its last operand, once what that op read is free: put at
+  // it, the bundled GPT's head gradient and the logits' gathered copy,
+  // dead by then, made its last stage 38% over.)
   bool merged = !(lo == 0 && hi >= p.size());
-  std::array<std::vector<ArenaBuffer>, 2> reordered;
-  for (size_t i = 0; merged && i < p.arenaBuffers.size(); ++i) {
-    reordered[i] = p.arenaBuffers[i];
-    for (ArenaBuffer &b : reordered[i])
-      if (b.mergedAt)
-        b.op = b.dies = *b.mergedAt;
-    std::stable_sort(
-        reordered[i].begin(), reordered[i].end(),
-        [](const ArenaBuffer &a, const ArenaBuffer &b) { return a.op < b.op; });
+  std::array<std::vector<ArenaBuffer>, 2> phases;
+  for (size_t i = 0; i < p.arenaBuffers.size(); ++i) {
+    phases[i] = p.arenaBuffers[i];
+    for (ArenaBuffer &b : phases[i]) {
+      b.op *= 2;
+      b.dies *= 2;
+      if (merged && b.mergedAt)
+        b.op = b.dies = 2 * *b.mergedAt + 1;
+    }
+    if (merged)
+      std::stable_sort(phases[i].begin(), phases[i].end(),
+                       [](const ArenaBuffer &a, const ArenaBuffer &b) {
+                         return a.op < b.op;
+                       });
   }
-  for (const std::vector<ArenaBuffer> &phase :
-       merged ? reordered : p.arenaBuffers) {
+  for (const std::vector<ArenaBuffer> &phase : phases) {
     // The buffers that grow with the rows and those that do not laid out
     // together, as the compile does, on the last stage (and without a
     // pipeline), whose program runs the probe's order; before it, in two
@@ -929,6 +1001,8 @@ double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
     // (dies, offset, bytes, arena) of the buffers laid out, the next to die
     // first.
     std::vector<std::tuple<uint32_t, int64_t, int64_t, int>> live;
+    // Each arena's buffers with their lifetimes.
+    std::array<std::vector<ArenaInterval>, 2> lifetimes;
     // The stage's last op with a buffer of its own: where the stage sums
     // its contributions to a tied weight's gradient.
     uint32_t stageEnd = 0;
@@ -938,32 +1012,81 @@ double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
     auto later = [](const auto &a, const auto &b) {
       return std::get<0>(a) > std::get<0>(b);
     };
+    // gradients 3 (ZeRO 2 and 3 without a pipeline): every gradient is
+    // made whole before its reduce-scatter (an embedding's scatter-add, a
+    // 16-bit gradient widened), and a tied weight's is summed at the
+    // phase's end: the head's contribution alive from its product to
+    // there, beside the lookup's, then the sum (f32). Added whole to every
+    // other buffer, they made the bundled GPT's ZeRO-2/3 plans 8-21% over.
+    bool tiedWhole = gradients >= 3;
+    uint32_t phaseEnd = 0;
+    for (const ArenaBuffer &b : phase)
+      phaseEnd = std::max(phaseEnd, b.dies);
+    bool tiedSeen = false;
+    auto releaseBefore = [&](uint32_t op) {
+      while (!live.empty() && std::get<0>(live.front()) < op) {
+        arenas[std::get<3>(live.front())].release(std::get<1>(live.front()),
+                                                  std::get<2>(live.front()));
+        std::pop_heap(live.begin(), live.end(), later);
+        live.pop_back();
+      }
+    };
+    auto place = [&](uint32_t op, uint32_t dies, int64_t bytes, int ai) {
+      releaseBefore(op);
+      int64_t off = arenas[ai].allocate(bytes);
+      live.emplace_back(dies, off, bytes, ai);
+      std::push_heap(live.begin(), live.end(), later);
+      lifetimes[ai].push_back({op, dies, bytes});
+    };
     for (const ArenaBuffer &b : phase) {
       // The stage's own buffers: one read by another stage crosses the
       // cut (the stage's output), one the phase returns is saved.
       if (b.pos < lo || b.pos >= hi || b.escapes || b.firstReader < lo ||
           b.lastReader >= hi)
         continue;
-      if ((b.intoState == 1 && gradients < 2) ||
+      if ((b.wholeForScatter && gradients < 3) ||
+          (b.intoState == 1 && gradients < 2) ||
           (b.intoState == 2 && gradients < 1) || (b.manyRows && rows <= 1) ||
           (b.gathered && !gathers))
         continue;
-      while (!live.empty() && std::get<0>(live.front()) < b.op) {
-        arenas[std::get<3>(live.front())].release(std::get<1>(live.front()),
-                                                  std::get<2>(live.front()));
-        std::pop_heap(live.begin(), live.end(), later);
-        live.pop_back();
-      }
       auto bytes = static_cast<int64_t>(static_cast<double>(b.bytes) *
                                         (b.perRow ? rows : 1.0));
       int ai = !together && b.perRow ? 1 : 0;
-      int64_t off = arenas[ai].allocate(bytes);
-      live.emplace_back(b.sumsTied ? std::min(b.dies, stageEnd) : b.dies, off,
-                        bytes, ai);
-      std::push_heap(live.begin(), live.end(), later);
+      uint32_t dies = b.sumsTied ? std::min(b.dies, stageEnd) : b.dies;
+      if (tiedWhole && b.intoState == 2) {
+        dies = phaseEnd + 1;
+        tiedSeen = true;
+      }
+      place(b.op, dies, bytes, ai);
+      // (Its f32 copy beside it, reduce-scattered: the one-row probe kept
+      // the gradient in 16 bits, written once. Left out, Llama-3 8B's
+      // ZeRO-2 and 3 plans were 2-3% under: its LM head's.)
+      if (gradients >= 3 && b.intoState && b.widened)
+        place(b.op, dies, 2 * bytes, ai);
     }
-    largest = std::max(largest, static_cast<double>(arenas[0].getPeak() +
-                                                    arenas[1].getPeak()));
+    if (tiedSeen && p.tiedGrad > 0)
+      place(phaseEnd + 1, phaseEnd + 1, p.tiedGrad, 0);
+    // Laid out by size too (layOutBySize), as pcc-plan-memory does, the
+    // smaller kept: on the last stage (and without a pipeline) every
+    // buffer in one arena, as its program lays them out; before it each
+    // arena on its own. (By size over both arenas, a stage before the
+    // last came out up to 2% under: its program merges W into B in its
+    // own order.)
+    auto bySize = [&](const std::vector<ArenaInterval> &buffers) {
+      int64_t peak = 0;
+      layOutBySize(buffers, kArenaAlignment, peak);
+      return peak;
+    };
+    int64_t arena = 0;
+    if (hi >= p.size()) {
+      std::vector<ArenaInterval> all = lifetimes[0];
+      all.insert(all.end(), lifetimes[1].begin(), lifetimes[1].end());
+      arena = std::min(arenas[0].getPeak() + arenas[1].getPeak(), bySize(all));
+    } else {
+      for (int ai = 0; ai < 2; ++ai)
+        arena += std::min(arenas[ai].getPeak(), bySize(lifetimes[ai]));
+    }
+    largest = std::max(largest, static_cast<double>(arena));
   }
   return largest;
 }

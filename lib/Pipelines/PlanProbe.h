@@ -77,6 +77,14 @@ struct ArenaBuffer {
   /// as early as its operands allow, its accumulate right after).
   std::optional<uint32_t> mergedAt;
   uint8_t intoState = 0;
+  /// A gradient the CPU back end computes into its state however the
+  /// gradients accumulate (an embedding's scatter-add, a widening cast):
+  /// a buffer only where it is reduce-scattered whole (replayArena's
+  /// gradients 3).
+  bool wholeForScatter = false;
+  /// A gradient written into a 16-bit state (the one-row probe's, written
+  /// once): widened to f32 where it is reduce-scattered whole.
+  bool widened = false;
 };
 
 /// The byte alignment of the compile's memory plan (pcc-plan-memory's).
@@ -108,6 +116,11 @@ struct Probe {
   /// a stage planned on its own may gather it first and send it whole.
   std::vector<int64_t> gatheredAt;
   std::vector<std::pair<int64_t, std::vector<size_t>>> savedReads;
+  /// The same for what a micro-batch saves whatever its rows (made from
+  /// weights and constants alone, unless the whole batch's program has it
+  /// per row).
+  std::vector<int64_t> savedFixed;
+  std::vector<std::pair<int64_t, std::vector<size_t>>> savedReadsFixed;
   /// Prefix sums per op: the bytes a stage's B keeps for its W when W runs
   /// later (zb-h1): the output cotangent of every op reading a weight (a
   /// product, a norm's scale, a bias), and its other operands where the
@@ -169,8 +182,9 @@ struct Probe {
 /// as it does there), each per-row buffer grown by the rows. The weight
 /// gradients on their way into the state take a buffer by `gradients`: 2
 /// every one (they accumulate), 1 a tied weight's second contribution
-/// only, 0 none; `gathers`: each weight read gathered into a buffer
-/// (ZeRO 3).
+/// only, 0 none, 3 every one and a tied weight's contributions summed
+/// whole at the phase's end (ZeRO 2 and 3 without a pipeline); `gathers`:
+/// each weight read gathered into a buffer (ZeRO 3).
 double replayArena(const Probe &p, size_t lo, size_t hi, double rows,
                    int gradients, bool gathers = false);
 

@@ -112,11 +112,19 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
       }
     }
 
+    // Each buffer's lifetime, laid out twice: best fit in program order
+    // (BestFitArena) and by size with every lifetime known
+    // (layOutBySize); the smaller arena is kept.
     BestFitArena arena(alignment);
+    std::vector<ArenaInterval> intervals;
+    std::vector<int64_t> inOrder;
     std::multimap<int64_t, std::pair<int64_t, int64_t>>
         dying; // at -> (off, bytes)
     Builder b(func.getContext());
     int64_t total = 0;
+    // Per op with results: kNoBuffer, kReturnedBuffer, or the index of
+    // each buffer in `intervals`.
+    SmallVector<std::pair<Operation *, SmallVector<int64_t>>> slots;
     // Places `op`'s results (at position `at`) in the arena.
     auto allocateResults = [&](Operation &op, int64_t at) {
       SmallVector<int64_t> offsets;
@@ -133,14 +141,16 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
         int64_t bytes = getTensorBytes(result.getType());
         total += bytes;
         int64_t offset = arena.allocate(bytes);
-        offsets.push_back(offset);
         auto last = lastUse.find(result);
         // A result nobody reads dies right after its op.
         int64_t dies = last == lastUse.end() ? at : last->second;
         if (dies != INT64_MAX)
           dying.emplace(dies, std::make_pair(offset, bytes));
+        offsets.push_back(static_cast<int64_t>(intervals.size()));
+        intervals.push_back({at, dies, bytes});
+        inOrder.push_back(offset);
       }
-      op.setAttr(kBufferOffsetsAttrName, b.getDenseI64ArrayAttr(offsets));
+      slots.emplace_back(&op, std::move(offsets));
     };
     for (Operation &op : body) {
       int64_t at = index[&op];
@@ -157,11 +167,22 @@ struct PlanMemoryPass : pcc::impl::PlanMemoryBase<PlanMemoryPass> {
         arena.release(it->second.first, it->second.second);
       dying.erase(from, to);
     }
-    func->setAttr(kArenaBytesAttrName, b.getI64IntegerAttr(arena.getPeak()));
-    arenaBytes += arena.getPeak();
+    int64_t peak = arena.getPeak(), bySizePeak = 0;
+    std::vector<int64_t> bySize =
+        layOutBySize(intervals, alignment, bySizePeak);
+    const std::vector<int64_t> &chosen = bySizePeak < peak ? bySize : inOrder;
+    peak = std::min(peak, bySizePeak);
+    for (auto &[op, offsets] : slots) {
+      for (int64_t &offset : offsets)
+        if (offset >= 0)
+          offset = chosen[static_cast<size_t>(offset)];
+      op->setAttr(kBufferOffsetsAttrName, b.getDenseI64ArrayAttr(offsets));
+    }
+    func->setAttr(kArenaBytesAttrName, b.getI64IntegerAttr(peak));
+    arenaBytes += peak;
     tensorBytes += total;
     if (emitRemark)
-      func.emitRemark() << "arena " << arena.getPeak() << " bytes for " << total
+      func.emitRemark() << "arena " << peak << " bytes for " << total
                         << " bytes of intermediate tensors";
     markAllAnalysesPreserved();
   }

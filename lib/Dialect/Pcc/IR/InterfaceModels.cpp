@@ -84,8 +84,13 @@ void shardingOptions(BroadcastOp op, ArrayRef<Shard> in, int64_t,
   int64_t shift = outShape.size() - inShape.size();
   if (in[0].isSplit() && inShape[in[0].dim] == outShape[in[0].dim + shift])
     out.push_back({{in[0]}, {Shard::split(in[0].dim + shift, in[0].stripes)}});
-  if (in[0].isPartial() &&
-      op.getInput().getType().getNumElements() == op.getType().getNumElements())
+  // A partial sum broadcast is the sum of the broadcast pieces: GPT's
+  // positional rows, looked up from a table split by positions, are
+  // added to every row of the batch. (Without it, at two rows or more the
+  // search split that table by columns, and the residual stream by its
+  // hidden dimension at the first block: four more all-gathers a step at
+  // tp 4 --sp, each layer's activations saved whole.)
+  if (in[0].isPartial())
     out.push_back({{in[0]}, {in[0]}});
 }
 
