@@ -8,6 +8,7 @@
 
 #include "Interpreter.h"
 
+#include "pcc/Analysis/Arena.h"
 #include "pcc/Analysis/CostModel.h"
 #include "pcc/Analysis/CutSearch.h"
 #include "pcc/Analysis/Machine.h"
@@ -20,10 +21,13 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Parser/Parser.h"
 
+#include <algorithm>
 #include <cmath>
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <random>
+#include <tuple>
 
 using namespace mlir;
 using namespace mlir::pcc;
@@ -281,6 +285,74 @@ TEST(TrainingStep, APipelinedStepHasEachStagesPhasesInOrder) {
   EXPECT_TRUE(failed(getTrainingStep(*module, "test")));
   EXPECT_EQ(error, "test: pipeline stage 1 lacks its forward, backward or "
                    "weight-gradient phase");
+}
+
+/// Program-order best fit over `in` (as pcc-plan-memory lays out first):
+/// the arena's size.
+int64_t inOrderPeak(const std::vector<ArenaInterval> &in, int64_t alignment) {
+  BestFitArena arena(alignment);
+  // (dies, offset, bytes) of the buffers alive.
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> placed;
+  for (const ArenaInterval &b : in) {
+    for (auto it = placed.begin(); it != placed.end();)
+      if (std::get<0>(*it) < b.first) {
+        arena.release(std::get<1>(*it), std::get<2>(*it));
+        it = placed.erase(it);
+      } else {
+        ++it;
+      }
+    placed.emplace_back(b.last, arena.allocate(b.bytes), b.bytes);
+  }
+  return arena.getPeak();
+}
+
+TEST(Arena, BySizeNeverOverlapsBuffersAliveTogether) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<ArenaInterval> in;
+    int n = 1 + static_cast<int>(rng() % 40);
+    for (int i = 0; i < n; ++i) {
+      int64_t first = static_cast<int64_t>(rng() % 50);
+      in.push_back({first, first + static_cast<int64_t>(rng() % 20),
+                    1 + static_cast<int64_t>(rng() % 5000)});
+    }
+    int64_t peak = 0;
+    std::vector<int64_t> offsets = layOutBySize(in, 64, peak);
+    int64_t mostAlive = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      EXPECT_EQ(offsets[i] % 64, 0);
+      EXPECT_LE(offsets[i] + in[i].bytes, peak);
+      int64_t alive = 0;
+      for (size_t j = 0; j < in.size(); ++j) {
+        bool together =
+            in[i].first <= in[j].last && in[j].first <= in[i].last;
+        if (in[j].first <= in[i].first && in[i].first <= in[j].last)
+          alive += (in[j].bytes + 63) / 64 * 64;
+        if (i == j || !together)
+          continue;
+        bool apart = offsets[i] + in[i].bytes <= offsets[j] ||
+                     offsets[j] + in[j].bytes <= offsets[i];
+        EXPECT_TRUE(apart) << "trial " << trial << ": buffers " << i
+                           << " and " << j << " overlap";
+      }
+      mostAlive = std::max(mostAlive, alive);
+    }
+    // Never below what is alive at once (at some buffer's start).
+    EXPECT_GE(peak, mostAlive);
+  }
+}
+
+TEST(Arena, BySizeFillsTheHolesProgramOrderLeaves) {
+  // Two small buffers freed apart leave two holes between long-lived
+  // ones; a larger one made after them fits neither in program order and
+  // grows the arena. Largest first, it goes at the bottom and the small
+  // ones around it: the arena is what is alive at once.
+  std::vector<ArenaInterval> in = {
+      {0, 1, 1024}, {0, 5, 1024}, {0, 1, 1024}, {0, 5, 1024}, {2, 5, 2048}};
+  int64_t peak = 0;
+  layOutBySize(in, 64, peak);
+  EXPECT_EQ(inOrderPeak(in, 64), 6144);
+  EXPECT_EQ(peak, 4096);
 }
 
 TEST(Contracts, MeshAxisNamesMatchTheAbi) {
