@@ -324,16 +324,15 @@ TEST(Arena, BySizeNeverOverlapsBuffersAliveTogether) {
       EXPECT_LE(offsets[i] + in[i].bytes, peak);
       int64_t alive = 0;
       for (size_t j = 0; j < in.size(); ++j) {
-        bool together =
-            in[i].first <= in[j].last && in[j].first <= in[i].last;
+        bool together = in[i].first <= in[j].last && in[j].first <= in[i].last;
         if (in[j].first <= in[i].first && in[i].first <= in[j].last)
           alive += (in[j].bytes + 63) / 64 * 64;
         if (i == j || !together)
           continue;
         bool apart = offsets[i] + in[i].bytes <= offsets[j] ||
                      offsets[j] + in[j].bytes <= offsets[i];
-        EXPECT_TRUE(apart) << "trial " << trial << ": buffers " << i
-                           << " and " << j << " overlap";
+        EXPECT_TRUE(apart) << "trial " << trial << ": buffers " << i << " and "
+                           << j << " overlap";
       }
       mostAlive = std::max(mostAlive, alive);
     }
