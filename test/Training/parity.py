@@ -118,6 +118,9 @@ def main():
                     help="sequence parallelism over the tp ranks (pcc --sp)")
     ap.add_argument("--pcc-args", default="",
                     help="extra pcc options, one string")
+    ap.add_argument("--run-args", default="",
+                    help="extra pcc-run options, one string (e.g. "
+                    "--gpu-collectives=staged)")
     ap.add_argument("--compare-args", default="",
                     help="extra compare.py options (tolerances), one string")
     ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
@@ -190,7 +193,8 @@ def main():
     run([args.pcc_run] + ranks + [lib, "--steps", str(config["steps"]),
          "--device", args.device] + inputs + [
          "--labels", os.path.join(ref, "labels.npy"),
-         "--loss-log", log, "--save-dir", ckpt, "--log-every", "5"] + hyper)
+         "--loss-log", log, "--save-dir", ckpt, "--log-every", "5"] + hyper +
+        args.run_args.split())
 
     sys.stdout.flush()
     if args.stage == "train":

@@ -51,6 +51,13 @@ Options:
                      weights; rank 0 writes and checks the outputs. If a
                      rank dies, mpirun ends the others and the run fails.
   --hostfile FILE    passed to mpirun for runs over several hosts
+  --gpu-collectives auto|nccl|staged
+                     how GPU ranks exchange device buffers: NCCL (one GPU
+                     per rank), or staged through host memory over MPI
+                     (several ranks sharing a GPU: a partitioned program
+                     checked on one GPU). auto (default): NCCL unless
+                     ranks of a host share a GPU. staged on CPU ranks runs
+                     the same copies on host memory
   --collective-timeout SECONDS
                      with several ranks: a collective or transfer that
                      waits longer than this (a peer stalled or died) ends
@@ -128,7 +135,14 @@ Examples:
 
 RunOptions parse(int argc, char **argv) {
   RunOptions o;
+  // --flag=value is --flag value.
+  std::string flag, inlineValue;
+  bool hasInline = false;
   auto value = [&](int &i) -> std::string {
+    if (hasInline) {
+      hasInline = false;
+      return inlineValue;
+    }
     if (i + 1 >= argc)
       die(std::string(argv[i]) + " needs a value");
     return argv[++i];
@@ -138,13 +152,20 @@ RunOptions parse(int argc, char **argv) {
     char *end = nullptr;
     double d = std::strtod(v.c_str(), &end);
     if (*end != '\0' || d < 0)
-      die(std::string(argv[i - 1]) + " needs a non-negative number, got '" + v +
-          "'");
+      die(flag + " needs a non-negative number, got '" + v + "'");
     return d;
   };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     int first = i; // this option's first argument, for rankArgs
+    hasInline = false;
+    if (size_t eq = a.find('=');
+        a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      inlineValue = a.substr(eq + 1);
+      a = a.substr(0, eq);
+      hasInline = true;
+    }
+    flag = a;
     if (a == "-n" || a == "--ranks" || a == "--hostfile") {
       if (a == "--hostfile") {
         o.hostfile = value(i);
@@ -195,6 +216,16 @@ RunOptions parse(int argc, char **argv) {
       o.calibrateBase = value(i);
     } else if (a == "--calibrate-quick") {
       o.calibrateQuick = true;
+    } else if (a == "--gpu-collectives") {
+      std::string v = value(i);
+      if (v == "auto")
+        o.gpuCollectives = GpuCollectives::Auto;
+      else if (v == "nccl")
+        o.gpuCollectives = GpuCollectives::Nccl;
+      else if (v == "staged")
+        o.gpuCollectives = GpuCollectives::Staged;
+      else
+        die("--gpu-collectives takes auto, nccl or staged, not '" + v + "'");
     } else if (a == "--collective-timeout") {
       o.collectiveTimeout = number(i);
     } else if (parseTrainOption(a, o.train, [&] { return value(i); })) {
@@ -205,6 +236,8 @@ RunOptions parse(int argc, char **argv) {
     } else {
       die("unexpected argument '" + a + "' (see --help)");
     }
+    if (hasInline)
+      die(a + " takes no value (got '" + a + "=" + inlineValue + "')");
     o.rankArgs.insert(o.rankArgs.end(), argv + first, argv + i + 1);
   }
   if (!o.profileTrace.empty() && !o.profile)

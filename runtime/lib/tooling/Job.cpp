@@ -124,9 +124,35 @@ std::vector<int64_t> pccrun::meshCoordinates(const pcc_model_info &info,
 /// Joins the MPI job and builds one group per mesh axis: the ranks that
 /// differ only in their coordinate on that axis (the last axis varies
 /// fastest).
+namespace {
+/// Whether another rank of the job uses the same GPU as this one (same
+/// host, same ordinal): NCCL refuses such a group.
+bool sharesGpu(Communicator &world, Device &device) {
+  if (device.isHost())
+    return false;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  // The host's name hashed (FNV-1a) with the ordinal, gathered from every
+  // rank.
+  uint64_t key = 1469598103934665603ull;
+  for (const char *c = host; *c; ++c)
+    key = (key ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+  int64_t mine[2] = {static_cast<int64_t>(key), device.runContext().device};
+  std::vector<int64_t> all(2 * static_cast<size_t>(world.size()));
+  Status gathered = world.allGather(mine, all.data(), 2, pccrt::DType::I64);
+  if (!gathered.ok())
+    die("finding which GPU each rank uses: " + gathered.error());
+  for (int r = 0; r < world.size(); ++r)
+    if (r != world.rank() && all[2 * r] == mine[0] && all[2 * r + 1] == mine[1])
+      return true;
+  return false;
+}
+} // namespace
+
 Ranks pccrun::joinRanks(const pcc_model_info &info, int64_t meshRanks,
                         Device &device, const std::string &mesh,
-                        double collectiveTimeout) {
+                        double collectiveTimeout,
+                        GpuCollectives gpuCollectives) {
   Ranks r;
   Communicator::setCollectiveTimeout(collectiveTimeout);
   auto world = Communicator::mpiWorld();
@@ -142,6 +168,26 @@ Ranks pccrun::joinRanks(const pcc_model_info &info, int64_t meshRanks,
         std::to_string(meshRanks) + " ranks) but this run has " +
         std::to_string(size) + "; run it with -n " + std::to_string(meshRanks));
   r.coords = meshCoordinates(info, rank);
+  // NCCL wants a GPU per rank; ranks sharing one stage through host memory.
+  bool staged = gpuCollectives == GpuCollectives::Staged;
+  if (gpuCollectives == GpuCollectives::Auto) {
+    bool shared = sharesGpu(*r.world, device);
+    // Every rank takes the same engine: one that shares a GPU decides.
+    int32_t any = shared ? 1 : 0;
+    Status agreed = r.world->allReduce(&any, &any, 1, pccrt::DType::I32,
+                                       pccrt::ReduceOp::Max);
+    if (!agreed.ok())
+      die(agreed.error());
+    staged = any != 0;
+    if (staged && rank == 0)
+      std::fprintf(stderr,
+                   "pcc-run: ranks share a GPU (%s): collectives and "
+                   "transfers staged through host memory over MPI (NCCL "
+                   "needs a GPU per rank; --gpu-collectives=nccl refuses)\n",
+                   device.describe().c_str());
+  }
+  if (gpuCollectives == GpuCollectives::Nccl && device.isHost())
+    die("--gpu-collectives=nccl needs a CUDA device (--device cuda)");
   for (int a = 0; a < info.num_mesh_axes; ++a) {
     // The group of axis a: the ranks that differ from this one only there,
     // named by the one of them at coordinate 0.
@@ -153,7 +199,11 @@ Ranks pccrun::joinRanks(const pcc_model_info &info, int64_t meshRanks,
       die(group.error());
     std::unique_ptr<Communicator> g = group.take();
     g->setName(info.mesh_axes[a]);
-    if (!device.isHost() && info.mesh_sizes[a] > 1) {
+    if (staged && info.mesh_sizes[a] > 1) {
+      std::unique_ptr<Communicator> s = Communicator::staged(*g, device);
+      r.hostGroups.push_back(std::move(g));
+      g = std::move(s);
+    } else if (!device.isHost() && info.mesh_sizes[a] > 1) {
       auto nccl = Communicator::nccl(*g, device);
       if (!nccl.ok())
         die(nccl.error());

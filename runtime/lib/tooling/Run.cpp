@@ -453,7 +453,7 @@ int pccrun::runTrainingJob(RunOptions &opts, const ModelLibrary &library) {
   TrainRanks trainRanks;
   if (underMpi) {
     ranks = joinRanks(*info, meshRanks, *device, library.describeMesh(),
-                      opts.collectiveTimeout);
+                      opts.collectiveTimeout, opts.gpuCollectives);
     trainRanks.comms = ranks.tables.data();
     // The host-side sums (loss, label count) go over the dp group with
     // MPI whatever engine the library's collectives use; tensor-parallel
@@ -472,6 +472,8 @@ int pccrun::runTrainingJob(RunOptions &opts, const ModelLibrary &library) {
     trainRanks.leader = ranks.world->rank() == 0;
     trainRanks.worldRank = ranks.world->rank();
     trainRanks.world = ranks.world.get();
+    if (!ranks.groups.empty())
+      trainRanks.engine = ranks.groups.back()->engine();
   }
   opts.train.trace = opts.trace;
   opts.train.traceSvg = opts.traceSvg;
@@ -517,7 +519,7 @@ int pccrun::runInference(RunOptions &opts, const ModelLibrary &library) {
   Ranks ranks;
   if (multiRank)
     ranks = joinRanks(*info, meshRanks, *device, library.describeMesh(),
-                      opts.collectiveTimeout);
+                      opts.collectiveTimeout, opts.gpuCollectives);
   bool leader = !multiRank || ranks.world->rank() == 0;
   if (library.isPipelined())
     return runPipelined(opts, library, *device, ranks, inputs);

@@ -1099,6 +1099,9 @@ int runTraining(const TrainOptions &given, const ModelLibrary &library,
   if (library.isPipelined())
     ranksText += std::string(dp > 1 || tp > 1 ? "," : "") + " pipelined over " +
                  std::to_string(info.num_pipeline_ranks) + " ranks";
+  // The engine where it is not MPI's on CPU ranks (nccl, mpi staged).
+  if (ranks.engine && !ranksText.empty() && std::string(ranks.engine) != "mpi")
+    ranksText += std::string(" (") + ranks.engine + ")";
   std::printf("training %s on %s: %s, batch %lld (%lld micro-batch%s of "
               "%lld%s), loss %s, %s\n",
               libraryPath.c_str(), device.describe().c_str(),

@@ -3,7 +3,8 @@
 //
 // One interface, three engines: a world of one (no library needed), MPI
 // for CPU ranks (libpcc_runtime_mpi.so) and NCCL for GPU ranks (in
-// libpcc_runtime_cuda.so), each loaded on demand. Buffers live where the
+// libpcc_runtime_cuda.so), each loaded on demand; GPU ranks sharing one
+// GPU stage their buffers through host memory over MPI (staged()). Buffers live where the
 // engine works: host memory for MPI, the device's memory for NCCL (whose
 // collectives run on the device's stream and complete by wait()).
 //
@@ -44,6 +45,11 @@ public:
   /// rank 0 to the others) on a CUDA device.
   static Result<std::unique_ptr<Communicator>> nccl(Communicator &bootstrap,
                                                     Device &device);
+  /// The collectives and transfers of `host` (an MPI group) for buffers in
+  /// `device`'s memory, staged through host memory: several ranks sharing
+  /// one GPU, where NCCL wants one GPU per rank. `host` outlives the result.
+  static std::unique_ptr<Communicator> staged(Communicator &host,
+                                              Device &device);
   /// Whether mpirun, srun or another MPI launcher started this process.
   static bool launchedByMpi();
   /// The watchdog: when a collective or transfer of an MPI or NCCL group in

@@ -60,12 +60,23 @@ int worldRankAt(const pcc_model_info &info, const std::vector<int64_t> &coords);
 /// The mesh coordinates of world rank `rank` (the last axis fastest).
 std::vector<int64_t> meshCoordinates(const pcc_model_info &info, int64_t rank);
 
+/// How a GPU job's groups move device buffers (pcc-run --gpu-collectives).
+enum class GpuCollectives {
+  /// NCCL, unless ranks of one host share a GPU: then staged.
+  Auto,
+  Nccl,
+  /// Through host memory over MPI (several ranks on one GPU; on CPU ranks
+  /// the same path with host copies, which tests it without a GPU).
+  Staged,
+};
+
 /// Joins the MPI job and builds one group per mesh axis: the ranks that
 /// differ only in their coordinate on that axis (the last axis varies
 /// fastest). A job of another size than the mesh's is an error.
 Ranks joinRanks(const pcc_model_info &info, int64_t meshRanks,
                 pccrt::Device &device, const std::string &mesh,
-                double collectiveTimeout);
+                double collectiveTimeout,
+                GpuCollectives gpuCollectives = GpuCollectives::Auto);
 
 } // namespace pccrun
 

@@ -11,6 +11,7 @@
 
 #include "pcc/runtime/DType.h"
 #include "pcc/runtime/ModelLibrary.h"
+#include "pcc/tooling/Job.h"
 #include "pcc/tooling/Train.h"
 
 #include <cstdint>
@@ -37,6 +38,8 @@ struct RunOptions {
   bool profile = false;
   std::string profileTrace;
   double collectiveTimeout = 300;
+  /// --gpu-collectives auto|nccl|staged (Job.h).
+  GpuCollectives gpuCollectives = GpuCollectives::Auto;
   /// --calibrate FILE [--calibrate-base NAME] [--calibrate-quick]
   /// (Calibrate.h; what `pcc calibrate` runs).
   std::string calibrate, calibrateBase;

@@ -65,6 +65,9 @@ struct TrainRanks {
   /// A pipelined library: the pp group and this process's place on it.
   Communicator *pipeline = nullptr;
   int32_t pipelineRank = -1;
+  /// The engine of the mesh's groups ("mpi", "nccl", "mpi, staged"), for
+  /// the start line (null: one rank).
+  const char *engine = nullptr;
 };
 
 /// Trains `library` on `device` as `o` says; returns the exit status.
