@@ -22,7 +22,9 @@ same shape and numpy.allclose(weight, ref, rtol=wrtol, atol=watol). A tensor
 on one side only is an error, except the run's optimizer state: tensors
 named `<name>@...` are ignored. Elements the reference lists in its
 `pcc.exclude` metadata (JSON {name: [[start, stop], ...]}, flat index
-ranges) are not compared unless --no-exclude: make_reference.py marks the
+ranges; --exclude-from takes them from another file, the PyTorch reference
+when two pcc runs are compared) are not compared unless --no-exclude:
+make_reference.py marks the
 elements whose gradient is zero in exact arithmetic but rounding noise in
 float32 (attention's key bias), which Adam turns into arbitrary updates.
 A tied weight the exporter wrote twice (`pcc.tied` metadata: {copy: {"of":
@@ -207,11 +209,17 @@ def compare_weights(args, failures):
     except ValueError as e:
         raise InputError("%s: bad pcc.tied metadata: %s" % (args.ref_weights, e))
     exclude = {}
+    source = args.ref_weights
+    if args.exclude_from:
+        # Two pcc runs compared: the PyTorch reference says which elements
+        # are noise.
+        source = args.exclude_from
+        meta = read_safetensors(source, with_metadata=True)[1]
     if "pcc.exclude" in meta and not args.no_exclude:
         try:
             exclude = json.loads(meta["pcc.exclude"])
         except ValueError as e:
-            raise InputError("%s: bad pcc.exclude metadata: %s" % (args.ref_weights, e))
+            raise InputError("%s: bad pcc.exclude metadata: %s" % (source, e))
     print("weights: %s vs reference %s (rtol %g, atol %g)"
           % (args.weights, args.ref_weights, args.wrtol, args.watol))
     if exclude:
@@ -296,6 +304,10 @@ def main(argv):
                     help="compare the losses of the first N steps only, and "
                     "not the final weights (a chaotic run: one whose 16-bit "
                     "runs leave their noise bound after step N)")
+    ap.add_argument("--exclude-from", metavar="REF.safetensors",
+                    help="take the pcc.exclude metadata from this file (the "
+                    "PyTorch reference) instead of --ref-weights: two pcc "
+                    "runs compared with each other")
     ap.add_argument("--no-exclude", action="store_true",
                     help="also compare the elements the reference's pcc.exclude "
                     "metadata marks (gradient that is float32 rounding noise)")

@@ -208,7 +208,12 @@ def main():
     ref_losses = os.path.join(ref, prefix + args.optimizer + ".losses.csv")
     ref_weights = os.path.join(ref, prefix + args.optimizer +
                                ".final.safetensors")
+    exclude = []
     if args.against:
+        # The reference's noise elements (attention's key bias) stay
+        # excluded when two pcc runs are compared.
+        if os.path.exists(ref_weights):
+            exclude = ["--exclude-from", ref_weights]
         ref_losses = os.path.join(args.against, "loss.csv")
         ref_weights = os.path.join(args.against, "ckpt",
                                    "step-%08d" % config["steps"],
@@ -220,7 +225,7 @@ def main():
          "--ref-weights", ref_weights,
          "--weights", os.path.join(ckpt, "step-%08d" % config["steps"],
                                    "weights.safetensors")] + tolerances +
-        args.compare_args.split())
+        exclude + args.compare_args.split())
     sys.exit(r.returncode)
 
 

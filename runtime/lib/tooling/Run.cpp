@@ -472,8 +472,10 @@ int pccrun::runTrainingJob(RunOptions &opts, const ModelLibrary &library) {
     trainRanks.leader = ranks.world->rank() == 0;
     trainRanks.worldRank = ranks.world->rank();
     trainRanks.world = ranks.world.get();
-    if (!ranks.groups.empty())
-      trainRanks.engine = ranks.groups.back()->engine();
+    // The engine of the mesh's groups (an axis of one rank stays MPI's).
+    for (auto &g : ranks.groups)
+      if (g->size() > 1)
+        trainRanks.engine = g->engine();
   }
   opts.train.trace = opts.trace;
   opts.train.traceSvg = opts.traceSvg;
