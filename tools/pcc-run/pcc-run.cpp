@@ -31,7 +31,7 @@ const char *kUsage = R"(pcc-run: run a model library built by pcc
 Usage:
   pcc-run model.so --input x.npy [--input x2.npy ...] [options]
 
-Options:
+Options (a value follows its option, or after '=': --steps 10, --steps=10):
   --input FILE       a .npy file per model input, in the model's order
   --output FILE      write the model's outputs (one per output, in order)
   --expect FILE      compare an output with a reference .npy (one per output)
