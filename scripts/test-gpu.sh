@@ -335,6 +335,17 @@ run_collectives() {
   fi
 }
 
+# Sets `run` to DIR's pcc-run (or the build's); exits 0 with the reason
+# when there is no GPU.
+need_gpu() {
+  run="$build/bin/pcc-run"
+  [ -x "$1/bin/pcc-run" ] && run="$1/bin/pcc-run"
+  if ! "$run" --list-devices | grep -q '^cuda:0 ('; then
+    echo "GPU suite skipped: $("$run" --list-devices | grep '^cuda' | head -1)"
+    exit 0
+  fi
+}
+
 case "$mode" in
   --prepare) "$root/scripts/setup.sh" >/dev/null; prepare "$dir" ;;
   --run) run_prepared "$dir" ;;
@@ -355,12 +366,7 @@ case "$mode" in
     rm -rf "$dir/train" && mkdir -p "$dir"
     prepare_training "$dir" ;;
   --run-train)
-    run="$build/bin/pcc-run"
-    [ -x "$dir/bin/pcc-run" ] && run="$dir/bin/pcc-run"
-    if ! "$run" --list-devices | grep -q '^cuda:0 ('; then
-      echo "GPU suite skipped: $("$run" --list-devices | grep '^cuda' | head -1)"
-      exit 0
-    fi
+    need_gpu "$dir"
     run_training "$dir" "$run" && run_collectives "$dir" &&
       run_calibration "$dir" "$run" ;;
   --prepare-multirank)
@@ -368,12 +374,7 @@ case "$mode" in
     rm -rf "$dir/multi" && mkdir -p "$dir"
     prepare_multirank "$dir" ;;
   --run-multirank)
-    run="$build/bin/pcc-run"
-    [ -x "$dir/bin/pcc-run" ] && run="$dir/bin/pcc-run"
-    if ! "$run" --list-devices | grep -q '^cuda:0 ('; then
-      echo "GPU suite skipped: $("$run" --list-devices | grep '^cuda' | head -1)"
-      exit 0
-    fi
+    need_gpu "$dir"
     run_multirank "$dir" "$run" ;;
   *) echo "usage: test-gpu.sh [--prepare DIR | --run DIR | --prepare-train DIR | --run-train DIR | --prepare-multirank DIR | --run-multirank DIR]" >&2; exit 2 ;;
 esac

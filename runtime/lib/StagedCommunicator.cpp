@@ -191,21 +191,29 @@ private:
       buf.resize(bytes);
     return buf;
   }
-  Status toHost(void *dst, const void *src, size_t bytes, const char *what,
-                int64_t count, DType type) {
-    Status st = device.copyToHost(dst, src, static_cast<int64_t>(bytes));
+  /// One copy between the device and a staging buffer, its failure named
+  /// by the call it serves.
+  Status copy(bool toDevice, void *dst, const void *src, size_t bytes,
+              const char *what, int64_t count, DType type) {
+    auto n = static_cast<int64_t>(bytes);
+    Status st = toDevice ? device.copyToDevice(dst, src, n)
+                         : device.copyToHost(dst, src, n);
     if (!st.ok())
       return failure(what, count, type,
-                     "staging the device buffer in host memory: " + st.error());
+                     std::string(toDevice
+                                     ? "copying the result back to the device: "
+                                     : "staging the device buffer in host "
+                                       "memory: ") +
+                         st.error());
     return st;
+  }
+  Status toHost(void *dst, const void *src, size_t bytes, const char *what,
+                int64_t count, DType type) {
+    return copy(false, dst, src, bytes, what, count, type);
   }
   Status toDevice(void *dst, const void *src, size_t bytes, const char *what,
                   int64_t count, DType type) {
-    Status st = device.copyToDevice(dst, src, static_cast<int64_t>(bytes));
-    if (!st.ok())
-      return failure(what, count, type,
-                     "copying the result back to the device: " + st.error());
-    return st;
+    return copy(true, dst, src, bytes, what, count, type);
   }
 
   struct Posted {
