@@ -16,6 +16,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
 
 #include <algorithm>
 
@@ -238,8 +239,7 @@ arenaBuffers(Block &body, llvm::function_ref<size_t(Operation *)> at,
       b.firstReader = b.lastReader = at(assign);
       b.bytes = getTensorBytes(op.getResult(0).getType());
       auto state = assign->getOperand(0).getDefiningOp<ParamOp>();
-      b.intoState =
-          state && contributions.lookup(state.getName()) > 1 ? 2 : 1;
+      b.intoState = state && contributions.lookup(state.getName()) > 1 ? 2 : 1;
       b.wholeForScatter = deferralOf(op) != CpuDeferral::IntoState;
       b.mergedAt = mergedAt.lookup(&op);
       out.push_back(b);
@@ -366,10 +366,9 @@ double Pricer::op(Operation *op, int64_t tp, double &moved,
   if (qv) {
     auto q = cast<RankedTensorType>(qv.getType());
     auto k = cast<RankedTensorType>(kv.getType());
-    if (double a = machine.attentionFlops(
-            sixteen, isa<AttentionGradOp>(op),
-            static_cast<double>(q.getDimSize(3)),
-            static_cast<double>(k.getDimSize(2)));
+    if (double a = machine.attentionFlops(sixteen, isa<AttentionGradOp>(op),
+                                          static_cast<double>(q.getDimSize(3)),
+                                          static_cast<double>(k.getDimSize(2)));
         a > 0)
       rate = a;
   }
@@ -796,10 +795,15 @@ void readProbe(ModuleOp module, const Pricer &pricer, int64_t tp,
     p.cutNames.push_back(names ? name : std::string());
   }
   // Only cuts a plan can name: the compiled plan is then the priced one.
+  // Two candidates named after one node (the node's ops, then the ops that
+  // hand its value on) are one cut to the compile: the first stays, or a
+  // plan could cut twice after the same node (an interleaved GPT of 8
+  // stages cut after ln_f twice, which the compile refused).
   std::vector<size_t> named;
   std::vector<std::string> names;
+  llvm::StringSet<> seen;
   for (auto [c, name] : llvm::zip(p.candidates, p.cutNames))
-    if (!name.empty()) {
+    if (!name.empty() && seen.insert(name).second) {
       named.push_back(c);
       names.push_back(name);
     }
