@@ -4,9 +4,10 @@
 // One interface, three engines: a world of one (no library needed), MPI
 // for CPU ranks (libpcc_runtime_mpi.so) and NCCL for GPU ranks (in
 // libpcc_runtime_cuda.so), each loaded on demand; GPU ranks sharing one
-// GPU stage their buffers through host memory over MPI (staged()). Buffers live where the
-// engine works: host memory for MPI, the device's memory for NCCL (whose
-// collectives run on the device's stream and complete by wait()).
+// GPU stage their buffers through host memory over MPI (staged()).
+// Buffers live where the engine works: host memory for MPI, the device's
+// memory for NCCL (whose collectives run on the device's stream and
+// complete by wait()).
 //
 // Every failure names the rank, the group, the rank's mesh coordinates (when
 // set) and the collective:
