@@ -121,13 +121,11 @@ std::vector<int64_t> pccrun::meshCoordinates(const pcc_model_info &info,
   return coords;
 }
 
-/// Joins the MPI job and builds one group per mesh axis: the ranks that
-/// differ only in their coordinate on that axis (the last axis varies
-/// fastest).
 namespace {
-/// Whether another rank of the job uses the same GPU as this one (same
-/// host, same ordinal): NCCL refuses such a group.
-bool sharesGpu(Communicator &world, Device &device) {
+/// Whether any two ranks of the job use the same GPU (same host, same
+/// ordinal): NCCL refuses such groups. Every rank gathers the same table,
+/// so every rank gives the same answer.
+bool ranksShareGpu(Communicator &world, Device &device) {
   if (device.isHost())
     return false;
   char host[256] = {0};
@@ -142,13 +140,17 @@ bool sharesGpu(Communicator &world, Device &device) {
   Status gathered = world.allGather(mine, all.data(), 2, pccrt::DType::I64);
   if (!gathered.ok())
     die("finding which GPU each rank uses: " + gathered.error());
-  for (int r = 0; r < world.size(); ++r)
-    if (r != world.rank() && all[2 * r] == mine[0] && all[2 * r + 1] == mine[1])
-      return true;
+  for (int a = 0; a < world.size(); ++a)
+    for (int b = a + 1; b < world.size(); ++b)
+      if (all[2 * a] == all[2 * b] && all[2 * a + 1] == all[2 * b + 1])
+        return true;
   return false;
 }
 } // namespace
 
+/// Joins the MPI job and builds one group per mesh axis: the ranks that
+/// differ only in their coordinate on that axis (the last axis varies
+/// fastest).
 Ranks pccrun::joinRanks(const pcc_model_info &info, int64_t meshRanks,
                         Device &device, const std::string &mesh,
                         double collectiveTimeout,
@@ -171,14 +173,7 @@ Ranks pccrun::joinRanks(const pcc_model_info &info, int64_t meshRanks,
   // NCCL wants a GPU per rank; ranks sharing one stage through host memory.
   bool staged = gpuCollectives == GpuCollectives::Staged;
   if (gpuCollectives == GpuCollectives::Auto) {
-    bool shared = sharesGpu(*r.world, device);
-    // Every rank takes the same engine: one that shares a GPU decides.
-    int32_t any = shared ? 1 : 0;
-    Status agreed = r.world->allReduce(&any, &any, 1, pccrt::DType::I32,
-                                       pccrt::ReduceOp::Max);
-    if (!agreed.ok())
-      die(agreed.error());
-    staged = any != 0;
+    staged = ranksShareGpu(*r.world, device);
     if (staged && rank == 0)
       std::fprintf(stderr,
                    "pcc-run: ranks share a GPU (%s): collectives and "
